@@ -1,0 +1,39 @@
+# Quick start: `make demo` installs and runs the main job; `make test` installs and runs the tests.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean system-deps
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch lies on this kind of machine; pinning it first keeps pip from
+	# pulling CUDA wheels. On a GPU machine, install the torch you want before `make install`.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[dev,gpu,ray]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests use: headless Chromium for the dashboard test, toolchains for sandboxes.
+system-deps:
+	@bash scripts/system-deps.sh
+
+demo: install
+	$(BIN)/tangram demo
+
+test: install system-deps
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_sim.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test-suite needs, when missing and when we may (root).
+set -u
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "system-deps: not root; missing ${need[*]} (tests that need them are skipped)" >&2
+  exit 0
+fi
+echo "system-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+  || echo "system-deps: could not install ${need[*]} (tests that need them are skipped)" >&2
+exit 0

@@ -1,0 +1,192 @@
+"""The unified action model: what an action asks for, and what became of it.
+
+An `ActionSpec` is everything the scheduler may know about one unit of external work: its kind,
+its demand at the minimum allotment, how it can stretch (elasticity), hints about how much work
+it carries, where its state lives (session), which reward model it needs, and the payload the
+resource manager will execute (opaque to the core). The true duration is never part of the spec:
+the core predicts it (see `estimator`), the executor measures it.
+
+`Status` is ordered: an action only moves forward (PENDING < QUEUED < STARTING < RUNNING <
+terminal). Terminal statuses share one rank; `is_finished` tells them apart from live ones.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .resources import CPU, Resources
+
+
+class ActionKind(enum.StrEnum):
+    """Kinds the managers know how to execute. ``CUSTOM`` carries its own ``tag``."""
+
+    CODE = "code"  # run a program (SandboxFusion run_code semantics)
+    TEST = "test"  # a program plus a batch of test cases
+    TOOL = "tool"  # a tool call, usually inside a session
+    REWARD = "reward"  # score with a reward model (GPU manager)
+    JUDGE = "judge"  # generative judge (GPU manager)
+    CUSTOM = "custom"  # user-defined
+
+    @property
+    def uses_model(self) -> bool:
+        return self in (ActionKind.REWARD, ActionKind.JUDGE)
+
+
+class Status(enum.IntEnum):
+    """Life of an action. Ordered; terminal statuses are all >= SUCCEEDED."""
+
+    PENDING = 0  # arrived, not yet considered
+    QUEUED = 1  # waiting for capacity (or for a model instance / batch)
+    STARTING = 2  # StartAction / RunBatch issued, executor has not confirmed
+    RUNNING = 3  # executing on a node
+    SUCCEEDED = 10
+    FAILED = 11  # ran, and the work itself failed (non-zero exit, exception in scoring)
+    TIMED_OUT = 12
+    CANCELLED = 13
+    REJECTED = 14  # can never be satisfied (no node could ever fit it), or invalid
+    NODE_LOST = 15  # the node died while the action was on it and it could not be re-run
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= Status.SUCCEEDED
+
+    @property
+    def is_active(self) -> bool:
+        return Status.STARTING <= self <= Status.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class Speedup:
+    """How execution time shrinks with the allotment ``k`` of the elastic dimension.
+
+    ``factor(k)`` is the speed relative to one unit: below one unit (a fractional CPU quota)
+    work runs proportionally slower; above it, Amdahl's law with ``parallel_fraction``.
+    """
+
+    parallel_fraction: float = 0.0  # share of the work that parallelizes (0 = serial, 1 = linear)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.parallel_fraction <= 1.0:
+            raise ValueError(f"parallel_fraction must be in [0, 1], got {self.parallel_fraction}")
+
+    def factor(self, k: float) -> float:
+        if k <= 0:
+            return 0.0
+        if k <= 1.0:
+            return k
+        p = self.parallel_fraction
+        return 1.0 / ((1.0 - p) + p / k)
+
+
+@dataclass(frozen=True, slots=True)
+class Elasticity:
+    """The range of allotments an action can use along one dimension."""
+
+    min: float = 1.0  # smallest allotment it can start with
+    max: float = 1.0  # largest allotment it can use
+    dim: str = CPU  # the dimension that stretches
+    speedup: Speedup = field(default_factory=Speedup)
+
+    def __post_init__(self) -> None:
+        if self.min <= 0 or math.isnan(self.min):
+            raise ValueError(f"elasticity.min must be > 0, got {self.min}")
+        if self.max < self.min:
+            raise ValueError(f"elasticity.max ({self.max}) must be >= elasticity.min ({self.min})")
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.max > self.min
+
+
+@dataclass(frozen=True, slots=True)
+class WorkHints:
+    """What the submitter knows about the amount of work (all optional)."""
+
+    expected_s: float | None = None  # the submitter's own estimate at one unit of allotment
+    test_count: int | None = None  # number of test cases in a test action
+    tokens: int | None = None  # tokens to score / generate (reward, judge)
+    items: int | None = None  # number of scored items (several scores of one response)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """One unit of external work, as submitted."""
+
+    id: str  # unique id (the engine assigns one when the client does not)
+    kind: ActionKind = ActionKind.CODE
+    demand: Resources = field(default_factory=lambda: Resources(cpu=1, memory_mb=256))
+    elasticity: Elasticity | None = None  # None: rigid, runs at exactly `demand`
+    hints: WorkHints = field(default_factory=WorkHints)
+    task: str = "default"  # task family (swe-agent, code-rl, ...); pools of task-isolated
+    trajectory: str | None = None  # rollout this action belongs to
+    session: str | None = None  # session whose node the action must run on
+    model: str | None = None  # reward model / judge name for REWARD and JUDGE
+    tag: str | None = None  # sub-kind for estimation (language, tool name, CUSTOM name)
+    timeout_s: float = 60.0  # wall-clock limit of execution (not counting queueing)
+    weight: float = 1.0  # importance in the ACT objective
+    idempotent: bool = True  # safe to re-run after a node loss
+    payload: Mapping[str, Any] = field(default_factory=dict)  # what the manager executes
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("action id must be a non-empty string")
+        if self.kind.uses_model and not self.model:
+            raise ValueError(f"action {self.id}: kind {self.kind.value!r} needs a model name")
+        if self.timeout_s <= 0:
+            raise ValueError(f"action {self.id}: timeout_s must be > 0, got {self.timeout_s}")
+        if self.weight <= 0:
+            raise ValueError(f"action {self.id}: weight must be > 0, got {self.weight}")
+        el = self.elasticity
+        if el is not None and abs(self.demand.get(el.dim) - el.min) > 1e-9:
+            object.__setattr__(self, "demand", self.demand.with_amount(el.dim, el.min))
+
+    @property
+    def estimator_key(self) -> str:
+        return f"{self.kind.value}:{self.tag}" if self.tag else self.kind.value
+
+    def allotment(self, k: float | None = None) -> Resources:
+        """The demand with the elastic dimension set to ``k`` (default: the minimum)."""
+        el = self.elasticity
+        if el is None or k is None:
+            return self.demand
+        return self.demand.with_amount(el.dim, min(max(k, el.min), el.max))
+
+    def speed(self, allotment: Mapping[str, float]) -> float:
+        """Speed factor of running at ``allotment`` relative to one unit of the elastic dim."""
+        el = self.elasticity
+        if el is None:
+            return 1.0
+        return el.speedup.factor(allotment.get(el.dim, 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """What became of an action. Times are on the clock of whoever drove the core."""
+
+    id: str
+    status: Status
+    submit_time: float
+    start_time: float | None = None
+    finish_time: float | None = None
+    node: str | None = None
+    allotment: Resources | None = None
+    output: Any = None  # the manager's result (e.g. a run_code response); opaque to the core
+    reason: str = ""  # why it was rejected / lost / failed, in words
+    attempts: int = 1  # times it was started (re-runs after node loss count)
+
+    @property
+    def act(self) -> float | None:
+        """Action completion time: finish - submit, queueing included."""
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.submit_time
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.start_time is None:
+            return None
+        return self.start_time - self.submit_time

@@ -1,0 +1,245 @@
+"""The resource model: nodes, GPU topology, reward models, and the cluster spec file.
+
+A `NodeSpec` is a machine: a capacity vector and, when it has GPUs, the NVLink domains that
+group its device indices (a multi-GPU model instance must sit inside one domain). A `ModelSpec`
+describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
+batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
+
+`load_cluster_yaml` reads a cluster spec and reports errors as ``file:line: field: message``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+from .resources import GPU, GPU_MEMORY_MB, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One machine of a pool."""
+
+    name: str  # unique node name (Ray node id on Ray)
+    capacity: Resources  # what the node offers, per dimension
+    pool: str = "default"  # which pool it belongs to ("cpu", "gpu", ...)
+    gpu_domains: tuple[tuple[int, ...], ...] = ()  # NVLink domains as tuples of device indices
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ngpu = int(self.capacity.get(GPU))
+        if not self.gpu_domains and ngpu:
+            object.__setattr__(self, "gpu_domains", (tuple(range(ngpu)),))
+        seen = [d for dom in self.gpu_domains for d in dom]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"node {self.name}: a GPU appears in two NVLink domains")
+        if seen and (min(seen) < 0 or max(seen) >= ngpu):
+            raise ValueError(f"node {self.name}: gpu_domains name devices outside 0..{ngpu - 1}")
+
+    @property
+    def gpu_count(self) -> int:
+        return int(self.capacity.get(GPU))
+
+    @property
+    def gpu_memory_per_device(self) -> float:
+        n = self.gpu_count
+        return self.capacity.get(GPU_MEMORY_MB) / n if n else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A reward model or judge the GPU pool can serve."""
+
+    name: str  # name actions refer to
+    kind: str = "scalar"  # scalar (sequence classification) | similarity | judge
+    path: str | None = None  # local Hugging Face directory; None: built by a factory
+    devices: int = 1  # devices per instance (tensor-parallel degree)
+    memory_mb: float = 1000.0  # device memory per device of one instance
+    dtype: str = "float32"
+    load_s: float = 10.0  # cold load time (disk -> device), corrected by measurements
+    swap_s: float = 1.0  # swap-in time from host memory, corrected by measurements
+    alpha: float = 0.02  # batch latency = alpha + beta * batch (seconds)
+    beta: float = 0.002
+    max_batch: int = 64  # largest batch the model accepts
+    max_instances: int = 8  # scale-out limit
+    host_memory_mb: float = 0.0  # host memory a parked (swapped-out) instance takes
+    options: Mapping[str, Any] = field(default_factory=dict)  # manager-specific (pooling, ...)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("scalar", "similarity", "judge"):
+            raise ValueError(f"model {self.name}: kind must be scalar|similarity|judge")
+        if self.devices < 1:
+            raise ValueError(f"model {self.name}: devices must be >= 1, got {self.devices}")
+        if self.max_batch < 1:
+            raise ValueError(f"model {self.name}: max_batch must be >= 1")
+        if self.alpha < 0 or self.beta < 0:
+            raise ValueError(f"model {self.name}: alpha and beta must be >= 0")
+
+    def batch_latency(self, n: int) -> float:
+        return self.alpha + self.beta * n
+
+    @property
+    def knee_batch(self) -> int:
+        """Batch size past which latency grows faster than the fixed cost it amortizes.
+
+        With latency ``alpha + beta*b`` the throughput ``b / (alpha + beta*b)`` reaches 80% of
+        its asymptote ``1/beta`` at ``b = 4*alpha/beta``; larger batches only add wait.
+        """
+        if self.beta <= 0:
+            return self.max_batch
+        return max(1, min(self.max_batch, round(4 * self.alpha / self.beta)))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Nodes and the models they may serve."""
+
+    nodes: tuple[NodeSpec, ...]
+    models: tuple[ModelSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if len(names) != len(set(names)):
+            raise ValueError("node names must be unique")
+        mnames = [m.name for m in self.models]
+        if len(mnames) != len(set(mnames)):
+            raise ValueError("model names must be unique")
+
+    def model(self, name: str) -> ModelSpec | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+    def total_capacity(self) -> Resources:
+        out = Resources()
+        for n in self.nodes:
+            out = out + n.capacity
+        return out
+
+    def scaled(self, factor: float) -> ClusterSpec:
+        """The same cluster with ``factor`` times as many nodes of each pool (at least one)."""
+        by_pool: dict[str, list[NodeSpec]] = {}
+        for n in self.nodes:
+            by_pool.setdefault(n.pool, []).append(n)
+        nodes: list[NodeSpec] = []
+        for pool_nodes in by_pool.values():
+            keep = max(1, round(len(pool_nodes) * factor))
+            nodes.extend(pool_nodes[:keep])
+        return ClusterSpec(tuple(nodes), self.models)
+
+
+# ---- YAML ---------------------------------------------------------------------------------------
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping (as key ``__line__``)."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _strip_lines(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip_lines(v) for k, v in obj.items() if k != "__line__"}
+    if isinstance(obj, list):
+        return [_strip_lines(v) for v in obj]
+    return obj
+
+
+def _resources(raw: Any, where: str) -> Resources:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping of dimension -> amount")
+    try:
+        return Resources({str(k): float(v) for k, v in raw.items() if k != "__line__"})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+_NODE_KEYS = {"name", "capacity", "pool", "gpu_domains", "labels", "count"}
+_MODEL_KEYS = {f for f in ModelSpec.__dataclass_fields__}
+
+
+def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
+    """Build a `ClusterSpec` from parsed YAML; errors name ``source:line: field``."""
+
+    def fail(line: int | None, fieldname: str, msg: str) -> SpecError:
+        return SpecError(source, line, fieldname, msg)
+
+    if not isinstance(data, Mapping):
+        raise fail(1, "<root>", "a cluster spec is a mapping with 'nodes' (and optional 'models')")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise fail(data.get("__line__"), "nodes", "must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    for i, rn in enumerate(raw_nodes):
+        line = rn.get("__line__") if isinstance(rn, Mapping) else None
+        f = f"nodes[{i}]"
+        if not isinstance(rn, Mapping):
+            raise fail(line, f, "must be a mapping")
+        unknown = set(rn) - _NODE_KEYS - {"__line__"}
+        if unknown:
+            raise fail(line, f"{f}.{sorted(unknown)[0]}", "unknown field")
+        if "name" not in rn:
+            raise fail(line, f"{f}.name", "is required")
+        try:
+            cap = _resources(rn.get("capacity"), "capacity")
+            count = int(rn.get("count", 1))
+            if count < 1:
+                raise ValueError("count must be >= 1")
+            domains = tuple(tuple(int(d) for d in dom) for dom in rn.get("gpu_domains") or ())
+            labels = {str(k): str(v) for k, v in (rn.get("labels") or {}).items() if k != "__line__"}
+            for c in range(count):
+                name = str(rn["name"]) if count == 1 else f"{rn['name']}-{c}"
+                nodes.append(NodeSpec(name, cap, str(rn.get("pool", "default")), domains, labels))
+        except (TypeError, ValueError) as exc:
+            raise fail(line, f, str(exc)) from None
+    models: list[ModelSpec] = []
+    for i, rm in enumerate(data.get("models") or []):
+        line = rm.get("__line__") if isinstance(rm, Mapping) else None
+        f = f"models[{i}]"
+        if not isinstance(rm, Mapping):
+            raise fail(line, f, "must be a mapping")
+        unknown = set(rm) - _MODEL_KEYS - {"__line__"}
+        if unknown:
+            raise fail(line, f"{f}.{sorted(unknown)[0]}", "unknown field")
+        if "name" not in rm:
+            raise fail(line, f"{f}.name", "is required")
+        try:
+            kw = _strip_lines(dict(rm))
+            models.append(ModelSpec(**kw))
+        except (TypeError, ValueError) as exc:
+            raise fail(line, f, str(exc)) from None
+    try:
+        return ClusterSpec(tuple(nodes), tuple(models))
+    except ValueError as exc:
+        raise fail(None, "nodes", str(exc)) from None
+
+
+def load_cluster_yaml(path: str | Path) -> ClusterSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None
+    return parse_cluster(data, str(p))
+
+
+def cluster_from_nodes(nodes: Sequence[NodeSpec], models: Sequence[ModelSpec] = ()) -> ClusterSpec:
+    return ClusterSpec(tuple(nodes), tuple(models))

@@ -1,0 +1,102 @@
+"""Commands: what the core tells the driver to do. The driver executes them and reports events.
+
+Every command is idempotent to describe and carries ``cause``, the id of the event or action that
+led to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actions import ActionResult, ActionSpec
+from .resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StartAction(Command):
+    action: ActionSpec  # what to run
+    node: str  # where
+    allotment: Resources  # with what (elastic dimension resolved)
+    warm: bool = True  # the core expects a warm executor / the session to be there
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeAction(Command):
+    action_id: str  # a running elastic action gets a new allotment (more spare capacity)
+    node: str
+    allotment: Resources
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAction(Command):
+    action_id: str  # stop it on its node; the core already delivered CANCELLED
+    node: str
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession(Command):
+    session_id: str
+    node: str
+    demand: Resources
+    ttl_s: float
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession(Command):
+    session_id: str
+    node: str
+    reason: str = ""
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel(Command):
+    instance_id: str
+    model: str
+    node: str
+    devices: tuple[int, ...]  # device indices on the node, all in one NVLink domain
+    from_host: bool = False  # swap parked weights back in rather than a cold load
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadModel(Command):
+    instance_id: str
+    node: str
+    park: bool = True  # keep weights in host memory for a fast swap-in
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatch(Command):
+    batch_id: str
+    instance_id: str
+    node: str
+    model: str
+    actions: tuple[ActionSpec, ...]
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeWarmPool(Command):
+    node: str
+    key: str  # e.g. a language
+    size: int  # target number of warm executors
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Command):
+    """The action is finished (any terminal status): hand the result to whoever waits."""
+
+    result: ActionResult
+    cause: str = ""

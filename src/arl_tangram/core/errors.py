@@ -1,0 +1,55 @@
+"""Exceptions of ARL-Tangram.
+
+    TangramError                  root: catch this to catch everything we raise
+    ├── SpecError                 a cluster, trace or config file is malformed (file, line, field)
+    ├── InvalidAction             a submitted action is malformed (names the field)
+    ├── IllegalTransition         the core was asked to move an action along an edge that does
+    │                             not exist; carries the action's story
+    ├── ClosedError               you closed it (engine, client, session) and then used it
+    └── BrokenError               it broke under you (a sandbox, a model, a node died)
+        └── IsolationUnavailable  the sandbox cannot get an isolation feature it must have
+"""
+
+from __future__ import annotations
+
+
+class TangramError(Exception):
+    """Root of every exception ARL-Tangram raises on purpose."""
+
+
+class SpecError(TangramError, ValueError):
+    """A spec file (cluster YAML, trace JSONL, service config) is malformed."""
+
+    def __init__(self, file: str, line: int | None, field: str, message: str) -> None:
+        self.file, self.line, self.field, self.message = file, line, field, message
+        where = f"{file}:{line}" if line is not None else file
+        super().__init__(f"{where}: {field}: {message}")
+
+
+class InvalidAction(TangramError, ValueError):
+    """A submitted action is malformed; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class IllegalTransition(TangramError, RuntimeError):
+    """An action was asked to move along an edge that does not exist."""
+
+    def __init__(self, action_id: str, src: object, dst: object, story: list[str]) -> None:
+        self.action_id, self.story = action_id, story
+        lines = "\n  ".join(story[-20:])
+        super().__init__(f"action {action_id}: illegal transition {src} -> {dst}; story:\n  {lines}")
+
+
+class ClosedError(TangramError, RuntimeError):
+    """The object was closed by its owner and then used."""
+
+
+class BrokenError(TangramError, RuntimeError):
+    """The resource broke (sandbox, model instance, node) while in use."""
+
+
+class IsolationUnavailable(BrokenError):
+    """A required sandbox isolation feature is not available on this machine."""

@@ -1,0 +1,107 @@
+"""Events: facts the core is told. Every event carries the time it happened (the driver's clock).
+
+The core never reads a clock: time enters only here. ``cause`` (when set) is the id of what led to
+the event, so the story of one action can be told (see `Core.story`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .actions import ActionSpec, Status
+from .cluster import NodeSpec
+from .resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time: float  # when it happened, on the driver's clock (seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionArrived(Event):
+    action: ActionSpec  # the submitted action
+
+
+@dataclass(frozen=True, slots=True)
+class ActionStarted(Event):
+    action_id: str  # the executor began running it (STARTING -> RUNNING)
+    node: str
+    cold_start_s: float = 0.0  # measured start-up cost (sandbox creation), 0 for a warm start
+
+
+@dataclass(frozen=True, slots=True)
+class ActionFinished(Event):
+    action_id: str
+    status: Status = Status.SUCCEEDED  # SUCCEEDED | FAILED | TIMED_OUT (or CANCELLED if killed)
+    output: Any = None  # manager's result, passed through to the client
+    reason: str = ""
+    run_s: float | None = None  # measured execution time (start -> end on the node)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    action_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequested(Event):
+    session_id: str
+    demand: Resources = field(default_factory=lambda: Resources(memory_mb=256))  # held while open
+    ttl_s: float = 600.0  # closed after this long without an action
+    node: str | None = None  # optional pin
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed(Event):
+    session_id: str  # the client closed it (or the manager reports it died)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdded(Event):
+    node: NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost(Event):
+    node: str
+    reason: str = "node lost"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded(Event):
+    instance_id: str
+    ok: bool = True  # False: the load failed (``reason`` says why); devices are free again
+    load_s: float | None = None  # measured load (or swap-in) time
+    from_host: bool = False  # it was a swap-in of parked weights
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUnloaded(Event):
+    instance_id: str
+    parked: bool = False  # weights kept in host memory for a fast swap-in
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFinished(Event):
+    batch_id: str
+    instance_id: str
+    outputs: Mapping[str, Any] = field(default_factory=dict)  # action id -> output
+    failed: Mapping[str, str] = field(default_factory=dict)  # action id -> reason
+    latency_s: float | None = None  # measured batch latency
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPoolReport(Event):
+    node: str
+    key: str  # what is warm (a language, "python", ...)
+    warm: int  # ready executors now
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed: aging, session TTLs, idle model scale-in."""

@@ -1,0 +1,276 @@
+"""Service configuration: one YAML file (``tangram serve --config``) or the embedded default.
+
+Invariant: a `ServiceConfig` is validated when built; every error in a file is a `SpecError`
+naming ``file:line: field`` (like `core.cluster.parse_cluster`). Manager sections (``cpu``,
+``gpu``) are passed through to the managers' own config dataclasses when the node starts, so
+their validation errors also name the node and field.
+
+Layout of the file (every key optional)::
+
+    policy: tangram               # tangram | fifo | task-isolated | trajectory-bound
+    server: {host: 127.0.0.1, port: 8080}
+    auth: {token: "...", token_env: TANGRAM_TOKEN}
+    limits: {max_body_bytes: 8388608, max_pending: 100000, result_ttl_s: 600, ...}
+    default_reward_model: minilm
+    nodes:
+      - name: local
+        pool: default
+        capacity: {cpu: 2, memory_mb: 4096}   # override what the node measures
+        cpu: {...}                               # CpuManagerConfig fields
+        gpu: {...}                               # GpuManagerConfig fields; `gpu: false` disables
+    models:
+      - {name: minilm, kind: similarity, path: /path/to/hf/dir}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.cluster import ModelSpec
+from ..core.errors import SpecError
+from ..core.resources import Resources
+
+POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """One node hosted by the local executor."""
+
+    name: str = "local"  # node name the core sees
+    pool: str = "default"  # pool label
+    capacity: Resources | None = None  # override of the measured capacity (None: measure)
+    cpu: Mapping[str, Any] = field(default_factory=dict)  # CpuManagerConfig keyword arguments
+    gpu: Mapping[str, Any] | None = field(default_factory=dict)  # GpuManagerConfig kw; None: off
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitsConfig:
+    """Bounds that keep the service alive under abuse or overload."""
+
+    max_body_bytes: int = 8 * 1024 * 1024  # request bodies larger than this get 413
+    max_pending: int = 100_000  # unfinished actions; beyond this new submits are shed
+    result_ttl_s: float = 600.0  # finished results are kept this long for GET /v1/actions/{id}
+    max_results: int = 100_000  # and at most this many (oldest evicted first)
+    idempotency_ttl_s: float = 3600.0  # how long an idempotency key maps to its action
+    shed_grace_s: float = 10.0  # /run_code answers 504 after compile+run timeout + this
+    tick_s: float = 0.5  # period of Tick events (aging, TTLs, scale-in)
+    max_batch: int = 4096  # actions in one POST /v1/actions
+    max_wait_s: float = 300.0  # longest long-poll a client may ask for
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{f.name} must be a positive number, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceConfig:
+    """Everything `tangram serve` needs."""
+
+    policy: str = "tangram"  # core policy name
+    nodes: tuple[NodeConfig, ...] = (NodeConfig(),)  # nodes the local executor hosts
+    models: tuple[ModelSpec, ...] = ()  # reward models the GPU managers may load
+    default_reward_model: str | None = None  # model used when a reward request names none
+    host: str = "127.0.0.1"  # bind address
+    port: int = 8080  # bind port
+    token: str | None = None  # bearer token; required when host is not loopback
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    source: str = "<default>"  # where it came from (file path or <default>)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
+        if not self.nodes:
+            raise ValueError("nodes must not be empty")
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names must be unique, got {names}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        mnames = {m.name for m in self.models}
+        if self.default_reward_model and self.default_reward_model not in mnames:
+            raise ValueError(f"default_reward_model {self.default_reward_model!r} is not a model")
+
+    def model(self, name: str) -> ModelSpec | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+# ---- the embedded default ----------------------------------------------------------------------
+
+
+def gpu_extra_available() -> bool:
+    """True when torch and transformers import (the ``[gpu]`` extra is installed)."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def default_models() -> tuple[ModelSpec, ...]:
+    """The packaged MiniLM similarity model when the ``[gpu]`` extra is installed, else none."""
+    if not gpu_extra_available():
+        return ()
+    try:
+        from ..managers.gpu import default_similarity_model_path
+
+        path = default_similarity_model_path()
+    except Exception:
+        return ()
+    if not path:
+        return ()
+    return (
+        ModelSpec(
+            name="minilm", kind="similarity", path=str(path), memory_mb=200.0, load_s=2.0,
+            alpha=0.01, beta=0.002, max_batch=64, max_instances=1,
+        ),
+    )
+
+
+def default_config(*, policy: str = "tangram", with_models: bool = True, **kw: Any) -> ServiceConfig:
+    """This machine as one node; MiniLM as the default reward model when available."""
+    models = default_models() if with_models else ()
+    return ServiceConfig(
+        policy=policy, models=models,
+        default_reward_model=models[0].name if models else None, **kw,
+    )
+
+
+# ---- YAML ---------------------------------------------------------------------------------------
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that records the line of each mapping under the key ``__line__``."""
+
+
+def _construct(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    m = loader.construct_mapping(node, deep=True)
+    m["__line__"] = node.start_mark.line + 1
+    return m
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items() if k != "__line__"}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, raw: Any, fieldname: str, msg: str) -> SpecError:
+        line = raw.get("__line__") if isinstance(raw, Mapping) else None
+        return SpecError(self.source, line, fieldname, msg)
+
+    def mapping(self, raw: Any, parent: Any, name: str, allowed: set[str]) -> dict[str, Any]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            raise self.fail(parent, name, "must be a mapping")
+        unknown = set(raw) - allowed - {"__line__"}
+        if unknown:
+            raise self.fail(raw, f"{name}.{sorted(unknown)[0]}", "unknown field")
+        return dict(raw)
+
+    def node(self, raw: Any, i: int, parent: Any) -> NodeConfig:
+        f = f"nodes[{i}]"
+        d = self.mapping(raw, parent, f, {"name", "pool", "capacity", "cpu", "gpu", "labels"})
+        try:
+            cap = d.get("capacity")
+            gpu = d.get("gpu", {})
+            return NodeConfig(
+                name=str(d.get("name", "local")), pool=str(d.get("pool", "default")),
+                capacity=Resources(_plain(cap)) if cap is not None else None,
+                cpu=_plain(d.get("cpu") or {}),
+                gpu=None if gpu is False else _plain(gpu or {}),
+                labels={str(k): str(v) for k, v in _plain(d.get("labels") or {}).items()},
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise self.fail(raw, f, str(exc)) from None
+
+    def model(self, raw: Any, i: int, parent: Any) -> ModelSpec:
+        f = f"models[{i}]"
+        d = self.mapping(raw, parent, f, set(ModelSpec.__dataclass_fields__))
+        if "name" not in d:
+            raise self.fail(raw, f"{f}.name", "is required")
+        try:
+            return ModelSpec(**_plain(d))
+        except (TypeError, ValueError) as exc:
+            raise self.fail(raw, f, str(exc)) from None
+
+    def parse(self, data: Any) -> ServiceConfig:
+        top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model"}
+        d = self.mapping(data, data, "<root>", top)
+        server = self.mapping(d.get("server"), data, "server", {"host", "port"})
+        auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env"})
+        lim_names = {f.name for f in fields(LimitsConfig)}
+        limits_raw = self.mapping(d.get("limits"), data, "limits", lim_names)
+        try:
+            limits = LimitsConfig(**_plain(limits_raw))
+        except (TypeError, ValueError) as exc:
+            raise self.fail(d.get("limits"), "limits", str(exc)) from None
+        raw_nodes = d.get("nodes")
+        if raw_nodes is not None and (not isinstance(raw_nodes, list) or not raw_nodes):
+            raise self.fail(data, "nodes", "must be a non-empty list")
+        nodes = tuple(self.node(r, i, data) for i, r in enumerate(raw_nodes or [{}]))
+        raw_models = d.get("models") or []
+        if not isinstance(raw_models, list):
+            raise self.fail(data, "models", "must be a list")
+        models = tuple(self.model(r, i, data) for i, r in enumerate(raw_models))
+        token = auth.get("token")
+        if token is None and auth.get("token_env"):
+            token = os.environ.get(str(auth["token_env"]))
+        kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits}
+        for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
+                         ("port", server.get("port")), ("token", token),
+                         ("default_reward_model", d.get("default_reward_model"))):
+            if val is not None:
+                kw[key] = val if key == "port" else str(val)
+        if "default_reward_model" not in kw and models:
+            kw["default_reward_model"] = models[0].name
+        try:
+            return ServiceConfig(source=self.source, **kw)
+        except (TypeError, ValueError) as exc:
+            msg = str(exc)
+            fieldname = msg.split(" ", 1)[0] if msg.split(" ", 1)[0] in top | {"host", "port"} else "<root>"
+            raise self.fail(data, fieldname, msg) from None
+
+
+def parse_service_config(data: Any, source: str = "<config>") -> ServiceConfig:
+    """Build a `ServiceConfig` from parsed YAML (mappings may carry ``__line__``)."""
+    return _Parser(source).parse(data if data is not None else {})
+
+
+def load_service_config(path: str | Path) -> ServiceConfig:
+    """Read a service config file; errors are `SpecError` naming file:line: field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None
+    return parse_service_config(data, str(p))

@@ -1,0 +1,43 @@
+"""The executor seam: how the engine's commands reach real nodes, and how events come back.
+
+Invariant: an executor never decides anything. It executes the core's commands on the node each
+names and reports every outcome as an event through ``emit`` (exactly one ActionFinished per
+StartAction that it accepted, one BatchFinished per RunBatch, one ModelLoaded per LoadModel, ...).
+A node it can no longer reach is reported as NodeLost; a node that joins as NodeAdded.
+
+Implementations: `LocalExecutor` (this machine's managers, in-process) and `RayExecutor`
+(one long-lived NodeAgent actor per Ray node). Both host a `NodeHost` per node, so the code
+that runs an action is the same in both.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..core.cluster import NodeSpec
+from ..core.commands import Command
+from ..core.events import Event
+
+Emit = Callable[[Event], None]  # called on the engine's event loop thread
+
+
+class Executor(abc.ABC):
+    """Runs commands on nodes; reports events."""
+
+    @abc.abstractmethod
+    async def start(self, emit: Emit) -> list[NodeSpec]:
+        """Bring the nodes up; return what they offer. Later changes come as events."""
+
+    @abc.abstractmethod
+    async def submit(self, commands: Sequence[Command]) -> None:
+        """Hand commands over without waiting for their execution (results come via emit)."""
+
+    @abc.abstractmethod
+    def node_info(self) -> dict[str, dict[str, Any]]:
+        """Per node: warm pools, resident models, isolation report, languages (for /v1/cluster)."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop everything; actions still running end as CANCELLED through emit."""

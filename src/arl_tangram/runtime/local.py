@@ -1,0 +1,88 @@
+"""LocalExecutor: runs NodeHosts in this process, on this machine.
+
+Invariant: the executor decides nothing. Each command goes to the NodeHost its ``node`` names;
+a command for an unknown node is answered with the failure event the contract demands, so the
+core never waits forever on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import Status
+from ..core.cluster import ModelSpec, NodeSpec
+from .config import NodeConfig, ServiceConfig
+from .executor import Emit, Executor
+from .node import NodeHost
+
+
+class LocalExecutor(Executor):
+    """Hosts one NodeHost per configured node, in-process."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeConfig] = (NodeConfig(),),
+        models: Sequence[ModelSpec] = (),
+        *,
+        gpu_factories: Any = None,
+        hosts: Sequence[NodeHost] | None = None,
+    ) -> None:
+        self._node_cfgs = tuple(nodes)
+        self._models = tuple(models)
+        self._gpu_factories = gpu_factories
+        self._given_hosts = list(hosts) if hosts is not None else None
+        self.hosts: dict[str, NodeHost] = {}
+        self._emit: Emit | None = None
+
+    @classmethod
+    def from_config(cls, config: ServiceConfig, *, gpu_factories: Any = None) -> LocalExecutor:
+        return cls(config.nodes, config.models, gpu_factories=gpu_factories)
+
+    async def start(self, emit: Emit) -> list[NodeSpec]:
+        self._emit = emit
+        if self._given_hosts is not None:
+            hosts = self._given_hosts
+        else:
+            hosts = [
+                NodeHost(
+                    n.name, emit=emit, pool=n.pool, capacity=n.capacity, cpu_config=n.cpu,
+                    gpu_config=n.gpu, models=self._models, gpu_factories=self._gpu_factories,
+                    labels=n.labels,
+                )
+                for n in self._node_cfgs
+            ]
+        specs = await asyncio.gather(*(h.start() for h in hosts))
+        self.hosts = {h.name: h for h in hosts}
+        return list(specs)
+
+    async def submit(self, commands: Sequence[C.Command]) -> None:
+        for cmd in commands:
+            host = self.hosts.get(getattr(cmd, "node", ""))
+            if host is not None:
+                host.submit(cmd)
+            else:
+                self._unknown_node(cmd)
+
+    def _unknown_node(self, cmd: C.Command) -> None:
+        if self._emit is None:
+            return
+        now, why = time.monotonic(), f"unknown node {getattr(cmd, 'node', '?')!r}"
+        if isinstance(cmd, C.StartAction):
+            self._emit(E.ActionFinished(now, cmd.action.id, Status.NODE_LOST, None, why))
+        elif isinstance(cmd, C.RunBatch):
+            failed = dict.fromkeys((a.id for a in cmd.actions), why)
+            self._emit(E.BatchFinished(now, cmd.batch_id, cmd.instance_id, {}, failed))
+        elif isinstance(cmd, C.LoadModel):
+            self._emit(E.ModelLoaded(now, cmd.instance_id, False, reason=why))
+
+    def node_info(self) -> dict[str, dict[str, Any]]:
+        return {name: h.info() for name, h in self.hosts.items()}
+
+    async def aclose(self) -> None:
+        hosts, self.hosts = list(self.hosts.values()), {}
+        await asyncio.gather(*(h.aclose() for h in hosts), return_exceptions=True)

@@ -1,0 +1,311 @@
+"""NodeHost: one node's resource managers, and the execution of the core's commands on it.
+
+Invariant: for every command it accepts, a NodeHost emits exactly the events the executor
+contract promises (one ActionStarted then one ActionFinished per StartAction, one BatchFinished
+per RunBatch, one ModelLoaded per LoadModel, one ModelUnloaded per UnloadModel); a failure of a
+manager becomes a failed outcome event, never an exception out of `submit`. Event times are this
+host's ``time.monotonic()``; the engine re-stamps them on its own clock when they arrive.
+
+A NodeHost holds no global state and assumes only that it runs inside one asyncio loop, so the
+Ray executor can host one inside a NodeAgent actor unchanged (its ``emit`` then buffers events
+for the driver to collect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import ActionSpec, Status
+from ..core.cluster import ModelSpec, NodeSpec
+from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[E.Event], None]
+
+
+def machine_capacity() -> Resources:
+    """This machine's CPU cores (affinity-aware) and physical memory."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    mem_mb = 1024.0
+    with contextlib.suppress(OSError, ValueError):
+        mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return Resources({CPU: cores, MEMORY_MB: round(mem_mb)})
+
+
+def _status_of(value: Any) -> Status:
+    if isinstance(value, Status):
+        return value
+    if isinstance(value, str):
+        return Status[value.upper()]
+    return Status(int(value))
+
+
+class NodeHost:
+    """Hosts the CPU manager (and the GPU manager when models are configured) of one node."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        emit: Emit,
+        pool: str = "default",
+        capacity: Resources | None = None,
+        cpu_config: Mapping[str, Any] | None = None,
+        gpu_config: Mapping[str, Any] | None = None,
+        models: Sequence[ModelSpec] = (),
+        gpu_factories: Any = None,
+        labels: Mapping[str, str] | None = None,
+        cpu_manager: Any = None,
+        gpu_manager: Any = None,
+    ) -> None:
+        self.name, self.pool = name, pool
+        self._emit = emit
+        self._capacity_override = capacity
+        self._cpu_config, self._gpu_config = dict(cpu_config or {}), gpu_config
+        self._models = tuple(models)
+        self._gpu_factories = gpu_factories
+        self._labels = dict(labels or {})
+        self.cpu: Any = cpu_manager
+        self.gpu: Any = gpu_manager
+        self.gpu_note = ""  # why there is no GPU manager, when there is none
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._closed = False
+        self.spec: NodeSpec | None = None
+
+    # ---- life ------------------------------------------------------------------------------
+
+    async def start(self) -> NodeSpec:
+        """Start the managers and return what the node offers."""
+        if self.cpu is None:
+            self.cpu = self._make_cpu()
+        await self.cpu.start()
+        if self.gpu is None and self._models and self._gpu_config is not None:
+            self.gpu = self._make_gpu()
+        if self.gpu is not None and hasattr(self.gpu, "start"):
+            await self.gpu.start()
+        self.spec = self._node_spec()
+        return self.spec
+
+    def _make_cpu(self) -> Any:
+        from ..managers.cpu import CpuManager, CpuManagerConfig
+
+        try:
+            cfg = CpuManagerConfig(**self._cpu_config)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"node {self.name}: cpu: {exc}") from None
+        return CpuManager(cfg)
+
+    def _make_gpu(self) -> Any:
+        try:
+            from ..managers.gpu import GpuManager, GpuManagerConfig
+        except Exception as exc:  # the [gpu] extra is missing
+            self.gpu_note = f"GPU manager unavailable ({type(exc).__name__}: {exc})"
+            log.warning("node %s: %s; reward models disabled", self.name, self.gpu_note)
+            return None
+        try:
+            cfg = GpuManagerConfig(**dict(self._gpu_config or {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"node {self.name}: gpu: {exc}") from None
+        return GpuManager(cfg, self._models, factories=self._gpu_factories)
+
+    def _node_spec(self) -> NodeSpec:
+        cap = machine_capacity()
+        domains: tuple[tuple[int, ...], ...] = ()
+        if self.gpu is not None:
+            gcap = Resources(self.gpu.node_capacity())
+            cap = cap + {k: v for k, v in gcap.items() if k in (GPU, GPU_MEMORY_MB)}
+            cap = cap + {k: v for k, v in gcap.items() if k not in (GPU, GPU_MEMORY_MB, CPU, MEMORY_MB)}
+            with contextlib.suppress(Exception):
+                domains = tuple(tuple(int(i) for i in d) for d in self.gpu.nvlink_domains())
+        if self._capacity_override is not None:
+            cap = Resources({**cap.as_dict(), **self._capacity_override.as_dict()})
+        ngpu = int(cap.get(GPU))
+        domains = tuple(d for d in domains if d and max(d) < ngpu)
+        return NodeSpec(self.name, cap, self.pool, domains, self._labels)
+
+    async def aclose(self) -> None:
+        """Stop everything; running actions end as CANCELLED."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for mgr in (self.gpu, self.cpu):
+            if mgr is not None:
+                with contextlib.suppress(Exception):
+                    await mgr.aclose()
+
+    # ---- commands --------------------------------------------------------------------------
+
+    def submit(self, cmd: C.Command) -> None:
+        """Start executing one command; its outcome comes back through ``emit``."""
+        if isinstance(cmd, C.StartAction):
+            self._spawn(cmd.action.id, self._start_action(cmd))
+        elif isinstance(cmd, C.RunBatch):
+            self._spawn(f"batch:{cmd.batch_id}", self._run_batch(cmd))
+        elif isinstance(cmd, C.LoadModel):
+            self._spawn(f"load:{cmd.instance_id}", self._load(cmd))
+        elif isinstance(cmd, C.UnloadModel):
+            self._spawn(f"unload:{cmd.instance_id}", self._unload(cmd))
+        elif isinstance(cmd, C.CancelAction):
+            self._spawn(f"cancel:{cmd.action_id}", self._cancel(cmd))
+        elif isinstance(cmd, C.ResizeAction):
+            self._spawn(f"resize:{cmd.action_id}", self._call(self.cpu.resize(cmd.action_id, cmd.allotment)))
+        elif isinstance(cmd, C.OpenSession):
+            self._spawn(f"open:{cmd.session_id}", self._open_session(cmd))
+        elif isinstance(cmd, C.CloseSession):
+            self._spawn(f"close:{cmd.session_id}", self._call(self.cpu.close_session(cmd.session_id)))
+        elif isinstance(cmd, C.ResizeWarmPool):
+            with contextlib.suppress(Exception):
+                self.cpu.set_warm_target(cmd.key, cmd.size)
+        else:
+            log.warning("node %s: ignoring unknown command %r", self.name, cmd)
+
+    def _spawn(self, key: str, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        if key in self._tasks:
+            key = f"{key}#{id(task)}"
+        self._tasks[key] = task
+        task.add_done_callback(lambda _t, k=key: self._tasks.pop(k, None))
+
+    def emit(self, event: E.Event) -> None:
+        if not self._closed or isinstance(event, E.ActionFinished | E.BatchFinished):
+            self._emit(event)
+
+    async def _call(self, coro: Any) -> None:
+        try:
+            await coro
+        except Exception as exc:
+            log.warning("node %s: %s", self.name, exc)
+
+    def _manager_for(self, action: ActionSpec) -> Any:
+        return self.gpu if action.kind.uses_model else self.cpu
+
+    async def _start_action(self, cmd: C.StartAction) -> None:
+        a = cmd.action
+        self.emit(E.ActionStarted(time.monotonic(), a.id, self.name))
+        t0 = time.monotonic()
+        try:
+            if a.kind.uses_model:
+                raise RuntimeError(f"{a.kind.value} actions run in batches (RunBatch), not alone")
+            rr = await self.cpu.run(a, cmd.allotment)
+            out = rr.to_dict()
+            self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
+                                       out, _reason(out), time.monotonic() - t0))
+        except asyncio.CancelledError:
+            self.emit(E.ActionFinished(time.monotonic(), a.id, Status.CANCELLED, None,
+                                       "node shut down", time.monotonic() - t0))
+            raise
+        except Exception as exc:
+            log.exception("node %s: action %s broke", self.name, a.id)
+            self.emit(E.ActionFinished(time.monotonic(), a.id, Status.FAILED, None,
+                                       f"{type(exc).__name__}: {exc}", time.monotonic() - t0))
+
+    async def _run_batch(self, cmd: C.RunBatch) -> None:
+        ids = [a.id for a in cmd.actions]
+        try:
+            if self.gpu is None:
+                raise RuntimeError(self.gpu_note or f"node {self.name} has no GPU manager")
+            out = await self.gpu.run_batch(cmd.instance_id, cmd.actions)
+            self.emit(E.BatchFinished(time.monotonic(), cmd.batch_id, cmd.instance_id,
+                                      dict(out.outputs), dict(out.failed), out.latency_s))
+        except asyncio.CancelledError:
+            failed = dict.fromkeys(ids, "node shut down")
+            self.emit(E.BatchFinished(time.monotonic(), cmd.batch_id, cmd.instance_id, {}, failed))
+            raise
+        except Exception as exc:
+            failed = dict.fromkeys(ids, f"{type(exc).__name__}: {exc}")
+            self.emit(E.BatchFinished(time.monotonic(), cmd.batch_id, cmd.instance_id, {}, failed))
+
+    async def _load(self, cmd: C.LoadModel) -> None:
+        try:
+            if self.gpu is None:
+                raise RuntimeError(self.gpu_note or f"node {self.name} has no GPU manager")
+            model = next((m for m in self._models if m.name == cmd.model), None)
+            if model is None:
+                raise KeyError(f"model {cmd.model!r} is not configured on node {self.name}")
+            load_s = await self.gpu.load(cmd.instance_id, model, cmd.devices, from_host=cmd.from_host)
+            self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, True, load_s, cmd.from_host))
+        except Exception as exc:
+            self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, False, None, cmd.from_host,
+                                    f"{type(exc).__name__}: {exc}"))
+
+    async def _unload(self, cmd: C.UnloadModel) -> None:
+        parked = False
+        try:
+            if self.gpu is not None:
+                await self.gpu.unload(cmd.instance_id, park=cmd.park)
+                parked = cmd.park
+        except Exception as exc:
+            log.warning("node %s: unload %s: %s", self.name, cmd.instance_id, exc)
+        self.emit(E.ModelUnloaded(time.monotonic(), cmd.instance_id, parked))
+
+    async def _cancel(self, cmd: C.CancelAction) -> None:
+        try:
+            await self.cpu.cancel(cmd.action_id)
+        except Exception as exc:
+            log.debug("node %s: cancel %s: %s", self.name, cmd.action_id, exc)
+
+    async def _open_session(self, cmd: C.OpenSession) -> None:
+        try:
+            await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
+        except Exception as exc:
+            self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
+                                      f"could not open: {type(exc).__name__}: {exc}"))
+
+    # ---- reporting -------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """Warm pools, resident models, isolation report and languages, JSON-ready."""
+        d: dict[str, Any] = {"name": self.name, "pool": self.pool}
+        d["warm_pools"] = _safe(lambda: dict(self.cpu.warm_state()), {})
+        d["isolation"] = _safe(lambda: _jsonable(self.cpu.isolation_report()), {})
+        d["languages"] = _safe(lambda: sorted(self.cpu.languages()), [])
+        d["resident_models"] = _safe(lambda: _jsonable(self.gpu.resident()), []) if self.gpu else []
+        d["gpu_manager"] = self.gpu is not None
+        if self.gpu_note:
+            d["gpu_note"] = self.gpu_note
+        return d
+
+
+def _reason(out: Any) -> str:
+    if isinstance(out, Mapping) and out.get("status") not in (None, "Success"):
+        return str(out.get("message") or out.get("status"))
+    return ""
+
+
+def _safe(fn: Callable[[], Any], default: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, str | int | float | bool) or x is None:
+        return x
+    if hasattr(x, "__dataclass_fields__"):
+        return {k: _jsonable(getattr(x, k)) for k in x.__dataclass_fields__}
+    if hasattr(x, "to_dict"):
+        return _jsonable(x.to_dict())
+    return str(x)
+
+
+__all__ = ["NodeHost", "machine_capacity"]
