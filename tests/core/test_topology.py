@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arl_tangram.core.cluster import ModelSpec, NodeSpec
 from arl_tangram.core.resources import Resources
@@ -79,3 +81,31 @@ def test_can_ever_place_reasons() -> None:
     assert place_on_nodes([cpu, node], ModelSpec("m", devices=2, memory_mb=10)) is None
     why = place_on_nodes([cpu, node], ModelSpec("fat", memory_mb=1e6))
     assert why is not None and "c0" in why and "n0" in why
+
+
+@st.composite
+def _topologies(draw: st.DrawFn) -> tuple[list[list[int]], set[int], dict[int, float], int, float]:
+    n = draw(st.integers(1, 10))
+    devs = draw(st.permutations(list(range(n))))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=3)))
+    domains = [list(devs[a:b]) for a, b in zip([0, *cuts], [*cuts, n], strict=True) if devs[a:b]]
+    free = draw(st.sets(st.integers(0, n - 1)))
+    mem = {d: draw(st.sampled_from([0.0, 100.0, 500.0, 1000.0])) for d in range(n)}
+    return domains, free, mem, draw(st.integers(1, 4)), draw(st.sampled_from([0.0, 200.0, 800.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_topologies())
+def test_choose_devices_properties(topo) -> None:
+    domains, free, mem, count, need = topo
+    got = choose_devices(free, domains, count, memory_free=mem, memory_needed=need)
+    usable = [[d for d in dom if d in free and mem[d] >= need] for dom in domains]
+    if got is None:
+        assert all(len(u) < count for u in usable)
+        return
+    assert len(got) == count == len(set(got)) and list(got) == sorted(got)
+    assert set(got) <= free and all(mem[d] >= need for d in got)
+    homes = [i for i, dom in enumerate(domains) if set(got) <= set(dom)]
+    assert len(homes) == 1  # inside exactly one domain
+    fitting = [len(u) for u in usable if len(u) >= count]
+    assert len(usable[homes[0]]) == min(fitting)  # best fit

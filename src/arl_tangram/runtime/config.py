@@ -126,7 +126,7 @@ def default_models() -> tuple[ModelSpec, ...]:
     if not gpu_extra_available():
         return ()
     try:
-        from ..managers.gpu import default_similarity_model_path
+        from ..managers.gpu.testing import default_similarity_model_path
 
         path = default_similarity_model_path()
     except Exception:

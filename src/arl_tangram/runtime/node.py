@@ -81,6 +81,7 @@ class NodeHost:
         self.gpu: Any = gpu_manager
         self.gpu_note = ""  # why there is no GPU manager, when there is none
         self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._opening: dict[str, asyncio.Event] = {}  # sessions whose OpenSession is in flight
         self._closed = False
         self.spec: NodeSpec | None = None
 
@@ -165,9 +166,10 @@ class NodeHost:
         elif isinstance(cmd, C.ResizeAction):
             self._spawn(f"resize:{cmd.action_id}", self._call(self.cpu.resize(cmd.action_id, cmd.allotment)))
         elif isinstance(cmd, C.OpenSession):
+            self._opening[cmd.session_id] = asyncio.Event()
             self._spawn(f"open:{cmd.session_id}", self._open_session(cmd))
         elif isinstance(cmd, C.CloseSession):
-            self._spawn(f"close:{cmd.session_id}", self._call(self.cpu.close_session(cmd.session_id)))
+            self._spawn(f"close:{cmd.session_id}", self._close_session(cmd))
         elif isinstance(cmd, C.ResizeWarmPool):
             with contextlib.suppress(Exception):
                 self.cpu.set_warm_target(cmd.key, cmd.size)
@@ -196,6 +198,9 @@ class NodeHost:
 
     async def _start_action(self, cmd: C.StartAction) -> None:
         a = cmd.action
+        opening = self._opening.get(a.session) if a.session else None
+        if opening is not None:  # the session's OpenSession came in the same breath
+            await opening.wait()
         self.emit(E.ActionStarted(time.monotonic(), a.id, self.name))
         t0 = time.monotonic()
         try:
@@ -234,10 +239,10 @@ class NodeHost:
         try:
             if self.gpu is None:
                 raise RuntimeError(self.gpu_note or f"node {self.name} has no GPU manager")
-            model = next((m for m in self._models if m.name == cmd.model), None)
-            if model is None:
+            if all(m.name != cmd.model for m in self._models):
                 raise KeyError(f"model {cmd.model!r} is not configured on node {self.name}")
-            load_s = await self.gpu.load(cmd.instance_id, model, cmd.devices, from_host=cmd.from_host)
+            load_s = await self.gpu.load(cmd.instance_id, cmd.model, tuple(cmd.devices),
+                                         from_host=cmd.from_host)
             self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, True, load_s, cmd.from_host))
         except Exception as exc:
             self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, False, None, cmd.from_host,
@@ -265,6 +270,16 @@ class NodeHost:
         except Exception as exc:
             self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
                                       f"could not open: {type(exc).__name__}: {exc}"))
+        finally:
+            ev = self._opening.pop(cmd.session_id, None)
+            if ev is not None:
+                ev.set()
+
+    async def _close_session(self, cmd: C.CloseSession) -> None:
+        opening = self._opening.get(cmd.session_id)
+        if opening is not None:
+            await opening.wait()
+        await self._call(self.cpu.close_session(cmd.session_id))
 
     # ---- reporting -------------------------------------------------------------------------
 

@@ -40,7 +40,9 @@ class GpuManagerConfig:
 
     def __post_init__(self) -> None:
         if self.device not in _DEVICES:
-            raise ValueError(f"GpuManagerConfig.device must be one of {_DEVICES}, got {self.device!r}")
+            raise ValueError(
+                f"GpuManagerConfig.device must be one of {_DEVICES}, got {self.device!r}"
+            )
         for name in ("cpu_devices", "threads_per_device", "max_batch_tokens", "max_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

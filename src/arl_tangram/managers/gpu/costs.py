@@ -2,7 +2,10 @@
 
 Invariant: every figure here was measured on this node (or is the spec's prior, flagged as such
 by a zero sample count). The batch curve ``latency = alpha + beta * batch`` is an ordinary least
-squares fit over the recent (batch size, latency) samples, with both coefficients kept >= 0.
+squares fit over the recent samples (the median latency of each batch size, so sizes weigh
+equally), with both coefficients kept >= 0;
+it replaces the spec's prior once samples cover `CostTracker.MIN_SIZES` distinct batch sizes
+(two nearby sizes make a fit that noise can tip either way).
 """
 
 from __future__ import annotations
@@ -13,10 +16,17 @@ from statistics import median
 from ...core.cluster import ModelSpec
 
 
-def fit_alpha_beta(samples: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Least squares ``latency = alpha + beta * n``; None with fewer than 2 distinct sizes."""
-    if len({n for n, _ in samples}) < 2:
+def fit_alpha_beta(
+    samples: list[tuple[int, float]], min_sizes: int = 2
+) -> tuple[float, float] | None:
+    """Least squares ``latency = alpha + beta * n``; None with fewer than ``min_sizes`` sizes."""
+    by_size: dict[int, list[float]] = {}
+    for n, y in samples:
+        by_size.setdefault(n, []).append(y)
+    if len(by_size) < max(2, min_sizes):
         return None
+    # one point per size (its median): many samples at one size must not outweigh the rest
+    samples = [(n, median(ys)) for n, ys in sorted(by_size.items())]
     k = len(samples)
     mx = sum(n for n, _ in samples) / k
     my = sum(y for _, y in samples) / k
@@ -33,6 +43,8 @@ def fit_alpha_beta(samples: list[tuple[int, float]]) -> tuple[float, float] | No
 class CostTracker:
     """Recent measurements of one model, and the fitted figures the core's cost model wants."""
 
+    MIN_SIZES = 3  # distinct batch sizes before the fit replaces the spec's prior
+
     def __init__(self, spec: ModelSpec, window: int = 256) -> None:
         self.spec = spec
         self.batches: deque[tuple[int, float]] = deque(maxlen=window)
@@ -47,7 +59,7 @@ class CostTracker:
         (self.swaps if from_host else self.loads).append(seconds)
 
     def fitted(self) -> dict[str, float | int | bool]:
-        fit = fit_alpha_beta(list(self.batches))
+        fit = fit_alpha_beta(list(self.batches), self.MIN_SIZES)
         alpha, beta = fit if fit is not None else (self.spec.alpha, self.spec.beta)
         return {
             "alpha": alpha,

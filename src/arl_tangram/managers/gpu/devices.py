@@ -13,7 +13,7 @@ from .config import DeviceInfo, GpuManagerConfig
 
 
 def resolve_kind(config: GpuManagerConfig) -> str:
-    """"cuda" or "cpu" for this config on this machine."""
+    """ "cuda" or "cpu" for this config on this machine."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("GpuManagerConfig.device='cuda' but torch.cuda.is_available() is False")
     if config.device == "auto":
@@ -63,10 +63,19 @@ def discover(config: GpuManagerConfig) -> tuple[list[DeviceInfo], tuple[tuple[in
     for i in range(n):
         if kind == "cuda":
             props = torch.cuda.get_device_properties(i)
-            devices.append(DeviceInfo(i, "cuda", props.total_memory / 2**20, dom_of[i], 0, props.name))
+            devices.append(
+                DeviceInfo(i, "cuda", props.total_memory / 2**20, dom_of[i], 0, props.name)
+            )
         else:
             devices.append(
-                DeviceInfo(i, "cpu", config.cpu_device_memory_mb, dom_of[i], config.threads_per_device, "cpu")
+                DeviceInfo(
+                    i,
+                    "cpu",
+                    config.cpu_device_memory_mb,
+                    dom_of[i],
+                    config.threads_per_device,
+                    "cpu",
+                )
             )
     return devices, domains
 

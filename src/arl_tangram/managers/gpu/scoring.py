@@ -26,7 +26,9 @@ from ...core.errors import BrokenError
 
 Factory = Callable[[], tuple[Any, Any]]
 
-DEFAULT_JUDGE_TEMPLATE = "{query}\nIs the response above correct and helpful? Answer Yes or No.\nAnswer:"
+DEFAULT_JUDGE_TEMPLATE = (
+    "{query}\nIs the response above correct and helpful? Answer Yes or No.\nAnswer:"
+)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -133,8 +135,9 @@ def micro_batches(lengths: Sequence[int], max_tokens: int, max_batch: int) -> li
 class Scorer:
     """A loaded model with its tokenizer; turns payloads into scores."""
 
-    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, *, max_length: int,
-                 max_tokens: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, model: Any, tokenizer: Any, *, max_length: int, max_tokens: int
+    ) -> None:
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.max_length, self.max_tokens = max_length, max_tokens
         self._yes_no: tuple[int, int] | None = None
@@ -145,14 +148,12 @@ class Scorer:
 
     def score(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """One output dict per payload, in order. Raises on a model failure (whole batch)."""
-        texts: list[str] = []
-        spans: list[tuple[int, int]] = []
+        uniq: dict[str, int] = {}  # identical texts (a shared reference) are encoded once
+        refs: list[list[int]] = []
         for p in payloads:
-            t = texts_for(self.spec, p)
-            spans.append((len(texts), len(texts) + len(t)))
-            texts.extend(t)
-        rows = self._forward_all(texts)
-        return [self._output(rows[a:b]) for a, b in spans]
+            refs.append([uniq.setdefault(t, len(uniq)) for t in texts_for(self.spec, p)])
+        rows = self._forward_all(list(uniq))
+        return [self._output([rows[i] for i in r]) for r in refs]
 
     def _forward_all(self, texts: Sequence[str]) -> list[torch.Tensor]:
         tok = self.tokenizer
@@ -162,12 +163,17 @@ class Scorer:
         device = self.device
         with torch.inference_mode():
             for group in groups:
-                enc = tok([texts[i] for i in group], padding=True, truncation=True,
-                          max_length=self.max_length, return_tensors="pt")
+                enc = tok(
+                    [texts[i] for i in group],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                )
                 batch = {k: v.to(device) for k, v in enc.items()}
-                out = self._forward(batch)
+                out = self._forward(batch).float().cpu()  # one device->host copy per group
                 for j, i in enumerate(group):
-                    rows[i] = out[j].float().cpu()
+                    rows[i] = out[j]
         return [r for r in rows if r is not None]
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -9,6 +9,7 @@ same seed give the same scores.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ...core.cluster import ModelSpec
 
@@ -57,13 +58,22 @@ def build_tokenizer(directory: str | Path) -> str:
     return str(directory)
 
 
-def _qwen2_config(vocab: int, pad: int, eos: int, **kw: object) -> object:
+def _qwen2_config(vocab: int, pad: int, eos: int, **kw: Any) -> Any:
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        pad_token_id=pad, eos_token_id=eos, bos_token_id=eos, tie_word_embeddings=False, **kw,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        tie_word_embeddings=False,
+        **kw,
     )
 
 
@@ -79,15 +89,21 @@ def build_tiny_models(directory: str | Path, *, seed: int = 0) -> dict[str, str]
         Qwen2ForCausalLM,
         Qwen2ForSequenceClassification,
     )
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     root = Path(directory)
     tok_dir = root / "_tokenizer"
     build_tokenizer(tok_dir)
     tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     vocab, pad, eos = len(tok), tok.pad_token_id, tok.eos_token_id
     builders = {
-        "scalar": lambda: Qwen2ForSequenceClassification(_qwen2_config(vocab, pad, eos, num_labels=1)),
-        "classifier": lambda: Qwen2ForSequenceClassification(_qwen2_config(vocab, pad, eos, num_labels=2)),
+        "scalar": lambda: Qwen2ForSequenceClassification(
+            _qwen2_config(vocab, pad, eos, num_labels=1)
+        ),
+        "classifier": lambda: Qwen2ForSequenceClassification(
+            _qwen2_config(vocab, pad, eos, num_labels=2)
+        ),
         "judge": lambda: Qwen2ForCausalLM(_qwen2_config(vocab, pad, eos)),
     }
     paths: dict[str, str] = {}

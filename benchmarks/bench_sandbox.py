@@ -1,0 +1,156 @@
+"""Benchmark of the CPU manager: latency, throughput, compile+run, test batches.
+
+Prints p50/p99 of a trivial Python action through the manager (full isolation) next to plain
+``subprocess.run([python, "-c", ...])`` measured in the same run, trivial actions per second,
+C++ compile+run vs plain g++, and a 50-case test batch vs 50 separate runs. Needs root.
+Run: ``.venv/bin/python benchmarks/bench_sandbox.py`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from arl_tangram.core.actions import ActionKind, ActionSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+
+_ids = itertools.count()
+ONE = Resources(cpu=1, memory_mb=256)
+SUM_CPP = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}"
+
+
+def act(code: str, kind: ActionKind = ActionKind.CODE, **payload: object) -> ActionSpec:
+    return ActionSpec(id=f"b{next(_ids)}", kind=kind, payload={"code": code, **payload})
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+async def latency(m: CpuManager, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        r = await m.run(act("print(1)"), ONE)
+        out.append(time.perf_counter() - t)
+        assert r.status == "Success", r.to_dict()
+        await asyncio.sleep(0.005)  # an arrival process, not a closed loop
+    return out
+
+
+def plain_subprocess(n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, check=True)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def throughput(m: CpuManager, n: int, conc: int) -> float:
+    sem = asyncio.Semaphore(conc)
+
+    async def one() -> str:
+        async with sem:
+            return (await m.run(act("print(1)"), ONE)).status
+
+    t = time.perf_counter()
+    res = await asyncio.gather(*(one() for _ in range(n)))
+    dt = time.perf_counter() - t
+    assert all(s == "Success" for s in res), {s: res.count(s) for s in set(res)}
+    return n / dt
+
+
+def plain_gpp(reps: int) -> float:
+    ts = []
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "main.cpp")
+        with open(src, "w") as f:
+            f.write(SUM_CPP)
+        for _ in range(reps):
+            t = time.perf_counter()
+            subprocess.run(["g++", "-O2", "-std=c++17", "-o", f"{d}/main", src], check=True)
+            subprocess.run([f"{d}/main"], input=b"1 2\n", capture_output=True, check=True)
+            ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+async def managed_gpp(m: CpuManager, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r = await m.run(act(SUM_CPP, language="cpp", stdin="1 2\n"), Resources(cpu=1, memory_mb=512))
+        ts.append(time.perf_counter() - t)
+        assert r.status == "Success", r.to_dict()
+    return statistics.median(ts)
+
+
+async def batch_vs_separate(m: CpuManager, lang: str, code: str, n: int,
+                            n_sep: int) -> tuple[float, float]:
+    """Wall time of one n-case batch, and of n_sep separate actions (2 at a time)."""
+    cases = [{"stdin": f"{i} {i}\n", "expected_stdout": f"{2 * i}\n"} for i in range(n)]
+    allot = Resources(cpu=2, memory_mb=512)
+    t = time.perf_counter()
+    r = await m.run(act(code, ActionKind.TEST, language=lang, cases=cases), allot)
+    batch = time.perf_counter() - t
+    assert r.status == "Success", r.message
+    sem = asyncio.Semaphore(2)
+
+    async def one(c: dict[str, str]) -> bool:
+        async with sem:
+            res = await m.run(act(code, language=lang, stdin=c["stdin"]), allot)
+            return res.run_result is not None and res.run_result.stdout == c["expected_stdout"]
+
+    t = time.perf_counter()
+    oks = await asyncio.gather(*(one(c) for c in cases[:n_sep]))
+    sep = time.perf_counter() - t
+    assert all(oks)
+    return batch, sep
+
+
+async def main(quick: bool) -> None:
+    m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64))
+    t = time.perf_counter()
+    await m.start()
+    print(f"start-up {time.perf_counter() - t:.2f}s; isolation: "
+          f"{'full' if all(v is True for k, v in m.isolation_report().items() if k != 'cgroup_version') else m.isolation_report()}"
+          f" (cgroup {m.isolation_report()['cgroup_version']}); cores here: {os.cpu_count()}")
+    await asyncio.sleep(0.5)
+    n = 100 if quick else 300
+    lat = await latency(m, n)
+    sub = plain_subprocess(30 if quick else 60)
+    p50, p50s = pct(lat, 0.5), pct(sub, 0.5)
+    print(f"trivial python action: p50 {p50:.2f} ms  p99 {pct(lat, 0.99):.2f} ms  (n={n})")
+    print(f"plain subprocess.run([python,-c]): p50 {p50s:.2f} ms  p99 {pct(sub, 0.99):.2f} ms")
+    print(f"speed-up vs plain subprocess (p50): {p50s / p50:.1f}x")
+    for conc in (4, 16):
+        print(f"throughput, concurrency {conc}: {await throughput(m, 400 if quick else 1000, conc):.0f} actions/s")
+    if "cpp" in m.languages():
+        reps = 3 if quick else 5
+        g, mg = plain_gpp(reps), await managed_gpp(m, reps)
+        print(f"C++ compile+run: manager {mg * 1e3:.0f} ms vs plain g++ {g * 1e3:.0f} ms "
+              f"(overhead {100 * (mg / g - 1):+.0f}%)")
+    b, s = await batch_vs_separate(m, "python", "a, b = map(int, input().split())\nprint(a + b)",
+                                   50, 50)
+    print(f"python 50-case batch {b * 1e3:.0f} ms vs 50 separate runs {s * 1e3:.0f} ms ({s / b:.1f}x)")
+    if "cpp" in m.languages():
+        k = 5 if quick else 10  # 50 separate compiles take ~1 min here: measure k, scale to 50
+        b, s = await batch_vs_separate(m, "cpp", SUM_CPP, 50, k)
+        print(f"C++ 50-case batch {b * 1e3:.0f} ms vs {k} separate compile+runs {s * 1e3:.0f} ms "
+              f"-> 50 separate ~{s * 50 / k * 1e3:.0f} ms extrapolated ({s * 50 / k / b:.1f}x)")
+    await m.aclose()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (~20 s)")
+    asyncio.run(main(ap.parse_args().quick))

@@ -1,0 +1,87 @@
+"""Simulator throughput: actions simulated per second of real time, through the real core.
+
+Goal (issue 2): 1,000,000 actions simulated in <= 120 s. The workload is `tool-math` (short
+python tool calls between generations, ~3.5 actions per trajectory), scaled up to large RL
+batches on a cluster sized by the workload's own rule. The baseline, measured in the same run on
+the same trajectories, is the same simulator driving a null scheduler (start every action at
+once, no accounting): its rate is the simulator's own ceiling, so the ratio says how much of the
+time the scheduler core takes.
+
+    python benchmarks/bench_sim.py                 # 1,000,000 actions
+    python benchmarks/bench_sim.py --actions 50000 # quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from arl_tangram.core import commands as C
+from arl_tangram.core import events as E
+from arl_tangram.core.actions import ActionResult, Status
+from arl_tangram.sim.runner import run_policy
+from arl_tangram.sim.simulator import SimConfig, Simulator
+from arl_tangram.sim.workloads import get_workload
+
+ACTIONS_PER_TRAJ = 3.5  # tool-math: 1 + Poisson(2.5) calls
+
+
+class NullScheduler:
+    """Starts every action at once on one node; delivers on finish. No capacity, no order."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.meta: dict[str, tuple[object, float, float | None]] = {}
+
+    def handle(self, event: E.Event) -> list[C.Command]:
+        if isinstance(event, E.ActionArrived):
+            a = event.action
+            self.meta[a.id] = (a, event.time, None)
+            return [C.StartAction(a, self.node, a.demand, warm=False)]
+        if isinstance(event, E.ActionStarted):
+            a, sub, _ = self.meta[event.action_id]
+            self.meta[event.action_id] = (a, sub, event.time)
+            return []
+        if isinstance(event, E.ActionFinished):
+            _a, sub, start = self.meta.pop(event.action_id)
+            return [C.Deliver(ActionResult(event.action_id, Status.SUCCEEDED, sub, start, event.time))]
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--actions", type=int, default=1_000_000, help="actions to simulate (approx.)")
+    p.add_argument("--batch", type=int, default=2048, help="trajectories per RL step")
+    p.add_argument("--policy", default="tangram", help="core policy for the full run")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    w = get_workload("tool-math")
+    steps = max(1, round(args.actions / ACTIONS_PER_TRAJ / args.batch))
+    cluster = w.cluster(args.batch)
+    cfg = SimConfig(train_s=w.train_s)
+
+    def batches():  # type: ignore[no-untyped-def]
+        return w.batches(args.seed, args.batch, steps)
+
+    print(f"tool-math: {steps} RL steps x {args.batch} trajectories on {len(cluster.nodes)} nodes")
+    t0 = time.perf_counter()
+    null = Simulator(cluster, NullScheduler(cluster.nodes[0].name), cfg).run(batches())
+    t_null = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = run_policy(cluster, batches, args.policy, workload="tool-math", config=cfg)
+    t_full = time.perf_counter() - t0
+    r_null, r_full = null.actions / t_null, full.actions / t_full
+    print(f"baseline (null scheduler): {null.actions:,} actions in {t_null:.1f} s = {r_null:,.0f} actions/s")
+    print(f"simulator + core ({args.policy}): {full.actions:,} actions in {t_full:.1f} s = "
+          f"{r_full:,.0f} actions/s ({full.events:,} core events, stalled={full.stalled})")
+    print(f"ratio full/baseline throughput: {r_full / r_null:.2f} "
+          f"(the core takes {100 * (1 - r_full / r_null):.0f}% of the time)")
+    scaled = 1_000_000 / r_full
+    goal = "met" if scaled <= 120 else "NOT met"
+    print(f"1,000,000 actions at this rate: {scaled:.0f} s (goal <= 120 s: {goal})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Service: what every route does, independent of HTTP (the SDK's embedded mode calls it too).
+
+Invariant: a method here either returns the wire body of its route or raises one of
+InvalidAction (400, names the field), UnknownAction (404), Overloaded / Shed (504 on /run_code,
+503 elsewhere), BrokenError (502: the backend failed on valid input). Nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ..core.actions import ActionResult, ActionSpec, Status
+from ..core.errors import BrokenError, InvalidAction, TangramError
+from ..core.resources import Resources
+from ..runtime.config import ServiceConfig
+from ..runtime.engine import Engine, UnknownAction
+from . import translate as T
+from .schemas import ActionsIn, ClassifyIn, GetRewardIn, RunCodeRequest, SessionIn
+
+
+class Shed(TangramError):
+    """The request could not be answered within its deadline and was cancelled."""
+
+
+class Service:
+    """The routes' logic over one engine."""
+
+    def __init__(self, engine: Engine, config: ServiceConfig) -> None:
+        self.engine, self.config = engine, config
+        self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+
+    # ---- SandboxFusion --------------------------------------------------------------------
+
+    async def run_code(self, req: RunCodeRequest, *, session: str | None = None) -> dict[str, Any]:
+        spec = T.run_code_action(req, session=session)
+        self.engine.submit_nowait(spec)
+        deadline = req.compile_timeout + req.run_timeout + self.config.limits.shed_grace_s
+        res = await self.engine.result(spec.id, wait=deadline)
+        if res is None:
+            await self.engine.cancel(spec.id)
+            raise Shed(f"no answer within compile_timeout + run_timeout + "
+                       f"{self.config.limits.shed_grace_s:g} s = {deadline:g} s")
+        return T.run_code_response(res)
+
+    # ---- native ---------------------------------------------------------------------------
+
+    def _specs(self, body: ActionsIn) -> tuple[list[ActionSpec], list[list[ActionSpec]]]:
+        if len(body.actions) > self.config.limits.max_batch:
+            raise InvalidAction("actions", f"at most {self.config.limits.max_batch} per request")
+        per_request: list[list[ActionSpec]] = []
+        for i, a in enumerate(body.actions):
+            parts = T.native_actions(a, f"actions[{i}]", self.config.default_reward_model)
+            for p in parts:
+                self._check_model(p, f"actions[{i}].model")
+            per_request.append(parts)
+        return [p for parts in per_request for p in parts], per_request
+
+    def _check_model(self, spec: ActionSpec, where: str) -> None:
+        if spec.model is not None and self.config.model(spec.model) is None:
+            names = ", ".join(m.name for m in self.config.models) or "none configured"
+            raise InvalidAction(where, f"unknown model {spec.model!r} (models: {names})")
+        if spec.session is not None and not self.engine.has_session(spec.session):
+            raise InvalidAction(where.rsplit(".", 1)[0] + ".session",
+                                f"session {spec.session!r} is not open")
+
+    async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        specs, per_request = self._specs(body)
+        key = idempotency_key or body.idempotency_key
+        got = iter(self.engine.submit_nowait(specs, idempotency_key=key))
+        ids: list[str] = []
+        for parts in per_request:
+            part_ids = tuple(next(got) for _ in parts)
+            if len(parts) == 1:
+                ids.append(part_ids[0])
+                continue
+            model = parts[0].model or ""
+            gid = part_ids[0][: len(part_ids[0]) - len(model) - 1]  # "<gid>.<model>"
+            self._remember_group(gid, part_ids)
+            ids.append(gid)
+        out: dict[str, Any] = {"ids": ids}
+        if body.wait:
+            results = await asyncio.gather(*(self.get(i, body.wait_s) for i in ids))
+            out["results"] = list(results)
+        return out
+
+    def _remember_group(self, gid: str, parts: tuple[str, ...]) -> None:
+        self._groups[gid] = parts
+        while len(self._groups) > self.config.limits.max_results:
+            self._groups.popitem(last=False)
+
+    async def result(self, action_id: str, wait: float = 0.0) -> ActionResult | None:
+        parts = self._groups.get(action_id)
+        if parts is None:
+            return await self.engine.result(action_id, wait=wait)
+        got = await asyncio.gather(*(self.engine.result(p, wait=wait) for p in parts))
+        if any(g is None for g in got):
+            return None
+        return T.join_group(action_id, [g for g in got if g is not None])
+
+    async def get(self, action_id: str, wait: float = 0.0) -> dict[str, Any]:
+        wait = min(max(wait, 0.0), self.config.limits.max_wait_s)
+        res = await self.result(action_id, wait)
+        if res is not None:
+            return T.result_dict(res)
+        parts = self._groups.get(action_id, (action_id,))
+        return T.pending_dict(action_id, min(self.engine.status(p) for p in parts))
+
+    async def cancel(self, action_id: str) -> bool:
+        parts = self._groups.get(action_id, (action_id,))
+        done = [await self.engine.cancel(p) for p in parts]
+        return any(done)
+
+    async def open_session(self, body: SessionIn) -> dict[str, Any]:
+        try:
+            demand = Resources(body.demand) if body.demand is not None else None
+        except ValueError as exc:
+            raise InvalidAction("demand", str(exc)) from None
+        sid = await self.engine.open_session(body.session_id, demand=demand, ttl_s=body.ttl_s,
+                                             node=body.node)
+        return {"session_id": sid}
+
+    async def close_session(self, session_id: str) -> bool:
+        return await self.engine.close_session(session_id)
+
+    # ---- reward compat --------------------------------------------------------------------
+
+    def _models(self, model: str | list[str] | None, field: str) -> list[str]:
+        names = [model] if isinstance(model, str) else list(model or [])
+        if not names and self.config.default_reward_model:
+            names = [self.config.default_reward_model]
+        if not names:
+            raise InvalidAction(field, "no model named and no default reward model configured")
+        for n in names:
+            if self.config.model(n) is None:
+                known = ", ".join(m.name for m in self.config.models) or "none configured"
+                raise InvalidAction(field, f"unknown model {n!r} (models: {known})")
+        return names
+
+    async def score(self, payloads: list[dict[str, Any]], models: list[str]) -> list[list[Any]]:
+        """Score each payload with each model; outputs per payload, in model order."""
+        groups = T.reward_actions(payloads, models)
+        flat = [s for g in groups for s in g]
+        self.engine.submit_nowait(flat)
+        results = await asyncio.gather(*(self.engine.result(s.id) for s in flat))
+        bad = [r for r in results if r is None or r.status != Status.SUCCEEDED]
+        if bad:
+            r = bad[0]
+            raise BrokenError(f"scoring failed: {r.status.name.lower() if r else 'lost'}: "
+                              f"{r.reason if r else ''}")
+        it = iter(results)
+        return [[next(it).output for _ in g] for g in groups]  # type: ignore[union-attr]
+
+    async def get_reward(self, body: GetRewardIn) -> dict[str, Any]:
+        models = self._models(body.model, "model")
+        n = len(body.query)
+        for name in ("prompts", "labels"):
+            v = getattr(body, name)
+            if v is not None and len(v) != n:
+                raise InvalidAction(name, f"has {len(v)} items; query has {n}")
+        for m in models:
+            spec = self.config.model(m)
+            if spec is not None and spec.kind == "similarity" and body.labels is None:
+                raise InvalidAction("labels", f"model {m!r} scores similarity to a reference: "
+                                              "send one label per query")
+        payloads = []
+        for i, q in enumerate(body.query):
+            p: dict[str, Any] = {"query": q}
+            if body.prompts is not None:
+                p["prompt"] = body.prompts[i]
+            if body.labels is not None:
+                p["reference"] = body.labels[i]
+            payloads.append(p)
+        outs = await self.score(payloads, models)
+        per_model = [[T.score_of(o) for o in row] for row in outs]
+        rewards = [sum(row) / len(row) for row in per_model]
+        body_out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
+        if len(models) > 1:
+            body_out["scores_by_model"] = {m: [row[j] for row in per_model]
+                                           for j, m in enumerate(models)}
+        return body_out
+
+    async def classify(self, body: ClassifyIn) -> dict[str, Any]:
+        (model,) = self._models(body.model, "model")
+        spec = self.config.model(model)
+        if spec is not None and spec.kind == "similarity":
+            raise InvalidAction("model", f"{model!r} is a similarity model; /classify needs a "
+                                         "classifier (scalar) or judge model")
+        inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+        if not inputs:
+            raise InvalidAction("input", "must not be empty")
+        outs = await self.score([{"query": t} for t in inputs], [model])
+        data = []
+        for i, (o,) in enumerate(outs):
+            probs = o.get("probs") if isinstance(o, dict) else None
+            probs = [float(x) for x in probs] if probs else [T.score_of(o)]
+            best = max(range(len(probs)), key=probs.__getitem__)
+            data.append({"index": i, "label": str(best), "probs": probs,
+                         "num_classes": len(probs)})
+        return {"id": f"classify-{T.new_id()}", "object": "list", "created": int(time.time()),
+                "model": model, "data": data,
+                "usage": {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}}
+
+
+__all__ = ["Service", "Shed", "UnknownAction"]

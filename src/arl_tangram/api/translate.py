@@ -1,0 +1,171 @@
+"""Translation between wire requests and core actions, shared by the HTTP API and the SDK's
+embedded mode.
+
+Invariant: everything a client sends becomes `ActionSpec`s here, and every error is an
+`InvalidAction` naming the field; results go back out in the wire shape their route promises
+(SandboxFusion's RunCodeResponse always has its keys, with string stdout/stderr).
+A request naming several reward models is fanned out into one action per model
+(``<id>.<model>``) and joined by `join_group`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core.actions import ActionKind, ActionResult, ActionSpec, Elasticity, Speedup, Status, WorkHints
+from ..core.errors import InvalidAction
+from ..core.resources import Resources
+from .schemas import ActionIn, RunCodeRequest
+
+# Memory a sandbox gets when the request sets no memory_limit_MB (-1).
+DEFAULT_MEMORY_MB = 512
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def run_code_action(req: RunCodeRequest, *, action_id: str | None = None,
+                    session: str | None = None) -> ActionSpec:
+    """SandboxFusion /run_code -> one CODE action."""
+    mem = req.memory_limit_MB if req.memory_limit_MB > 0 else DEFAULT_MEMORY_MB
+    payload = req.model_dump()
+    payload["stdin"] = payload["stdin"] or ""
+    return ActionSpec(
+        id=action_id or new_id(), kind=ActionKind.CODE,
+        demand=Resources(cpu=1, memory_mb=mem),
+        timeout_s=req.compile_timeout + req.run_timeout + 5.0,
+        tag=req.language, session=session, payload=payload,
+    )
+
+
+def _demand(a: ActionIn, where: str) -> Resources:
+    if a.demand is None:
+        if a.kind in ("reward", "judge"):
+            return Resources()
+        return Resources(cpu=1, memory_mb=DEFAULT_MEMORY_MB)
+    try:
+        return Resources(a.demand)
+    except ValueError as exc:
+        raise InvalidAction(f"{where}.demand", str(exc)) from None
+
+
+def native_actions(a: ActionIn, where: str = "action",
+                   default_model: str | None = None) -> list[ActionSpec]:
+    """One native action (several when it names several models)."""
+    aid = a.id or new_id()
+    kind = ActionKind(a.kind)
+    models: list[str | None] = [None]
+    if kind.uses_model:
+        names = a.models or ([a.model] if a.model else [default_model] if default_model else [])
+        if not names:
+            raise InvalidAction(f"{where}.model", f"a {kind.value} action needs a model name")
+        if len(set(names)) != len(names):
+            raise InvalidAction(f"{where}.models", "model names repeat")
+        models = list(names)
+    elif a.models or a.model:
+        raise InvalidAction(f"{where}.model", f"a {kind.value} action takes no model")
+    el = None
+    if a.elasticity is not None:
+        e = a.elasticity
+        try:
+            el = Elasticity(e.min, e.max, e.dim, Speedup(e.parallel_fraction))
+        except ValueError as exc:
+            raise InvalidAction(f"{where}.elasticity", str(exc)) from None
+    hints = WorkHints(**a.hints.model_dump()) if a.hints is not None else WorkHints()
+    demand = _demand(a, where)
+    out = []
+    for m in models:
+        try:
+            out.append(ActionSpec(
+                id=aid if len(models) == 1 else f"{aid}.{m}", kind=kind, demand=demand,
+                elasticity=el, hints=hints, task=a.task, trajectory=a.trajectory,
+                session=a.session, model=m, tag=a.tag, timeout_s=a.timeout_s, weight=a.weight,
+                idempotent=a.idempotent, payload=dict(a.payload),
+            ))
+        except ValueError as exc:
+            raise InvalidAction(where, str(exc)) from None
+    return out
+
+
+def reward_actions(payloads: Sequence[Mapping[str, Any]], models: Sequence[str], *,
+                   task: str = "rlhf") -> list[list[ActionSpec]]:
+    """One REWARD action per (payload, model); outer list per payload."""
+    return [
+        [ActionSpec(id=new_id(), kind=ActionKind.REWARD, demand=Resources(), model=m, task=task,
+                    payload=dict(p), hints=WorkHints(items=1)) for m in models]
+        for p in payloads
+    ]
+
+
+# ---- results ------------------------------------------------------------------------------------
+
+
+def result_dict(r: ActionResult) -> dict[str, Any]:
+    return {
+        "id": r.id, "status": r.status.name.lower(), "finished": r.status.is_finished,
+        "submit_time": r.submit_time, "start_time": r.start_time, "finish_time": r.finish_time,
+        "act": r.act, "node": r.node, "output": r.output, "reason": r.reason,
+        "attempts": r.attempts,
+    }
+
+
+def pending_dict(action_id: str, status: Status) -> dict[str, Any]:
+    return {"id": action_id, "status": status.name.lower(), "finished": False, "output": None,
+            "reason": ""}
+
+
+def join_group(group_id: str, parts: Sequence[ActionResult]) -> ActionResult:
+    """Several scores of one response: one result whose output maps model -> output."""
+    worst = max(p.status for p in parts)
+    status = Status.SUCCEEDED if all(p.status == Status.SUCCEEDED for p in parts) else worst
+    scores = {}
+    for p in parts:
+        model = p.id.rsplit(".", 1)[-1]
+        scores[model] = p.output if p.status == Status.SUCCEEDED else {"error": p.reason}
+    finishes = [p.finish_time for p in parts if p.finish_time is not None]
+    starts = [p.start_time for p in parts if p.start_time is not None]
+    return ActionResult(
+        id=group_id, status=status, submit_time=min(p.submit_time for p in parts),
+        start_time=min(starts) if starts else None,
+        finish_time=max(finishes) if len(finishes) == len(parts) else None,
+        output={"scores": scores}, reason="; ".join(p.reason for p in parts if p.reason),
+    )
+
+
+def _stage(d: Any) -> dict[str, Any] | None:
+    if not isinstance(d, Mapping):
+        return None
+    return {"status": str(d.get("status", "Error")), "execution_time": d.get("execution_time"),
+            "return_code": d.get("return_code"), "stdout": str(d.get("stdout") or ""),
+            "stderr": str(d.get("stderr") or "")}
+
+
+def run_code_response(r: ActionResult, pod: str | None = None) -> dict[str, Any]:
+    """A finished CODE action as SandboxFusion's RunCodeResponse (extras kept)."""
+    out = r.output
+    if isinstance(out, Mapping) and out.get("status") in ("Success", "Failed", "SandboxError"):
+        d = dict(out)
+        d["message"] = str(d.get("message") or "")
+        d["compile_result"] = _stage(d.get("compile_result"))
+        d["run_result"] = _stage(d.get("run_result"))
+        d["files"] = {str(k): str(v) for k, v in (d.get("files") or {}).items()}
+        d.setdefault("executor_pod_name", r.node or pod)
+        return d
+    reason = r.reason or r.status.name.lower()
+    if r.status == Status.TIMED_OUT:
+        return {"status": "Failed", "message": reason, "compile_result": None,
+                "run_result": {"status": "TimeLimitExceeded", "execution_time": None,
+                               "return_code": None, "stdout": "", "stderr": ""},
+                "executor_pod_name": r.node or pod, "files": {}}
+    return {"status": "SandboxError", "message": f"{r.status.name.lower()}: {reason}",
+            "compile_result": None, "run_result": None, "executor_pod_name": r.node or pod,
+            "files": {}}
+
+
+def score_of(output: Any) -> float:
+    if isinstance(output, Mapping) and isinstance(output.get("score"), int | float):
+        return float(output["score"])
+    raise ValueError(f"no score in output {output!r}")

@@ -1,0 +1,86 @@
+"""`tangram serve`: the orchestrator service over HTTP (uvicorn).
+
+Invariant: it refuses to bind a non-loopback address without a bearer token (``--token`` or
+``TANGRAM_TOKEN``), and a bad config file exits with status 2 and one line naming file:line:
+field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any
+
+from ..runtime.config import POLICY_NAMES
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="run the orchestrator service (HTTP API)",
+                              description="Run the ARL-Tangram service: SandboxFusion /run_code, "
+                              "native /v1 routes, /get_reward, /classify, /metrics and a dashboard.")
+    p.add_argument("--config", help="service config YAML (default: this machine, embedded default)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="bind port (default 8080)")
+    p.add_argument("--policy", choices=POLICY_NAMES, help="scheduling policy (default tangram)")
+    p.add_argument("--token", help="bearer token (default: $TANGRAM_TOKEN); required off loopback")
+    p.add_argument("--no-models", action="store_true", help="do not load the default reward model")
+    p.add_argument("--ray", metavar="auto|ADDRESS",
+                   help="run on a Ray cluster: one NodeAgent per Ray node (see docs/ray.md)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+    return p
+
+
+def load_config(args: argparse.Namespace) -> Any:
+    from ..runtime.config import default_config, load_service_config
+
+    cfg = (load_service_config(args.config) if args.config
+           else default_config(with_models=not args.no_models))
+    over: dict[str, Any] = {}
+    for name in ("host", "port", "policy"):
+        if getattr(args, name, None) is not None:
+            over[name] = getattr(args, name)
+    token = args.token or os.environ.get("TANGRAM_TOKEN") or cfg.token
+    if token:
+        over["token"] = token
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+def _ray_engine(cfg: Any, address: str) -> Any:
+    """An unstarted engine whose nodes are the Ray cluster's (RayExecutor)."""
+    from ..runtime.build import engine_config
+    from ..runtime.engine import Engine
+    from ..runtime.ray_executor import RayExecutor
+
+    return Engine(RayExecutor.from_service_config(cfg, address=address), engine_config(cfg))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api.app import create_app
+    from ..api.middleware import is_loopback
+    from ..core.errors import SpecError
+    from ..runtime.build import build_engine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args)
+    except (SpecError, ValueError) as exc:
+        print(f"tangram serve: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(cfg.host) and not cfg.token:
+        print(f"tangram serve: binding {cfg.host} (not loopback) needs a token: pass --token or "
+              "set TANGRAM_TOKEN", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    app = create_app(_ray_engine(cfg, args.ray) if getattr(args, "ray", None) else build_engine(cfg),
+                     cfg, manage_engine=True)
+    models = ", ".join(m.name for m in cfg.models) or "none"
+    print(f"tangram serve: http://{cfg.host}:{cfg.port}  policy={cfg.policy}  models={models}",
+          file=sys.stderr)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
+                access_log=False, timeout_graceful_shutdown=5)
+    return 0

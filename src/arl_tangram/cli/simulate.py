@@ -1,0 +1,263 @@
+"""`tangram simulate`: run a workload or a trace through the scheduler core in virtual time.
+
+Invariant: the CLI only parses, runs `arl_tangram.sim` and prints; every figure it shows comes
+from a `SimReport`. A malformed trace or cluster file, or a bad argument, exits with code 2 and
+a message naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import SpecError
+from ..sim.metrics import SimReport
+from ..sim.runner import BASELINES, Batches, Savings, compare, ratios, run_policy, savings
+from ..sim.simulator import SimConfig, group_by_step
+from ..sim.workloads import WORKLOADS, get_workload
+
+POLICY_NAMES = ("tangram", "trajectory-bound", "task-isolated", "fifo")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate", help="simulate a workload under the scheduling policies",
+        description="Replay a built-in workload or a trace through the scheduler core in virtual "
+                    "time and report ACT, RL step duration and utilization.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", choices=sorted(WORKLOADS), help="built-in workload (default: code-rl)")
+    src.add_argument("--trace", metavar="FILE", help="trajectories, JSON Lines (docs/trace-format.md)")
+    p.add_argument("--cluster", metavar="FILE", help="cluster spec YAML (required with --trace; "
+                   "overrides the workload's cluster otherwise)")
+    p.add_argument("--policy", choices=POLICY_NAMES, default="tangram", help="policy to run (default: tangram)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload's sampling (default: 0)")
+    p.add_argument("--trajectories", type=_positive_int, help="trajectories per RL step (workloads)")
+    p.add_argument("--steps", type=_positive_int, help="RL steps to simulate")
+    p.add_argument("--train-s", type=_non_negative, help="training phase after each rollout, seconds")
+    p.add_argument("--tick-s", type=_positive, default=1.0, help="virtual seconds between Tick events")
+    p.add_argument("--compare", action="store_true", help="run every policy; table with ratios")
+    p.add_argument("--savings", action="store_true",
+                   help="smallest cluster on which tangram matches a baseline on the full cluster")
+    p.add_argument("--baseline", choices=(*BASELINES, "all"), default="trajectory-bound",
+                   help="baseline for --savings (default: trajectory-bound)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON (stable keys)")
+    p.add_argument("--plot", metavar="FILE.png", help="write ACT CDFs and utilization over time")
+    p.add_argument("--dump-trace", metavar="FILE", help="write the trajectories as a JSONL trace and exit")
+    p.set_defaults(command="simulate")
+    return p
+
+
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {s}")
+    return v
+
+
+def _positive(s: str) -> float:
+    v = float(s)
+    if not v > 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+    return v
+
+
+def _non_negative(s: str) -> float:
+    v = float(s)
+    if not v >= 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
+    return v
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+def _inputs(args: argparse.Namespace) -> tuple[str, Any, Batches, float]:
+    """(label, cluster, batches factory, default train_s) from --workload or --trace."""
+    from ..core.cluster import load_cluster_yaml
+    from ..sim.trace import load_trace
+
+    if args.trace:
+        if not args.cluster:
+            raise SpecError(args.trace, None, "--cluster", "a trace needs --cluster FILE")
+        cluster = load_cluster_yaml(args.cluster)
+        steps = group_by_step(load_trace(args.trace))
+        if args.steps:
+            steps = steps[: args.steps]
+        _check_models(cluster, steps, args.trace)
+        return args.trace, cluster, lambda: steps, 0.0
+    w = get_workload(args.workload or "code-rl")
+    n = args.trajectories or w.trajectories
+    cluster = load_cluster_yaml(args.cluster) if args.cluster else w.cluster(n)
+    seed, steps_n = args.seed, args.steps or w.steps
+    return w.name, cluster, lambda: w.batches(seed, n, steps_n), w.train_s
+
+
+def _check_models(cluster: Any, steps: Iterable[Sequence[Any]], file: str) -> None:
+    names = {m.name for m in cluster.models}
+    for batch in steps:
+        for t in batch:
+            for i, (_g, a) in enumerate(t.steps):
+                if a.model is not None and a.model not in names:
+                    raise SpecError(file, None, f"{t.id}.steps[{i}][1].model",
+                                    f"model {a.model!r} is not in the cluster spec")
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def _fmt(v: float) -> str:
+    return "inf" if math.isinf(v) else f"{v:.2f}"
+
+
+def _table(reports: dict[str, SimReport], title: str) -> Any:
+    from rich.table import Table
+
+    ratio = ratios(reports) if "tangram" in reports and len(reports) > 1 else {}
+    dims = [d for d in ("cpu", "gpu") if any(d in r.utilization for r in reports.values())]
+    t = Table(title=title)
+    for col in ("policy", "actions", "ACT avg s", "p50", "p99", "step s"):
+        t.add_column(col, justify="right" if col != "policy" else "left")
+    for d in dims:
+        t.add_column(f"util {d}", justify="right")
+        t.add_column(f"idle {d}", justify="right")
+    if ratio:
+        t.add_column("ACT x", justify="right")
+        t.add_column("step x", justify="right")
+    for name, r in reports.items():
+        row = [name, str(r.actions), _fmt(r.act["avg"]), _fmt(r.act["p50"]), _fmt(r.act["p99"]),
+               _fmt(r.step_avg_s)]
+        for d in dims:
+            row += [f"{100 * r.utilization.get(d, 0):.1f}%", f"{100 * r.held_idle.get(d, 0):.1f}%"]
+        if ratio:
+            rr = ratio.get(name)
+            row += [_fmt(rr["act_avg"]), _fmt(rr["step"])] if rr else ["1.00", "1.00"]
+        t.add_row(*row)
+    if ratio:
+        t.caption = "ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)"
+    return t
+
+
+def _savings_table(rows: list[Savings]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="resources tangram needs to match each baseline (baseline on the full cluster)")
+    for col in ("baseline", "scale", "nodes kept", "target ACT/step s", "tangram ACT/step s",
+                "CPU saved", "GPU saved"):
+        t.add_column(col, justify="left" if col == "baseline" else "right")
+    for s in rows:
+        nodes = ", ".join(f"{p} {k}/{n}" for p, (k, n) in s.nodes.items())
+        t.add_row(s.baseline, "not matched" if s.scale is None else f"{s.scale:.3f}", nodes,
+                  f"{_fmt(s.target['act_avg'])} / {_fmt(s.target['step_avg_s'])}",
+                  f"{_fmt(s.achieved['act_avg'])} / {_fmt(s.achieved['step_avg_s'])}",
+                  f"{100 * s.saving['cpu']:.1f}%" if "cpu" in s.saving else "-",
+                  f"{100 * s.saving['gpu']:.1f}%" if "gpu" in s.saving else "-")
+    return t
+
+
+def plot(reports: dict[str, SimReport], path: str) -> None:
+    """ACT CDF per policy (left) and busy fraction of CPU/GPU over time (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, r in reports.items():
+        a = np.sort(np.asarray(r.act_samples, dtype=float))
+        if len(a):
+            ax1.plot(a, np.arange(1, len(a) + 1) / len(a), label=name)
+        for dim, style in (("cpu", "-"), ("gpu", "--")):
+            pts = [(t, u[dim]) for t, u in (r.series or []) if dim in u]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax2.plot(xs, ys, style, label=f"{name} {dim}")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("ACT (s)")
+    ax1.set_ylabel("fraction of actions")
+    ax1.set_title("ACT CDF")
+    ax1.legend()
+    ax2.set_xlabel("virtual time (s)")
+    ax2.set_ylabel("busy fraction of capacity")
+    ax2.set_title("utilization over time")
+    ax2.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except SpecError as exc:
+        print(f"tangram simulate: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:
+        print(f"tangram simulate: {exc.args[0]}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = 150
+    label, cluster, batches, train_default = _inputs(args)
+    train_s = args.train_s if args.train_s is not None else train_default
+    config = SimConfig(train_s=train_s, tick_s=args.tick_s)
+    if args.dump_trace:
+        from ..sim.trace import dump_trace
+
+        n = dump_trace((t for b in batches() for t in b), args.dump_trace)
+        console.print(f"wrote {n} trajectories to {args.dump_trace}")
+        return 0
+    kw = {"seed": args.seed, "workload": label, "config": config}
+    if args.compare:
+        reports = compare(cluster, batches, **kw, on_report=lambda r: console.print(
+            f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]"))
+    else:
+        reports = {args.policy: run_policy(cluster, batches, args.policy, **kw)}
+    found: list[Savings] = []
+    if args.savings:
+        names = BASELINES if args.baseline == "all" else (args.baseline,)
+        for b in names:
+            base = reports.get(b) or run_policy(cluster, batches, b, **kw)
+            found.append(savings(cluster, batches, base, **kw))
+    if args.plot:
+        plot(reports, args.plot)
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        out: dict[str, Any] = {"workload": label, "seed": args.seed, "train_s": train_s,
+                               "reports": {k: r.as_dict() for k, r in reports.items()}}
+        if "tangram" in reports and len(reports) > 1:
+            out["ratios"] = ratios(reports)
+        if found:
+            out["savings"] = [s.as_dict() for s in found]
+        print(json.dumps(out, indent=2, sort_keys=False, default=_json_default))
+    else:
+        console.print(_table(reports, f"{label}: seed {args.seed}, "
+                                      f"{sum(n.capacity.get('cpu') for n in cluster.nodes):g} CPU, "
+                                      f"{sum(n.capacity.get('gpu') for n in cluster.nodes):g} GPU"))
+        if found:
+            console.print(_savings_table(found))
+    stalled = [k for k, r in reports.items() if r.stalled]
+    if stalled:
+        console.print(f"[yellow]warning: stalled (work left that could not progress): {', '.join(stalled)}")
+    return 0
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isinf(o):
+        return "inf"
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")

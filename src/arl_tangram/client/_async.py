@@ -1,0 +1,253 @@
+"""AsyncClient: the SDK over HTTP (httpx), or embedded in-process with no HTTP server.
+
+Invariant: every submit carries an idempotency key (the caller's, or one made per call), so a
+retry after a lost answer maps onto the first submit and never runs the action twice. Retries
+happen only on transport errors and 502/503/504, with exponential backoff.
+Embedded mode runs the same ASGI app in-process through httpx's ASGI transport (no socket), so
+both modes share every code path past the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from ..core.errors import BrokenError, ClosedError, InvalidAction, TangramError
+
+RETRY_STATUS = frozenset({502, 503, 504})
+
+
+class ApiError(TangramError):
+    """The service answered with an error status."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        self.status, self.detail = status, detail
+        super().__init__(f"HTTP {status}: {detail}")
+
+
+class AsyncClient:
+    """Talks to an ARL-Tangram service (``base_url``) or to an embedded one."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8080",
+        *,
+        token: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout,
+                                       transport=transport)
+        self.retries, self.backoff_s = retries, backoff_s
+        self._engine: Any = None  # set in embedded mode
+        self._closed = False
+
+    # ---- construction ----------------------------------------------------------------------
+
+    @classmethod
+    async def embedded(cls, config: Any = None, *, policy: str | None = None,
+                       gpu_factories: Any = None, **kw: Any) -> AsyncClient:
+        """Start an orchestrator in this process (this machine's managers) and talk to it."""
+        from ..api.app import create_app
+        from ..runtime.build import build_engine
+        from ..runtime.config import default_config
+
+        cfg = config or default_config(policy=policy or "tangram")
+        if policy is not None and cfg.policy != policy:
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, policy=policy)
+        engine = build_engine(cfg, gpu_factories=gpu_factories)
+        await engine.start()
+        app = create_app(engine, cfg)
+        client = cls("http://tangram.embedded", transport=httpx.ASGITransport(app=app), **kw)
+        client._engine = engine
+        return client
+
+    @property
+    def engine(self) -> Any:
+        """The in-process engine (embedded mode), else None."""
+        return self._engine
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._http.aclose()
+        if self._engine is not None:
+            await self._engine.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- transport -------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        if self._closed:
+            raise ClosedError("the client is closed")
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                r = await self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise BrokenError(f"{method} {path}: {exc!r}") from exc
+            else:
+                if r.status_code < 400:
+                    return r.json() if r.content else None
+                if r.status_code not in RETRY_STATUS or attempt == self.retries:
+                    raise _error(r)
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    # ---- native ----------------------------------------------------------------------------
+
+    async def submit(self, actions: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
+                     idempotency_key: str | None = None, wait: bool = False,
+                     wait_s: float = 300.0) -> dict[str, Any]:
+        """Submit one action or a batch (dicts in the /v1/actions shape); returns ids[, results]."""
+        batch = [dict(actions)] if isinstance(actions, Mapping) else [dict(a) for a in actions]
+        key = idempotency_key or uuid.uuid4().hex
+        body = {"actions": batch, "wait": wait, "wait_s": wait_s}
+        return await self._request("POST", "/v1/actions", json=body,
+                                   headers={"idempotency-key": key})
+
+    async def result(self, action_id: str, wait: float | None = None) -> dict[str, Any]:
+        """The action's state; waits until finished when ``wait`` is None."""
+        while True:
+            step = 30.0 if wait is None else wait
+            out = await self._request("GET", f"/v1/actions/{action_id}", params={"wait": step})
+            if out["finished"] or wait is not None:
+                return out
+
+    async def cancel(self, action_id: str) -> bool:
+        out = await self._request("DELETE", f"/v1/actions/{action_id}")
+        return bool(out["cancelled"])
+
+    async def run(self, action: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit one action and wait for its result (the result dict)."""
+        out = await self.submit(action, idempotency_key=idempotency_key, wait=True)
+        res = out["results"][0]
+        return res if res["finished"] else await self.result(out["ids"][0])
+
+    async def run_code(self, code: str, language: str = "python", *, stdin: str = "",
+                       files: Mapping[str, str] | None = None, fetch_files: Sequence[str] = (),
+                       compile_timeout: float = 10, run_timeout: float = 10,
+                       memory_limit_MB: int = -1, session: str | None = None,
+                       idempotency_key: str | None = None) -> dict[str, Any]:
+        """Run a program; returns SandboxFusion's RunCodeResponse shape."""
+        payload = {"code": code, "language": language, "stdin": stdin, "files": dict(files or {}),
+                   "fetch_files": list(fetch_files), "compile_timeout": compile_timeout,
+                   "run_timeout": run_timeout, "memory_limit_MB": memory_limit_MB}
+        action: dict[str, Any] = {"kind": "code", "payload": payload, "tag": language,
+                                  "timeout_s": compile_timeout + run_timeout + 5}
+        if memory_limit_MB > 0:
+            action["demand"] = {"cpu": 1, "memory_mb": memory_limit_MB}
+        if session:
+            action.update(kind="tool", session=session, payload={"code": code, "language": language})
+        res = await self.run(action, idempotency_key=idempotency_key)
+        return _output(res)
+
+    async def run_tests(self, code: str, cases: Sequence[Mapping[str, Any]], *,
+                        language: str = "python", stop_on_first_failure: bool = False,
+                        timeout_s: float = 60.0, cpus: tuple[float, float] = (1, 1),
+                        idempotency_key: str | None = None) -> dict[str, Any]:
+        """Run ``code`` against test cases ({stdin, expected_stdout} or {assert})."""
+        action: dict[str, Any] = {
+            "kind": "test", "tag": language, "timeout_s": timeout_s,
+            "payload": {"code": code, "language": language, "cases": [dict(c) for c in cases],
+                        "stop_on_first_failure": stop_on_first_failure},
+            "hints": {"test_count": len(cases)},
+        }
+        if cpus[1] > cpus[0]:
+            action["elasticity"] = {"min": cpus[0], "max": cpus[1], "parallel_fraction": 0.9}
+        return _output(await self.run(action, idempotency_key=idempotency_key))
+
+    async def reward(self, response: str, *, prompt: str | None = None,
+                     reference: str | None = None, model: str | Sequence[str] | None = None,
+                     idempotency_key: str | None = None) -> Any:
+        """Score one response; a float, or model -> output when several models are named."""
+        payload: dict[str, Any] = {"response": response, "query": response}
+        if prompt is not None:
+            payload.update(prompt=prompt, query=f"{prompt}\n{response}")
+        if reference is not None:
+            payload["reference"] = reference
+        action: dict[str, Any] = {"kind": "reward", "payload": payload, "task": "rlhf"}
+        if isinstance(model, str):
+            action["model"] = model
+        elif model is not None:
+            action["models"] = list(model)
+        out = _output(await self.run(action, idempotency_key=idempotency_key))
+        if isinstance(out, Mapping) and "scores" in out:
+            return {m: o.get("score") if isinstance(o, Mapping) else o for m, o in out["scores"].items()}
+        return out["score"]
+
+    @contextlib.asynccontextmanager
+    async def session(self, *, ttl_s: float = 600.0, demand: Mapping[str, float] | None = None,
+                      session_id: str | None = None) -> AsyncIterator[AsyncSession]:
+        """A multi-turn sandbox: tool calls in it share state (files, processes)."""
+        body: dict[str, Any] = {"ttl_s": ttl_s}
+        if demand is not None:
+            body["demand"] = dict(demand)
+        if session_id is not None:
+            body["session_id"] = session_id
+        out = await self._request("POST", "/v1/sessions", json=body)
+        sess = AsyncSession(self, out["session_id"])
+        try:
+            yield sess
+        finally:
+            with contextlib.suppress(TangramError):
+                await self._request("DELETE", f"/v1/sessions/{sess.id}")
+
+    async def cluster(self) -> dict[str, Any]:
+        return await self._request("GET", "/v1/cluster")
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._request("GET", "/v1/stats")
+
+    async def ping(self) -> bool:
+        return await self._request("GET", "/v1/ping") == "pong"
+
+
+class AsyncSession:
+    """An open session; ``run`` is a tool call inside it."""
+
+    def __init__(self, client: AsyncClient, session_id: str) -> None:
+        self.client, self.id = client, session_id
+
+    async def run(self, code: str, language: str = "python", *, timeout_s: float = 30.0) -> dict[str, Any]:
+        action = {"kind": "tool", "session": self.id, "tag": language, "timeout_s": timeout_s,
+                  "payload": {"code": code, "language": language}}
+        return _output(await self.client.run(action))
+
+
+def _output(res: Mapping[str, Any]) -> Any:
+    if res.get("output") is None and res.get("status") not in ("succeeded",):
+        raise BrokenError(f"action {res.get('id')} {res.get('status')}: {res.get('reason')}")
+    return res["output"]
+
+
+def _error(r: httpx.Response) -> TangramError:
+    try:
+        body = r.json()
+        detail = body.get("message") or body.get("detail") if isinstance(body, dict) else body
+        field = body.get("field") if isinstance(body, dict) else None
+    except ValueError:
+        detail, field = r.text, None
+    if r.status_code in (400, 422):
+        return InvalidAction(str(field or "request"), str(detail))
+    return ApiError(r.status_code, detail)

@@ -1,0 +1,162 @@
+"""`Core.validate` and `Core.view`: read-only walks over the core's state.
+
+Invariant: nothing here mutates the core. `validate` recomputes every derived quantity from the
+primary records and raises ``AssertionError`` naming the first broken invariant.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .actions import Status
+from .records import InstState
+from .resources import Resources
+from .view import CoreView, InstanceView, NodeView, SessionView
+
+if TYPE_CHECKING:
+    from .core import Core
+
+S = Status
+_EPS = 1e-6
+
+
+def _check(ok: bool, name: str, detail: str) -> None:
+    if not ok:
+        raise AssertionError(f"invariant {name} broken: {detail}")
+
+
+def validate(core: Core) -> None:
+    _check_nodes(core)
+    _check_actions(core)
+    _check_sessions(core)
+    _check_instances(core)
+    _check_work_conserving(core)
+
+
+def _check_nodes(core: Core) -> None:
+    expect: dict[str, dict[str, float]] = {n: {} for n in core.nodes}
+
+    def add(node: str, r: Resources) -> None:
+        d = expect[node]
+        for k, v in r.items():
+            d[k] = d.get(k, 0.0) + v
+
+    for rec in core.actions.values():
+        if rec.status in (S.STARTING, S.RUNNING) and rec.batch is None:
+            node = core.nodes[rec.node or ""]
+            if node.alive:
+                _check(rec.spec.id in node.running, "running-on-node", f"{rec.spec.id} not in {node.name}.running")
+                assert rec.allotment is not None
+                add(node.name, rec.allotment)
+    for sess in core.sessions.values():
+        if sess.node is not None and core.nodes[sess.node].alive:
+            add(sess.node, sess.demand)
+    for inst in core.instances.values():
+        add(inst.node, inst.holding())
+    for name, node in core.nodes.items():
+        if not node.alive:
+            continue
+        for k in set(node.used) | set(expect[name]):
+            u, x = node.used.get(k, 0.0), expect[name].get(k, 0.0)
+            _check(abs(u - x) <= _EPS, "used-equals-holdings", f"{name}.{k}: used {u} vs holdings {x}")
+            _check(u <= node.cap.get(k, 0.0) + _EPS, "capacity", f"{name}.{k}: {u} > {node.cap.get(k, 0.0)}")
+        for aid in node.running:
+            rec = core.actions.get(aid)
+            _check(rec is not None and rec.node == name, "running-set", f"{aid} on {name}")
+        _check(name in core.index, "index", f"alive node {name} not indexed")
+
+
+def _check_actions(core: Core) -> None:
+    _check(core.arrived == core.delivered + len(core.actions), "one-deliver-each",
+           f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.actions)}")
+    live: dict[object, int] = {}
+    entries = {(e[4], e[3], key) for key, q in core.queues.items() for e in q}
+    for aid, rec in core.actions.items():
+        _check(not rec.status.is_finished, "live-not-finished", f"{aid} is {rec.status.name}")
+        _check(rec.status is not S.PENDING, "no-pending-after-handle", aid)
+        if rec.status is S.QUEUED:
+            _check(rec.queue_key is not None, "queued-in-queue", aid)
+            live[rec.queue_key] = live.get(rec.queue_key, 0) + 1
+            _check((aid, rec.gen, rec.queue_key) in entries, "queued-entry", aid)
+        else:
+            _check(rec.queue_key is None, "active-not-queued", aid)
+            node = core.nodes.get(rec.node or "")
+            _check(node is not None and node.alive, "active-on-alive-node", f"{aid} on {rec.node}")
+            if rec.batch is not None:
+                _check(rec.batch in core.batches, "batch-known", f"{aid} batch {rec.batch}")
+            el = rec.spec.elasticity
+            if el is not None and rec.allotment is not None and rec.partition is None:
+                k = rec.allotment.get(el.dim)
+                _check(el.min - _EPS <= k <= el.max + _EPS, "allotment-in-range", f"{aid}: {k}")
+    _check(live == {k: v for k, v in core.qlive.items() if v}, "queue-counts", f"{live} vs {core.qlive}")
+
+
+def _check_sessions(core: Core) -> None:
+    for sid, sess in core.sessions.items():
+        if sess.node is not None:
+            _check(sid in core.nodes[sess.node].sessions, "session-on-node", sid)
+        for aid in sess.actions:
+            rec = core.actions.get(aid)
+            _check(rec is not None, "session-action-live", f"{sid}: {aid}")
+            assert rec is not None
+            if rec.status in (S.STARTING, S.RUNNING):
+                _check(rec.node == sess.node, "session-node", f"{aid} on {rec.node}, session on {sess.node}")
+
+
+def _check_instances(core: Core) -> None:
+    for iid, inst in core.instances.items():
+        node = core.nodes[inst.node]
+        _check(node.alive and iid in node.instances, "instance-on-node", iid)
+        doms = node.spec.gpu_domains or (tuple(range(node.spec.gpu_count)),)
+        _check(any(set(inst.devices) <= set(d) for d in doms), "one-nvlink-domain", f"{iid}: {inst.devices}")
+        _check(not (set(inst.devices) & node.dev_free), "devices-held", iid)
+        others = [o for o in core.instances.values() if o.node == inst.node and o.id != iid]
+        _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
+        if inst.state is InstState.READY and inst.batch is None and core.config.max_batch_wait_s == 0:
+            _check(not core.qlive.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
+
+
+def _check_work_conserving(core: Core) -> None:
+    """No queued shared-pool action fits an alive, unreserved node (a pass leaves none)."""
+    for key in core.shape_keys:
+        got = core._head(key)
+        if got is None:
+            continue
+        demand = got[0].spec.demand
+        for node in core.nodes.values():
+            if node.alive and node.name not in core.reserved:
+                _check(not node.fits(demand), "work-conserving",
+                       f"{got[0].spec.id} ({demand}) fits free {node.free} of {node.name}")
+
+
+def build_view(core: Core) -> CoreView:
+    nodes = tuple(
+        NodeView(
+            name=n.name, pool=n.spec.pool, capacity=Resources(n.cap), used=Resources(n.used),
+            free=Resources({k: max(0.0, v) for k, v in n.free.items()}),
+            running=len(n.running), alive=n.alive, warm=dict(n.warm),
+        )
+        for n in core.nodes.values()
+    )
+    insts = tuple(
+        InstanceView(
+            id=i.id, model=i.model.name, node=i.node, devices=i.devices,
+            state="loading" if i.state is InstState.LOADING else ("busy" if i.batch else "ready"),
+            queue=len(i.batch[1]) if i.batch else 0,
+        )
+        for i in sorted(core.instances.values(), key=lambda i: i.id)
+    )
+    sessions = tuple(
+        SessionView(id=s.id, node=s.node, demand=s.demand, actions=len(s.actions), last_active=s.last_active)
+        for s in sorted(core.sessions.values(), key=lambda s: s.id)
+    )
+    queued: dict[str, int] = {}
+    counts: dict[str, int] = dict(core.terminal)
+    for rec in core.actions.values():
+        counts[rec.status.name] = counts.get(rec.status.name, 0) + 1
+        if rec.status is S.QUEUED:
+            k = rec.spec.kind.value
+            queued[k] = queued.get(k, 0) + 1
+    parked = {f"{n}/{m}": c for (n, m), c in core.parked.items() if c > 0}
+    return CoreView(time=core.now, policy=core.policy.name, nodes=nodes, instances=insts,
+                    sessions=sessions, queued_by_kind=queued, counts=counts, parked=parked)

@@ -1,0 +1,109 @@
+"""Configuration of the scheduler core: one frozen, keyword-only dataclass, validated.
+
+Invariant: a `CoreConfig` that exists is valid. Every bad value raises `ValueError` naming the
+field and the value. All durations are seconds on the driver's clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .resources import Resources
+
+POLICIES = ("tangram", "trajectory-bound", "task-isolated", "fifo")
+
+
+def _bad(name: str, value: object, rule: str) -> ValueError:
+    return ValueError(f"CoreConfig.{name}: {rule}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreConfig:
+    """Knobs of the scheduler core (policy and its costs)."""
+
+    # Which scheduling policy runs: one of POLICIES.
+    policy: str = "tangram"
+    # Concurrent trajectories; trajectory-bound splits the CPU capacity evenly over them
+    # (fractional CPU quotas allowed). None: one slice per node.
+    trajectories: int | None = None
+    # Measured demand share per task; task-isolated sizes each task's pool in proportion.
+    # None: one pool shared by all tasks.
+    task_shares: Mapping[str, float] | None = None
+    # Queueing time after which an action is served before any non-aged one (no starvation);
+    # a blocked aged action reserves the node closest to fitting it.
+    aging_s: float = 30.0
+    # Fraction of every node's capacity kept back from elastic expansion for expected arrivals.
+    reserve_fraction: float = 0.1
+    # Quantile of the duration estimate used to order actions (0.5 = median).
+    estimate_quantile: float = 0.5
+    # Expected cost of a cold sandbox start (no warm executor on the node), charged in placement.
+    sandbox_cold_s: float = 0.5
+    # Idle time after which a model instance is scaled in (UnloadModel park=True) by tangram/fifo.
+    model_idle_s: float = 60.0
+    # Longest an action may wait for its batch to fill toward the knee (0: dispatch at once).
+    max_batch_wait_s: float = 0.0
+    # Consecutive failed loads of one model after which its queued actions fail.
+    max_load_failures: int = 3
+    # Demand held by a session opened implicitly by an action naming an unknown session.
+    session_demand: Resources = Resources(memory_mb=256)
+    # Time-to-live of an implicitly opened session (closed after this long without an action).
+    session_ttl_s: float = 600.0
+    # Window over which arrival rates are measured for warm-pool targets.
+    rate_window_s: float = 60.0
+    # Most warm executors per node and key that tangram asks for.
+    max_warm_per_node: int = 8
+    # Elastic expansion step along the elastic dimension (units per grant).
+    elastic_step: float = 1.0
+    # Finished actions remembered for status()/story() (oldest forgotten first).
+    history: int = 100_000
+    # Candidate nodes compared per placement (best fit among the first that fit).
+    fit_candidates: int = 4
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise _bad("policy", self.policy, f"must be one of {', '.join(POLICIES)}")
+        if self.trajectories is not None and (
+            not isinstance(self.trajectories, int) or self.trajectories < 1
+        ):
+            raise _bad("trajectories", self.trajectories, "must be a positive integer or None")
+        if self.task_shares is not None:
+            if not self.task_shares:
+                raise _bad("task_shares", self.task_shares, "must name at least one task")
+            for task, share in self.task_shares.items():
+                if not (isinstance(share, int | float) and share > 0 and math.isfinite(share)):
+                    raise _bad(f"task_shares[{task!r}]", share, "must be a finite number > 0")
+        self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)
+        self._check_range("reserve_fraction", self.reserve_fraction, 0.0, 1.0, high_open=True)
+        self._check_range("estimate_quantile", self.estimate_quantile, 0.0, 1.0)
+        for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s"):
+            self._check_range(name, getattr(self, name), 0.0, math.inf)
+        for name in ("session_ttl_s", "rate_window_s", "elastic_step"):
+            self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
+        for name in ("max_load_failures", "history", "fit_candidates"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise _bad(name, v, "must be an integer >= 1")
+        if not isinstance(self.max_warm_per_node, int) or self.max_warm_per_node < 0:
+            raise _bad("max_warm_per_node", self.max_warm_per_node, "must be an integer >= 0")
+        if not isinstance(self.session_demand, Resources):
+            raise _bad("session_demand", self.session_demand, "must be a Resources")
+
+    @staticmethod
+    def _check_range(
+        name: str,
+        v: float,
+        lo: float,
+        hi: float,
+        *,
+        low_open: bool = False,
+        high_open: bool = False,
+    ) -> None:
+        ok = isinstance(v, int | float) and not math.isnan(v)
+        if ok:
+            ok = (v > lo if low_open else v >= lo) and (v < hi if high_open else v <= hi)
+        if not ok:
+            lo_s = "(" if low_open else "["
+            hi_s = ")" if high_open else "]"
+            raise _bad(name, v, f"must be in {lo_s}{lo:g}, {hi:g}{hi_s}")

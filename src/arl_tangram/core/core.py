@@ -1,0 +1,428 @@
+"""The scheduler core: ``handle(event) -> list[command]``, pure, no I/O and no clock of its own.
+
+Invariants (checked by `Core.validate`, see `checks.py`):
+- no alive node is ever allocated beyond its capacity in any dimension; what a node has in use is
+  exactly the sum of the allotments, open sessions and model instances on it;
+- every arrived action is in exactly one place (a queue, a node, a batch) until it gets exactly
+  one `Deliver`, after which the core forgets it (bar a bounded history);
+- a session's actions run only on its node; a model instance's devices lie in one NVLink domain;
+- the scheduling pass is work-conserving: after each event no queued action of the shared pool
+  fits on a node that is not reserved for an aged action.
+
+Event handlers live here; the scheduling pass in `scheduling.py`; model instances and batching in
+`modelsched.py`; the policies as data in `policies.py`. Every policy runs this same code.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from . import events as ev
+from .actions import ActionResult, ActionSpec, Status
+from .cluster import ClusterSpec, NodeSpec
+from .commands import CancelAction, CloseSession, Command, Deliver, OpenSession
+from .config import POLICIES, CoreConfig
+from .estimator import DurationEstimator
+from .modelsched import ModelMixin
+from .nodeindex import FreeIndex
+from .policies import POLICY_TABLE
+from .records import ActionRecord, NodeState, SessionRecord
+from .resources import Resources
+from .scheduling import SchedulingMixin
+from .view import CoreView
+
+__all__ = ["POLICIES", "Core", "CoreConfig"]
+
+S = Status
+_ACTIVE = (S.STARTING, S.RUNNING)
+
+
+class Core(SchedulingMixin, ModelMixin):
+    """The scheduler state machine. Feed it events; execute the commands it returns."""
+
+    def __init__(self, cluster: ClusterSpec, config: CoreConfig | None = None) -> None:
+        self.config = cfg = config or CoreConfig()
+        self.policy = POLICY_TABLE[cfg.policy]
+        self.cluster = cluster
+        self.models = {m.name: m for m in cluster.models}
+        self.nodes: dict[str, NodeState] = {}
+        self.index = FreeIndex()
+        self._estimator = DurationEstimator()
+        self.actions: dict[str, ActionRecord] = {}
+        self.history: OrderedDict[str, ActionRecord] = OrderedDict()
+        self.sessions: dict[str, SessionRecord] = {}
+        self.session_expiry: list[tuple[float, str]] = []
+        self.pending_sessions: dict[str, None] = {}
+        self.now = 0.0
+        self.seq = 0
+        self.arrived = 0
+        self.delivered = 0
+        self.terminal: dict[str, int] = {}
+        self._out: list[Command] = []
+        self._starts: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._touched: set[object] = set()
+        self._cause = ""
+        self._init_scheduling()
+        self._init_models()
+        for spec in cluster.nodes:
+            self._add_node(spec)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.ActionArrived: self._on_arrived,
+            ev.ActionStarted: self._on_started,
+            ev.ActionFinished: self._on_finished,
+            ev.CancelRequested: self._on_cancel,
+            ev.SessionRequested: self._on_session_requested,
+            ev.SessionClosed: self._on_session_closed,
+            ev.NodeAdded: self._on_node_added,
+            ev.NodeLost: self._on_node_lost,
+            ev.ModelLoaded: self._on_model_loaded,
+            ev.ModelUnloaded: self._on_model_unloaded,
+            ev.BatchFinished: self._on_batch_finished,
+            ev.WarmPoolReport: self._on_warm_report,
+            ev.Tick: self._on_tick,
+        }
+
+    # ---- public ---------------------------------------------------------------------------------
+    @property
+    def estimator(self) -> DurationEstimator:
+        return self._estimator
+
+    def handle(self, event: ev.Event) -> list[Command]:
+        """Apply one event; return the commands the driver must execute, in order."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
+        if event.time > self.now:
+            self.now = event.time
+        self._out = out = []
+        self._starts = {}
+        self._cause = _cause_of(event)
+        if not self._booted:
+            self._boot_models()
+        handler(event)
+        self._expire_sessions()
+        self._age()
+        self._schedule()
+        self._dispatch_models()
+        if self.policy.elastic and self._dirty:
+            self._expand()
+        self._dirty.clear()
+        self._touched.clear()
+        self._out = []
+        return out
+
+    def status(self, action_id: str) -> Status | None:
+        rec = self.actions.get(action_id) or self.history.get(action_id)
+        return rec.status if rec is not None else None
+
+    def story(self, action_id: str) -> list[str]:
+        rec = self.actions.get(action_id) or self.history.get(action_id)
+        return rec.describe() if rec is not None else []
+
+    def view(self) -> CoreView:
+        from .checks import build_view
+
+        return build_view(self)
+
+    def validate(self) -> None:
+        from .checks import validate
+
+        validate(self)
+
+    # ---- actions --------------------------------------------------------------------------------
+    def _on_arrived(self, e: ev.ActionArrived) -> None:
+        spec = e.action
+        old = self.actions.get(spec.id)
+        if old is not None:
+            old.note(e.time, "duplicate arrival ignored", spec.id)
+            return
+        self.history.pop(spec.id, None)
+        self.seq += 1
+        self.arrived += 1
+        rec = ActionRecord(spec, e.time, self.seq)
+        self.actions[spec.id] = rec
+        rec.note(e.time, "arrived", spec.id)
+        reason = self._impossible(rec)
+        if reason:
+            rec.move(S.REJECTED, e.time, spec.id)
+            self._deliver(rec, S.REJECTED, reason=reason)
+            return
+        rec.est = self._estimator.predict(spec, self.config.estimate_quantile)
+        if self.policy.partitioned and not rec.is_model:
+            rec.partition = self._partition_for(spec)
+        if spec.session is not None and not rec.is_model:
+            self._attach_session(rec)
+        self._count_arrival(spec)
+        rec.move(S.QUEUED, e.time, spec.id)
+        self._enqueue(rec)
+
+    def _on_started(self, e: ev.ActionStarted) -> None:
+        rec = self.actions.get(e.action_id)
+        if rec is None or rec.status is not S.STARTING:
+            return
+        rec.move(S.RUNNING, e.time, self._cause)
+        rec.start_time = e.time
+        if e.cold_start_s:
+            rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self._cause)
+
+    def _on_finished(self, e: ev.ActionFinished) -> None:
+        rec = self.actions.get(e.action_id)
+        if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
+            return  # stale (cancelled, requeued, or unknown): ignored
+        status = e.status if e.status.is_finished and e.status is not S.REJECTED else S.FAILED
+        run_s = e.run_s
+        if run_s is None and rec.start_time is not None:
+            run_s = e.time - rec.start_time
+        if status is S.SUCCEEDED and run_s is not None and rec.allotment is not None:
+            self._estimator.observe(rec.spec, run_s, rec.spec.speed(rec.allotment))
+        reason = e.reason
+        if status is S.FAILED and not reason and not e.status.is_finished:
+            reason = f"executor reported non-terminal status {e.status.name}"
+        self._end(rec, status, output=e.output, reason=reason)
+
+    def _on_cancel(self, e: ev.CancelRequested) -> None:
+        rec = self.actions.get(e.action_id)
+        if rec is None:
+            return
+        if rec.status in _ACTIVE and rec.batch is None and rec.node is not None:
+            self._out.append(CancelAction(rec.spec.id, rec.node, cause=self._cause))
+        self._end(rec, S.CANCELLED, reason="cancelled by request")
+
+    def _end(self, rec: ActionRecord, status: Status, *, output: Any = None, reason: str = "") -> None:
+        """Move a live action to a terminal status, release what it holds, deliver it."""
+        if rec.status is S.QUEUED:
+            self._dequeue(rec)
+        elif rec.allotment is not None and rec.batch is None and rec.status in _ACTIVE:
+            self._release(rec)
+        rec.batch = None
+        sid = rec.spec.session
+        if sid is not None:
+            sess = self.sessions.get(sid)
+            if sess is not None:
+                sess.actions.discard(rec.spec.id)
+                sess.last_active = self.now
+        rec.move(status, self.now, self._cause)
+        self._deliver(rec, status, output=output, reason=reason)
+
+    def _deliver(self, rec: ActionRecord, status: Status, *, output: Any = None, reason: str = "") -> None:
+        res = ActionResult(
+            id=rec.spec.id,
+            status=status,
+            submit_time=rec.submit_time,
+            start_time=rec.start_time,
+            finish_time=self.now,
+            node=rec.node,
+            allotment=rec.allotment,
+            output=output,
+            reason=reason,
+            attempts=rec.attempts,
+        )
+        self._out.append(Deliver(res, cause=self._cause))
+        self.delivered += 1
+        self.terminal[status.name] = self.terminal.get(status.name, 0) + 1
+        del self.actions[rec.spec.id]
+        hist = self.history
+        hist[rec.spec.id] = rec
+        if len(hist) > self.config.history:
+            hist.popitem(last=False)
+
+    def _release(self, rec: ActionRecord) -> None:
+        """Give an active action's allotment back to its node."""
+        node = self.nodes.get(rec.node or "")
+        alloc = rec.allotment
+        if node is None or alloc is None or rec.spec.id not in node.running:
+            return
+        node.running.discard(rec.spec.id)
+        node.give(alloc)
+        if rec.partition is not None:
+            self._part_release(rec)
+        if node.alive:
+            self.index.update(node.name, node.free)
+            self._dirty.add(node.name)
+
+    def _requeue_or_lose(self, rec: ActionRecord, reason: str) -> None:
+        """After a node loss: idempotent, session-free actions run again; the others are lost."""
+        if rec.spec.idempotent and rec.spec.session is None:
+            if rec.batch is None:
+                self._release(rec)
+            rec.batch = None
+            rec.move(S.QUEUED, self.now, self._cause)
+            rec.note(self.now, f"requeued: {reason}", self._cause)
+            self._enqueue(rec)
+        else:
+            self._end(rec, S.NODE_LOST, reason=reason)
+
+    # ---- sessions -------------------------------------------------------------------------------
+    def _attach_session(self, rec: ActionRecord) -> None:
+        sid = rec.spec.session
+        assert sid is not None
+        sess = self.sessions.get(sid)
+        if sess is None:
+            cfg = self.config
+            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.now)
+            self.sessions[sid] = sess
+            rec.note(self.now, f"opens session {sid} implicitly", rec.spec.id)
+            self._open_session(sess, hint=rec)
+        sess.actions.add(rec.spec.id)
+        sess.last_active = self.now
+
+    def _on_session_requested(self, e: ev.SessionRequested) -> None:
+        if e.session_id in self.sessions:
+            return
+        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time)
+        self.sessions[e.session_id] = sess
+        self._open_session(sess, pin=e.node)
+
+    def _open_session(self, sess: SessionRecord, pin: str | None = None, hint: Any = None) -> None:
+        node = self.nodes.get(pin) if pin else None
+        if node is None or not node.alive or not node.fits(sess.demand):
+            node = self._session_node(sess, hint)
+        if node is None:
+            self.pending_sessions[sess.id] = None
+            return
+        self.pending_sessions.pop(sess.id, None)
+        sess.node = node.name
+        node.sessions.add(sess.id)
+        node.take(sess.demand)
+        self.index.update(node.name, node.free)
+        self._out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self._cause))
+        heapq.heappush(self.session_expiry, (sess.last_active + sess.ttl_s, sess.id))
+        self._touched.add(("sess", sess.id))
+
+    def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False) -> None:
+        del self.sessions[sess.id]
+        self.pending_sessions.pop(sess.id, None)
+        node = self.nodes.get(sess.node) if sess.node else None
+        if node is not None and sess.id in node.sessions:
+            node.sessions.discard(sess.id)
+            node.give(sess.demand)
+            if node.alive:
+                self.index.update(node.name, node.free)
+                self._dirty.add(node.name)
+        if node is not None and not lost:
+            self._out.append(CloseSession(sess.id, node.name, reason=reason, cause=self._cause))
+        status = S.NODE_LOST if lost else S.CANCELLED
+        for aid in sorted(sess.actions):
+            rec = self.actions.get(aid)
+            if rec is not None and (rec.status is S.QUEUED or lost):
+                self._end(rec, status, reason=f"session {sess.id} closed: {reason}")
+
+    def _on_session_closed(self, e: ev.SessionClosed) -> None:
+        sess = self.sessions.get(e.session_id)
+        if sess is not None:
+            self._close_session(sess, e.reason or "closed by client")
+
+    def _expire_sessions(self) -> None:
+        heap = self.session_expiry
+        now = self.now
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            sess = self.sessions.get(sid)
+            if sess is None or sess.node is None:
+                continue
+            deadline = sess.last_active + sess.ttl_s
+            if sess.actions:  # busy: look again later
+                heapq.heappush(heap, (now + sess.ttl_s, sid))
+                continue
+            if deadline > now:
+                heapq.heappush(heap, (deadline, sid))
+                continue
+            self._close_session(sess, "ttl expired")
+
+    # ---- nodes ----------------------------------------------------------------------------------
+    def _add_node(self, spec: NodeSpec) -> NodeState:
+        node = NodeState(spec)
+        self.nodes[spec.name] = node
+        self.index.update(spec.name, node.free)
+        self._dirty.add(spec.name)
+        self._node_changed()
+        return node
+
+    def _on_node_added(self, e: ev.NodeAdded) -> None:
+        old = self.nodes.get(e.node.name)
+        if old is not None and old.alive:
+            return
+        self._add_node(e.node)
+        if self._booted:
+            self._static_models_on(e.node.name)
+        for sid in list(self.pending_sessions):
+            self._open_session(self.sessions[sid])
+
+    def _on_node_lost(self, e: ev.NodeLost) -> None:
+        node = self.nodes.get(e.node)
+        if node is None or not node.alive:
+            return
+        node.alive = False
+        self.index.remove(node.name)
+        reason = f"node {node.name} lost: {e.reason}"
+        for aid in sorted(node.running):
+            rec = self.actions.get(aid)
+            if rec is not None:
+                self._requeue_or_lose(rec, reason)
+        self._lose_instances(node, reason)
+        for sid in sorted(node.sessions):
+            sess = self.sessions.get(sid)
+            if sess is not None:
+                self._close_session(sess, reason, lost=True)
+        node.running.clear()
+        self._node_changed()
+
+    def _on_warm_report(self, e: ev.WarmPoolReport) -> None:
+        node = self.nodes.get(e.node)
+        if node is None or not node.alive:
+            return
+        self._set_warm(node, e.key, e.warm)
+
+    def _on_tick(self, e: ev.Tick) -> None:
+        self._scale_in()
+        if self.policy.warm_pools:
+            self._warm_targets()
+
+    # ---- admission ------------------------------------------------------------------------------
+    def _impossible(self, rec: ActionRecord) -> str:
+        """Why no node could ever run the action (even empty), or '' when some could."""
+        spec = rec.spec
+        if rec.is_model:
+            return self._model_impossible(spec)
+        demand = spec.demand
+        if spec.session is None and not self.policy.partitioned:
+            return "" if self._fits_some_node(demand, rec.shape) else self._too_big(demand)
+        if self.policy.partitioned and spec.session is None:
+            demand = demand.with_amount("cpu", 0.0)  # partitions run it at their CPU quota
+        sid = spec.session
+        sess = self.sessions.get(sid) if sid is not None else None
+        if sess is not None and sess.node is not None:
+            node = self.nodes[sess.node]
+            room = Resources(node.cap) - sess.demand
+            if not demand.fits_in(room):
+                short = demand.shortfall(room)
+                return f"demand {demand} exceeds what session {sid}'s node {node.name} can offer: short {short}"
+            return ""
+        if sid is not None and sess is None:
+            demand = demand + self.config.session_demand
+        if not self._fits_some_node(demand, tuple(sorted(demand._d.items()))):
+            return self._too_big(demand)
+        return ""
+
+    def _too_big(self, demand: Resources) -> str:
+        return f"no node can ever satisfy demand {demand} (largest capacities {self._largest()})"
+
+
+def _cause_of(event: ev.Event) -> str:
+    for attr in ("action_id", "batch_id", "instance_id", "session_id"):
+        v = getattr(event, attr, None)
+        if v:
+            return f"{type(event).__name__}:{v}"
+    a = getattr(event, "action", None)
+    if isinstance(a, ActionSpec):
+        return f"ActionArrived:{a.id}"
+    n = getattr(event, "node", None)
+    if isinstance(n, NodeSpec):
+        return f"NodeAdded:{n.name}"
+    if isinstance(n, str):
+        return f"{type(event).__name__}:{n}"
+    return f"{type(event).__name__}@{event.time:g}"

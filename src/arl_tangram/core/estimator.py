@@ -1,0 +1,116 @@
+"""Online duration estimates per action kind, from work hints and history.
+
+Invariant: `predict` never returns a negative or non-finite number, and before any observation
+of a key it answers from a prior (the submitter's ``expected_s`` when given).
+
+Durations are learned as a *unit time*: the measured run time times the speed of the allotment it
+ran at (so a run on 4 cores counts as the work it did on one), divided by the work units the
+hints name. The basis is chosen from the hints: ``expected_s`` (learn the ratio of actual to
+expected), ``test_count`` (seconds per test), ``tokens`` (seconds per token), ``items``, or
+none (seconds per action). Each (key, basis) keeps a bounded reservoir of the most recent unit
+times; quantiles come from a sorted copy rebuilt lazily.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+from .actions import ActionSpec, WorkHints
+
+# Prior unit time per basis, used until a (key, basis) has observations.
+PRIORS = {"expected": 1.0, "tests": 0.05, "tokens": 2e-4, "items": 0.01, "none": 1.0}
+_MIN_UNIT = 1e-6
+
+
+def basis_of(hints: WorkHints) -> tuple[str, float]:
+    """The work basis an action's hints name, and its number of units."""
+    if hints.expected_s is not None and hints.expected_s > 0:
+        return "expected", hints.expected_s
+    if hints.test_count:
+        return "tests", float(hints.test_count)
+    if hints.tokens:
+        return "tokens", float(hints.tokens)
+    if hints.items:
+        return "items", float(hints.items)
+    return "none", 1.0
+
+
+class _Sketch:
+    """A bounded reservoir of recent values with lazily sorted quantiles."""
+
+    __slots__ = ("_sorted", "_values", "count")
+
+    def __init__(self, size: int) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] | None = None
+        self.count = 0
+
+    def add(self, v: float) -> None:
+        vals, s = self._values, self._sorted
+        if s is not None and len(vals) == vals.maxlen:
+            del s[bisect.bisect_left(s, vals[0])]  # the value the append evicts
+        vals.append(v)
+        self.count += 1
+        if s is not None:
+            bisect.insort(s, v)
+
+    def quantile(self, q: float) -> float:
+        s = self._sorted
+        if s is None:
+            s = self._sorted = sorted(self._values)
+        i = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
+        return s[i]
+
+
+class DurationEstimator:
+    """Per ``ActionSpec.estimator_key`` quantile estimates of execution time at one unit."""
+
+    def __init__(self, reservoir: int = 128, min_samples: int = 3) -> None:
+        self._sketches: dict[tuple[str, str], _Sketch] = {}
+        self._reservoir = reservoir
+        self._min_samples = min_samples
+        self._cache: dict[tuple[str, str, float], float] = {}
+
+    def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
+        """Learn from one finished run of ``action`` that took ``run_s`` at ``speed``."""
+        if not (run_s >= 0 and math.isfinite(run_s)):
+            return
+        basis, units = basis_of(action.hints)
+        unit = max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units)
+        key = (action.estimator_key, basis)
+        sk = self._sketches.get(key)
+        if sk is None:
+            sk = self._sketches[key] = _Sketch(self._reservoir)
+        sk.add(unit)
+        if self._cache:
+            self._cache = {k: v for k, v in self._cache.items() if k[:2] != key}
+
+    def unit_quantile(self, key: str, basis: str, q: float) -> float:
+        """Quantile ``q`` of the unit time of (key, basis); the prior when unseen."""
+        ck = (key, basis, q)
+        v = self._cache.get(ck)
+        if v is not None:
+            return v
+        sk = self._sketches.get((key, basis))
+        prior = PRIORS[basis]
+        if sk is None or sk.count == 0:
+            v = prior
+        elif sk.count < self._min_samples:
+            w = sk.count / self._min_samples  # blend toward the data as it comes
+            v = w * sk.quantile(q) + (1 - w) * prior
+        else:
+            v = sk.quantile(q)
+        self._cache[ck] = v
+        return v
+
+    def predict(self, action: ActionSpec, q: float = 0.5, speed: float = 1.0) -> float:
+        """Expected execution time (quantile ``q``) of ``action`` running at ``speed``."""
+        basis, units = basis_of(action.hints)
+        unit = self.unit_quantile(action.estimator_key, basis, q)
+        return unit * units / max(speed, _MIN_UNIT)
+
+    def samples(self, key: str) -> int:
+        """How many observations the estimator has for ``key`` (all bases)."""
+        return sum(sk.count for (k, _), sk in self._sketches.items() if k == key)

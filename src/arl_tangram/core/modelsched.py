@@ -1,0 +1,314 @@
+"""Reward models and judges: instances, batching, routing, scaling, swap-in, failures.
+
+Invariant: every model instance holds whole devices of one node inside one NVLink domain
+(chosen by `topology.choose_devices`), at most one batch is in flight per instance, and an
+idle READY instance never coexists with queued actions of its model after a pass (unless the
+batch is deliberately held to fill, ``max_batch_wait_s``).
+
+Actions of a model wait in one queue per model; an instance that is ready and idle takes the
+next batch, up to the knee of the model's latency curve (`ModelSpec.knee_batch`), so routing
+goes to the instance with the least wait. Dynamic policies (tangram, fifo) load an instance on
+demand, scale out while the expected queue wait exceeds the cost of a new instance (a swap-in
+from parked host weights when there are some, else a cold load), park idle instances after
+``model_idle_s`` and evict an idle instance of another model when a model has none and no
+device is free. Static policies load a fixed set up front (round-robin over the models until
+the devices or ``max_instances`` run out) and never scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .actions import ActionSpec, Status
+from .cluster import ModelSpec
+from .commands import LoadModel, RunBatch, UnloadModel
+from .events import BatchFinished, ModelLoaded, ModelUnloaded
+from .records import InstanceRecord, InstState, NodeState
+from .topology import can_ever_place, choose_devices, place_on_nodes
+
+if TYPE_CHECKING:
+    from .core import Core
+
+S = Status
+
+
+class ModelMixin:
+    """Part of `Core`: model instances and batches."""
+
+    def _init_models(self: Core) -> None:
+        self.instances: dict[str, InstanceRecord] = {}
+        self.inst_by_model: dict[str, set[str]] = {m: set() for m in self.models}
+        self.parked: dict[tuple[str, str], int] = {}
+        self.unparking: dict[str, tuple[str, str]] = {}  # unloaded iid -> (node, model) parked
+        self.load_failures: dict[str, int] = {}
+        self.static_target: dict[str, int] = {}
+        self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._mtouched: set[str] = set()
+        self._booted = False
+        self.iseq = 0
+        self.bseq = 0
+
+    # ---- admission ------------------------------------------------------------------------------
+    def _model_impossible(self: Core, spec: ActionSpec) -> str:
+        m = self.models.get(spec.model or "")
+        if m is None:
+            return f"model {spec.model!r} is not in the cluster spec"
+        key = ("model", m.name)
+        if key not in self._possible:
+            why = place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m)
+            self._possible[key] = not why
+            if why:
+                return why
+        if not self._possible[key]:
+            return place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m) or "no node"
+        if not self.policy.dynamic_models and self.static_target.get(m.name, 0) == 0:
+            return f"static provisioning has no instance of model {m.name} (no devices left for it)"
+        return ""
+
+    # ---- placement of instances -----------------------------------------------------------------
+    def _pick_devices(self: Core, m: ModelSpec, only: str | None = None) -> tuple[NodeState, tuple[int, ...], bool] | None:
+        """Where a new instance of ``m`` goes: a node with its parked weights first, else the
+        node with the fewest free devices that still fits it (packing)."""
+        best: tuple[tuple[int, int, str], NodeState, tuple[int, ...], bool] | None = None
+        for node in self.nodes.values():
+            if not node.alive or len(node.dev_free) < m.devices or (only and node.name != only):
+                continue
+            if can_ever_place(node.spec, m) is not None:
+                continue
+            devs = choose_devices(node.dev_free, node.spec.gpu_domains, m.devices,
+                                  memory_free=node.per_device_memory(), memory_needed=m.memory_mb)
+            if devs is None or not node.fits({"gpu": float(m.devices)}):
+                continue
+            parked = self.parked.get((node.name, m.name), 0) > 0
+            score = (0 if parked else 1, len(node.dev_free), node.name)
+            if best is None or score < best[0]:
+                best = (score, node, devs, parked)
+        return None if best is None else (best[1], best[2], best[3])
+
+    def _launch(self: Core, m: ModelSpec, node: NodeState, devices: tuple[int, ...], from_host: bool) -> InstanceRecord:
+        self.iseq += 1
+        inst = InstanceRecord(f"{m.name}#{self.iseq}", m, node.name, devices)
+        inst.last_used = self.now
+        self.instances[inst.id] = inst
+        self.inst_by_model.setdefault(m.name, set()).add(inst.id)
+        node.dev_free.difference_update(devices)
+        node.instances.add(inst.id)
+        node.take(inst.holding())
+        self.index.update(node.name, node.free)
+        if from_host:
+            self.parked[(node.name, m.name)] -= 1
+        self._out.append(LoadModel(inst.id, m.name, node.name, devices, from_host, cause=self._cause))
+        return inst
+
+    def _drop_instance(self: Core, inst: InstanceRecord) -> None:
+        del self.instances[inst.id]
+        self.inst_by_model[inst.model.name].discard(inst.id)
+        node = self.nodes[inst.node]
+        if inst.id in node.instances:
+            node.instances.discard(inst.id)
+            node.dev_free.update(inst.devices)
+            node.give(inst.holding())
+            if node.alive:
+                self.index.update(node.name, node.free)
+                self._dirty.add(node.name)
+        self._mtouched.add(inst.model.name)
+
+    def _unload(self: Core, inst: InstanceRecord, reason: str) -> None:
+        self._drop_instance(inst)
+        key = (inst.node, inst.model.name)
+        self.parked[key] = self.parked.get(key, 0) + 1
+        self.unparking[inst.id] = key
+        self._out.append(UnloadModel(inst.id, inst.node, park=True, cause=reason))
+
+    # ---- static provisioning --------------------------------------------------------------------
+    def _boot_models(self: Core) -> None:
+        self._booted = True
+        if not self.policy.dynamic_models:
+            self._static_models_on(None)
+
+    def _static_models_on(self: Core, only: str | None) -> None:
+        """Round-robin one instance per model until devices or ``max_instances`` run out."""
+        if self.policy.dynamic_models:
+            return
+        models = sorted(self.models.values(), key=lambda m: m.name)
+        progress = True
+        while progress:
+            progress = False
+            for m in models:
+                if len(self.inst_by_model.get(m.name, ())) >= m.max_instances:
+                    continue
+                got = self._pick_devices(m, only)
+                if got is not None:
+                    self._launch(m, *got)
+                    self.static_target[m.name] = self.static_target.get(m.name, 0) + 1
+                    progress = True
+
+    # ---- events ---------------------------------------------------------------------------------
+    def _on_model_loaded(self: Core, e: ModelLoaded) -> None:
+        inst = self.instances.get(e.instance_id)
+        if inst is None or inst.state is not InstState.LOADING:
+            return
+        name = inst.model.name
+        self._mtouched.add(name)
+        if e.ok:
+            inst.state = InstState.READY
+            inst.last_used = e.time
+            self.load_failures[name] = 0
+            return
+        self._drop_instance(inst)
+        n = self.load_failures[name] = self.load_failures.get(name, 0) + 1
+        if n >= self.config.max_load_failures:
+            self._fail_model_queue(name, f"model {name} failed to load {n} times: {e.reason}")
+
+    def _fail_model_queue(self: Core, name: str, reason: str) -> None:
+        key = ("model", name)
+        while (got := self._head(key)) is not None:
+            self._end(got[0], S.FAILED, reason=reason)
+        self.load_failures[name] = 0
+
+    def _on_model_unloaded(self: Core, e: ModelUnloaded) -> None:
+        key = self.unparking.pop(e.instance_id, None)
+        if key is not None and not e.parked and self.parked.get(key, 0) > 0:
+            self.parked[key] -= 1
+        inst = self.instances.get(e.instance_id)
+        if inst is not None:  # unloaded under us (the manager evicted it)
+            self._drop_instance(inst)
+            if e.parked:
+                k = (inst.node, inst.model.name)
+                self.parked[k] = self.parked.get(k, 0) + 1
+
+    def _on_batch_finished(self: Core, e: BatchFinished) -> None:
+        got = self.batches.pop(e.batch_id, None)
+        if got is None:
+            return
+        iid, ids = got
+        inst = self.instances.get(iid)
+        if inst is not None and inst.batch is not None and inst.batch[0] == e.batch_id:
+            inst.batch = None
+            inst.last_used = e.time
+            self._mtouched.add(inst.model.name)
+        for aid in ids:
+            rec = self.actions.get(aid)
+            if rec is None or rec.batch != e.batch_id:
+                continue  # cancelled or requeued meanwhile
+            if aid in e.failed:
+                self._end(rec, S.FAILED, reason=e.failed[aid])
+            elif aid in e.outputs:
+                self._end(rec, S.SUCCEEDED, output=e.outputs[aid])
+            else:
+                self._end(rec, S.FAILED, reason=f"no result for it in batch {e.batch_id}")
+
+    def _lose_instances(self: Core, node: NodeState, reason: str) -> None:
+        for iid in sorted(node.instances):
+            inst = self.instances[iid]
+            if inst.batch is not None:
+                bid, ids = inst.batch
+                self.batches.pop(bid, None)
+                for aid in ids:
+                    rec = self.actions.get(aid)
+                    if rec is not None and rec.batch == bid:
+                        self._requeue_or_lose(rec, reason)
+            self._drop_instance(inst)
+            if not self.policy.dynamic_models:
+                self.static_target[inst.model.name] -= 1
+        for key in [k for k in self.parked if k[0] == node.name]:
+            del self.parked[key]
+
+    # ---- dispatch and scaling -------------------------------------------------------------------
+    def _dispatch_models(self: Core) -> None:
+        if not self._mtouched:
+            return
+        for name, iids in self.inst_by_model.items():  # starved models may evict idle ones
+            if not iids and self.qlive.get(("model", name)):
+                self._mtouched.add(name)
+        todo, self._mtouched = sorted(self._mtouched), set()
+        for name in todo:
+            m = self.models[name]
+            for iid in sorted(self.inst_by_model.get(name, ())):
+                inst = self.instances[iid]
+                if inst.state is InstState.READY and inst.batch is None:
+                    self._run_batch(inst)
+            if self.qlive.get(("model", name)):
+                self._scale_out(m)
+
+    def _run_batch(self: Core, inst: InstanceRecord) -> None:
+        m = inst.model
+        key = ("model", m.name)
+        live = self.qlive.get(key, 0)
+        if not live:
+            return
+        knee = m.knee_batch
+        if live < knee and self.config.max_batch_wait_s > 0:
+            head = self._head(key)
+            if head is not None and self.now - head[0].submit_time < self.config.max_batch_wait_s:
+                return  # let the batch fill (a Tick or arrival will come back)
+        self.bseq += 1
+        bid = f"b{self.bseq}"
+        recs = []
+        while len(recs) < knee and (got := self._head(key)) is not None:
+            rec = got[0]
+            self._dequeue(rec)
+            rec.move(S.RUNNING, self.now, self._cause)
+            rec.batch, rec.node, rec.start_time = bid, inst.node, self.now
+            rec.allotment = inst.holding()
+            rec.attempts += 1
+            recs.append(rec)
+        ids = tuple(r.spec.id for r in recs)
+        inst.batch = (bid, ids)
+        self.batches[bid] = (inst.id, ids)
+        self._out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
+                                  cause=self._cause))
+
+    def _scale_out(self: Core, m: ModelSpec) -> None:
+        if not self.policy.dynamic_models:  # static: only replace failed loads
+            while len(self.inst_by_model.get(m.name, ())) < self.static_target.get(m.name, 0):
+                got = self._pick_devices(m)
+                if got is None:
+                    return
+                self._launch(m, *got)
+            return
+        while len(self.inst_by_model.get(m.name, ())) < m.max_instances:
+            n = len(self.inst_by_model.get(m.name, ()))
+            queued = self.qlive.get(("model", m.name), 0)
+            got = self._pick_devices(m)
+            if n > 0:
+                cost = m.swap_s if (got is not None and got[2]) else m.load_s
+                wait = math.ceil(queued / m.knee_batch) * m.batch_latency(m.knee_batch) / n
+                if wait <= cost:
+                    return
+            if got is None and n == 0:
+                got = self._evict_for(m)
+            if got is None:
+                return
+            self._launch(m, *got)
+
+    def _evict_for(self: Core, m: ModelSpec) -> tuple[NodeState, tuple[int, ...], bool] | None:
+        """Park idle instances of other models (most replicated first) until ``m`` fits."""
+        idle = [
+            i for i in self.instances.values()
+            if i.model.name != m.name and i.state is InstState.READY and i.batch is None
+            and not self.qlive.get(("model", i.model.name))
+            and can_ever_place(self.nodes[i.node].spec, m) is None
+        ]
+        idle.sort(key=lambda i: (-len(self.inst_by_model[i.model.name]), i.last_used, i.id))
+        for inst in idle:
+            self._unload(inst, f"evicted for model {m.name}")
+            got = self._pick_devices(m)
+            if got is not None:
+                return got
+        return None
+
+    def _scale_in(self: Core) -> None:
+        if not self.policy.dynamic_models:
+            return
+        limit = self.config.model_idle_s
+        for iid in sorted(self.instances):
+            inst = self.instances[iid]
+            if (inst.state is InstState.READY and inst.batch is None
+                    and not self.qlive.get(("model", inst.model.name))
+                    and self.now - inst.last_used >= limit):
+                self._unload(inst, f"idle {self.now - inst.last_used:.3g}s")
+        for name in self.models:
+            if self.qlive.get(("model", name)):
+                self._mtouched.add(name)

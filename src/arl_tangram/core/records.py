@@ -1,0 +1,201 @@
+"""Mutable per-object state of the core: actions, nodes, sessions, model instances.
+
+Invariant: an action's status changes only through `ActionRecord.move`, which looks the edge up
+in `TRANSITIONS` and raises `IllegalTransition` (with the action's story) for any other edge.
+Statuses only move forward except the one backward edge ``requeue`` (STARTING/RUNNING ->
+QUEUED after a node loss, for idempotent actions).
+
+These are internal records (plain slotted classes, mutated in place by the core only); what
+leaves the core is frozen (`view.CoreView`, `ActionResult`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+
+from .actions import ActionKind, ActionSpec, Status
+from .cluster import ModelSpec, NodeSpec
+from .errors import IllegalTransition
+from .resources import GPU_MEMORY_MB, Resources
+
+S = Status
+_MODEL_KINDS = frozenset(k for k in ActionKind if k.uses_model)
+_TERMINAL = (S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.REJECTED, S.NODE_LOST)
+
+# (from, to) -> the name of the edge. Anything not listed is illegal.
+TRANSITIONS: dict[tuple[Status, Status], str] = {
+    (S.PENDING, S.QUEUED): "queue",
+    (S.PENDING, S.REJECTED): "reject",
+    (S.QUEUED, S.STARTING): "start",
+    (S.QUEUED, S.RUNNING): "batch",  # model actions start when their batch is sent
+    (S.STARTING, S.RUNNING): "started",
+    (S.STARTING, S.QUEUED): "requeue",
+    (S.RUNNING, S.QUEUED): "requeue",
+}
+for _t in (S.CANCELLED, S.NODE_LOST, S.FAILED, S.REJECTED):
+    TRANSITIONS[(S.QUEUED, _t)] = "drop"
+for _src in (S.STARTING, S.RUNNING):
+    for _t in _TERMINAL:
+        if _t is not S.REJECTED:
+            TRANSITIONS[(_src, _t)] = "end"
+
+
+class ActionRecord:
+    """Everything the core tracks about one arrived action."""
+
+    __slots__ = (
+        "allotment",
+        "attempts",
+        "batch",
+        "est",
+        "gen",
+        "is_model",
+        "node",
+        "partition",
+        "queue_key",
+        "seq",
+        "shape",
+        "spec",
+        "start_time",
+        "status",
+        "story",
+        "submit_time",
+    )
+
+    def __init__(self, spec: ActionSpec, time: float, seq: int) -> None:
+        self.spec = spec
+        self.status = S.PENDING
+        self.submit_time = time
+        self.start_time: float | None = None
+        self.node: str | None = None
+        self.allotment: Resources | None = None
+        self.attempts = 0
+        self.seq = seq  # arrival order, breaks ties deterministically
+        self.gen = 0  # bumped whenever queued entries for it become stale
+        self.est = 0.0  # expected execution time at the minimum allotment
+        self.batch: str | None = None  # batch id while in a RunBatch
+        self.partition: str | None = None  # slice / task pool of partitioned policies
+        self.queue_key: object = None  # which queue holds it while QUEUED
+        self.is_model = spec.kind in _MODEL_KINDS
+        self.shape: tuple[tuple[str, float], ...] = tuple(sorted(spec.demand._d.items()))
+        self.story: list[tuple[float, object, object, str]] = []  # formatted only on demand
+
+    def move(self, dst: Status, time: float, cause: str) -> None:
+        edge = TRANSITIONS.get((self.status, dst))
+        if edge is None:
+            raise IllegalTransition(self.spec.id, self.status.name, dst.name, self.describe())
+        self.story.append((time, self.status, dst, cause))
+        self.status = dst
+
+    def note(self, time: float, what: str, cause: str) -> None:
+        self.story.append((time, what, None, cause))
+
+    def describe(self) -> list[str]:
+        out = []
+        for t, a, b, cause in self.story:
+            what = f"{a.name}->{b.name}" if isinstance(b, Status) else str(a)  # type: ignore[union-attr]
+            out.append(f"t={t:.6g} {what} (cause {cause})")
+        return out
+
+
+def _items(r: Mapping[str, float]) -> Iterable[tuple[str, float]]:
+    """Items of a resource vector; the plain dict of a `Resources` (hot path, no ABC views)."""
+    return r._d.items() if isinstance(r, Resources) else r.items()
+
+
+class NodeState:
+    """A node's capacity and what is allocated on it."""
+
+    __slots__ = (
+        "alive",
+        "cap",
+        "dev_free",
+        "free",
+        "instances",
+        "name",
+        "running",
+        "sessions",
+        "spec",
+        "used",
+        "warm",
+    )
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.cap: dict[str, float] = spec.capacity.as_dict()
+        self.used: dict[str, float] = {}
+        self.free: dict[str, float] = dict(self.cap)
+        self.alive = True
+        self.running: set[str] = set()  # action ids holding an allotment here
+        self.sessions: set[str] = set()
+        self.instances: set[str] = set()
+        self.dev_free: set[int] = set(range(spec.gpu_count))
+        self.warm: dict[str, int] = {}
+
+    def take(self, r: Mapping[str, float]) -> None:
+        used, free, cap = self.used, self.free, self.cap
+        for k, v in _items(r):
+            u = used.get(k, 0.0) + v
+            used[k] = u
+            free[k] = cap.get(k, 0.0) - u
+
+    def give(self, r: Mapping[str, float]) -> None:
+        used, free, cap = self.used, self.free, self.cap
+        for k, v in _items(r):
+            u = used.get(k, 0.0) - v
+            if u < 1e-9:
+                u = 0.0
+            used[k] = u
+            free[k] = cap.get(k, 0.0) - u
+
+    def fits(self, r: Mapping[str, float]) -> bool:
+        free = self.free
+        for k, v in _items(r):
+            if v > free.get(k, 0.0) + 1e-9:
+                return False
+        return True
+
+    def per_device_memory(self) -> dict[int, float]:
+        per = self.spec.gpu_memory_per_device
+        return {d: per for d in self.dev_free}
+
+
+class SessionRecord:
+    """An open (or waiting to open) session."""
+
+    __slots__ = ("actions", "demand", "id", "last_active", "node", "ttl_s")
+
+    def __init__(self, sid: str, demand: Resources, ttl_s: float, time: float) -> None:
+        self.id = sid
+        self.demand = demand
+        self.ttl_s = ttl_s
+        self.node: str | None = None  # None until it is opened on a node
+        self.last_active = time
+        self.actions: set[str] = set()  # live actions naming it
+
+
+class InstState(enum.IntEnum):
+    LOADING = 0
+    READY = 1
+
+
+class InstanceRecord:
+    """A model instance on a set of devices of one node."""
+
+    __slots__ = ("batch", "devices", "id", "last_used", "model", "node", "state")
+
+    def __init__(self, iid: str, model: ModelSpec, node: str, devices: tuple[int, ...]) -> None:
+        self.id = iid
+        self.model = model
+        self.node = node
+        self.devices = devices
+        self.state = InstState.LOADING
+        self.batch: tuple[str, tuple[str, ...]] | None = None  # (batch id, action ids) in flight
+        self.last_used = 0.0
+
+    def holding(self) -> Resources:
+        """What the instance holds on its node."""
+        m = self.model
+        return Resources._raw({"gpu": float(m.devices), GPU_MEMORY_MB: m.memory_mb * m.devices})

@@ -1,0 +1,561 @@
+"""The scheduling pass: queues, ordering, aging, placement, partitions, elastic expansion.
+
+Invariant: after `_schedule` returns, every queue's head is blocked -- no queued action of the
+shared pool fits any alive node that is not reserved for an aged action (work conservation),
+and a partition or session queue's head does not fit where it may go.
+
+Queues are heaps of ``(aged, priority, seq, gen, id)``; ``aged`` is 0 once an action has waited
+``aging_s`` (aged entries come first, oldest first). Entries go stale lazily (``gen``). Actions
+of the shared pool are queued per *demand shape*, so one pass costs O(shapes + placements),
+never O(pending): a blocked head blocks its whole shape.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .actions import ActionSpec, Status
+from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .nodeindex import FreeIndex
+from .policies import cpu_nodes, split_cpu, trajectory_of
+from .records import ActionRecord, NodeState, SessionRecord
+from .resources import CPU, Resources
+
+if TYPE_CHECKING:
+    from .core import Core
+
+S = Status
+Entry = tuple[int, float, int, int, str]
+
+
+def warm_key(spec: ActionSpec) -> str:
+    lang = spec.payload.get("language") if spec.payload else None
+    return str(lang or spec.tag or spec.kind.value)
+
+
+class SchedulingMixin:
+    """Part of `Core`: everything between a queued action and a StartAction."""
+
+    def _init_scheduling(self: Core) -> None:
+        self.queues: dict[Any, list[Entry]] = {}
+        self.qlive: dict[Any, int] = {}
+        self.shape_keys: dict[Any, None] = {}  # shared-pool queues with live entries
+        self.aging_heap: list[tuple[float, int, str]] = []
+        self.reserved: dict[str, str] = {}  # node -> aged action it is held for
+        self._ref_cap: dict[str, float] | None = None
+        self._possible: dict[Any, bool] = {}
+        self.warm_nodes: dict[str, set[str]] = {}
+        self.partitions: dict[str, list[tuple[str, float]]] = {}
+        self.part_by_node: dict[str, list[str]] = {}
+        self._parts_dirty = True
+        self.part_quota: dict[tuple[str, str], float] = {}
+        self.part_index: dict[str, FreeIndex] = {}
+        self.part_used: dict[tuple[str, str], float] = {}
+        self.part_running: dict[str, int] = {}
+        self.part_members: dict[str, tuple[str, str, float]] = {}
+        self.traj_slot: dict[str, str] = {}
+        self.traj_node: dict[str, str] = {}
+        self.rate_counts: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
+        self.last_rate_time: float | None = None
+        self.warm_sent: dict[tuple[str, str], int] = {}
+        self._grow: set[str] = set()  # nodes where elastic expansion may look
+
+    # ---- queues ---------------------------------------------------------------------------------
+    def _queue_key(self: Core, rec: ActionRecord) -> Any:
+        spec = rec.spec
+        if rec.is_model:
+            return ("model", spec.model)
+        if spec.session is not None:
+            return ("sess", spec.session)
+        if rec.partition is not None:
+            return ("part", rec.partition)
+        return ("shape", rec.shape)
+
+    def _priority(self: Core, rec: ActionRecord) -> float:
+        if not self.policy.ordered:
+            return float(rec.seq)
+        ref = self._ref()
+        share = rec.spec.demand.dominant_share(ref) if not rec.is_model else 0.0
+        return rec.est * max(share, 1e-3) / rec.spec.weight
+
+    def _enqueue(self: Core, rec: ActionRecord) -> None:
+        key = self._queue_key(rec)
+        rec.queue_key = key
+        rec.gen += 1
+        aged = self.now - rec.submit_time >= self.config.aging_s
+        entry = (0, float(rec.seq), rec.seq, rec.gen, rec.spec.id) if aged else (
+            1, self._priority(rec), rec.seq, rec.gen, rec.spec.id)
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = []
+        heapq.heappush(q, entry)
+        self.qlive[key] = self.qlive.get(key, 0) + 1
+        if key[0] == "shape":
+            self.shape_keys[key] = None
+        elif key[0] == "model":
+            self._mtouched.add(key[1])
+        self._touched.add(key)
+        if not aged:
+            heapq.heappush(self.aging_heap, (rec.submit_time + self.config.aging_s, rec.seq, rec.spec.id))
+
+    def _dequeue(self: Core, rec: ActionRecord) -> None:
+        key = rec.queue_key
+        n = self.qlive.get(key, 0) - 1
+        if n <= 0:
+            self.qlive.pop(key, None)
+            self.shape_keys.pop(key, None)
+            self.queues.pop(key, None)
+        else:
+            self.qlive[key] = n
+        rec.queue_key = None
+        rec.gen += 1
+        if self.reserved:
+            for name in [n for n, a in self.reserved.items() if a == rec.spec.id]:
+                del self.reserved[name]
+
+    def _head(self: Core, key: Any) -> tuple[ActionRecord, Entry] | None:
+        q = self.queues.get(key)
+        actions = self.actions
+        while q:
+            e = q[0]
+            rec = actions.get(e[4])
+            if rec is not None and rec.gen == e[3] and rec.queue_key == key:
+                return rec, e
+            heapq.heappop(q)
+        return None
+
+    def _age(self: Core) -> None:
+        heap, now = self.aging_heap, self.now
+        while heap and heap[0][0] <= now:
+            _, seq, aid = heapq.heappop(heap)
+            rec = self.actions.get(aid)
+            if rec is None or rec.seq != seq or rec.status is not S.QUEUED:
+                continue
+            key = rec.queue_key
+            rec.gen += 1
+            heapq.heappush(self.queues[key], (0, float(rec.seq), rec.seq, rec.gen, aid))
+            rec.note(now, "aged", "aging")
+            self._touched.add(key)
+            if key[0] == "model":
+                self._mtouched.add(key[1])
+
+    # ---- the pass -------------------------------------------------------------------------------
+    def _candidates(self: Core) -> set[Any]:
+        keys: set[Any] = set(self.shape_keys)
+        keys.update(k for k in self._touched if k[0] != "model")
+        for name in self._dirty:
+            node = self.nodes[name]
+            keys.update(("sess", sid) for sid in node.sessions)
+            keys.update(("part", p) for p in self.part_by_node.get(name, ()))
+        return keys
+
+    def _schedule(self: Core) -> None:
+        if self._parts_dirty and self.policy.partitioned:
+            self._compute_partitions()
+        if self.pending_sessions and self._dirty:
+            for sid in list(self.pending_sessions):
+                self._open_session(self.sessions[sid])
+        if self._dirty:  # capacity changed: every queue may move, reservations are redone
+            self.reserved.clear()
+            keys = self._candidates()
+        else:  # only arrivals: queues blocked before stay blocked
+            keys = {k for k in self._touched if k[0] != "model"}
+        heap: list[tuple[Any, Any]] = []
+        for key in keys:
+            got = self._head(key)
+            if got is not None:
+                heap.append((got[1][:3], key))
+        heapq.heapify(heap)
+        while heap:
+            _, key = heapq.heappop(heap)
+            got = self._head(key)
+            if got is None:
+                continue
+            rec, entry = got
+            if self._try_place(rec, key):
+                nxt = self._head(key)
+                if nxt is not None:
+                    heapq.heappush(heap, (nxt[1][:3], key))
+            elif entry[0] == 0 and key[0] == "shape":
+                self._reserve(rec)
+
+    def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
+        kind = key[0]
+        spec = rec.spec
+        if kind == "shape":
+            node = self._find_node(spec, spec.demand)
+            if node is None:
+                return False
+            self._start(rec, node, spec.demand, self._take_warm(node, spec))
+            return True
+        if kind == "part":
+            return self._place_in_partition(rec, None)
+        sess = self.sessions.get(key[1])
+        if sess is None or sess.node is None:
+            return False
+        if rec.partition is not None and (rec.partition, sess.node) in self.part_quota:
+            return self._place_in_partition(rec, sess.node)
+        node = self.nodes[sess.node]
+        if not node.fits(spec.demand):
+            return False
+        self._start(rec, node, spec.demand, True)
+        return True
+
+    def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
+        self._dequeue(rec)
+        node.take(alloc)
+        node.running.add(rec.spec.id)
+        self.index.update(node.name, node.free)
+        rec.node = node.name
+        rec.allotment = alloc
+        rec.start_time = self.now
+        rec.attempts += 1
+        rec.move(S.STARTING, self.now, self._cause)
+        self._starts[rec.spec.id] = len(self._out)
+        self._out.append(StartAction(rec.spec, node.name, alloc, warm, cause=self._cause))
+        if rec.spec.elasticity is not None and rec.spec.elasticity.is_elastic:
+            self._grow.add(node.name)
+
+    def _find_node(self: Core, spec: ActionSpec, demand: Resources) -> NodeState | None:
+        """Best fit (least leftover dominant share) among the first few nodes that fit,
+        preferring a node with a warm executor for the action's key."""
+        nodes, reserved = self.nodes, self.reserved
+        wkey = warm_key(spec) if self.warm_nodes else ""
+        ws = self.warm_nodes.get(wkey)
+        best: NodeState | None = None
+        best_score = (2, math.inf)
+        if ws and len(ws) <= 64:
+            for name in ws:
+                node = nodes[name]
+                if name not in reserved and node.fits(demand):
+                    score = (0, _leftover(node, demand))
+                    if score < best_score:
+                        best, best_score = node, score
+            if best is not None:
+                return best
+        found, k = 0, self.config.fit_candidates
+        for name in self.index.from_level(demand.get(CPU, 0.0)):
+            if name in reserved:
+                continue
+            node = nodes[name]
+            if not node.fits(demand):
+                continue
+            score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
+            if score < best_score:
+                best, best_score = node, score
+            found += 1
+            if found >= k:
+                break
+        return best
+
+    def _reserve(self: Core, rec: ActionRecord) -> None:
+        """Hold the node closest to fitting an aged, blocked action for it alone."""
+        demand = rec.spec.demand
+        for lvl in reversed(self.index.levels):
+            for name in self.index._buckets[lvl]:
+                node = self.nodes[name]
+                if name not in self.reserved and demand.fits_in(node.cap):
+                    self.reserved[name] = rec.spec.id
+                    return
+
+    def _take_warm(self: Core, node: NodeState, spec: ActionSpec) -> bool:
+        key = warm_key(spec)
+        n = node.warm.get(key, 0)
+        if n > 0:
+            self._set_warm(node, key, n - 1)
+            return True
+        return False
+
+    def _set_warm(self: Core, node: NodeState, key: str, n: int) -> None:
+        node.warm[key] = n
+        s = self.warm_nodes.setdefault(key, set())
+        if n > 0:
+            s.add(node.name)
+        else:
+            s.discard(node.name)
+
+    def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
+        """Where a session opens: its trajectory's slice, else the node with most free CPU."""
+        rec = hint if isinstance(hint, ActionRecord) else None
+        if rec is not None and rec.partition is not None:
+            if self._parts_dirty:
+                self._compute_partitions()
+            for name, _ in self.partitions.get(rec.partition, ()):
+                node = self.nodes[name]
+                if node.alive and node.fits(sess.demand + rec.spec.demand.with_amount(CPU, 0)):
+                    return node
+        need = sess.demand + (rec.spec.demand if rec is not None else Resources())
+        for attempt in (need, sess.demand):
+            for lvl in reversed(self.index.levels):
+                for name in self.index._buckets[lvl]:
+                    node = self.nodes[name]
+                    if name not in self.reserved and node.fits(attempt):
+                        return node
+        return None
+
+    # ---- partitions (trajectory-bound, task-isolated) ------------------------------------------
+    def _compute_partitions(self: Core) -> None:
+        self._parts_dirty = False
+        alive = [(n.name, n.cap) for n in self.nodes.values() if n.alive]
+        nodes = cpu_nodes(alive)
+        if self.policy.partitioned == "trajectory":
+            t = self.config.trajectories or max(1, len(nodes))
+            weights = {f"slot{i}": 1.0 for i in range(t)}
+        else:
+            shares = self.config.task_shares or {"*": 1.0}
+            weights = {f"task:{k}": float(v) for k, v in shares.items()}
+        self.partitions = split_cpu(nodes, weights)
+        self.part_by_node = {}
+        self.part_quota = {}
+        self.part_index = {}
+        for p, pieces in self.partitions.items():
+            idx = self.part_index[p] = FreeIndex()
+            for name, quota in pieces:
+                self.part_by_node.setdefault(name, []).append(p)
+                self.part_quota[(p, name)] = quota
+                idx.update(name, {CPU: quota - self.part_used.get((p, name), 0.0)})
+            self._touched.add(("part", p))
+
+    def _partition_for(self: Core, spec: ActionSpec) -> str:
+        if self.policy.partitioned == "trajectory":
+            traj = trajectory_of(spec)
+            slot = self.traj_slot.get(traj)
+            if slot is None:
+                t = self.config.trajectories or max(1, len(cpu_nodes(
+                    [(n.name, n.cap) for n in self.nodes.values() if n.alive])))
+                slot = self.traj_slot[traj] = f"slot{len(self.traj_slot) % t}"
+            return slot
+        shares = self.config.task_shares
+        if not shares:
+            return "task:*"
+        if spec.task in shares:
+            return f"task:{spec.task}"
+        return f"task:{max(shares, key=lambda k: (shares[k], k))}"  # unknown task: largest pool
+
+    def _piece_candidates(self: Core, p: str, need: float, only: str | None) -> list[str]:
+        """Nodes of partition ``p`` to try: best fit on its free quota (largest room first for
+        whole slices); when ``need`` exceeds every piece, the largest idle pieces."""
+        if only is not None:
+            return [only] if (p, only) in self.part_quota else []
+        idx = self.part_index.get(p)
+        if idx is None:
+            return []
+        k = self.config.fit_candidates
+        out: list[str] = []
+        if self.policy.whole_slice:
+            for lvl in reversed(idx.levels):
+                out.extend(idx._buckets[lvl])
+                if len(out) >= k:
+                    break
+            return out[:k]
+        for name in idx.from_level(need):
+            out.append(name)
+            if len(out) >= k:
+                break
+        pieces = self.partitions.get(p, ())
+        if not out and pieces and need > pieces[0][1]:
+            out = [n for n, q in pieces[:64] if self.part_used.get((p, n), 0.0) <= 1e-9]
+        return out
+
+    def _place_in_partition(self: Core, rec: ActionRecord, only: str | None) -> bool:
+        p = rec.partition
+        assert p is not None
+        if self.policy.one_at_a_time and self.part_running.get(p, 0) > 0:
+            return False
+        spec = rec.spec
+        need = spec.demand.get(CPU, 0.0)
+        target = need
+        el = spec.elasticity
+        if self.policy.whole_slice and el is not None and el.dim == CPU:
+            target = el.max
+        for name in self._piece_candidates(p, need, only):
+            quota = self.part_quota[(p, name)]
+            node = self.nodes.get(name)
+            if node is None or not node.alive:
+                continue
+            room = quota - self.part_used.get((p, name), 0.0)
+            cpu = min(target, room)
+            if need > 0 and (cpu <= 1e-9 or cpu < min(need, quota) - 1e-9):
+                continue
+            alloc = spec.demand if abs(cpu - need) <= 1e-12 else spec.demand.with_amount(CPU, cpu)
+            if not node.fits(alloc):
+                continue
+            traj = trajectory_of(spec)
+            warm = spec.session is not None or self.traj_node.get(traj) == name
+            if self.policy.partitioned != "trajectory":
+                warm = warm or self._take_warm(node, spec)
+            self._start(rec, node, alloc, warm)
+            self.traj_node[traj] = name
+            self._part_use(p, name, cpu)
+            self.part_running[p] = self.part_running.get(p, 0) + 1
+            self.part_members[spec.id] = (p, name, cpu)
+            return True
+        return False
+
+    def _part_use(self: Core, p: str, name: str, cpu: float) -> None:
+        used = self.part_used.get((p, name), 0.0) + cpu
+        used = used if used > 1e-9 else 0.0
+        self.part_used[(p, name)] = used
+        idx = self.part_index.get(p)
+        if idx is not None and (p, name) in self.part_quota:
+            idx.update(name, {CPU: self.part_quota[(p, name)] - used})
+
+    def _part_release(self: Core, rec: ActionRecord) -> None:
+        got = self.part_members.pop(rec.spec.id, None)
+        if got is None:
+            return
+        p, name, cpu = got
+        self._part_use(p, name, -cpu)
+        self.part_running[p] -= 1
+        self._dirty.add(name)
+        self._touched.add(("part", p))
+
+    # ---- elastic expansion (tangram) ------------------------------------------------------------
+    def _expand(self: Core) -> None:
+        """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
+        one step at a time to the action whose expected completion time drops the most."""
+        nodes = self._grow | self._dirty
+        self._grow = set()
+        if self.shape_keys:
+            return  # pending shared work comes first
+        for name in sorted(nodes):
+            node = self.nodes.get(name)
+            if node is None or not node.alive or name in self.reserved:
+                continue
+            if any(self.qlive.get(("sess", sid)) for sid in node.sessions):
+                continue
+            self._expand_node(node)
+
+    def _expand_node(self: Core, node: NodeState) -> None:
+        frac = self.config.reserve_fraction
+        step = self.config.elastic_step
+        heap: list[tuple[float, int, str]] = []
+        for aid in node.running:
+            rec = self.actions.get(aid)
+            if rec is None or rec.allotment is None:
+                continue
+            el = rec.spec.elasticity
+            if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
+                continue
+            heap.append((-_gain(rec, step), rec.seq, aid))
+        if not heap:
+            return
+        heapq.heapify(heap)
+        changed: dict[str, ActionRecord] = {}
+        while heap:
+            g, _, aid = heapq.heappop(heap)
+            rec = self.actions[aid]
+            el = rec.spec.elasticity
+            assert el is not None and rec.allotment is not None
+            spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
+            k = rec.allotment.get(el.dim)
+            delta = min(step, el.max - k, spare)
+            if delta <= 1e-9 or g >= 0:
+                continue
+            node.take({el.dim: delta})
+            rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
+            changed[aid] = rec
+            if k + delta < el.max - 1e-9:
+                heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
+        if changed:
+            self.index.update(node.name, node.free)
+            self._emit_resizes(node, changed.values())
+
+    def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
+        for rec in recs:
+            assert rec.allotment is not None
+            i = self._starts.get(rec.spec.id)
+            if i is not None:  # not sent yet: start it bigger
+                old = self._out[i]
+                assert isinstance(old, StartAction)
+                self._out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
+            else:
+                self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
+            rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
+
+    # ---- capacity facts -------------------------------------------------------------------------
+    def _node_changed(self: Core) -> None:
+        self._possible.clear()
+        self._ref_cap = None
+        self._parts_dirty = True
+
+    def _ref(self: Core) -> dict[str, float]:
+        if self._ref_cap is None:
+            self._ref_cap = self._largest()
+        return self._ref_cap
+
+    def _largest(self: Core) -> dict[str, float]:
+        ref: dict[str, float] = {}
+        for n in self.nodes.values():
+            if n.alive:
+                for k, v in n.cap.items():
+                    if v > ref.get(k, 0.0):
+                        ref[k] = v
+        return ref
+
+    def _fits_some_node(self: Core, demand: Resources, key: tuple) -> bool:
+        ok = self._possible.get(key)
+        if ok is None:
+            ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
+            self._possible[key] = ok
+        return ok
+
+    # ---- warm pools (tangram) -------------------------------------------------------------------
+    def _count_arrival(self: Core, spec: ActionSpec) -> None:
+        if self.policy.warm_pools and spec.session is None and not spec.kind.uses_model:
+            k = warm_key(spec)
+            self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
+
+    def _warm_targets(self: Core) -> None:
+        """Size warm pools from recent arrival rates: enough warm executors to absorb the
+        arrivals of two cold-start times, spread over the CPU nodes."""
+        last, now = self.last_rate_time, self.now
+        if last is None or now <= last:
+            self.last_rate_time = now if last is None else last
+            return
+        dt = now - last
+        self.last_rate_time = now
+        a = min(1.0, dt / self.config.rate_window_s)
+        counts, self.rate_counts = self.rate_counts, {}
+        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+        if not names:
+            return
+        cap = self.config.max_warm_per_node
+        for key in sorted(set(counts) | set(self.rates)):
+            rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
+            self.rates[key] = rate
+            want = math.ceil(rate * self.config.sandbox_cold_s * 2)
+            n = len(names)
+            for i, name in enumerate(names):
+                t = min(cap, want // n + (1 if i < want % n else 0))
+                if self.warm_sent.get((name, key), 0) != t:
+                    self.warm_sent[(name, key)] = t
+                    self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+
+
+def _leftover(node: NodeState, demand: Resources) -> float:
+    worst = 0.0
+    free, cap = node.free, node.cap
+    for k, v in demand._d.items():
+        c = cap.get(k, 0.0)
+        if c > 0:
+            x = (free.get(k, 0.0) - v) / c
+            if x > worst:
+                worst = x
+    return worst
+
+
+def _gain(rec: ActionRecord, step: float) -> float:
+    """Weighted drop of expected remaining time from one more ``step`` of the elastic dim."""
+    el = rec.spec.elasticity
+    assert el is not None and rec.allotment is not None
+    k = rec.allotment.get(el.dim)
+    work = rec.est  # seconds at one unit of speed (the estimate is at speed 1)
+    sp = el.speedup
+    now_t = work / max(sp.factor(k), 1e-9)
+    next_t = work / max(sp.factor(min(el.max, k + step)), 1e-9)
+    return (now_t - next_t) * rec.spec.weight

@@ -1,0 +1,81 @@
+"""Thin ctypes bindings to the Linux calls Python 3.11 lacks (unshare, mount, pivot_root, prctl).
+
+Invariant: every wrapper raises ``OSError`` with the errno and the call's arguments on failure;
+nothing here keeps state, so a forked child may use it freely.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_NO_NEW_PRIVS = 39
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
+
+
+def _enc(s: str | None) -> bytes | None:
+    return s.encode() if s is not None else None
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
+          data: str | None = None) -> None:
+    rc = _libc.mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data))
+    _check(rc, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount2({target!r})")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    rc = _libc.syscall(ctypes.c_long(155), new_root.encode(), put_old.encode())  # x86_64
+    _check(rc, f"pivot_root({new_root!r}, {put_old!r})")
+
+
+def sethostname(name: str) -> None:
+    b = name.encode()
+    _check(_libc.sethostname(b, ctypes.c_size_t(len(b))), f"sethostname({name!r})")
+
+
+def prctl(option: int, arg2: int = 0) -> int:
+    rc = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0),
+                     ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if rc < 0:
+        _check(rc, f"prctl({option}, {arg2})")
+    return int(rc)
+
+
+def set_no_new_privs() -> None:
+    prctl(PR_SET_NO_NEW_PRIVS, 1)

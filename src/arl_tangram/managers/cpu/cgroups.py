@@ -1,0 +1,200 @@
+"""Cgroup slots for sandboxes, on cgroup v1 or v2 (detected at run time).
+
+Invariant: a `Slot` is a set of leaf cgroups (one per controller on v1, one on v2) under this
+manager's own ``tangram-<pid>`` directory; a slot is reused only once it is empty (no process
+left), so limits written for one action never apply to another's processes. Nothing here blocks
+for long: every operation is a few small file writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
+_PERIOD_US = 100_000
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] in ("cgroup", "cgroup2"):
+                out.append((parts[2], parts[1], set(parts[3].split(","))))
+    return out
+
+
+def _own_paths() -> dict[str, str]:
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for c in ctrls.split(",") if ctrls else [""]:
+                own[c] = path
+    return own
+
+
+@dataclass(slots=True)
+class Slot:
+    """The cgroup(s) one sandbox lives in."""
+
+    name: str
+    version: str
+    dirs: dict[str, str]  # controller -> directory (v2: every controller -> the same one)
+    cpu_base_ns: int = 0
+    oom_base: int = 0
+
+    def add(self, pid: int) -> None:
+        for d in sorted(set(self.dirs.values())):
+            _write(f"{d}/cgroup.procs", str(pid))
+
+    def set_cpu(self, cores: float) -> None:
+        quota = max(1000, int(cores * _PERIOD_US))
+        if self.version == "v1":
+            _write(f"{self.dirs['cpu']}/cpu.cfs_quota_us", str(quota))
+        else:
+            _write(f"{self.dirs['cpu']}/cpu.max", f"{quota} {_PERIOD_US}")
+
+    def set_memory(self, limit_bytes: int) -> None:
+        d = self.dirs["memory"]
+        if self.version == "v2":
+            _write(f"{d}/memory.max", str(limit_bytes))
+            with contextlib.suppress(OSError):
+                _write(f"{d}/memory.swap.max", "0")
+            return
+        sw = f"{d}/memory.memsw.limit_in_bytes"
+        has_sw = os.path.exists(sw)
+        try:
+            _write(f"{d}/memory.limit_in_bytes", str(limit_bytes))
+            if has_sw:
+                _write(sw, str(limit_bytes))
+        except OSError:  # raising the limit: memsw must go first
+            if has_sw:
+                _write(sw, str(limit_bytes))
+            _write(f"{d}/memory.limit_in_bytes", str(limit_bytes))
+
+    def set_pids(self, n: int) -> None:
+        _write(f"{self.dirs['pids']}/pids.max", str(n))
+
+    def reset_stats(self) -> None:
+        """Start counting CPU time, peak memory and OOM kills from now."""
+        if self.version == "v1":
+            with contextlib.suppress(OSError):
+                _write(f"{self.dirs['cpuacct']}/cpuacct.usage", "0")
+            with contextlib.suppress(OSError):
+                _write(f"{self.dirs['memory']}/memory.max_usage_in_bytes", "0")
+        self.cpu_base_ns = self._cpu_ns() if self.version == "v2" else 0
+        self.oom_base = self.oom_kills(raw=True)
+
+    def _cpu_ns(self) -> int:
+        if self.version == "v1":
+            return int(_read(f"{self.dirs['cpuacct']}/cpuacct.usage"))
+        for line in _read(f"{self.dirs['cpu']}/cpu.stat").splitlines():
+            if line.startswith("usage_usec"):
+                return int(line.split()[1]) * 1000
+        return 0
+
+    def cpu_seconds(self) -> float:
+        return (self._cpu_ns() - self.cpu_base_ns) / 1e9
+
+    def peak_memory_mb(self) -> float | None:
+        d = self.dirs["memory"]
+        path = f"{d}/memory.max_usage_in_bytes" if self.version == "v1" else f"{d}/memory.peak"
+        try:
+            return int(_read(path)) / (1 << 20)
+        except (OSError, ValueError):
+            return None
+
+    def oom_kills(self, raw: bool = False) -> int:
+        d = self.dirs["memory"]
+        path = f"{d}/memory.oom_control" if self.version == "v1" else f"{d}/memory.events"
+        n = 0
+        with contextlib.suppress(OSError):
+            for line in _read(path).splitlines():
+                if line.startswith("oom_kill "):
+                    n = int(line.split()[1])
+        return n if raw else n - self.oom_base
+
+    def is_empty(self) -> bool:
+        return all(not _read(f"{d}/cgroup.procs").strip() for d in set(self.dirs.values()))
+
+    def remove(self) -> None:
+        for d in set(self.dirs.values()):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+
+class CgroupTree:
+    """This manager's cgroup directory and the slots under it."""
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self.bases: dict[str, str] = {}
+        self.problem = ""
+        self._count = 0
+        try:
+            self._setup()
+        except OSError as e:
+            self.version, self.problem = None, f"cannot create cgroups: {e}"
+
+    def _setup(self) -> None:
+        mounts, own = _mounts(), _own_paths()
+        tag = f"tangram-{os.getpid()}"
+        v1 = {c: m for kind, m, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
+        if all(c in v1 for c in CONTROLLERS):
+            for c in CONTROLLERS:
+                base = os.path.join(v1[c] + own.get(c, "/"), tag)
+                os.makedirs(base, exist_ok=True)
+                self.bases[c] = base
+            self.version = "v1"
+            return
+        v2 = [m for kind, m, _ in mounts if kind == "cgroup2"]
+        for m in v2:
+            avail = set(_read(f"{m}/cgroup.controllers").split())
+            if {"cpu", "memory", "pids"} <= avail:
+                parent = m + own.get("", "/")
+                _write(f"{parent}/cgroup.subtree_control", "+cpu +memory +pids")
+                base = os.path.join(parent, tag)
+                os.makedirs(base, exist_ok=True)
+                _write(f"{base}/cgroup.subtree_control", "+cpu +memory +pids")
+                self.bases = dict.fromkeys(CONTROLLERS, base)
+                self.version = "v2"
+                return
+        missing = [c for c in CONTROLLERS if c not in v1]
+        raise OSError(f"no cgroup v1 controllers {missing} and no cgroup v2 with cpu,memory,pids")
+
+    def new_slot(self) -> Slot:
+        if self.version is None:
+            raise OSError(self.problem or "cgroups unavailable")
+        self._count += 1
+        name = f"s{self._count}"
+        dirs = {}
+        for c, base in self.bases.items():
+            d = os.path.join(base, name)
+            os.makedirs(d, exist_ok=True)
+            dirs[c] = d
+        return Slot(name=name, version=self.version, dirs=dirs)
+
+    def close(self) -> None:
+        for base in set(self.bases.values()):
+            with contextlib.suppress(OSError):
+                for entry in os.listdir(base):
+                    if os.path.isdir(os.path.join(base, entry)):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(os.path.join(base, entry))
+                os.rmdir(base)

@@ -1,0 +1,83 @@
+"""Configuration of the CPU manager: one keyword-only, validated, frozen dataclass.
+
+Invariant: a constructed `CpuManagerConfig` is valid; every bad value raises `ValueError` naming
+the field and the value.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+DEFAULT_PRELOAD = (
+    "os", "sys", "re", "json", "math", "cmath", "collections", "collections.abc", "itertools",
+    "functools", "operator", "typing", "random", "string", "heapq", "bisect", "datetime", "time",
+    "decimal", "fractions", "statistics", "copy", "dataclasses", "io", "enum", "hashlib",
+    "textwrap", "traceback", "array", "struct", "unittest", "contextlib", "abc", "numbers",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpuManagerConfig:
+    """How the CPU manager builds and limits its sandboxes."""
+
+    # Host directory for the manager's private state (the sandbox root mount point lives here).
+    work_root: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "tangram-cpu"))
+    # Size cap of each sandbox's private work directory (+ /tmp), a tmpfs, in MiB.
+    workdir_max_mb: int = 256
+    # Start even when an isolation feature is missing (the report says which); off by default.
+    allow_reduced_isolation: bool = False
+    # Unprivileged uid/gid the code runs as.
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
+    # Cap on each of stdout and stderr kept per stage, in bytes; the rest is dropped and flagged.
+    output_limit_bytes: int = 1 << 20
+    # Warm sandboxes kept ready, per pool key (all languages share the "sandbox" key).
+    warm_min: int = 2
+    warm_max: int = 32
+    # Memory limit of an action when neither allotment nor payload gives one, in MiB.
+    default_memory_mb: int = 512
+    # CPU cores of an action when the allotment gives none.
+    default_cpus: float = 1.0
+    # Maximum number of processes/threads inside one sandbox (cgroup pids.max).
+    pids_max: int = 256
+    # Default timeouts (seconds) when the payload gives none; and the hard upper bounds.
+    default_compile_timeout_s: float = 30.0
+    default_run_timeout_s: float = 10.0
+    max_timeout_s: float = 600.0
+    # Open files per process (RLIMIT_NOFILE).
+    max_open_files: int = 1024
+    # Python modules imported once by the fork server so an action does not pay for them.
+    preload_modules: tuple[str, ...] = DEFAULT_PRELOAD
+    # Extra host paths bound read-only into every sandbox (toolchains outside /usr).
+    extra_ro_paths: tuple[str, ...] = ()
+    # Seconds between checks for expired sessions.
+    session_reap_interval_s: float = 1.0
+    # Hostname inside sandboxes.
+    hostname: str = "sandbox"
+
+    def __post_init__(self) -> None:
+        _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
+                  "default_cpus", "pids_max", "default_compile_timeout_s",
+                  "default_run_timeout_s", "max_timeout_s", "max_open_files",
+                  "session_reap_interval_s")
+        if not os.path.isabs(self.work_root):
+            raise ValueError(f"work_root must be an absolute path, got {self.work_root!r}")
+        for name in ("sandbox_uid", "sandbox_gid"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive (non-root) id, got {v!r}")
+        if self.warm_min < 0:
+            raise ValueError(f"warm_min must be >= 0, got {self.warm_min!r}")
+        if self.warm_max < self.warm_min:
+            raise ValueError(f"warm_max ({self.warm_max!r}) must be >= warm_min ({self.warm_min!r})")
+        if self.pids_max < 16:
+            raise ValueError(f"pids_max must be >= 16, got {self.pids_max!r}")
+
+
+def _positive(cfg: CpuManagerConfig, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
+            raise ValueError(f"{name} must be a positive number, got {v!r}")

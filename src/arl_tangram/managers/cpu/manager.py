@@ -1,0 +1,265 @@
+"""The CPU resource manager: runs code actions in isolated sandboxes from a warm pool.
+
+Invariant: `run` never raises for anything the action contains; every one-shot action gets a
+fresh sandbox (own PID, mount, network, IPC and UTS namespaces, own cgroup slot, own tmpfs work
+directory) that is destroyed as soon as its reply is in, so nothing leaks between actions.
+Session actions run only in their session's sandbox, which lives until closed or idle past TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from arl_tangram.core.actions import ActionSpec
+from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
+from arl_tangram.core.resources import Resources
+
+from . import isolation, languages, payload
+from .cgroups import CgroupTree
+from .config import CpuManagerConfig
+from .pool import Sandbox, WarmPool, Zygote
+from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
+
+POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    sandbox: Sandbox
+    ttl_s: float
+    cpu: float
+    memory: int
+    last_used: float
+    lock: asyncio.Lock
+
+
+class CpuManager:
+    """Runs CODE, TEST and TOOL actions on this node's cores."""
+
+    def __init__(self, config: CpuManagerConfig | None = None) -> None:
+        self.config = config or CpuManagerConfig()
+        self._langs: dict[str, languages.Language] = {}
+        self._report: dict[str, bool | str] = {}
+        self._zygote: Zygote | None = None
+        self._cgroups: CgroupTree | None = None
+        self._pool: WarmPool | None = None
+        self._running: dict[str, Sandbox] = {}
+        self._cancelled: set[str] = set()
+        self._sessions: dict[str, _Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
+        self._host = socket.gethostname()
+
+    # life cycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        self._langs = await languages.detect()
+        self._cgroups = CgroupTree()
+        ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
+        for lang in self._langs.values():
+            ro += lang.ro_paths
+        zcfg = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
+                "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
+                "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname}
+        os.makedirs(zcfg["root"], exist_ok=True)
+        self._zygote = Zygote(zcfg)
+        hello = await asyncio.to_thread(self._zygote.wait_hello)
+        self._pool = WarmPool(self._zygote, self._cgroups, warm_min=cfg.warm_min,
+                              warm_max=cfg.warm_max, pids_max=cfg.pids_max,
+                              default_cpu=cfg.default_cpus,
+                              default_mem=cfg.default_memory_mb << 20)
+        probe = await isolation.probe(self._pool, hello, self._cgroups, cfg) if hello.get("ok") \
+            else None
+        self._report = isolation.report(hello, probe, self._cgroups, cfg)
+        missing = isolation.missing(self._report)
+        if missing and not cfg.allow_reduced_isolation:
+            await self.aclose()
+            raise IsolationUnavailable(
+                f"sandbox isolation incomplete, missing: {', '.join(missing)} "
+                "(set allow_reduced_isolation=True to run anyway)")
+        if not hello.get("ok"):
+            await self.aclose()
+            raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
+        self._pool.start()
+        self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reaper
+        for sid in list(self._sessions):
+            await self.close_session(sid)
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._zygote is not None:
+            await asyncio.to_thread(self._zygote.close)
+        if self._cgroups is not None:
+            self._cgroups.close()
+
+    # reports -----------------------------------------------------------------------------------
+    def isolation_report(self) -> dict[str, bool | str]:
+        return dict(self._report)
+
+    def languages(self) -> dict[str, str]:
+        return {name: lang.description for name, lang in sorted(self._langs.items())}
+
+    def warm_state(self) -> dict[str, int]:
+        return {POOL_KEY: len(self._pool.ready) if self._pool else 0}
+
+    def set_warm_target(self, key: str, size: int) -> None:
+        """The scheduler's ResizeWarmPool; every key maps to the shared sandbox pool."""
+        if self._pool is None:
+            return
+        self._pool.sched_target = max(0, int(size))
+        self._pool._wake.set()
+
+    # actions -----------------------------------------------------------------------------------
+    async def run(self, action: ActionSpec, allotment: Resources) -> RunResult:
+        if self._closed or self._pool is None:
+            return RunResult.sandbox_error("the CPU manager is not running")
+        try:
+            req = payload.build_request(action, allotment, self._langs, self.config)
+            mem = payload.memory_bytes(action.payload, allotment, self.config)
+        except InvalidAction as e:
+            return RunResult.sandbox_error(str(e))
+        if req["op"] == "session":
+            return await self._run_in_session(action, req)
+        try:
+            sb = await self._pool.take()
+        except Exception as e:
+            return RunResult.sandbox_error(f"no sandbox: {e}")
+        self._running[action.id] = sb
+        try:
+            return await self._exchange(action.id, sb, req, mem)
+        finally:
+            self._running.pop(action.id, None)
+            self._cancelled.discard(action.id)
+            self._pool.release(sb)
+
+    async def _exchange(self, action_id: str, sb: Sandbox, req: dict[str, Any],
+                        mem: int) -> RunResult:
+        cpus = req["limits"]["cpus"]
+        pod = f"{self._host}/sandbox-{sb.pid}"
+        try:
+            sb.set_limits(cpus, mem)
+        except OSError as e:
+            return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
+        n = len(req["cases"] or ()) + 1
+        budget = req["compile_timeout"] + req["run_timeout"] * math.ceil(n / max(cpus, 1)) + 10
+        try:
+            reply = await asyncio.wait_for(sb.request(req), budget)
+        except (OSError, EOFError, asyncio.IncompleteReadError, ValueError, TimeoutError) as e:
+            reply = {"error": f"sandbox broke: {type(e).__name__}: {e}"}
+        return self._result(action_id, reply, sb, pod)
+
+    def _result(self, action_id: str, reply: dict[str, Any], sb: Sandbox, pod: str) -> RunResult:
+        stats: dict[str, Any] = {}
+        if sb.slot is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stats = {"cpu_time": round(sb.slot.cpu_seconds(), 6),
+                         "peak_memory_mb": sb.slot.peak_memory_mb(),
+                         "memory_exceeded": sb.slot.oom_kills() > 0}
+        if action_id in self._cancelled:
+            return RunResult(status="SandboxError", message="cancelled", executor_pod_name=pod,
+                             **stats)
+        if "error" in reply:
+            return RunResult(status="SandboxError", message=str(reply["error"]),
+                             executor_pod_name=pod, **stats)
+        return build_result(reply, pod, stats)
+
+    async def cancel(self, action_id: str) -> None:
+        sb = self._running.get(action_id)
+        if sb is not None:
+            self._cancelled.add(action_id)
+            sb.kill()
+
+    async def resize(self, action_id: str, allotment: Resources) -> None:
+        sb = self._running.get(action_id)
+        cpus = float(allotment.get("cpu", 0.0))
+        if sb is not None and sb.slot is not None and cpus > 0:
+            sb.slot.set_cpu(cpus)
+            sb.cpu = cpus
+
+    # sessions ----------------------------------------------------------------------------------
+    async def open_session(self, session_id: str, demand: Resources, ttl_s: float) -> None:
+        if self._closed or self._pool is None:
+            raise ClosedError("the CPU manager is closed")
+        if session_id in self._sessions:
+            return
+        sb = await self._pool.spawn()  # never a pooled one: a session is long-lived
+        cpus = float(demand.get("cpu", 0.0)) or self.config.default_cpus
+        mem = int((float(demand.get("memory_mb", 0.0)) or self.config.default_memory_mb) * (1 << 20))
+        sb.set_limits(cpus, mem)
+        self._sessions[session_id] = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(),
+                                              asyncio.Lock())
+
+    async def close_session(self, session_id: str) -> None:
+        s = self._sessions.pop(session_id, None)
+        if s is not None and self._pool is not None:
+            self._pool.release(s.sandbox)
+
+    async def _run_in_session(self, action: ActionSpec, req: dict[str, Any]) -> RunResult:
+        sid = str(action.session)
+        s = self._sessions.get(sid)
+        if s is None:
+            return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
+        async with s.lock:
+            s.last_used = time.monotonic()
+            req["limits"]["cpus"] = s.cpu
+            if s.sandbox.slot is not None:
+                s.sandbox.slot.reset_stats()
+            self._running[action.id] = s.sandbox
+            try:
+                res = await self._exchange(action.id, s.sandbox, req, s.memory)
+            finally:
+                self._running.pop(action.id, None)
+                s.last_used = time.monotonic()
+        if s.sandbox.dead or res.status == "SandboxError":
+            await self.close_session(sid)
+        return res
+
+    async def _reap_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.session_reap_interval_s)
+            now = time.monotonic()
+            for sid, s in list(self._sessions.items()):
+                if not s.lock.locked() and now - s.last_used > s.ttl_s:
+                    await self.close_session(sid)
+
+    def session_ids(self) -> list[str]:
+        return sorted(self._sessions)
+
+
+def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunResult:
+    comp = StageResult.from_wire(reply.get("compile_result"))
+    run = StageResult.from_wire(reply.get("run_result"))
+    cases = None
+    if reply.get("cases") is not None:
+        cases = tuple(CaseResult(index=int(c["index"]), passed=bool(c["passed"]),
+                                 run=StageResult.from_wire(c.get("run_result")),
+                                 skipped=bool(c.get("skipped"))) for c in reply["cases"])
+    stages = [s for s in (comp, run) if s is not None] + [c.run for c in cases or () if c.run]
+    truncated = any(s.truncated for s in stages)
+    if comp is not None and not comp.ok:
+        ok, msg = False, "compile failed"
+    elif cases is not None:
+        npass = sum(c.passed for c in cases)
+        ok, msg = npass == len(cases), f"{npass}/{len(cases)} cases passed"
+    else:
+        ok, msg = run is not None and run.ok, ""
+    if stats.get("memory_exceeded"):
+        msg = "memory limit exceeded" + (f"; {msg}" if msg else "")
+    if reply.get("message"):
+        msg = f"{msg}; {reply['message']}" if msg else str(reply["message"])
+    return RunResult(status=SUCCESS if ok else FAILED, message=msg, compile_result=comp,
+                     run_result=run, executor_pod_name=pod, files=dict(reply.get("files") or {}),
+                     output_truncated=truncated, cases=cases, **stats)

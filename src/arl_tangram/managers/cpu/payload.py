@@ -1,0 +1,158 @@
+"""Validation of action payloads (SandboxFusion RunCodeRequest fields and our TEST/TOOL forms).
+
+Invariant: `build_request` either returns a complete, well-typed request for a sandbox or raises
+`InvalidAction` naming the payload field at fault; nothing untrusted reaches a sandbox init
+unchecked (paths are relative and stay inside the work directory).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from arl_tangram.core.actions import ActionKind, ActionSpec
+from arl_tangram.core.errors import InvalidAction
+
+from .config import CpuManagerConfig
+from .languages import ALL_LANGUAGES, Language
+
+_BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _get(p: Mapping[str, Any], name: str, types: type | tuple[type, ...], default: Any) -> Any:
+    v = p.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in _tuple(types)):
+        raise InvalidAction(f"payload.{name}", f"expected {_names(types)}, got {type(v).__name__}")
+    return v
+
+
+def _tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _names(t: type | tuple[type, ...]) -> str:
+    return " or ".join(x.__name__ for x in _tuple(t))
+
+
+def _timeout(p: Mapping[str, Any], name: str, default: float, cap: float) -> float:
+    v = float(_get(p, name, (int, float), default))
+    if not v > 0 or math.isinf(v):
+        raise InvalidAction(f"payload.{name}", f"must be a positive number, got {v!r}")
+    return min(v, cap)
+
+
+def _rel_path(name: str, path: Any) -> str:
+    if not isinstance(path, str) or not path:
+        raise InvalidAction(name, f"file path must be a non-empty string, got {path!r}")
+    norm = posixpath.normpath(path)
+    if posixpath.isabs(path) and norm.startswith("/workdir/"):
+        norm = norm[len("/workdir/"):]
+    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or norm == ".":
+        raise InvalidAction(name, f"path {path!r} must stay inside the work directory")
+    return norm
+
+
+def _files(p: Mapping[str, Any]) -> dict[str, str]:
+    files = _get(p, "files", dict, {})
+    out = {}
+    for path, b64 in files.items():
+        rel = _rel_path("payload.files", path)
+        if not isinstance(b64, str):
+            raise InvalidAction("payload.files", f"content of {path!r} must be base64 text")
+        try:
+            base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidAction("payload.files", f"content of {path!r} is not base64: {e}") from None
+        out[rel] = b64
+    return out
+
+
+def _cases(p: Mapping[str, Any], lang: str) -> list[dict[str, Any]]:
+    cases = _get(p, "cases", list, None)
+    if not cases:
+        raise InvalidAction("payload.cases", "a TEST action needs a non-empty list of cases")
+    out = []
+    for i, c in enumerate(cases):
+        if not isinstance(c, dict):
+            raise InvalidAction(f"payload.cases[{i}]", "each case must be an object")
+        if "assert" in c:
+            if lang != "python":
+                raise InvalidAction(f"payload.cases[{i}].assert", "assert cases need python")
+            if not isinstance(c["assert"], str):
+                raise InvalidAction(f"payload.cases[{i}].assert", "must be a string")
+            out.append({"assert": c["assert"]})
+            continue
+        stdin, exp = c.get("stdin", ""), c.get("expected_stdout")
+        if not isinstance(stdin, str) or (exp is not None and not isinstance(exp, str)):
+            raise InvalidAction(f"payload.cases[{i}]", "stdin and expected_stdout must be strings")
+        out.append({"stdin": stdin, "expected_stdout": exp})
+    return out
+
+
+def memory_bytes(p: Mapping[str, Any], allotment: Mapping[str, float],
+                 cfg: CpuManagerConfig) -> int:
+    mb = float(allotment.get("memory_mb", 0.0)) or float(cfg.default_memory_mb)
+    asked = _get(p, "memory_limit_MB", (int, float), -1)
+    if asked > 0:
+        mb = min(mb, float(asked))
+    return int(mb * (1 << 20))
+
+
+def env_for(cpus: float, langs: Mapping[str, Language]) -> dict[str, str]:
+    dirs = []
+    for lang in langs.values():
+        for argv in (lang.compile, lang.run):
+            if argv and argv[0].startswith("/"):
+                d = posixpath.dirname(argv[0])
+                if d not in dirs and d not in _BASE_PATH.split(":"):
+                    dirs.append(d)
+    n = max(1, math.ceil(cpus - 1e-9))
+    return {"PATH": ":".join([*dirs, _BASE_PATH]), "HOME": "/workdir", "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TANGRAM_CPUS": f"{cpus:g}",
+            "OMP_NUM_THREADS": str(n), "PYTHONDONTWRITEBYTECODE": "1",
+            "GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath"}
+
+
+def build_request(action: ActionSpec, allotment: Mapping[str, float],
+                  langs: Mapping[str, Language], cfg: CpuManagerConfig) -> dict[str, Any]:
+    """The sandbox request for ``action``; raises InvalidAction naming the bad field."""
+    p = action.payload
+    if not isinstance(p, Mapping):
+        raise InvalidAction("payload", "must be an object")
+    code = _get(p, "code", str, None)
+    if code is None:
+        raise InvalidAction("payload.code", "is required (a string)")
+    lang_name = _get(p, "language", str, "python")
+    session = action.kind == ActionKind.TOOL and action.session
+    if session and lang_name not in ("python", "bash"):
+        raise InvalidAction("payload.language", f"session actions run python or bash, not {lang_name!r}")
+    if lang_name not in langs:
+        why = "its toolchain is not installed here" if lang_name in ALL_LANGUAGES else "unknown"
+        raise InvalidAction("payload.language", f"language {lang_name!r} unavailable: {why}; "
+                            f"available: {sorted(langs)}")
+    cpus = float(allotment.get("cpu", 0.0)) or cfg.default_cpus
+    run_timeout = _timeout(p, "run_timeout", min(cfg.default_run_timeout_s, action.timeout_s),
+                           cfg.max_timeout_s)
+    compile_timeout = _timeout(p, "compile_timeout", cfg.default_compile_timeout_s, cfg.max_timeout_s)
+    stdin = _get(p, "stdin", str, "")
+    fetch = [_rel_path("payload.fetch_files", f) for f in _get(p, "fetch_files", list, [])]
+    req: dict[str, Any] = {
+        "op": "session" if session else "run",
+        "lang": langs[lang_name].wire(), "code": code, "stdin": stdin, "files": _files(p),
+        "fetch_files": fetch, "compile_timeout": compile_timeout, "run_timeout": run_timeout,
+        "env": env_for(cpus, langs), "cases": None,
+        "stop_on_first_failure": bool(_get(p, "stop_on_first_failure", bool, False)),
+        "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid,
+                   "cpu_s": math.ceil(max(run_timeout, compile_timeout) * max(cpus, 1)) + 1,
+                   "fsize": cfg.workdir_max_mb << 20, "nofile": cfg.max_open_files,
+                   "output": cfg.output_limit_bytes, "cpus": cpus},
+    }
+    if action.kind == ActionKind.TEST:
+        req["cases"] = _cases(p, lang_name)
+    return req

@@ -1,0 +1,333 @@
+"""Inside a sandbox: start untrusted children and drive them (I/O caps, wall-clock limits).
+
+Runs in the sandbox's init (PID 1 of its PID namespace, root in a private mount namespace).
+Invariant: every child drops to the sandbox uid/gid with no_new_privs, its own session and
+process group, rlimits and an OOM score of 1000 *before* any untrusted code runs; a child that
+outlives its wall-clock limit has its whole process group killed. Output beyond the cap is read
+and dropped, and the truncation is reported.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import os
+import resource
+import selectors
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _linux
+
+WORKDIR = "/workdir"
+_GRACE_S = 0.05  # after exit, how long to wait for descendants still holding the pipes
+
+
+@dataclass(slots=True, kw_only=True)
+class Limits:
+    uid: int
+    gid: int
+    cpu_s: int  # RLIMIT_CPU
+    fsize: int  # RLIMIT_FSIZE (bytes)
+    nofile: int
+    output: int  # per stream, bytes
+    cpus: float = 1.0
+
+
+@dataclass(slots=True, kw_only=True)
+class Job:
+    """One child to run: either argv (exec) or Python source run in the forked interpreter."""
+
+    argv: list[str] | None = None
+    python: list[tuple[str, str]] | None = None  # [(source, filename)] executed in order
+    stdin: bytes = b""
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 10.0
+    # filled while running
+    pid: int = 0
+    status: str = ""
+    return_code: int | None = None
+    started: float = 0.0
+    elapsed: float | None = None
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    done: bool = False
+
+    def result(self) -> dict[str, Any]:
+        return {"status": self.status, "execution_time": self.elapsed,
+                "return_code": self.return_code,
+                "stdout": self.out.decode("utf-8", "replace"),
+                "stderr": self.err.decode("utf-8", "replace"), "truncated": self.truncated}
+
+
+def _child_setup(limits: Limits, fds: tuple[int, int, int], keep: int = 0) -> None:
+    """Become an unprivileged, limited child; fds 0-2 from ``fds``, fds 3..3+keep kept."""
+    os.setsid()
+    for i, fd in enumerate(fds):
+        if fd != i:
+            os.dup2(fd, i)
+    os.closerange(3 + keep, 1 << 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM,
+                signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize, limits.fsize))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
+    os.setgroups([])
+    os.setresgid(limits.gid, limits.gid, limits.gid)
+    os.setresuid(limits.uid, limits.uid, limits.uid)
+    _linux.set_no_new_privs()
+    os.chdir(WORKDIR)
+
+
+def _child_python(job: Job, limits: Limits) -> int:
+    import random
+
+    os.environ.clear()
+    os.environ.update(job.env)
+    random.seed()
+    ncpu = max(1, int(limits.cpus + 0.999))
+    os.cpu_count = lambda: ncpu  # type: ignore[assignment]
+    glb: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    sys.path[0:1] = [WORKDIR]
+    rc = 0
+    try:
+        for src, filename in job.python or ():
+            sys.argv = [filename]
+            glb["__file__"] = filename
+            exec(compile(src, filename, "exec"), glb)
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            rc = 0
+        elif isinstance(code, int):
+            rc = code & 0xFF
+        else:
+            print(code, file=sys.stderr)
+            rc = 1
+    except BaseException as e:  # the user's exception: print it like the interpreter would
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        traceback.print_exception(type(e), e, tb)
+        rc = 1
+    return rc
+
+
+def _run_child(job: Job, limits: Limits, fds: tuple[int, int, int]) -> None:
+    rc = 127
+    try:
+        _child_setup(limits, fds)
+        if job.argv is not None:
+            os.execve(job.argv[0], job.argv, job.env)
+        rc = _child_python(job, limits)
+        try:
+            import atexit
+            import threading
+
+            threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads
+            atexit._run_exitfuncs()
+        except BaseException:
+            pass
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except BaseException:
+                rc = rc or 120
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox: cannot start: {e}\n".encode())
+    os._exit(rc)
+
+
+def _spawn(job: Job, limits: Limits) -> tuple[int, int, int, int]:
+    """Fork the child; returns (pidfd, stdin_w, stdout_r, stderr_r)."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    job.started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _run_child(job, limits, (in_r, out_w, err_w))
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    job.pid = pid
+    for fd in (in_w, out_r, err_r):
+        os.set_blocking(fd, False)
+    return os.pidfd_open(pid), in_w, out_r, err_r
+
+
+class Driver:
+    """Runs jobs, at most ``parallel`` at a time, multiplexing their pipes with one selector."""
+
+    def __init__(self, limits: Limits, parallel: int = 1) -> None:
+        self.limits, self.parallel = limits, max(1, parallel)
+        self.sel = selectors.DefaultSelector()
+        self.live: dict[int, dict[str, Any]] = {}  # pid -> state
+
+    def run(self, jobs: list[Job], stop_on_failure: Any = None) -> None:
+        """Run every job to completion; stop starting new ones once ``stop_on_failure(job)``."""
+        queue = list(jobs)
+        stopped = False
+        try:
+            while queue or self.live:
+                while queue and not stopped and len(self.live) < self.parallel:
+                    self._start(queue.pop(0))
+                if stopped:
+                    queue.clear()
+                if not self.live:
+                    continue
+                for job in self._step():
+                    if stop_on_failure is not None and stop_on_failure(job):
+                        stopped = True
+                if stopped:
+                    for st in list(self.live.values()):
+                        self._kill(st, "Skipped")
+        finally:
+            for st in list(self.live.values()):
+                self._kill(st, "")
+            self.sel.close()
+
+    def _start(self, job: Job) -> None:
+        pidfd, in_w, out_r, err_r = _spawn(job, self.limits)
+        st = {"job": job, "pidfd": pidfd, "in": in_w, "stdin": memoryview(job.stdin),
+              "open": {out_r, err_r}, "out": out_r, "exited_at": None,
+              "deadline": job.started + job.timeout}
+        self.live[job.pid] = st
+        self.sel.register(pidfd, selectors.EVENT_READ, (st, "exit"))
+        self.sel.register(out_r, selectors.EVENT_READ, (st, "out"))
+        self.sel.register(err_r, selectors.EVENT_READ, (st, "err"))
+        if job.stdin:
+            self.sel.register(in_w, selectors.EVENT_WRITE, (st, "in"))
+        else:
+            os.close(in_w)
+            st["in"] = -1
+
+    def _step(self) -> list[Job]:
+        now = time.monotonic()
+        wake = min(self._wake_time(st) for st in self.live.values())
+        for key, _ in self.sel.select(max(0.0, wake - now)):
+            st, what = key.data
+            if st["job"].done:
+                continue
+            if what == "exit":
+                self._reap(st)
+            elif what == "in":
+                self._feed(st)
+            else:
+                self._read(st, key.fd, what)
+        finished = []
+        now = time.monotonic()
+        for st in list(self.live.values()):
+            job = st["job"]
+            if st["exited_at"] is None and now >= st["deadline"]:
+                self._kill(st, "TimeLimitExceeded")
+            elif st["exited_at"] is not None and (not st["open"] or now >= st["exited_at"] + _GRACE_S):
+                self._finish(st)
+            if job.done:
+                finished.append(job)
+        return finished
+
+    def _wake_time(self, st: dict[str, Any]) -> float:
+        if st["exited_at"] is not None:
+            return st["exited_at"] + _GRACE_S
+        return st["deadline"]
+
+    def _feed(self, st: dict[str, Any]) -> None:
+        try:
+            n = os.write(st["in"], st["stdin"][:65536])
+            st["stdin"] = st["stdin"][n:]
+        except BlockingIOError:
+            return
+        except OSError:
+            st["stdin"] = st["stdin"][:0]
+        if not st["stdin"]:
+            self.sel.unregister(st["in"])
+            os.close(st["in"])
+            st["in"] = -1
+
+    def _read(self, st: dict[str, Any], fd: int, what: str) -> None:
+        job: Job = st["job"]
+        buf = job.out if what == "out" else job.err
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(fd)
+            os.close(fd)
+            st["open"].discard(fd)
+            return
+        room = self.limits.output - len(buf)
+        if room < len(data):
+            job.truncated = True
+        if room > 0:
+            buf += data[:room]
+
+    def _reap(self, st: dict[str, Any]) -> None:
+        job: Job = st["job"]
+        try:
+            pid, status, _ru = os.wait4(job.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = job.pid, 0
+        if pid == 0:
+            return
+        job.elapsed = round(time.monotonic() - job.started, 6)
+        if os.WIFSIGNALED(status):
+            job.return_code = -os.WTERMSIG(status)
+        else:
+            job.return_code = os.WEXITSTATUS(status)
+        if not job.status:
+            job.status = "Finished"
+        st["exited_at"] = time.monotonic()
+        self.sel.unregister(st["pidfd"])
+        os.close(st["pidfd"])
+        st["pidfd"] = -1
+        _killpg(job.pid)  # leftovers of its process group
+
+    def _kill(self, st: dict[str, Any], status: str) -> None:
+        job: Job = st["job"]
+        if status and not job.status:
+            job.status = status
+        _killpg(job.pid)
+        if st["pidfd"] >= 0:
+            with contextlib.suppress(OSError):
+                os.kill(job.pid, signal.SIGKILL)
+            os.waitid(os.P_PIDFD, st["pidfd"], os.WEXITED | os.WNOWAIT)
+            self._reap(st)
+        if status == "TimeLimitExceeded":
+            job.status = status
+        self._finish(st)
+
+    def _finish(self, st: dict[str, Any]) -> None:
+        job: Job = st["job"]
+        for fd in list(st["open"]) + ([st["in"]] if st["in"] >= 0 else []):
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(fd)
+            os.close(fd)
+        st["open"].clear()
+        st["in"] = -1
+        if not job.status:
+            job.status = "Finished"
+        job.done = True
+        self.live.pop(job.pid, None)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError as e:
+        if e.errno not in (errno.ESRCH, errno.EPERM):
+            raise

@@ -1,0 +1,112 @@
+"""Results of CPU actions, in SandboxFusion's RunCodeResponse shape plus our extras.
+
+Invariant: `RunResult.to_dict()` always has SandboxFusion's keys (status, message, compile_result,
+run_result, executor_pod_name, files) with its value sets; stage stdout/stderr are strings, never
+null. Our extras (memory_exceeded, output_truncated, cpu_time, peak_memory_mb, cases) are
+additional keys, so a SandboxFusion client ignores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arl_tangram.core.actions import Status
+
+# Run statuses (SandboxFusion RunStatus) and stage statuses (CommandRunStatus).
+SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
+FINISHED, ERROR, TIME_LIMIT = "Finished", "Error", "TimeLimitExceeded"
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    """One compile or run stage (SandboxFusion CommandRunResult)."""
+
+    status: str  # Finished | Error | TimeLimitExceeded
+    execution_time: float | None = None  # wall seconds
+    return_code: int | None = None  # exit code; -N when killed by signal N
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False  # stdout or stderr went past the output cap
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "execution_time": self.execution_time,
+                "return_code": self.return_code, "stdout": self.stdout, "stderr": self.stderr}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> StageResult | None:
+        if d is None:
+            return None
+        return cls(status=str(d["status"]), execution_time=d.get("execution_time"),
+                   return_code=d.get("return_code"), stdout=str(d.get("stdout") or ""),
+                   stderr=str(d.get("stderr") or ""), truncated=bool(d.get("truncated")))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == FINISHED and self.return_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """One test case of a TEST action."""
+
+    index: int
+    passed: bool
+    run: StageResult | None  # None when skipped (stop_on_first_failure)
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "passed": self.passed, "skipped": self.skipped,
+                "run_result": self.run.to_dict() if self.run else None}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a CPU action produced."""
+
+    status: str  # Success | Failed | SandboxError
+    message: str = ""
+    compile_result: StageResult | None = None
+    run_result: StageResult | None = None
+    executor_pod_name: str | None = None  # the node / sandbox that ran it
+    files: dict[str, str] = field(default_factory=dict)  # fetched files, path -> base64
+    memory_exceeded: bool = False  # the memory cgroup killed something
+    output_truncated: bool = False  # some stdout/stderr was dropped past the cap
+    cpu_time: float | None = None  # CPU seconds the whole sandbox used
+    peak_memory_mb: float | None = None  # peak memory of the sandbox
+    cases: tuple[CaseResult, ...] | None = None  # TEST actions: one per case
+
+    @classmethod
+    def sandbox_error(cls, message: str, pod: str | None = None) -> RunResult:
+        return cls(status=SANDBOX_ERROR, message=message, executor_pod_name=pod)
+
+    @property
+    def timed_out(self) -> bool:
+        stages = [self.compile_result, self.run_result]
+        stages += [c.run for c in self.cases or ()]
+        return any(s is not None and s.status == TIME_LIMIT for s in stages)
+
+    @property
+    def action_status(self) -> Status:
+        if self.status == SUCCESS:
+            return Status.SUCCEEDED
+        if self.timed_out:
+            return Status.TIMED_OUT
+        return Status.FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "status": self.status,
+            "message": self.message,
+            "compile_result": self.compile_result.to_dict() if self.compile_result else None,
+            "run_result": self.run_result.to_dict() if self.run_result else None,
+            "executor_pod_name": self.executor_pod_name,
+            "files": dict(self.files),
+            "memory_exceeded": self.memory_exceeded,
+            "output_truncated": self.output_truncated,
+            "cpu_time": self.cpu_time,
+            "peak_memory_mb": self.peak_memory_mb,
+        }
+        if self.cases is not None:
+            d["cases"] = [c.to_dict() for c in self.cases]
+        return d

@@ -1,0 +1,223 @@
+"""Inside a sandbox: the init process (PID 1 of its namespaces) that serves the manager.
+
+Invariant: the init runs only trusted code (ours); everything the action supplies runs in
+children made by `proc` / `session_worker` as the sandbox uid. It answers each request frame with
+exactly one reply frame; after a one-shot action it kills every other process of its PID
+namespace, so nothing the action started survives the reply. The manager destroys the whole
+sandbox (SIGKILL to this init, which takes the namespace with it) after a one-shot action.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import re
+import signal
+from typing import Any
+
+from . import _linux, proc, session_worker, wire
+
+SANDBOX_DIR = "/sandbox"
+_JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
+
+
+def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
+    """Per-sandbox mounts, made in the fresh mount namespace (the system view is already set)."""
+    _linux.mount("tmpfs", SANDBOX_DIR, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV,
+                 f"size={workdir_mb}m,mode=0755")
+    for name, mode in (("work", 0o700), ("tmp", 0o1777)):
+        path = f"{SANDBOX_DIR}/{name}"
+        os.mkdir(path)
+        os.chown(path, uid, gid)
+        os.chmod(path, mode)
+    _linux.mount(f"{SANDBOX_DIR}/work", proc.WORKDIR, None, _linux.MS_BIND)
+    _linux.mount(f"{SANDBOX_DIR}/tmp", "/tmp", None, _linux.MS_BIND)
+    _linux.mount("proc", "/proc", "proc", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC)
+    _linux.sethostname(hostname)
+    try:  # needs CAP_SYS_RESOURCE; children get 1000 anyway, so the OOM killer picks them
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
+    except OSError:
+        pass
+
+
+def serve(fd: int) -> None:
+    """Answer request frames until the manager hangs up."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    sessions: dict[str, session_worker.Worker] = {}
+    while True:
+        try:
+            req = wire.read_frame_fd(fd)
+        except (EOFError, OSError):
+            os._exit(0)
+        try:
+            if req.get("op") == "session":
+                reply = _session(req, sessions)
+            else:
+                reply = _run(req)
+                _kill_all()
+        except Exception as e:  # a bug or a hostile workdir: report, never die silently
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        _reap_all()
+        try:
+            wire.write_frame_fd(fd, reply)
+        except OSError:
+            os._exit(0)
+
+
+def _limits(req: dict[str, Any]) -> proc.Limits:
+    return proc.Limits(**req["limits"])
+
+
+def _write_files(req: dict[str, Any], main_file: str, uid: int, gid: int) -> None:
+    files = {main_file: req["code"].encode()}
+    for rel, b64 in (req.get("files") or {}).items():
+        files[rel] = base64.b64decode(b64)
+    for rel, data in files.items():
+        path = os.path.join(proc.WORKDIR, rel)
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, exist_ok=True)
+            d = parent
+            while d != proc.WORKDIR:
+                os.chown(d, uid, gid)
+                d = os.path.dirname(d)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, data)
+            os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+
+
+def _main_file(lang: dict[str, Any], code: str) -> str:
+    if lang["name"] == "java":
+        m = _JAVA_CLASS.search(code)
+        return f"{m.group(1) if m else 'Main'}.java"
+    return str(lang["file"])
+
+
+def _argv(template: list[str], main_file: str) -> list[str]:
+    stem = main_file.rsplit(".", 1)[0]
+    return [a.replace("{file}", main_file).replace("{stem}", stem) for a in template]
+
+
+def _run(req: dict[str, Any]) -> dict[str, Any]:
+    limits, lang = _limits(req), req["lang"]
+    main_file = _main_file(lang, req["code"])
+    _write_files(req, main_file, limits.uid, limits.gid)
+    env = req["env"]
+    reply: dict[str, Any] = {"compile_result": None, "run_result": None, "cases": None}
+    if lang.get("compile"):
+        job = proc.Job(argv=_argv(lang["compile"], main_file), env=env,
+                       timeout=req["compile_timeout"])
+        proc.Driver(limits).run([job])
+        reply["compile_result"] = job.result()
+        if job.status != "Finished" or job.return_code != 0:
+            return reply
+    cases = req.get("cases")
+    if cases is None:
+        job = _job(req, lang, main_file, req.get("stdin") or "", None)
+        proc.Driver(limits).run([job])
+        reply["run_result"] = job.result()
+    else:
+        reply["cases"] = _run_cases(req, lang, main_file, limits)
+    _kill_all()
+    reply["files"] = _fetch(req.get("fetch_files") or ())
+    return reply
+
+
+def _job(req: dict[str, Any], lang: dict[str, Any], main_file: str, stdin: str,
+         assert_src: str | None) -> proc.Job:
+    env, timeout = req["env"], req["run_timeout"]
+    if lang.get("inproc"):
+        srcs = [(req["code"], f"{proc.WORKDIR}/{main_file}")]
+        if assert_src is not None:
+            srcs.append((assert_src, "<test>"))
+        return proc.Job(python=srcs, stdin=stdin.encode(), env=env, timeout=timeout)
+    return proc.Job(argv=_argv(lang["run"], main_file), stdin=stdin.encode(), env=env,
+                    timeout=timeout)
+
+
+def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
+               limits: proc.Limits) -> list[dict[str, Any]]:
+    cases = req["cases"]
+    jobs = [_job(req, lang, main_file, c.get("stdin") or "", c.get("assert")) for c in cases]
+    expected = [c.get("expected_stdout") for c in cases]
+
+    def passed(i: int) -> bool:
+        j = jobs[i]
+        if j.status != "Finished" or j.return_code != 0:
+            return False
+        return expected[i] is None or _norm(j.out.decode("utf-8", "replace")) == _norm(expected[i])
+
+    index = {id(j): i for i, j in enumerate(jobs)}
+    stop = req.get("stop_on_first_failure")
+    driver = proc.Driver(limits, parallel=int(limits.cpus + 0.999))
+    driver.run(jobs, (lambda j: not passed(index[id(j)])) if stop else None)
+    out = []
+    for i, j in enumerate(jobs):
+        skipped = not j.done or j.status == "Skipped"
+        out.append({"index": i, "passed": (not skipped) and passed(i), "skipped": skipped,
+                    "run_result": None if skipped else j.result()})
+    return out
+
+
+def _norm(s: str) -> str:
+    return "\n".join(line.rstrip() for line in s.strip().splitlines())
+
+
+def _fetch(paths: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for rel in paths:
+        path = os.path.join(proc.WORKDIR, rel)
+        real = os.path.realpath(path)
+        if not real.startswith(proc.WORKDIR + "/"):
+            continue
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not os.path.isfile(f"/proc/self/fd/{fd}"):
+                continue
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            out[rel] = base64.b64encode(b"".join(chunks)).decode()
+        finally:
+            os.close(fd)
+    return out
+
+
+def _session(req: dict[str, Any], sessions: dict[str, session_worker.Worker]) -> dict[str, Any]:
+    lang, limits = req["lang"]["name"], _limits(req)
+    note = ""
+    w = sessions.get(lang)
+    if w is None:
+        w = sessions[lang] = session_worker.Worker(lang, limits, req["env"])
+    stage, alive = session_worker.exchange(w, req["code"], req["run_timeout"], limits.output)
+    if not alive:
+        sessions.pop(lang, None)
+        note = f"the {lang} session process ended; its state is lost"
+    return {"compile_result": None, "run_result": stage, "cases": None, "files": {},
+            "message": note}
+
+
+def _kill_all() -> None:
+    try:
+        os.kill(-1, signal.SIGKILL)  # from PID 1: every other process of the namespace
+    except OSError as e:
+        if e.errno != errno.ESRCH:
+            raise
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

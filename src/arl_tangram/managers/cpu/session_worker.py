@@ -1,0 +1,200 @@
+"""Inside a sandbox: the persistent workers of a session (a Python interpreter, a bash shell).
+
+Invariant: a worker is an untrusted child (sandbox uid, no_new_privs, rlimits) that keeps its
+state between exchanges; the sandbox init talks to it only through pipes, enforces the wall-clock
+limit of each exchange, and on a timeout or a crash kills its process group and forgets it (the
+next exchange starts a fresh worker, and the result says the state was lost).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import fcntl
+import os
+import secrets
+import selectors
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import proc, wire
+
+_BASH_PRELUDE = (
+    "__tangram_run() { local __tangram_c; __tangram_c=$(cat); eval \"$__tangram_c\" </dev/null;"
+    " printf '%d\\n' $? >&3; }\n"
+)
+
+
+def _python_loop() -> None:
+    """The Python worker: exec each request in one persistent namespace; echo a last expression."""
+    glb: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    sys.path[0:1] = [proc.WORKDIR]
+    while True:
+        try:
+            req = wire.read_frame_fd(3)
+        except EOFError:
+            os._exit(0)
+        rc = 0
+        try:
+            tree = ast.parse(req["code"], "<session>", "exec")
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            exec(compile(tree, "<session>", "exec"), glb)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), "<session>", "eval"), glb)
+                if value is not None:
+                    print(repr(value))
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException as e:
+            tb = e.__traceback__.tb_next if e.__traceback__ else None
+            traceback.print_exception(type(e), e, tb)
+            rc = 1
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                s.flush()
+        wire.write_frame_fd(4, {"rc": rc})
+
+
+class Worker:
+    """One persistent child and the pipes to it."""
+
+    def __init__(self, lang: str, limits: proc.Limits, env: dict[str, str]) -> None:
+        self.lang = lang
+        ctl_r, ctl_w = os.pipe()  # init -> worker (python requests / bash stdin)
+        done_r, done_w = os.pipe()  # worker -> init (completion)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 200) for fd in (ctl_r, done_w)]
+        pid = os.fork()
+        if pid == 0:
+            self._child(lang, limits, env, hi, out_w, err_w)
+        for fd in (ctl_r, done_w, out_w, err_w, *hi):
+            os.close(fd)
+        self.pid, self.ctl, self.done, self.out, self.err = pid, ctl_w, done_r, out_r, err_r
+        for fd in (done_r, out_r, err_r):
+            os.set_blocking(fd, False)
+        if lang == "bash":
+            os.write(self.ctl, _BASH_PRELUDE.encode())
+
+    @staticmethod
+    def _child(lang: str, limits: proc.Limits, env: dict[str, str], hi: list[int],
+               out_w: int, err_w: int) -> None:
+        try:
+            out_w, err_w = (fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (out_w, err_w))
+            if lang == "bash":
+                os.dup2(hi[0], 0)
+                os.dup2(hi[1], 3)
+                proc._child_setup(limits, (0, out_w, err_w), keep=1)
+                os.execve("/bin/bash", ["/bin/bash", "--noprofile", "--norc"], env)
+            null = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(hi[0], 3)
+            os.dup2(hi[1], 4)
+            proc._child_setup(limits, (null, out_w, err_w), keep=2)
+            os.environ.clear()
+            os.environ.update(env)
+            _python_loop()
+        except BaseException as e:
+            os.write(2, f"session worker failed: {e}\n".encode())
+        os._exit(127)
+
+    def send(self, code: str) -> None:
+        if self.lang == "bash":
+            tag = "__TANGRAM_EOF_" + secrets.token_hex(8)
+            data = f"__tangram_run <<'{tag}'\n{code}\n{tag}\n".encode()
+        else:
+            data = wire.encode({"code": code})
+        view = memoryview(data)
+        while view:  # the worker reads it whole before running, so a blocking write is fine
+            view = view[os.write(self.ctl, view):]
+
+    def kill(self) -> None:
+        proc._killpg(self.pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        for fd in (self.ctl, self.done, self.out, self.err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, Any], bool]:
+    """Run one request in the worker; returns (stage result, worker still alive)."""
+    t0 = time.monotonic()
+    try:
+        w.send(code)
+    except OSError:
+        return _stage("Error", t0, None, b"", b"session worker is gone\n", False), False
+    bufs = {w.out: bytearray(), w.err: bytearray()}
+    done = bytearray()
+    truncated, rc, alive = False, None, True
+    with selectors.DefaultSelector() as sel:
+        for fd in (w.out, w.err, w.done):
+            sel.register(fd, selectors.EVENT_READ)
+        deadline = t0 + timeout
+        while rc is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                w.kill()
+                return _stage("TimeLimitExceeded", t0, -signal.SIGKILL, *bufs.values(),
+                              truncated), False
+            for key, _ in sel.select(left):
+                data = _read(key.fd)
+                if data is None:
+                    sel.unregister(key.fd)
+                    if key.fd == w.done:
+                        alive, rc = False, -1
+                elif key.fd == w.done:
+                    done += data
+                    rc = _parse_done(w.lang, done)
+                elif data:
+                    buf = bufs[key.fd]
+                    room = cap - len(buf)
+                    truncated |= room < len(data)
+                    buf += data[: max(room, 0)]
+    for fd, buf in bufs.items():  # what was written before the completion mark is in the pipe
+        data = _read(fd) or b""
+        truncated |= len(data) > cap - len(buf)
+        buf += data[: max(cap - len(buf), 0)]
+    if not alive:
+        w.kill()
+    return _stage("Finished", t0, rc, *bufs.values(), truncated), alive
+
+
+def _parse_done(lang: str, done: bytearray) -> int | None:
+    if lang == "bash":
+        if b"\n" not in done:
+            return None
+        return int(done.split(b"\n", 1)[0] or b"1")
+    if len(done) < 4:
+        return None
+    n = int.from_bytes(done[:4], "big")
+    if len(done) < 4 + n:
+        return None
+    import json
+
+    return int(json.loads(bytes(done[4 : 4 + n]))["rc"])
+
+
+def _read(fd: int) -> bytes | None:
+    """What the pipe has now; None at end of file with nothing read."""
+    out = bytearray()
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, OSError):
+            return bytes(out)
+        if not data:
+            return bytes(out) if out else None
+        out += data
+        if len(data) < (1 << 16):
+            return bytes(out)
+
+
+def _stage(status: str, t0: float, rc: int | None, out: bytes, err: bytes,
+           truncated: bool) -> dict[str, Any]:
+    return {"status": status, "execution_time": round(time.monotonic() - t0, 6),
+            "return_code": rc, "stdout": bytes(out).decode("utf-8", "replace"),
+            "stderr": bytes(err).decode("utf-8", "replace"), "truncated": truncated}

@@ -1,0 +1,475 @@
+"""Engine: the asyncio driver that owns the core, feeds it events, and executes its commands.
+
+Invariants:
+- The core is single-threaded: every event, whether it comes from a client (submit, cancel,
+  sessions), from the executor (outcomes) or from the ticker, enters one queue and is handled by
+  one loop task, in order. Every event is stamped with the engine's clock on entry; times the
+  executor put on events are replaced (nodes have their own clocks).
+- An action id is delivered at most once; a retried submit with the same idempotency key maps to
+  the same action and never runs it twice.
+- Memory is bounded: finished results expire after ``result_ttl_s`` or past ``max_results``
+  (oldest first), idempotency keys after ``idempotency_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import ActionResult, ActionSpec, Status
+from ..core.cluster import ModelSpec, NodeSpec
+from ..core.errors import ClosedError, InvalidAction, TangramError
+from ..core.resources import Resources
+from .clock import Clock, MonotonicClock
+from .executor import Executor
+from .stats import Live, StatsBook
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(TangramError):
+    """The engine holds ``max_pending`` unfinished actions; the submit was shed."""
+
+
+class UnknownAction(TangramError, KeyError):
+    """No action (live or remembered) has this id."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """Knobs of the engine (the service config's ``policy`` and ``limits`` map onto these)."""
+
+    policy: str = "tangram"  # core policy name
+    models: tuple[ModelSpec, ...] = ()  # reward models the core may schedule
+    tick_s: float = 0.5  # period of Tick events
+    result_ttl_s: float = 600.0  # finished results kept this long
+    max_results: int = 100_000  # and at most this many
+    idempotency_ttl_s: float = 3600.0  # idempotency keys kept this long
+    max_pending: int = 100_000  # unfinished actions beyond which submits are shed
+    act_window: int = 10_000  # ACT samples per kind kept for percentiles
+
+    def __post_init__(self) -> None:
+        for name in ("tick_s", "result_ttl_s", "idempotency_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_results", "max_pending", "act_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Any:
+    """The production core for ``config.policy`` over ``nodes`` and ``config.models``."""
+    from ..core.cluster import ClusterSpec
+    from ..core.core import Core, CoreConfig
+
+    return Core(ClusterSpec(tuple(nodes), tuple(config.models)), CoreConfig(policy=config.policy))
+
+
+_STOP = object()
+
+
+class Engine:
+    """Drives one core with the real clock and one executor."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        config: EngineConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        core_factory: Callable[[EngineConfig, Sequence[NodeSpec]], Any] = make_core,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.clock: Clock = clock or MonotonicClock()
+        self._executor = executor
+        self._core_factory = core_factory
+        self.core: Any = None
+        self.nodes: dict[str, NodeSpec] = {}
+        self.started_at: float | None = None
+        self.stats_book = StatsBook(self.config.act_window)
+        self._live: dict[str, Live] = {}
+        self._results: OrderedDict[str, tuple[ActionResult, str]] = OrderedDict()
+        self._idem: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._waiters: dict[str, list[asyncio.Future[ActionResult]]] = {}
+        self._sessions: dict[str, Resources] = {}
+        self._session_nodes: dict[str, str] = {}
+        self._instances: dict[str, dict[str, Any]] = {}
+        self._queue: asyncio.Queue[Any] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+        self._closed = False
+
+    # ---- life ------------------------------------------------------------------------------
+
+    async def start(self) -> Engine:
+        if self._queue is not None:
+            return self
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._queue = asyncio.Queue()
+        specs = await self._executor.start(self._emit)
+        self.core = self._core_factory(self.config, specs)
+        self.started_at = self.clock.now()
+        for spec in specs:
+            self.nodes[spec.name] = spec
+        self._tasks = [self._loop.create_task(self._run(), name="tangram-engine"),
+                       self._loop.create_task(self._ticker(), name="tangram-ticker")]
+        return self
+
+    async def __aenter__(self) -> Engine:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, grace_s: float = 0.0) -> None:
+        """Stop accepting work, let live actions finish for ``grace_s``, then stop everything.
+
+        Actions still unfinished at the end are delivered as CANCELLED.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._queue is None:
+            return
+        if grace_s > 0 and self._live:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained(), grace_s)
+        await self._executor.aclose()
+        await asyncio.sleep(0)
+        self._tasks[1].cancel()  # the ticker
+        self._queue.put_nowait(_STOP)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        now = self.clock.now()
+        for aid, live in list(self._live.items()):
+            self._deliver(ActionResult(aid, Status.CANCELLED, live.submit_time, finish_time=now,
+                                       reason="engine closed"))
+
+    async def _drained(self) -> None:
+        while self._live:
+            await asyncio.sleep(0.05)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def _emit(self, event: E.Event) -> None:
+        """Executor callback: stamp with our clock and enqueue (thread-safe)."""
+        if self._queue is None:
+            return
+        if threading.get_ident() != self._thread and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._emit, event)
+            return
+        self._queue.put_nowait(dataclasses.replace(event, time=self.clock.now()))
+
+    def _put(self, event: E.Event) -> None:
+        if self._queue is None:
+            raise ClosedError("the engine is not started")
+        self._queue.put_nowait(event)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            self._put(E.Tick(self.clock.now()))
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        q = self._queue
+        while True:
+            batch = [await q.get()]
+            while not q.empty():
+                batch.append(q.get_nowait())
+            commands: list[C.Command] = []
+            stop = False
+            for ev in batch:
+                if ev is _STOP:
+                    stop = True
+                    continue
+                commands.extend(self._handle(ev))
+            out = [c for c in commands if not self._take(c)]
+            if out and not self._closed:
+                try:
+                    await self._executor.submit(out)
+                except Exception:
+                    log.exception("executor refused %d commands", len(out))
+            if isinstance(batch[-1], E.Tick):
+                self._expire()
+            if stop:
+                return
+
+    def _handle(self, ev: E.Event) -> list[C.Command]:
+        self._observe(ev)
+        try:
+            return list(self.core.handle(ev))
+        except Exception:
+            log.exception("core failed on %r", ev)
+            return []
+
+    def _observe(self, ev: E.Event) -> None:
+        if isinstance(ev, E.ActionStarted):
+            live = self._live.get(ev.action_id)
+            if live is not None:
+                live.started = True
+        elif isinstance(ev, E.ModelLoaded):
+            inst = self._instances.get(ev.instance_id)
+            sb = self.stats_book
+            if not ev.ok:
+                sb.model_load_failures += 1
+                self._instances.pop(ev.instance_id, None)
+            else:
+                sb.model_swaps += ev.from_host
+                sb.model_loads += not ev.from_host
+                if inst is not None:
+                    inst["state"] = "loaded"
+        elif isinstance(ev, E.ModelUnloaded):
+            self._instances.pop(ev.instance_id, None)
+        elif isinstance(ev, E.SessionClosed):
+            self._sessions.pop(ev.session_id, None)
+            self._session_nodes.pop(ev.session_id, None)
+
+    def _take(self, cmd: C.Command) -> bool:
+        """Handle what the engine itself executes (Deliver); note what the others hold."""
+        if isinstance(cmd, C.Deliver):
+            self._deliver(cmd.result)
+            return True
+        if isinstance(cmd, C.StartAction):
+            live = self._live.get(cmd.action.id)
+            if live is not None:
+                live.node, live.allotment = cmd.node, cmd.allotment
+            sb = self.stats_book
+            sb.warm_hits += cmd.warm
+            sb.warm_misses += not cmd.warm
+        elif isinstance(cmd, C.ResizeAction):
+            live = self._live.get(cmd.action_id)
+            if live is not None:
+                live.allotment = cmd.allotment
+        elif isinstance(cmd, C.LoadModel):
+            self._instances[cmd.instance_id] = {
+                "instance_id": cmd.instance_id, "model": cmd.model, "node": cmd.node,
+                "devices": list(cmd.devices), "state": "loading"}
+        elif isinstance(cmd, C.OpenSession):
+            self._session_nodes[cmd.session_id] = cmd.node
+            self._sessions[cmd.session_id] = cmd.demand
+        return False
+
+    def _deliver(self, result: ActionResult) -> None:
+        live = self._live.pop(result.id, None)
+        if live is None:
+            return  # delivered before (cancel raced the finish) or unknown
+        self._results[result.id] = (result, live.spec.kind.value)
+        self.stats_book.on_finished(live.spec.kind.value, result)
+        for fut in self._waiters.pop(result.id, ()):
+            if not fut.done():
+                fut.set_result(result)
+        if len(self._results) > self.config.max_results:
+            self._results.popitem(last=False)
+
+    def _expire(self) -> None:
+        now = self.clock.now()
+        while self._results:
+            aid, (res, _) = next(iter(self._results.items()))
+            if (res.finish_time or now) + self.config.result_ttl_s > now:
+                break
+            self._results.popitem(last=False)
+        while self._idem:
+            key, (_, t) = next(iter(self._idem.items()))
+            if t + self.config.idempotency_ttl_s > now:
+                break
+            self._idem.popitem(last=False)
+
+    # ---- client API ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the engine is closed")
+        if self._queue is None:
+            raise ClosedError("the engine is not started (call start())")
+
+    def submit_nowait(
+        self, specs: ActionSpec | Sequence[ActionSpec], *, idempotency_key: str | None = None
+    ) -> list[str]:
+        """Enqueue actions; return their ids. Same key (and position) -> same id, run once."""
+        self._check_open()
+        batch = [specs] if isinstance(specs, ActionSpec) else list(specs)
+        keys = [None if idempotency_key is None else
+                (idempotency_key if len(batch) == 1 else f"{idempotency_key}#{i}")
+                for i in range(len(batch))]
+        ids: list[str | None] = [self._idem[k][0] if k in self._idem else None for k in keys]
+        fresh = [(i, s) for i, s in enumerate(batch) if ids[i] is None]
+        if len(self._live) + len(fresh) > self.config.max_pending:
+            self.stats_book.shed += len(fresh)
+            raise Overloaded(f"{len(self._live)} actions pending (max_pending="
+                             f"{self.config.max_pending}); retry later")
+        seen: set[str] = set()
+        for i, s in fresh:
+            if s.id in self._live or s.id in self._results or s.id in seen:
+                raise InvalidAction(f"actions[{i}].id", f"duplicate action id {s.id!r}")
+            seen.add(s.id)
+        now = self.clock.now()
+        for i, s in fresh:
+            self._live[s.id] = Live(s, now)
+            self.stats_book.submitted[s.kind.value] += 1
+            if keys[i] is not None:
+                self._idem[keys[i]] = (s.id, now)
+            self._put(E.ActionArrived(now, s))
+            ids[i] = s.id
+        return [x for x in ids if x is not None]
+
+    async def submit(
+        self, specs: ActionSpec | Sequence[ActionSpec], *, idempotency_key: str | None = None
+    ) -> list[str]:
+        return self.submit_nowait(specs, idempotency_key=idempotency_key)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    def peek(self, action_id: str) -> ActionResult | None:
+        """The result if finished and remembered, else None; UnknownAction if never seen."""
+        hit = self._results.get(action_id)
+        if hit is not None:
+            return hit[0]
+        if action_id in self._live:
+            return None
+        raise UnknownAction(action_id)
+
+    def status(self, action_id: str) -> Status:
+        hit = self._results.get(action_id)
+        if hit is not None:
+            return hit[0].status
+        live = self._live.get(action_id)
+        if live is None:
+            raise UnknownAction(action_id)
+        return Status.RUNNING if live.started else Status.QUEUED
+
+    async def result(self, action_id: str, wait: float | None = None) -> ActionResult | None:
+        """The result of an action; waits up to ``wait`` seconds (None: until it finishes).
+
+        Returns None when it is still unfinished after the wait. UnknownAction if never seen
+        (or forgotten after ``result_ttl_s``).
+        """
+        res = self.peek(action_id)
+        if res is not None or (wait is not None and wait <= 0):
+            return res
+        assert self._loop is not None
+        fut: asyncio.Future[ActionResult] = self._loop.create_future()
+        self._waiters.setdefault(action_id, []).append(fut)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), wait)
+        except TimeoutError:
+            return None
+        finally:
+            ws = self._waiters.get(action_id)
+            if ws is not None and fut in ws:
+                ws.remove(fut)
+                if not ws:
+                    del self._waiters[action_id]
+
+    async def run(self, spec: ActionSpec, *, idempotency_key: str | None = None) -> ActionResult:
+        """Submit one action and wait for its result."""
+        (aid,) = self.submit_nowait(spec, idempotency_key=idempotency_key)
+        res = await self.result(aid)
+        assert res is not None
+        return res
+
+    async def cancel(self, action_id: str) -> bool:
+        """Ask the core to cancel; False when it already finished."""
+        self._check_open()
+        if action_id in self._results:
+            return False
+        if action_id not in self._live:
+            raise UnknownAction(action_id)
+        self._put(E.CancelRequested(self.clock.now(), action_id))
+        return True
+
+    async def open_session(
+        self, session_id: str | None = None, *, demand: Resources | None = None,
+        ttl_s: float = 600.0, node: str | None = None,
+    ) -> str:
+        """Open a session (its state lives on one node); actions naming it run there."""
+        self._check_open()
+        sid = session_id or f"s-{uuid.uuid4().hex[:16]}"
+        if sid in self._sessions:
+            raise InvalidAction("session_id", f"session {sid!r} is already open")
+        if ttl_s <= 0:
+            raise InvalidAction("ttl_s", f"must be > 0, got {ttl_s}")
+        if node is not None and node not in self.nodes:
+            raise InvalidAction("node", f"unknown node {node!r}")
+        dem = demand if demand is not None else Resources(memory_mb=256)
+        self._sessions[sid] = dem
+        self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node))
+        return sid
+
+    async def close_session(self, session_id: str) -> bool:
+        """Close a session; False when it is not open."""
+        self._check_open()
+        if self._sessions.pop(session_id, None) is None:
+            return False
+        self._session_nodes.pop(session_id, None)
+        self._put(E.SessionClosed(self.clock.now(), session_id, "closed by client"))
+        return True
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def cluster(self) -> dict[str, Any]:
+        """Nodes with capacity, use, warm pools and resident models (JSON-ready)."""
+        info = self._executor.node_info()
+        view = self.core.view() if self.core is not None and hasattr(self.core, "view") else None
+        nodes = []
+        for nv in view.nodes if view is not None else ():
+            cap, used = nv.capacity, nv.used
+            spec = self.nodes.get(nv.name)
+            nodes.append({
+                "name": nv.name, "pool": nv.pool, "alive": nv.alive,
+                "capacity": cap.as_dict(), "used": used.as_dict(), "free": nv.free.as_dict(),
+                "utilization": {k: round(min(1.0, used.get(k) / v), 4) for k, v in cap.items() if v > 0},
+                "running": nv.running, "warm": dict(nv.warm),
+                "gpu_domains": [list(d) for d in spec.gpu_domains] if spec else [],
+                **{k: v for k, v in info.get(nv.name, {}).items() if k not in ("name", "pool")},
+            })
+        instances = [{"instance_id": i.id, "model": i.model, "node": i.node,
+                      "devices": list(i.devices), "state": i.state, "queue": i.queue}
+                     for i in (view.instances if view is not None else ())]
+        return {"nodes": nodes, "policy": self.config.policy,
+                "models": [m.name for m in self.config.models], "instances": instances,
+                "sessions": len(self._sessions)}
+
+    def stats(self) -> dict[str, Any]:
+        """ACT percentiles per kind, queue lengths, counters (JSON-ready)."""
+        queued: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for live in self._live.values():
+            d = running if live.started else queued
+            d[live.spec.kind.value] = d.get(live.spec.kind.value, 0) + 1
+        sb = self.stats_book
+        finished: dict[str, dict[str, int]] = {}
+        for (kind, status), n in sb.finished.items():
+            finished.setdefault(kind, {})[status] = n
+        now = self.clock.now()
+        return {
+            "policy": self.config.policy,
+            "uptime_s": round(now - self.started_at, 3) if self.started_at is not None else 0.0,
+            "act": sb.act_summary(), "queued": queued, "running": running,
+            "queue_length": sum(queued.values()), "running_total": sum(running.values()),
+            "submitted": dict(sb.submitted), "finished": finished,
+            "warm_hits": sb.warm_hits, "warm_misses": sb.warm_misses,
+            "model_loads": sb.model_loads, "model_swaps": sb.model_swaps,
+            "model_load_failures": sb.model_load_failures, "shed": sb.shed,
+            "results_kept": len(self._results), "sessions": len(self._sessions),
+        }

@@ -1,0 +1,274 @@
+"""NodeAgent: the long-lived Ray actor that hosts one node's `NodeHost`.
+
+Invariant: every event the hosted NodeHost emits is queued once and handed to exactly one `poll`
+call, in emission order; commands run in the order their batches arrived. The agent decides
+nothing: it is a mailbox in front of a NodeHost (the driver's `RayExecutor` talks to it with one
+batched ``submit`` call per burst of commands and one outstanding long-``poll`` for results).
+
+This module does not import ``ray``: `NodeAgent` is a plain class, made an actor by the executor
+with ``ray.remote(NodeAgent)``, so it can also be unit tested in-process.
+
+Topology on Ray comes from node labels (see docs/ray.md)::
+
+    tangram.io/pool             pool name (default: "gpu" if the node has GPUs, else "cpu")
+    tangram.io/nvlink-domains   NVLink domains, devices joined by "-", domains by "_": "0-1-2-3_4-5-6-7"
+    tangram.io/gpu-memory-mb    device memory per GPU in MB (else the GPU manager measures it)
+
+or, where labels are not available, from custom resources: ``tangram_nvlink_domain_size: k``
+(consecutive groups of k devices) and ``tangram_<dim>: amount`` (an extra capacity dimension).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..core.actions import Status
+from ..core.cluster import ModelSpec, NodeSpec
+from ..core.commands import Command, StartAction
+from ..core.events import ActionFinished, ActionStarted, Event
+from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+
+log = logging.getLogger(__name__)
+
+LABEL_POOL = "tangram.io/pool"
+LABEL_NVLINK = "tangram.io/nvlink-domains"
+LABEL_GPU_MEMORY = "tangram.io/gpu-memory-mb"
+RESOURCE_DOMAIN_SIZE = "tangram_nvlink_domain_size"
+RESOURCE_PREFIX = "tangram_"
+_HEAD_RESOURCE = "node:__internal_head__"
+
+
+class Host(Protocol):
+    """What the agent needs of a node host (`runtime.node.NodeHost` is one)."""
+
+    async def start(self) -> NodeSpec: ...
+
+    def submit(self, cmd: Command) -> None: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSetup:
+    """Everything an agent needs to build its node's host (pickled to the node)."""
+
+    name: str  # node name the core sees (the Ray node id, plus "~k" for a restarted agent)
+    ray_node_id: str  # hex id of the Ray node the agent is pinned to
+    pool: str = "default"  # pool label
+    capacity: Resources | None = None  # capacity as Ray reports it (overrides what NodeHost measures)
+    gpu_domains: tuple[tuple[int, ...], ...] | None = None  # from labels; None: ask the GPU manager
+    labels: Mapping[str, str] = field(default_factory=dict)  # the Ray node's labels
+    cpu: Mapping[str, Any] = field(default_factory=dict)  # CpuManagerConfig keyword arguments
+    gpu: Mapping[str, Any] | None = field(default_factory=dict)  # GpuManagerConfig kw; None: off
+    models: tuple[ModelSpec, ...] = ()  # reward models the GPU manager may load
+    host_factory: Callable[[AgentSetup, Callable[[Event], None]], Host] | None = None  # None: NodeHost
+
+
+def make_node_host(setup: AgentSetup, emit: Callable[[Event], None]) -> Host:
+    """The real host: a `NodeHost` with the node's CPU and GPU managers."""
+    from .node import NodeHost
+
+    cpu = dict(setup.cpu)
+    # Several Ray nodes may share one machine (ray.cluster_utils.Cluster, or nodes packed on a
+    # big host): give each node's CPU manager its own state directory unless one is configured.
+    cpu.setdefault("work_root", os.path.join(tempfile.gettempdir(), "tangram-cpu", f"ray-{setup.name.replace('~', '-')}"))
+    return NodeHost(
+        setup.name, emit=emit, pool=setup.pool, capacity=setup.capacity,
+        cpu_config=cpu, gpu_config=setup.gpu, models=setup.models,
+        labels=setup.labels,
+    )
+
+
+class NodeAgent:
+    """Mailbox between the driver and one NodeHost. Runs as an async Ray actor."""
+
+    def __init__(self, setup: AgentSetup) -> None:
+        self._setup = setup
+        self._events: list[Event] = []
+        self._wake: asyncio.Event | None = None
+        self._host: Host | None = None
+        self._closed = False
+        self._accepted = 0  # commands accepted so far (diagnostics)
+
+    def _signal(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        return self._wake
+
+    def _emit(self, event: Event) -> None:
+        self._events.append(event)
+        self._signal().set()
+
+    async def start(self) -> NodeSpec:
+        """Build and start the host; return the node as the core should see it."""
+        factory = self._setup.host_factory or make_node_host
+        self._host = factory(self._setup, self._emit)
+        spec = await self._host.start()
+        if self._setup.gpu_domains is not None and spec.gpu_count:
+            ngpu = spec.gpu_count
+            doms = tuple(d for d in self._setup.gpu_domains if d and max(d) < ngpu)
+            spec = dataclasses.replace(spec, gpu_domains=doms)
+        return spec
+
+    async def submit(self, commands: Sequence[Command]) -> int:
+        """Start executing a batch of commands, in order; return how many were accepted."""
+        host = self._host
+        if host is None or self._closed:
+            raise RuntimeError(f"agent {self._setup.name} is not running")
+        for cmd in commands:
+            host.submit(cmd)
+        self._accepted += len(commands)
+        return len(commands)
+
+    async def poll(self, max_wait_s: float = 1.0, max_events: int = 10_000) -> list[Event]:
+        """Events emitted since the last poll; waits up to ``max_wait_s`` for the first one."""
+        wake = self._signal()
+        if not self._events and not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), max_wait_s)
+            await asyncio.sleep(0)  # let events emitted in the same loop turn join the batch
+        out, self._events = self._events[:max_events], self._events[max_events:]
+        if not self._events:
+            wake.clear()
+        return out
+
+    def info(self) -> dict[str, Any]:
+        d = dict(self._host.info()) if self._host is not None else {}
+        d["agent"] = {"accepted": self._accepted, "queued_events": len(self._events)}
+        return d
+
+    def ping(self) -> float:
+        return time.monotonic()
+
+    async def shutdown(self) -> list[Event]:
+        """Close the host (running actions end CANCELLED) and return every undelivered event."""
+        self._closed = True
+        if self._host is not None:
+            await self._host.aclose()
+        out, self._events = self._events, []
+        self._signal().set()
+        return out
+
+
+class EchoHost:
+    """An in-package fake host: no managers; every action finishes at once (or after
+    ``payload["sleep_s"]``) and answers where it ran. Unit tests and the transport benchmark use it.
+    """
+
+    def __init__(self, setup: AgentSetup, emit: Callable[[Event], None]) -> None:
+        self._setup, self._emit = setup, emit
+        self.name = setup.name
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> NodeSpec:
+        cap = self._setup.capacity or Resources(cpu=1, memory_mb=1024)
+        return NodeSpec(self._setup.name, cap, self._setup.pool, (), dict(self._setup.labels))
+
+    def submit(self, cmd: Command) -> None:
+        if isinstance(cmd, StartAction):
+            task = asyncio.get_running_loop().create_task(self._run(cmd))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, cmd: StartAction) -> None:
+        a, t0 = cmd.action, time.monotonic()
+        self._emit(ActionStarted(t0, a.id, cmd.node))
+        sleep_s = float(a.payload.get("sleep_s", 0.0))
+        status, reason = Status.SUCCEEDED, ""
+        try:
+            if sleep_s:
+                await asyncio.sleep(sleep_s)
+        except asyncio.CancelledError:
+            status, reason = Status.CANCELLED, "node shut down"
+        out = {"node": cmd.node, "ray_node_id": self._setup.ray_node_id, "pid": os.getpid()}
+        self._emit(ActionFinished(time.monotonic(), a.id, status, out, reason, time.monotonic() - t0))
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self._setup.name, "pool": self._setup.pool, "running": len(self._tasks)}
+
+    async def aclose(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+# ---- what Ray tells us about a node ----------------------------------------------------------
+
+
+def parse_domains(text: str) -> tuple[tuple[int, ...], ...]:
+    """``"0-1_2-3"`` (or ``"0,1;2,3"``) -> ``((0, 1), (2, 3))``; raises ValueError if malformed."""
+    norm = text.strip().replace(";", "_").replace(",", "-")
+    if not norm:
+        return ()
+    try:
+        return tuple(tuple(int(x) for x in dom.split("-")) for dom in norm.split("_"))
+    except ValueError:
+        raise ValueError(f"label {LABEL_NVLINK}: cannot parse {text!r} (want e.g. 0-1-2-3_4-5-6-7)") from None
+
+
+def capacity_from_ray(resources: Mapping[str, float], labels: Mapping[str, str]) -> Resources:
+    """The capacity vector of a Ray node: CPU, memory, GPU, GPU memory, ``tangram_*`` extras."""
+    cap: dict[str, float] = {CPU: float(resources.get("CPU", 0.0))}
+    cap[MEMORY_MB] = float(round(resources.get("memory", 0.0) / 2**20))
+    ngpu = float(resources.get("GPU", 0.0))
+    if ngpu:
+        cap[GPU] = ngpu
+        per = labels.get(LABEL_GPU_MEMORY)
+        if per:
+            try:
+                cap[GPU_MEMORY_MB] = float(per) * ngpu
+            except ValueError:
+                raise ValueError(f"label {LABEL_GPU_MEMORY}: not a number: {per!r}") from None
+    for key, amount in resources.items():
+        if key.startswith(RESOURCE_PREFIX) and key != RESOURCE_DOMAIN_SIZE:
+            cap[key[len(RESOURCE_PREFIX):]] = float(amount)
+    return Resources(cap)
+
+
+def domains_from_ray(resources: Mapping[str, float], labels: Mapping[str, str]) -> tuple[tuple[int, ...], ...] | None:
+    """NVLink domains from the label, else from ``tangram_nvlink_domain_size``; None if neither."""
+    if labels.get(LABEL_NVLINK):
+        return parse_domains(labels[LABEL_NVLINK])
+    size = int(resources.get(RESOURCE_DOMAIN_SIZE, 0))
+    ngpu = int(resources.get("GPU", 0))
+    if size > 0 and ngpu:
+        return tuple(tuple(range(s, min(s + size, ngpu))) for s in range(0, ngpu, size))
+    return None
+
+
+def pool_from_ray(resources: Mapping[str, float], labels: Mapping[str, str]) -> str:
+    if labels.get(LABEL_POOL):
+        return labels[LABEL_POOL]
+    return "gpu" if resources.get("GPU", 0.0) else "cpu"
+
+
+def is_head(resources: Mapping[str, float]) -> bool:
+    return _HEAD_RESOURCE in resources
+
+
+__all__ = [
+    "LABEL_GPU_MEMORY",
+    "LABEL_NVLINK",
+    "LABEL_POOL",
+    "RESOURCE_DOMAIN_SIZE",
+    "AgentSetup",
+    "EchoHost",
+    "Host",
+    "NodeAgent",
+    "capacity_from_ray",
+    "domains_from_ray",
+    "make_node_host",
+    "parse_domains",
+    "pool_from_ray",
+]

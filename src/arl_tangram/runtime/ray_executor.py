@@ -1,0 +1,414 @@
+"""RayExecutor: the core's commands on many machines, through one NodeAgent actor per Ray node.
+
+Invariants:
+- One agent per Ray node, pinned to it (hard node affinity, never restarted by Ray: a restarted
+  actor would have silently lost its in-flight work). A node is announced (NodeAdded, or in the
+  list `start` returns) only once its agent has started its NodeHost.
+- A node that was announced is reported lost exactly once (NodeLost), when Ray says the node is
+  dead, or when a call to its agent fails. After that nothing from it is emitted (late results
+  are dropped) and commands for it are dropped: the core, on NodeLost, re-runs the idempotent
+  actions it had there and ends the others (and its sessions) as NODE_LOST, so no accepted
+  action is silently lost.
+- Commands for one node travel in order, one ``submit`` call in flight per node; what arrives
+  meanwhile is batched into the next call. Results come back through one outstanding long
+  ``poll`` per node, in batches.
+- An agent that dies on a node that is still alive is replaced under a new node name
+  (``<ray node id>~<k>``), at most ``max_agent_restarts`` times per Ray node.
+
+Membership is Ray's: ``ray.nodes()`` is read every ``membership_interval_s``; nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import Status
+from ..core.cluster import ModelSpec, NodeSpec
+from ..core.commands import Command
+from ..core.errors import BrokenError, ClosedError
+from ..core.events import Event, NodeAdded, NodeLost
+from .executor import Emit, Executor
+from .ray_agent import (
+    AgentSetup,
+    NodeAgent,
+    capacity_from_ray,
+    domains_from_ray,
+    is_head,
+    pool_from_ray,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayExecutorConfig:
+    """How the executor joins Ray and manages its agents."""
+
+    address: str = "auto"  # ray.init address: "auto" (running cluster), "host:port", "ray://..."
+    namespace: str = "tangram"  # Ray namespace of the agents
+    init_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra ray.init kw (runtime_env)
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # host agents only on nodes with these labels
+    include_head: bool = True  # host an agent on the head node too
+    claim_gpus: bool = True  # agents reserve all of their node's GPUs in Ray (and see them)
+    claim_cpus: bool = False  # agents reserve all of their node's CPUs (Ray schedules nothing else there)
+    cpu: Mapping[str, Any] = field(default_factory=dict)  # CpuManagerConfig kw for every node
+    gpu: Mapping[str, Any] | None = field(default_factory=dict)  # GpuManagerConfig kw; None: no GPU manager
+    membership_interval_s: float = 1.0  # period of reading ray.nodes() (and refreshing node info)
+    poll_wait_s: float = 1.0  # longest wait of one long-poll for results
+    max_events_per_poll: int = 10_000  # largest batch of events one poll returns
+    agent_start_timeout_s: float = 120.0  # an agent that has not started its host by then is dropped
+    max_agent_restarts: int = 3  # replacements of a dead agent on a still-alive Ray node
+    shutdown_ray: bool = False  # call ray.shutdown() in aclose (only if this executor called ray.init)
+
+    def __post_init__(self) -> None:
+        for name in ("membership_interval_s", "poll_wait_s", "agent_start_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if self.max_events_per_poll < 1:
+            raise ValueError(f"max_events_per_poll must be >= 1, got {self.max_events_per_poll}")
+        if self.max_agent_restarts < 0:
+            raise ValueError(f"max_agent_restarts must be >= 0, got {self.max_agent_restarts}")
+        if not self.address:
+            raise ValueError("address must be a non-empty string (e.g. 'auto')")
+
+
+class _State(enum.IntEnum):
+    STARTING = 0  # agent being created; not announced
+    UP = 1  # announced to the core
+    LOST = 2  # reported lost (or failed before it was announced); terminal
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    """The driver's view of one agent (one incarnation on one Ray node)."""
+
+    name: str
+    ray_node_id: str
+    actor: Any
+    state: _State = _State.STARTING
+    spec: NodeSpec | None = None
+    outbox: list[Command] = field(default_factory=list)
+    sending: bool = False
+    pump: asyncio.Task[None] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)  # address, resources, labels as Ray says
+
+
+class RayExecutor(Executor):
+    """Executes commands on Ray nodes through one NodeAgent actor per node."""
+
+    def __init__(
+        self,
+        config: RayExecutorConfig | None = None,
+        *,
+        models: Sequence[ModelSpec] = (),
+        host_factory: Any = None,
+    ) -> None:
+        self.config = config or RayExecutorConfig()
+        self._models = tuple(models)
+        self._host_factory = host_factory  # None: NodeHost (tests may pass a tiny host)
+        self._emit: Emit | None = None
+        self._nodes: dict[str, _Node] = {}  # node name -> node (all incarnations, lost ones too)
+        self._current: dict[str, _Node] = {}  # ray node id -> its latest incarnation
+        self._incarnations: dict[str, int] = {}  # ray node id -> agents started there
+        self._dead_ray_nodes: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._actor_cls: Any = None
+        self._inited_ray = False
+        self._closed = False
+        self.dropped_commands = 0  # commands for nodes that were lost or unknown
+
+    @classmethod
+    def from_service_config(cls, cfg: Any, *, address: str = "auto", **kw: Any) -> RayExecutor:
+        """From a `ServiceConfig`: its first node's ``cpu``/``gpu`` sections go to every Ray node."""
+        node = cfg.nodes[0]
+        rcfg = RayExecutorConfig(address=address, cpu=dict(node.cpu),
+                                 gpu=None if node.gpu is None else dict(node.gpu), **kw)
+        return cls(rcfg, models=cfg.models)
+
+    # ---- life --------------------------------------------------------------------------------
+
+    async def start(self, emit: Emit) -> list[NodeSpec]:
+        import ray
+
+        if self._emit is not None:
+            raise RuntimeError("RayExecutor.start was called twice")
+        self._emit = emit
+        if not ray.is_initialized():
+            kw = {"namespace": self.config.namespace, "log_to_driver": False}
+            kw.update(self.config.init_kwargs)
+            await asyncio.to_thread(ray.init, address=self.config.address, **kw)
+            self._inited_ray = True
+        self._actor_cls = ray.remote(NodeAgent)
+        raw = await asyncio.to_thread(ray.nodes)
+        starting = [self._spawn_agent(n) for n in raw if self._eligible(n)]
+        await asyncio.gather(*(self._start_agent(n, announce=False) for n in starting if n))
+        specs = [n.spec for n in self._current.values() if n.state is _State.UP and n.spec]
+        if starting and not specs:
+            raise BrokenError("RayExecutor: no Ray node could start a NodeAgent (see the log)")
+        if not starting:
+            log.warning("RayExecutor: no eligible Ray node yet; waiting for nodes to join")
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return specs
+
+    async def aclose(self) -> None:
+        """Close every agent's host (running actions end CANCELLED) and kill the agents."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        up = [n for n in self._current.values() if n.state is _State.UP]
+        await asyncio.gather(*(self._close_agent(n) for n in up), return_exceptions=True)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._inited_ray and self.config.shutdown_ray:
+            import ray
+
+            await asyncio.to_thread(ray.shutdown)
+
+    async def _close_agent(self, node: _Node) -> None:
+        import ray
+
+        if node.pump is not None:
+            node.pump.cancel()
+        try:
+            events = await node.actor.shutdown.remote()
+        except Exception as exc:  # the agent died while closing: what it ran is lost with it
+            log.warning("node %s: shutdown failed: %s", node.name, exc)
+            events = []
+        if node.state is _State.UP:
+            for e in events:
+                self._deliver(e)
+            node.state = _State.LOST
+        with contextlib.suppress(Exception):
+            ray.kill(node.actor, no_restart=True)
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    async def submit(self, commands: Sequence[Command]) -> None:
+        if self._closed:
+            raise ClosedError("RayExecutor is closed")
+        touched: list[_Node] = []
+        for cmd in commands:
+            name = getattr(cmd, "node", None)
+            node = self._nodes.get(name) if isinstance(name, str) else None
+            if node is None:
+                self._unknown_node(cmd)
+                continue
+            if node.state is not _State.UP:  # lost: the core settles it on NodeLost
+                self.dropped_commands += 1
+                continue
+            node.outbox.append(cmd)
+            if not node.sending:
+                node.sending = True
+                touched.append(node)
+        for node in touched:
+            self._background(self._flush(node))
+
+    def _unknown_node(self, cmd: Command) -> None:
+        """A command for a node never announced: answer with the failure the contract demands."""
+        now, why = time.monotonic(), f"unknown node {getattr(cmd, 'node', '?')!r}"
+        self.dropped_commands += 1
+        if isinstance(cmd, C.StartAction):
+            self._deliver(E.ActionFinished(now, cmd.action.id, Status.NODE_LOST, None, why))
+        elif isinstance(cmd, C.RunBatch):
+            failed = dict.fromkeys((a.id for a in cmd.actions), why)
+            self._deliver(E.BatchFinished(now, cmd.batch_id, cmd.instance_id, {}, failed))
+        elif isinstance(cmd, C.LoadModel):
+            self._deliver(E.ModelLoaded(now, cmd.instance_id, False, reason=why))
+
+    async def _flush(self, node: _Node) -> None:
+        """Send the node's outbox in batches, one call in flight, until it is empty."""
+        try:
+            while node.outbox and node.state is _State.UP:
+                batch, node.outbox = node.outbox, []
+                try:
+                    await node.actor.submit.remote(batch)
+                except Exception as exc:
+                    self._lose(node, f"node lost: agent unreachable ({type(exc).__name__})")
+                    return
+        finally:
+            node.sending = False
+
+    async def _pump(self, node: _Node) -> None:
+        """Long-poll the agent for events and emit them until the node is lost."""
+        cfg = self.config
+        while node.state is _State.UP:
+            try:
+                events = await node.actor.poll.remote(cfg.poll_wait_s, cfg.max_events_per_poll)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._lose(node, f"node lost: agent died ({type(exc).__name__})")
+                return
+            if node.state is not _State.UP:
+                return  # late results of a lost node are dropped: the core already settled them
+            for e in events:
+                self._deliver(e)
+
+    def _deliver(self, event: Event) -> None:
+        if self._emit is not None:
+            self._emit(event)
+
+    def _background(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- membership --------------------------------------------------------------------------
+
+    def _eligible(self, raw: Mapping[str, Any]) -> bool:
+        if not raw.get("Alive"):
+            return False
+        labels = raw.get("Labels") or {}
+        if not self.config.include_head and is_head(raw.get("Resources") or {}):
+            return False
+        return all(labels.get(k) == v for k, v in self.config.node_labels.items())
+
+    def _spawn_agent(self, raw: Mapping[str, Any]) -> _Node | None:
+        """Create (not yet start) the agent actor for a Ray node; None if it may not have one."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nid = raw["NodeID"]
+        k = self._incarnations.get(nid, 0)
+        if k > self.config.max_agent_restarts:
+            return None
+        self._incarnations[nid] = k + 1
+        name = nid if k == 0 else f"{nid}~{k}"
+        res, labels = dict(raw.get("Resources") or {}), dict(raw.get("Labels") or {})
+        try:
+            setup = AgentSetup(
+                name=name, ray_node_id=nid, pool=pool_from_ray(res, labels),
+                capacity=capacity_from_ray(res, labels), gpu_domains=domains_from_ray(res, labels),
+                labels=labels, cpu=self.config.cpu, gpu=self.config.gpu, models=self._models,
+                host_factory=self._host_factory,
+            )
+        except ValueError as exc:
+            log.error("Ray node %s: %s; no agent started there", nid, exc)
+            self._incarnations[nid] = self.config.max_agent_restarts + 1
+            return None
+        opts: dict[str, Any] = {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(nid, soft=False),
+            "max_restarts": 0, "max_task_retries": 0, "num_cpus": 0,
+            "max_concurrency": 1000, "name": f"tangram-agent-{name}",
+            "namespace": self.config.namespace,
+        }
+        if self.config.claim_cpus:
+            opts["num_cpus"] = res.get("CPU", 0.0)
+        if self.config.claim_gpus and res.get("GPU"):
+            opts["num_gpus"] = res["GPU"]
+        node = _Node(name, nid, self._actor_cls.options(**opts).remote(setup))
+        node.ray = {"address": raw.get("NodeManagerAddress"), "resources": res, "labels": labels}
+        self._nodes[name] = node
+        self._current[nid] = node
+        return node
+
+    async def _start_agent(self, node: _Node, *, announce: bool) -> None:
+        import ray
+
+        try:
+            spec = await asyncio.wait_for(node.actor.start.remote(), self.config.agent_start_timeout_s)
+        except Exception as exc:
+            log.error("node %s: agent failed to start: %s", node.name, exc)
+            node.state = _State.LOST
+            with contextlib.suppress(Exception):
+                ray.kill(node.actor, no_restart=True)
+            return
+        if node.state is not _State.STARTING or self._closed:
+            return
+        node.spec, node.state = spec, _State.UP
+        node.pump = self._background(self._pump(node))
+        if announce:
+            self._deliver(NodeAdded(time.monotonic(), spec))
+
+    def _lose(self, node: _Node, reason: str) -> None:
+        """Report ``node`` lost, once; stop talking to it."""
+        if node.state is _State.LOST:
+            return
+        was_up = node.state is _State.UP
+        node.state = _State.LOST
+        self.dropped_commands += len(node.outbox)
+        node.outbox.clear()
+        if node.pump is not None and node.pump is not asyncio.current_task():
+            node.pump.cancel()
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.kill(node.actor, no_restart=True)
+        if was_up and not self._closed:
+            log.warning("node %s: %s", node.name, reason)
+            self._deliver(NodeLost(time.monotonic(), node.name, reason))
+
+    async def _watch(self) -> None:
+        """Follow Ray's membership: agents for new nodes, NodeLost for dead ones."""
+        import ray
+
+        while not self._closed:
+            await asyncio.sleep(self.config.membership_interval_s)
+            try:
+                raw = await asyncio.to_thread(ray.nodes)
+            except Exception as exc:
+                log.warning("ray.nodes() failed: %s", exc)
+                continue
+            self._reconcile(raw)
+            await self._refresh_info()
+
+    def _reconcile(self, raw: Sequence[Mapping[str, Any]]) -> None:
+        alive = {n["NodeID"] for n in raw if n.get("Alive")}
+        for nid, node in list(self._current.items()):
+            if nid not in alive:
+                self._dead_ray_nodes.add(nid)
+                self._lose(node, "node lost: Ray node died")
+        for n in raw:
+            nid = n["NodeID"]
+            if nid in self._dead_ray_nodes or not self._eligible(n):
+                continue
+            cur = self._current.get(nid)
+            if cur is None or cur.state is _State.LOST:
+                node = self._spawn_agent(n)
+                if node is not None:
+                    self._background(self._start_agent(node, announce=True))
+
+    async def _refresh_info(self) -> None:
+        up = [n for n in self._current.values() if n.state is _State.UP]
+        if not up:
+            return
+        refs = [n.actor.info.remote() for n in up]
+        done = await asyncio.gather(*refs, return_exceptions=True)
+        for node, res in zip(up, done, strict=True):
+            if isinstance(res, dict):
+                node.info = res
+
+    # ---- reporting ---------------------------------------------------------------------------
+
+    def node_info(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for node in self._nodes.values():
+            if node.state is not _State.UP:
+                continue
+            d = dict(node.info)
+            d["ray"] = {"node_id": node.ray_node_id, **node.ray}
+            out[node.name] = d
+        return out
+
+    def nodes_up(self) -> list[str]:
+        """Names of the nodes announced and not lost."""
+        return [n.name for n in self._nodes.values() if n.state is _State.UP]
+
+
+__all__ = ["RayExecutor", "RayExecutorConfig"]

@@ -1,0 +1,326 @@
+"""The virtual executor: carries out the core's commands in virtual time and reports events.
+
+Invariant: the executor decides nothing. It answers every command the way a real node would,
+after the time the simulator's truth says it takes: StartAction -> ActionStarted (after a cold
+start when no warm sandbox or session is ready) -> exactly one ActionFinished after
+``work / speed(allotment)`` (re-computed on every ResizeAction), or TIMED_OUT at the action's
+timeout; RunBatch -> BatchFinished after ``alpha + sum(work)``; LoadModel -> ModelLoaded after
+``load_s`` (``swap_s`` from host); ResizeWarmPool -> WarmPoolReport when sandboxes are ready.
+Every report goes through the event loop (never re-entrantly into the core), and a report made
+stale by a resize or a cancel is dropped by its version number. The executor also keeps the
+``busy`` and ``held`` resource vectors that `Metrics` integrates over time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import ActionSpec, Status
+from ..core.cluster import ClusterSpec, ModelSpec
+from ..core.resources import GPU, GPU_MEMORY_MB, Resources
+from .loop import REPORT, EventLoop
+from .metrics import UsageMeter
+from .trace import DEFAULT_COLD_START_S, SimAction
+
+Emit = Callable[[E.Event], None]
+
+
+def warm_key(spec: ActionSpec) -> str:
+    """Which warm pool an action can take an executor from (its language, else its kind)."""
+    lang = spec.payload.get("language") if spec.payload else None
+    return str(lang or spec.tag or spec.kind.value)
+
+
+@dataclass(slots=True)
+class _Run:
+    spec: ActionSpec
+    truth: SimAction
+    node: str
+    allotment: Resources
+    version: int = 0
+    started: bool = False  # past its cold start, executing
+    remaining: float = 0.0  # work left (seconds at one unit)
+    speed: float = 1.0
+    since: float = 0.0  # when `remaining` was last brought up to date
+    deadline: float = float("inf")  # start + timeout
+
+
+@dataclass(slots=True)
+class _Instance:
+    model: ModelSpec
+    node: str
+    devices: tuple[int, ...]
+    loaded: bool = False
+    busy: bool = False
+    queue: deque[C.RunBatch] = field(default_factory=deque)
+
+    def footprint(self) -> Resources:
+        n = len(self.devices)
+        return Resources({GPU: n, GPU_MEMORY_MB: self.model.memory_mb * n})
+
+
+@dataclass(slots=True)
+class _Pool:
+    ready: int = 0
+    starting: int = 0
+    target: int = 0
+
+
+class VirtualExecutor:
+    """Executes commands against the simulator's truth; reports events through the loop."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        cluster: ClusterSpec,
+        truth: Mapping[str, SimAction],
+        emit: Emit,
+        *,
+        usage: UsageMeter | None = None,
+        session_cold_start: Mapping[str, float] | None = None,
+        warm_cold_start_s: float = DEFAULT_COLD_START_S,
+    ) -> None:
+        self.loop = loop
+        self.models = {m.name: m for m in cluster.models}
+        self.truth = truth  # action id -> SimAction (the simulator fills it before arrival)
+        self.emit = emit
+        self.usage = usage  # integrates busy / held resources over virtual time
+        self.session_cold_start = session_cold_start if session_cold_start is not None else {}
+        self.warm_cold_start_s = warm_cold_start_s
+        self.runs: dict[str, _Run] = {}
+        self.sessions: dict[str, tuple[str, float, Resources]] = {}  # id -> node, ready_at, demand
+        self.instances: dict[str, _Instance] = {}
+        self.pools: dict[tuple[str, str], _Pool] = {}
+        self.cold_starts = 0
+        self.warm_starts = 0
+
+    # ---- dispatch ----------------------------------------------------------------------------
+    def execute(self, cmd: C.Command) -> None:
+        handler = _HANDLERS.get(type(cmd))
+        if handler is None:
+            raise TypeError(f"the virtual executor cannot run {type(cmd).__name__}")
+        handler(self, cmd)
+
+    def _report(self, delay: float, event_factory: Callable[[float], E.Event | None]) -> None:
+        self.loop.after(max(0.0, delay), self._fire, event_factory, priority=REPORT)
+
+    def _fire(self, event_factory: Callable[[float], E.Event | None]) -> None:
+        event = event_factory(self.loop.now)
+        if event is not None:  # None: the report went stale (resized, cancelled, unloaded)
+            self.emit(event)
+
+    def _usage(self, busy: Resources | None, held: Resources | None, sign: int) -> None:
+        if self.usage is not None:
+            self.usage.change(busy, held, sign)
+
+    # ---- actions -----------------------------------------------------------------------------
+    def _start(self, cmd: C.StartAction) -> None:
+        spec = cmd.action
+        truth = self.truth.get(spec.id)
+        if truth is None:
+            raise KeyError(f"action {spec.id}: no truth recorded (the simulator did not submit it)")
+        run = _Run(spec, truth, cmd.node, cmd.allotment, remaining=truth.work_s)
+        old = self.runs.get(spec.id)
+        if old is not None:  # re-run after node loss: the old attempt is gone
+            self._release(old)
+        self.runs[spec.id] = run
+        self._usage(None, cmd.allotment, +1)
+        delay = self._startup_delay(spec, cmd.node, cmd.warm, truth)
+        self._report(delay, partial(self._began, run, run.version, delay))
+
+    def _startup_delay(self, spec: ActionSpec, node: str, warm: bool, truth: SimAction) -> float:
+        if spec.session is not None:
+            sess = self.sessions.get(spec.session)
+            if sess is not None and sess[0] == node:
+                return max(0.0, sess[1] - self.loop.now)
+        pool = self.pools.get((node, warm_key(spec)))
+        if warm and pool is not None and pool.ready > 0:
+            pool.ready -= 1
+            self.warm_starts += 1
+            self._refill(node, warm_key(spec), pool)
+            return 0.0
+        self.cold_starts += 1
+        return truth.cold_start_s
+
+    def _began(self, run: _Run, version: int, cold: float, t: float) -> E.Event | None:
+        if self.runs.get(run.spec.id) is not run or run.version != version:
+            return None
+        run.started = True
+        run.since = t
+        run.speed = run.spec.speed(run.allotment)
+        run.deadline = t + run.spec.timeout_s
+        self._usage(run.allotment, None, +1)
+        self._schedule_finish(run)
+        return E.ActionStarted(t, run.spec.id, run.node, cold_start_s=cold)
+
+    def _schedule_finish(self, run: _Run) -> None:
+        run.version += 1
+        v = run.version
+        end = run.since + (run.remaining / run.speed if run.speed > 0 else float("inf"))
+        end = min(end, run.deadline)
+        self.loop.at(end, self._fire, partial(self._finished, run, v), priority=REPORT)
+
+    def _finished(self, run: _Run, version: int, t: float) -> E.Event | None:
+        if self.runs.get(run.spec.id) is not run or run.version != version:
+            return None
+        del self.runs[run.spec.id]
+        self._release(run)
+        ran = t - (run.deadline - run.spec.timeout_s)
+        done = run.remaining - (t - run.since) * run.speed
+        if done > 1e-9 and t >= run.deadline - 1e-12:
+            return E.ActionFinished(t, run.spec.id, Status.TIMED_OUT, reason="timeout", run_s=ran)
+        if run.truth.fails:
+            return E.ActionFinished(t, run.spec.id, Status.FAILED, output={"exit_code": 1}, run_s=ran)
+        return E.ActionFinished(t, run.spec.id, Status.SUCCEEDED, output={"exit_code": 0}, run_s=ran)
+
+    def _release(self, run: _Run) -> None:
+        self._usage(run.allotment if run.started else None, run.allotment, -1)
+
+    def _resize(self, cmd: C.ResizeAction) -> None:
+        run = self.runs.get(cmd.action_id)
+        if run is None:
+            return  # finished meanwhile: the core will see its ActionFinished
+        now = self.loop.now
+        if run.started:
+            run.remaining = max(0.0, run.remaining - (now - run.since) * run.speed)
+            run.since = now
+            self._usage(run.allotment, run.allotment, -1)
+            run.allotment = cmd.allotment
+            run.speed = run.spec.speed(cmd.allotment)
+            self._usage(run.allotment, run.allotment, +1)
+            self._schedule_finish(run)
+        else:
+            self._usage(None, run.allotment, -1)
+            run.allotment = cmd.allotment
+            self._usage(None, run.allotment, +1)
+
+    def _cancel(self, cmd: C.CancelAction) -> None:
+        run = self.runs.pop(cmd.action_id, None)
+        if run is not None:
+            self._release(run)
+
+    # ---- sessions ----------------------------------------------------------------------------
+    def _open_session(self, cmd: C.OpenSession) -> None:
+        cold = self.session_cold_start.get(cmd.session_id, DEFAULT_COLD_START_S)
+        if cold > 0:
+            self.cold_starts += 1  # the session's sandbox is created cold
+        self.sessions[cmd.session_id] = (cmd.node, self.loop.now + cold, cmd.demand)
+        self._usage(None, cmd.demand, +1)
+
+    def _close_session(self, cmd: C.CloseSession) -> None:
+        sess = self.sessions.pop(cmd.session_id, None)
+        if sess is not None:
+            self._usage(None, sess[2], -1)
+
+    # ---- warm pools --------------------------------------------------------------------------
+    def _resize_pool(self, cmd: C.ResizeWarmPool) -> None:
+        pool = self.pools.setdefault((cmd.node, cmd.key), _Pool())
+        pool.target = max(0, cmd.size)
+        if pool.ready > pool.target:
+            pool.ready = pool.target
+            self._report(0.0, partial(self._pool_report, cmd.node, cmd.key, pool))
+        self._refill(cmd.node, cmd.key, pool)
+
+    def _refill(self, node: str, key: str, pool: _Pool) -> None:
+        while pool.ready + pool.starting < pool.target:
+            pool.starting += 1
+            self._report(self.warm_cold_start_s, partial(self._warm_ready, node, key, pool))
+
+    def _pool_report(self, node: str, key: str, pool: _Pool, t: float) -> E.Event:
+        return E.WarmPoolReport(t, node, key, pool.ready)
+
+    def _warm_ready(self, node: str, key: str, pool: _Pool, t: float) -> E.Event:
+        pool.starting -= 1
+        if pool.ready < pool.target:
+            pool.ready += 1
+        return E.WarmPoolReport(t, node, key, pool.ready)
+
+    # ---- models ------------------------------------------------------------------------------
+    def _load(self, cmd: C.LoadModel) -> None:
+        model = self.models.get(cmd.model)
+        if model is None:
+            self._report(0.0, lambda t: E.ModelLoaded(t, cmd.instance_id, ok=False, reason=f"unknown model {cmd.model!r}"))
+            return
+        inst = _Instance(model, cmd.node, tuple(cmd.devices))
+        self.instances[cmd.instance_id] = inst
+        self._usage(None, inst.footprint(), +1)
+        secs = model.swap_s if cmd.from_host else model.load_s
+        self._report(secs, partial(self._loaded, cmd, inst, secs))
+
+    def _loaded(self, cmd: C.LoadModel, inst: _Instance, secs: float, t: float) -> E.Event | None:
+        if self.instances.get(cmd.instance_id) is not inst:
+            return None
+        inst.loaded = True
+        self._drain(cmd.instance_id, inst)
+        return E.ModelLoaded(t, cmd.instance_id, ok=True, load_s=secs, from_host=cmd.from_host)
+
+    def _unload(self, cmd: C.UnloadModel) -> None:
+        inst = self.instances.pop(cmd.instance_id, None)
+        if inst is not None:
+            self._usage(None, inst.footprint(), -1)
+            while inst.queue:  # batches that never ran on it fail (a running one completes)
+                q = inst.queue.popleft()
+                failed = {a.id: "instance unloaded" for a in q.actions}
+                self._report(0.0, partial(self._batch_failed, q, failed))
+        self._report(0.0, lambda t: E.ModelUnloaded(t, cmd.instance_id, parked=cmd.park))
+
+    def _run_batch(self, cmd: C.RunBatch) -> None:
+        inst = self.instances.get(cmd.instance_id)
+        if inst is None:
+            failed = {a.id: "instance not loaded" for a in cmd.actions}
+            self._report(0.0, partial(self._batch_failed, cmd, failed))
+            return
+        inst.queue.append(cmd)
+        self._drain(cmd.instance_id, inst)
+
+    def _batch_failed(self, cmd: C.RunBatch, failed: dict[str, str], t: float) -> E.Event:
+        return E.BatchFinished(t, cmd.batch_id, cmd.instance_id, failed=failed)
+
+    def _drain(self, instance_id: str, inst: _Instance) -> None:
+        if inst.busy or not inst.loaded or not inst.queue:
+            return
+        cmd = inst.queue.popleft()
+        inst.busy = True
+        self._usage(inst.footprint(), None, +1)
+        latency = inst.model.alpha + sum(self._work(a) for a in cmd.actions)
+        self._report(latency, partial(self._batch_done, cmd, inst, latency))
+
+    def _work(self, spec: ActionSpec) -> float:
+        truth = self.truth.get(spec.id)
+        if truth is not None:
+            return truth.work_s
+        model = self.models.get(spec.model or "")
+        return model.beta if model is not None else 0.0
+
+    def _batch_done(self, cmd: C.RunBatch, inst: _Instance, latency: float, t: float) -> E.Event:
+        inst.busy = False
+        self._usage(inst.footprint(), None, -1)
+        outputs: dict[str, object] = {}
+        failed: dict[str, str] = {}
+        for a in cmd.actions:
+            truth = self.truth.get(a.id)
+            if truth is not None and truth.fails:
+                failed[a.id] = "scoring failed"
+            else:
+                outputs[a.id] = {"score": 0.0}
+        if self.instances.get(cmd.instance_id) is inst:
+            self._drain(cmd.instance_id, inst)
+        return E.BatchFinished(t, cmd.batch_id, cmd.instance_id, outputs, failed, latency_s=latency)
+
+
+_HANDLERS: dict[type, Callable[[VirtualExecutor, object], None]] = {
+    C.StartAction: VirtualExecutor._start,  # type: ignore[dict-item]
+    C.ResizeAction: VirtualExecutor._resize,  # type: ignore[dict-item]
+    C.CancelAction: VirtualExecutor._cancel,  # type: ignore[dict-item]
+    C.OpenSession: VirtualExecutor._open_session,  # type: ignore[dict-item]
+    C.CloseSession: VirtualExecutor._close_session,  # type: ignore[dict-item]
+    C.ResizeWarmPool: VirtualExecutor._resize_pool,  # type: ignore[dict-item]
+    C.LoadModel: VirtualExecutor._load,  # type: ignore[dict-item]
+    C.UnloadModel: VirtualExecutor._unload,  # type: ignore[dict-item]
+    C.RunBatch: VirtualExecutor._run_batch,  # type: ignore[dict-item]
+}

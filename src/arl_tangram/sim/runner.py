@@ -1,0 +1,189 @@
+"""Runs a workload under one policy, under all of them (compare), and finds resource savings.
+
+Invariant: every policy of a comparison sees the same trajectories (same workload, same seed,
+regenerated for each run) on the same cluster, and gets the strongest honest configuration: the
+concurrent trajectory count for trajectory-bound, the measured demand share of each task for
+task-isolated. `savings` only ever shrinks the cluster `tangram` runs on; the baseline keeps the
+full cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.cluster import ClusterSpec
+from ..core.resources import CPU, GPU
+from .metrics import SimReport
+from .simulator import Scheduler, SimConfig, Simulator
+from .trace import Trajectory
+
+Batches = Callable[[], Iterable[Sequence[Trajectory]]]  # a fresh, identical replay each call
+BASELINES = ("trajectory-bound", "task-isolated", "fifo")
+
+
+def policies() -> tuple[str, ...]:
+    from ..core.config import POLICIES
+
+    return tuple(POLICIES)
+
+
+def measured_task_shares(batch: Sequence[Trajectory], cluster: ClusterSpec) -> dict[str, float]:
+    """Each task's share of resource-seconds in ``batch``: what an operator would measure.
+
+    CPU actions count ``work x dominant share of their demand``; model actions count the device
+    time of their share of a batch (``alpha / knee + work``) times the instance's device share.
+    """
+    cap = cluster.total_capacity()
+    gpus = cap.get(GPU) or 1.0
+    out: dict[str, float] = {}
+    for traj in batch:
+        total = 0.0
+        for _gen, act in traj.steps:
+            model = cluster.model(act.model) if act.model else None
+            if model is not None:
+                total += (model.alpha / model.knee_batch + act.work_s) * model.devices / gpus
+            else:
+                total += act.work_s * act.demand.dominant_share(cap)
+        out[traj.task] = out.get(traj.task, 0.0) + total
+    return {t: v for t, v in out.items() if v > 0} or {t: 1.0 for t in out}
+
+
+def _reserved(policy: str, cluster: ClusterSpec, n: int, shares: Mapping[str, float],
+              ) -> Callable[[Iterable[Trajectory]], Mapping[str, float]] | None:
+    """What a static policy holds for live owners, whether they run something or not (CPU)."""
+    cpu = cluster.total_capacity().get(CPU)
+    if policy == "trajectory-bound":
+        return lambda live: {CPU: cpu * min(1.0, sum(1 for _ in live) / n)}
+    if policy == "task-isolated":
+        total = sum(shares.values()) or 1.0
+        return lambda live: {CPU: cpu * sum(shares.get(t, 0.0) for t in {x.task for x in live}) / total}
+    return None
+
+
+def make_core(cluster: ClusterSpec, policy: str, trajectories: int,
+              shares: Mapping[str, float] | None, **overrides: Any) -> Scheduler:
+    from ..core.config import CoreConfig
+    from ..core.core import Core
+
+    cfg = CoreConfig(policy=policy, trajectories=max(1, trajectories),
+                     task_shares=dict(shares) if shares else None, **overrides)
+    return Core(cluster, cfg)
+
+
+def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int = 0,
+               workload: str = "?", config: SimConfig | None = None,
+               shares_from: Sequence[Trajectory] | None = None,
+               core_factory: Callable[[ClusterSpec, str, int, Mapping[str, float] | None], Scheduler]
+               | None = None) -> SimReport:
+    """Simulate ``batches`` on ``cluster`` under ``policy``."""
+    first = list(shares_from) if shares_from is not None else list(next(iter(batches()), []))
+    n = max(1, len(first))
+    shares = measured_task_shares(first, cluster) if first else {}
+    core = (core_factory or make_core)(cluster, policy, n, shares)
+    sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
+                    reserved=_reserved(policy, cluster, n, shares))
+    return sim.run(batches())
+
+
+def compare(cluster: ClusterSpec, batches: Batches, *, seed: int = 0, workload: str = "?",
+            config: SimConfig | None = None, names: Sequence[str] | None = None,
+            on_report: Callable[[SimReport], None] | None = None) -> dict[str, SimReport]:
+    """Every policy on the same trajectories; reports keyed by policy name."""
+    first = list(next(iter(batches()), []))
+    out: dict[str, SimReport] = {}
+    for p in names or policies():
+        out[p] = run_policy(cluster, batches, p, seed=seed, workload=workload, config=config,
+                            shares_from=first)
+        if on_report is not None:
+            on_report(out[p])
+    return out
+
+
+def ratios(reports: Mapping[str, SimReport], ours: str = "tangram") -> dict[str, dict[str, float]]:
+    """baseline / ours for avg, p50, p99 ACT and step duration (> 1: ours is better)."""
+    mine = reports[ours]
+    out: dict[str, dict[str, float]] = {}
+    for name, r in reports.items():
+        if name == ours:
+            continue
+        out[name] = {
+            "act_avg": _ratio(r.act["avg"], mine.act["avg"]),
+            "act_p50": _ratio(r.act["p50"], mine.act["p50"]),
+            "act_p99": _ratio(r.act["p99"], mine.act["p99"]),
+            "step": _ratio(r.step_avg_s, mine.step_avg_s),
+        }
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf") if a > 0 else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Savings:
+    """Smallest scale of the cluster on which ``ours`` matches a baseline on the full cluster."""
+
+    baseline: str  # the baseline policy, on the full cluster
+    scale: float | None  # kept fraction of the cluster's nodes; None: not matched at full size
+    nodes: Mapping[str, tuple[int, int]]  # pool -> (nodes kept, nodes in full cluster)
+    saving: Mapping[str, float]  # dimension -> fraction of capacity saved (cpu, gpu, ...)
+    target: Mapping[str, float]  # the baseline's avg ACT and step duration on the full cluster
+    achieved: Mapping[str, float]  # ours' avg ACT and step duration on the chosen cluster
+    tried: tuple[tuple[float, float, float], ...]  # (scale, ours' avg ACT, ours' step) per run
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "scale": self.scale,
+                "nodes": {k: list(v) for k, v in self.nodes.items()},
+                "saving": dict(self.saving), "target": dict(self.target),
+                "achieved": dict(self.achieved), "tried": [list(t) for t in self.tried]}
+
+
+def _pool_counts(cluster: ClusterSpec) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in cluster.nodes:
+        out[n.pool] = out.get(n.pool, 0) + 1
+    return out
+
+
+def savings(cluster: ClusterSpec, batches: Batches, baseline: SimReport, *, ours: str = "tangram",
+            seed: int = 0, workload: str = "?", config: SimConfig | None = None,
+            iterations: int = 7) -> Savings:
+    """Binary search on the scale: the smallest cluster where ours <= the baseline's ACT and step."""
+    first = list(next(iter(batches()), []))
+    target = {"act_avg": baseline.act["avg"], "step_avg_s": baseline.step_avg_s}
+    tried: list[tuple[float, float, float]] = []
+    cache: dict[tuple[int, ...], SimReport] = {}
+
+    def attempt(scale: float) -> tuple[bool, ClusterSpec, SimReport]:
+        small = cluster.scaled(scale)
+        key = tuple(sorted(_pool_counts(small).values()))
+        rep = cache.get(key)
+        if rep is None:
+            rep = run_policy(small, batches, ours, seed=seed, workload=workload, config=config,
+                             shares_from=first)
+            cache[key] = rep
+            tried.append((scale, rep.act["avg"], rep.step_avg_s))
+        ok = (not rep.stalled and rep.act["avg"] <= target["act_avg"] * (1 + 1e-9)
+              and rep.step_avg_s <= target["step_avg_s"] * (1 + 1e-9))
+        return ok, small, rep
+
+    lo, hi = 0.0, 1.0
+    ok, best_cluster, best = attempt(1.0)
+    best_scale: float | None = 1.0 if ok else None
+    if ok:
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            ok_mid, c_mid, r_mid = attempt(mid)
+            if ok_mid:
+                hi, best_scale, best_cluster, best = mid, mid, c_mid, r_mid
+            else:
+                lo = mid
+    full, kept = _pool_counts(cluster), _pool_counts(best_cluster)
+    cap_full, cap_kept = cluster.total_capacity(), best_cluster.total_capacity()
+    saving = {d: 1.0 - cap_kept.get(d) / cap_full.get(d) for d in ("cpu", "gpu") if cap_full.get(d) > 0}
+    eff = len(best_cluster.nodes) / len(cluster.nodes) if best_scale is not None else None
+    return Savings(baseline.policy, eff, {p: (kept.get(p, 0), full[p]) for p in full},
+                   saving if best_scale is not None else dict.fromkeys(saving, 0.0), target,
+                   {"act_avg": best.act["avg"], "step_avg_s": best.step_avg_s}, tuple(tried))

@@ -1,0 +1,238 @@
+"""The simulator: replays trajectories closed-loop against a scheduler core in virtual time.
+
+Invariant: the core under test is driven exactly as the engine drives it in production: events
+in (with the virtual time they happened), commands out, commands executed by an executor that
+reports back with events. The core sees an action only when its trajectory issues it: the next
+action of a trajectory arrives only after the previous one was delivered plus its generation time
+(closed loop). An RL step is the rollout of one batch of trajectories followed by a training
+phase during which nothing arrives; the next step starts when training ends.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..core import commands as C
+from ..core import events as E
+from ..core.cluster import ClusterSpec
+from .executor import VirtualExecutor
+from .loop import ARRIVAL, TICK, EventLoop
+from .metrics import ActRecorder, SimReport, UsageMeter, build_report
+from .trace import DEFAULT_COLD_START_S, Trajectory
+
+
+class Scheduler(Protocol):
+    """What the simulator drives: the pure core (`arl_tangram.core.Core`) or a test fake."""
+
+    def handle(self, event: E.Event) -> list[C.Command]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """How the simulator runs (not what it runs: that is the workload)."""
+
+    tick_s: float = 1.0  # virtual seconds between Tick events (aging, TTLs, scale-in)
+    train_s: float = 0.0  # training phase after each rollout: no arrivals meanwhile
+    stall_s: float = 3600.0  # stop, marked stalled, after this long without progress
+    horizon_s: float = math.inf  # hard limit on virtual time
+    warm_cold_start_s: float = DEFAULT_COLD_START_S  # TRUE start time of a warm-pool sandbox
+    series_points: int = 600  # at most this many utilization samples kept for plots
+
+    def __post_init__(self) -> None:
+        for name in ("tick_s", "stall_s", "horizon_s"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"SimConfig.{name} must be > 0, got {v!r}")
+        for name in ("train_s", "warm_cold_start_s"):
+            v = getattr(self, name)
+            if not v >= 0 or math.isinf(v):
+                raise ValueError(f"SimConfig.{name} must be a finite number >= 0, got {v!r}")
+        if self.series_points < 2:
+            raise ValueError(f"SimConfig.series_points must be >= 2, got {self.series_points!r}")
+
+
+_PROGRESS = (E.ActionStarted, E.BatchFinished)
+
+
+class _Live:
+    """A trajectory being replayed: which step it is at, which sessions it opened."""
+
+    __slots__ = ("index", "opened", "traj")
+
+    def __init__(self, traj: Trajectory) -> None:
+        self.traj = traj
+        self.index = 0
+        self.opened: set[str] = set()
+
+
+class Simulator:
+    """One simulation run: a cluster, a scheduler, trajectories in RL steps -> `SimReport`."""
+
+    def __init__(self, cluster: ClusterSpec, scheduler: Scheduler, config: SimConfig | None = None,
+                 *, policy: str = "?", workload: str = "?", seed: int = 0,
+                 reserved: Callable[[Iterable[Trajectory]], Mapping[str, float]] | None = None,
+                 ) -> None:
+        self.cluster = cluster
+        self.core = scheduler
+        self.config = config or SimConfig()
+        self.labels = (policy, workload, seed)
+        self.reserved = reserved  # live trajectories -> resources a static policy holds for them
+        self.loop = EventLoop()
+        clock = self.loop.clock
+        self.usage = UsageMeter(cluster.total_capacity(), clock.now,
+                                series_points=self.config.series_points)
+        self.truth: dict[str, object] = {}
+        self.session_cold: dict[str, float] = {}
+        self.executor = VirtualExecutor(
+            self.loop, cluster, self.truth, self._emit, usage=self.usage,  # type: ignore[arg-type]
+            session_cold_start=self.session_cold, warm_cold_start_s=self.config.warm_cold_start_s)
+        self.acts = ActRecorder()
+        self.live: dict[str, _Live] = {}  # trajectory id -> state
+        self.owner: dict[str, tuple[_Live, str]] = {}  # action id -> (trajectory, kind)
+        self.steps: list[float] = []
+        self.events = 0
+        self._step_start = 0.0
+        self._last_progress = 0.0
+        self._done = False
+        self._stalled = False
+        self._first_arrival: float | None = None
+        self._end: float | None = None
+        self._iter: Iterator[Sequence[Trajectory]] = iter(())
+
+    # ---- event plumbing ----------------------------------------------------------------------
+    def _emit(self, event: E.Event) -> None:
+        self.events += 1
+        if isinstance(event, _PROGRESS):
+            self._last_progress = event.time
+        for cmd in self.core.handle(event):
+            if isinstance(cmd, C.Deliver):
+                self._deliver(cmd.result)
+            else:
+                self.executor.execute(cmd)
+
+    def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
+        self.loop.after(delay, fn, *args, priority=ARRIVAL)
+
+    # ---- RL steps ----------------------------------------------------------------------------
+    def _next_step(self) -> None:
+        batch = next(self._iter, None)
+        if batch is None:
+            self._done = True
+            self._end = self.loop.now
+            self.usage.freeze()
+            return
+        self._step_start = self.loop.now
+        if not batch:
+            self.steps.append(self.config.train_s)
+            self._later(self.config.train_s, self._next_step)
+            return
+        for traj in batch:
+            live = _Live(traj)
+            if traj.id in self.live:
+                raise ValueError(f"trajectory id {traj.id!r} is replayed twice at once")
+            self.live[traj.id] = live
+            self._later(traj.start + traj.steps[0][0], self._submit, live)
+
+    def _trajectory_done(self, live: _Live) -> None:
+        traj = live.traj
+        del self.live[traj.id]
+        for name in sorted(live.opened):
+            self._later(0.0, self._emit_now, E.SessionClosed, traj.session_id(name), "trajectory ended")
+        if not self.live:
+            rollout = self.loop.now - self._step_start
+            self.steps.append(rollout + self.config.train_s)
+            self._later(self.config.train_s, self._next_step)
+
+    def _emit_now(self, cls: type, *args: object) -> None:
+        self._emit(cls(self.loop.now, *args))
+
+    # ---- trajectories ------------------------------------------------------------------------
+    def _submit(self, live: _Live) -> None:
+        traj = live.traj
+        now = self.loop.now
+        if self._first_arrival is None:
+            self._first_arrival = now
+            self.usage.restart()
+        act = traj.steps[live.index][1]
+        sid = None
+        if act.session is not None:
+            sid = traj.session_id(act.session)
+            if act.session not in live.opened:
+                live.opened.add(act.session)
+                sdef = traj.sessions.get(act.session)
+                demand = sdef.demand if sdef else None
+                ttl = sdef.ttl_s if sdef else 3600.0
+                self.session_cold[sid] = sdef.cold_start_s if sdef else DEFAULT_COLD_START_S
+                req = E.SessionRequested(now, sid, demand, ttl) if demand is not None else \
+                    E.SessionRequested(now, sid, ttl_s=ttl)
+                self._emit(req)
+        aid = f"{traj.id}#{live.index}"
+        spec = act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)
+        self.truth[aid] = act
+        self.owner[aid] = (live, act.kind.value)
+        self._emit(E.ActionArrived(now, spec))
+
+    def _deliver(self, result: object) -> None:
+        from ..core.actions import ActionResult
+
+        assert isinstance(result, ActionResult)
+        owner = self.owner.pop(result.id, None)
+        if owner is None:
+            return  # not ours (or delivered twice: the core's invariant tests catch that)
+        self.truth.pop(result.id, None)
+        live, kind = owner
+        self._last_progress = self.loop.now
+        self.acts.record(result, kind, live.traj.task)
+        live.index += 1
+        if live.index < len(live.traj.steps):
+            self._later(live.traj.steps[live.index][0], self._submit, live)
+        else:
+            self._trajectory_done(live)
+
+    # ---- ticks -------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = self.loop.now
+        self._emit(E.Tick(now))
+        if self.reserved is not None:
+            self.usage.set_reserved(self.reserved(lv.traj for lv in self.live.values()))
+        self.usage.sample()
+        if self._done and not self.live:
+            return
+        if self.live and now - self._last_progress > self.config.stall_s:
+            self._stalled = True
+            return
+        if now >= self.config.horizon_s:
+            self._stalled = bool(self.live)
+            return
+        self.loop.after(self.config.tick_s, self._tick, priority=TICK)
+
+    # ---- run ---------------------------------------------------------------------------------
+    def run(self, batches: Iterable[Sequence[Trajectory]]) -> SimReport:
+        """Replay ``batches`` (one per RL step, produced lazily) to the end; report what happened."""
+        wall = time.perf_counter()
+        self._iter = iter(batches)
+        self.loop.at(0.0, self._next_step, priority=ARRIVAL)
+        self.loop.at(0.0, self._tick, priority=TICK)
+        self.loop.run(stop=lambda: self._stalled)
+        policy, workload, seed = self.labels
+        start = self._first_arrival or 0.0
+        end = self._end if self._end is not None else self.loop.now
+        return build_report(
+            policy=policy, workload=workload, seed=seed, acts=self.acts, usage=self.usage,
+            steps=self.steps, makespan=max(0.0, end - start), cold=self.executor.cold_starts,
+            warm=self.executor.warm_starts, stalled=self._stalled,
+            wall_s=time.perf_counter() - wall, events=self.events)
+
+
+def group_by_step(trajectories: Iterable[Trajectory]) -> list[list[Trajectory]]:
+    """Batches of a trace in RL-step order (trajectories keep their file order inside a step)."""
+    by: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        by.setdefault(t.rl_step, []).append(t)
+    if not by:
+        return []
+    return [by.get(i, []) for i in range(max(by) + 1)]

@@ -1,0 +1,250 @@
+"""Built-in workloads modeled on real agentic RL tasks, sampled from a seeded `random.Random`.
+
+Invariant: every number below carries its source in a comment (a paper, a benchmark, a measured
+system figure) or says it is an assumption and why it is plausible; docs/workloads.md repeats
+them. No parameter is chosen to make one policy look better: the cluster of each workload is
+sized by the static-provisioning rule its real frameworks follow (a fixed sandbox per concurrent
+trajectory), stated per workload, and every policy runs on that same cluster. The same seed gives
+the same trajectories, whatever the policy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..core.actions import ActionKind, Elasticity, Speedup, WorkHints
+from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from ..core.resources import Resources
+from .trace import SessionDef, SimAction, Trajectory
+
+# ---- shared figures -------------------------------------------------------------------------------
+# Per-sequence decode speed of the policy LLM inside a batched RL rollout, tokens/s.
+# Source: a vLLM sweep of Llama-3.1-8B on one A100 measures ~75 tok/s for a single request and
+# lower per-sequence speed as concurrency grows (johnmusgrave.com, "vLLM throughput-latency sweep
+# on NVIDIA A100"). Rollouts run at high concurrency, so 40 tok/s is an assumption below that.
+DECODE_TOK_S = 40.0
+# Docker container start on SSD: 568 ms (arXiv 2602.15214, "Docker container startup latency").
+DOCKER_COLD_S = 0.57
+# Node shapes: small enough that `--savings` (which scales whole nodes) has a fine grain.
+CPU_NODE = Resources(cpu=8, memory_mb=32768)  # assumption: a common 8-vCPU / 32 GiB VM shape
+GPU_NODE = Resources(cpu=16, memory_mb=131072, gpu=2, gpu_memory_mb=2 * 81920)  # 2 x H100-80GB
+GPU_DOMAINS = ((0, 1),)  # the two GPUs of a node share one NVLink domain
+RM_GPUS = 8  # assumption: a reward-model pool of one 8-GPU server's worth, as a static group
+
+
+def lognormal(rng: random.Random, median: float, sigma: float, lo: float, hi: float) -> float:
+    """A log-normal sample with the given median, clamped to [lo, hi]."""
+    return min(hi, max(lo, median * math.exp(sigma * rng.gauss(0.0, 1.0))))
+
+
+def gen_seconds(rng: random.Random, median_tokens: float, sigma: float, hi_tokens: float) -> float:
+    return lognormal(rng, median_tokens, sigma, 16.0, hi_tokens) / DECODE_TOK_S
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    """Knuth's method (means here are small)."""
+    limit, k, p = math.exp(-mean), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def cpu_nodes(prefix: str, cores: float) -> list[NodeSpec]:
+    n = max(1, math.ceil(cores / CPU_NODE["cpu"]))
+    return [NodeSpec(f"{prefix}-{i}", CPU_NODE, pool="cpu") for i in range(n)]
+
+
+def gpu_nodes(prefix: str, count: int) -> list[NodeSpec]:
+    return [NodeSpec(f"{prefix}-{i}", GPU_NODE, pool="gpu", gpu_domains=GPU_DOMAINS) for i in range(count)]
+
+
+# ---- swe-agent: stateful multi-turn coding in a session ---------------------------------------------
+SWE_CORES_PER_TRAJ = 2.0  # assumption: one 2-core container per rollout, as SWE-Gym/OpenHands run
+SWE_SESSION = SessionDef(
+    demand=Resources(memory_mb=2048),  # assumption: a repo checkout + conda env in a container
+    ttl_s=3600.0,
+    cold_start_s=3.0,  # assumption: 0.57 s docker start (arXiv 2602.15214) + env activation
+)
+
+
+def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
+    # Turns per trajectory: SWE-Bench Pro trajectories of frontier models have medians of 29-78
+    # steps (nilenso.github.io swe-bench-pro trajectory analysis); RL rollouts cap turns, 50 here
+    # (assumption; SWE-Gym trains OpenHands agents with a bounded iteration budget).
+    turns = round(lognormal(rng, 30, 0.5, 5, 50))
+    steps: list[tuple[float, SimAction]] = []
+    for _ in range(turns):
+        gen = gen_seconds(rng, 250, 0.6, 2000)  # assumption: ~250 tokens of thought + command
+        if rng.random() < 0.15:  # assumption: ~15% of turns run tests / a reproduction script
+            tests = round(lognormal(rng, 20, 1.0, 1, 500))
+            work = lognormal(rng, 8.0, 1.0, 0.5, 600)  # assumption: pytest on a few test files
+            act = SimAction(
+                ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024),
+                Elasticity(1, 4, speedup=Speedup(0.6)),  # assumption: pytest-xdist, partly serial
+                WorkHints(test_count=tests), session="repo", tag="pytest", timeout_s=900.0,
+                cold_start_s=DOCKER_COLD_S)
+        else:  # shell commands: ls/cat/grep/edit are sub-second, a tail of installs/builds
+            work = lognormal(rng, 0.4, 1.2, 0.02, 120)  # assumption
+            act = SimAction(ActionKind.TOOL, work, Resources(cpu=1, memory_mb=256),
+                            session="repo", tag="bash", timeout_s=300.0, cold_start_s=DOCKER_COLD_S)
+        steps.append((gen, act))
+    # Final evaluation: FAIL_TO_PASS + PASS_TO_PASS tests of the instance (SWE-bench harness).
+    tests = round(lognormal(rng, 50, 1.0, 1, 2000))  # assumption: tens to hundreds of tests
+    work = lognormal(rng, 20.0, 1.0, 1.0, 1200)  # assumption
+    final = SimAction(ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024),
+                      Elasticity(1, 8, speedup=Speedup(0.7)), WorkHints(test_count=tests),
+                      session="repo", tag="pytest", timeout_s=1800.0, cold_start_s=DOCKER_COLD_S)
+    steps.append((gen_seconds(rng, 100, 0.5, 500), final))
+    return Trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0, {"repo": SWE_SESSION}, step)
+
+
+# ---- code-rl: single-turn code with unit tests ------------------------------------------------------
+CODE_CORES_PER_TRAJ = 1.0  # assumption: one 1-core sandbox slot per rollout (SandboxFusion style)
+
+
+def code_rl(rng: random.Random, step: int, index: int) -> Trajectory:
+    # Long chain-of-thought before the answer: ReTool reports response lengths shrinking from ~10k
+    # to ~6k tokens (zhangshuibai.github.io ReTool notes); DeepCoder trains at 16k-32k context.
+    gen = gen_seconds(rng, 5000, 0.5, 16000)
+    # Tests per problem: HumanEval has 7.7 on average (Chen et al. 2021); competitive-programming
+    # sets (TACO, LiveCodeBench, in DeepCoder's data) carry more: median 12 is an assumption.
+    tests = round(lognormal(rng, 12, 0.8, 1, 200))
+    # Per-test run time: an interpreter start plus a small program; DeepCoder's checker gives each
+    # run a 6 s limit (tinker-cookbook DeepcoderTool timeout=6). Median 0.15 s is an assumption.
+    work = sum(min(6.0, lognormal(rng, 0.15, 1.0, 0.02, 6.0)) for _ in range(tests))
+    act = SimAction(
+        ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024),
+        Elasticity(1, 8, speedup=Speedup(0.9)),  # assumption: independent tests run in parallel
+        WorkHints(test_count=tests), tag="python", timeout_s=max(60.0, 6.0 * tests),
+        cold_start_s=DOCKER_COLD_S)
+    return Trajectory(f"s{step}-code-{index}", "code-rl", ((gen, act),), 0.0, {}, step)
+
+
+# ---- tool-math: python tool calls during reasoning --------------------------------------------------
+MATH_CORES_PER_TRAJ = 1.0  # assumption: one 1-core interpreter sandbox per rollout
+
+
+def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
+    # Tool calls per response: ToRL caps calls per response and ReTool interleaves several
+    # (arXiv 2503.23383, 2504.11536); 1 + Poisson(2.5), at most 10, is an assumption.
+    calls = min(10, 1 + poisson(rng, 2.5))
+    steps = []
+    for _ in range(calls):
+        gen = gen_seconds(rng, 600, 0.7, 8000)  # assumption: reasoning between two calls
+        work = lognormal(rng, 0.1, 1.3, 0.01, 30)  # assumption: arithmetic/sympy snippets
+        steps.append((gen, SimAction(ActionKind.CODE, work, Resources(cpu=1, memory_mb=512),
+                                     tag="python", timeout_s=10.0, cold_start_s=DOCKER_COLD_S)))
+    return Trajectory(f"s{step}-math-{index}", "tool-math", tuple(steps), 0.0, {}, step)
+
+
+# ---- rlhf-rm: GPU reward-model scoring --------------------------------------------------------------
+RM_TOKENS = 1500  # assumption: prompt + response tokens scored per item
+RM_MODEL = ModelSpec(
+    name="rm-8b", kind="scalar", devices=1, memory_mb=20000,  # 8B bf16 weights ~16 GB + activations
+    load_s=25.0,  # assumption: 16 GB from local NVMe plus framework start
+    swap_s=2.0,  # assumption: 16 GB over PCIe Gen4 (~25 GB/s) plus overhead
+    # alpha: fixed cost per batch (launch, padding); beta: one 1.5k-token forward of an 8B model,
+    # 2*8e9*1.5e3 FLOP at ~40% of an H100's 989 TFLOP/s bf16 = 0.06 s (derived; an estimate).
+    alpha=0.03, beta=0.06, max_batch=64, max_instances=8)
+
+
+def rlhf_rm(rng: random.Random, step: int, index: int) -> Trajectory:
+    gen = gen_seconds(rng, 800, 0.6, 4000)  # assumption: a chat answer
+    tokens = round(lognormal(rng, RM_TOKENS, 0.5, 100, 8000))
+    act = SimAction(ActionKind.REWARD, RM_MODEL.beta * tokens / RM_TOKENS, Resources(),
+                    hints=WorkHints(tokens=tokens), model=RM_MODEL.name, timeout_s=300.0)
+    return Trajectory(f"s{step}-rm-{index}", "rlhf-rm", ((gen, act),), 0.0, {}, step)
+
+
+# ---- genrm-judge: GPU generative judge --------------------------------------------------------------
+JUDGE_MODEL = ModelSpec(
+    name="judge-32b", kind="judge", devices=2, memory_mb=40000,  # 32B bf16 over TP=2
+    load_s=60.0, swap_s=6.0,  # assumption: 64 GB of weights; from NVMe vs from host memory
+    # alpha: decoding a ~400-token verdict at ~50 tok/s per sequence (assumption, in line with the
+    # vLLM figures above for a larger model); beta: prefill of one ~2k-token item (estimate).
+    alpha=8.0, beta=0.08, max_batch=64, max_instances=8)
+
+
+def genrm_judge(rng: random.Random, step: int, index: int) -> Trajectory:
+    gen = gen_seconds(rng, 1500, 0.6, 8000)  # assumption: an open-ended answer to be judged
+    tokens = round(lognormal(rng, 2000, 0.5, 200, 12000))
+    act = SimAction(ActionKind.JUDGE, JUDGE_MODEL.beta * tokens / 2000, Resources(),
+                    hints=WorkHints(tokens=tokens), model=JUDGE_MODEL.name, timeout_s=600.0)
+    return Trajectory(f"s{step}-judge-{index}", "genrm-judge", ((gen, act),), 0.0, {}, step)
+
+
+# ---- the table ------------------------------------------------------------------------------------
+Maker = Callable[[random.Random, int, int], Trajectory]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named workload: how to sample its trajectories and the cluster they run on."""
+
+    name: str
+    description: str
+    mix: tuple[tuple[Maker, float], ...]  # trajectory makers and their share of a batch
+    cluster: Callable[[int], ClusterSpec]  # cluster for a given number of trajectories per step
+    trajectories: int  # default trajectories per RL step
+    steps: int  # default RL steps
+    train_s: float  # training phase after each rollout (no arrivals)
+
+    def batches(self, seed: int, trajectories: int | None = None,
+                steps: int | None = None) -> Iterator[list[Trajectory]]:
+        """One batch per RL step, sampled lazily from ``random.Random(seed)``."""
+        rng = random.Random(seed)
+        n = trajectories or self.trajectories
+        for s in range(steps or self.steps):
+            yield [self._maker(i, n)(rng, s, i) for i in range(n)]
+
+    def _maker(self, i: int, n: int) -> Maker:
+        """Deterministic split of a batch by the mix shares (first makers take the remainders)."""
+        acc = 0.0
+        for maker, share in self.mix:
+            acc += share
+            if i < round(acc * n):
+                return maker
+        return self.mix[-1][0]
+
+
+def _mixed_cluster(n: int) -> ClusterSpec:
+    q = n / 4
+    cores = q * (SWE_CORES_PER_TRAJ + CODE_CORES_PER_TRAJ + MATH_CORES_PER_TRAJ)
+    return ClusterSpec(tuple(cpu_nodes("cpu", cores) + gpu_nodes("gpu", RM_GPUS // 2)), (RM_MODEL,))
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("swe-agent", "stateful multi-turn coding: shell commands and test runs in a session",
+                 ((swe_agent, 1.0),), lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * SWE_CORES_PER_TRAJ))),
+                 trajectories=64, steps=2, train_s=120.0),  # train_s: assumption (policy update)
+        Workload("code-rl", "single-turn code generation scored by unit tests",
+                 ((code_rl, 1.0),), lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * CODE_CORES_PER_TRAJ))),
+                 trajectories=128, steps=3, train_s=60.0),
+        Workload("tool-math", "math reasoning with python tool calls",
+                 ((tool_math, 1.0),), lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * MATH_CORES_PER_TRAJ))),
+                 trajectories=128, steps=2, train_s=60.0),
+        Workload("rlhf-rm", "chat answers scored by a GPU reward model",
+                 ((rlhf_rm, 1.0),), lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (RM_MODEL,)),
+                 trajectories=256, steps=2, train_s=60.0),
+        Workload("genrm-judge", "answers judged by a GPU generative judge (TP=2)",
+                 ((genrm_judge, 1.0),), lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (JUDGE_MODEL,)),
+                 trajectories=256, steps=2, train_s=60.0),
+        Workload("mixed", "multi-task RL: swe-agent, code-rl, tool-math and rlhf-rm in one batch",
+                 ((swe_agent, 0.25), (code_rl, 0.25), (tool_math, 0.25), (rlhf_rm, 0.25)),
+                 _mixed_cluster, trajectories=128, steps=2, train_s=120.0),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise KeyError(f"unknown workload {name!r}; built-in: {', '.join(WORKLOADS)}") from None

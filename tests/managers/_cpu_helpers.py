@@ -1,0 +1,55 @@
+"""Shared helpers for the CPU manager tests (real sandboxes)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+
+from arl_tangram.core.actions import ActionKind, ActionSpec
+from arl_tangram.core.resources import Resources
+
+TEST_UID = 61000 + os.getpid() % 2000  # private uid: leftovers of *this* run are findable
+_ids = itertools.count()
+
+
+def action(code: str, *, kind: ActionKind = ActionKind.CODE, session: str | None = None,
+           **payload: object) -> ActionSpec:
+    return ActionSpec(id=f"t{next(_ids)}", kind=kind, session=session,
+                      payload={"code": code, **payload})
+
+
+def allot(cpu: float = 1, memory_mb: float = 256) -> Resources:
+    return Resources(cpu=cpu, memory_mb=memory_mb)
+
+
+def procs_of_uid(uid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            out.append(int(d))
+                        break
+        except OSError:
+            continue
+    return out
+
+
+async def no_leftovers(uid: int = TEST_UID, within_s: float = 3.0) -> list[int]:
+    """Processes of the sandbox uid still alive after ``within_s`` (should be none)."""
+    left: list[int] = []
+    for _ in range(int(within_s / 0.05)):
+        left = procs_of_uid(uid)
+        if not left:
+            return []
+        await asyncio.sleep(0.05)
+    return left
+
+
+def pod_pid(result: object) -> int:
+    return int(str(result.executor_pod_name).rsplit("-", 1)[1])  # type: ignore[attr-defined]

@@ -1,0 +1,243 @@
+# ruff: noqa: F811  (the module-scoped `mgr` fixture is imported, then requested)
+"""Integration tests of the CPU manager on real sandboxes: semantics, languages, sessions, batches."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+
+import pytest
+from _cpu_fixture import OUTPUT_CAP, mgr  # noqa: F401
+from _cpu_helpers import action, allot, no_leftovers, pod_pid
+
+from arl_tangram.core.actions import ActionKind, Status
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManager
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+
+async def test_isolation_report_is_complete(mgr: CpuManager) -> None:
+    rep = mgr.isolation_report()
+    for key in ("pid_namespace", "mount_namespace", "network_namespace", "ipc_namespace",
+                "uts_namespace", "readonly_system", "unprivileged_user", "no_new_privs",
+                "cgroup_memory", "cgroup_pids", "cgroup_cpu", "host_paths_hidden"):
+        assert rep[key] is True, (key, rep)
+    assert rep["cgroup_version"] in ("v1", "v2")
+
+
+async def test_run_code_semantics(mgr: CpuManager) -> None:
+    files = {"data/in.txt": base64.b64encode(b"hello").decode()}
+    code = ("import sys\nd = open('data/in.txt').read()\nopen('out.txt','w').write(d.upper())\n"
+            "print(sys.stdin.read().strip(), d)\nprint('warn', file=sys.stderr)\n")
+    r = await mgr.run(action(code, stdin="abc\n", files=files, fetch_files=["out.txt", "nope"]),
+                      allot())
+    d = r.to_dict()
+    assert d["status"] == "Success", d
+    assert d["run_result"]["stdout"] == "abc hello\n" and d["run_result"]["stderr"] == "warn\n"
+    assert d["compile_result"] is None and d["run_result"]["return_code"] == 0
+    assert base64.b64decode(d["files"]["out.txt"]) == b"HELLO" and "nope" not in d["files"]
+    assert r.cpu_time is not None and r.peak_memory_mb is not None
+    assert r.action_status is Status.SUCCEEDED
+
+
+async def test_failure_exception_and_exit_code(mgr: CpuManager) -> None:
+    r = await mgr.run(action("def f():\n    raise ValueError('bad')\nf()\n"), allot())
+    assert r.status == "Failed" and r.run_result is not None
+    assert r.run_result.return_code == 1 and "ValueError: bad" in r.run_result.stderr
+    assert 'main.py", line 2' in r.run_result.stderr
+    r = await mgr.run(action("import sys; sys.exit(3)"), allot())
+    assert r.run_result is not None and r.run_result.return_code == 3
+    assert r.action_status is Status.FAILED
+
+
+async def test_bad_payload_is_a_sandbox_error_naming_the_field(mgr: CpuManager) -> None:
+    r = await mgr.run(action("x", language="cobol"), allot())
+    assert r.status == "SandboxError" and "payload.language" in r.message
+    r = await mgr.run(action("x", files={"../x": ""}), allot())
+    assert r.status == "SandboxError" and "payload.files" in r.message
+
+
+async def test_missing_toolchain_gives_clear_error(mgr: CpuManager) -> None:
+    if "go" in mgr.languages():
+        pytest.skip("go is installed here")
+    r = await mgr.run(action("package main", language="go"), allot())
+    assert r.status == "SandboxError" and "go" in r.message and "not installed" in r.message
+
+
+LANG_PROGRAMS = {
+    "python": "print(input()[::-1])",
+    "bash": "read x; echo $x | rev",
+    "cpp": "#include <iostream>\n#include <algorithm>\nint main(){std::string s;std::cin>>s;"
+           "std::reverse(s.begin(),s.end());std::cout<<s<<std::endl;}",
+    "c": "#include <stdio.h>\n#include <string.h>\nint main(){char s[64];scanf(\"%63s\",s);"
+         "for(int i=strlen(s)-1;i>=0;i--)putchar(s[i]);puts(\"\");}",
+    "nodejs": "const s=require('fs').readFileSync(0,'utf8').trim();"
+              "console.log(s.split('').reverse().join(''))",
+    "java": "import java.util.*;\npublic class Rev { public static void main(String[] a) {"
+            "Scanner sc=new Scanner(System.in);System.out.println(new StringBuilder(sc.next())"
+            ".reverse());}}",
+    "rust": "use std::io::*;\nfn main(){let mut s=String::new();stdin().read_line(&mut s)"
+            ".unwrap();println!(\"{}\",s.trim().chars().rev().collect::<String>());}",
+}
+
+
+@pytest.mark.parametrize("lang", sorted(LANG_PROGRAMS))
+async def test_languages(mgr: CpuManager, lang: str) -> None:
+    if lang not in mgr.languages():
+        pytest.skip(f"{lang} toolchain not installed")
+    r = await mgr.run(action(LANG_PROGRAMS[lang], language=lang, stdin="tangram\n",
+                             run_timeout=20, compile_timeout=60), allot(memory_mb=1024))
+    assert r.status == "Success", r.to_dict()
+    assert r.run_result is not None and r.run_result.stdout.strip() == "margnat"
+
+
+async def test_pytest_language(mgr: CpuManager) -> None:
+    if "pytest" not in mgr.languages():
+        pytest.skip("pytest not importable")
+    ok = "def test_a():\n    assert 1 + 1 == 2\n"
+    r = await mgr.run(action(ok, language="pytest", run_timeout=30), allot(memory_mb=512))
+    assert r.status == "Success", r.to_dict()
+    r = await mgr.run(action(ok + "def test_b():\n    assert 0\n", language="pytest",
+                             run_timeout=30), allot(memory_mb=512))
+    assert r.status == "Failed" and r.run_result is not None and "1 failed" in r.run_result.stdout
+
+
+async def test_compile_error(mgr: CpuManager) -> None:
+    r = await mgr.run(action("int main( {", language="cpp"), allot(memory_mb=512))
+    assert r.status == "Failed" and r.run_result is None
+    assert r.compile_result is not None and r.compile_result.return_code != 0
+    assert "error" in r.compile_result.stderr
+
+
+async def test_elastic_allotment_is_visible(mgr: CpuManager) -> None:
+    code = ("import os, subprocess\nprint(os.environ['TANGRAM_CPUS'], os.environ['OMP_NUM_THREADS'],"
+            " os.cpu_count(), subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip())")
+    r = await mgr.run(action(code), allot(cpu=3))
+    assert r.run_result is not None and r.run_result.stdout.split() == ["3", "3", "3", "3"]
+
+
+async def test_cancel_kills_the_action(mgr: CpuManager) -> None:
+    a = action("while True: pass", run_timeout=60)
+    task = asyncio.create_task(mgr.run(a, allot()))
+    await asyncio.sleep(0.5)
+    await mgr.cancel(a.id)
+    r = await asyncio.wait_for(task, 5)
+    assert r.status == "SandboxError" and "cancel" in r.message
+    assert await no_leftovers() == []
+
+
+async def test_resize_changes_cpu_quota(mgr: CpuManager) -> None:
+    a = action("import time; time.sleep(1.5)")
+    task = asyncio.create_task(mgr.run(a, allot(cpu=1)))
+    await asyncio.sleep(0.4)
+    sb = mgr._running[a.id]
+    assert sb.slot is not None
+    await mgr.resize(a.id, Resources(cpu=2.5))
+    name = "cpu.cfs_quota_us" if sb.slot.version == "v1" else "cpu.max"
+    with open(f"{sb.slot.dirs['cpu']}/{name}") as f:
+        quota = f.read().split()[0]
+    assert int(quota) == 250_000
+    assert (await task).status == "Success"
+
+
+async def test_warm_pool_follows_target(mgr: CpuManager) -> None:
+    mgr.set_warm_target("python", 5)
+    for _ in range(100):
+        if mgr.warm_state()["sandbox"] >= 5:
+            break
+        await asyncio.sleep(0.05)
+    assert mgr.warm_state()["sandbox"] >= 5
+    mgr.set_warm_target("python", 2)
+
+
+async def test_each_action_gets_a_fresh_sandbox(mgr: CpuManager) -> None:
+    code = "import os\nprint(os.listdir('.'), os.listdir('/tmp'))\nopen('/tmp/mark','w').write('x')"
+    r1 = await mgr.run(action(code), allot())
+    r2 = await mgr.run(action(code), allot())
+    assert r1.run_result is not None and r2.run_result is not None
+    assert r2.run_result.stdout == "['main.py'] []\n" and r1.run_result.stdout == r2.run_result.stdout
+    await asyncio.sleep(0.2)
+    assert not os.path.exists(f"/proc/{pod_pid(r1)}") and not os.path.exists(f"/proc/{pod_pid(r2)}")
+    assert sorted(os.listdir(mgr.config.work_root)) == ["rootfs"]
+
+
+# test batches --------------------------------------------------------------------------------
+SUM_CPP = ("#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}")
+
+
+async def test_batch_compiles_once_with_per_case_results(mgr: CpuManager) -> None:
+    cases = [{"stdin": f"{i} {i}\n", "expected_stdout": f"{2 * i}\n"} for i in range(6)]
+    cases[3]["expected_stdout"] = "wrong\n"
+    a = action(SUM_CPP, kind=ActionKind.TEST, language="cpp", cases=cases)
+    r = await mgr.run(a, allot(cpu=2, memory_mb=512))
+    assert r.compile_result is not None and r.compile_result.return_code == 0
+    assert r.cases is not None and [c.passed for c in r.cases] == [True] * 3 + [False] + [True] * 2
+    assert r.status == "Failed" and "5/6" in r.message
+    assert r.to_dict()["cases"][0]["run_result"]["stdout"] == "0\n"
+
+
+async def test_batch_stop_on_first_failure(mgr: CpuManager) -> None:
+    cases = [{"assert": "assert f(1) == 2"}, {"assert": "assert f(2) == 5"}] + [
+        {"assert": "import time; time.sleep(0.3); assert f(3) == 4"}] * 6
+    a = action("def f(x):\n    return x * 2\n", kind=ActionKind.TEST, cases=cases,
+               stop_on_first_failure=True)
+    r = await mgr.run(a, allot(cpu=1))
+    assert r.cases is not None and r.cases[0].passed and not r.cases[1].passed
+    assert r.cases[1].run is not None and "AssertionError" in r.cases[1].run.stderr
+    assert all(c.skipped for c in r.cases[2:])
+    r = await mgr.run(action("x = input()\nprint(int(x) + 1)", kind=ActionKind.TEST,
+                             cases=[{"stdin": "1", "expected_stdout": "2"},
+                                    {"stdin": "5", "expected_stdout": "6\n"}]), allot())
+    assert r.status == "Success" and r.action_status is Status.SUCCEEDED
+
+
+# sessions ------------------------------------------------------------------------------------
+async def test_python_session_keeps_variables(mgr: CpuManager) -> None:
+    await mgr.open_session("py1", Resources(cpu=1, memory_mb=256), ttl_s=60)
+    r = await mgr.run(action("x = 41", kind=ActionKind.TOOL, session="py1"), allot())
+    assert r.status == "Success", r.to_dict()
+    r = await mgr.run(action("x += 1\nx", kind=ActionKind.TOOL, session="py1"), allot())
+    assert r.run_result is not None and r.run_result.stdout == "42\n"
+    r = await mgr.run(action("print(y)", kind=ActionKind.TOOL, session="py1"), allot())
+    assert r.status == "Failed" and r.run_result is not None and "NameError" in r.run_result.stderr
+    r = await mgr.run(action("print(x)", kind=ActionKind.TOOL, session="py1"), allot())
+    assert r.run_result is not None and r.run_result.stdout == "42\n"  # survives an error
+    await mgr.close_session("py1")
+    r = await mgr.run(action("print(x)", kind=ActionKind.TOOL, session="py1"), allot())
+    assert r.status == "SandboxError" and "py1" in r.message
+
+
+async def test_bash_session_keeps_cwd_and_files(mgr: CpuManager) -> None:
+    await mgr.open_session("sh1", Resources(cpu=1, memory_mb=256), ttl_s=60)
+    run = lambda c: mgr.run(action(c, kind=ActionKind.TOOL, session="sh1", language="bash"),  # noqa: E731
+                            allot())
+    assert (await run("mkdir -p repo/src && cd repo && echo hi > src/f.txt && export V=7")).status \
+        == "Success"
+    r = await run("pwd; cat src/f.txt; echo $V")
+    assert r.run_result is not None and r.run_result.stdout == "/workdir/repo\nhi\n7\n"
+    r = await run("false")
+    assert r.status == "Failed" and r.run_result is not None and r.run_result.return_code == 1
+    r = await run("sleep 5", ) if False else await mgr.run(
+        action("sleep 5", kind=ActionKind.TOOL, session="sh1", language="bash", run_timeout=0.5),
+        allot())
+    assert r.action_status is Status.TIMED_OUT
+    await mgr.close_session("sh1")
+
+
+async def test_session_ttl_expires(mgr: CpuManager) -> None:
+    await mgr.open_session("ttl1", Resources(cpu=1, memory_mb=128), ttl_s=0.3)
+    assert "ttl1" in mgr.session_ids()
+    for _ in range(40):
+        if "ttl1" not in mgr.session_ids():
+            break
+        await asyncio.sleep(0.1)
+    assert "ttl1" not in mgr.session_ids()
+    assert await no_leftovers() == []
+
+
+async def test_output_cap_is_reported(mgr: CpuManager) -> None:
+    r = await mgr.run(action("print('x' * 1000000)"), allot())
+    assert r.output_truncated and r.run_result is not None
+    assert len(r.run_result.stdout) == OUTPUT_CAP and r.status == "Success"

@@ -1,0 +1,105 @@
+"""Unit tests of the CPU manager's pure parts: config, payload validation, result shape."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from arl_tangram.core.actions import ActionKind, ActionSpec, Status
+from arl_tangram.core.errors import InvalidAction
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers import cpu
+from arl_tangram.managers.cpu.languages import Language
+from arl_tangram.managers.cpu.payload import build_request, memory_bytes
+from arl_tangram.managers.cpu.result import CaseResult, RunResult, StageResult
+
+LANGS = {"python": Language("python", "main.py", None, None, "py"),
+         "cpp": Language("cpp", "main.cpp", ("/usr/bin/g++", "{file}"), ("./main",), "g++")}
+CFG = cpu.CpuManagerConfig(work_root="/tmp/x")
+
+
+def test_exports() -> None:
+    assert set(cpu.__all__) == {"POOL_KEY", "CaseResult", "CpuManager", "CpuManagerConfig",
+                                "RunResult", "StageResult"}
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("workdir_max_mb", 0), ("sandbox_uid", 0), ("warm_min", -1), ("output_limit_bytes", -5),
+    ("work_root", "relative/dir"), ("pids_max", 3), ("default_cpus", 0)])
+def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        cpu.CpuManagerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_config_warm_max_below_min() -> None:
+    with pytest.raises(ValueError, match="warm_max"):
+        cpu.CpuManagerConfig(warm_min=5, warm_max=2)
+
+
+def _req(payload: dict, kind: ActionKind = ActionKind.CODE, **kw: object) -> dict:
+    return build_request(ActionSpec(id="a", kind=kind, payload=payload, **kw),  # type: ignore[arg-type]
+                         Resources(cpu=2, memory_mb=300), LANGS, CFG)
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    ({}, "payload.code"),
+    ({"code": 5}, "payload.code"),
+    ({"code": "x", "language": "cobol"}, "payload.language"),
+    ({"code": "x", "language": "go"}, "payload.language"),
+    ({"code": "x", "run_timeout": -1}, "payload.run_timeout"),
+    ({"code": "x", "files": {"../etc/passwd": ""}}, "payload.files"),
+    ({"code": "x", "files": {"/etc/passwd": ""}}, "payload.files"),
+    ({"code": "x", "files": {"a.txt": "***"}}, "payload.files"),
+    ({"code": "x", "fetch_files": ["../../x"]}, "payload.fetch_files"),
+    ({"code": "x", "stdin": 3}, "payload.stdin"),
+])
+def test_bad_payload_names_the_field(payload: dict, field: str) -> None:
+    with pytest.raises(InvalidAction) as e:
+        _req(payload)
+    assert e.value.field == field
+
+
+def test_test_payload_needs_cases_and_python_for_asserts() -> None:
+    with pytest.raises(InvalidAction, match=r"payload\.cases"):
+        _req({"code": "x"}, ActionKind.TEST)
+    with pytest.raises(InvalidAction, match=r"cases\[0\].assert"):
+        _req({"code": "x", "language": "cpp", "cases": [{"assert": "1"}]}, ActionKind.TEST)
+
+
+def test_request_carries_allotment_and_limits() -> None:
+    b64 = base64.b64encode(b"hi").decode()
+    req = _req({"code": "print(1)", "files": {"d/a.txt": b64}, "run_timeout": 3})
+    assert req["limits"]["cpus"] == 2 and req["env"]["TANGRAM_CPUS"] == "2"
+    assert req["env"]["OMP_NUM_THREADS"] == "2" and req["run_timeout"] == 3
+    assert req["files"] == {"d/a.txt": b64} and req["op"] == "run"
+    half = build_request(ActionSpec(id="b", payload={"code": "1"}), Resources(cpu=0.5), LANGS, CFG)
+    assert half["env"]["OMP_NUM_THREADS"] == "1" and half["limits"]["cpus"] == 0.5
+
+
+def test_memory_limit_smaller_payload_wins() -> None:
+    assert memory_bytes({"memory_limit_MB": 100}, Resources(memory_mb=300), CFG) == 100 << 20
+    assert memory_bytes({"memory_limit_MB": 900}, Resources(memory_mb=300), CFG) == 300 << 20
+    assert memory_bytes({}, Resources(), CFG) == CFG.default_memory_mb << 20
+
+
+def test_session_payload_language_is_checked() -> None:
+    with pytest.raises(InvalidAction, match=r"payload\.language"):
+        _req({"code": "x", "language": "cpp"}, ActionKind.TOOL, session="s1")
+    assert _req({"code": "x"}, ActionKind.TOOL, session="s1")["op"] == "session"
+
+
+def test_result_shape_matches_sandboxfusion() -> None:
+    r = RunResult(status="Success", run_result=StageResult("Finished", 0.01, 0, "1\n", ""))
+    d = r.to_dict()
+    for key in ("status", "message", "compile_result", "run_result", "executor_pod_name", "files"):
+        assert key in d
+    assert d["compile_result"] is None
+    assert set(d["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
+    assert r.action_status is Status.SUCCEEDED
+    tle = RunResult(status="Failed", run_result=StageResult("TimeLimitExceeded", 1.0, -9))
+    assert tle.action_status is Status.TIMED_OUT
+    assert RunResult.sandbox_error("boom").action_status is Status.FAILED
+    case = RunResult(status="Failed", cases=(CaseResult(0, False, None, skipped=True),))
+    assert case.to_dict()["cases"][0] == {"index": 0, "passed": False, "skipped": True,
+                                          "run_result": None}

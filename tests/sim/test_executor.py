@@ -1,0 +1,162 @@
+"""The virtual executor answers commands after the simulator's true durations."""
+
+import pytest
+
+from arl_tangram.core import commands as C
+from arl_tangram.core import events as E
+from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Speedup, Status
+from arl_tangram.core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.sim.executor import VirtualExecutor
+from arl_tangram.sim.loop import EventLoop
+from arl_tangram.sim.metrics import UsageMeter
+from arl_tangram.sim.trace import SimAction
+
+CLUSTER = ClusterSpec(
+    (NodeSpec("n0", Resources(cpu=8, memory_mb=8192, gpu=2, gpu_memory_mb=20000)),),
+    (ModelSpec("rm", alpha=0.5, beta=0.1, load_s=10.0, swap_s=2.0),),
+)
+
+
+def make(truth):
+    loop = EventLoop()
+    events: list[E.Event] = []
+    usage = UsageMeter(CLUSTER.total_capacity(), lambda: loop.now)
+    ex = VirtualExecutor(loop, CLUSTER, truth, events.append, usage=usage,
+                         session_cold_start={"s1": 3.0}, warm_cold_start_s=0.25)
+    return loop, ex, events, usage
+
+
+def elastic_spec(aid="a", p=1.0):
+    return ActionSpec(aid, ActionKind.TEST, Resources(cpu=1, memory_mb=100),
+                      Elasticity(1, 8, speedup=Speedup(p)), timeout_s=1000)
+
+
+def test_cold_start_then_work_divided_by_speedup():
+    truth = {"a": SimAction(ActionKind.TEST, work_s=8.0, cold_start_s=1.5)}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.StartAction(elastic_spec(), "n0", Resources(cpu=4, memory_mb=100), warm=False))
+    loop.run()
+    started, finished = events
+    assert isinstance(started, E.ActionStarted) and started.time == pytest.approx(1.5)
+    assert started.cold_start_s == pytest.approx(1.5)
+    assert isinstance(finished, E.ActionFinished) and finished.status is Status.SUCCEEDED
+    assert finished.time == pytest.approx(1.5 + 8.0 / 4)
+    assert ex.cold_starts == 1
+
+
+def test_resize_recomputes_the_remaining_work():
+    truth = {"a": SimAction(ActionKind.TEST, work_s=8.0, cold_start_s=0.0)}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.StartAction(elastic_spec(), "n0", Resources(cpu=1, memory_mb=100), warm=False))
+    loop.run(until=2.0)  # 2 s of 8 done at speed 1
+    ex.execute(C.ResizeAction("a", "n0", Resources(cpu=3, memory_mb=100)))
+    loop.run()
+    finished = [e for e in events if isinstance(e, E.ActionFinished)]
+    assert len(finished) == 1  # the stale finish of the first allotment is dropped
+    assert finished[0].time == pytest.approx(2.0 + 6.0 / 3)
+
+
+def test_warm_pool_sandboxes_skip_the_cold_start_and_refill():
+    truth = {"a": SimAction(ActionKind.CODE, work_s=1.0, cold_start_s=5.0)}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.ResizeWarmPool("n0", "python", 1))
+    loop.run()
+    assert [type(e) for e in events] == [E.WarmPoolReport]
+    assert events[0].time == pytest.approx(0.25) and events[0].warm == 1
+    spec = ActionSpec("a", ActionKind.CODE, Resources(cpu=1), tag="python")
+    ex.execute(C.StartAction(spec, "n0", Resources(cpu=1), warm=True))
+    loop.run()
+    started = next(e for e in events if isinstance(e, E.ActionStarted))
+    assert started.time == pytest.approx(0.25) and started.cold_start_s == 0.0
+    assert ex.warm_starts == 1 and ex.cold_starts == 0
+    reports = [e for e in events if isinstance(e, E.WarmPoolReport)]
+    assert reports[-1].warm == 1  # refilled after use
+
+
+def test_session_actions_wait_for_the_session_sandbox_only_once():
+    truth = {"a": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0),
+             "b": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0)}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.OpenSession("s1", "n0", Resources(memory_mb=500), 60.0))
+    spec_a = ActionSpec("a", ActionKind.TOOL, Resources(cpu=1), session="s1")
+    ex.execute(C.StartAction(spec_a, "n0", Resources(cpu=1)))
+    loop.run()
+    spec_b = ActionSpec("b", ActionKind.TOOL, Resources(cpu=1), session="s1")
+    ex.execute(C.StartAction(spec_b, "n0", Resources(cpu=1)))
+    loop.run()
+    starts = [e for e in events if isinstance(e, E.ActionStarted)]
+    assert starts[0].time == pytest.approx(3.0)  # the session's sandbox took 3 s to create
+    assert starts[1].cold_start_s == 0.0 and starts[1].time == pytest.approx(4.0)
+
+
+def test_timeout_ends_a_long_action_at_its_limit():
+    truth = {"a": SimAction(ActionKind.CODE, work_s=100.0, cold_start_s=0.0)}
+    loop, ex, events, _ = make(truth)
+    spec = ActionSpec("a", ActionKind.CODE, Resources(cpu=1), timeout_s=5.0)
+    ex.execute(C.StartAction(spec, "n0", Resources(cpu=1)))
+    loop.run()
+    fin = events[-1]
+    assert fin.status is Status.TIMED_OUT and fin.time == pytest.approx(5.0)
+
+
+def test_cancel_drops_the_run_without_a_report():
+    truth = {"a": SimAction(ActionKind.CODE, work_s=10.0, cold_start_s=0.0)}
+    loop, ex, events, usage = make(truth)
+    ex.execute(C.StartAction(ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2)))
+    loop.run(until=1.0)
+    ex.execute(C.CancelAction("a", "n0"))
+    loop.run()
+    assert [type(e) for e in events] == [E.ActionStarted]
+    assert usage.busy["cpu"] == 0.0 and usage.held["cpu"] == 0.0
+
+
+def test_model_load_swap_and_batch_latency():
+    truth = {"x": SimAction(ActionKind.REWARD, 0.1, model="rm"),
+             "y": SimAction(ActionKind.REWARD, 0.3, model="rm", fails=True)}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.LoadModel("i0", "rm", "n0", (0,)))
+    xs = tuple(ActionSpec(a, ActionKind.REWARD, Resources(), model="rm") for a in ("x", "y"))
+    ex.execute(C.RunBatch("b0", "i0", "n0", "rm", xs))  # queued until the load completes
+    loop.run()
+    loaded, batch = events
+    assert isinstance(loaded, E.ModelLoaded) and loaded.time == pytest.approx(10.0)
+    assert isinstance(batch, E.BatchFinished)
+    assert batch.time == pytest.approx(10.0 + 0.5 + 0.1 + 0.3)
+    assert set(batch.outputs) == {"x"} and set(batch.failed) == {"y"}
+    ex.execute(C.UnloadModel("i0", "n0", park=True))
+    ex.execute(C.LoadModel("i1", "rm", "n0", (1,), from_host=True))
+    loop.run()
+    assert isinstance(events[-2], E.ModelUnloaded) and events[-2].parked
+    assert events[-1].time - events[-2].time == pytest.approx(2.0)
+
+
+def test_usage_integrates_busy_and_held_resources():
+    truth = {"a": SimAction(ActionKind.CODE, work_s=4.0, cold_start_s=2.0)}
+    loop, ex, _events, usage = make(truth)
+    ex.execute(C.StartAction(ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2),
+                             warm=False))
+    loop.run()
+    util, idle = usage.totals()
+    # 6 s elapsed on 8 cores: busy 2 cores x 4 s, held-but-idle 2 cores x 2 s of cold start.
+    assert util["cpu"] == pytest.approx(8.0 / 48.0)
+    assert idle["cpu"] == pytest.approx(4.0 / 48.0)
+
+
+def test_unloading_fails_batches_still_queued_on_the_instance():
+    truth = {"x": SimAction(ActionKind.REWARD, 0.1, model="rm")}
+    loop, ex, events, _ = make(truth)
+    ex.execute(C.LoadModel("i0", "rm", "n0", (0,)))
+    x = ActionSpec("x", ActionKind.REWARD, Resources(), model="rm")
+    ex.execute(C.RunBatch("b0", "i0", "n0", "rm", (x,)))
+    ex.execute(C.UnloadModel("i0", "n0"))
+    loop.run()
+    batch = next(e for e in events if isinstance(e, E.BatchFinished))
+    assert batch.failed == {"x": "instance unloaded"} and not batch.outputs
+
+
+def test_sim_package_exports_what_it_declares():
+    import arl_tangram.sim as sim
+
+    assert sorted(sim.__all__) == sorted(n for n in sim.__all__ if hasattr(sim, n))
+    assert {"Simulator", "SimConfig", "load_trace", "get_workload", "run_policy"} <= set(sim.__all__)

@@ -1,0 +1,49 @@
+"""Built-in workloads: seeded, shaped as documented, clusters sized by their stated rule."""
+
+import pytest
+
+from arl_tangram.core.actions import ActionKind
+from arl_tangram.sim.workloads import WORKLOADS, get_workload
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_same_seed_same_trajectories_other_seed_differs(name):
+    w = get_workload(name)
+    a = [t for b in w.batches(1, 16, 2) for t in b]
+    b = [t for b in w.batches(1, 16, 2) for t in b]
+    c = [t for b in w.batches(2, 16, 2) for t in b]
+    assert a == b and a != c
+    assert len({t.id for t in a}) == 32 and {t.rl_step for t in a} == {0, 1}
+    models = {m.name for m in w.cluster(16).models}
+    for t in a:
+        for gen, act in t.steps:
+            assert gen > 0 and act.work_s > 0
+            assert not act.kind.uses_model or act.model in models
+
+
+def test_shapes_follow_the_documented_parameters():
+    swe = [t for b in get_workload("swe-agent").batches(0, 200, 1) for t in b]
+    turns = sorted(len(t.steps) - 1 for t in swe)
+    assert turns[0] >= 5 and turns[-1] <= 50 and 20 <= turns[len(turns) // 2] <= 40
+    assert all(a.session == "repo" for t in swe for _g, a in t.steps)
+    assert all(t.steps[-1][1].kind is ActionKind.TEST for t in swe)
+    code = [t for b in get_workload("code-rl").batches(0, 300, 1) for t in b]
+    assert all(len(t.steps) == 1 and t.steps[0][1].hints.test_count >= 1 for t in code)
+    gens = sorted(t.steps[0][0] for t in code)
+    assert 80 < gens[len(gens) // 2] < 170  # ~5000 tokens at 40 tok/s
+    math_ = [t for b in get_workload("tool-math").batches(0, 300, 1) for t in b]
+    assert all(1 <= len(t.steps) <= 10 for t in math_)
+    mixed = [t for b in get_workload("mixed").batches(0, 40, 1) for t in b]
+    assert {t.task for t in mixed} == {"swe-agent", "code-rl", "tool-math", "rlhf-rm"}
+    assert sum(t.task == "swe-agent" for t in mixed) == 10
+
+
+def test_cpu_clusters_follow_the_static_provisioning_rule():
+    assert get_workload("swe-agent").cluster(64).total_capacity()["cpu"] == 128
+    assert get_workload("code-rl").cluster(100).total_capacity()["cpu"] == 104  # whole 8-core nodes
+    assert get_workload("rlhf-rm").cluster(10).total_capacity()["gpu"] == 8
+
+
+def test_unknown_workload_names_the_choices():
+    with pytest.raises(KeyError, match="swe-agent"):
+        get_workload("nope")
