@@ -58,6 +58,7 @@ class CoreMachine(RuleBasedStateMachine):
                         task_shares={"a": 2, "b": 1}, model_idle_s=15.0, session_ttl_s=30.0)
         self.n = 0
         self.lost: list[str] = []
+        self.seen = 0
 
     @property
     def core(self):
@@ -148,7 +149,8 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def commands_are_sane(self) -> None:
-        for c in self.d.log[-50:]:
+        new, self.seen = self.d.log[self.seen:], len(self.d.log)
+        for c in new:
             if isinstance(c, cmd.LoadModel):
                 node = next(n for n in NODES if n.name == c.node)
                 assert any(set(c.devices) <= set(dom) for dom in node.gpu_domains)

@@ -31,9 +31,10 @@ def core_factory(cfg: EngineConfig, nodes):
     return Core(ClusterSpec(tuple(nodes), tuple(cfg.models)), CoreConfig(policy=cfg.policy))
 
 
-def sleeper(aid: str, seconds: float, *, idempotent: bool = True) -> ActionSpec:
+def sleeper(aid: str, seconds: float, *, idempotent: bool = True, special: float = 0) -> ActionSpec:
     code = f"import time\ntime.sleep({seconds})\nprint('done', {aid!r}.__repr__())\n"
-    return ActionSpec(aid, demand=Resources(cpu=1, memory_mb=128), idempotent=idempotent,
+    demand = Resources(cpu=1, memory_mb=128, special=special)
+    return ActionSpec(aid, demand=demand, idempotent=idempotent,
                       timeout_s=60, payload={"code": code, "language": "python"})
 
 
@@ -74,40 +75,45 @@ async def test_actions_spread_across_nodes(ray_cluster):
         await eng.aclose()
 
 
+def running_on(eng: Engine, node: str) -> int:
+    return sum(n["running"] for n in eng.cluster()["nodes"] if n["name"] == node)
+
+
 async def test_node_added_mid_run_gets_work_and_removed_node_loses_nothing(ray_cluster):
     eng, ex = await make_engine()
     extra = None
     try:
         base = set(eng.nodes)
-        first = await eng.submit([sleeper(f"pre{i}", 1.5) for i in range(6)])
-        extra = ray_cluster.add_node(num_cpus=2, object_store_memory=OBJECT_STORE,
-                                     memory=2 * 2**30)
-        await wait_until(lambda: extra.node_id in ex.nodes_up(), 90, "the new node's agent")
-        # enough work to fill every node, the new one included (the core is work-conserving)
-        mixed = [sleeper(f"idem{i}", 4.0) for i in range(8)]
-        mixed += [sleeper(f"once{i}", 4.0, idempotent=False) for i in range(6)]
-        ids = await eng.submit(mixed)
-        await wait_until(lambda: eng.cluster() and any(
-            n["name"] == extra.node_id and n["running"] for n in eng.cluster()["nodes"]),
-            60, "actions running on the new node")
-        await asyncio.sleep(1.0)  # they are really executing in sandboxes there
+        pre = await eng.submit([sleeper(f"pre{i}", 1.5) for i in range(6)])
+        # mid-run: a node joins with 4 CPUs and a custom resource only it offers
+        extra = ray_cluster.add_node(num_cpus=4, object_store_memory=OBJECT_STORE,
+                                     memory=2 * 2**30, resources={"tangram_special": 2.0})
+        new = extra.node_id
+        await wait_until(lambda: new in ex.nodes_up(), 90, "the new node's agent")
+        [probe] = await eng.submit([sleeper("probe", 0.2, special=1)])
+        got = await eng.result(probe, wait=60)
+        assert got is not None and ok(got) and got.node == new  # the new node did work
+        # two non-idempotent actions that only the new node can run, held there
+        once = await eng.submit([sleeper(f"once{i}", 60, idempotent=False, special=1)
+                                 for i in range(2)])
+        await wait_until(lambda: running_on(eng, new) == 2, 60, "once* running")
+        await results(eng, pre)
+        # nine idempotent ones for seven free CPUs: the core fills every node, the new one too
+        idem = await eng.submit([sleeper(f"idem{i}", 3.0) for i in range(9)])
+        await wait_until(lambda: running_on(eng, new) == 4, 60, "idem* running on the new node")
+        await asyncio.sleep(0.5)  # they are really executing in sandboxes there
         ray_cluster.remove_node(extra)
         extra = None
-        res = await results(eng, first + ids, timeout=180)
-        assert len(res) == len(first) + len(ids)  # nothing silently lost
-        for aid, r in res.items():
-            assert r.status in (Status.SUCCEEDED, Status.NODE_LOST), (aid, r.status, r.reason)
-        lost = [r for r in res.values() if r.status is Status.NODE_LOST]
-        rerun = [r for r in res.values() if r.attempts >= 2]
-        print("RESULT lost", [r.id for r in lost], "rerun", [(r.id, r.attempts) for r in rerun])
-        assert lost or rerun  # something was on the removed node
-        assert all(not aid.startswith("idem") for aid, r in res.items() if r.status is Status.NODE_LOST)
-        assert all(ok(r) and r.node in base for r in rerun)
-        assert all(r.id.startswith("once") and "lost" in r.reason for r in lost)
-        assert {r.node for r in res.values() if ok(r)} & base
-        assert ex.nodes_up() and extra is None
+        res = await results(eng, once + idem, timeout=180)
+        assert len(res) == len(once) + len(idem)  # nothing silently lost
+        for aid in once:
+            assert res[aid].status is Status.NODE_LOST and "lost" in res[aid].reason, res[aid]
+        for aid in idem:
+            assert ok(res[aid]) and res[aid].node in base, (aid, res[aid])
+        rerun = [res[a] for a in idem if res[a].attempts >= 2]
+        assert len(rerun) == 2  # exactly the two that were on the lost node ran again
         alive = {n["name"] for n in eng.cluster()["nodes"] if n["alive"]}
-        assert alive == base
+        assert alive == base and set(ex.nodes_up()) == base
     finally:
         if extra is not None:
             ray_cluster.remove_node(extra)

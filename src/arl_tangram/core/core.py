@@ -358,6 +358,8 @@ class Core(SchedulingMixin, ModelMixin):
             return
         node.alive = False
         self.index.remove(node.name)
+        for key in list(node.warm):
+            self._set_warm(node, key, 0)
         reason = f"node {node.name} lost: {e.reason}"
         for aid in sorted(node.running):
             rec = self.actions.get(aid)

@@ -231,7 +231,7 @@ class SchedulingMixin:
         if ws and len(ws) <= 64:
             for name in ws:
                 node = nodes[name]
-                if name not in reserved and node.fits(demand):
+                if node.alive and name not in reserved and node.fits(demand):
                     score = (0, _leftover(node, demand))
                     if score < best_score:
                         best, best_score = node, score

@@ -1,0 +1,44 @@
+"""Service config files: good files parse; bad ones name file:line: field."""
+
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.config import default_config, load_service_config
+
+
+def test_full_file(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("policy: fifo\nserver: {host: 0.0.0.0, port: 9000}\nauth: {token: t}\n"
+                 "limits: {max_pending: 10}\nnodes:\n  - name: n1\n    capacity: {cpu: 4}\n"
+                 "    gpu: false\nmodels:\n  - {name: rm, kind: scalar, path: /x}\n")
+    cfg = load_service_config(p)
+    assert cfg.policy == "fifo" and cfg.port == 9000 and cfg.token == "t"
+    assert cfg.nodes[0].name == "n1" and cfg.nodes[0].gpu is None
+    assert cfg.nodes[0].capacity["cpu"] == 4 and cfg.limits.max_pending == 10
+    assert cfg.default_reward_model == "rm"
+
+
+@pytest.mark.parametrize(("text", "line", "field"), [
+    ("policy: best\n", None, "policy"),
+    ("nodes:\n  - name: a\n    colour: red\n", 2, "nodes[0].colour"),
+    ("limits:\n  max_pending: -1\n", 2, "limits"),
+    ("models:\n  - {kind: scalar}\n", 2, "models[0].name"),
+    ("models:\n  - {name: m, kind: wrong}\n", 2, "models[0]"),
+    ("server: {port: 0}\n", None, "port"),
+    ("nodes: [a, b\n", 2, "<yaml>"),
+])
+def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None, field: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(SpecError) as ei:
+        load_service_config(p)
+    assert ei.value.field == field and str(p) in str(ei.value)
+    if line is not None:
+        assert ei.value.line == line
+
+
+def test_default_is_this_machine() -> None:
+    cfg = default_config(with_models=False)
+    assert cfg.nodes[0].name == "local" and cfg.models == () and cfg.host == "127.0.0.1"
