@@ -122,3 +122,24 @@ async def test_batcher_whole_batch_failure_reaches_every_waiter() -> None:
     )
     assert all(isinstance(r, BrokenError) and "gone" in str(r) for r in res)
     await b.aclose()
+
+
+def test_fit_is_robust_to_noise_on_the_largest_batches() -> None:
+    sizes = (1, 2, 4, 8, 16, 32, 64)
+    samples = [(n, 0.05 + 0.002 * n) for n in sizes]
+    samples[-1] = (64, samples[-1][1] * 1.3)  # a contention spike on the largest batch
+    samples += [(1, 0.051)] * 20  # many small samples do not outweigh the other sizes
+    alpha, beta = fit_alpha_beta(samples)  # type: ignore[misc]
+    assert alpha == pytest.approx(0.05, rel=0.1)
+    assert beta == pytest.approx(0.002, rel=0.3)
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
+    import torch
+
+    from arl_tangram.managers.gpu import GpuManager
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(BrokenError, match="cuda"):
+        GpuManager(GpuManagerConfig(device="cuda"), [])

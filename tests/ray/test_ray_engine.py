@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from _ray_helpers import OBJECT_STORE, wait_until
@@ -85,8 +86,8 @@ async def test_node_added_mid_run_gets_work_and_removed_node_loses_nothing(ray_c
     try:
         base = set(eng.nodes)
         pre = await eng.submit([sleeper(f"pre{i}", 1.5) for i in range(6)])
-        # mid-run: a node joins with 4 CPUs and a custom resource only it offers
-        extra = ray_cluster.add_node(num_cpus=4, object_store_memory=OBJECT_STORE,
+        # mid-run: a node joins with 5 CPUs and a custom resource only it offers
+        extra = ray_cluster.add_node(num_cpus=5, object_store_memory=OBJECT_STORE,
                                      memory=2 * 2**30, resources={"tangram_special": 2.0})
         new = extra.node_id
         await wait_until(lambda: new in ex.nodes_up(), 90, "the new node's agent")
@@ -97,21 +98,25 @@ async def test_node_added_mid_run_gets_work_and_removed_node_loses_nothing(ray_c
         once = await eng.submit([sleeper(f"once{i}", 60, idempotent=False, special=1)
                                  for i in range(2)])
         await wait_until(lambda: running_on(eng, new) == 2, 60, "once* running")
+        # a session whose state lives on the new node, with an (idempotent) action in it
+        sid = await eng.open_session("sess", node=new)
+        [in_sess] = await eng.submit([dataclasses.replace(sleeper("in-sess", 60), session=sid)])
+        await wait_until(lambda: running_on(eng, new) == 3, 60, "the session's action running")
         await results(eng, pre)
-        # nine idempotent ones for seven free CPUs: the core fills every node, the new one too
-        idem = await eng.submit([sleeper(f"idem{i}", 3.0) for i in range(9)])
-        await wait_until(lambda: running_on(eng, new) == 4, 60, "idem* running on the new node")
+        # nine idempotent ones for seven free CPUs (two of them on the new node): the core fills every node, the new one too
+        idem = await eng.submit([sleeper(f"idem{i}", 6.0) for i in range(9)])
+        await wait_until(lambda: running_on(eng, new) == 5, 60, "idem* running on the new node")
         await asyncio.sleep(0.5)  # they are really executing in sandboxes there
         ray_cluster.remove_node(extra)
         extra = None
-        res = await results(eng, once + idem, timeout=180)
-        assert len(res) == len(once) + len(idem)  # nothing silently lost
-        for aid in once:
+        res = await results(eng, once + idem + [in_sess], timeout=180)
+        assert len(res) == len(once) + len(idem) + 1  # nothing silently lost
+        for aid in [*once, in_sess]:  # a session's state died with its node: never re-run
             assert res[aid].status is Status.NODE_LOST and "lost" in res[aid].reason, res[aid]
-        for aid in idem:
-            assert ok(res[aid]) and res[aid].node in base, (aid, res[aid])
+        assert all(ok(res[a]) for a in idem), [res[a] for a in idem if not ok(res[a])]
         rerun = [res[a] for a in idem if res[a].attempts >= 2]
-        assert len(rerun) == 2  # exactly the two that were on the lost node ran again
+        assert len(rerun) == 2  # exactly the two that were on the lost node ran again...
+        assert all(r.node in base for r in rerun)  # ...elsewhere
         alive = {n["name"] for n in eng.cluster()["nodes"] if n["alive"]}
         assert alive == base and set(ex.nodes_up()) == base
     finally:

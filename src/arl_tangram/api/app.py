@@ -129,7 +129,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     return app
 
 
-def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:  # noqa: C901
+def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:
     html = _dashboard_html()
 
     @app.get("/v1/ping", tags=["sandbox"])

@@ -14,7 +14,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.actions import ActionKind, ActionResult, ActionSpec, Elasticity, Speedup, Status, WorkHints
+from ..core.actions import (
+    ActionKind,
+    ActionResult,
+    ActionSpec,
+    Elasticity,
+    Speedup,
+    Status,
+    WorkHints,
+)
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
 from .schemas import ActionIn, RunCodeRequest

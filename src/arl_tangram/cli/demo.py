@@ -167,7 +167,7 @@ def _table(results: list[StepStats]) -> Any:
             xs = sorted(xs)
             return f"{xs[min(len(xs) - 1, int(p * len(xs)))]:.3f}" if xs else "-"
 
-        def mean(kind: str) -> str:
+        def mean(kind: str, r: StepStats = r) -> str:
             xs = r.acts.get(kind)
             return f"{statistics.fmean(xs):.3f}" if xs else "-"
 
@@ -184,6 +184,8 @@ async def _main(args: argparse.Namespace) -> int:
     from ..runtime.config import POLICY_NAMES, default_models
 
     console = Console(stderr=False)
+    if not console.is_terminal:  # piped or in CI: do not squeeze the table into 80 columns
+        console = Console(stderr=False, width=160)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICY_NAMES]
     if bad or args.trajectories < 1 or args.turns < 1:

@@ -56,6 +56,7 @@ class SchedulingMixin:
         self.part_used: dict[tuple[str, str], float] = {}
         self.part_running: dict[str, int] = {}
         self.part_members: dict[str, tuple[str, str, float]] = {}
+        self.part_sess: dict[str, set[Any]] = {}  # partition -> session queues holding its actions
         self.traj_slot: dict[str, str] = {}
         self.traj_node: dict[str, str] = {}
         self.rate_counts: dict[str, int] = {}
@@ -96,6 +97,8 @@ class SchedulingMixin:
         self.qlive[key] = self.qlive.get(key, 0) + 1
         if key[0] == "shape":
             self.shape_keys[key] = None
+        elif key[0] == "sess" and rec.partition is not None:
+            self.part_sess.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
             self._mtouched.add(key[1])
         self._touched.add(key)
@@ -413,6 +416,10 @@ class SchedulingMixin:
         self.part_running[p] -= 1
         self._dirty.add(name)
         self._touched.add(("part", p))
+        keys = self.part_sess.get(p)
+        if keys:  # session queues of this partition wait on it too
+            keys.intersection_update(self.qlive)
+            self._touched.update(keys)
 
     # ---- elastic expansion (tangram) ------------------------------------------------------------
     def _expand(self: Core) -> None:

@@ -269,7 +269,7 @@ def load_service_config(path: str | Path) -> ServiceConfig:
     except OSError as exc:
         raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None

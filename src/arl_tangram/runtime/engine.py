@@ -219,7 +219,9 @@ class Engine:
             return []
 
     def _observe(self, ev: E.Event) -> None:
-        if isinstance(ev, E.ActionStarted):
+        if isinstance(ev, E.NodeAdded):  # a node that joined later (Ray executor)
+            self.nodes[ev.node.name] = ev.node
+        elif isinstance(ev, E.ActionStarted):
             live = self._live.get(ev.action_id)
             if live is not None:
                 live.started = True
@@ -280,12 +282,12 @@ class Engine:
     def _expire(self) -> None:
         now = self.clock.now()
         while self._results:
-            aid, (res, _) = next(iter(self._results.items()))
+            _aid, (res, _) = next(iter(self._results.items()))
             if (res.finish_time or now) + self.config.result_ttl_s > now:
                 break
             self._results.popitem(last=False)
         while self._idem:
-            key, (_, t) = next(iter(self._idem.items()))
+            _key, (_, t) = next(iter(self._idem.items()))
             if t + self.config.idempotency_ttl_s > now:
                 break
             self._idem.popitem(last=False)

@@ -1,4 +1,5 @@
-"""Thin ctypes bindings to the Linux calls Python 3.11 lacks (unshare, mount, pivot_root, prctl).
+"""Thin ctypes bindings to the Linux calls Python 3.11 lacks (unshare, setns, mount, pivot_root,
+prctl).
 
 Invariant: every wrapper raises ``OSError`` with the errno and the call's arguments on failure;
 nothing here keeps state, so a forked child may use it freely.
@@ -43,6 +44,10 @@ def _check(rc: int, what: str) -> None:
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
+
+
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"setns({fd}, {nstype:#x})")
 
 
 def _enc(s: str | None) -> bytes | None:

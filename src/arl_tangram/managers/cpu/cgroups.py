@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
@@ -162,6 +163,7 @@ class CgroupTree:
                 os.makedirs(base, exist_ok=True)
                 self.bases[c] = base
             self.version = "v1"
+            self._weigh(f"{self.bases['cpu']}/cpu.shares", 1024)
             return
         v2 = [m for kind, m, _ in mounts if kind == "cgroup2"]
         for m in v2:
@@ -174,9 +176,18 @@ class CgroupTree:
                 _write(f"{base}/cgroup.subtree_control", "+cpu +memory +pids")
                 self.bases = dict.fromkeys(CONTROLLERS, base)
                 self.version = "v2"
+                self._weigh(f"{base}/cpu.weight", 100)
                 return
         missing = [c for c in CONTROLLERS if c not in v1]
         raise OSError(f"no cgroup v1 controllers {missing} and no cgroup v2 with cpu,memory,pids")
+
+    @staticmethod
+    def _weigh(path: str, per_task: int) -> None:
+        """All sandboxes share this directory's weight: give it that of one busy task per core,
+        so that N concurrent sandboxes compete for CPU like N plain processes would, not like one.
+        Each slot's CPU quota still caps what one action gets."""
+        with contextlib.suppress(OSError):
+            _write(path, str(per_task * (os.cpu_count() or 1)))
 
     def new_slot(self) -> Slot:
         if self.version is None:
@@ -190,11 +201,22 @@ class CgroupTree:
             dirs[c] = d
         return Slot(name=name, version=self.version, dirs=dirs)
 
-    def close(self) -> None:
-        for base in set(self.bases.values()):
-            with contextlib.suppress(OSError):
-                for entry in os.listdir(base):
-                    if os.path.isdir(os.path.join(base, entry)):
-                        with contextlib.suppress(OSError):
-                            os.rmdir(os.path.join(base, entry))
-                os.rmdir(base)
+    def close(self, wait_s: float = 2.0) -> None:
+        """Remove every slot and the base; retries while the kernel finishes dying tasks."""
+        deadline = time.monotonic() + wait_s
+        for base in sorted(set(self.bases.values())):
+            while True:
+                with contextlib.suppress(OSError):
+                    for entry in os.listdir(base):
+                        if os.path.isdir(os.path.join(base, entry)):
+                            with contextlib.suppress(OSError):
+                                os.rmdir(os.path.join(base, entry))
+                try:
+                    os.rmdir(base)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)

@@ -67,7 +67,8 @@ class CpuManager:
             ro += lang.ro_paths
         zcfg = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
                 "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
-                "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname}
+                "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
+                "nofile": cfg.max_open_files}
         os.makedirs(zcfg["root"], exist_ok=True)
         self._zygote = Zygote(zcfg)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
@@ -101,7 +102,7 @@ class CpuManager:
         if self._pool is not None:
             await self._pool.aclose()
         if self._zygote is not None:
-            await asyncio.to_thread(self._zygote.close)
+            self._zygote.close()  # touches the event loop: stay on its thread
         if self._cgroups is not None:
             self._cgroups.close()
 
@@ -156,7 +157,7 @@ class CpuManager:
         n = len(req["cases"] or ()) + 1
         budget = req["compile_timeout"] + req["run_timeout"] * math.ceil(n / max(cpus, 1)) + 10
         try:
-            reply = await asyncio.wait_for(sb.request(req), budget)
+            reply = await sb.request(req, budget)
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError, TimeoutError) as e:
             reply = {"error": f"sandbox broke: {type(e).__name__}: {e}"}
         return self._result(action_id, reply, sb, pod)

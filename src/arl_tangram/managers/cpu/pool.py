@@ -1,15 +1,19 @@
 """Manager side of sandboxes: the fork-server client, sandbox handles and the warm pool.
 
 Invariant: a sandbox handed out by `WarmPool.take` is fresh (it never ran an action), already in
-its own cgroup slot with stats reset; a sandbox given back with `release` is killed at once and
-its slot is reused only after the cgroup is empty. Replenishing runs off the critical path, in a
-background task; `take` on an empty pool pays one cold spawn.
+its own cgroup slot with stats reset (and, when warm, with its action's child forked in advance);
+a sandbox given back with `release` is killed at once, and its slot is reused only once the
+sandbox is dead (its init's pidfd fired, which the kernel signals only after every process of its
+PID namespace is gone) *and* released, and the cgroup is seen empty. All I/O is non-blocking and
+driven by the event loop's reader callbacks (no thread hop, no per-action task); replenishing runs
+off the critical path. Everything here must be used from the one event-loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -18,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +32,88 @@ from . import wire
 from .cgroups import CgroupTree, Slot
 
 
+class Conn:
+    """Length-prefixed JSON request/reply over a non-blocking socket, one reply per request."""
+
+    __slots__ = ("_buf", "_loop", "_waiters", "closed", "sock")
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        sock.setblocking(False)
+        self.sock, self._loop, self._buf = sock, loop, bytearray()
+        self._waiters: collections.deque[asyncio.Future[dict[str, Any]]] = collections.deque()
+        self.closed = False
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(1 << 18)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            return self.close(e)
+        if not data:
+            return self.close(EOFError("sandbox closed its socket"))
+        buf = self._buf
+        buf += data
+        while len(buf) >= 4:
+            n = int.from_bytes(buf[:4], "big")
+            if n > wire.MAX_FRAME or not self._waiters:
+                return self.close(ValueError("unexpected or oversized frame from a sandbox"))
+            if len(buf) < 4 + n:
+                return
+            try:
+                msg = json.loads(bytes(buf[4:4 + n]))
+                if not isinstance(msg, dict):
+                    raise ValueError("frame is not an object")
+            except ValueError as e:
+                return self.close(e)
+            del buf[:4 + n]
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(msg)
+
+    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if self.closed:
+            raise EOFError("sandbox connection closed")
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        data = wire.encode(msg)
+        try:
+            n = self.sock.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as e:
+            self.close(e)
+            n = len(data)
+        if n < len(data):
+            await self._loop.sock_sendall(self.sock, data[n:])
+        timer = None if timeout is None else self._loop.call_later(
+            timeout, _expire, fut, timeout)
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def close(self, why: BaseException | None = None) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(why or EOFError("sandbox connection closed"))
+
+
+def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"no reply within {timeout:g} s"))
+
+
 class Zygote:
-    """The fork server process and its control socket (blocking calls; run them in a thread)."""
+    """The fork server process and its control socket (a SOCK_SEQPACKET, one spawn per message)."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -40,10 +123,13 @@ class Zygote:
             stdout=subprocess.DEVNULL, close_fds=True)
         theirs.close()
         self.ctl = ours
-        self.lock = threading.Lock()
         self.hello: dict[str, Any] = {}
+        self._waiters: collections.deque[asyncio.Future[tuple[dict[str, Any], list[int]]]] = \
+            collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def wait_hello(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Blocking (run it in a thread); the first message of the fork server."""
         self.ctl.settimeout(timeout)
         try:
             msg = self.ctl.recv(1 << 16)
@@ -53,13 +139,52 @@ class Zygote:
         self.hello = json.loads(msg) if msg else {"ok": False, "error": "fork server exited"}
         return self.hello
 
-    def spawn(self) -> tuple[int, socket.socket]:
-        with self.lock:
-            self.ctl.sendall(b'{"op":"spawn"}')
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.ctl.setblocking(False)
+        loop.add_reader(self.ctl.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
             msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 1)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            msg, fds = b"", []
         if not msg:
-            raise BrokenError("the sandbox fork server exited")
-        reply = json.loads(msg)
+            self._fail(BrokenError("the sandbox fork server exited"))
+            return
+        try:
+            reply = json.loads(msg)
+        except ValueError:
+            reply = {"error": "bad reply from the fork server"}
+        fut = self._waiters.popleft() if self._waiters else None
+        if fut is None or fut.done():  # its spawn was cancelled: the init exits on EOF
+            for fd in fds:
+                os.close(fd)
+            return
+        fut.set_result((reply, fds))
+
+    def _fail(self, e: BaseException) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.ctl.fileno())
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(e)
+
+    async def spawn(self) -> tuple[int, socket.socket]:
+        assert self._loop is not None, "Zygote.attach() first"
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        try:
+            self.ctl.send(b'{"op":"spawn"}')
+        except BlockingIOError:
+            await self._loop.sock_sendall(self.ctl, b'{"op":"spawn"}')
+        except OSError as e:
+            self._fail(BrokenError(f"the sandbox fork server is gone: {e}"))
+        reply, fds = await fut
         if "error" in reply or not fds:
             for fd in fds:
                 os.close(fd)
@@ -67,6 +192,7 @@ class Zygote:
         return int(reply["pid"]), socket.socket(fileno=fds[0])
 
     def close(self) -> None:
+        self._fail(ClosedError("the CPU manager is closed"))
         with contextlib.suppress(OSError):
             self.ctl.close()
         with contextlib.suppress(OSError):
@@ -77,21 +203,21 @@ class Zygote:
 
 @dataclass(slots=True, eq=False)
 class Sandbox:
-    """One live sandbox: its init's host pid, its socket and its cgroup slot."""
+    """One live sandbox: its init's host pid (and pidfd), its connection and its cgroup slot."""
 
     pid: int
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    conn: Conn
+    pidfd: int
     slot: Slot | None
     created: float = field(default_factory=time.monotonic)
     cpu: float = 0.0  # current CPU quota in cores
     memory: int = 0  # current memory limit in bytes
-    dead: bool = False
+    dead: bool = False  # killed or released: never hand it out
+    exited: bool = False  # its init is gone (so is every process of its PID namespace)
+    released: bool = False
 
-    async def request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.writer.write(wire.encode(msg))
-        await self.writer.drain()
-        return await wire.read_frame(self.reader)
+    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return await self.conn.request(msg, timeout)
 
     def set_limits(self, cpu: float, memory: int) -> None:
         if self.slot is None:
@@ -106,9 +232,10 @@ class Sandbox:
     def kill(self) -> None:
         if not self.dead:
             self.dead = True
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
-            self.writer.close()
+            if not self.exited:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            self.conn.close()
 
 
 class WarmPool:
@@ -125,10 +252,13 @@ class WarmPool:
         self.arrivals: collections.deque[float] = collections.deque(maxlen=4096)
         self.live: set[Sandbox] = set()
         self.closed = False
+        self.loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
-        self._recyclers: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.spawn_s = 0.005  # running estimate of one spawn's latency
+        self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
+        zygote.attach(self.loop)
 
     def start(self) -> None:
         self._filler = asyncio.create_task(self._fill_loop(), name="cpu-warm-pool")
@@ -142,45 +272,108 @@ class WarmPool:
         want = max(self.warm_min, by_demand if self.sched_target is None else self.sched_target)
         return min(self.warm_max, want)
 
-    async def spawn(self) -> Sandbox:
+    async def spawn(self, prepare: bool = False) -> Sandbox:
+        """A new sandbox in its own cgroup slot; ``prepare``: fork its action's child now."""
+        got = (await self.spawn_many(1, prepare))[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    async def spawn_many(self, n: int, prepare: bool) -> list[Sandbox | BaseException]:
+        """``n`` new sandboxes, forked together and placed in their cgroups in one batch."""
         t0 = time.monotonic()
-        pid, sock = await asyncio.to_thread(self.zygote.spawn)
-        self.spawn_s = 0.8 * self.spawn_s + 0.2 * (time.monotonic() - t0)
-        sock.setblocking(False)
-        reader, writer = await asyncio.open_connection(sock=sock, limit=wire.MAX_FRAME)
-        sb = Sandbox(pid=pid, reader=reader, writer=writer, slot=None)
-        self.live.add(sb)
-        if self.cgroups is not None and self.cgroups.version is not None:
-            try:
+        got: list[Any] = list(await asyncio.gather(*(self._fork() for _ in range(n)),
+                                                   return_exceptions=True))
+        sbs = [sb for sb in got if isinstance(sb, Sandbox)]
+        if sbs and self.cgroups is not None and self.cgroups.version is not None:
+            for sb in sbs:
                 sb.slot = self.free_slots.pop() if self.free_slots else self.cgroups.new_slot()
+            # Moving a task into a v1 cgroup waits for an RCU grace period (~ms under load):
+            # done in a thread, batched, never on the event loop.
+            errs = await self.loop.run_in_executor(self._cg_thread, self._place, sbs)
+            for i, e in errs:
+                self.release(got[got.index(sbs[i])])
+                got[got.index(sbs[i])] = e
+        if prepare:  # only now, in the slot: the child inherits the cgroup
+            live = [sb for sb in got if isinstance(sb, Sandbox)]
+            replies = await asyncio.gather(*(sb.request({"op": "prepare"}, 30.0) for sb in live),
+                                           return_exceptions=True)
+            for sb, r in zip(live, replies, strict=True):
+                if isinstance(r, BaseException) or not r.get("ok"):
+                    self.release(sb)
+                    got[got.index(sb)] = BrokenError(f"sandbox setup failed: {r}")
+        if sbs:
+            self.spawn_s = 0.8 * self.spawn_s + 0.2 * (time.monotonic() - t0)
+        return got
+
+    def _place(self, sbs: list[Sandbox]) -> list[tuple[int, BaseException]]:
+        """(Worker thread.) Limits, then the move; returns (index, error) of failures."""
+        errs = []
+        for i, sb in enumerate(sbs):
+            try:
+                assert sb.slot is not None
                 sb.slot.set_pids(self.pids_max)
-                sb.slot.add(pid)
                 sb.set_limits(self.default_cpu, self.default_mem)
                 sb.slot.reset_stats()
-            except OSError:
-                self.release(sb)
-                raise
+                sb.slot.add(sb.pid)
+            except BaseException as e:
+                errs.append((i, e))
+        return errs
+
+    async def _fork(self) -> Sandbox:
+        pid, sock = await self.zygote.spawn()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            sock.close()
+            raise
+        sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None)
+        self.live.add(sb)
+        self.loop.add_reader(pidfd, self._exited, sb)
         return sb
+
+    def _exited(self, sb: Sandbox) -> None:
+        self.loop.remove_reader(sb.pidfd)
+        os.close(sb.pidfd)
+        sb.exited = True  # its reply, if any, is still readable; then the connection sees EOF
+        self._maybe_recycle(sb)
 
     async def take(self) -> Sandbox:
         if self.closed:
             raise ClosedError("the CPU manager is closed")
         self.arrivals.append(time.monotonic())
-        self._wake.set()
+        if 2 * len(self.ready) <= self.target():  # else refill after the action (`release`),
+            self._wake.set()  # so the refill's forks do not compete with it for the CPU
         while self.ready:
             sb = self.ready.popleft()
             if not sb.dead:
                 return sb
-        return await self.spawn()
+        return await self.spawn()  # cold: the init forks the child itself, in the slot
 
     def release(self, sb: Sandbox) -> None:
         sb.kill()
+        sb.released = True
+        self._maybe_recycle(sb)
+        if not self.closed:
+            self._wake.set()
+
+    def _maybe_recycle(self, sb: Sandbox) -> None:
+        if not (sb.exited and sb.released) or sb not in self.live:
+            return
         self.live.discard(sb)
-        if sb.slot is not None:
-            t = asyncio.get_running_loop().create_task(self._recycle(sb.slot))
-            self._recyclers.add(t)
-            t.add_done_callback(self._recyclers.discard)
-        self._wake.set()
+        if sb.slot is None:
+            return
+        slot = sb.slot
+        try:
+            empty = slot.is_empty()
+        except OSError:
+            empty = False
+        if empty:
+            self.free_slots.append(slot)
+            return
+        t = self.loop.create_task(self._recycle(slot))  # rare: wait until the kernel is done
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def _recycle(self, slot: Slot) -> None:
         for i in range(2000):
@@ -194,9 +387,11 @@ class WarmPool:
         while not self.closed:
             self._wake.clear()
             while not self.closed and len(self.ready) < self.target():
-                try:
-                    self.ready.append(await self.spawn())
-                except Exception:
+                n = min(8, self.target() - len(self.ready))  # a batch of spawns in flight
+                got = await self.spawn_many(n, prepare=True)
+                ok = [sb for sb in got if isinstance(sb, Sandbox)]
+                self.ready.extend(ok)
+                if len(ok) < n:
                     await asyncio.sleep(0.05)
                     break
             while len(self.ready) > self.target():
@@ -214,8 +409,13 @@ class WarmPool:
         for sb in list(self.live):
             self.release(sb)
         self.ready.clear()
-        if self._recyclers:
-            await asyncio.gather(*self._recyclers, return_exceptions=True)
+        for _ in range(300):  # the kernel tears the namespaces down; slots follow
+            if not self.live:
+                break
+            await asyncio.sleep(0.01)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         for slot in self.free_slots:
             slot.remove()
         self.free_slots.clear()
+        self._cg_thread.shutdown(wait=False)

@@ -2,7 +2,8 @@
 
 Runs in the sandbox's init (PID 1 of its PID namespace, root in a private mount namespace).
 Invariant: every child drops to the sandbox uid/gid with no_new_privs, its own session and
-process group, rlimits and an OOM score of 1000 *before* any untrusted code runs; a child that
+process group, rlimits and an OOM score of 1000 *before* any untrusted code runs (a `Prepared`
+child does all that in advance and only lowers its rlimits to the job's); a child that
 outlives its wall-clock limit has its whole process group killed. Output beyond the cap is read
 and dropped, and the truncation is reported.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import fcntl
+import marshal
 import os
 import resource
 import selectors
@@ -125,9 +128,19 @@ def _child_python(job: Job, limits: Limits) -> int:
 
 
 def _run_child(job: Job, limits: Limits, fds: tuple[int, int, int]) -> None:
-    rc = 127
     try:
         _child_setup(limits, fds)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox: cannot start: {e}\n".encode())
+        os._exit(127)
+    _exec_job(job, limits)
+
+
+def _exec_job(job: Job, limits: Limits) -> None:
+    """Run ``job`` in this (already limited, unprivileged) child; never returns."""
+    rc = 127
+    try:
         if job.argv is not None:
             os.execve(job.argv[0], job.argv, job.env)
         rc = _child_python(job, limits)
@@ -150,6 +163,89 @@ def _run_child(job: Job, limits: Limits, fds: tuple[int, int, int]) -> None:
     os._exit(rc)
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A child forked in advance: already unprivileged and limited, blocked reading its job."""
+
+    pid: int
+    ctl: int  # write end of its job pipe
+    fds: tuple[int, int, int]  # our ends: stdin (write), stdout (read), stderr (read)
+
+
+def prepare(limits: Limits) -> Prepared:
+    """Fork a child that does all of `_child_setup` now and waits for a job on fd 3.
+
+    ``limits`` are the loosest any job may get (the config's); the job's own rlimits are applied
+    (lowered, which needs no privilege) when it arrives, before any untrusted code runs.
+    """
+    ctl_r, ctl_w = os.pipe()
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (ctl_r, in_r, out_w, err_w)]
+            os.dup2(hi[0], 3)
+            _child_setup(limits, (hi[1], hi[2], hi[3]), keep=1)
+            job, lim = _read_job(3)
+        except BaseException:
+            os._exit(0)  # unused (the sandbox went away) or broken: the init falls back to fork
+        _exec_job(job, lim)
+    for fd in (ctl_r, in_r, out_w, err_w):
+        os.close(fd)
+    return Prepared(pid, ctl_w, (in_w, out_r, err_r))
+
+
+def _read_job(fd: int) -> tuple[Job, Limits]:
+    hdr = _read_exact(fd, 4)
+    msg = marshal.loads(_read_exact(fd, int.from_bytes(hdr, "big")))  # from the init: trusted
+    os.close(fd)
+    resource.setrlimit(resource.RLIMIT_CPU, (msg["cpu_s"], msg["cpu_s"] + 1))
+    for res, v in ((resource.RLIMIT_FSIZE, msg["fsize"]), (resource.RLIMIT_NOFILE, msg["nofile"])):
+        hard = resource.getrlimit(res)[1]
+        v = v if hard == resource.RLIM_INFINITY else min(v, hard)
+        resource.setrlimit(res, (v, v))
+    lim = Limits(uid=os.getuid(), gid=os.getgid(), cpu_s=msg["cpu_s"], fsize=msg["fsize"],
+                 nofile=msg["nofile"], output=0, cpus=msg["cpus"])
+    job = Job(argv=msg["argv"], python=msg["python"], env=msg["env"])
+    return job, lim
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        b = os.read(fd, n - len(buf))
+        if not b:
+            raise EOFError
+        buf += b
+    return buf
+
+
+def _hand_over(job: Job, limits: Limits, prep: Prepared) -> tuple[int, int, int, int] | None:
+    """Give ``job`` to a prepared child; None when it is gone (the caller forks instead)."""
+    blob = marshal.dumps({"argv": job.argv, "python": job.python, "env": job.env,
+                          "cpu_s": limits.cpu_s, "fsize": limits.fsize, "nofile": limits.nofile,
+                          "cpus": limits.cpus})
+    job.started = time.monotonic()
+    try:
+        pidfd = os.pidfd_open(prep.pid)
+        os.write(prep.ctl, len(blob).to_bytes(4, "big") + blob[:60000])
+        view = memoryview(blob)[60000:]
+        while view:  # the child reads it whole before running anything
+            view = view[os.write(prep.ctl, view):]
+    except OSError:
+        _killpg(prep.pid)
+        for fd in (prep.ctl, *prep.fds):
+            os.close(fd)
+        return None
+    os.close(prep.ctl)
+    job.pid = prep.pid
+    for fd in prep.fds:
+        os.set_blocking(fd, False)
+    return (pidfd, *prep.fds)
+
+
 def _spawn(job: Job, limits: Limits) -> tuple[int, int, int, int]:
     """Fork the child; returns (pidfd, stdin_w, stdout_r, stderr_r)."""
     in_r, in_w = os.pipe()
@@ -170,8 +266,9 @@ def _spawn(job: Job, limits: Limits) -> tuple[int, int, int, int]:
 class Driver:
     """Runs jobs, at most ``parallel`` at a time, multiplexing their pipes with one selector."""
 
-    def __init__(self, limits: Limits, parallel: int = 1) -> None:
+    def __init__(self, limits: Limits, parallel: int = 1, prepared: Prepared | None = None) -> None:
         self.limits, self.parallel = limits, max(1, parallel)
+        self.prepared = prepared  # used for the first job started, if any
         self.sel = selectors.DefaultSelector()
         self.live: dict[int, dict[str, Any]] = {}  # pid -> state
 
@@ -199,7 +296,10 @@ class Driver:
             self.sel.close()
 
     def _start(self, job: Job) -> None:
-        pidfd, in_w, out_r, err_r = _spawn(job, self.limits)
+        got = None
+        if self.prepared is not None:
+            got, self.prepared = _hand_over(job, self.limits, self.prepared), None
+        pidfd, in_w, out_r, err_r = got or _spawn(job, self.limits)
         st = {"job": job, "pidfd": pidfd, "in": in_w, "stdin": memoryview(job.stdin),
               "open": {out_r, err_r}, "out": out_r, "exited_at": None,
               "deadline": job.started + job.timeout}

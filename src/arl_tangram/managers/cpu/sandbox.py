@@ -3,8 +3,9 @@
 Invariant: the init runs only trusted code (ours); everything the action supplies runs in
 children made by `proc` / `session_worker` as the sandbox uid. It answers each request frame with
 exactly one reply frame; after a one-shot action it kills every other process of its PID
-namespace, so nothing the action started survives the reply. The manager destroys the whole
-sandbox (SIGKILL to this init, which takes the namespace with it) after a one-shot action.
+namespace before replying and exits right after, which ends the namespace (the manager also
+SIGKILLs it), so nothing the action started survives the reply. A "prepare" request forks the
+action's child in advance (`proc.prepare`), so an action costs a pipe hand-over, not a fork.
 """
 
 from __future__ import annotations
@@ -42,28 +43,43 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
         pass
 
 
-def serve(fd: int) -> None:
-    """Answer request frames until the manager hangs up."""
+def serve(fd: int, cfg: dict[str, Any]) -> None:
+    """Answer request frames until the manager hangs up; exit right after a one-shot action."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     sessions: dict[str, session_worker.Worker] = {}
+    prepared: proc.Prepared | None = None
     while True:
         try:
             req = wire.read_frame_fd(fd)
-        except (EOFError, OSError):
+        except (EOFError, OSError, ValueError):
             os._exit(0)
+        op = req.get("op")
         try:
-            if req.get("op") == "session":
+            if op == "prepare":  # off the critical path: fork the action's child in advance
+                if prepared is None:
+                    prepared = proc.prepare(_base_limits(cfg))
+                reply: dict[str, Any] = {"ok": True}
+            elif op == "session":
                 reply = _session(req, sessions)
             else:
-                reply = _run(req)
-                _kill_all()
+                reply = _run(req, prepared)
         except Exception as e:  # a bug or a hostile workdir: report, never die silently
             reply = {"error": f"{type(e).__name__}: {e}"}
-        _reap_all()
+        if op not in ("prepare", "session"):
+            _kill_all()  # nothing the action started runs past its reply
+        else:
+            _reap_all()
         try:
             wire.write_frame_fd(fd, reply)
         except OSError:
             os._exit(0)
+        if op not in ("prepare", "session"):
+            os._exit(0)  # one-shot: the PID namespace (and everything in it) ends with us
+
+
+def _base_limits(cfg: dict[str, Any]) -> proc.Limits:
+    return proc.Limits(uid=cfg["uid"], gid=cfg["gid"], cpu_s=1 << 24,
+                       fsize=cfg["workdir_mb"] << 20, nofile=cfg["nofile"], output=0)
 
 
 def _limits(req: dict[str, Any]) -> proc.Limits:
@@ -103,7 +119,7 @@ def _argv(template: list[str], main_file: str) -> list[str]:
     return [a.replace("{file}", main_file).replace("{stem}", stem) for a in template]
 
 
-def _run(req: dict[str, Any]) -> dict[str, Any]:
+def _run(req: dict[str, Any], prepared: proc.Prepared | None) -> dict[str, Any]:
     limits, lang = _limits(req), req["lang"]
     main_file = _main_file(lang, req["code"])
     _write_files(req, main_file, limits.uid, limits.gid)
@@ -112,17 +128,18 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     if lang.get("compile"):
         job = proc.Job(argv=_argv(lang["compile"], main_file), env=env,
                        timeout=req["compile_timeout"])
-        proc.Driver(limits).run([job])
+        proc.Driver(limits, prepared=prepared).run([job])
+        prepared = None
         reply["compile_result"] = job.result()
         if job.status != "Finished" or job.return_code != 0:
             return reply
     cases = req.get("cases")
     if cases is None:
         job = _job(req, lang, main_file, req.get("stdin") or "", None)
-        proc.Driver(limits).run([job])
+        proc.Driver(limits, prepared=prepared).run([job])
         reply["run_result"] = job.result()
     else:
-        reply["cases"] = _run_cases(req, lang, main_file, limits)
+        reply["cases"] = _run_cases(req, lang, main_file, limits, prepared)
     _kill_all()
     reply["files"] = _fetch(req.get("fetch_files") or ())
     return reply
@@ -141,7 +158,7 @@ def _job(req: dict[str, Any], lang: dict[str, Any], main_file: str, stdin: str,
 
 
 def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
-               limits: proc.Limits) -> list[dict[str, Any]]:
+               limits: proc.Limits, prepared: proc.Prepared | None) -> list[dict[str, Any]]:
     cases = req["cases"]
     jobs = [_job(req, lang, main_file, c.get("stdin") or "", c.get("assert")) for c in cases]
     expected = [c.get("expected_stdout") for c in cases]
@@ -154,7 +171,7 @@ def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
 
     index = {id(j): i for i, j in enumerate(jobs)}
     stop = req.get("stop_on_first_failure")
-    driver = proc.Driver(limits, parallel=int(limits.cpus + 0.999))
+    driver = proc.Driver(limits, parallel=int(limits.cpus + 0.999), prepared=prepared)
     driver.run(jobs, (lambda j: not passed(index[id(j)])) if stop else None)
     out = []
     for i, j in enumerate(jobs):

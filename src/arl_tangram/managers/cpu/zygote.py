@@ -4,12 +4,14 @@ Run as ``python -m arl_tangram.managers.cpu.zygote FD CONFIG_JSON`` by the manag
 Invariant: the zygote lives in a private mount namespace whose root is a read-only tmpfs holding
 read-only, nosuid bind mounts of the system directories (nothing of /root, /home, the project or
 the service's files besides toolchains named in the config), a minimal /dev and empty mount
-points. Each sandbox is a fork that enters fresh PID, mount, network, IPC and UTS namespaces, so
-its start costs a fork and a few mounts, never an interpreter start or an import.
+points. Each sandbox is ONE fork that is PID 1 of a fresh PID namespace and enters fresh mount,
+IPC and UTS namespaces and a network namespace lent to it alone (see `Namespaces`), so its start
+costs a fork and a few mounts, never an interpreter start, an import or a netns creation.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import importlib
@@ -27,8 +29,6 @@ _RO = _linux.MS_BIND | _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID |
 _MASK_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
 _MASK_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
-_NS = (_linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC
-       | _linux.CLONE_NEWUTS)
 
 
 def _bind_ro(src: str, root: str) -> None:
@@ -87,49 +87,74 @@ def enter_root(root: str) -> None:
     os.chdir("/")
 
 
-def spawn(cfg: dict[str, Any], keep: set[int]) -> tuple[int, socket.socket]:
-    """Fork a sandbox; returns (its init's host pid, our end of its socket)."""
+class Namespaces:
+    """The fork server's own PID namespace and a pool of empty network namespaces.
+
+    A network namespace is made once (unshare + open, ~2 ms of kernel work plus an asynchronous
+    teardown later) and then reused *sequentially*: it is lent to one sandbox at a time and comes
+    back only when that sandbox's init has been reaped, i.e. when every process of its PID
+    namespace is gone (see docs/sandbox.md for why nothing of the previous user persists).
+    """
+
+    def __init__(self, procfd: int) -> None:
+        self.procfd = procfd
+        self.home_pid = os.open("self/ns/pid", os.O_RDONLY, dir_fd=procfd)
+        self.home_net = os.open("self/ns/net", os.O_RDONLY, dir_fd=procfd)
+        self.free: collections.deque[int] = collections.deque()  # FIFO: longest-idle first
+        self.lent: dict[int, int] = {}  # sandbox init pid -> netns fd
+        self.made = 0
+
+    def take_net(self) -> int:
+        if self.free:
+            return self.free.popleft()
+        _linux.unshare(_linux.CLONE_NEWNET)
+        try:
+            fd = os.open("thread-self/ns/net", os.O_RDONLY, dir_fd=self.procfd)
+        finally:
+            _linux.setns(self.home_net, _linux.CLONE_NEWNET)
+        self.made += 1
+        return fd
+
+    def reaped(self, pid: int) -> None:
+        fd = self.lent.pop(pid, None)
+        if fd is not None:
+            self.free.append(fd)
+
+
+def spawn(cfg: dict[str, Any], ns: Namespaces) -> tuple[int, socket.socket]:
+    """Fork a sandbox init (PID 1 of a new PID namespace); returns (its host pid, our socket)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        os.close(r)
-        _intermediate(cfg, theirs.fileno(), w, keep)
-    theirs.close()
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    with contextlib.suppress(ChildProcessError):  # the SIGCHLD handler may get it first
-        os.waitpid(pid, 0)
-    if not data.isdigit():
-        ours.close()
-        raise OSError(f"sandbox setup failed: {data.decode(errors='replace')}")
-    return int(data), ours
-
-
-def _intermediate(cfg: dict[str, Any], sock: int, w: int, keep: set[int]) -> None:
+    net = ns.take_net()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # reaped() must see lent[pid]
     try:
+        _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _init(cfg, theirs.fileno(), net)
+        finally:
+            _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
+        ns.lent[pid] = net
+    except BaseException:
+        ns.free.appendleft(net)
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+    return pid, ours
+
+
+def _init(cfg: dict[str, Any], sock: int, net: int) -> None:
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _linux.unshare(_NS)
-        g = os.fork()
-        if g == 0:
-            _init(cfg, sock, w, keep)
-        os.write(w, str(g).encode())
-    except BaseException as e:
-        os.write(w, f"{type(e).__name__}: {e}".encode())
-    os._exit(0)
-
-
-def _init(cfg: dict[str, Any], sock: int, w: int, keep: set[int]) -> None:
-    try:
-        for fd in keep:
-            os.close(fd)
-        os.close(w)
+        _linux.setns(net, _linux.CLONE_NEWNET)
+        _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
+        os.dup2(sock, 3)
+        os.closerange(4, 1 << 16)  # the fork server's control socket and namespace fds
         sandbox.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
-        sandbox.serve(sock)
+        sandbox.serve(3, cfg)
     except BaseException:
         traceback.print_exc()
     os._exit(1)
@@ -145,10 +170,12 @@ def main() -> None:
     ctl = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sys.argv[2])
     hello: dict[str, Any] = {"ok": True}
+    ns: Namespaces | None = None
     try:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, 9)
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+        ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))
         build_root(cfg["root"], cfg["ro_paths"])
         _preload(cfg["preload"])
         gc.collect()
@@ -158,14 +185,24 @@ def main() -> None:
     except BaseException as e:
         hello = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     ctl.send(wire.encode(hello)[4:])
-    if not hello["ok"]:
+    if not hello["ok"] or ns is None:
         os._exit(1)
-    _serve(ctl, cfg)
+    _serve(ctl, cfg, ns)
 
 
-def _serve(ctl: socket.socket, cfg: dict[str, Any]) -> None:
-    keep = {ctl.fileno()}
-    signal.signal(signal.SIGCHLD, lambda *_: sandbox._reap_all())  # dead sandboxes go at once
+def _reap(ns: Namespaces) -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ns.reaped(pid)
+
+
+def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
+    signal.signal(signal.SIGCHLD, lambda *_: _reap(ns))  # dead sandboxes go (and lend) at once
     while True:
         try:
             msg = ctl.recv(1 << 16)
@@ -173,10 +210,9 @@ def _serve(ctl: socket.socket, cfg: dict[str, Any]) -> None:
             os._exit(0)
         if not msg:
             os._exit(0)
-        sandbox._reap_all()
         try:
             req = json.loads(msg)
-            pid, sock = spawn({**cfg, **req.get("cfg", {})}, keep)
+            pid, sock = spawn({**cfg, **req.get("cfg", {})}, ns)
             socket.send_fds(ctl, [json.dumps({"pid": pid}).encode()], [sock.fileno()])
             sock.close()
         except Exception as e:

@@ -2,8 +2,8 @@
 
 Invariant: every figure here was measured on this node (or is the spec's prior, flagged as such
 by a zero sample count). The batch curve ``latency = alpha + beta * batch`` is an ordinary least
-squares fit over the recent samples (the median latency of each batch size, so sizes weigh
-equally), with both coefficients kept >= 0;
+squares fit over the recent samples (the median latency of each batch size, weighted for
+relative error), with both coefficients kept >= 0;
 it replaces the spec's prior once samples cover `CostTracker.MIN_SIZES` distinct batch sizes
 (two nearby sizes make a fit that noise can tip either way).
 """
@@ -19,24 +19,30 @@ from ...core.cluster import ModelSpec
 def fit_alpha_beta(
     samples: list[tuple[int, float]], min_sizes: int = 2
 ) -> tuple[float, float] | None:
-    """Least squares ``latency = alpha + beta * n``; None with fewer than ``min_sizes`` sizes."""
+    """Fit ``latency = alpha + beta * n``; None with fewer than ``min_sizes`` distinct sizes.
+
+    One point per batch size (its median), so many samples at one size do not outweigh the
+    rest; weighted by ``1 / latency**2`` (relative error), because timing noise scales with the
+    latency -- unweighted, the noise of the largest batches swamps the intercept ``alpha``.
+    """
     by_size: dict[int, list[float]] = {}
     for n, y in samples:
         by_size.setdefault(n, []).append(y)
     if len(by_size) < max(2, min_sizes):
         return None
-    # one point per size (its median): many samples at one size must not outweigh the rest
-    samples = [(n, median(ys)) for n, ys in sorted(by_size.items())]
-    k = len(samples)
-    mx = sum(n for n, _ in samples) / k
-    my = sum(y for _, y in samples) / k
-    sxx = sum((n - mx) ** 2 for n, _ in samples)
-    sxy = sum((n - mx) * (y - my) for n, y in samples)
-    beta = max(0.0, sxy / sxx)
-    alpha = my - beta * mx
-    if alpha < 0:  # refit through the origin
-        alpha = 0.0
-        beta = sum(n * y for n, y in samples) / sum(n * n for n, _ in samples)
+    pts = [(float(n), max(median(ys), 1e-9)) for n, ys in sorted(by_size.items())]
+    w = [1.0 / (y * y) for _, y in pts]
+    sw = sum(w)
+    sx = sum(wi * n for wi, (n, _) in zip(w, pts, strict=True))
+    sy = sum(wi * y for wi, (_, y) in zip(w, pts, strict=True))
+    sxx = sum(wi * n * n for wi, (n, _) in zip(w, pts, strict=True))
+    sxy = sum(wi * n * y for wi, (n, y) in zip(w, pts, strict=True))
+    beta = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    if beta <= 0:  # latency does not grow with the batch: a flat line at the mean
+        return sum(y for _, y in pts) / len(pts), 0.0
+    alpha = (sy - beta * sx) / sw
+    if alpha < 0:  # refit through the origin (same weights)
+        return 0.0, sxy / sxx
     return alpha, beta
 
 

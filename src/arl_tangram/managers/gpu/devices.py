@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from ...core.errors import BrokenError
 from .config import DeviceInfo, GpuManagerConfig
 
 
 def resolve_kind(config: GpuManagerConfig) -> str:
     """ "cuda" or "cpu" for this config on this machine."""
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("GpuManagerConfig.device='cuda' but torch.cuda.is_available() is False")
+        raise BrokenError("GpuManagerConfig.device='cuda' but torch.cuda.is_available() is False")
     if config.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return config.device
