@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     from ray.cluster_utils import Cluster
 

@@ -1,0 +1,3 @@
+def test_after():
+    import ray
+    print("AFTER ray initialized:", ray.is_initialized())
