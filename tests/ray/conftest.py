@@ -1,13 +1,16 @@
-"""One small real Ray cluster (``ray.cluster_utils.Cluster``) shared by every test here.
+"""One small real Ray cluster (``ray.cluster_utils.Cluster``) shared by the tests of this folder.
 
-Three nodes with their own resources: the head (1 CPU) and two workers (2 CPUs each, one with
-topology labels and a custom resource). Tests that add or remove nodes add their own extra nodes
-and remove only those, so the three base nodes stay for the other tests.
+Three nodes with their own resources: the head (1 CPU) and two workers (2 CPUs each, one with a
+label and a custom resource). Tests that add or remove nodes add their own extra nodes and
+remove only those, so the three base nodes stay for the other tests. The cluster is started by
+the first test that asks for it and shut down after the last test of this folder, so it does
+not idle through the rest of the suite.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from _ray_helpers import OBJECT_STORE
@@ -16,9 +19,11 @@ ray = pytest.importorskip("ray")
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
+_HERE = Path(__file__).parent
+_LIVE: dict[str, object] = {}
 
-@pytest.fixture(scope="package")
-def ray_cluster():
+
+def _start():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -32,6 +37,18 @@ def ray_cluster():
                      resources={"tangram_disk_gb": 50.0},
                      labels={"tangram.io/pool": "sandbox", "zone": "b"})
     ray.init(address=cluster.address, namespace="tangram-tests", log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    return cluster
+
+
+@pytest.fixture
+def ray_cluster():
+    if "cluster" not in _LIVE:
+        _LIVE["cluster"] = _start()
+    return _LIVE["cluster"]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if "cluster" in _LIVE and (nextitem is None or _HERE not in Path(nextitem.path).parents):
+        cluster = _LIVE.pop("cluster")
+        ray.shutdown()
+        cluster.shutdown()

@@ -292,13 +292,16 @@ class SchedulingMixin:
                 if node.alive and node.fits(sess.demand + rec.spec.demand.with_amount(CPU, 0)):
                     return node
         need = sess.demand + (rec.spec.demand if rec is not None else Resources())
-        for attempt in (need, sess.demand):
-            for lvl in reversed(self.index.levels):
-                for name in self.index._buckets[lvl]:
-                    node = self.nodes[name]
-                    if name not in self.reserved and node.fits(attempt):
-                        return node
-        return None
+        for lvl in reversed(self.index.levels):
+            for name in self.index._buckets[lvl]:
+                node = self.nodes[name]
+                if name not in self.reserved and node.fits(need):
+                    return node
+        if rec is None:
+            return None  # an explicit session waits for room
+        # busy everywhere: open it where the action can run once capacity frees up
+        fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
+        return max(fits, key=lambda n: (n.free.get(CPU, 0.0), n.name), default=None)
 
     # ---- partitions (trajectory-bound, task-isolated) ------------------------------------------
     def _compute_partitions(self: Core) -> None:

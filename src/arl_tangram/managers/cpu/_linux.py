@@ -8,10 +8,14 @@ nothing here keeps state, so a forked child may use it freely.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+try:
+    _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc: ask the (heavier) finder
+    import ctypes.util
+
+    _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000

@@ -112,6 +112,18 @@ def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
         fut.set_exception(TimeoutError(f"no reply within {timeout:g} s"))
 
 
+def _zygote_env() -> dict[str, str]:
+    """The fork server's environment: nothing of the service's own (tokens, configuration).
+
+    In-process Python actions are forks of the fork server, and /proc/self/environ shows the
+    environment its interpreter was started with, whatever os.environ says later.
+    """
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if os.environ.get("PYTHONPATH"):  # where the package itself is found when not installed
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 class Zygote:
     """The fork server process and its control socket (a SOCK_SEQPACKET, one spawn per message)."""
 
@@ -120,7 +132,7 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno()),
              json.dumps(cfg)], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, close_fds=True)
+            stdout=subprocess.DEVNULL, close_fds=True, env=_zygote_env())
         theirs.close()
         self.ctl = ours
         self.hello: dict[str, Any] = {}

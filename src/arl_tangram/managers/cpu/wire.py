@@ -6,7 +6,6 @@ frame, which the manager treats as a broken sandbox. Frames are capped at `MAX_F
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import struct
@@ -44,13 +43,3 @@ def write_frame_fd(fd: int, msg: dict[str, Any]) -> None:
     while data:
         n = os.write(fd, data)
         data = data[n:]
-
-
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    (n,) = _HDR.unpack(await reader.readexactly(4))
-    if n > MAX_FRAME:
-        raise ValueError(f"frame too large: {n}")
-    msg = json.loads(await reader.readexactly(n))
-    if not isinstance(msg, dict):
-        raise ValueError("frame is not an object")
-    return msg

@@ -1,3 +1,0 @@
-def test_after():
-    import ray
-    print("AFTER ray initialized:", ray.is_initialized())
