@@ -141,7 +141,7 @@ async def test_swap_in_from_host_vs_cold(specs: dict[str, ModelSpec]) -> None:
         acts = _actions("tiny-rm", _payloads("scalar"))
         cold_s = await mgr.load("i0", "tiny-rm", (0,))
         before = await mgr.run_batch("i0", acts)
-        await mgr.unload("i0", park=True)
+        assert await mgr.unload("i0", park=True) is True
         assert mgr.resident()["i0"]["state"] == "parked"
         assert mgr.resident()["i0"]["devices"] == ()
         assert mgr.memory_free()[0] == mgr.devices()[0].memory_mb
@@ -159,8 +159,9 @@ async def test_swap_in_from_host_vs_cold(specs: dict[str, ModelSpec]) -> None:
         assert costs["load_samples"] == 1 and costs["swap_samples"] == 1
         assert costs["load_s"] == cold_s and costs["swap_s"] == swap_s
         # nothing parked: from_host falls back to a cold load; park=False keeps nothing
-        await mgr.unload("i1", park=False)
+        assert await mgr.unload("i1", park=False) is False
         assert mgr.resident() == {}
+        assert await mgr.unload("never-loaded") is False
         await mgr.load("i2", "tiny-rm", (0,), from_host=True)
         assert mgr.resident()["i2"]["from_host"] is False
     finally:
@@ -172,7 +173,7 @@ async def test_host_park_limit_evicts(specs: dict[str, ModelSpec]) -> None:
     mgr = GpuManager(GpuManagerConfig(device="cpu", host_park_limit_mb=0.0), [spec])
     try:
         await mgr.load("i0", "tiny-rm", (0,))
-        await mgr.unload("i0", park=True)
+        assert await mgr.unload("i0", park=True) is False
         assert mgr.resident() == {}  # too big for the park: dropped
     finally:
         await mgr.aclose()
@@ -279,5 +280,52 @@ async def test_unload_while_loading(specs: dict[str, ModelSpec]) -> None:
             await task
         assert mgr.resident() == {}
         assert mgr.memory_free() == {d.index: d.memory_mb for d in mgr.devices()}
+    finally:
+        await mgr.aclose()
+
+
+async def test_judge_with_chat_template(specs: dict[str, ModelSpec]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arl_tangram.managers.gpu.scoring import DEFAULT_JUDGE_TEMPLATE
+
+    path = specs["tiny-judge"].path
+    chat = "{% for m in messages %}<u>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+
+    def factory(with_template: bool):
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.chat_template = chat if with_template else None
+        return lambda: (AutoModelForCausalLM.from_pretrained(path), tok)
+
+    chat_spec = ModelSpec("chat", kind="judge", memory_mb=1, options={"chat_template": True})
+    # the same prompt, wrapped by hand: must score exactly the same
+    plain_spec = ModelSpec(
+        "plain",
+        kind="judge",
+        memory_mb=1,
+        options={"template": "<u>" + DEFAULT_JUDGE_TEMPLATE + "<a>"},
+    )
+    bare_spec = ModelSpec("bare", kind="judge", memory_mb=1)
+    factories = {"chat": factory(True), "plain": factory(False), "bare": factory(False)}
+    mgr = GpuManager(GpuManagerConfig(device="cpu"), [chat_spec, plain_spec, bare_spec], factories)
+    try:
+        for name in ("chat", "plain", "bare"):
+            await mgr.load(name, name, (0,))
+        payloads = [{"query": t} for t in TEXTS]
+        got = {n: await mgr.run_batch(n, _actions(n, payloads)) for n in ("chat", "plain", "bare")}
+        for i in range(len(TEXTS)):
+            c, p, b = (got[n].outputs[f"a{i}"]["score"] for n in ("chat", "plain", "bare"))
+            assert c == pytest.approx(p, abs=1e-6)
+            assert c != pytest.approx(b, abs=1e-9)
+        with pytest.raises(BrokenError, match="chat_template"):
+            mgr2 = GpuManager(
+                GpuManagerConfig(device="cpu"),
+                [ModelSpec("x", kind="judge", memory_mb=1, options={"chat_template": True})],
+                {"x": factory(False)},
+            )
+            try:
+                await mgr2.load("x", "x", (0,))
+            finally:
+                await mgr2.aclose()
     finally:
         await mgr.aclose()

@@ -61,8 +61,8 @@ def _check_nodes(core: Core) -> None:
             _check(abs(u - x) <= _EPS, "used-equals-holdings", f"{name}.{k}: used {u} vs holdings {x}")
             _check(u <= node.cap.get(k, 0.0) + _EPS, "capacity", f"{name}.{k}: {u} > {node.cap.get(k, 0.0)}")
         for aid in node.running:
-            rec = core.actions.get(aid)
-            _check(rec is not None and rec.node == name, "running-set", f"{aid} on {name}")
+            held = core.actions.get(aid)
+            _check(held is not None and held.node == name, "running-set", f"{aid} on {name}")
         _check(name in core.index, "index", f"alive node {name} not indexed")
 
 
@@ -151,7 +151,7 @@ def build_view(core: Core) -> CoreView:
         for s in sorted(core.sessions.values(), key=lambda s: s.id)
     )
     queued: dict[str, int] = {}
-    counts: dict[str, int] = dict(core.terminal)
+    counts: dict[str, int] = {st.name: n for st, n in core.terminal.items()}
     for rec in core.actions.values():
         counts[rec.status.name] = counts.get(rec.status.name, 0) + 1
         if rec.status is S.QUEUED:

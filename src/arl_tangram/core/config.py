@@ -47,7 +47,7 @@ class CoreConfig:
     # Consecutive failed loads of one model after which its queued actions fail.
     max_load_failures: int = 3
     # Demand held by a session opened implicitly by an action naming an unknown session.
-    session_demand: Resources = Resources(memory_mb=256)
+    session_demand: Resources = Resources(memory_mb=256)  # noqa: RUF009 - immutable
     # Time-to-live of an implicitly opened session (closed after this long without an action).
     session_ttl_s: float = 600.0
     # Window over which arrival rates are measured for warm-pool targets.

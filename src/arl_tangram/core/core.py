@@ -16,7 +16,7 @@ Event handlers live here; the scheduling pass in `scheduling.py`; model instance
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -60,11 +60,11 @@ class Core(SchedulingMixin, ModelMixin):
         self.seq = 0
         self.arrived = 0
         self.delivered = 0
-        self.terminal: dict[str, int] = {}
+        self.terminal: dict[Status, int] = {}
         self._out: list[Command] = []
         self._starts: dict[str, int] = {}
         self._dirty: set[str] = set()
-        self._touched: set[object] = set()
+        self._touched: set[Any] = set()
         self._cause = ""
         self._init_scheduling()
         self._init_models()
@@ -98,7 +98,8 @@ class Core(SchedulingMixin, ModelMixin):
             raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
         if event.time > self.now:
             self.now = event.time
-        self._out = out = []
+        out: list[Command] = []
+        self._out = out
         self._starts = {}
         self._cause = _cause_of(event)
         if not self._booted:
@@ -223,7 +224,7 @@ class Core(SchedulingMixin, ModelMixin):
         )
         self._out.append(Deliver(res, cause=self._cause))
         self.delivered += 1
-        self.terminal[status.name] = self.terminal.get(status.name, 0) + 1
+        self.terminal[status] = self.terminal.get(status, 0) + 1
         del self.actions[rec.spec.id]
         hist = self.history
         hist[rec.spec.id] = rec

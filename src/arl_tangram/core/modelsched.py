@@ -1,3 +1,4 @@
+# mypy: disable-error-code="misc"
 """Reward models and judges: instances, batching, routing, scaling, swap-in, failures.
 
 Invariant: every model instance holds whole devices of one node inside one NVLink domain
@@ -24,7 +25,7 @@ from .actions import ActionSpec, Status
 from .cluster import ModelSpec
 from .commands import LoadModel, RunBatch, UnloadModel
 from .events import BatchFinished, ModelLoaded, ModelUnloaded
-from .records import InstanceRecord, InstState, NodeState
+from .records import ActionRecord, InstanceRecord, InstState, NodeState
 from .topology import can_ever_place, choose_devices, place_on_nodes
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ class ModelMixin:
                 return  # let the batch fill (a Tick or arrival will come back)
         self.bseq += 1
         bid = f"b{self.bseq}"
-        recs = []
+        recs: list[ActionRecord] = []
         while len(recs) < knee and (got := self._head(key)) is not None:
             rec = got[0]
             self._dequeue(rec)

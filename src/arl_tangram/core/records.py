@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .actions import ActionKind, ActionSpec, Status
 from .cluster import ModelSpec, NodeSpec
@@ -76,7 +77,7 @@ class ActionRecord:
         self.est = 0.0  # expected execution time at the minimum allotment
         self.batch: str | None = None  # batch id while in a RunBatch
         self.partition: str | None = None  # slice / task pool of partitioned policies
-        self.queue_key: object = None  # which queue holds it while QUEUED
+        self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
         self.is_model = spec.kind in _MODEL_KINDS
         self.shape: tuple[tuple[str, float], ...] = tuple(sorted(spec.demand._d.items()))
         self.story: list[tuple[float, object, object, str]] = []  # formatted only on demand
@@ -94,7 +95,7 @@ class ActionRecord:
     def describe(self) -> list[str]:
         out = []
         for t, a, b, cause in self.story:
-            what = f"{a.name}->{b.name}" if isinstance(b, Status) else str(a)  # type: ignore[union-attr]
+            what = f"{getattr(a, 'name', a)}->{b.name}" if isinstance(b, Status) else str(a)
             out.append(f"t={t:.6g} {what} (cause {cause})")
         return out
 
@@ -152,7 +153,7 @@ class NodeState:
 
     def fits(self, r: Mapping[str, float]) -> bool:
         free = self.free
-        for k, v in _items(r):
+        for k, v in _items(r):  # noqa: SIM110 - hot path, a plain loop is faster than all()
             if v > free.get(k, 0.0) + 1e-9:
                 return False
         return True

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="misc"
 """The scheduling pass: queues, ordering, aging, placement, partitions, elastic expansion.
 
 Invariant: after `_schedule` returns, every queue's head is blocked -- no queued action of the
@@ -12,6 +13,7 @@ never O(pending): a blocked head blocks its whole shape.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import ActionSpec, Status
 from .commands import ResizeAction, ResizeWarmPool, StartAction
-from .nodeindex import FreeIndex
+from .nodeindex import FreeIndex, level
 from .policies import cpu_nodes, split_cpu, trajectory_of
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
@@ -101,7 +103,11 @@ class SchedulingMixin:
             self.part_sess.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
             self._mtouched.add(key[1])
-        self._touched.add(key)
+        # Every head is blocked after a pass; an entry that does not become the head cannot
+        # change that, so only a new head makes its queue worth a look.
+        got = self._head(key)
+        if got is not None and got[1] is entry:
+            self._touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + self.config.aging_s, rec.seq, rec.spec.id))
 
@@ -162,28 +168,39 @@ class SchedulingMixin:
         if self.pending_sessions and self._dirty:
             for sid in list(self.pending_sessions):
                 self._open_session(self.sessions[sid])
+        # Shared-pool queues that were blocked after the last pass can only fit on nodes whose
+        # free capacity grew since (dirty, or released from a reservation): look only there.
+        local: list[NodeState] | None = None
         if self._dirty:  # capacity changed: every queue may move, reservations are redone
+            freed = self._dirty | set(self.reserved)
             self.reserved.clear()
             keys = self._candidates()
+            if len(freed) <= 32:
+                local = [n for n in (self.nodes[x] for x in sorted(freed)) if n.alive]
         else:  # only arrivals: queues blocked before stay blocked
             keys = {k for k in self._touched if k[0] != "model"}
-        heap: list[tuple[Any, Any]] = []
+        touched = self._touched
+        head = self._head
+        heap: list[tuple[int, float, int, Any, ActionRecord]] = []
         for key in keys:
-            got = self._head(key)
+            got = head(key)
             if got is not None:
-                heap.append((got[1][:3], key))
-        heapq.heapify(heap)
-        while heap:
-            _, key = heapq.heappop(heap)
-            got = self._head(key)
-            if got is None:
-                continue
-            rec, entry = got
-            if self._try_place(rec, key):
-                nxt = self._head(key)
-                if nxt is not None:
-                    heapq.heappush(heap, (nxt[1][:3], key))
-            elif entry[0] == 0 and key[0] == "shape":
+                e = got[1]
+                heap.append((e[0], e[1], e[2], key, got[0]))
+        if len(heap) > 1:
+            heapq.heapify(heap)
+        while heap:  # entries stay fresh: only the popped queue's head changes in the loop
+            aged, _, _, key, rec = heapq.heappop(heap)
+            if local is not None and key[0] == "shape" and key not in touched:
+                placed = self._place_among(rec, local)
+            else:
+                placed = self._try_place(rec, key)
+            if placed:
+                got = head(key)
+                if got is not None:
+                    e = got[1]
+                    heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
+            elif aged == 0 and key[0] == "shape":
                 self._reserve(rec)
 
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
@@ -203,9 +220,31 @@ class SchedulingMixin:
         if rec.partition is not None and (rec.partition, sess.node) in self.part_quota:
             return self._place_in_partition(rec, sess.node)
         node = self.nodes[sess.node]
-        if not node.fits(spec.demand):
+        alloc = spec.demand
+        if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
+            cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
+            alloc = alloc.with_amount(CPU, cpu)
+        if not node.fits(alloc):
             return False
-        self._start(rec, node, spec.demand, True)
+        self._start(rec, node, alloc, True)
+        return True
+
+    def _place_among(self: Core, rec: ActionRecord, nodes: list[NodeState]) -> bool:
+        """Best fit of a shared-pool action among a few given nodes (warm first)."""
+        spec = rec.spec
+        demand = spec.demand
+        wkey = warm_key(spec) if self.warm_nodes else ""
+        best: NodeState | None = None
+        best_score = (2, math.inf)
+        for node in nodes:
+            if node.name in self.reserved or not node.fits(demand):
+                continue
+            score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
+            if score < best_score:
+                best, best_score = node, score
+        if best is None:
+            return False
+        self._start(rec, best, demand, self._take_warm(best, spec))
         return True
 
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
@@ -240,19 +279,26 @@ class SchedulingMixin:
                         best, best_score = node, score
             if best is not None:
                 return best
+        index = self.index
+        levels = index.levels
+        lvl = level(demand.get(CPU, 0.0))
+        if not levels or lvl > levels[-1]:
+            return None  # no node has that much free CPU
         found, k = 0, self.config.fit_candidates
-        for name in self.index.from_level(demand.get(CPU, 0.0)):
-            if name in reserved:
-                continue
-            node = nodes[name]
-            if not node.fits(demand):
-                continue
-            score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
-            if score < best_score:
-                best, best_score = node, score
-            found += 1
-            if found >= k:
-                break
+        buckets = index._buckets
+        for lv in levels[bisect.bisect_left(levels, lvl):]:
+            for name in buckets[lv]:
+                if name in reserved:
+                    continue
+                node = nodes[name]
+                if not node.fits(demand):
+                    continue
+                score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
+                if score < best_score:
+                    best, best_score = node, score
+                found += 1
+                if found >= k:
+                    return best
         return best
 
     def _reserve(self: Core, rec: ActionRecord) -> None:
@@ -284,6 +330,9 @@ class SchedulingMixin:
     def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
         """Where a session opens: its trajectory's slice, else the node with most free CPU."""
         rec = hint if isinstance(hint, ActionRecord) else None
+        if rec is None:  # a pending session: open it where its waiting actions can run
+            recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
+            rec = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq), default=None)
         if rec is not None and rec.partition is not None:
             if self._parts_dirty:
                 self._compute_partitions()
@@ -298,7 +347,7 @@ class SchedulingMixin:
                 if name not in self.reserved and node.fits(need):
                     return node
         if rec is None:
-            return None  # an explicit session waits for room
+            return None  # an explicit session with no actions yet waits for room
         # busy everywhere: open it where the action can run once capacity frees up
         fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
         return max(fits, key=lambda n: (n.free.get(CPU, 0.0), n.name), default=None)

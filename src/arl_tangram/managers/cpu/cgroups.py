@@ -26,8 +26,11 @@ def _write(path: str, value: str) -> None:
 
 
 def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
@@ -70,6 +73,14 @@ class Slot:
             _write(f"{self.dirs['cpu']}/cpu.cfs_quota_us", str(quota))
         else:
             _write(f"{self.dirs['cpu']}/cpu.max", f"{quota} {_PERIOD_US}")
+
+    def set_weight(self, fraction: float) -> None:
+        """CPU weight relative to a normal task (1.0); warming sandboxes get less than a running
+        action, so that refilling the pool does not slow the actions in flight."""
+        if self.version == "v1":
+            _write(f"{self.dirs['cpu']}/cpu.shares", str(max(2, int(1024 * fraction))))
+        else:
+            _write(f"{self.dirs['cpu']}/cpu.weight", str(max(1, int(100 * fraction))))
 
     def set_memory(self, limit_bytes: int) -> None:
         d = self.dirs["memory"]

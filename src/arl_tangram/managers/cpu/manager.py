@@ -27,7 +27,6 @@ from .config import CpuManagerConfig
 from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
-_RU = []
 POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
 
 
@@ -161,7 +160,6 @@ class CpuManager:
             reply = await sb.request(req, budget)
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError, TimeoutError) as e:
             reply = {"error": f"sandbox broke: {type(e).__name__}: {e}"}
-        if "_ru" in reply and req["op"] == "run": _RU.append(reply["_ru"])
         return self._result(action_id, reply, sb, pod)
 
     def _result(self, action_id: str, reply: dict[str, Any], sb: Sandbox, pod: str) -> RunResult:

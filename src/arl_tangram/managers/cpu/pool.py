@@ -32,6 +32,9 @@ from . import wire
 from .cgroups import CgroupTree, Slot
 
 
+WARMING_WEIGHT = 0.25  # CPU weight of a sandbox being prepared, relative to a running action
+
+
 class Conn:
     """Length-prefixed JSON request/reply over a non-blocking socket, one reply per request."""
 
@@ -227,13 +230,17 @@ class Sandbox:
     dead: bool = False  # killed or released: never hand it out
     exited: bool = False  # its init is gone (so is every process of its PID namespace)
     released: bool = False
+    weight: float = 1.0  # CPU weight of its slot, relative to a normal task
 
     async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         return await self.conn.request(msg, timeout)
 
-    def set_limits(self, cpu: float, memory: int) -> None:
+    def set_limits(self, cpu: float, memory: int, weight: float = 1.0) -> None:
         if self.slot is None:
             return
+        if weight != self.weight:
+            self.slot.set_weight(weight)
+            self.weight = weight
         if abs(cpu - self.cpu) > 1e-9:
             self.slot.set_cpu(cpu)
             self.cpu = cpu
@@ -325,7 +332,8 @@ class WarmPool:
             try:
                 assert sb.slot is not None
                 sb.slot.set_pids(self.pids_max)
-                sb.set_limits(self.default_cpu, self.default_mem)
+                sb.weight = 0.0  # unknown (a reused slot): written below
+                sb.set_limits(self.default_cpu, self.default_mem, WARMING_WEIGHT)
                 sb.slot.reset_stats()
                 sb.slot.add(sb.pid)
             except BaseException as e:

@@ -71,6 +71,12 @@ class Job:
 
 def _child_setup(limits: Limits, fds: tuple[int, int, int], keep: int = 0) -> None:
     """Become an unprivileged, limited child; fds 0-2 from ``fds``, fds 3..3+keep kept."""
+    _child_detach(fds, keep)
+    _drop_privileges(limits)
+
+
+def _child_detach(fds: tuple[int, int, int], keep: int) -> None:
+    """The privilege-free part of the set-up: own session, fds, signals, OOM score, cwd."""
     os.setsid()
     for i, fd in enumerate(fds):
         if fd != i:
@@ -84,6 +90,11 @@ def _child_setup(limits: Limits, fds: tuple[int, int, int], keep: int = 0) -> No
             f.write("1000")
     except OSError:
         pass
+    os.chdir(WORKDIR)
+
+
+def _drop_privileges(limits: Limits) -> None:
+    """rlimits, then the sandbox uid/gid with no groups and no_new_privs (cheap syscalls)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize, limits.fsize))
@@ -92,7 +103,6 @@ def _child_setup(limits: Limits, fds: tuple[int, int, int], keep: int = 0) -> No
     os.setresgid(limits.gid, limits.gid, limits.gid)
     os.setresuid(limits.uid, limits.uid, limits.uid)
     _linux.set_no_new_privs()
-    os.chdir(WORKDIR)
 
 
 def _child_python(job: Job, limits: Limits) -> int:
@@ -165,7 +175,7 @@ def _exec_job(job: Job, limits: Limits) -> None:
 
 @dataclass(slots=True)
 class Prepared:
-    """A child forked in advance: already unprivileged and limited, blocked reading its job."""
+    """A child forked in advance (set up, still root of the sandbox), blocked reading its job."""
 
     pid: int
     ctl: int  # write end of its job pipe
@@ -173,10 +183,11 @@ class Prepared:
 
 
 def prepare(limits: Limits) -> Prepared:
-    """Fork a child that does all of `_child_setup` now and waits for a job on fd 3.
+    """Fork a child that does the costly part of `_child_setup` now and waits for a job on fd 3.
 
-    ``limits`` are the loosest any job may get (the config's); the job's own rlimits are applied
-    (lowered, which needs no privilege) when it arrives, before any untrusted code runs.
+    It waits as root of the sandbox (only our code runs in it until then), so a warm sandbox has
+    no process of the sandbox uid; when the job arrives it applies the job's rlimits and drops to
+    the sandbox uid/gid with no_new_privs (a handful of syscalls) before any untrusted code runs.
     """
     ctl_r, ctl_w = os.pipe()
     in_r, in_w = os.pipe()
@@ -187,9 +198,9 @@ def prepare(limits: Limits) -> Prepared:
         try:
             hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (ctl_r, in_r, out_w, err_w)]
             os.dup2(hi[0], 3)
-            _child_setup(limits, (hi[1], hi[2], hi[3]), keep=1)
+            _child_detach((hi[1], hi[2], hi[3]), keep=1)
             _warm_child()
-            job, lim = _read_job(3)
+            job, lim = _read_job(3, limits)
         except BaseException:
             os._exit(0)  # unused (the sandbox went away) or broken: the init falls back to fork
         _exec_job(job, lim)
@@ -206,21 +217,16 @@ def _warm_child() -> None:
     msg = marshal.loads(marshal.dumps({"argv": None, "python": [("", "")], "env": {"A": "1"},
                                        "cpu_s": 1, "fsize": 1, "nofile": 1, "cpus": 1.0}))
     Job(argv=msg["argv"], python=msg["python"], env=msg["env"])
-    resource.getrlimit(resource.RLIMIT_NOFILE)
     os.environ.update({"HOME": WORKDIR})
 
 
-def _read_job(fd: int) -> tuple[Job, Limits]:
+def _read_job(fd: int, base: Limits) -> tuple[Job, Limits]:
     hdr = _read_exact(fd, 4)
     msg = marshal.loads(_read_exact(fd, int.from_bytes(hdr, "big")))  # from the init: trusted
     os.close(fd)
-    resource.setrlimit(resource.RLIMIT_CPU, (msg["cpu_s"], msg["cpu_s"] + 1))
-    for res, v in ((resource.RLIMIT_FSIZE, msg["fsize"]), (resource.RLIMIT_NOFILE, msg["nofile"])):
-        hard = resource.getrlimit(res)[1]
-        v = v if hard == resource.RLIM_INFINITY else min(v, hard)
-        resource.setrlimit(res, (v, v))
-    lim = Limits(uid=os.getuid(), gid=os.getgid(), cpu_s=msg["cpu_s"], fsize=msg["fsize"],
+    lim = Limits(uid=base.uid, gid=base.gid, cpu_s=msg["cpu_s"], fsize=msg["fsize"],
                  nofile=msg["nofile"], output=0, cpus=msg["cpus"])
+    _drop_privileges(lim)
     job = Job(argv=msg["argv"], python=msg["python"], env=msg["env"])
     return job, lim
 

@@ -55,8 +55,6 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
         except (EOFError, OSError, ValueError):
             os._exit(0)
         op = req.get("op")
-        import resource as _r
-        _f0 = _r.getrusage(_r.RUSAGE_SELF).ru_minflt
         try:
             if op == "prepare":  # off the critical path: fork the action's child in advance
                 if prepared is None:
@@ -73,9 +71,6 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
             _kill_all()  # nothing the action started runs past its reply
         else:
             _reap_all()
-        import resource as _r
-        _a, _b = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
-        reply["_ru"] = [_a.ru_minflt - _f0, _a.ru_utime, _a.ru_stime, _b.ru_utime, _b.ru_stime, _a.ru_minflt, _b.ru_minflt]
         try:
             wire.write_frame_fd(fd, reply)
         except OSError:

@@ -187,11 +187,15 @@ class GpuManager:
                 torch.cuda.synchronize(device)
             return scorer, time.perf_counter() - t0
 
-    async def unload(self, instance_id: str, park: bool = True) -> None:
-        """Free the instance's devices; with ``park``, keep its weights in host memory."""
+    async def unload(self, instance_id: str, park: bool = True) -> bool:
+        """Free the instance's devices; with ``park``, keep its weights in host memory.
+
+        Returns whether the weights were parked (False when not asked, when they do not fit
+        ``host_park_limit_mb``, or for an unknown or still-loading instance).
+        """
         inst = self._instances.pop(instance_id, None)
         if inst is None:
-            return
+            return False
         self._batcher.drop(instance_id, f"instance {instance_id} was unloaded")
         executor = inst.executor
         try:
@@ -206,9 +210,10 @@ class GpuManager:
         if park and inst.scorer is not None and self._admit_parked(inst):
             inst.state = "parked"
             self._parked[instance_id] = inst
-        else:
-            inst.scorer = None
-            self._free_memory()
+            return True
+        inst.scorer = None
+        self._free_memory()
+        return False
 
     def _unload_sync(self, inst: _Instance, park: bool) -> None:
         assert inst.scorer is not None

@@ -11,7 +11,8 @@ Kinds:
 - ``similarity``: AutoModel embeddings, masked mean pooling (L2-normalized), score = cosine
   similarity of the response and ``payload["reference"]``.
 - ``judge``: AutoModelForCausalLM; score = P(yes) / (P(yes) + P(no)) of the next token after a
-  prompt template. Deterministic: one forward pass, no sampling.
+  prompt template (``options["template"]``, wrapped in the tokenizer's chat template when
+  ``options["chat_template"]`` is true). Deterministic: one forward pass, no sampling.
 """
 
 from __future__ import annotations
@@ -141,6 +142,12 @@ class Scorer:
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.max_length, self.max_tokens = max_length, max_tokens
         self._yes_no: tuple[int, int] | None = None
+        # judges of instruct models: wrap the prompt in the tokenizer's chat template
+        self.chat = spec.kind == "judge" and bool(spec.options.get("chat_template", False))
+        if self.chat and not getattr(tokenizer, "chat_template", None):
+            raise BrokenError(
+                f"model {spec.name}: options.chat_template is set but its tokenizer has none"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -151,13 +158,26 @@ class Scorer:
         uniq: dict[str, int] = {}  # identical texts (a shared reference) are encoded once
         refs: list[list[int]] = []
         for p in payloads:
-            refs.append([uniq.setdefault(t, len(uniq)) for t in texts_for(self.spec, p)])
+            texts = [self._chat(t) for t in texts_for(self.spec, p)]
+            refs.append([uniq.setdefault(t, len(uniq)) for t in texts])
         rows = self._forward_all(list(uniq))
         return [self._output([rows[i] for i in r]) for r in refs]
 
+    def _chat(self, text: str) -> str:
+        if not self.chat:
+            return text
+        messages = [{"role": "user", "content": text}]
+        out = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(out)
+
     def _forward_all(self, texts: Sequence[str]) -> list[torch.Tensor]:
         tok = self.tokenizer
-        ids = tok(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        special = not self.chat  # a chat template already carries its special tokens
+        ids = tok(
+            list(texts), truncation=True, max_length=self.max_length, add_special_tokens=special
+        )["input_ids"]
         rows: list[torch.Tensor | None] = [None] * len(texts)
         groups = micro_batches([len(x) for x in ids], self.max_tokens, self.spec.max_batch * 2)
         device = self.device
@@ -168,6 +188,7 @@ class Scorer:
                     padding=True,
                     truncation=True,
                     max_length=self.max_length,
+                    add_special_tokens=special,
                     return_tensors="pt",
                 )
                 batch = {k: v.to(device) for k, v in enc.items()}
