@@ -54,7 +54,8 @@ def test_multi_gpu_instance_stays_in_one_nvlink_domain() -> None:
 
 def test_scale_out_when_waits_grow_and_not_when_small() -> None:
     rm = ModelSpec("rm", memory_mb=8000, alpha=0.04, beta=0.01, max_batch=16, load_s=2.0)
-    d = Driver([gpu_node("g0", gpus=4)], [rm], policy="tangram")
+    d = Driver([gpu_node("g0", gpus=4)], [rm], policy="tangram", model_min_instances=0,
+               scale_out_batches=1.0)
     out = d.arrive(reward("a"))
     assert len(of(out, cmd.LoadModel)) == 1
     out = d.arrive(*[reward(f"r{i}") for i in range(10)])
@@ -63,8 +64,23 @@ def test_scale_out_when_waits_grow_and_not_when_small() -> None:
     assert of(out, cmd.LoadModel)  # ~12 batches of 0.2s = 2.4s > 2s load
 
 
+def test_default_scales_out_onto_free_devices_on_any_backlog_and_preloads_minimum() -> None:
+    d = Driver([gpu_node("g0", gpus=4)], [RM], policy="tangram")
+    (ld,) = of(d.tick(), cmd.LoadModel)  # the warm minimum is loaded at the first event
+    d(ev.ModelLoaded(1.0, ld.instance_id))
+    out = d.arrive(reward("r0"))
+    assert len(of(out, cmd.RunBatch)) == 1 and not of(out, cmd.LoadModel)
+    (_,) = of(d.arrive(reward("r1")), cmd.LoadModel)  # it waits: scale out onto a free device
+    out = d.arrive(*[reward(f"q{i}") for i in range(10)])
+    assert not of(out, cmd.LoadModel)  # 11 queued: the loading instance will take a batch of 16
+    out = d.arrive(*[reward(f"z{i}") for i in range(40)])
+    assert len(of(out, cmd.LoadModel)) == 2  # up to max_instances (4), then no more
+    assert len(d.core.view().instances) == 4
+
+
 def test_idle_scale_in_parks_then_swaps_back_in() -> None:
-    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_idle_s=30)
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_idle_s=30,
+               model_min_instances=0)
     (load,) = of(d.arrive(reward("a")), cmd.LoadModel)
     (b,) = of(d(ev.ModelLoaded(1.0, load.instance_id)), cmd.RunBatch)
     d(ev.BatchFinished(2.0, b.batch_id, load.instance_id, outputs={"a": 1.0}))
@@ -90,7 +106,7 @@ def test_failed_load_retries_then_fails_queue() -> None:
 
 def test_evicts_idle_instance_of_other_model() -> None:
     other = ModelSpec("other", memory_mb=8000)
-    d = Driver([gpu_node("g0", gpus=1)], [RM, other], policy="tangram")
+    d = Driver([gpu_node("g0", gpus=1)], [RM, other], policy="tangram", model_min_instances=0)
     (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
     (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
     out = d.arrive(reward("o", "other"))
@@ -113,8 +129,10 @@ def test_static_policies_load_fixed_set_up_front_and_never_scale() -> None:
 
 
 def test_node_lost_requeues_batch_and_drops_instances() -> None:
-    d = Driver([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], [RM], policy="fifo")
-    (ld,) = of(d.arrive(reward("a"), reward("n", idempotent=False)), cmd.LoadModel)
+    d = Driver([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], [RM], policy="fifo",
+               model_min_instances=0)
+    (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
+    d.arrive(reward("n", idempotent=False))
     (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
     out = d(ev.NodeLost(2.0, ld.node))
     res = {c.result.id: c.result for c in of(out, cmd.Deliver)}

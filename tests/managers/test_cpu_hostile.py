@@ -19,6 +19,7 @@ from arl_tangram.managers.cpu import CpuManager, RunResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TANGRAM_TEST_SECRET", "s3cret")  # a "token" of the service (collection time)
 
 
 async def contained(mgr: CpuManager, r: RunResult) -> None:
@@ -188,3 +189,63 @@ async def test_session_leaking_memory(mgr: CpuManager) -> None:
     assert results[-1].status != "Success" and results[-1].memory_exceeded, results[-1].to_dict()
     await mgr.close_session("leak")
     await contained(mgr, results[-1])
+
+
+async def test_reused_network_namespace_keeps_nothing(mgr: CpuManager) -> None:
+    """Network namespaces are lent to one sandbox at a time and reused: whatever an action
+    leaves in one (an abstract unix socket, a sysctl change, a raised loopback) must be gone or
+    impossible by the time another action gets the same namespace."""
+    plant = ("import os, socket, ctypes\n"
+             "print('NS', os.readlink('/proc/self/ns/net'))\n"
+             "s = socket.socket(socket.AF_UNIX); s.bind('\\0tangram-left'); s.listen()\n"
+             "u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); u.bind('\\0tangram-dgram')\n"
+             "for p in ('/proc/sys/net/core/somaxconn', '/proc/sys/net/ipv4/ip_forward'):\n"
+             "    try:\n        open(p, 'w').write('1'); print('WROTE', p)\n"
+             "    except OSError:\n        print('denied', p)\n"
+             "libc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+             "print('userns', libc.unshare(0x10000000))\n"  # CLONE_NEWUSER: no power over our netns
+             "try:\n    open('/proc/sys/net/core/somaxconn', 'w').write('7'); print('WROTE userns')\n"
+             "except OSError:\n    print('denied userns')\n"
+             "import fcntl, struct\n"
+             "try:\n    fcntl.ioctl(socket.socket(), 0x8914, struct.pack('16sH', b'lo', 1)); print('LO UP')\n"
+             "except OSError:\n    print('lo stays down')\n")
+    r = await mgr.run(action(plant), allot())
+    out = r.run_result.stdout if r.run_result else ""
+    assert "WROTE" not in out and "LO UP" not in out and out.count("denied") == 3, r.to_dict()
+    ns = out.split("NS ", 1)[1].split()[0]
+    probe = ("import os, socket\nprint('NS', os.readlink('/proc/self/ns/net'))\n"
+             "print('unix:', [l.split()[-1] for l in open('/proc/net/unix').read().splitlines()[1:]])\n"
+             "for name in ('\\0tangram-left', '\\0tangram-dgram'):\n"
+             "    try:\n        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM if 'left' in name"
+             " else socket.SOCK_DGRAM); c.connect(name); print('REACHED', name)\n"
+             "    except OSError as e:\n        print('gone', e.errno)\n"
+             "print(open('/proc/sys/net/core/somaxconn').read().strip())\n")
+    with open("/proc/sys/net/core/somaxconn") as f:
+        base = f.read().strip()  # a fresh netns' default here
+    for _ in range(60):  # FIFO reuse: within (namespaces made) actions we get it back
+        r2 = await mgr.run(action(probe), allot())
+        out2 = r2.run_result.stdout if r2.run_result else ""
+        if f"NS {ns}" in out2:
+            break
+    else:
+        pytest.fail(f"network namespace {ns} was never reused")
+    assert "REACHED" not in out2 and out2.count("gone") == 2, out2
+    assert "tangram" not in out2.split("unix:", 1)[1].split("\n", 1)[0], out2
+    assert out2.strip().splitlines()[-1] in (base, "4096"), out2
+    await contained(mgr, r2)
+
+
+async def test_service_environment_is_not_visible(mgr: CpuManager) -> None:
+    """Python actions are forks of the fork server: the environment its interpreter was started
+    with stays in their memory (top of the stack), whatever os.environ says. It must hold
+    nothing of the service's environment (tokens, configuration)."""
+    assert os.environ.get("TANGRAM_TEST_SECRET") == "s3cret"  # set before the manager started
+    code = ("import os, ctypes\nprint(sorted(os.environ))\n"
+            "libc = ctypes.CDLL('libc.so.6'); libc.getauxval.restype = ctypes.c_ulong\n"
+            "top = libc.getauxval(31)\n"  # AT_EXECFN: just above the exec's environment strings
+            "print(ctypes.string_at(top - 16384, 16384).count(b's3cret'))\n")
+    r = await mgr.run(action(code), allot())
+    out = r.run_result.stdout.splitlines() if r.run_result else []
+    assert out[1:] == ["0"], r.to_dict()
+    assert "TANGRAM_TEST_SECRET" not in out[0] and "HOME" in out[0]
+    await contained(mgr, r)

@@ -42,6 +42,13 @@ class CoreConfig:
     sandbox_cold_s: float = 0.5
     # Idle time after which a model instance is scaled in (UnloadModel park=True) by tangram/fifo.
     model_idle_s: float = 60.0
+    # Scale a model out onto free devices while its queue exceeds what is already coming (a
+    # knee batch per loading instance) plus this many knee batches per ready instance -- even
+    # when the queue would drain before a cold load completes (0: any wait scales out).
+    scale_out_batches: float = 0.0
+    # Instances of each model tangram/fifo load at the first event and never scale in below
+    # (the static baselines load their whole set up front; this is the elastic minimum).
+    model_min_instances: int = 1
     # Longest an action may wait for its batch to fill toward the knee (0: dispatch at once).
     max_batch_wait_s: float = 0.0
     # Consecutive failed loads of one model after which its queued actions fail.
@@ -77,7 +84,7 @@ class CoreConfig:
         self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)
         self._check_range("reserve_fraction", self.reserve_fraction, 0.0, 1.0, high_open=True)
         self._check_range("estimate_quantile", self.estimate_quantile, 0.0, 1.0)
-        for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s"):
+        for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches"):
             self._check_range(name, getattr(self, name), 0.0, math.inf)
         for name in ("session_ttl_s", "rate_window_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
@@ -85,6 +92,8 @@ class CoreConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise _bad(name, v, "must be an integer >= 1")
+        if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
+            raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
         if not isinstance(self.max_warm_per_node, int) or self.max_warm_per_node < 0:
             raise _bad("max_warm_per_node", self.max_warm_per_node, "must be an integer >= 0")
         if not isinstance(self.session_demand, Resources):

@@ -9,8 +9,10 @@ Invariants (checked by `Core.validate`, see `checks.py`):
 - the scheduling pass is work-conserving: after each event no queued action of the shared pool
   fits on a node that is not reserved for an aged action.
 
-Event handlers live here; the scheduling pass in `scheduling.py`; model instances and batching in
-`modelsched.py`; the policies as data in `policies.py`. Every policy runs this same code.
+Event handlers live here; the scheduling pass in `scheduling.py`; partitions of the static
+baselines in `partitioning.py`; elastic expansion and warm pools in `elastic.py`; model instances
+and batching in `modelsched.py`; the policies as data in `policies.py`. Every policy runs this
+same code.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from .actions import ActionResult, ActionSpec, Status
 from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, Deliver, OpenSession
 from .config import POLICIES, CoreConfig
+from .elastic import ElasticMixin
 from .estimator import DurationEstimator
 from .modelsched import ModelMixin
 from .nodeindex import FreeIndex
+from .partitioning import PartitionMixin
 from .policies import POLICY_TABLE
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import Resources
@@ -40,7 +44,7 @@ S = Status
 _ACTIVE = (S.STARTING, S.RUNNING)
 
 
-class Core(SchedulingMixin, ModelMixin):
+class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     def __init__(self, cluster: ClusterSpec, config: CoreConfig | None = None) -> None:
@@ -105,11 +109,15 @@ class Core(SchedulingMixin, ModelMixin):
         if not self._booted:
             self._boot_models()
         handler(event)
-        self._expire_sessions()
-        self._age()
+        now = self.now
+        if self.session_expiry and self.session_expiry[0][0] <= now:
+            self._expire_sessions()
+        if self.aging_heap and self.aging_heap[0][0] <= now:
+            self._age()
         self._schedule()
-        self._dispatch_models()
-        if self.policy.elastic and self._dirty:
+        if self._mtouched:
+            self._dispatch_models()
+        if self.policy.elastic and (self._dirty or self._grow):
             self._expand()
         self._dirty.clear()
         self._touched.clear()
@@ -415,7 +423,24 @@ class Core(SchedulingMixin, ModelMixin):
         return f"no node can ever satisfy demand {demand} (largest capacities {self._largest()})"
 
 
+_CAUSE_ATTR = {
+    ev.ActionStarted: "action_id",
+    ev.ActionFinished: "action_id",
+    ev.CancelRequested: "action_id",
+    ev.BatchFinished: "batch_id",
+    ev.ModelLoaded: "instance_id",
+    ev.ModelUnloaded: "instance_id",
+}
+
+
 def _cause_of(event: ev.Event) -> str:
+    """``Type:id`` of the event, carried by the commands and transitions it causes."""
+    t = type(event)
+    if t is ev.ActionArrived:
+        return "ActionArrived:" + event.action.id  # type: ignore[attr-defined]
+    attr = _CAUSE_ATTR.get(t)
+    if attr is not None:
+        return f"{t.__name__}:{getattr(event, attr)}"
     for attr in ("action_id", "batch_id", "instance_id", "session_id"):
         v = getattr(event, attr, None)
         if v:

@@ -11,8 +11,10 @@ next batch, up to the knee of the model's latency curve (`ModelSpec.knee_batch`)
 goes to the instance with the least wait. Dynamic policies (tangram, fifo) load an instance on
 demand, scale out while the expected queue wait exceeds the cost of a new instance (a swap-in
 from parked host weights when there are some, else a cold load), park idle instances after
-``model_idle_s`` and evict an idle instance of another model when a model has none and no
-device is free. Static policies load a fixed set up front (round-robin over the models until
+``model_idle_s`` (keeping ``model_min_instances`` of each, loaded at the first event) and evict an idle instance of another model when a model has none and no
+device is free. A backlog of more than ``scale_out_batches`` full batches per instance also
+scales out onto free devices: the instance will be parked when idle and swapped back in
+quickly at the next burst (RL rollouts come in bursts). Static policies load a fixed set up front (round-robin over the models until
 the devices or ``max_instances`` run out) and never scale.
 """
 
@@ -127,6 +129,13 @@ class ModelMixin:
         self._booted = True
         if not self.policy.dynamic_models:
             self._static_models_on(None)
+            return
+        for m in sorted(self.models.values(), key=lambda m: m.name):  # the warm minimum
+            for _ in range(min(self.config.model_min_instances, m.max_instances)):
+                got = self._pick_devices(m)
+                if got is None:
+                    break
+                self._launch(m, *got)
 
     def _static_models_on(self: Core, only: str | None) -> None:
         """Round-robin one instance per model until devices or ``max_instances`` run out."""
@@ -276,7 +285,12 @@ class ModelMixin:
             if n > 0:
                 cost = m.swap_s if (got is not None and got[2]) else m.load_s
                 wait = math.ceil(queued / m.knee_batch) * m.batch_latency(m.knee_batch) / n
-                if wait <= cost:
+                loading = sum(1 for i in self.inst_by_model[m.name]
+                              if self.instances[i].state is InstState.LOADING)
+                # loading instances will each take a batch; ready ones may queue a few more
+                absorb = m.knee_batch * (loading + self.config.scale_out_batches * (n - loading))
+                backlog = queued > absorb
+                if wait <= cost and not backlog:
                     return
             if got is None and n == 0:
                 got = self._evict_for(m)
@@ -304,8 +318,11 @@ class ModelMixin:
         if not self.policy.dynamic_models:
             return
         limit = self.config.model_idle_s
+        keep = self.config.model_min_instances
         for iid in sorted(self.instances):
             inst = self.instances[iid]
+            if len(self.inst_by_model[inst.model.name]) <= keep:
+                continue
             if (inst.state is InstState.READY and inst.batch is None
                     and not self.qlive.get(("model", inst.model.name))
                     and self.now - inst.last_used >= limit):

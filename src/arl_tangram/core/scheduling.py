@@ -16,13 +16,12 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .actions import ActionSpec, Status
-from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .commands import StartAction
+from .elastic import warm_key
 from .nodeindex import FreeIndex, level
-from .policies import cpu_nodes, split_cpu, trajectory_of
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
 
@@ -31,11 +30,6 @@ if TYPE_CHECKING:
 
 S = Status
 Entry = tuple[int, float, int, int, str]
-
-
-def warm_key(spec: ActionSpec) -> str:
-    lang = spec.payload.get("language") if spec.payload else None
-    return str(lang or spec.tag or spec.kind.value)
 
 
 class SchedulingMixin:
@@ -171,12 +165,14 @@ class SchedulingMixin:
         # Shared-pool queues that were blocked after the last pass can only fit on nodes whose
         # free capacity grew since (dirty, or released from a reservation): look only there.
         local: list[NodeState] | None = None
+        local_cpu = -1.0
         if self._dirty:  # capacity changed: every queue may move, reservations are redone
             freed = self._dirty | set(self.reserved)
             self.reserved.clear()
             keys = self._candidates()
             if len(freed) <= 32:
                 local = [n for n in (self.nodes[x] for x in sorted(freed)) if n.alive]
+                local_cpu = max((n.free.get(CPU, 0.0) for n in local), default=-1.0)
         else:  # only arrivals: queues blocked before stay blocked
             keys = {k for k in self._touched if k[0] != "model"}
         touched = self._touched
@@ -184,15 +180,20 @@ class SchedulingMixin:
         heap: list[tuple[int, float, int, Any, ActionRecord]] = []
         for key in keys:
             got = head(key)
-            if got is not None:
-                e = got[1]
-                heap.append((e[0], e[1], e[2], key, got[0]))
+            if got is None:
+                continue
+            e = got[1]
+            if (e[0] and local is not None and key[0] == "shape" and key not in touched
+                    and _shape_cpu(key[1]) > local_cpu + 1e-9):
+                continue  # more CPU than any freed node has: still blocked (aged heads go on)
+            heap.append((e[0], e[1], e[2], key, got[0]))
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
             aged, _, _, key, rec = heapq.heappop(heap)
             if local is not None and key[0] == "shape" and key not in touched:
-                placed = self._place_among(rec, local)
+                # cheap first test: more CPU than any freed node has cannot fit
+                placed = rec.spec.demand._d.get(CPU, 0.0) <= local_cpu + 1e-9 and self._place_among(rec, local)
             else:
                 placed = self._try_place(rec, key)
             if placed:
@@ -352,190 +353,6 @@ class SchedulingMixin:
         fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
         return max(fits, key=lambda n: (n.free.get(CPU, 0.0), n.name), default=None)
 
-    # ---- partitions (trajectory-bound, task-isolated) ------------------------------------------
-    def _compute_partitions(self: Core) -> None:
-        self._parts_dirty = False
-        alive = [(n.name, n.cap) for n in self.nodes.values() if n.alive]
-        nodes = cpu_nodes(alive)
-        if self.policy.partitioned == "trajectory":
-            t = self.config.trajectories or max(1, len(nodes))
-            weights = {f"slot{i}": 1.0 for i in range(t)}
-        else:
-            shares = self.config.task_shares or {"*": 1.0}
-            weights = {f"task:{k}": float(v) for k, v in shares.items()}
-        self.partitions = split_cpu(nodes, weights)
-        self.part_by_node = {}
-        self.part_quota = {}
-        self.part_index = {}
-        for p, pieces in self.partitions.items():
-            idx = self.part_index[p] = FreeIndex()
-            for name, quota in pieces:
-                self.part_by_node.setdefault(name, []).append(p)
-                self.part_quota[(p, name)] = quota
-                idx.update(name, {CPU: quota - self.part_used.get((p, name), 0.0)})
-            self._touched.add(("part", p))
-
-    def _partition_for(self: Core, spec: ActionSpec) -> str:
-        if self.policy.partitioned == "trajectory":
-            traj = trajectory_of(spec)
-            slot = self.traj_slot.get(traj)
-            if slot is None:
-                t = self.config.trajectories or max(1, len(cpu_nodes(
-                    [(n.name, n.cap) for n in self.nodes.values() if n.alive])))
-                slot = self.traj_slot[traj] = f"slot{len(self.traj_slot) % t}"
-            return slot
-        shares = self.config.task_shares
-        if not shares:
-            return "task:*"
-        if spec.task in shares:
-            return f"task:{spec.task}"
-        return f"task:{max(shares, key=lambda k: (shares[k], k))}"  # unknown task: largest pool
-
-    def _piece_candidates(self: Core, p: str, need: float, only: str | None) -> list[str]:
-        """Nodes of partition ``p`` to try: best fit on its free quota (largest room first for
-        whole slices); when ``need`` exceeds every piece, the largest idle pieces."""
-        if only is not None:
-            return [only] if (p, only) in self.part_quota else []
-        idx = self.part_index.get(p)
-        if idx is None:
-            return []
-        k = self.config.fit_candidates
-        out: list[str] = []
-        if self.policy.whole_slice:
-            for lvl in reversed(idx.levels):
-                out.extend(idx._buckets[lvl])
-                if len(out) >= k:
-                    break
-            return out[:k]
-        for name in idx.from_level(need):
-            out.append(name)
-            if len(out) >= k:
-                break
-        pieces = self.partitions.get(p, ())
-        if not out and pieces and need > pieces[0][1]:
-            out = [n for n, q in pieces[:64] if self.part_used.get((p, n), 0.0) <= 1e-9]
-        return out
-
-    def _place_in_partition(self: Core, rec: ActionRecord, only: str | None) -> bool:
-        p = rec.partition
-        assert p is not None
-        if self.policy.one_at_a_time and self.part_running.get(p, 0) > 0:
-            return False
-        spec = rec.spec
-        need = spec.demand.get(CPU, 0.0)
-        target = need
-        el = spec.elasticity
-        if self.policy.whole_slice and el is not None and el.dim == CPU:
-            target = el.max
-        for name in self._piece_candidates(p, need, only):
-            quota = self.part_quota[(p, name)]
-            node = self.nodes.get(name)
-            if node is None or not node.alive:
-                continue
-            room = quota - self.part_used.get((p, name), 0.0)
-            cpu = min(target, room)
-            if need > 0 and (cpu <= 1e-9 or cpu < min(need, quota) - 1e-9):
-                continue
-            alloc = spec.demand if abs(cpu - need) <= 1e-12 else spec.demand.with_amount(CPU, cpu)
-            if not node.fits(alloc):
-                continue
-            traj = trajectory_of(spec)
-            warm = spec.session is not None or self.traj_node.get(traj) == name
-            if self.policy.partitioned != "trajectory":
-                warm = warm or self._take_warm(node, spec)
-            self._start(rec, node, alloc, warm)
-            self.traj_node[traj] = name
-            self._part_use(p, name, cpu)
-            self.part_running[p] = self.part_running.get(p, 0) + 1
-            self.part_members[spec.id] = (p, name, cpu)
-            return True
-        return False
-
-    def _part_use(self: Core, p: str, name: str, cpu: float) -> None:
-        used = self.part_used.get((p, name), 0.0) + cpu
-        used = used if used > 1e-9 else 0.0
-        self.part_used[(p, name)] = used
-        idx = self.part_index.get(p)
-        if idx is not None and (p, name) in self.part_quota:
-            idx.update(name, {CPU: self.part_quota[(p, name)] - used})
-
-    def _part_release(self: Core, rec: ActionRecord) -> None:
-        got = self.part_members.pop(rec.spec.id, None)
-        if got is None:
-            return
-        p, name, cpu = got
-        self._part_use(p, name, -cpu)
-        self.part_running[p] -= 1
-        self._dirty.add(name)
-        self._touched.add(("part", p))
-        keys = self.part_sess.get(p)
-        if keys:  # session queues of this partition wait on it too
-            keys.intersection_update(self.qlive)
-            self._touched.update(keys)
-
-    # ---- elastic expansion (tangram) ------------------------------------------------------------
-    def _expand(self: Core) -> None:
-        """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
-        one step at a time to the action whose expected completion time drops the most."""
-        nodes = self._grow | self._dirty
-        self._grow = set()
-        if self.shape_keys:
-            return  # pending shared work comes first
-        for name in sorted(nodes):
-            node = self.nodes.get(name)
-            if node is None or not node.alive or name in self.reserved:
-                continue
-            if any(self.qlive.get(("sess", sid)) for sid in node.sessions):
-                continue
-            self._expand_node(node)
-
-    def _expand_node(self: Core, node: NodeState) -> None:
-        frac = self.config.reserve_fraction
-        step = self.config.elastic_step
-        heap: list[tuple[float, int, str]] = []
-        for aid in node.running:
-            rec = self.actions.get(aid)
-            if rec is None or rec.allotment is None:
-                continue
-            el = rec.spec.elasticity
-            if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
-                continue
-            heap.append((-_gain(rec, step), rec.seq, aid))
-        if not heap:
-            return
-        heapq.heapify(heap)
-        changed: dict[str, ActionRecord] = {}
-        while heap:
-            g, _, aid = heapq.heappop(heap)
-            rec = self.actions[aid]
-            el = rec.spec.elasticity
-            assert el is not None and rec.allotment is not None
-            spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
-            k = rec.allotment.get(el.dim)
-            delta = min(step, el.max - k, spare)
-            if delta <= 1e-9 or g >= 0:
-                continue
-            node.take({el.dim: delta})
-            rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
-            changed[aid] = rec
-            if k + delta < el.max - 1e-9:
-                heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
-        if changed:
-            self.index.update(node.name, node.free)
-            self._emit_resizes(node, changed.values())
-
-    def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
-        for rec in recs:
-            assert rec.allotment is not None
-            i = self._starts.get(rec.spec.id)
-            if i is not None:  # not sent yet: start it bigger
-                old = self._out[i]
-                assert isinstance(old, StartAction)
-                self._out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
-            else:
-                self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
-            rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
-
     # ---- capacity facts -------------------------------------------------------------------------
     def _node_changed(self: Core) -> None:
         self._possible.clear()
@@ -563,39 +380,6 @@ class SchedulingMixin:
             self._possible[key] = ok
         return ok
 
-    # ---- warm pools (tangram) -------------------------------------------------------------------
-    def _count_arrival(self: Core, spec: ActionSpec) -> None:
-        if self.policy.warm_pools and spec.session is None and not spec.kind.uses_model:
-            k = warm_key(spec)
-            self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
-
-    def _warm_targets(self: Core) -> None:
-        """Size warm pools from recent arrival rates: enough warm executors to absorb the
-        arrivals of two cold-start times, spread over the CPU nodes."""
-        last, now = self.last_rate_time, self.now
-        if last is None or now <= last:
-            self.last_rate_time = now if last is None else last
-            return
-        dt = now - last
-        self.last_rate_time = now
-        a = min(1.0, dt / self.config.rate_window_s)
-        counts, self.rate_counts = self.rate_counts, {}
-        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
-        if not names:
-            return
-        cap = self.config.max_warm_per_node
-        for key in sorted(set(counts) | set(self.rates)):
-            rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
-            self.rates[key] = rate
-            want = math.ceil(rate * self.config.sandbox_cold_s * 2)
-            n = len(names)
-            for i, name in enumerate(names):
-                t = min(cap, want // n + (1 if i < want % n else 0))
-                if self.warm_sent.get((name, key), 0) != t:
-                    self.warm_sent[(name, key)] = t
-                    self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
-
-
 def _leftover(node: NodeState, demand: Resources) -> float:
     worst = 0.0
     free, cap = node.free, node.cap
@@ -608,13 +392,14 @@ def _leftover(node: NodeState, demand: Resources) -> float:
     return worst
 
 
-def _gain(rec: ActionRecord, step: float) -> float:
-    """Weighted drop of expected remaining time from one more ``step`` of the elastic dim."""
-    el = rec.spec.elasticity
-    assert el is not None and rec.allotment is not None
-    k = rec.allotment.get(el.dim)
-    work = rec.est  # seconds at one unit of speed (the estimate is at speed 1)
-    sp = el.speedup
-    now_t = work / max(sp.factor(k), 1e-9)
-    next_t = work / max(sp.factor(min(el.max, k + step)), 1e-9)
-    return (now_t - next_t) * rec.spec.weight
+_SHAPE_CPU: dict[tuple[tuple[str, float], ...], float] = {}
+
+
+def _shape_cpu(shape: tuple[tuple[str, float], ...]) -> float:
+    """The CPU a demand shape asks for (memoized: shapes are few)."""
+    v = _SHAPE_CPU.get(shape)
+    if v is None:
+        if len(_SHAPE_CPU) > 4096:
+            _SHAPE_CPU.clear()
+        v = _SHAPE_CPU[shape] = dict(shape).get(CPU, 0.0)
+    return v

@@ -243,7 +243,9 @@ class NodeHost:
                 raise KeyError(f"model {cmd.model!r} is not configured on node {self.name}")
             load_s = await self.gpu.load(cmd.instance_id, cmd.model, tuple(cmd.devices),
                                          from_host=cmd.from_host)
-            self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, True, load_s, cmd.from_host))
+            # A swap-in falls back to a cold load when nothing was parked: report what happened.
+            swapped = bool(self.gpu.resident().get(cmd.instance_id, {}).get("from_host", False))
+            self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, True, load_s, swapped))
         except Exception as exc:
             self.emit(E.ModelLoaded(time.monotonic(), cmd.instance_id, False, None, cmd.from_host,
                                     f"{type(exc).__name__}: {exc}"))
@@ -252,8 +254,8 @@ class NodeHost:
         parked = False
         try:
             if self.gpu is not None:
-                await self.gpu.unload(cmd.instance_id, park=cmd.park)
-                parked = cmd.park
+                # False when the weights did not fit the host-memory limit and were dropped.
+                parked = bool(await self.gpu.unload(cmd.instance_id, park=cmd.park))
         except Exception as exc:
             log.warning("node %s: unload %s: %s", self.name, cmd.instance_id, exc)
         self.emit(E.ModelUnloaded(time.monotonic(), cmd.instance_id, parked))

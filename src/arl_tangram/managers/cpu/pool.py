@@ -31,7 +31,6 @@ from arl_tangram.core.errors import BrokenError, ClosedError
 from . import wire
 from .cgroups import CgroupTree, Slot
 
-
 WARMING_WEIGHT = 0.25  # CPU weight of a sandbox being prepared, relative to a running action
 
 

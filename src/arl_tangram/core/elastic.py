@@ -1,0 +1,142 @@
+# mypy: disable-error-code="misc"
+"""Tangram's elasticity: spare capacity to elastic actions, warm-pool sizing.
+
+Invariant: expansion never takes a node's capacity below ``reserve_fraction`` of it in the
+elastic dimension, never grows an action past its ``elasticity.max``, and runs only when no
+shared-pool work is queued (pending work comes first). An allotment grown before its
+StartAction left the core is sent as a bigger StartAction, otherwise as a ResizeAction.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .actions import ActionSpec
+from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .records import ActionRecord, NodeState
+from .resources import CPU
+
+if TYPE_CHECKING:
+    from .core import Core
+
+
+def warm_key(spec: ActionSpec) -> str:
+    """What kind of warm executor an action can use: its language, tag, or kind."""
+    lang = spec.payload.get("language") if spec.payload else None
+    return str(lang or spec.tag or spec.kind.value)
+
+
+class ElasticMixin:
+    """Part of `Core`: elastic expansion and warm pools (tangram)."""
+
+    rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
+    last_rate_time: float | None  # time of the last Tick that sized warm pools
+    _grow: set[str]  # nodes where an elastic action started in this event
+
+    def _expand(self: Core) -> None:
+        """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
+        one step at a time to the action whose expected completion time drops the most."""
+        nodes = self._grow | self._dirty
+        self._grow = set()
+        if self.shape_keys:
+            return  # pending shared work comes first
+        for name in sorted(nodes):
+            node = self.nodes.get(name)
+            if node is None or not node.alive or name in self.reserved:
+                continue
+            if any(self.qlive.get(("sess", sid)) for sid in node.sessions):
+                continue
+            self._expand_node(node)
+
+    def _expand_node(self: Core, node: NodeState) -> None:
+        frac = self.config.reserve_fraction
+        step = self.config.elastic_step
+        heap: list[tuple[float, int, str]] = []
+        for aid in node.running:
+            rec = self.actions.get(aid)
+            if rec is None or rec.allotment is None:
+                continue
+            el = rec.spec.elasticity
+            if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
+                continue
+            heap.append((-_gain(rec, step), rec.seq, aid))
+        if not heap:
+            return
+        heapq.heapify(heap)
+        changed: dict[str, ActionRecord] = {}
+        while heap:
+            g, _, aid = heapq.heappop(heap)
+            rec = self.actions[aid]
+            el = rec.spec.elasticity
+            assert el is not None and rec.allotment is not None
+            spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
+            k = rec.allotment.get(el.dim)
+            delta = min(step, el.max - k, spare)
+            if delta <= 1e-9 or g >= 0:
+                continue
+            node.take({el.dim: delta})
+            rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
+            changed[aid] = rec
+            if k + delta < el.max - 1e-9:
+                heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
+        if changed:
+            self.index.update(node.name, node.free)
+            self._emit_resizes(node, changed.values())
+
+    def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
+        for rec in recs:
+            assert rec.allotment is not None
+            i = self._starts.get(rec.spec.id)
+            if i is not None:  # not sent yet: start it bigger
+                old = self._out[i]
+                assert isinstance(old, StartAction)
+                self._out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
+            else:
+                self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
+            rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
+
+    def _count_arrival(self: Core, spec: ActionSpec) -> None:
+        if self.policy.warm_pools and spec.session is None and not spec.kind.uses_model:
+            k = warm_key(spec)
+            self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
+
+    def _warm_targets(self: Core) -> None:
+        """Size warm pools from recent arrival rates: enough warm executors to absorb the
+        arrivals of two cold-start times, spread over the CPU nodes."""
+        last, now = self.last_rate_time, self.now
+        if last is None or now <= last:
+            self.last_rate_time = now if last is None else last
+            return
+        dt = now - last
+        self.last_rate_time = now
+        a = min(1.0, dt / self.config.rate_window_s)
+        counts, self.rate_counts = self.rate_counts, {}
+        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+        if not names:
+            return
+        cap = self.config.max_warm_per_node
+        for key in sorted(set(counts) | set(self.rates)):
+            rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
+            self.rates[key] = rate
+            want = math.ceil(rate * self.config.sandbox_cold_s * 2)
+            n = len(names)
+            for i, name in enumerate(names):
+                t = min(cap, want // n + (1 if i < want % n else 0))
+                if self.warm_sent.get((name, key), 0) != t:
+                    self.warm_sent[(name, key)] = t
+                    self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+
+
+def _gain(rec: ActionRecord, step: float) -> float:
+    """Weighted drop of expected remaining time from one more ``step`` of the elastic dim."""
+    el = rec.spec.elasticity
+    assert el is not None and rec.allotment is not None
+    k = rec.allotment.get(el.dim)
+    work = rec.est  # seconds at one unit of speed (the estimate is at speed 1)
+    sp = el.speedup
+    now_t = work / max(sp.factor(k), 1e-9)
+    next_t = work / max(sp.factor(min(el.max, k + step)), 1e-9)
+    return (now_t - next_t) * rec.spec.weight
