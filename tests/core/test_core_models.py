@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from core_helpers import Driver, gpu_node, of, reward
+from core_helpers import Driver, gpu_node, of, reward, starts
 
 from arl_tangram.core import commands as cmd
 from arl_tangram.core import events as ev
-from arl_tangram.core.actions import Status
+from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.cluster import ModelSpec
+from arl_tangram.core.resources import Resources
 
 RM = ModelSpec("rm", memory_mb=8000, alpha=0.04, beta=0.01, max_batch=16, max_instances=4,
                load_s=10.0, swap_s=1.0)  # knee = 4*0.04/0.01 = 16
@@ -55,7 +56,7 @@ def test_multi_gpu_instance_stays_in_one_nvlink_domain() -> None:
 def test_scale_out_when_waits_grow_and_not_when_small() -> None:
     rm = ModelSpec("rm", memory_mb=8000, alpha=0.04, beta=0.01, max_batch=16, load_s=2.0)
     d = Driver([gpu_node("g0", gpus=4)], [rm], policy="tangram", model_min_instances=0,
-               scale_out_batches=1.0)
+               scale_out_batches=1.0, model_prewarm=False)
     out = d.arrive(reward("a"))
     assert len(of(out, cmd.LoadModel)) == 1
     out = d.arrive(*[reward(f"r{i}") for i in range(10)])
@@ -64,8 +65,8 @@ def test_scale_out_when_waits_grow_and_not_when_small() -> None:
     assert of(out, cmd.LoadModel)  # ~12 batches of 0.2s = 2.4s > 2s load
 
 
-def test_default_scales_out_onto_free_devices_on_any_backlog_and_preloads_minimum() -> None:
-    d = Driver([gpu_node("g0", gpus=4)], [RM], policy="tangram")
+def test_scales_out_onto_free_devices_on_any_backlog_and_preloads_minimum() -> None:
+    d = Driver([gpu_node("g0", gpus=4)], [RM], policy="tangram", model_prewarm=False)
     (ld,) = of(d.tick(), cmd.LoadModel)  # the warm minimum is loaded at the first event
     d(ev.ModelLoaded(1.0, ld.instance_id))
     out = d.arrive(reward("r0"))
@@ -106,7 +107,8 @@ def test_failed_load_retries_then_fails_queue() -> None:
 
 def test_evicts_idle_instance_of_other_model() -> None:
     other = ModelSpec("other", memory_mb=8000)
-    d = Driver([gpu_node("g0", gpus=1)], [RM, other], policy="tangram", model_min_instances=0)
+    d = Driver([gpu_node("g0", gpus=1)], [RM, other], policy="tangram", model_min_instances=0,
+               model_prewarm=False)
     (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
     (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
     out = d.arrive(reward("o", "other"))
@@ -130,7 +132,7 @@ def test_static_policies_load_fixed_set_up_front_and_never_scale() -> None:
 
 def test_node_lost_requeues_batch_and_drops_instances() -> None:
     d = Driver([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], [RM], policy="fifo",
-               model_min_instances=0)
+               model_min_instances=0, model_prewarm=False)
     (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
     d.arrive(reward("n", idempotent=False))
     (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
@@ -153,3 +155,82 @@ def test_cancel_inside_batch_ignores_late_output() -> None:
     assert of(out, cmd.Deliver)[0].result.status is Status.CANCELLED
     out = d(ev.BatchFinished(2.0, b.batch_id, ld.instance_id, outputs={"a": 1, "b": 2}))
     assert [c.result.id for c in of(out, cmd.Deliver)] == ["b"]
+
+
+@pytest.mark.parametrize("policy", ["tangram", "fifo"])
+def test_prewarm_fills_free_devices_and_idle_instances_stay(policy: str) -> None:
+    d = Driver([gpu_node("g0", gpus=4), gpu_node("g1", gpus=1)], [RM], policy=policy)
+    loads = of(d.tick(), cmd.LoadModel)
+    assert len(loads) == 4  # max_instances of rm, though nothing is queued yet
+    for ld in loads:
+        d(ev.ModelLoaded(1.0, ld.instance_id))
+    out = d.at(1.5).arrive(reward("a"))
+    assert len(of(out, cmd.RunBatch)) == 1 and not of(out, cmd.LoadModel)
+    assert not of(d.at(10_000).tick(), cmd.UnloadModel)  # nothing else needs the devices
+    assert len(d.core.view().instances) == 4
+
+
+JUDGE = ModelSpec("judge", memory_mb=8000, alpha=8.0, beta=0.08, max_batch=64, max_instances=4,
+                  load_s=10.0, swap_s=1.0)  # knee 64, a knee batch takes 13.12 s
+
+
+def _loaded(d: Driver) -> list[cmd.LoadModel]:
+    loads = of(d.tick(), cmd.LoadModel)
+    for ld in loads:
+        d(ev.ModelLoaded(1.0, ld.instance_id))
+    return loads
+
+
+def test_lazy_eviction_only_when_the_wait_pays_and_keeps_the_idle_models_last_instance() -> None:
+    d = Driver([gpu_node("g0", gpus=4)], [RM, JUDGE], policy="tangram")
+    loads = _loaded(d)
+    assert sorted(ld.model for ld in loads) == ["judge", "judge", "rm", "rm"]  # round-robin
+    out = d.at(100).arrive(*[reward(f"j{i}", "judge") for i in range(2 + 64)])
+    assert len(of(out, cmd.RunBatch)) == 2  # each idle judge takes a batch at once
+    assert not of(out, cmd.UnloadModel)  # 64 queued: a 13.1 s batch over 2 = 6.6 s < 10 s load
+    out = d.arrive(reward("k", "judge"))
+    (un,) = of(out, cmd.UnloadModel)  # 65 queued: 13.1 s > 10 s: park one rm, load a judge
+    (ld,) = of(out, cmd.LoadModel)
+    assert un.park and un.instance_id.startswith("rm#") and ld.model == "judge"
+    d(ev.ModelUnloaded(100.0, un.instance_id, parked=True))
+    out = d.arrive(*[reward(f"m{i}", "judge") for i in range(64 * 4)])
+    assert not of(out, cmd.UnloadModel)  # the last rm instance stays: rm has none else
+    assert sum(i.model == "rm" for i in d.core.view().instances) == 1
+
+
+def test_recently_used_instance_is_not_evicted_for_a_model_that_has_one() -> None:
+    d = Driver([gpu_node("g0", gpus=4)], [RM, JUDGE], policy="tangram")
+    _loaded(d)
+    for b in of(d.at(100).arrive(reward("r0"), reward("r1")), cmd.RunBatch):
+        d.at(100.5)(ev.BatchFinished(100.5, b.batch_id, b.instance_id, outputs={a.id: 1 for a in b.actions}))
+    out = d.arrive(*[reward(f"j{i}", "judge") for i in range(2 + 64 * 3)])
+    assert not of(out, cmd.UnloadModel)  # both rm instances were used less than a swap ago
+    (un,) = of(d.at(102).arrive(reward("k", "judge")), cmd.UnloadModel)
+    assert un.instance_id.startswith("rm#")
+
+
+def test_model_with_no_instance_takes_the_last_instance_of_an_idle_model() -> None:
+    other = ModelSpec("other", memory_mb=8000)
+    d = Driver([gpu_node("g0", gpus=1)], [RM, other], policy="tangram")
+    (ld,) = _loaded(d)
+    assert ld.model == "other"  # the warm minimum, by name
+    out = d.at(2.0).arrive(reward("a"))
+    (un,) = of(out, cmd.UnloadModel)
+    (ld2,) = of(out, cmd.LoadModel)
+    assert un.instance_id == ld.instance_id and ld2.model == "rm"
+
+
+def test_gpu_action_gets_the_devices_of_an_idle_instance_never_a_busy_one() -> None:
+    d = Driver([gpu_node("g0", gpus=2)], [RM], policy="tangram")
+    assert len(_loaded(d)) == 2  # both devices hold an rm instance
+    gpu = Resources(cpu=1, memory_mb=256, gpu=1, gpu_memory_mb=8000)
+    out = d.at(5).arrive(reward("r0"), ActionSpec("g1", demand=gpu))
+    (b,) = of(out, cmd.RunBatch)
+    (un,) = of(out, cmd.UnloadModel)
+    assert un.park and un.instance_id != b.instance_id
+    assert "g1" in starts(out) and d.status("g1") is Status.STARTING
+    out = d.arrive(ActionSpec("g2", demand=gpu))
+    assert not of(out, cmd.UnloadModel) and d.status("g2") is Status.QUEUED  # rm is busy
+    out = d.at(6)(ev.BatchFinished(6.0, b.batch_id, b.instance_id, outputs={"r0": 1}))
+    (un2,) = of(out, cmd.UnloadModel)
+    assert un2.instance_id == b.instance_id and "g2" in starts(out)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -142,7 +142,7 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    mapping = loader.construct_mapping(node, deep=True)
+    mapping = cast(dict[str, Any], loader.construct_mapping(node, deep=True))
     mapping["__line__"] = node.start_mark.line + 1
     return mapping
 
@@ -234,7 +234,7 @@ def load_cluster_yaml(path: str | Path) -> ClusterSpec:
     except OSError as exc:
         raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None

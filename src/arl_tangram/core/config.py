@@ -40,8 +40,15 @@ class CoreConfig:
     estimate_quantile: float = 0.5
     # Expected cost of a cold sandbox start (no warm executor on the node), charged in placement.
     sandbox_cold_s: float = 0.5
-    # Idle time after which a model instance is scaled in (UnloadModel park=True) by tangram/fifo.
-    model_idle_s: float = 60.0
+    # Idle time after which tangram/fifo park a model instance (UnloadModel park=True) even
+    # though nothing else needs its devices. inf (default): park only lazily, when another model
+    # or a GPU action needs the devices (an idle instance on otherwise idle devices costs no one
+    # anything, and a reload costs ACT).
+    model_idle_s: float = math.inf
+    # tangram/fifo fill free devices at the first event (and on an added node) round-robin over
+    # the models up to ``max_instances``, as static provisioning does; unlike static, those
+    # instances are parked when another model or a GPU action needs the devices.
+    model_prewarm: bool = True
     # Scale a model out onto free devices while its queue exceeds what is already coming (a
     # knee batch per loading instance) plus this many knee batches per ready instance -- even
     # when the queue would drain before a cold load completes (0: any wait scales out).
@@ -92,6 +99,8 @@ class CoreConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise _bad(name, v, "must be an integer >= 1")
+        if not isinstance(self.model_prewarm, bool):
+            raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
             raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
         if not isinstance(self.max_warm_per_node, int) or self.max_warm_per_node < 0:

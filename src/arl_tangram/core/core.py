@@ -117,6 +117,8 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         self._schedule()
         if self._mtouched:
             self._dispatch_models()
+        if self.instances and self.shape_keys and self.policy.dynamic_models:
+            self._yield_devices()  # lazy eviction of idle model instances for GPU actions
         if self.policy.elastic and (self._dirty or self._grow):
             self._expand()
         self._dirty.clear()
@@ -165,7 +167,7 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             rec.partition = self._partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
-        self._count_arrival(spec)
+        self._count_arrival(rec)
         rec.move(S.QUEUED, e.time, spec.id)
         self._enqueue(rec)
 

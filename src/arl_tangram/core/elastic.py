@@ -14,19 +14,13 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .actions import ActionSpec
 from .commands import ResizeAction, ResizeWarmPool, StartAction
 from .records import ActionRecord, NodeState
+from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU
 
 if TYPE_CHECKING:
     from .core import Core
-
-
-def warm_key(spec: ActionSpec) -> str:
-    """What kind of warm executor an action can use: its language, tag, or kind."""
-    lang = spec.payload.get("language") if spec.payload else None
-    return str(lang or spec.tag or spec.kind.value)
 
 
 class ElasticMixin:
@@ -98,9 +92,9 @@ class ElasticMixin:
                 self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
             rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
 
-    def _count_arrival(self: Core, spec: ActionSpec) -> None:
-        if self.policy.warm_pools and spec.session is None and not spec.kind.uses_model:
-            k = warm_key(spec)
+    def _count_arrival(self: Core, rec: ActionRecord) -> None:
+        if self.policy.warm_pools and rec.spec.session is None and not rec.is_model:
+            k = rec.wkey
             self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
 
     def _warm_targets(self: Core) -> None:

@@ -8,14 +8,19 @@ batch is deliberately held to fill, ``max_batch_wait_s``).
 
 Actions of a model wait in one queue per model; an instance that is ready and idle takes the
 next batch, up to the knee of the model's latency curve (`ModelSpec.knee_batch`), so routing
-goes to the instance with the least wait. Dynamic policies (tangram, fifo) load an instance on
-demand, scale out while the expected queue wait exceeds the cost of a new instance (a swap-in
-from parked host weights when there are some, else a cold load), park idle instances after
-``model_idle_s`` (keeping ``model_min_instances`` of each, loaded at the first event) and evict an idle instance of another model when a model has none and no
-device is free. A backlog of more than ``scale_out_batches`` full batches per instance also
-scales out onto free devices: the instance will be parked when idle and swapped back in
-quickly at the next burst (RL rollouts come in bursts). Static policies load a fixed set up front (round-robin over the models until
-the devices or ``max_instances`` run out) and never scale.
+goes to the instance with the least wait. Dynamic policies (tangram, fifo) load
+``model_min_instances`` of each model at the first event and, with ``model_prewarm``, fill the
+free devices round-robin as static provisioning does (idle devices serve no one; a loaded
+instance answers the first burst without a load). They scale out while the expected queue
+wait exceeds the cost of a new instance (a swap-in from parked host weights when there are
+some, else a cold load), or while the backlog exceeds what loading instances will take plus
+``scale_out_batches`` knee batches per ready one -- onto free devices, else by parking idle
+instances of other models (lazy eviction, victims by least expected loss: models with more
+replicas and older use first, a model's last instance only for a model that has none). A
+GPU action of the shared pool that is blocked only by idle instances gets their devices the
+same way. Idle instances are parked for idleness alone only after ``model_idle_s`` (default
+never). Static policies load a fixed set up front (round-robin over the models until the
+devices or ``max_instances`` run out) and never scale.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class ModelMixin:
         self.static_target: dict[str, int] = {}
         self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._mtouched: set[str] = set()
+        self._gpu_shape: dict[object, bool] = {}  # shared-pool queue key -> demands a GPU
         self._booted = False
         self.iseq = 0
         self.bseq = 0
@@ -136,11 +142,18 @@ class ModelMixin:
                 if got is None:
                     break
                 self._launch(m, *got)
+        if self.config.model_prewarm:
+            self._fill_devices(None)
 
     def _static_models_on(self: Core, only: str | None) -> None:
+        """Provision a node (``only``) or the cluster: static policies load their fixed set,
+        dynamic ones with ``model_prewarm`` fill the free devices (evictable later)."""
+        if not self.policy.dynamic_models or self.config.model_prewarm:
+            self._fill_devices(only)
+
+    def _fill_devices(self: Core, only: str | None) -> None:
         """Round-robin one instance per model until devices or ``max_instances`` run out."""
-        if self.policy.dynamic_models:
-            return
+        static = not self.policy.dynamic_models
         models = sorted(self.models.values(), key=lambda m: m.name)
         progress = True
         while progress:
@@ -151,7 +164,8 @@ class ModelMixin:
                 got = self._pick_devices(m, only)
                 if got is not None:
                     self._launch(m, *got)
-                    self.static_target[m.name] = self.static_target.get(m.name, 0) + 1
+                    if static:
+                        self.static_target[m.name] = self.static_target.get(m.name, 0) + 1
                     progress = True
 
     # ---- events ---------------------------------------------------------------------------------
@@ -280,46 +294,131 @@ class ModelMixin:
             return
         while len(self.inst_by_model.get(m.name, ())) < m.max_instances:
             n = len(self.inst_by_model.get(m.name, ()))
-            queued = self.qlive.get(("model", m.name), 0)
             got = self._pick_devices(m)
-            if n > 0:
-                cost = m.swap_s if (got is not None and got[2]) else m.load_s
-                wait = math.ceil(queued / m.knee_batch) * m.batch_latency(m.knee_batch) / n
-                loading = sum(1 for i in self.inst_by_model[m.name]
-                              if self.instances[i].state is InstState.LOADING)
-                # loading instances will each take a batch; ready ones may queue a few more
-                absorb = m.knee_batch * (loading + self.config.scale_out_batches * (n - loading))
-                backlog = queued > absorb
-                if wait <= cost and not backlog:
+            if got is not None:
+                if n > 0 and not self._worth_instance(m, n, got[2], free=True):
                     return
-            if got is None and n == 0:
-                got = self._evict_for(m)
+            elif len(self.models) > 1 and (n == 0 or self._worth_instance(m, n, None, free=False)):
+                got = self._evict_for(m, starving=n == 0)
             if got is None:
                 return
             self._launch(m, *got)
 
-    def _evict_for(self: Core, m: ModelSpec) -> tuple[NodeState, tuple[int, ...], bool] | None:
-        """Park idle instances of other models (most replicated first) until ``m`` fits."""
-        idle = [
-            i for i in self.instances.values()
-            if i.model.name != m.name and i.state is InstState.READY and i.batch is None
-            and not self.qlive.get(("model", i.model.name))
-            and can_ever_place(self.nodes[i.node].spec, m) is None
-        ]
-        idle.sort(key=lambda i: (-len(self.inst_by_model[i.model.name]), i.last_used, i.id))
-        for inst in idle:
-            self._unload(inst, f"evicted for model {m.name}")
-            got = self._pick_devices(m)
-            if got is not None:
-                return got
-        return None
+    def _worth_instance(self: Core, m: ModelSpec, n: int, parked: bool | None, *, free: bool) -> bool:
+        """Whether one more instance of ``m`` (which has ``n``) pays for itself. On free
+        devices: the expected drain time exceeds its cost, or the backlog exceeds what loading
+        instances will take plus ``scale_out_batches`` knee batches per ready one. By eviction
+        (another model pays with a swap-in later): only the expected drain time counts."""
+        queued = self.qlive.get(("model", m.name), 0)
+        if parked is None:  # where it would go is not known yet: parked weights anywhere?
+            parked = any(k[1] == m.name and v > 0 for k, v in self.parked.items())
+        cost = m.swap_s if parked else m.load_s
+        wait = math.ceil(queued / m.knee_batch) * m.batch_latency(m.knee_batch) / n
+        if wait > cost or not free:
+            return wait > cost
+        loading = sum(1 for i in self.inst_by_model[m.name]
+                      if self.instances[i].state is InstState.LOADING)
+        # loading instances will each take a batch; ready ones may queue a few more
+        absorb = m.knee_batch * (loading + self.config.scale_out_batches * (n - loading))
+        return queued > absorb
+
+    def _victims(self: Core, node: NodeState, exclude: str, starving: bool) -> list[InstanceRecord]:
+        """Idle instances on ``node`` that may be parked for someone else, cheapest loss first:
+        of models with no queued work, more replicas first, least recently used first. Unless
+        the beneficiary has no instance (``starving``), a model keeps at least one instance
+        and an instance used within its own swap time stays (it is likely needed again)."""
+        out = []
+        for iid in node.instances:
+            i = self.instances[iid]
+            name = i.model.name
+            if (name == exclude or i.state is not InstState.READY or i.batch is not None
+                    or self.qlive.get(("model", name))):
+                continue
+            if not starving and self.now - i.last_used < i.model.swap_s:
+                continue
+            out.append(i)
+        out.sort(key=lambda i: (-len(self.inst_by_model[i.model.name]), i.last_used, i.id))
+        if not starving:  # each model keeps one instance
+            left = {i.model.name: len(self.inst_by_model[i.model.name]) for i in out}
+            kept = []
+            for i in out:
+                if left[i.model.name] > 1:
+                    left[i.model.name] -= 1
+                    kept.append(i)
+            out = kept
+        return out
+
+    def _evict_for(self: Core, m: ModelSpec, *, starving: bool) -> tuple[NodeState, tuple[int, ...], bool] | None:
+        """Park the cheapest idle instances of other models on one node so that ``m`` fits
+        there (the node needing the fewest, least-used evictions); None if no node can."""
+        best: tuple[tuple[int, int, float, str], NodeState, list[InstanceRecord]] | None = None
+        for node in self.nodes.values():
+            if not node.alive or not node.instances or can_ever_place(node.spec, m) is not None:
+                continue
+            free, gpus, chosen = set(node.dev_free), node.free.get("gpu", 0.0), []
+            per = node.spec.gpu_memory_per_device
+            for v in self._victims(node, m.name, starving):
+                chosen.append(v)
+                free.update(v.devices)
+                gpus += v.model.devices
+                if gpus + 1e-9 >= m.devices and choose_devices(
+                        free, node.spec.gpu_domains, m.devices, memory_free=dict.fromkeys(free, per),
+                        memory_needed=m.memory_mb) is not None:
+                    lost = sum(1 for v in chosen if len(self.inst_by_model[v.model.name]) <= 1)
+                    score = (lost, len(chosen), max(v.last_used for v in chosen), node.name)
+                    if best is None or score < best[0]:
+                        best = (score, node, chosen)
+                    break
+        if best is None:
+            return None
+        for v in best[2]:
+            self._unload(v, f"evicted for model {m.name}")
+        return self._pick_devices(m, only=best[1].name)
+
+    def _yield_devices(self: Core) -> None:
+        """Lazy eviction for GPU actions: a shared-pool queue head that needs GPUs and fits a
+        node once idle instances there are parked gets that node (then a new pass runs)."""
+        freed = False
+        gpu_shape = self._gpu_shape
+        for key in list(self.shape_keys):
+            needs = gpu_shape.get(key)
+            if needs is None:
+                needs = gpu_shape[key] = any(d == "gpu" and v > 0 for d, v in key[1])
+            if not needs:
+                continue
+            got = self._head(key)
+            if got is None:
+                continue
+            rec = got[0]
+            demand = rec.spec.demand
+            best: tuple[tuple[int, float, str], NodeState, list[InstanceRecord]] | None = None
+            for node in self.nodes.values():
+                if (not node.alive or not node.instances
+                        or self.reserved.get(node.name, rec.spec.id) != rec.spec.id):
+                    continue
+                free, chosen = dict(node.free), []
+                for v in self._victims(node, "", True):
+                    chosen.append(v)
+                    for d, x in v.holding().items():
+                        free[d] = free.get(d, 0.0) + x
+                    if all(x <= free.get(d, 0.0) + 1e-9 for d, x in demand.items()):
+                        score = (len(chosen), max(v.last_used for v in chosen), node.name)
+                        if best is None or score < best[0]:
+                            best = (score, node, chosen)
+                        break
+            if best is not None:
+                for v in best[2]:
+                    self._unload(v, f"evicted for action {rec.spec.id}")
+                freed = True
+        if freed:
+            self._schedule()
 
     def _scale_in(self: Core) -> None:
         if not self.policy.dynamic_models:
             return
         limit = self.config.model_idle_s
         keep = self.config.model_min_instances
-        for iid in sorted(self.instances):
+        for iid in sorted(self.instances) if math.isfinite(limit) else ():
             inst = self.instances[iid]
             if len(self.inst_by_model[inst.model.name]) <= keep:
                 continue

@@ -119,7 +119,7 @@ class PartitionMixin:
             traj = trajectory_of(spec)
             warm = spec.session is not None or self.traj_node.get(traj) == name
             if self.policy.partitioned != "trajectory":
-                warm = warm or self._take_warm(node, spec)
+                warm = warm or self._take_warm(node, rec.wkey)
             self._start(rec, node, alloc, warm)
             self.traj_node[traj] = name
             self._part_use(p, name, cpu)

@@ -12,13 +12,13 @@ leaves the core is frozen (`view.CoreView`, `ActionResult`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .actions import ActionKind, ActionSpec, Status
 from .cluster import ModelSpec, NodeSpec
 from .errors import IllegalTransition
-from .resources import GPU_MEMORY_MB, Resources
+from .resources import CPU, GPU_MEMORY_MB, Resources
 
 S = Status
 _MODEL_KINDS = frozenset(k for k in ActionKind if k.uses_model)
@@ -42,6 +42,12 @@ for _src in (S.STARTING, S.RUNNING):
             TRANSITIONS[(_src, _t)] = "end"
 
 
+def warm_key(spec: ActionSpec) -> str:
+    """What kind of warm executor an action can use: its language, tag, or kind."""
+    lang = spec.payload.get("language") if spec.payload else None
+    return str(lang or spec.tag or spec.kind.value)
+
+
 class ActionRecord:
     """Everything the core tracks about one arrived action."""
 
@@ -49,6 +55,7 @@ class ActionRecord:
         "allotment",
         "attempts",
         "batch",
+        "cpu",
         "est",
         "gen",
         "is_model",
@@ -62,6 +69,7 @@ class ActionRecord:
         "status",
         "story",
         "submit_time",
+        "wkey",
     )
 
     def __init__(self, spec: ActionSpec, time: float, seq: int) -> None:
@@ -79,7 +87,10 @@ class ActionRecord:
         self.partition: str | None = None  # slice / task pool of partitioned policies
         self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
         self.is_model = spec.kind in _MODEL_KINDS
-        self.shape: tuple[tuple[str, float], ...] = tuple(sorted(spec.demand._d.items()))
+        d = spec.demand._d
+        self.shape: tuple[tuple[str, float], ...] = tuple(sorted(d.items()))
+        self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
+        self.wkey = warm_key(spec)  # which warm executors it can use
         self.story: list[tuple[float, object, object, str]] = []  # formatted only on demand
 
     def move(self, dst: Status, time: float, cause: str) -> None:
@@ -98,11 +109,6 @@ class ActionRecord:
             what = f"{getattr(a, 'name', a)}->{b.name}" if isinstance(b, Status) else str(a)
             out.append(f"t={t:.6g} {what} (cause {cause})")
         return out
-
-
-def _items(r: Mapping[str, float]) -> Iterable[tuple[str, float]]:
-    """Items of a resource vector; the plain dict of a `Resources` (hot path, no ABC views)."""
-    return r._d.items() if isinstance(r, Resources) else r.items()
 
 
 class NodeState:
@@ -137,14 +143,14 @@ class NodeState:
 
     def take(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
-        for k, v in _items(r):
+        for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) + v
             used[k] = u
             free[k] = cap.get(k, 0.0) - u
 
     def give(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
-        for k, v in _items(r):
+        for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) - v
             if u < 1e-9:
                 u = 0.0
@@ -153,7 +159,7 @@ class NodeState:
 
     def fits(self, r: Mapping[str, float]) -> bool:
         free = self.free
-        for k, v in _items(r):  # noqa: SIM110 - hot path, a plain loop is faster than all()
+        for k, v in (r._d if type(r) is Resources else r).items():  # hot path: a plain loop is faster than all()
             if v > free.get(k, 0.0) + 1e-9:
                 return False
         return True

@@ -18,10 +18,9 @@ import heapq
 import math
 from typing import TYPE_CHECKING, Any
 
-from .actions import ActionSpec, Status
+from .actions import Status
 from .commands import StartAction
-from .elastic import warm_key
-from .nodeindex import FreeIndex, level
+from .nodeindex import RES, FreeIndex
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
 
@@ -43,6 +42,7 @@ class SchedulingMixin:
         self.reserved: dict[str, str] = {}  # node -> aged action it is held for
         self._ref_cap: dict[str, float] | None = None
         self._possible: dict[Any, bool] = {}
+        self._shares: dict[Any, float] = {}  # demand shape -> dominant share of `_ref()`
         self.warm_nodes: dict[str, set[str]] = {}
         self.partitions: dict[str, list[tuple[str, float]]] = {}
         self.part_by_node: dict[str, list[str]] = {}
@@ -75,8 +75,12 @@ class SchedulingMixin:
     def _priority(self: Core, rec: ActionRecord) -> float:
         if not self.policy.ordered:
             return float(rec.seq)
-        ref = self._ref()
-        share = rec.spec.demand.dominant_share(ref) if not rec.is_model else 0.0
+        if rec.is_model:
+            share = 0.0
+        else:
+            share = self._shares.get(rec.shape)  # type: ignore[assignment]
+            if share is None:
+                share = self._shares[rec.shape] = rec.spec.demand.dominant_share(self._ref())
         return rec.est * max(share, 1e-3) / rec.spec.weight
 
     def _enqueue(self: Core, rec: ActionRecord) -> None:
@@ -149,42 +153,57 @@ class SchedulingMixin:
     # ---- the pass -------------------------------------------------------------------------------
     def _candidates(self: Core) -> set[Any]:
         keys: set[Any] = set(self.shape_keys)
-        keys.update(k for k in self._touched if k[0] != "model")
+        touched = self._touched
+        if touched:
+            keys.update(k for k in touched if k[0] != "model")
+        nodes, part_by_node = self.nodes, self.part_by_node
         for name in self._dirty:
-            node = self.nodes[name]
-            keys.update(("sess", sid) for sid in node.sessions)
-            keys.update(("part", p) for p in self.part_by_node.get(name, ()))
+            sessions = nodes[name].sessions
+            if sessions:
+                keys.update(("sess", sid) for sid in sessions)
+            if part_by_node:
+                keys.update(("part", p) for p in part_by_node.get(name, ()))
         return keys
 
     def _schedule(self: Core) -> None:
+        dirty = self._dirty
         if self._parts_dirty and self.policy.partitioned:
             self._compute_partitions()
-        if self.pending_sessions and self._dirty:
+        if self.pending_sessions and dirty:
             for sid in list(self.pending_sessions):
                 self._open_session(self.sessions[sid])
         # Shared-pool queues that were blocked after the last pass can only fit on nodes whose
         # free capacity grew since (dirty, or released from a reservation): look only there.
         local: list[NodeState] | None = None
         local_cpu = -1.0
-        if self._dirty:  # capacity changed: every queue may move, reservations are redone
-            freed = self._dirty | set(self.reserved)
-            self.reserved.clear()
+        touched = self._touched
+        if dirty:  # capacity changed: every queue may move, reservations are redone
+            reserved = self.reserved
+            freed = dirty | reserved.keys() if reserved else dirty
+            reserved.clear()
             keys = self._candidates()
             if len(freed) <= 32:
-                local = [n for n in (self.nodes[x] for x in sorted(freed)) if n.alive]
-                local_cpu = max((n.free.get(CPU, 0.0) for n in local), default=-1.0)
-        else:  # only arrivals: queues blocked before stay blocked
-            keys = {k for k in self._touched if k[0] != "model"}
-        touched = self._touched
+                nodes = self.nodes
+                local = [n for n in (nodes[x] for x in (sorted(freed) if len(freed) > 1 else freed))
+                         if n.alive]
+                for n in local:
+                    c = n.free.get(CPU, 0.0)
+                    if c > local_cpu:
+                        local_cpu = c
+        elif touched:  # only arrivals: queues blocked before stay blocked
+            keys = {k for k in touched if k[0] != "model"}
+        else:
+            return
         head = self._head
         heap: list[tuple[int, float, int, Any, ActionRecord]] = []
+        limit = local_cpu + 1e-9
         for key in keys:
             got = head(key)
             if got is None:
                 continue
             e = got[1]
             if (e[0] and local is not None and key[0] == "shape" and key not in touched
-                    and _shape_cpu(key[1]) > local_cpu + 1e-9):
+                    and got[0].cpu > limit):
                 continue  # more CPU than any freed node has: still blocked (aged heads go on)
             heap.append((e[0], e[1], e[2], key, got[0]))
         if len(heap) > 1:
@@ -193,7 +212,7 @@ class SchedulingMixin:
             aged, _, _, key, rec = heapq.heappop(heap)
             if local is not None and key[0] == "shape" and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
-                placed = rec.spec.demand._d.get(CPU, 0.0) <= local_cpu + 1e-9 and self._place_among(rec, local)
+                placed = rec.cpu <= limit and self._place_among(rec, local)
             else:
                 placed = self._try_place(rec, key)
             if placed:
@@ -208,10 +227,10 @@ class SchedulingMixin:
         kind = key[0]
         spec = rec.spec
         if kind == "shape":
-            node = self._find_node(spec, spec.demand)
+            node = self._find_node(rec)
             if node is None:
                 return False
-            self._start(rec, node, spec.demand, self._take_warm(node, spec))
+            self._start(rec, node, spec.demand, self._take_warm(node, rec.wkey))
             return True
         if kind == "part":
             return self._place_in_partition(rec, None)
@@ -232,57 +251,66 @@ class SchedulingMixin:
 
     def _place_among(self: Core, rec: ActionRecord, nodes: list[NodeState]) -> bool:
         """Best fit of a shared-pool action among a few given nodes (warm first)."""
-        spec = rec.spec
-        demand = spec.demand
-        wkey = warm_key(spec) if self.warm_nodes else ""
+        shape = rec.shape
+        wkey = rec.wkey if self.warm_nodes else ""
+        reserved = self.reserved
         best: NodeState | None = None
-        best_score = (2, math.inf)
+        best_w, best_left = 2, math.inf
         for node in nodes:
-            if node.name in self.reserved or not node.fits(demand):
+            if node.name in reserved:
                 continue
-            score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
-            if score < best_score:
-                best, best_score = node, score
+            left = _fit_leftover(node, shape)
+            if left < 0.0:
+                continue
+            w = 0 if node.warm.get(wkey) else 1
+            if w < best_w or (w == best_w and left < best_left):
+                best, best_w, best_left = node, w, left
         if best is None:
             return False
-        self._start(rec, best, demand, self._take_warm(best, spec))
+        self._start(rec, best, rec.spec.demand, self._take_warm(best, rec.wkey))
         return True
 
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
         self._dequeue(rec)
         node.take(alloc)
-        node.running.add(rec.spec.id)
+        spec = rec.spec
+        aid = spec.id
+        node.running.add(aid)
         self.index.update(node.name, node.free)
         rec.node = node.name
         rec.allotment = alloc
-        rec.start_time = self.now
+        rec.start_time = now = self.now
         rec.attempts += 1
-        rec.move(S.STARTING, self.now, self._cause)
-        self._starts[rec.spec.id] = len(self._out)
-        self._out.append(StartAction(rec.spec, node.name, alloc, warm, cause=self._cause))
-        if rec.spec.elasticity is not None and rec.spec.elasticity.is_elastic:
+        rec.move(S.STARTING, now, self._cause)
+        out = self._out
+        self._starts[aid] = len(out)
+        out.append(StartAction(spec, node.name, alloc, warm, cause=self._cause))
+        el = spec.elasticity
+        if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
             self._grow.add(node.name)
 
-    def _find_node(self: Core, spec: ActionSpec, demand: Resources) -> NodeState | None:
+    def _find_node(self: Core, rec: ActionRecord) -> NodeState | None:
         """Best fit (least leftover dominant share) among the first few nodes that fit,
         preferring a node with a warm executor for the action's key."""
         nodes, reserved = self.nodes, self.reserved
-        wkey = warm_key(spec) if self.warm_nodes else ""
+        shape = rec.shape
+        wkey = rec.wkey if self.warm_nodes else ""
         ws = self.warm_nodes.get(wkey)
         best: NodeState | None = None
-        best_score = (2, math.inf)
+        best_w, best_left = 2, math.inf
         if ws and len(ws) <= 64:
             for name in ws:
                 node = nodes[name]
-                if node.alive and name not in reserved and node.fits(demand):
-                    score = (0, _leftover(node, demand))
-                    if score < best_score:
-                        best, best_score = node, score
+                if node.alive and name not in reserved:
+                    left = _fit_leftover(node, shape)
+                    if 0.0 <= left < best_left:
+                        best, best_left = node, left
             if best is not None:
                 return best
         index = self.index
         levels = index.levels
-        lvl = level(demand.get(CPU, 0.0))
+        cpu = rec.cpu
+        lvl = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
         if not levels or lvl > levels[-1]:
             return None  # no node has that much free CPU
         found, k = 0, self.config.fit_candidates
@@ -292,11 +320,12 @@ class SchedulingMixin:
                 if name in reserved:
                     continue
                 node = nodes[name]
-                if not node.fits(demand):
+                left = _fit_leftover(node, shape)
+                if left < 0.0:
                     continue
-                score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
-                if score < best_score:
-                    best, best_score = node, score
+                w = 0 if node.warm.get(wkey) else 1
+                if w < best_w or (w == best_w and left < best_left):
+                    best, best_w, best_left = node, w, left
                 found += 1
                 if found >= k:
                     return best
@@ -312,9 +341,8 @@ class SchedulingMixin:
                     self.reserved[name] = rec.spec.id
                     return
 
-    def _take_warm(self: Core, node: NodeState, spec: ActionSpec) -> bool:
-        key = warm_key(spec)
-        n = node.warm.get(key, 0)
+    def _take_warm(self: Core, node: NodeState, key: str) -> bool:
+        n = node.warm.get(key, 0) if node.warm else 0
         if n > 0:
             self._set_warm(node, key, n - 1)
             return True
@@ -356,6 +384,7 @@ class SchedulingMixin:
     # ---- capacity facts -------------------------------------------------------------------------
     def _node_changed(self: Core) -> None:
         self._possible.clear()
+        self._shares.clear()
         self._ref_cap = None
         self._parts_dirty = True
 
@@ -381,25 +410,22 @@ class SchedulingMixin:
         return ok
 
 def _leftover(node: NodeState, demand: Resources) -> float:
+    """Largest fraction of the node's capacity left free in any demanded dimension."""
+    return max(0.0, _fit_leftover(node, tuple(demand._d.items())))
+
+
+def _fit_leftover(node: NodeState, shape: tuple[tuple[str, float], ...]) -> float:
+    """-1.0 when ``shape`` does not fit the node's free capacity (`NodeState.fits`), else its
+    leftover: the largest fraction of capacity left free in any demanded dimension (>= 0)."""
     worst = 0.0
     free, cap = node.free, node.cap
-    for k, v in demand._d.items():
+    for k, v in shape:
+        f = free.get(k, 0.0)
+        if v > f + 1e-9:
+            return -1.0
         c = cap.get(k, 0.0)
         if c > 0:
-            x = (free.get(k, 0.0) - v) / c
+            x = (f - v) / c
             if x > worst:
                 worst = x
     return worst
-
-
-_SHAPE_CPU: dict[tuple[tuple[str, float], ...], float] = {}
-
-
-def _shape_cpu(shape: tuple[tuple[str, float], ...]) -> float:
-    """The CPU a demand shape asks for (memoized: shapes are few)."""
-    v = _SHAPE_CPU.get(shape)
-    if v is None:
-        if len(_SHAPE_CPU) > 4096:
-            _SHAPE_CPU.clear()
-        v = _SHAPE_CPU[shape] = dict(shape).get(CPU, 0.0)
-    return v
