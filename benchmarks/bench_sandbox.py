@@ -56,18 +56,32 @@ def plain_subprocess(n: int) -> list[float]:
     return out
 
 
-async def throughput(m: CpuManager, n: int, conc: int) -> float:
+def cpu_seconds(m: CpuManager) -> float:
+    """CPU used so far by this process and the fork server's tree (every sandbox is reaped in
+    it: inits by the fork server, action processes by their init)."""
+    t = os.times()
+    total = t.user + t.system
+    zygote = getattr(getattr(m, "_zygote", None), "proc", None)
+    if zygote is not None:
+        with open(f"/proc/{zygote.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def throughput(m: CpuManager, n: int, conc: int) -> tuple[float, float]:
+    """(actions/s, CPU ms per action, all processes of the manager included)."""
     sem = asyncio.Semaphore(conc)
 
     async def one() -> str:
         async with sem:
             return (await m.run(act("print(1)"), ONE)).status
 
-    t = time.perf_counter()
+    c, t = cpu_seconds(m), time.perf_counter()
     res = await asyncio.gather(*(one() for _ in range(n)))
-    dt = time.perf_counter() - t
+    dt, cpu = time.perf_counter() - t, cpu_seconds(m) - c
     assert all(s == "Success" for s in res), {s: res.count(s) for s in set(res)}
-    return n / dt
+    return n / dt, cpu / n * 1e3
 
 
 def plain_gpp(reps: int) -> float:
@@ -119,6 +133,7 @@ async def batch_vs_separate(m: CpuManager, lang: str, code: str, n: int,
 
 async def main(quick: bool) -> None:
     m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64))
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     t = time.perf_counter()
     await m.start()
     print(f"start-up {time.perf_counter() - t:.2f}s; isolation: "
@@ -133,7 +148,9 @@ async def main(quick: bool) -> None:
     print(f"plain subprocess.run([python,-c]): p50 {p50s:.2f} ms  p99 {pct(sub, 0.99):.2f} ms")
     print(f"speed-up vs plain subprocess (p50): {p50s / p50:.1f}x")
     for conc in (4, 16):
-        print(f"throughput, concurrency {conc}: {await throughput(m, 400 if quick else 1000, conc):.0f} actions/s")
+        rate, ms = await throughput(m, 400 if quick else 1000, conc)
+        print(f"throughput, concurrency {conc}: {rate:.0f} actions/s; CPU {ms:.2f} ms/action "
+              f"(manager, fork server, sandboxes) -> at most {2000 / ms:.0f}/s on 2 idle cores")
     if "cpp" in m.languages():
         reps = 3 if quick else 5
         g, mg = plain_gpp(reps), await managed_gpp(m, reps)
@@ -148,6 +165,7 @@ async def main(quick: bool) -> None:
         print(f"C++ 50-case batch {b * 1e3:.0f} ms vs {k} separate compile+runs {s * 1e3:.0f} ms "
               f"-> 50 separate ~{s * 50 / k * 1e3:.0f} ms extrapolated ({s * 50 / k / b:.1f}x)")
     await m.aclose()
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

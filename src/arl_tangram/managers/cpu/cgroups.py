@@ -53,6 +53,22 @@ def _own_paths() -> dict[str, str]:
     return own
 
 
+def _remove_stale(parent: str) -> None:
+    """Remove empty ``tangram-<pid>`` trees left by managers that were killed (their pid is
+    gone); a tree with a process in it, or whose pid lives, is left alone."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            pid = name[len("tangram-"):]
+            if not name.startswith("tangram-") or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                continue
+            base = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                for slot in os.listdir(base):
+                    if os.path.isdir(os.path.join(base, slot)):
+                        os.rmdir(os.path.join(base, slot))  # fails (EBUSY) while in use
+                os.rmdir(base)
+
+
 @dataclass(slots=True)
 class Slot:
     """The cgroup(s) one sandbox lives in."""
@@ -170,6 +186,7 @@ class CgroupTree:
         v1 = {c: m for kind, m, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
         if all(c in v1 for c in CONTROLLERS):
             for c in CONTROLLERS:
+                _remove_stale(v1[c] + own.get(c, "/"))
                 base = os.path.join(v1[c] + own.get(c, "/"), tag)
                 os.makedirs(base, exist_ok=True)
                 self.bases[c] = base
@@ -181,6 +198,7 @@ class CgroupTree:
             avail = set(_read(f"{m}/cgroup.controllers").split())
             if {"cpu", "memory", "pids"} <= avail:
                 parent = m + own.get("", "/")
+                _remove_stale(parent)
                 _write(f"{parent}/cgroup.subtree_control", "+cpu +memory +pids")
                 base = os.path.join(parent, tag)
                 os.makedirs(base, exist_ok=True)

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 _SEARCH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/bin", "/usr/bin", "/bin",
@@ -98,14 +99,15 @@ async def detect() -> dict[str, Language]:
         def sub(t: tuple[str, ...] | None, p: str = path) -> tuple[str, ...] | None:
             return tuple(a.replace("{tool}", p) for a in t) if t else None
 
-        extra = () if path.startswith(("/usr/", "/bin/")) else (os.path.dirname(os.path.dirname(path)),)
+        extra: tuple[str, ...] = () if path.startswith(("/usr/", "/bin/")) else (os.path.dirname(os.path.dirname(path)),)
         if name == "pytest":
             extra = python_paths()
         jobs[name] = (Language(name, file, sub(comp), sub(run), "", extra), [path, *vargs])
     java = _java()
     if java is not None:
         jobs["java"] = java
-    versions = await asyncio.gather(*(_version(v) for _, v in jobs.values()), _rust())
+    versions: list[Any] = list(await asyncio.gather(*(_version(v) for _, v in jobs.values()),
+                                                   _rust()))
     for (name, (lang, _)), desc in zip(jobs.items(), versions[:-1], strict=True):
         if name == "pytest" and "pytest" not in desc:
             continue

@@ -65,7 +65,7 @@ class CpuManager:
         ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
         for lang in self._langs.values():
             ro += lang.ro_paths
-        zcfg = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
+        zcfg: dict[str, Any] = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
                 "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
                 "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
                 "nofile": cfg.max_open_files}

@@ -77,7 +77,7 @@ def _cases(p: Mapping[str, Any], lang: str) -> list[dict[str, Any]]:
     cases = _get(p, "cases", list, None)
     if not cases:
         raise InvalidAction("payload.cases", "a TEST action needs a non-empty list of cases")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, c in enumerate(cases):
         if not isinstance(c, dict):
             raise InvalidAction(f"payload.cases[{i}]", "each case must be an object")

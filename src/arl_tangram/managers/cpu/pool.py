@@ -402,11 +402,21 @@ class WarmPool:
             await asyncio.sleep(0.001 if i < 50 else 0.01)
         slot.remove()  # still busy after ~20 s: leave it, never reuse
 
+    def _deficit(self) -> int:
+        """How many to spawn now. Refills come in batches (while at least half the target is
+        ready, wait until a batch of 4 is missing): one batch shares one cgroup-move grace
+        period and disturbs one action in flight rather than one per spawn disturbing each."""
+        target, ready = self.target(), len(self.ready)
+        missing = target - ready
+        if missing <= 0:
+            return 0
+        return missing if 2 * ready <= target or missing >= min(4, target) else 0
+
     async def _fill_loop(self) -> None:
         while not self.closed:
             self._wake.clear()
-            while not self.closed and len(self.ready) < self.target():
-                n = min(8, self.target() - len(self.ready))  # a batch of spawns in flight
+            while not self.closed and self._deficit() > 0:
+                n = min(8, self._deficit())  # a batch of spawns in flight
                 got = await self.spawn_many(n, prepare=True)
                 ok = [sb for sb in got if isinstance(sb, Sandbox)]
                 self.ready.extend(ok)
@@ -415,8 +425,9 @@ class WarmPool:
                     break
             while len(self.ready) > self.target():
                 self.release(self.ready.pop())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.5)
+            with contextlib.suppress(TimeoutError):  # (not wait_for: in 3.11 it can swallow a
+                async with asyncio.timeout(0.5):  # cancellation, and the loop would never end)
+                    await self._wake.wait()
 
     async def aclose(self) -> None:
         self.closed = True

@@ -19,6 +19,7 @@ import signal
 from typing import Any
 
 from . import _linux, proc, session_worker, wire
+from .prepared import Prepared, prepare
 
 SANDBOX_DIR = "/sandbox"
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
@@ -48,7 +49,7 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
     """Answer request frames until the manager hangs up; exit right after a one-shot action."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     sessions: dict[str, session_worker.Worker] = {}
-    prepared: proc.Prepared | None = None
+    prepared: Prepared | None = None
     while True:
         try:
             req = wire.read_frame_fd(fd)
@@ -58,7 +59,7 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
         try:
             if op == "prepare":  # off the critical path: fork the action's child in advance
                 if prepared is None:
-                    prepared = proc.prepare(_base_limits(cfg))
+                    prepared = prepare(_base_limits(cfg))
                     _warm(cfg)
                 reply: dict[str, Any] = {"ok": True}
             elif op == "session":
@@ -142,7 +143,7 @@ def _argv(template: list[str], main_file: str) -> list[str]:
     return [a.replace("{file}", main_file).replace("{stem}", stem) for a in template]
 
 
-def _run(req: dict[str, Any], prepared: proc.Prepared | None) -> dict[str, Any]:
+def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
     limits, lang = _limits(req), req["lang"]
     main_file = _main_file(lang, req["code"])
     _write_files(req, main_file, limits.uid, limits.gid)
@@ -181,7 +182,7 @@ def _job(req: dict[str, Any], lang: dict[str, Any], main_file: str, stdin: str,
 
 
 def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
-               limits: proc.Limits, prepared: proc.Prepared | None) -> list[dict[str, Any]]:
+               limits: proc.Limits, prepared: Prepared | None) -> list[dict[str, Any]]:
     cases = req["cases"]
     jobs = [_job(req, lang, main_file, c.get("stdin") or "", c.get("assert")) for c in cases]
     expected = [c.get("expected_stdout") for c in cases]

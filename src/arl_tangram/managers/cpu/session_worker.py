@@ -138,7 +138,7 @@ def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, 
             left = deadline - time.monotonic()
             if left <= 0:
                 w.kill()
-                return _stage("TimeLimitExceeded", t0, -signal.SIGKILL, *bufs.values(),
+                return _stage("TimeLimitExceeded", t0, -signal.SIGKILL, *_outs(bufs),
                               truncated), False
             for key, _ in sel.select(left):
                 data = _read(key.fd)
@@ -160,7 +160,7 @@ def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, 
         buf += data[: max(cap - len(buf), 0)]
     if not alive:
         w.kill()
-    return _stage("Finished", t0, rc, *bufs.values(), truncated), alive
+    return _stage("Finished", t0, rc, *_outs(bufs), truncated), alive
 
 
 def _parse_done(lang: str, done: bytearray) -> int | None:
@@ -191,6 +191,11 @@ def _read(fd: int) -> bytes | None:
         out += data
         if len(data) < (1 << 16):
             return bytes(out)
+
+
+def _outs(bufs: dict[int, bytearray]) -> tuple[bytes, bytes]:
+    out, err = bufs.values()
+    return bytes(out), bytes(err)
 
 
 def _stage(status: str, t0: float, rc: int | None, out: bytes, err: bytes,

@@ -173,6 +173,7 @@ def main() -> None:
     ns: Namespaces | None = None
     try:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, 9)
+        os.nice(5)  # making sandboxes yields to running actions (theirs is their cgroup weight)
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))
