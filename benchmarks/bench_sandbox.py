@@ -131,8 +131,9 @@ async def batch_vs_separate(m: CpuManager, lang: str, code: str, n: int,
     return batch, sep
 
 
-async def main(quick: bool) -> None:
-    m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64))
+async def main(quick: bool, direct: bool) -> None:
+    m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64, direct_python=direct))
+    print(f"direct_python={direct}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     t = time.perf_counter()
     await m.start()
@@ -171,4 +172,8 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (~20 s)")
-    asyncio.run(main(ap.parse_args().quick))
+    ap.add_argument("--direct-python", type=int, choices=(0, 1), default=1,
+                    help="1: trivial Python actions run as their sandbox's PID 1 (the default); "
+                         "0: through a prepared child of a Python init (the older path)")
+    args = ap.parse_args()
+    asyncio.run(main(args.quick, bool(args.direct_python)))

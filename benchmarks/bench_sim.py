@@ -5,7 +5,8 @@ python tool calls between generations, ~3.5 actions per trajectory), scaled up t
 batches on a cluster sized by the workload's own rule. The baseline, measured in the same run on
 the same trajectories, is the same simulator driving a null scheduler (start every action at
 once, no accounting): its rate is the simulator's own ceiling, so the ratio says how much of the
-time the scheduler core takes.
+time the scheduler core takes. Both runs use the simulator's defaults, garbage-collector tuning
+during the run included (`SimConfig.gc_tuning`, as `tangram simulate` runs).
 
     python benchmarks/bench_sim.py                 # 1,000,000 actions
     python benchmarks/bench_sim.py --actions 50000 # quick run
@@ -14,6 +15,7 @@ time the scheduler core takes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return w.batches(args.seed, args.batch, steps)
 
     print(f"tool-math: {steps} RL steps x {args.batch} trajectories on {len(cluster.nodes)} nodes")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+          f" on {os.cpu_count()} CPUs (above ~0 means other processes share the cores)")
     t0, c0 = time.perf_counter(), time.process_time()
     null = Simulator(cluster, NullScheduler(cluster.nodes[0].name), cfg).run(batches())
     t_null, c_null = time.perf_counter() - t0, time.process_time() - c0
@@ -83,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1,000,000 actions at the CPU-time rate: {1_000_000 * c_full / full.actions:.0f} s")
     goal = "met" if scaled <= 120 else "NOT met"
     print(f"1,000,000 actions at this rate: {scaled:.0f} s (goal <= 120 s: {goal})")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

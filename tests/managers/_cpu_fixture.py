@@ -17,6 +17,12 @@ OUTPUT_CAP = 64 << 10
 WORKDIR_MB = 32
 
 
+def _direct_override() -> dict[str, bool]:
+    """TANGRAM_CPU_DIRECT_PYTHON=0/1 runs the suite with that Python path (default: config's)."""
+    v = os.environ.get("TANGRAM_CPU_DIRECT_PYTHON")
+    return {} if v is None else {"direct_python": v == "1"}
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def mgr() -> AsyncIterator[CpuManager]:
     if os.geteuid() != 0:
@@ -24,7 +30,8 @@ async def mgr() -> AsyncIterator[CpuManager]:
     root = tempfile.mkdtemp(prefix="tangram-cpu-test-")
     m = CpuManager(CpuManagerConfig(work_root=root, sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
                                     output_limit_bytes=OUTPUT_CAP, workdir_max_mb=WORKDIR_MB,
-                                    warm_min=2, warm_max=8, session_reap_interval_s=0.2))
+                                    warm_min=2, warm_max=8, session_reap_interval_s=0.2,
+                                    **_direct_override()))
     try:
         await m.start()
     except IsolationUnavailable as e:

@@ -52,6 +52,15 @@ async def test_failure_exception_and_exit_code(mgr: CpuManager) -> None:
     assert r.action_status is Status.FAILED
 
 
+async def test_death_by_signal_reports_the_signal(mgr: CpuManager) -> None:
+    # A crash gives no exit report of its own: the code is -signal, its output so far is kept.
+    code = "import ctypes, sys\nprint('before', flush=True)\nctypes.string_at(0)\n"
+    r = await mgr.run(action(code), allot())
+    assert r.status == "Failed" and r.run_result is not None, r.to_dict()
+    assert r.run_result.return_code == -11 and r.run_result.stdout == "before\n"
+    assert r.run_result.status == "Finished"
+
+
 async def test_bad_payload_is_a_sandbox_error_naming_the_field(mgr: CpuManager) -> None:
     r = await mgr.run(action("x", language="cobol"), allot())
     assert r.status == "SandboxError" and "payload.language" in r.message

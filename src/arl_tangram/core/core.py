@@ -100,12 +100,15 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         handler = self._handlers.get(type(event))
         if handler is None:
             raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
-        if event.time > self.now:
-            self.now = event.time
+        t = event.time
+        if t > self.now:
+            self.now = t
         out: list[Command] = []
         self._out = out
-        self._starts = {}
-        self._cause = _cause_of(event)
+        if self._starts:
+            self._starts = {}
+        cause = _CAUSE_FN.get(type(event))
+        self._cause = cause(event) if cause is not None else _cause_of(event)
         if not self._booted:
             self._boot_models()
         handler(event)
@@ -114,15 +117,18 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             self._expire_sessions()
         if self.aging_heap and self.aging_heap[0][0] <= now:
             self._age()
-        self._schedule()
+        if self._dirty or self._touched or self._parts_dirty:
+            self._schedule()  # (with none of them set, the pass has nothing to look at)
         if self._mtouched:
             self._dispatch_models()
         if self.instances and self.shape_keys and self.policy.dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
         if self.policy.elastic and (self._dirty or self._grow):
             self._expand()
-        self._dirty.clear()
-        self._touched.clear()
+        if self._dirty:
+            self._dirty.clear()
+        if self._touched:
+            self._touched.clear()
         self._out = []
         return out
 
@@ -184,14 +190,15 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         rec = self.actions.get(e.action_id)
         if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
             return  # stale (cancelled, requeued, or unknown): ignored
-        status = e.status if e.status.is_finished and e.status is not S.REJECTED else S.FAILED
+        finished = e.status >= S.SUCCEEDED  # Status.is_finished
+        status = e.status if finished and e.status is not S.REJECTED else S.FAILED
         run_s = e.run_s
         if run_s is None and rec.start_time is not None:
             run_s = e.time - rec.start_time
         if status is S.SUCCEEDED and run_s is not None and rec.allotment is not None:
             self._estimator.observe(rec.spec, run_s, rec.spec.speed(rec.allotment))
         reason = e.reason
-        if status is S.FAILED and not reason and not e.status.is_finished:
+        if status is S.FAILED and not reason and not finished:
             reason = f"executor reported non-terminal status {e.status.name}"
         self._end(rec, status, output=e.output, reason=reason)
 
@@ -432,6 +439,17 @@ _CAUSE_ATTR = {
     ev.BatchFinished: "batch_id",
     ev.ModelLoaded: "instance_id",
     ev.ModelUnloaded: "instance_id",
+}
+
+
+# ``_cause_of`` of the frequent event types, without the lookups.
+_CAUSE_FN: dict[type, Callable[[Any], str]] = {
+    ev.ActionArrived: lambda e: f"ActionArrived:{e.action.id}",
+    ev.ActionStarted: lambda e: f"ActionStarted:{e.action_id}",
+    ev.ActionFinished: lambda e: f"ActionFinished:{e.action_id}",
+    ev.WarmPoolReport: lambda e: f"WarmPoolReport:{e.node}" if isinstance(e.node, str) and e.node
+    else _cause_of(e),
+    ev.Tick: lambda e: f"Tick@{e.time:g}",
 }
 
 

@@ -29,6 +29,8 @@ class ElasticMixin:
     rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
     last_rate_time: float | None  # time of the last Tick that sized warm pools
     _grow: set[str]  # nodes where an elastic action started in this event
+    _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
+    _warm_want: dict[str, int]  # warm key -> executors last spread over `_warm_names`
 
     def _expand(self: Core) -> None:
         """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
@@ -37,13 +39,14 @@ class ElasticMixin:
         self._grow = set()
         if self.shape_keys:
             return  # pending shared work comes first
-        for name in sorted(nodes):
+        for name in sorted(nodes) if len(nodes) > 1 else nodes:
             node = self.nodes.get(name)
             if node is None or not node.alive or name in self.reserved:
                 continue
-            if any(self.qlive.get(("sess", sid)) for sid in node.sessions):
+            if node.sessions and any(self.qlive.get(("sess", sid)) for sid in node.sessions):
                 continue
-            self._expand_node(node)
+            if node.running:
+                self._expand_node(node)
 
     def _expand_node(self: Core, node: NodeState) -> None:
         frac = self.config.reserve_fraction
@@ -108,14 +111,21 @@ class ElasticMixin:
         self.last_rate_time = now
         a = min(1.0, dt / self.config.rate_window_s)
         counts, self.rate_counts = self.rate_counts, {}
-        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+        names = self._warm_names  # reset by `_node_changed`, with `_warm_want`
+        if names is None:
+            names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+            self._warm_names = names
         if not names:
             return
         cap = self.config.max_warm_per_node
+        done = self._warm_want
         for key in sorted(set(counts) | set(self.rates)):
             rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
             self.rates[key] = rate
             want = math.ceil(rate * self.config.sandbox_cold_s * 2)
+            if done.get(key) == want:
+                continue  # same targets on the same nodes as last time: all sent already
+            done[key] = want
             n = len(names)
             for i, name in enumerate(names):
                 t = min(cap, want // n + (1 if i < want % n else 0))

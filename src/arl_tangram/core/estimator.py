@@ -37,6 +37,19 @@ def basis_of(hints: WorkHints) -> tuple[str, float]:
     return "none", 1.0
 
 
+_KEYS: dict[tuple[object, str | None], str] = {}
+
+
+def _key_of(action: ActionSpec) -> str:
+    """``action.estimator_key``, memoized by (kind, tag): the property formats a string."""
+    k = _KEYS.get((action.kind, action.tag))
+    if k is None:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        k = _KEYS[(action.kind, action.tag)] = action.estimator_key
+    return k
+
+
 class _Sketch:
     """A bounded reservoir of recent values with lazily sorted quantiles."""
 
@@ -71,7 +84,7 @@ class DurationEstimator:
         self._sketches: dict[tuple[str, str], _Sketch] = {}
         self._reservoir = reservoir
         self._min_samples = min_samples
-        self._cache: dict[tuple[str, str, float], float] = {}
+        self._cache: dict[tuple[str, str], dict[float, float]] = {}  # (key, basis) -> q -> v
 
     def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
         """Learn from one finished run of ``action`` that took ``run_s`` at ``speed``."""
@@ -79,21 +92,24 @@ class DurationEstimator:
             return
         basis, units = basis_of(action.hints)
         unit = max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units)
-        key = (action.estimator_key, basis)
+        key = (_key_of(action), basis)
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
         sk.add(unit)
-        if self._cache:
-            self._cache = {k: v for k, v in self._cache.items() if k[:2] != key}
+        self._cache.pop(key, None)
 
     def unit_quantile(self, key: str, basis: str, q: float) -> float:
         """Quantile ``q`` of the unit time of (key, basis); the prior when unseen."""
-        ck = (key, basis, q)
-        v = self._cache.get(ck)
-        if v is not None:
-            return v
-        sk = self._sketches.get((key, basis))
+        ck = (key, basis)
+        cached = self._cache.get(ck)
+        if cached is None:
+            cached = self._cache[ck] = {}
+        else:
+            v = cached.get(q)
+            if v is not None:
+                return v
+        sk = self._sketches.get(ck)
         prior = PRIORS[basis]
         if sk is None or sk.count == 0:
             v = prior
@@ -102,13 +118,13 @@ class DurationEstimator:
             v = w * sk.quantile(q) + (1 - w) * prior
         else:
             v = sk.quantile(q)
-        self._cache[ck] = v
+        cached[q] = v
         return v
 
     def predict(self, action: ActionSpec, q: float = 0.5, speed: float = 1.0) -> float:
         """Expected execution time (quantile ``q``) of ``action`` running at ``speed``."""
         basis, units = basis_of(action.hints)
-        unit = self.unit_quantile(action.estimator_key, basis, q)
+        unit = self.unit_quantile(_key_of(action), basis, q)
         return unit * units / max(speed, _MIN_UNIT)
 
     def samples(self, key: str) -> int:

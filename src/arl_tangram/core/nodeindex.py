@@ -37,7 +37,8 @@ class FreeIndex:
         return len(self._level)
 
     def update(self, name: str, free: dict[str, float]) -> None:
-        new = level(free.get(CPU, 0.0))
+        f = free.get(CPU, 0.0)
+        new = int(f * RES + 1e-9) if f > 0 else 0  # level(f), inlined: a hot path
         old = self._level.get(name)
         if old == new:
             return

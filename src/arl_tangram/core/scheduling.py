@@ -59,6 +59,8 @@ class SchedulingMixin:
         self.rates: dict[str, float] = {}
         self.last_rate_time: float | None = None
         self.warm_sent: dict[tuple[str, str], int] = {}
+        self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over
+        self._warm_want: dict[str, int] = {}  # key -> warm executors last spread over them
         self._grow: set[str] = set()  # nodes where elastic expansion may look
 
     # ---- queues ---------------------------------------------------------------------------------
@@ -103,9 +105,12 @@ class SchedulingMixin:
             self._mtouched.add(key[1])
         # Every head is blocked after a pass; an entry that does not become the head cannot
         # change that, so only a new head makes its queue worth a look.
-        got = self._head(key)
-        if got is not None and got[1] is entry:
+        if q[0] is entry:  # fresh, so the head (`_head` would return it)
             self._touched.add(key)
+        else:
+            got = self._head(key)
+            if got is not None and got[1] is entry:
+                self._touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + self.config.aging_s, rec.seq, rec.spec.id))
 
@@ -182,6 +187,8 @@ class SchedulingMixin:
             freed = dirty | reserved.keys() if reserved else dirty
             reserved.clear()
             keys = self._candidates()
+            if not keys:
+                return
             if len(freed) <= 32:
                 nodes = self.nodes
                 local = [n for n in (nodes[x] for x in (sorted(freed) if len(freed) > 1 else freed))
@@ -191,6 +198,11 @@ class SchedulingMixin:
                     if c > local_cpu:
                         local_cpu = c
         elif touched:  # only arrivals: queues blocked before stay blocked
+            if len(touched) == 1:
+                for key in touched:
+                    if key[0] != "model":
+                        self._drain_one(key)
+                return
             keys = {k for k in touched if k[0] != "model"}
         else:
             return
@@ -213,6 +225,13 @@ class SchedulingMixin:
             if local is not None and key[0] == "shape" and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
                 placed = rec.cpu <= limit and self._place_among(rec, local)
+                if placed:  # the freed nodes have less now: keep the cheap test exact
+                    local_cpu = -1.0
+                    for n in local:
+                        c = n.free.get(CPU, 0.0)
+                        if c > local_cpu:
+                            local_cpu = c
+                    limit = local_cpu + 1e-9
             else:
                 placed = self._try_place(rec, key)
             if placed:
@@ -222,6 +241,19 @@ class SchedulingMixin:
                     heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
             elif aged == 0 and key[0] == "shape":
                 self._reserve(rec)
+
+    def _drain_one(self: Core, key: Any) -> None:
+        """`_schedule`'s loop when only one queue is a candidate (no freed nodes): place its
+        heads until one is blocked; a blocked, aged shared-pool head reserves a node."""
+        head = self._head
+        got = head(key)
+        while got is not None:
+            rec = got[0]
+            if not self._try_place(rec, key):
+                if got[1][0] == 0 and key[0] == "shape":
+                    self._reserve(rec)
+                return
+            got = head(key)
 
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
         kind = key[0]
@@ -259,7 +291,18 @@ class SchedulingMixin:
         for node in nodes:
             if node.name in reserved:
                 continue
-            left = _fit_leftover(node, shape)
+            free, cap = node.free, node.cap
+            left = 0.0  # _fit_leftover, inlined: this runs on every freed node
+            for k, v in shape:
+                f = free.get(k, 0.0)
+                if v > f + 1e-9:
+                    left = -1.0
+                    break
+                c = cap.get(k, 0.0)
+                if c > 0:
+                    x = (f - v) / c
+                    if x > left:
+                        left = x
             if left < 0.0:
                 continue
             w = 0 if node.warm.get(wkey) else 1
@@ -298,12 +341,29 @@ class SchedulingMixin:
         ws = self.warm_nodes.get(wkey)
         best: NodeState | None = None
         best_w, best_left = 2, math.inf
+        if ws and len(ws) <= 64 and len(shape) == 2:
+            best = _best_warm2(ws, nodes, reserved, shape)
+            if best is not None:
+                return best
+            ws = None  # (nothing warm fits: fall through to the index)
         if ws and len(ws) <= 64:
-            for name in ws:
+            for name in ws:  # _fit_leftover, inlined: up to 64 nodes per placement
                 node = nodes[name]
-                if node.alive and name not in reserved:
-                    left = _fit_leftover(node, shape)
-                    if 0.0 <= left < best_left:
+                if not node.alive or name in reserved:
+                    continue
+                free, cap = node.free, node.cap
+                left = 0.0
+                for k, v in shape:
+                    f = free.get(k, 0.0)
+                    if v > f + 1e-9:
+                        break
+                    c = cap.get(k, 0.0)
+                    if c > 0:
+                        x = (f - v) / c
+                        if x > left:
+                            left = x
+                else:
+                    if left < best_left:
                         best, best_left = node, left
             if best is not None:
                 return best
@@ -313,7 +373,7 @@ class SchedulingMixin:
         lvl = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
         if not levels or lvl > levels[-1]:
             return None  # no node has that much free CPU
-        found, k = 0, self.config.fit_candidates
+        found, enough = 0, self.config.fit_candidates
         buckets = index._buckets
         for lv in levels[bisect.bisect_left(levels, lvl):]:
             for name in buckets[lv]:
@@ -327,7 +387,7 @@ class SchedulingMixin:
                 if w < best_w or (w == best_w and left < best_left):
                     best, best_w, best_left = node, w, left
                 found += 1
-                if found >= k:
+                if found >= enough:
                     return best
         return best
 
@@ -385,6 +445,8 @@ class SchedulingMixin:
     def _node_changed(self: Core) -> None:
         self._possible.clear()
         self._shares.clear()
+        self._warm_names = None
+        self._warm_want.clear()
         self._ref_cap = None
         self._parts_dirty = True
 
@@ -412,6 +474,39 @@ class SchedulingMixin:
 def _leftover(node: NodeState, demand: Resources) -> float:
     """Largest fraction of the node's capacity left free in any demanded dimension."""
     return max(0.0, _fit_leftover(node, tuple(demand._d.items())))
+
+
+def _best_warm2(ws: set[str], nodes: dict[str, NodeState], reserved: dict[str, str],
+                shape: tuple[tuple[str, float], ...]) -> NodeState | None:
+    """`_find_node`'s scan of warm nodes for a two-dimensional demand, unrolled: the first
+    alive, unreserved node with the least `_fit_leftover` (same arithmetic, same order)."""
+    (k1, v1), (k2, v2) = shape
+    # f >= v + 1e-9 implies not (v > f + 1e-9): the exact test of `fits` runs only below that
+    n1, n2 = v1 + 1e-9, v2 + 1e-9
+    best: NodeState | None = None
+    best_left = math.inf
+    for name in ws:
+        node = nodes[name]
+        if not node.alive or (reserved and name in reserved):
+            continue
+        free = node.free
+        f1 = free.get(k1, 0.0)
+        if f1 < n1 and v1 > f1 + 1e-9:
+            continue
+        f2 = free.get(k2, 0.0)
+        if f2 < n2 and v2 > f2 + 1e-9:
+            continue
+        cap = node.cap
+        c1 = cap.get(k1, 0.0)
+        c2 = cap.get(k2, 0.0)
+        x1 = (f1 - v1) / c1 if c1 > 0 else 0.0
+        x2 = (f2 - v2) / c2 if c2 > 0 else 0.0
+        left = x1 if x1 > x2 else x2
+        if left < 0.0:
+            left = 0.0
+        if left < best_left:
+            best, best_left = node, left
+    return best
 
 
 def _fit_leftover(node: NodeState, shape: tuple[tuple[str, float], ...]) -> float:

@@ -129,21 +129,36 @@ class VirtualExecutor:
         if old is not None:  # re-run after node loss: the old attempt is gone
             self._release(old)
         self.runs[spec.id] = run
-        self._usage(None, cmd.allotment, +1)
+        if self.usage is not None:
+            self.usage.change(None, cmd.allotment, +1)
         delay = self._startup_delay(spec, cmd.node, cmd.warm, truth)
-        self._report(delay, partial(self._began, run, run.version, delay))
+        loop = self.loop  # as `_report`, without a closure: this is the hot path
+        loop.at(loop.clock._now + (delay if delay > 0.0 else 0.0), self._fire_began, run,
+                run.version, delay, priority=REPORT)
+
+    def _fire_began(self, run: _Run, version: int, cold: float) -> None:
+        event = self._began(run, version, cold, self.loop.clock._now)
+        if event is not None:
+            self.emit(event)
+
+    def _fire_finished(self, run: _Run, version: int) -> None:
+        event = self._finished(run, version, self.loop.clock._now)
+        if event is not None:
+            self.emit(event)
 
     def _startup_delay(self, spec: ActionSpec, node: str, warm: bool, truth: SimAction) -> float:
         if spec.session is not None:
             sess = self.sessions.get(spec.session)
             if sess is not None and sess[0] == node:
                 return max(0.0, sess[1] - self.loop.now)
-        pool = self.pools.get((node, warm_key(spec)))
-        if warm and pool is not None and pool.ready > 0:
-            pool.ready -= 1
-            self.warm_starts += 1
-            self._refill(node, warm_key(spec), pool)
-            return 0.0
+        if warm and self.pools:
+            key = warm_key(spec)
+            pool = self.pools.get((node, key))
+            if pool is not None and pool.ready > 0:
+                pool.ready -= 1
+                self.warm_starts += 1
+                self._refill(node, key, pool)
+                return 0.0
         self.cold_starts += 1
         return truth.cold_start_s
 
@@ -154,7 +169,8 @@ class VirtualExecutor:
         run.since = t
         run.speed = run.spec.speed(run.allotment)
         run.deadline = t + run.spec.timeout_s
-        self._usage(run.allotment, None, +1)
+        if self.usage is not None:
+            self.usage.change(run.allotment, None, +1)
         self._schedule_finish(run)
         return E.ActionStarted(t, run.spec.id, run.node, cold_start_s=cold)
 
@@ -163,7 +179,7 @@ class VirtualExecutor:
         v = run.version
         end = run.since + (run.remaining / run.speed if run.speed > 0 else float("inf"))
         end = min(end, run.deadline)
-        self.loop.at(end, self._fire, partial(self._finished, run, v), priority=REPORT)
+        self.loop.at(end, self._fire_finished, run, v, priority=REPORT)
 
     def _finished(self, run: _Run, version: int, t: float) -> E.Event | None:
         if self.runs.get(run.spec.id) is not run or run.version != version:
@@ -179,7 +195,8 @@ class VirtualExecutor:
         return E.ActionFinished(t, run.spec.id, Status.SUCCEEDED, output={"exit_code": 0}, run_s=ran)
 
     def _release(self, run: _Run) -> None:
-        self._usage(run.allotment if run.started else None, run.allotment, -1)
+        if self.usage is not None:
+            self.usage.change(run.allotment if run.started else None, run.allotment, -1)
 
     def _resize(self, cmd: C.ResizeAction) -> None:
         run = self.runs.get(cmd.action_id)

@@ -40,13 +40,14 @@ class VirtualClock:
 class EventLoop:
     """Heap of ``(time, priority, seq, callback, args)``; `run` pops until empty or ``until``."""
 
-    __slots__ = ("_heap", "_seq", "clock", "processed")
+    __slots__ = ("_halted", "_heap", "_seq", "clock", "processed")
 
     def __init__(self, start: float = 0.0) -> None:
         self.clock = VirtualClock(start)
         self._heap: list[tuple[float, int, int, Callable[..., Any], tuple[Any, ...]]] = []
         self._seq = 0
         self.processed = 0  # callbacks run so far
+        self._halted = False  # set by `halt`: `run` returns after the running callback
 
     @property
     def now(self) -> float:
@@ -82,11 +83,17 @@ class EventLoop:
         callback(*args)
         return True
 
+    def halt(self) -> None:
+        """Make `run` return once the callback now running is done (a cheap `stop`)."""
+        self._halted = True
+
     def run(self, until: float | None = None, stop: Callable[[], bool] | None = None) -> None:
-        """Run callbacks until the heap is empty, time would pass ``until``, or ``stop()``."""
+        """Run callbacks until the heap is empty, time would pass ``until``, ``stop()``, or
+        a callback calls `halt`."""
         heap = self._heap
         pop = heapq.heappop
         clock = self.clock
+        self._halted = False
         while heap:
             if until is not None and heap[0][0] > until:
                 clock._advance(until)
@@ -95,5 +102,5 @@ class EventLoop:
             clock._now = time  # heap order guarantees monotonic time
             self.processed += 1
             callback(*args)
-            if stop is not None and stop():
+            if self._halted or (stop is not None and stop()):
                 return

@@ -71,14 +71,18 @@ class UsageMeter:
 
     def change(self, busy: Mapping[str, float] | None, held: Mapping[str, float] | None, sign: int) -> None:
         """Add (sign=+1) or remove (sign=-1) ``busy`` and ``held`` amounts from now on."""
-        if self._now() != self._last:
+        if self._now() != self._last and not self._frozen:
             self._accrue()
-        for vec, acc in ((busy, self.busy), (held, self.held)):
-            if vec:
-                items = vec._d.items() if isinstance(vec, Resources) else vec.items()
-                for d, v in items:
-                    if d in acc:
-                        acc[d] += sign * v
+        if busy is not None:
+            acc = self.busy
+            for d, v in (busy._d if type(busy) is Resources else busy).items():
+                if d in acc:
+                    acc[d] += sign * v
+        if held is not None:
+            acc = self.held
+            for d, v in (held._d if type(held) is Resources else held).items():
+                if d in acc:
+                    acc[d] += sign * v
 
     def set_reserved(self, reserved: Mapping[str, float]) -> None:
         """Resources a policy holds for owners that are not running anything (static slices)."""

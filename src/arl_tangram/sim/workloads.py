@@ -127,6 +127,7 @@ def code_rl(rng: random.Random, step: int, index: int) -> Trajectory:
 
 # ---- tool-math: python tool calls during reasoning --------------------------------------------------
 MATH_CORES_PER_TRAJ = 1.0  # assumption: one 1-core interpreter sandbox per rollout
+MATH_DEMAND = Resources(cpu=1, memory_mb=512)  # of every tool call (immutable, so shared)
 
 
 def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
@@ -137,7 +138,7 @@ def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
     for _ in range(calls):
         gen = gen_seconds(rng, 600, 0.7, 8000)  # assumption: reasoning between two calls
         work = lognormal(rng, 0.1, 1.3, 0.01, 30)  # assumption: arithmetic/sympy snippets
-        steps.append((gen, SimAction(ActionKind.CODE, work, Resources(cpu=1, memory_mb=512),
+        steps.append((gen, SimAction(ActionKind.CODE, work, MATH_DEMAND,
                                      tag="python", timeout_s=10.0, cold_start_s=DOCKER_COLD_S)))
     return Trajectory(f"s{step}-math-{index}", "tool-math", tuple(steps), 0.0, {}, step)
 

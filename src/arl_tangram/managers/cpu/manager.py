@@ -21,7 +21,7 @@ from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
-from . import isolation, languages, payload
+from . import direct, isolation, languages, payload
 from .cgroups import CgroupTree
 from .config import CpuManagerConfig
 from .pool import Sandbox, WarmPool, Zygote
@@ -68,7 +68,8 @@ class CpuManager:
         zcfg: dict[str, Any] = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
                 "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
                 "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
-                "nofile": cfg.max_open_files}
+                "nofile": cfg.max_open_files, "direct": cfg.direct_python,
+                "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct}
         os.makedirs(zcfg["root"], exist_ok=True)
         self._zygote = Zygote(zcfg)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
@@ -157,7 +158,10 @@ class CpuManager:
         n = len(req["cases"] or ()) + 1
         budget = req["compile_timeout"] + req["run_timeout"] * math.ceil(n / max(cpus, 1)) + 10
         try:
-            reply = await sb.request(req, budget)
+            if sb.outs and direct.eligible(req):
+                reply = await direct.exchange(sb, req, budget)
+            else:
+                reply = await sb.request(req, budget)
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError, TimeoutError) as e:
             reply = {"error": f"sandbox broke: {type(e).__name__}: {e}"}
         return self._result(action_id, reply, sb, pod)

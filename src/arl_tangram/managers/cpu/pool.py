@@ -141,6 +141,7 @@ class Zygote:
         self._waiters: collections.deque[asyncio.Future[tuple[dict[str, Any], list[int]]]] = \
             collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_exit: Any = None  # (pid, rc) of a direct sandbox's PID 1, from the fork server
 
     def wait_hello(self, timeout: float = 60.0) -> dict[str, Any]:
         """Blocking (run it in a thread); the first message of the fork server."""
@@ -160,7 +161,7 @@ class Zygote:
 
     def _readable(self) -> None:
         try:
-            msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 1)
+            msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 3)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -172,6 +173,10 @@ class Zygote:
             reply = json.loads(msg)
         except ValueError:
             reply = {"error": "bad reply from the fork server"}
+        if "exit" in reply:  # not a spawn reply: a direct sandbox's exit status
+            if self.on_exit is not None:
+                self.on_exit(int(reply["exit"]), int(reply["rc"]))
+            return
         fut = self._waiters.popleft() if self._waiters else None
         if fut is None or fut.done():  # its spawn was cancelled: the init exits on EOF
             for fd in fds:
@@ -188,7 +193,7 @@ class Zygote:
             if not fut.done():
                 fut.set_exception(e)
 
-    async def spawn(self) -> tuple[int, socket.socket]:
+    async def spawn(self) -> tuple[int, socket.socket, list[int]]:
         assert self._loop is not None, "Zygote.attach() first"
         fut = self._loop.create_future()
         self._waiters.append(fut)
@@ -203,7 +208,7 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
             raise BrokenError(f"sandbox spawn failed: {reply.get('error')}")
-        return int(reply["pid"]), socket.socket(fileno=fds[0])
+        return int(reply["pid"]), socket.socket(fileno=fds[0]), fds[1:]
 
     def close(self) -> None:
         self._fail(ClosedError("the CPU manager is closed"))
@@ -230,6 +235,9 @@ class Sandbox:
     exited: bool = False  # its init is gone (so is every process of its PID namespace)
     released: bool = False
     weight: float = 1.0  # CPU weight of its slot, relative to a normal task
+    # direct sandboxes only: our read ends of its stdout/stderr pipes, and its PID 1's exit code
+    outs: tuple[int, ...] = ()
+    exit_rc: asyncio.Future[int] | None = None
 
     async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         return await self.conn.request(msg, timeout)
@@ -276,6 +284,8 @@ class WarmPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self.spawn_s = 0.005  # running estimate of one spawn's latency
         self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
+        self.by_pid: dict[int, Sandbox] = {}  # direct sandboxes, until their exit code is in
+        zygote.on_exit = self._exit_code
         zygote.attach(self.loop)
 
     def start(self) -> None:
@@ -340,16 +350,28 @@ class WarmPool:
         return errs
 
     async def _fork(self) -> Sandbox:
-        pid, sock = await self.zygote.spawn()
+        pid, sock, outs = await self.zygote.spawn()
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             sock.close()
+            for fd in outs:
+                os.close(fd)
             raise
         sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None)
+        if outs:
+            for fd in outs:
+                os.set_blocking(fd, False)
+            sb.outs, sb.exit_rc = tuple(outs), self.loop.create_future()
+            self.by_pid[pid] = sb
         self.live.add(sb)
         self.loop.add_reader(pidfd, self._exited, sb)
         return sb
+
+    def _exit_code(self, pid: int, rc: int) -> None:
+        sb = self.by_pid.pop(pid, None)
+        if sb is not None and sb.exit_rc is not None and not sb.exit_rc.done():
+            sb.exit_rc.set_result(rc)
 
     def _exited(self, sb: Sandbox) -> None:
         self.loop.remove_reader(sb.pidfd)
@@ -372,6 +394,10 @@ class WarmPool:
     def release(self, sb: Sandbox) -> None:
         sb.kill()
         sb.released = True
+        for fd in sb.outs:  # (the caller has removed its readers)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        sb.outs = ()
         self._maybe_recycle(sb)
         if not self.closed:
             self._wake.set()

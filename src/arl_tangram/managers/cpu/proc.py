@@ -157,7 +157,8 @@ def _run_child(job: Job, limits: Limits, fds: tuple[int, int, int]) -> None:
     _exec_job(job, limits)
 
 
-def _exec_job(job: Job, limits: Limits, status: tuple[int, int] | None = None) -> None:
+def _exec_job(job: Job, limits: Limits, status: tuple[int, int] | None = None,
+              framed: bool = False) -> None:
     """Run ``job`` in this (already limited, unprivileged) child; never returns.
 
     ``status`` (fd, inode): where a prepared child reports its exit code *before* exiting, so
@@ -183,21 +184,23 @@ def _exec_job(job: Job, limits: Limits, status: tuple[int, int] | None = None) -
             except BaseException:
                 rc = rc or 120
         if status is not None:
-            _report(status, rc)
+            _report(status, rc, framed)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox: cannot start: {e}\n".encode())
     os._exit(rc)
 
 
-def _report(status: tuple[int, int], rc: int) -> None:
+def _report(status: tuple[int, int], rc: int, framed: bool = False) -> None:
     """Send the exit code (output already flushed), if the status socket is still ours (the code
     may have closed it and reused the number). The init then drains the pipes and is done: one
     wake-up, and no wait for the kernel to tear this address space down (~1 ms)."""
     fd, ino = status
     try:
         if os.fstat(fd).st_ino == ino:
-            os.write(fd, (rc & 0xFF).to_bytes(4, "big"))
+            body = b'{"rc":%d}' % (rc & 0xFF) if framed else b""  # framed: to the manager
+            os.write(fd, len(body).to_bytes(4, "big") + body if framed
+                     else (rc & 0xFF).to_bytes(4, "big"))
     except OSError:
         pass
 

@@ -1,7 +1,9 @@
 """Inside a sandbox: the init process (PID 1 of its namespaces) that serves the manager.
 
-Invariant: the init runs only trusted code (ours); everything the action supplies runs in
-children made by `proc` / `session_worker` as the sandbox uid. It answers each request frame with
+Invariant: the init runs only trusted code (ours) until it has dropped to the sandbox uid with
+no_new_privs; everything the action supplies runs in children made by `proc` / `session_worker`
+as the sandbox uid, except a *direct* request (`_run_direct`), where the init, after that drop,
+becomes the action itself and never serves another request. It answers each request frame with
 exactly one reply frame; after a one-shot action it kills every other process of its PID
 namespace before replying and exits right after, which ends the namespace (the manager also
 SIGKILLs it), so nothing the action started survives the reply. A "prepare" request forks the
@@ -11,7 +13,9 @@ action's child in advance (`proc.prepare`), so an action costs a pipe hand-over,
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
@@ -19,7 +23,7 @@ import signal
 from typing import Any
 
 from . import _linux, proc, session_worker, wire
-from .prepared import Prepared, prepare
+from .prepared import Prepared, _warm_child, prepare
 
 SANDBOX_DIR = "/sandbox"
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
@@ -56,12 +60,18 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
         except (EOFError, OSError, ValueError):
             os._exit(0)
         op = req.get("op")
+        if op == "run" and req.get("direct") and cfg.get("direct"):
+            _run_direct(req)  # never returns: this process becomes the action
         try:
-            if op == "prepare":  # off the critical path: fork the action's child in advance
+            if op == "prepare" and cfg.get("direct"):  # warm the direct path, fork nothing
+                if cfg.get("warm_direct"):
+                    _warm_child()
+                reply: dict[str, Any] = {"ok": True}
+            elif op == "prepare":  # off the critical path: fork the action's child in advance
                 if prepared is None:
                     prepared = prepare(_base_limits(cfg))
                     _warm(cfg)
-                reply: dict[str, Any] = {"ok": True}
+                reply = {"ok": True}
             elif op == "session":
                 reply = _session(req, sessions)
             else:
@@ -78,6 +88,38 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
             os._exit(0)
         if op not in ("prepare", "session"):
             os._exit(0)  # one-shot: the PID namespace (and everything in it) ends with us
+
+
+def _run_direct(req: dict[str, Any]) -> None:
+    """Become the action itself (a trivial one-shot Python action; see `CpuManagerConfig.
+    direct_python`): write its files as root, then stdin from a memfd, stdout/stderr to the pipes
+    whose read ends the manager holds (fds 4 and 5), the job's rlimits, the sandbox uid/gid and
+    no_new_privs, and run the code in this interpreter. Its exit code goes to the manager as a
+    frame on fd 3 (it is the action's word, so the manager trusts nothing else in it); when this
+    PID 1 exits, the kernel kills everything left in its PID namespace. Never returns."""
+    try:
+        limits, lang = _limits(req), req["lang"]
+        main_file = _main_file(lang, req["code"])
+        _write_files(req, main_file, limits.uid, limits.gid)
+        job = _job(req, lang, main_file, req.get("stdin") or "", None)
+        if job.stdin:
+            fd_in = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            os.write(fd_in, job.stdin)
+            os.lseek(fd_in, 0, os.SEEK_SET)
+        else:
+            fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (3, fd_in, 4, 5)]
+        os.dup2(hi[0], 3)
+        proc._child_detach((hi[1], hi[2], hi[3]), keep=1)
+        status = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 900)  # out of the code's way; not exec'd
+        os.close(3)
+        proc._drop_privileges(limits)
+        st = (status, os.fstat(status).st_ino)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox: cannot start: {e}\n".encode())
+        os._exit(127)
+    proc._exec_job(job, limits, st, framed=True)
 
 
 def _warm(cfg: dict[str, Any]) -> None:

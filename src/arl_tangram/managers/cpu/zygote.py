@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import gc
 import importlib
 import json
@@ -103,6 +104,7 @@ class Namespaces:
         self.free: collections.deque[int] = collections.deque()  # FIFO: longest-idle first
         self.lent: dict[int, int] = {}  # sandbox init pid -> netns fd
         self.made = 0
+        self.direct: set[int] = set()  # direct sandboxes: their exit status goes to the manager
 
     def take_net(self) -> int:
         if self.free:
@@ -121,9 +123,11 @@ class Namespaces:
             self.free.append(fd)
 
 
-def spawn(cfg: dict[str, Any], ns: Namespaces) -> tuple[int, socket.socket]:
-    """Fork a sandbox init (PID 1 of a new PID namespace); returns (its host pid, our socket)."""
+def spawn(cfg: dict[str, Any], ns: Namespaces) -> tuple[int, socket.socket, list[int]]:
+    """Fork a sandbox init (PID 1 of a new PID namespace); returns (its host pid, our socket,
+    our read ends of its stdout/stderr pipes: only with ``cfg["direct"]``, else empty)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
     net = ns.take_net()
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # reaped() must see lent[pid]
     try:
@@ -131,28 +135,37 @@ def spawn(cfg: dict[str, Any], ns: Namespaces) -> tuple[int, socket.socket]:
         try:
             pid = os.fork()
             if pid == 0:
-                _init(cfg, theirs.fileno(), net)
+                _init(cfg, theirs.fileno(), net, [w for _, w in pipes])
         finally:
             _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
         ns.lent[pid] = net
+        if pipes:
+            ns.direct.add(pid)
     except BaseException:
         ns.free.appendleft(net)
         ours.close()
+        for r, _ in pipes:
+            os.close(r)
         raise
     finally:
         theirs.close()
+        for _, w in pipes:
+            os.close(w)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-    return pid, ours
+    return pid, ours, [r for r, _ in pipes]
 
 
-def _init(cfg: dict[str, Any], sock: int, net: int) -> None:
+def _init(cfg: dict[str, Any], sock: int, net: int, outs: list[int]) -> None:
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _linux.setns(net, _linux.CLONE_NEWNET)
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
         os.dup2(sock, 3)
-        os.closerange(4, 1 << 16)  # the fork server's control socket and namespace fds
+        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in outs]
+        for i, fd in enumerate(hi):  # direct: the write ends of stdout/stderr, at fds 4 and 5
+            os.dup2(fd, 4 + i)
+        os.closerange(4 + len(outs), 1 << 16)  # the control socket, namespace fds
         sandbox.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
         sandbox.serve(3, cfg)
     except BaseException:
@@ -181,6 +194,8 @@ def main() -> None:
         _preload(cfg["preload"])
         gc.collect()
         gc.freeze()  # forked children do not touch (copy) the preloaded objects' pages for GC
+        if cfg.get("share_code_ptes"):
+            _linux.share_file_ptes()
         enter_root(cfg["root"])
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
     except BaseException as e:
@@ -191,19 +206,24 @@ def main() -> None:
     _serve(ctl, cfg, ns)
 
 
-def _reap(ns: Namespaces) -> None:
+def _reap(ns: Namespaces, ctl: socket.socket) -> None:
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         ns.reaped(pid)
+        if pid in ns.direct:  # its PID 1 ran the action: the manager needs its exit status
+            ns.direct.discard(pid)
+            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            with contextlib.suppress(OSError):
+                ctl.send(json.dumps({"exit": pid, "rc": rc}).encode())
 
 
 def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
-    signal.signal(signal.SIGCHLD, lambda *_: _reap(ns))  # dead sandboxes go (and lend) at once
+    signal.signal(signal.SIGCHLD, lambda *_: _reap(ns, ctl))  # dead sandboxes go (and lend) at once
     while True:
         try:
             msg = ctl.recv(1 << 16)
@@ -213,9 +233,15 @@ def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
             os._exit(0)
         try:
             req = json.loads(msg)
-            pid, sock = spawn({**cfg, **req.get("cfg", {})}, ns)
-            socket.send_fds(ctl, [json.dumps({"pid": pid}).encode()], [sock.fileno()])
-            sock.close()
+            pid, sock, outs = spawn({**cfg, **req.get("cfg", {})}, ns)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # one message at a time
+            try:
+                socket.send_fds(ctl, [json.dumps({"pid": pid}).encode()], [sock.fileno(), *outs])
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+                sock.close()
+                for fd in outs:
+                    os.close(fd)
         except Exception as e:
             ctl.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
 

@@ -1,0 +1,99 @@
+"""Manager side of a direct action: a trivial one-shot Python action run by its sandbox's PID 1.
+
+Invariant: the sandbox's reply to a direct request is the action's own word (its code ran in that
+process), so only its exit code is taken from it, as an int; the manager itself reads stdout and
+stderr from the pipes (capped, truncation flagged), enforces the wall-clock limit by SIGKILL from
+the host (which ends the PID namespace and everything in it) and, when the process died without
+a word, takes the exit status the fork server reaped. The caller releases the sandbox after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+from .pool import Sandbox
+
+_EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death
+
+
+def eligible(req: dict[str, Any]) -> bool:
+    """A request the direct path can run: one Python run stage, nothing to fetch after it."""
+    lang = req["lang"]
+    return (req["op"] == "run" and bool(lang.get("inproc")) and not lang.get("compile")
+            and req.get("cases") is None and not req.get("fetch_files"))
+
+
+class _Output:
+    """One stream's pipe, read as it comes while the action runs, capped."""
+
+    __slots__ = ("buf", "cap", "fd", "loop", "truncated")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int) -> None:
+        self.loop, self.fd, self.cap = loop, fd, cap
+        self.buf, self.truncated = bytearray(), False
+        loop.add_reader(fd, self.drain)
+
+    def drain(self) -> None:
+        while self.fd >= 0:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                return self.stop()
+            room = self.cap - len(self.buf)
+            if room < len(data):
+                self.truncated = True
+            if room > 0:
+                self.buf += data[:room]
+
+    def stop(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1  # (the pool closes it with the sandbox)
+
+
+async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str, Any]:
+    """Run ``req`` (see `eligible`) in ``sb``; the reply in the sandbox's wire shape."""
+    loop = asyncio.get_running_loop()
+    limit = int(req["limits"]["output"])
+    out, err = (_Output(loop, fd, limit) for fd in sb.outs)
+    msg = {**req, "direct": True}
+    status, rc = "Finished", None
+    t0 = time.monotonic()
+    try:
+        reply = await sb.request(msg, min(budget, float(req["run_timeout"])))
+        rc = reply.get("rc")
+        if not isinstance(rc, int) or isinstance(rc, bool):
+            raise ValueError("bad exit report")
+    except TimeoutError:
+        status = "TimeLimitExceeded"
+        sb.kill()
+    except (OSError, EOFError, ValueError):
+        rc = None  # died without a word (a signal, or it broke its report): ask the fork server
+    elapsed = round(time.monotonic() - t0, 6)
+    if rc is None and sb.exit_rc is not None:
+        if status != "TimeLimitExceeded" and not sb.dead:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_EXIT_WAIT_S):
+                    rc = await asyncio.shield(sb.exit_rc)
+        elif sb.exit_rc.done():
+            rc = sb.exit_rc.result()
+        if rc is None and status == "TimeLimitExceeded":
+            rc = -9  # we killed it
+    for o in (out, err):
+        o.drain()  # what it wrote before its report (or its death)
+        o.stop()
+    if rc is None and status == "Finished":
+        return {"error": "sandbox broke: the action's process ended without an exit status"}
+    run = {"status": status, "execution_time": elapsed, "return_code": rc,
+           "stdout": out.buf.decode("utf-8", "replace"),
+           "stderr": err.buf.decode("utf-8", "replace"),
+           "truncated": out.truncated or err.truncated}
+    return {"compile_result": None, "run_result": run, "cases": None, "files": {}}
