@@ -56,9 +56,10 @@ class UsageMeter:
         self._frozen = True
 
     def _accrue(self) -> None:
-        if self._frozen:
-            return
-        t = self._now()
+        if not self._frozen:
+            self._accrue_to(self._now())
+
+    def _accrue_to(self, t: float) -> None:
         dt = t - self._last
         if dt > 0:
             busy, held, res, bi, hi = self.busy, self.held, self.reserved, self.busy_int, self.held_int
@@ -71,8 +72,9 @@ class UsageMeter:
 
     def change(self, busy: Mapping[str, float] | None, held: Mapping[str, float] | None, sign: int) -> None:
         """Add (sign=+1) or remove (sign=-1) ``busy`` and ``held`` amounts from now on."""
-        if self._now() != self._last and not self._frozen:
-            self._accrue()
+        t = self._now()
+        if t != self._last and not self._frozen:
+            self._accrue_to(t)
         if busy is not None:
             acc = self.busy
             for d, v in (busy._d if type(busy) is Resources else busy).items():

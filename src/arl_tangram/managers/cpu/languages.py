@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .zygote import sandbox_path
+
 _SEARCH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/bin", "/usr/bin", "/bin",
      os.path.expanduser("~/.cargo/bin"), "/usr/local/go/bin"])
@@ -79,7 +81,7 @@ async def detect() -> dict[str, Language]:
     }
     cands: list[tuple[str, str, str, tuple[str, ...] | None, tuple[str, ...], list[str]]] = [
         ("pytest", py, "test_main.py", None,
-         (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "{file}"), ["-m", "pytest", "--version"]),
+         (sandbox_path(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "{file}"), ["-m", "pytest", "--version"]),
         ("bash", "bash", "main.sh", None, ("{tool}", "{file}"), ["--version"]),
         ("cpp", "g++", "main.cpp", ("{tool}", "-O2", "-std=c++17", "-o", "main", "{file}"),
          ("./main",), ["--version"]),

@@ -30,6 +30,12 @@ _RO = _linux.MS_BIND | _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID |
 _MASK_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
 _MASK_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
+RELOCATED = "/.tangram-ro"  # where read-only host paths under /tmp appear inside sandboxes
+
+
+def sandbox_path(host_path: str) -> str:
+    """Where a read-only host path appears inside a sandbox (its /tmp is the sandbox's own)."""
+    return RELOCATED + host_path if host_path.startswith("/tmp/") else host_path
 
 
 def _bind_ro(src: str, root: str) -> None:
@@ -49,12 +55,16 @@ def _bind_ro(src: str, root: str) -> None:
 
 
 def build_root(root: str, ro_paths: list[str]) -> None:
-    """Make ``root`` the sandbox view: read-only system dirs, masked secrets, minimal /dev."""
+    """Make ``root`` the sandbox view: read-only system dirs, masked secrets, minimal /dev.
+
+    Read-only paths under /tmp (e.g. a virtualenv in /tmp) would be hidden by each sandbox's own
+    /tmp, so they are bound at `sandbox_path(p)` instead (see languages.py).
+    """
     os.makedirs(root, exist_ok=True)
     _linux.mount("tmpfs", root, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4m,mode=0755")
     for p in sorted(set(ro_paths), key=len):
         if os.path.lexists(p):
-            _bind_ro(p, root)
+            _bind_ro(p, root + sandbox_path(p)[: -len(p)])
     for f in _MASK_FILES:
         if os.path.isfile(root + f):
             _linux.mount("/dev/null", root + f, None, _linux.MS_BIND)
