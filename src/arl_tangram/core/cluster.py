@@ -227,18 +227,25 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
         raise fail(None, "nodes", str(exc)) from None
 
 
-def load_cluster_yaml(path: str | Path) -> ClusterSpec:
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; every mapping carries its line as ``__line__``.
+
+    Errors are `SpecError` naming the file (and the line, for syntax errors).
+    """
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass: safe
+        return yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None
-    return parse_cluster(data, str(p))
+
+
+def load_cluster_yaml(path: str | Path) -> ClusterSpec:
+    return parse_cluster(read_yaml(path), str(path))
 
 
 def cluster_from_nodes(nodes: Sequence[NodeSpec], models: Sequence[ModelSpec] = ()) -> ClusterSpec:

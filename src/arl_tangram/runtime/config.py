@@ -30,9 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..core.cluster import ModelSpec
+from ..core.cluster import ModelSpec, read_yaml
 from ..core.errors import SpecError
 from ..core.resources import Resources
 
@@ -153,19 +151,6 @@ def default_config(*, policy: str = "tangram", with_models: bool = True, **kw: A
 # ---- YAML ---------------------------------------------------------------------------------------
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records the line of each mapping under the key ``__line__``."""
-
-
-def _construct(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    m = loader.construct_mapping(node, deep=True)
-    m["__line__"] = node.start_mark.line + 1
-    return m
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct)
-
-
 def _plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items() if k != "__line__"}
@@ -263,14 +248,4 @@ def parse_service_config(data: Any, source: str = "<config>") -> ServiceConfig:
 
 def load_service_config(path: str | Path) -> ServiceConfig:
     """Read a service config file; errors are `SpecError` naming file:line: field."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.load(text, Loader=_LineLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None
-    return parse_service_config(data, str(p))
+    return parse_service_config(read_yaml(path), str(path))

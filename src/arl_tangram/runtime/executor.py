@@ -13,9 +13,13 @@ that runs an action is the same in both.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core import commands as C
+from ..core import events as E
+from ..core.actions import Status
 from ..core.cluster import NodeSpec
 from ..core.commands import Command
 from ..core.events import Event
@@ -41,3 +45,20 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Stop everything; actions still running end as CANCELLED through emit."""
+
+
+def unknown_node_events(cmd: Command) -> list[Event]:
+    """The failure events owed for a command naming a node the executor does not have.
+
+    The contract above still holds for it: a StartAction ends NODE_LOST, a RunBatch fails every
+    action, a LoadModel fails; other commands owe no event.
+    """
+    now, why = time.monotonic(), f"unknown node {getattr(cmd, 'node', '?')!r}"
+    if isinstance(cmd, C.StartAction):
+        return [E.ActionFinished(now, cmd.action.id, Status.NODE_LOST, None, why)]
+    if isinstance(cmd, C.RunBatch):
+        failed = dict.fromkeys((a.id for a in cmd.actions), why)
+        return [E.BatchFinished(now, cmd.batch_id, cmd.instance_id, {}, failed)]
+    if isinstance(cmd, C.LoadModel):
+        return [E.ModelLoaded(now, cmd.instance_id, False, reason=why)]
+    return []

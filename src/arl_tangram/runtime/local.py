@@ -8,16 +8,13 @@ core never waits forever on it.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..core import commands as C
-from ..core import events as E
-from ..core.actions import Status
 from ..core.cluster import ModelSpec, NodeSpec
 from .config import NodeConfig, ServiceConfig
-from .executor import Emit, Executor
+from .executor import Emit, Executor, unknown_node_events
 from .node import NodeHost
 
 
@@ -69,16 +66,9 @@ class LocalExecutor(Executor):
                 self._unknown_node(cmd)
 
     def _unknown_node(self, cmd: C.Command) -> None:
-        if self._emit is None:
-            return
-        now, why = time.monotonic(), f"unknown node {getattr(cmd, 'node', '?')!r}"
-        if isinstance(cmd, C.StartAction):
-            self._emit(E.ActionFinished(now, cmd.action.id, Status.NODE_LOST, None, why))
-        elif isinstance(cmd, C.RunBatch):
-            failed = dict.fromkeys((a.id for a in cmd.actions), why)
-            self._emit(E.BatchFinished(now, cmd.batch_id, cmd.instance_id, {}, failed))
-        elif isinstance(cmd, C.LoadModel):
-            self._emit(E.ModelLoaded(now, cmd.instance_id, False, reason=why))
+        if self._emit is not None:
+            for ev in unknown_node_events(cmd):
+                self._emit(ev)
 
     def node_info(self) -> dict[str, dict[str, Any]]:
         return {name: h.info() for name, h in self.hosts.items()}

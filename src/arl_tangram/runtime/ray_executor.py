@@ -29,14 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import commands as C
-from ..core import events as E
-from ..core.actions import Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.commands import Command
 from ..core.errors import BrokenError, ClosedError
 from ..core.events import Event, NodeAdded, NodeLost
-from .executor import Emit, Executor
+from .executor import Emit, Executor, unknown_node_events
 from .ray_agent import (
     AgentSetup,
     NodeAgent,
@@ -221,15 +218,9 @@ class RayExecutor(Executor):
 
     def _unknown_node(self, cmd: Command) -> None:
         """A command for a node never announced: answer with the failure the contract demands."""
-        now, why = time.monotonic(), f"unknown node {getattr(cmd, 'node', '?')!r}"
         self.dropped_commands += 1
-        if isinstance(cmd, C.StartAction):
-            self._deliver(E.ActionFinished(now, cmd.action.id, Status.NODE_LOST, None, why))
-        elif isinstance(cmd, C.RunBatch):
-            failed = dict.fromkeys((a.id for a in cmd.actions), why)
-            self._deliver(E.BatchFinished(now, cmd.batch_id, cmd.instance_id, {}, failed))
-        elif isinstance(cmd, C.LoadModel):
-            self._deliver(E.ModelLoaded(now, cmd.instance_id, False, reason=why))
+        for ev in unknown_node_events(cmd):
+            self._deliver(ev)
 
     async def _flush(self, node: _Node) -> None:
         """Send the node's outbox in batches, one call in flight, until it is empty."""
