@@ -7,6 +7,7 @@ command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)  # load generator of benchmarks/bench_service.py
 command -v rustc >/dev/null 2>&1 || need+=(rustc)  # CPU sandbox language tests (skipped without)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
