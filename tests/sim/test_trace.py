@@ -92,7 +92,7 @@ def test_bad_json_duplicates_and_empty_files(tmp_path):
 def test_the_shipped_example_loads():
     from pathlib import Path
 
-    from arl_tangram.core.cluster import load_cluster_yaml
+    from arl_tangram.specfile import load_cluster_yaml
 
     root = Path(__file__).resolve().parents[2] / "examples"
     trajs = load_trace(root / "trace.jsonl")

@@ -78,8 +78,8 @@ def _non_negative(s: str) -> float:
 
 def _inputs(args: argparse.Namespace) -> tuple[str, Any, Batches, float]:
     """(label, cluster, batches factory, default train_s) from --workload or --trace."""
-    from ..core.cluster import load_cluster_yaml
     from ..sim.trace import load_trace
+    from ..specfile import load_cluster_yaml
 
     if args.trace:
         if not args.cluster:

@@ -5,17 +5,15 @@ group its device indices (a multi-GPU model instance must sit inside one domain)
 describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
 batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
 
-`load_cluster_yaml` reads a cluster spec and reports errors as ``file:line: field: message``.
+`parse_cluster` builds a spec from parsed YAML (mappings carrying ``__line__``) and reports errors
+as ``file:line: field: message``; reading the file is `arl_tangram.specfile`'s job (no I/O here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, cast
-
-import yaml
+from typing import Any
 
 from .errors import SpecError
 from .resources import GPU, GPU_MEMORY_MB, Resources
@@ -137,19 +135,6 @@ class ClusterSpec:
 # ---- YAML ---------------------------------------------------------------------------------------
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of every mapping (as key ``__line__``)."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    mapping = cast(dict[str, Any], loader.construct_mapping(node, deep=True))
-    mapping["__line__"] = node.start_mark.line + 1
-    return mapping
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _strip_lines(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _strip_lines(v) for k, v in obj.items() if k != "__line__"}
@@ -225,27 +210,6 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
         return ClusterSpec(tuple(nodes), tuple(models))
     except ValueError as exc:
         raise fail(None, "nodes", str(exc)) from None
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; every mapping carries its line as ``__line__``.
-
-    Errors are `SpecError` naming the file (and the line, for syntax errors).
-    """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecError(str(p), None, "<file>", f"cannot read: {exc.strerror}") from None
-    try:
-        return yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass: safe
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise SpecError(str(p), mark.line + 1 if mark else None, "<yaml>", str(exc)) from None
-
-
-def load_cluster_yaml(path: str | Path) -> ClusterSpec:
-    return parse_cluster(read_yaml(path), str(path))
 
 
 def cluster_from_nodes(nodes: Sequence[NodeSpec], models: Sequence[ModelSpec] = ()) -> ClusterSpec:

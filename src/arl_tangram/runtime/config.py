@@ -30,9 +30,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..core.cluster import ModelSpec, read_yaml
+from ..core.cluster import ModelSpec
 from ..core.errors import SpecError
 from ..core.resources import Resources
+from ..specfile import read_yaml
 
 POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
 
