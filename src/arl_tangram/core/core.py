@@ -97,9 +97,10 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
 
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
-        handler = self._handlers.get(type(event))
+        etype = type(event)
+        handler = self._handlers.get(etype)
         if handler is None:
-            raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
+            raise TypeError(f"Core.handle: unknown event type {etype.__name__}")
         t = event.time
         if t > self.now:
             self.now = t
@@ -107,7 +108,7 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         self._out = out
         if self._starts:
             self._starts = {}
-        cause = _CAUSE_FN.get(type(event))
+        cause = _CAUSE_FN.get(etype)
         self._cause = cause(event) if cause is not None else _cause_of(event)
         if not self._booted:
             self._boot_models()
@@ -117,7 +118,7 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             self._expire_sessions()
         if self.aging_heap and self.aging_heap[0][0] <= now:
             self._age()
-        if self._dirty or self._touched or self._parts_dirty:
+        if self._dirty or self._touched or (self._parts_dirty and self.policy.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
         if self._mtouched:
             self._dispatch_models()
