@@ -34,6 +34,11 @@ class CoreConfig:
     # Queueing time after which an action is served before any non-aged one (no starvation);
     # a blocked aged action reserves the node closest to fitting it.
     aging_s: float = 30.0
+    # An action also ages once it has waited this many times its expected duration (but never
+    # sooner than `aging_min_s`): under sustained overload a 5 ms action is not held for
+    # `aging_s` behind ever-newer ones whose estimates happen to be a little lower.
+    aging_relative: float = 50.0
+    aging_min_s: float = 0.5
     # Fraction of every node's capacity kept back from elastic expansion for expected arrivals.
     reserve_fraction: float = 0.1
     # Quantile of the duration estimate used to order actions (0.5 = median).
@@ -89,6 +94,8 @@ class CoreConfig:
                 if not (isinstance(share, int | float) and share > 0 and math.isfinite(share)):
                     raise _bad(f"task_shares[{task!r}]", share, "must be a finite number > 0")
         self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)
+        self._check_range("aging_relative", self.aging_relative, 0.0, math.inf, low_open=True)
+        self._check_range("aging_min_s", self.aging_min_s, 0.0, math.inf)
         self._check_range("reserve_fraction", self.reserve_fraction, 0.0, 1.0, high_open=True)
         self._check_range("estimate_quantile", self.estimate_quantile, 0.0, 1.0)
         for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches"):

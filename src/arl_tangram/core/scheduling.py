@@ -6,7 +6,7 @@ shared pool fits any alive node that is not reserved for an aged action (work co
 and a partition or session queue's head does not fit where it may go.
 
 Queues are heaps of ``(aged, priority, seq, gen, id)``; ``aged`` is 0 once an action has waited
-``aging_s`` (aged entries come first, oldest first). Entries go stale lazily (``gen``). Actions
+``_aging_after`` (aged entries come first, oldest first). Entries go stale lazily (``gen``). Actions
 of the shared pool are queued per *demand shape*, so one pass costs O(shapes + placements),
 never O(pending): a blocked head blocks its whole shape.
 """
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 S = Status
 Entry = tuple[int, float, int, int, str]
+_SQRT_HALF = math.sqrt(0.5)
 
 
 class SchedulingMixin:
@@ -43,7 +44,9 @@ class SchedulingMixin:
         self._ref_cap: dict[str, float] | None = None
         self._possible: dict[Any, bool] = {}
         self._shares: dict[Any, float] = {}  # demand shape -> dominant share of `_ref()`
-        self.warm_nodes: dict[str, set[str]] = {}
+        # warm key -> nodes with a warm executor for it; insertion-ordered (a dict, not a set) so
+        # that ties between equally good warm nodes break the same way in every process
+        self.warm_nodes: dict[str, dict[str, None]] = {}
         self.partitions: dict[str, list[tuple[str, float]]] = {}
         self.part_by_node: dict[str, list[str]] = {}
         self._parts_dirty = True
@@ -75,6 +78,11 @@ class SchedulingMixin:
         return ("shape", rec.shape)
 
     def _priority(self: Core, rec: ActionRecord) -> float:
+        """Expected work x resources held / weight, in half-octave classes (FIFO inside one).
+
+        The classes keep actions of one kind in arrival order while their estimates drift a
+        little as the estimator learns; only a real difference in size (>= ~1.4x) reorders.
+        """
         if not self.policy.ordered:
             return float(rec.seq)
         if rec.is_model:
@@ -83,13 +91,23 @@ class SchedulingMixin:
             share = self._shares.get(rec.shape)  # type: ignore[assignment]
             if share is None:
                 share = self._shares[rec.shape] = rec.spec.demand.dominant_share(self._ref())
-        return rec.est * max(share, 1e-3) / rec.spec.weight
+        x = rec.est * max(share, 1e-3) / rec.spec.weight
+        if x <= 0.0:
+            return -math.inf
+        m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
+        return float(2 * e + (m >= _SQRT_HALF))
+
+    def _aging_after(self: Core, rec: ActionRecord) -> float:
+        """How long ``rec`` may wait before it is served ahead of every non-aged action."""
+        cfg = self.config
+        return min(cfg.aging_s, max(cfg.aging_min_s, cfg.aging_relative * rec.est))
 
     def _enqueue(self: Core, rec: ActionRecord) -> None:
         key = self._queue_key(rec)
         rec.queue_key = key
         rec.gen += 1
-        aged = self.now - rec.submit_time >= self.config.aging_s
+        aging_after = self._aging_after(rec)
+        aged = self.now - rec.submit_time >= aging_after
         entry = (0, float(rec.seq), rec.seq, rec.gen, rec.spec.id) if aged else (
             1, self._priority(rec), rec.seq, rec.gen, rec.spec.id)
         q = self.queues.get(key)
@@ -112,7 +130,7 @@ class SchedulingMixin:
             if got is not None and got[1] is entry:
                 self._touched.add(key)
         if not aged:
-            heapq.heappush(self.aging_heap, (rec.submit_time + self.config.aging_s, rec.seq, rec.spec.id))
+            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, rec.seq, rec.spec.id))
 
     def _dequeue(self: Core, rec: ActionRecord) -> None:
         key = rec.queue_key
@@ -410,11 +428,11 @@ class SchedulingMixin:
 
     def _set_warm(self: Core, node: NodeState, key: str, n: int) -> None:
         node.warm[key] = n
-        s = self.warm_nodes.setdefault(key, set())
+        s = self.warm_nodes.setdefault(key, {})
         if n > 0:
-            s.add(node.name)
+            s[node.name] = None
         else:
-            s.discard(node.name)
+            s.pop(node.name, None)
 
     def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
         """Where a session opens: its trajectory's slice, else the node with most free CPU."""
@@ -476,7 +494,7 @@ def _leftover(node: NodeState, demand: Resources) -> float:
     return max(0.0, _fit_leftover(node, tuple(demand._d.items())))
 
 
-def _best_warm2(ws: set[str], nodes: dict[str, NodeState], reserved: dict[str, str],
+def _best_warm2(ws: dict[str, None], nodes: dict[str, NodeState], reserved: dict[str, str],
                 shape: tuple[tuple[str, float], ...]) -> NodeState | None:
     """`_find_node`'s scan of warm nodes for a two-dimensional demand, unrolled: the first
     alive, unreserved node with the least `_fit_leftover` (same arithmetic, same order)."""
