@@ -84,6 +84,7 @@ class NodeHost:
         self._opening: dict[str, asyncio.Event] = {}  # sessions whose OpenSession is in flight
         self._closed = False
         self.spec: NodeSpec | None = None
+        self.warm_report_s = 0.05  # how often warm sandboxes are counted and reported on change
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -97,6 +98,7 @@ class NodeHost:
         if self.gpu is not None and hasattr(self.gpu, "start"):
             await self.gpu.start()
         self.spec = self._node_spec()
+        self._spawn("warm-reporter", self._report_warm())
         return self.spec
 
     def _make_cpu(self) -> Any:
@@ -175,6 +177,29 @@ class NodeHost:
                 self.cpu.set_warm_target(cmd.key, cmd.size)
         else:
             log.warning("node %s: ignoring unknown command %r", self.name, cmd)
+
+    async def _report_warm(self) -> None:
+        """Tell the core how many warm sandboxes wait here (WarmPoolReport), on every change.
+
+        The CPU manager's warm sandboxes serve every language, so each language is reported
+        with the same count; the core uses it to prefer this node and to count warm starts.
+        """
+        try:
+            keys = tuple(self.cpu.languages())
+        except Exception:
+            return
+        last = -1
+        while not self._closed:
+            try:
+                n = sum(self.cpu.warm_state().values())
+            except Exception:
+                return
+            if n != last:
+                now = time.monotonic()
+                for key in keys:
+                    self.emit(E.WarmPoolReport(now, self.name, key, n))
+                last = n
+            await asyncio.sleep(self.warm_report_s)
 
     def _spawn(self, key: str, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
