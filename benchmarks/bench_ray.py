@@ -23,6 +23,7 @@ import statistics
 import time
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # all nodes on 127.0.0.1
 
 from ray.cluster_utils import Cluster
 

@@ -9,15 +9,13 @@ not idle through the rest of the suite.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from _ray_helpers import OBJECT_STORE
 
+# (tests/conftest.py keeps Ray on the loopback address and without usage stats)
 ray = pytest.importorskip("ray")
-
-os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
 _HERE = Path(__file__).parent
 _LIVE: dict[str, object] = {}
