@@ -208,6 +208,11 @@ async def _main(args: argparse.Namespace) -> int:
             results.append(await run_policy(policy, plans, with_models,
                                             None if args.no_progress else progress))
     console.print(_table(results))
+    console.print("Every action above really ran (sandboxes, HumanEval tests, a real reward model); "
+                  "some test runs fail on purpose (wrong solutions). One machine and a dozen "
+                  "trajectories barely contend, so the policies differ little here; "
+                  "`tangram simulate --workload mixed --compare` runs the same scheduler core at "
+                  "cluster scale.")
     return 0
 
 
