@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from ..core.errors import BrokenError, ClosedError, InvalidAction
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
-from . import metrics
+from . import jupyter, metrics
 from .middleware import BodyTooLarge, GuardMiddleware
 from .schemas import (
     ActionIn,
@@ -124,6 +124,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     app.state.registry = metrics.make_registry(engine)
     _install_errors(app)
     _routes(app, svc, config)
+    jupyter.add_routes(app, svc)
     app.add_middleware(GuardMiddleware, token=config.token,
                        max_body_bytes=config.limits.max_body_bytes)
     return app

@@ -162,6 +162,22 @@ class AsyncClient:
         res = await self.run(action, idempotency_key=idempotency_key)
         return _output(res)
 
+    async def run_jupyter(self, cells: Sequence[str], *, cell_timeout: float = 0,
+                          total_timeout: float = 45, files: Mapping[str, str] | None = None,
+                          fetch_files: Sequence[str] = (),
+                          idempotency_key: str | None = None) -> dict[str, Any]:
+        """Run notebook cells in one sandbox; returns SandboxFusion's RunJupyterResponse shape."""
+        from ..api import jupyter as J
+
+        req = J.RunJupyterRequest(cells=list(cells), cell_timeout=cell_timeout, kernel="python3",
+                                  total_timeout=total_timeout, files=dict(files or {}),
+                                  fetch_files=list(fetch_files))
+        rc = J.to_run_code(req)
+        out = await self.run_code(rc.code, files={k: v or "" for k, v in rc.files.items()},
+                                  fetch_files=rc.fetch_files, run_timeout=rc.run_timeout,
+                                  idempotency_key=idempotency_key)
+        return J.from_run_code(out, len(req.cells))
+
     async def run_tests(self, code: str, cases: Sequence[Mapping[str, Any]], *,
                         language: str = "python", stop_on_first_failure: bool = False,
                         timeout_s: float = 60.0, cpus: tuple[float, float] = (1, 1),

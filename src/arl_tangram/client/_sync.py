@@ -84,6 +84,9 @@ class Client:
     def run_code(self, code: str, language: str = "python", **kw: Any) -> dict[str, Any]:
         return self._lt.run(self._ac.run_code(code, language, **kw))
 
+    def run_jupyter(self, cells: Sequence[str], **kw: Any) -> dict[str, Any]:
+        return self._lt.run(self._ac.run_jupyter(cells, **kw))
+
     def run_tests(self, code: str, cases: Sequence[Mapping[str, Any]], **kw: Any) -> dict[str, Any]:
         return self._lt.run(self._ac.run_tests(code, cases, **kw))
 

@@ -1,0 +1,44 @@
+"""/run_jupyter's translation to and from the driver action (no sandbox)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from arl_tangram.api import jupyter as J
+from arl_tangram.api import jupyter_driver as D
+
+
+def _b64(obj: object) -> str:
+    return base64.b64encode(json.dumps(obj).encode()).decode()
+
+
+def test_request_becomes_one_python_action_carrying_the_cells() -> None:
+    req = J.RunJupyterRequest(cells=["a = 1", "a"], cell_timeout=2, total_timeout=9,
+                              files={"x.txt": "eA=="}, fetch_files=["y.txt"])
+    rc = J.to_run_code(req)
+    assert rc.language == "python" and "def main()" in rc.code
+    assert rc.files["x.txt"] == "eA==" and rc.fetch_files == ["y.txt", D.OUT_FILE]
+    spec = json.loads(base64.b64decode(rc.files[D.IN_FILE] or ""))
+    assert spec["cells"] == ["a = 1", "a"] and spec["cell_timeout"] == 2
+    assert rc.run_timeout > req.total_timeout
+
+
+def test_missing_or_broken_driver_output_is_an_error_with_the_driver_result() -> None:
+    driver = {"status": "Finished", "return_code": 1, "stdout": "", "stderr": "Traceback"}
+    out = J.from_run_code({"status": "Failed", "run_result": driver, "files": {}}, 2)
+    assert out["status"] == "Error" and out["driver"] == driver and out["cells"] == []
+    out = J.from_run_code({"run_result": driver, "files": {D.OUT_FILE: "!!"}}, 2)
+    assert out["status"] == "Error" and "unreadable" in out["message"]
+
+
+def test_driver_output_is_unpacked_and_partial_runs_say_so() -> None:
+    cells = [{"stdout": "1\n", "stderr": "", "display": [], "error": []}]
+    ok = {"status": "Finished", "return_code": 0}
+    files = {D.OUT_FILE: _b64({"status": "Finished", "cells": cells}), "y.txt": "eQ=="}
+    out = J.from_run_code({"run_result": ok, "files": files}, 1)
+    assert out["status"] == "Finished" and out["cells"] == cells and out["files"] == {"y.txt": "eQ=="}
+    assert J.from_run_code({"run_result": ok, "files": dict(files)}, 3)["status"] == "Error"
+    tle = {"status": "TimeLimitExceeded"}
+    assert J.from_run_code({"run_result": tle, "files": dict(files)}, 3)["status"] == \
+        "TimeLimitExceeded"
