@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,32 +57,52 @@ def plain_subprocess(n: int) -> list[float]:
     return out
 
 
-def cpu_seconds(m: CpuManager) -> float:
-    """CPU used so far by this process and the fork server's tree (every sandbox is reaped in
-    it: inits by the fork server, action processes by their init)."""
-    t = os.times()
-    total = t.user + t.system
+def usage(m: CpuManager) -> dict[str, float]:
+    """CPU seconds and minor page faults so far of this process (the manager), the fork server
+    itself, and the sandboxes (every sandbox init is reaped by the fork server, and what an init
+    forks is reaped inside its namespace, so the fork server's children totals hold them all)."""
+    t, r = os.times(), resource.getrusage(resource.RUSAGE_SELF)
+    out = {"manager": t.user + t.system, "manager_flt": float(r.ru_minflt),
+           "zygote": 0.0, "zygote_flt": 0.0, "sandboxes": 0.0, "sandboxes_flt": 0.0}
     zygote = getattr(getattr(m, "_zygote", None), "proc", None)
     if zygote is not None:
         with open(f"/proc/{zygote.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
+        tck = os.sysconf("SC_CLK_TCK")
+        out["zygote"] = (int(fields[11]) + int(fields[12])) / tck
+        out["sandboxes"] = (int(fields[13]) + int(fields[14])) / tck
+        out["zygote_flt"], out["sandboxes_flt"] = float(fields[7]), float(fields[8])
+    return out
+
+
+def cpu_seconds(m: CpuManager) -> float:
+    """CPU used so far by the manager, the fork server and every sandbox."""
+    u = usage(m)
+    return u["manager"] + u["zygote"] + u["sandboxes"]
 
 
 async def throughput(m: CpuManager, n: int, conc: int) -> tuple[float, float]:
     """(actions/s, CPU ms per action, all processes of the manager included)."""
+    rate, per = await throughput_detail(m, n, conc)
+    return rate, per["manager"] + per["zygote"] + per["sandboxes"]
+
+
+async def throughput_detail(m: CpuManager, n: int, conc: int) -> tuple[float, dict[str, float]]:
+    """(actions/s, per action: CPU ms and minor faults of manager, fork server, sandboxes)."""
     sem = asyncio.Semaphore(conc)
 
     async def one() -> str:
         async with sem:
             return (await m.run(act("print(1)"), ONE)).status
 
-    c, t = cpu_seconds(m), time.perf_counter()
+    u0, t = usage(m), time.perf_counter()
     res = await asyncio.gather(*(one() for _ in range(n)))
-    dt, cpu = time.perf_counter() - t, cpu_seconds(m) - c
+    dt = time.perf_counter() - t
+    await asyncio.sleep(0.2)  # the last sandboxes are reaped (their CPU is counted then)
+    u1 = usage(m)
     assert all(s == "Success" for s in res), {s: res.count(s) for s in set(res)}
-    return n / dt, cpu / n * 1e3
+    per = {k: (u1[k] - u0[k]) / n * (1.0 if k.endswith("_flt") else 1e3) for k in u0}
+    return n / dt, per
 
 
 def plain_gpp(reps: int) -> float:
@@ -149,9 +170,14 @@ async def main(quick: bool, direct: bool) -> None:
     print(f"plain subprocess.run([python,-c]): p50 {p50s:.2f} ms  p99 {pct(sub, 0.99):.2f} ms")
     print(f"speed-up vs plain subprocess (p50): {p50s / p50:.1f}x")
     for conc in (4, 16):
-        rate, ms = await throughput(m, 400 if quick else 1000, conc)
+        rate, per = await throughput_detail(m, 400 if quick else 1000, conc)
+        ms = per["manager"] + per["zygote"] + per["sandboxes"]
         print(f"throughput, concurrency {conc}: {rate:.0f} actions/s; CPU {ms:.2f} ms/action "
               f"(manager, fork server, sandboxes) -> at most {2000 / ms:.0f}/s on 2 idle cores")
+        print(f"  per action: manager {per['manager']:.2f} ms, fork server {per['zygote']:.2f} ms"
+              f" ({per['zygote_flt']:.0f} faults), sandbox {per['sandboxes']:.2f} ms"
+              f" ({per['sandboxes_flt']:.0f} faults); load average now "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if "cpp" in m.languages():
         reps = 3 if quick else 5
         g, mg = plain_gpp(reps), await managed_gpp(m, reps)

@@ -172,6 +172,43 @@ async def test_each_action_gets_a_fresh_sandbox(mgr: CpuManager) -> None:
     assert sorted(os.listdir(mgr.config.work_root)) == ["rootfs"]
 
 
+async def test_burst_beyond_the_warm_pool_gets_fresh_sandboxes(mgr: CpuManager) -> None:
+    """More actions at once than warm sandboxes: the rest are spawned together on demand; each
+    still gets a sandbox of its own, and every sandbox's end is seen (its slot recycled)."""
+    code = "import os\nprint(os.listdir('.'), os.listdir('/tmp'))\nopen('/tmp/mark', 'w')"
+    rs = await asyncio.gather(*(mgr.run(action(code), allot(cpu=0.5)) for _ in range(24)))
+    assert all(r.status == "Success" and r.run_result is not None
+               and r.run_result.stdout == "['main.py'] []\n" for r in rs), [r.to_dict() for r in rs]
+    assert len({r.executor_pod_name for r in rs}) == len(rs)
+    pool = mgr._pool
+    assert pool is not None
+    for _ in range(100):
+        busy = [sb for sb in pool.live if sb not in pool.ready and not sb.released]
+        ended = [sb for sb in pool.live if sb.released]  # released, end not yet seen
+        if not busy and not ended:
+            break
+        await asyncio.sleep(0.05)
+    assert not busy and not ended, (busy, ended)
+    assert await no_leftovers() == []
+
+
+async def test_reused_cgroup_slot_keeps_no_limit_or_stat(mgr: CpuManager) -> None:
+    """Cgroup slots are reused, their limits rewritten only where they differ and their counters
+    reset: an action never sees an earlier action's limits, CPU time, peak memory or OOM kill."""
+    tight = await mgr.run(action("import time\nt = time.process_time()\n"
+                                 "while time.process_time() - t < 0.3: pass\n"
+                                 "x = bytearray(100 << 20)\n"), allot(cpu=0.5, memory_mb=48))
+    assert tight.memory_exceeded and (tight.cpu_time or 0) >= 0.25, tight.to_dict()
+    pool = mgr._pool
+    assert pool is not None and pool.cgroups is not None
+    made = pool.cgroups._count
+    for _ in range(12):  # more than the pool holds: slots freed by earlier actions come back
+        r = await mgr.run(action("x = bytearray(80 << 20)\nprint(len(x))"), allot(cpu=2))
+        assert r.status == "Success" and not r.memory_exceeded, r.to_dict()
+        assert (r.cpu_time or 0) < 0.25 and 60 < (r.peak_memory_mb or 0) < 200, r.to_dict()
+    assert pool.cgroups._count - made < 12  # (so some of those ran in reused slots)
+
+
 # test batches --------------------------------------------------------------------------------
 SUM_CPP = ("#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}")
 

@@ -8,7 +8,10 @@ nothing here keeps state, so a forked child may use it freely.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
+import signal
+from typing import Any
 
 try:
     _libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -16,6 +19,19 @@ except OSError:  # not glibc: ask the (heavier) finder
     import ctypes.util
 
     _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+for _name in ("unshare", "setns", "mount", "umount2", "syscall", "sethostname", "prctl"):
+    getattr(_libc, _name)  # looked up once, here: not again (dlsym + objects) in every sandbox
+
+# The C signal module: its calls return plain ints, where `signal`'s wrappers convert every
+# result to an enum member (in a freshly forked interpreter that costs ~100 copy-on-write page
+# faults). Used on the fork path; the constants below are plain ints for it.
+raw_signal: Any = importlib.import_module("_signal")
+SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = (int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK),
+                                       int(signal.SIG_SETMASK))
+SIG_DFL, SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
+SIGCHLD = (int(signal.SIGCHLD),)  # a mask of one
+CHILD_DEFAULT_SIGNALS = tuple(int(s) for s in (
+    signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD))
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -86,8 +102,34 @@ def prctl(option: int, arg2: int = 0) -> int:
     return int(rc)
 
 
+PR_SET_NAME = 15
+
+
+def set_name(name: str) -> None:
+    """This thread's name (``comm``, as ps/top/perf show it), at most 15 bytes."""
+    buf = ctypes.create_string_buffer(name.encode()[:15])
+    _check(_libc.prctl(ctypes.c_int(PR_SET_NAME), buf, ctypes.c_ulong(0), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0)), f"prctl(PR_SET_NAME, {name!r})")
+
+
 def set_no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def write_proc(path: str, data: bytes) -> bool:
+    """Write a small /proc file with plain syscalls; False if that failed. (No `open()` and no
+    context manager: their objects cost page faults in a freshly forked interpreter.)"""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
 _PERIOD_US = 100_000
@@ -71,13 +71,36 @@ def _remove_stale(parent: str) -> None:
 
 @dataclass(slots=True)
 class Slot:
-    """The cgroup(s) one sandbox lives in."""
+    """The cgroup(s) one sandbox lives in.
+
+    The control files written or read for every action stay open (`_fds`), and the limits last
+    written are remembered (`cpu`, `memory`, `weight`, `pids`; -1: unknown), so that a reused
+    slot is rewritten only where a value changes. Only this manager writes these files (the
+    cgroup file system is not visible in a sandbox), so what it remembers is what is in force.
+    """
 
     name: str
     version: str
     dirs: dict[str, str]  # controller -> directory (v2: every controller -> the same one)
     cpu_base_ns: int = 0
     oom_base: int = 0
+    cpu: float = -1.0  # CPU quota in cores, as last written
+    memory: int = -1  # memory limit in bytes, as last written
+    weight: float = -1.0  # CPU weight relative to a normal task, as last written
+    pids: int = -1  # pids.max, as last written
+    _fds: dict[str, int] = field(default_factory=dict)  # "w:path"/"r:path" -> open fd
+
+    def _put(self, path: str, value: str) -> None:
+        fd = self._fds.get("w:" + path)
+        if fd is None:
+            fd = self._fds["w:" + path] = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        os.pwrite(fd, value.encode(), 0)
+
+    def _get(self, path: str) -> str:
+        fd = self._fds.get("r:" + path)
+        if fd is None:
+            fd = self._fds["r:" + path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(fd, 1 << 16, 0).decode()
 
     def add(self, pid: int) -> None:
         for d in sorted(set(self.dirs.values())):
@@ -86,53 +109,59 @@ class Slot:
     def set_cpu(self, cores: float) -> None:
         quota = max(1000, int(cores * _PERIOD_US))
         if self.version == "v1":
-            _write(f"{self.dirs['cpu']}/cpu.cfs_quota_us", str(quota))
+            self._put(f"{self.dirs['cpu']}/cpu.cfs_quota_us", str(quota))
         else:
-            _write(f"{self.dirs['cpu']}/cpu.max", f"{quota} {_PERIOD_US}")
+            self._put(f"{self.dirs['cpu']}/cpu.max", f"{quota} {_PERIOD_US}")
+        self.cpu = cores
 
     def set_weight(self, fraction: float) -> None:
         """CPU weight relative to a normal task (1.0); warming sandboxes get less than a running
         action, so that refilling the pool does not slow the actions in flight."""
         if self.version == "v1":
-            _write(f"{self.dirs['cpu']}/cpu.shares", str(max(2, int(1024 * fraction))))
+            self._put(f"{self.dirs['cpu']}/cpu.shares", str(max(2, int(1024 * fraction))))
         else:
-            _write(f"{self.dirs['cpu']}/cpu.weight", str(max(1, int(100 * fraction))))
+            self._put(f"{self.dirs['cpu']}/cpu.weight", str(max(1, int(100 * fraction))))
+        self.weight = fraction
 
     def set_memory(self, limit_bytes: int) -> None:
         d = self.dirs["memory"]
+        self.memory = -1  # unknown until every write below went through
         if self.version == "v2":
-            _write(f"{d}/memory.max", str(limit_bytes))
+            self._put(f"{d}/memory.max", str(limit_bytes))
             with contextlib.suppress(OSError):
-                _write(f"{d}/memory.swap.max", "0")
+                self._put(f"{d}/memory.swap.max", "0")
+            self.memory = limit_bytes
             return
         sw = f"{d}/memory.memsw.limit_in_bytes"
-        has_sw = os.path.exists(sw)
+        has_sw = ("w:" + sw) in self._fds or os.path.exists(sw)
         try:
-            _write(f"{d}/memory.limit_in_bytes", str(limit_bytes))
+            self._put(f"{d}/memory.limit_in_bytes", str(limit_bytes))
             if has_sw:
-                _write(sw, str(limit_bytes))
+                self._put(sw, str(limit_bytes))
         except OSError:  # raising the limit: memsw must go first
             if has_sw:
-                _write(sw, str(limit_bytes))
-            _write(f"{d}/memory.limit_in_bytes", str(limit_bytes))
+                self._put(sw, str(limit_bytes))
+            self._put(f"{d}/memory.limit_in_bytes", str(limit_bytes))
+        self.memory = limit_bytes
 
     def set_pids(self, n: int) -> None:
-        _write(f"{self.dirs['pids']}/pids.max", str(n))
+        self._put(f"{self.dirs['pids']}/pids.max", str(n))
+        self.pids = n
 
     def reset_stats(self) -> None:
         """Start counting CPU time, peak memory and OOM kills from now."""
         if self.version == "v1":
             with contextlib.suppress(OSError):
-                _write(f"{self.dirs['cpuacct']}/cpuacct.usage", "0")
+                self._put(f"{self.dirs['cpuacct']}/cpuacct.usage", "0")
             with contextlib.suppress(OSError):
-                _write(f"{self.dirs['memory']}/memory.max_usage_in_bytes", "0")
+                self._put(f"{self.dirs['memory']}/memory.max_usage_in_bytes", "0")
         self.cpu_base_ns = self._cpu_ns() if self.version == "v2" else 0
         self.oom_base = self.oom_kills(raw=True)
 
     def _cpu_ns(self) -> int:
         if self.version == "v1":
-            return int(_read(f"{self.dirs['cpuacct']}/cpuacct.usage"))
-        for line in _read(f"{self.dirs['cpu']}/cpu.stat").splitlines():
+            return int(self._get(f"{self.dirs['cpuacct']}/cpuacct.usage"))
+        for line in self._get(f"{self.dirs['cpu']}/cpu.stat").splitlines():
             if line.startswith("usage_usec"):
                 return int(line.split()[1]) * 1000
         return 0
@@ -144,7 +173,7 @@ class Slot:
         d = self.dirs["memory"]
         path = f"{d}/memory.max_usage_in_bytes" if self.version == "v1" else f"{d}/memory.peak"
         try:
-            return int(_read(path)) / (1 << 20)
+            return int(self._get(path)) / (1 << 20)
         except (OSError, ValueError):
             return None
 
@@ -153,7 +182,7 @@ class Slot:
         path = f"{d}/memory.oom_control" if self.version == "v1" else f"{d}/memory.events"
         n = 0
         with contextlib.suppress(OSError):
-            for line in _read(path).splitlines():
+            for line in self._get(path).splitlines():
                 if line.startswith("oom_kill "):
                     n = int(line.split()[1])
         return n if raw else n - self.oom_base
@@ -161,7 +190,15 @@ class Slot:
     def is_empty(self) -> bool:
         return all(not _read(f"{d}/cgroup.procs").strip() for d in set(self.dirs.values()))
 
+    def close(self) -> None:
+        """Close the control files kept open (the slot stays usable: they reopen on use)."""
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
     def remove(self) -> None:
+        self.close()
         for d in set(self.dirs.values()):
             with contextlib.suppress(OSError):
                 os.rmdir(d)

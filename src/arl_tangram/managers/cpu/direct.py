@@ -18,6 +18,9 @@ from typing import Any
 from .pool import Sandbox
 
 _EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death
+# Output is first read at the exit report or after this long, whichever is first (the fork
+# server gives the pipes 1 MiB each, so a writer rarely waits for it).
+_LAZY_S = 0.02
 
 
 def eligible(req: dict[str, Any]) -> bool:
@@ -28,14 +31,19 @@ def eligible(req: dict[str, Any]) -> bool:
 
 
 class _Output:
-    """One stream's pipe, read as it comes while the action runs, capped."""
+    """One stream's pipe, capped; read as it comes once `watch` is called (a short action's
+    output is read once, at its exit report: no wake-up per write)."""
 
-    __slots__ = ("buf", "cap", "fd", "loop", "truncated")
+    __slots__ = ("buf", "cap", "fd", "loop", "truncated", "watched")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int) -> None:
         self.loop, self.fd, self.cap = loop, fd, cap
-        self.buf, self.truncated = bytearray(), False
-        loop.add_reader(fd, self.drain)
+        self.buf, self.truncated, self.watched = bytearray(), False, False
+
+    def watch(self) -> None:
+        if self.fd >= 0 and not self.watched:
+            self.watched = True
+            self.loop.add_reader(self.fd, self.drain)
 
     def drain(self) -> None:
         while self.fd >= 0:
@@ -54,9 +62,14 @@ class _Output:
                 self.buf += data[:room]
 
     def stop(self) -> None:
-        if self.fd >= 0:
+        if self.fd >= 0 and self.watched:
             self.loop.remove_reader(self.fd)
-            self.fd = -1  # (the pool closes it with the sandbox)
+        self.fd = -1  # (the pool closes it with the sandbox)
+
+
+def _watch(out: _Output, err: _Output) -> None:
+    out.watch()
+    err.watch()
 
 
 async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str, Any]:
@@ -64,11 +77,31 @@ async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str,
     loop = asyncio.get_running_loop()
     limit = int(req["limits"]["output"])
     out, err = (_Output(loop, fd, limit) for fd in sb.outs)
-    msg = {**req, "direct": True}
+    lazy = loop.call_later(_LAZY_S, _watch, out, err)
+    try:
+        status, rc, elapsed = await _wait(sb, req, budget)
+        lazy.cancel()
+        for o in (out, err):
+            o.drain()  # what it wrote before its report (or its death)
+    finally:
+        lazy.cancel()
+        out.stop()
+        err.stop()
+    if rc is None and status == "Finished":
+        return {"error": "sandbox broke: the action's process ended without an exit status"}
+    run = {"status": status, "execution_time": elapsed, "return_code": rc,
+           "stdout": out.buf.decode("utf-8", "replace"),
+           "stderr": err.buf.decode("utf-8", "replace"),
+           "truncated": out.truncated or err.truncated}
+    return {"compile_result": None, "run_result": run, "cases": None, "files": {}}
+
+
+async def _wait(sb: Sandbox, req: dict[str, Any], budget: float) -> tuple[str, int | None, float]:
+    """Send the request, wait for the exit report (or the death); (status, exit code, seconds)."""
     status, rc = "Finished", None
     t0 = time.monotonic()
     try:
-        reply = await sb.request(msg, min(budget, float(req["run_timeout"])))
+        reply = await sb.request({**req, "direct": True}, min(budget, float(req["run_timeout"])))
         rc = reply.get("rc")
         if not isinstance(rc, int) or isinstance(rc, bool):
             raise ValueError("bad exit report")
@@ -87,13 +120,4 @@ async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str,
             rc = sb.exit_rc.result()
         if rc is None and status == "TimeLimitExceeded":
             rc = -9  # we killed it
-    for o in (out, err):
-        o.drain()  # what it wrote before its report (or its death)
-        o.stop()
-    if rc is None and status == "Finished":
-        return {"error": "sandbox broke: the action's process ended without an exit status"}
-    run = {"status": status, "execution_time": elapsed, "return_code": rc,
-           "stdout": out.buf.decode("utf-8", "replace"),
-           "stderr": err.buf.decode("utf-8", "replace"),
-           "truncated": out.truncated or err.truncated}
-    return {"compile_result": None, "run_result": run, "cases": None, "files": {}}
+    return status, rc, elapsed

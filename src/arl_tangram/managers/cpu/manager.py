@@ -56,6 +56,7 @@ class CpuManager:
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._host = socket.gethostname()
+        self._env: dict[float, dict[str, str]] = {}  # sandbox environment by CPU count
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -69,7 +70,8 @@ class CpuManager:
                 "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
                 "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
                 "nofile": cfg.max_open_files, "direct": cfg.direct_python,
-                "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct}
+                "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
+                "env": payload.env_for(cfg.default_cpus, self._langs)}
         os.makedirs(zcfg["root"], exist_ok=True)
         self._zygote = Zygote(zcfg)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
@@ -129,7 +131,7 @@ class CpuManager:
         if self._closed or self._pool is None:
             return RunResult.sandbox_error("the CPU manager is not running")
         try:
-            req = payload.build_request(action, allotment, self._langs, self.config)
+            req = payload.build_request(action, allotment, self._langs, self.config, self._env)
             mem = payload.memory_bytes(action.payload, allotment, self.config)
         except InvalidAction as e:
             return RunResult.sandbox_error(str(e))

@@ -119,9 +119,24 @@ def env_for(cpus: float, langs: Mapping[str, Language]) -> dict[str, str]:
             "GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath"}
 
 
+def _env(cpus: float, langs: Mapping[str, Language],
+         cache: dict[float, dict[str, str]] | None) -> dict[str, str]:
+    if cache is None:
+        return env_for(cpus, langs)
+    env = cache.get(cpus)
+    if env is None:
+        env = cache[cpus] = env_for(cpus, langs)
+        if len(cache) > 64:  # (fractional allotments could be many)
+            cache.pop(next(iter(cache)))
+    return dict(env)
+
+
 def build_request(action: ActionSpec, allotment: Mapping[str, float],
-                  langs: Mapping[str, Language], cfg: CpuManagerConfig) -> dict[str, Any]:
-    """The sandbox request for ``action``; raises InvalidAction naming the bad field."""
+                  langs: Mapping[str, Language], cfg: CpuManagerConfig,
+                  env_cache: dict[float, dict[str, str]] | None = None) -> dict[str, Any]:
+    """The sandbox request for ``action``; raises InvalidAction naming the bad field.
+
+    ``env_cache``: the caller's memo of `env_for` by CPU count, for one fixed ``langs``."""
     p = action.payload
     if not isinstance(p, Mapping):
         raise InvalidAction("payload", "must be an object")
@@ -146,7 +161,7 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
         "op": "session" if session else "run",
         "lang": langs[lang_name].wire(), "code": code, "stdin": stdin, "files": _files(p),
         "fetch_files": fetch, "compile_timeout": compile_timeout, "run_timeout": run_timeout,
-        "env": env_for(cpus, langs), "cases": None,
+        "env": _env(cpus, langs, env_cache), "cases": None,
         "stop_on_first_failure": bool(_get(p, "stop_on_first_failure", bool, False)),
         "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid,
                    "cpu_s": math.ceil(max(run_timeout, compile_timeout) * max(cpus, 1)) + 1,

@@ -1,12 +1,15 @@
-"""Manager side of sandboxes: the fork-server client, sandbox handles and the warm pool.
+"""Manager side of sandboxes: sandbox handles and the warm pool (channels: `client.py`).
 
 Invariant: a sandbox handed out by `WarmPool.take` is fresh (it never ran an action), already in
 its own cgroup slot with stats reset (and, when warm, with its action's child forked in advance);
 a sandbox given back with `release` is killed at once, and its slot is reused only once the
-sandbox is dead (its init's pidfd fired, which the kernel signals only after every process of its
-PID namespace is gone) *and* released, and the cgroup is seen empty. All I/O is non-blocking and
-driven by the event loop's reader callbacks (no thread hop, no per-action task); replenishing runs
-off the critical path. Everything here must be used from the one event-loop thread.
+sandbox is dead (every process of its PID namespace is gone: its init's pidfd fired, or, for a
+direct sandbox, the fork server reaped its init) *and* released, and the cgroup is seen empty;
+the limits a reused slot keeps are rewritten where the next sandbox's differ, its counters
+always reset. All I/O is non-blocking and driven by the event loop's reader callbacks (no thread
+hop, no per-action task); replenishing runs off the critical path, and sandboxes asked for at
+once (cold takes) are forked together. Everything here must be used from the one event-loop
+thread.
 """
 
 from __future__ import annotations
@@ -15,209 +18,21 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import json
 import math
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from arl_tangram.core.errors import BrokenError, ClosedError
 
-from . import wire
 from .cgroups import CgroupTree, Slot
+from .client import Conn, Zygote
 
 WARMING_WEIGHT = 0.25  # CPU weight of a sandbox being prepared, relative to a running action
-
-
-class Conn:
-    """Length-prefixed JSON request/reply over a non-blocking socket, one reply per request."""
-
-    __slots__ = ("_buf", "_loop", "_waiters", "closed", "sock")
-
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
-        sock.setblocking(False)
-        self.sock, self._loop, self._buf = sock, loop, bytearray()
-        self._waiters: collections.deque[asyncio.Future[dict[str, Any]]] = collections.deque()
-        self.closed = False
-        loop.add_reader(sock.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        try:
-            data = self.sock.recv(1 << 18)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            return self.close(e)
-        if not data:
-            return self.close(EOFError("sandbox closed its socket"))
-        buf = self._buf
-        buf += data
-        while len(buf) >= 4:
-            n = int.from_bytes(buf[:4], "big")
-            if n > wire.MAX_FRAME or not self._waiters:
-                return self.close(ValueError("unexpected or oversized frame from a sandbox"))
-            if len(buf) < 4 + n:
-                return
-            try:
-                msg = json.loads(bytes(buf[4:4 + n]))
-                if not isinstance(msg, dict):
-                    raise ValueError("frame is not an object")
-            except ValueError as e:
-                return self.close(e)
-            del buf[:4 + n]
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(msg)
-
-    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        if self.closed:
-            raise EOFError("sandbox connection closed")
-        fut = self._loop.create_future()
-        self._waiters.append(fut)
-        data = wire.encode(msg)
-        try:
-            n = self.sock.send(data)
-        except BlockingIOError:
-            n = 0
-        except OSError as e:
-            self.close(e)
-            n = len(data)
-        if n < len(data):
-            await self._loop.sock_sendall(self.sock, data[n:])
-        timer = None if timeout is None else self._loop.call_later(
-            timeout, _expire, fut, timeout)
-        try:
-            return await fut
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def close(self, why: BaseException | None = None) -> None:
-        if not self.closed:
-            self.closed = True
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(why or EOFError("sandbox connection closed"))
-
-
-def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError(f"no reply within {timeout:g} s"))
-
-
-def _zygote_env() -> dict[str, str]:
-    """The fork server's environment: nothing of the service's own (tokens, configuration).
-
-    In-process Python actions are forks of the fork server, and /proc/self/environ shows the
-    environment its interpreter was started with, whatever os.environ says later.
-    """
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    if os.environ.get("PYTHONPATH"):  # where the package itself is found when not installed
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
-
-
-class Zygote:
-    """The fork server process and its control socket (a SOCK_SEQPACKET, one spawn per message)."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno()),
-             json.dumps(cfg)], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, close_fds=True, env=_zygote_env())
-        theirs.close()
-        self.ctl = ours
-        self.hello: dict[str, Any] = {}
-        self._waiters: collections.deque[asyncio.Future[tuple[dict[str, Any], list[int]]]] = \
-            collections.deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.on_exit: Any = None  # (pid, rc) of a direct sandbox's PID 1, from the fork server
-
-    def wait_hello(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Blocking (run it in a thread); the first message of the fork server."""
-        self.ctl.settimeout(timeout)
-        try:
-            msg = self.ctl.recv(1 << 16)
-        except OSError as e:
-            msg = json.dumps({"ok": False, "error": f"fork server did not start: {e}"}).encode()
-        self.ctl.settimeout(None)
-        self.hello = json.loads(msg) if msg else {"ok": False, "error": "fork server exited"}
-        return self.hello
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.ctl.setblocking(False)
-        loop.add_reader(self.ctl.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        try:
-            msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 3)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            msg, fds = b"", []
-        if not msg:
-            self._fail(BrokenError("the sandbox fork server exited"))
-            return
-        try:
-            reply = json.loads(msg)
-        except ValueError:
-            reply = {"error": "bad reply from the fork server"}
-        if "exit" in reply:  # not a spawn reply: a direct sandbox's exit status
-            if self.on_exit is not None:
-                self.on_exit(int(reply["exit"]), int(reply["rc"]))
-            return
-        fut = self._waiters.popleft() if self._waiters else None
-        if fut is None or fut.done():  # its spawn was cancelled: the init exits on EOF
-            for fd in fds:
-                os.close(fd)
-            return
-        fut.set_result((reply, fds))
-
-    def _fail(self, e: BaseException) -> None:
-        if self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self.ctl.fileno())
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(e)
-
-    async def spawn(self) -> tuple[int, socket.socket, list[int]]:
-        assert self._loop is not None, "Zygote.attach() first"
-        fut = self._loop.create_future()
-        self._waiters.append(fut)
-        try:
-            self.ctl.send(b'{"op":"spawn"}')
-        except BlockingIOError:
-            await self._loop.sock_sendall(self.ctl, b'{"op":"spawn"}')
-        except OSError as e:
-            self._fail(BrokenError(f"the sandbox fork server is gone: {e}"))
-        reply, fds = await fut
-        if "error" in reply or not fds:
-            for fd in fds:
-                os.close(fd)
-            raise BrokenError(f"sandbox spawn failed: {reply.get('error')}")
-        return int(reply["pid"]), socket.socket(fileno=fds[0]), fds[1:]
-
-    def close(self) -> None:
-        self._fail(ClosedError("the CPU manager is closed"))
-        with contextlib.suppress(OSError):
-            self.ctl.close()
-        with contextlib.suppress(OSError):
-            self.proc.kill()
-        with contextlib.suppress(Exception):
-            self.proc.wait(5)
+MAX_BATCH = 64  # sandboxes per fork-server request (the fork server serves no more)
 
 
 @dataclass(slots=True, eq=False)
@@ -234,6 +49,7 @@ class Sandbox:
     dead: bool = False  # killed or released: never hand it out
     exited: bool = False  # its init is gone (so is every process of its PID namespace)
     released: bool = False
+    watched: bool = False  # its pidfd is on the event loop (else the fork server reports its end)
     weight: float = 1.0  # CPU weight of its slot, relative to a normal task
     # direct sandboxes only: our read ends of its stdout/stderr pipes, and its PID 1's exit code
     outs: tuple[int, ...] = ()
@@ -243,17 +59,17 @@ class Sandbox:
         return await self.conn.request(msg, timeout)
 
     def set_limits(self, cpu: float, memory: int, weight: float = 1.0) -> None:
-        if self.slot is None:
+        """Write what differs from what the slot has in force (a reused slot keeps its values)."""
+        slot = self.slot
+        if slot is None:
             return
-        if weight != self.weight:
-            self.slot.set_weight(weight)
-            self.weight = weight
-        if abs(cpu - self.cpu) > 1e-9:
-            self.slot.set_cpu(cpu)
-            self.cpu = cpu
-        if memory != self.memory:
-            self.slot.set_memory(memory)
-            self.memory = memory
+        if weight != slot.weight:
+            slot.set_weight(weight)
+        if abs(cpu - slot.cpu) > 1e-9:
+            slot.set_cpu(cpu)
+        if memory != slot.memory:
+            slot.set_memory(memory)
+        self.cpu, self.memory, self.weight = cpu, memory, weight
 
     def kill(self) -> None:
         if not self.dead:
@@ -282,10 +98,14 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._cold: list[asyncio.Future[Sandbox | BaseException]] = []  # waiting for a spawn
+        self._cold_task: asyncio.Task[None] | None = None
         self.spawn_s = 0.005  # running estimate of one spawn's latency
         self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
         self.by_pid: dict[int, Sandbox] = {}  # direct sandboxes, until their exit code is in
         zygote.on_exit = self._exit_code
+        zygote.adopt = self._adopt
+        zygote.on_broken = self._watch_all
         zygote.attach(self.loop)
 
     def start(self) -> None:
@@ -301,17 +121,49 @@ class WarmPool:
         return min(self.warm_max, want)
 
     async def spawn(self, prepare: bool = False) -> Sandbox:
-        """A new sandbox in its own cgroup slot; ``prepare``: fork its action's child now."""
-        got = (await self.spawn_many(1, prepare))[0]
+        """A new sandbox in its own cgroup slot; ``prepare``: fork its action's child now.
+
+        Unprepared spawns are grouped: those asked for while a group is being made go together
+        in the next one (one request to the fork server, one cgroup batch), so under load they
+        cost what the warm pool's batches cost; alone, one goes at once."""
+        if prepare:
+            got = (await self.spawn_many(1, prepare))[0]
+        else:
+            fut: asyncio.Future[Sandbox | BaseException] = self.loop.create_future()
+            self._cold.append(fut)
+            if self._cold_task is None or self._cold_task.done():
+                self._cold_task = self.loop.create_task(self._spawn_cold())
+            got = await fut
         if isinstance(got, BaseException):
             raise got
         return got
 
-    async def spawn_many(self, n: int, prepare: bool) -> list[Sandbox | BaseException]:
-        """``n`` new sandboxes, forked together and placed in their cgroups in one batch."""
+    async def _spawn_cold(self) -> None:
+        while self._cold:
+            futs = [f for f in self._cold[:MAX_BATCH] if not f.done()]
+            del self._cold[:MAX_BATCH]
+            if not futs:
+                continue
+            try:
+                got = await self.spawn_many(len(futs), prepare=False, warm=False)
+            except BaseException as e:
+                got = [e] * len(futs)
+                if not isinstance(e, Exception):
+                    for f in futs:
+                        f.cancel()
+                    raise
+            for f, sb in zip(futs, got, strict=True):
+                if not f.done():
+                    f.set_result(sb)
+                elif isinstance(sb, Sandbox):  # its taker went away
+                    self.release(sb)
+
+    async def spawn_many(self, n: int, prepare: bool,
+                         warm: bool = True) -> list[Sandbox | BaseException]:
+        """``n`` new sandboxes, forked together and placed in their cgroups in one batch
+        (``warm``: see `Zygote.spawn`)."""
         t0 = time.monotonic()
-        got: list[Any] = list(await asyncio.gather(*(self._fork() for _ in range(n)),
-                                                   return_exceptions=True))
+        got: list[Any] = await self.zygote.spawn(n, warm)
         sbs = [sb for sb in got if isinstance(sb, Sandbox)]
         if sbs and self.cgroups is not None and self.cgroups.version is not None:
             for sb in sbs:
@@ -323,7 +175,8 @@ class WarmPool:
                 self.release(got[got.index(sbs[i])])
                 got[got.index(sbs[i])] = e
         if prepare:  # only now, in the slot: the child inherits the cgroup
-            live = [sb for sb in got if isinstance(sb, Sandbox)]
+            # (a direct sandbox forks no child in advance and warms itself unasked)
+            live = [sb for sb in got if isinstance(sb, Sandbox) and not sb.outs]
             replies = await asyncio.gather(*(sb.request({"op": "prepare"}, 30.0) for sb in live),
                                            return_exceptions=True)
             for sb, r in zip(live, replies, strict=True):
@@ -340,8 +193,8 @@ class WarmPool:
         for i, sb in enumerate(sbs):
             try:
                 assert sb.slot is not None
-                sb.slot.set_pids(self.pids_max)
-                sb.weight = 0.0  # unknown (a reused slot): written below
+                if sb.slot.pids != self.pids_max:
+                    sb.slot.set_pids(self.pids_max)
                 sb.set_limits(self.default_cpu, self.default_mem, WARMING_WEIGHT)
                 sb.slot.reset_stats()
                 sb.slot.add(sb.pid)
@@ -349,32 +202,51 @@ class WarmPool:
                 errs.append((i, e))
         return errs
 
-    async def _fork(self) -> Sandbox:
-        pid, sock, outs = await self.zygote.spawn()
+    def _adopt(self, pid: int, sock: socket.socket, outs: list[int]) -> Sandbox | OSError:
         try:
             pidfd = os.pidfd_open(pid)
-        except OSError:
+        except OSError as e:
             sock.close()
             for fd in outs:
                 os.close(fd)
-            raise
+            return e
         sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None)
-        if outs:
+        if outs:  # direct: the fork server reports its end (with the exit status)
             for fd in outs:
                 os.set_blocking(fd, False)
             sb.outs, sb.exit_rc = tuple(outs), self.loop.create_future()
             self.by_pid[pid] = sb
+        else:
+            self._watch(sb)
         self.live.add(sb)
-        self.loop.add_reader(pidfd, self._exited, sb)
         return sb
 
+    def _watch(self, sb: Sandbox) -> None:
+        sb.watched = True
+        self.loop.add_reader(sb.pidfd, self._exited, sb)
+
+    def _watch_all(self) -> None:
+        """The fork server is gone, and with it the reports of direct sandboxes' ends."""
+        for sb in list(self.by_pid.values()):
+            if not sb.exited and not sb.watched:
+                self._watch(sb)
+        self.by_pid.clear()
+
     def _exit_code(self, pid: int, rc: int) -> None:
+        """The fork server reaped a direct sandbox's PID 1: every process of its PID namespace
+        is gone (the kernel ends them all before a namespace's init is done exiting)."""
         sb = self.by_pid.pop(pid, None)
-        if sb is not None and sb.exit_rc is not None and not sb.exit_rc.done():
+        if sb is None:  # (never before its spawn's reply: the fork server sends them in order,
+            return  # and the reply is adopted, `_adopt`, as it is read)
+        if sb.exit_rc is not None and not sb.exit_rc.done():
             sb.exit_rc.set_result(rc)
+        if not sb.exited:
+            self._exited(sb)
 
     def _exited(self, sb: Sandbox) -> None:
-        self.loop.remove_reader(sb.pidfd)
+        if sb.watched:
+            self.loop.remove_reader(sb.pidfd)
+            sb.watched = False
         os.close(sb.pidfd)
         sb.exited = True  # its reply, if any, is still readable; then the connection sees EOF
         self._maybe_recycle(sb)
@@ -443,7 +315,8 @@ class WarmPool:
             self._wake.clear()
             while not self.closed and self._deficit() > 0:
                 n = min(8, self._deficit())  # a batch of spawns in flight
-                got = await self.spawn_many(n, prepare=True)
+                # warm them only while the pool holds up (drained, they are taken at once)
+                got = await self.spawn_many(n, prepare=True, warm=2 * len(self.ready) >= n)
                 ok = [sb for sb in got if isinstance(sb, Sandbox)]
                 self.ready.extend(ok)
                 if len(ok) < n:
@@ -458,10 +331,13 @@ class WarmPool:
     async def aclose(self) -> None:
         self.closed = True
         self._wake.set()
-        if self._filler is not None:
-            self._filler.cancel()
-            with contextlib.suppress(BaseException):
-                await self._filler
+        for t in (self._filler, self._cold_task):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+        for f in self._cold:
+            f.cancel()
         for sb in list(self.live):
             self.release(sb)
         self.ready.clear()
@@ -471,7 +347,18 @@ class WarmPool:
             await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        # a placement still running in the cgroup thread uses its slots' kept fds: let it end
+        # (the thread is FIFO) before any slot closes them
+        with contextlib.suppress(RuntimeError):
+            await self.loop.run_in_executor(self._cg_thread, _nothing)
         for slot in self.free_slots:
             slot.remove()
         self.free_slots.clear()
+        for sb in self.live:  # (still dying: the cgroup tree's close removes their dirs)
+            if sb.slot is not None:
+                sb.slot.close()
         self._cg_thread.shutdown(wait=False)
+
+
+def _nothing() -> None:
+    pass

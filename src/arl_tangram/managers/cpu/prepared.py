@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .proc import (
-    WORKDIR,
     Job,
     Limits,
     _child_detach,
@@ -88,7 +87,6 @@ def _warm_child() -> None:
     msg = marshal.loads(marshal.dumps({"argv": None, "python": [("", "")], "env": {"A": "1"},
                                        "cpu_s": 1, "fsize": 1, "nofile": 1, "cpus": 1.0}))
     Job(argv=msg["argv"], python=msg["python"], env=msg["env"])
-    os.environ.update({"HOME": WORKDIR})
     print("", end="", file=sys.stdout)  # the print path, without output
     print("", end="", file=sys.stderr)
 

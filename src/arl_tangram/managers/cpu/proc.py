@@ -10,6 +10,7 @@ and dropped, and the truncation is reported.
 
 from __future__ import annotations
 
+import atexit  # (imported here, in the fork server: not once per sandbox)
 import builtins
 import contextlib
 import errno
@@ -29,6 +30,17 @@ if TYPE_CHECKING:
     from .prepared import Prepared
 
 WORKDIR = "/workdir"
+# The environment the fork server installed in itself (`set_base_env`), hence the one every
+# sandbox starts with: a job whose environment is this one needs no change to `os.environ`.
+BASE_ENV: dict[str, str] | None = None
+
+
+def set_base_env(env: dict[str, str]) -> None:
+    """(Fork server, at start.) Make ``env`` this process's environment, and remember it."""
+    global BASE_ENV
+    os.environ.clear()
+    os.environ.update(env)
+    BASE_ENV = dict(env)
 _GRACE_S = 0.05  # after exit, how long to wait for descendants still holding the pipes
 _LAZY_S = 0.005  # a prepared child's output is first read at its report or after this long
 
@@ -84,14 +96,9 @@ def _child_detach(fds: tuple[int, int, int], keep: int) -> None:
         if fd != i:
             os.dup2(fd, i)
     os.closerange(3 + keep, 1 << 16)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM,
-                signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
+    for sig in _linux.CHILD_DEFAULT_SIGNALS:
+        _linux.raw_signal.signal(sig, _linux.SIG_DFL)
+    _linux.write_proc("/proc/self/oom_score_adj", b"1000")
     os.chdir(WORKDIR)
 
 
@@ -119,8 +126,9 @@ def _final_drop(limits: Limits) -> None:
 
 def _child_python(job: Job, limits: Limits) -> int:
     # (random is reseeded by its own at-fork hook in every child: no two actions share a state)
-    os.environ.clear()
-    os.environ.update(job.env)
+    if job.env != BASE_ENV:  # (setting it costs ~60 copy-on-write faults in a fresh fork)
+        os.environ.clear()
+        os.environ.update(job.env)
     ncpu = max(1, int(limits.cpus + 0.999))
     setattr(os, "cpu_count", lambda: ncpu)  # noqa: B010  (what the code sees)
     glb: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -172,8 +180,6 @@ def _exec_job(job: Job, limits: Limits, status: tuple[int, int] | None = None,
             # threading costs ~600 copy-on-write page faults; the fork server does not hold it)
             if "threading" in sys.modules:
                 sys.modules["threading"]._shutdown()  # join non-daemon threads
-            import atexit
-
             if atexit._ncallbacks():
                 atexit._run_exitfuncs()
         except BaseException:

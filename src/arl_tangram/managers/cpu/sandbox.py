@@ -16,10 +16,10 @@ import base64
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import signal
+import sys
 from typing import Any
 
 from . import _linux, proc, session_worker, wire
@@ -42,30 +42,27 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
     _linux.mount(f"{SANDBOX_DIR}/tmp", "/tmp", None, _linux.MS_BIND)
     _linux.mount("proc", "/proc", "proc", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC)
     _linux.sethostname(hostname)
-    try:  # needs CAP_SYS_RESOURCE; children get 1000 anyway, so the OOM killer picks them
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("-1000")
-    except OSError:
-        pass
+    # (needs CAP_SYS_RESOURCE; children get 1000 anyway, so the OOM killer picks them)
+    _linux.write_proc("/proc/self/oom_score_adj", b"-1000")
 
 
 def serve(fd: int, cfg: dict[str, Any]) -> None:
     """Answer request frames until the manager hangs up; exit right after a one-shot action."""
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _linux.raw_signal.signal(int(signal.SIGPIPE), _linux.SIG_IGN)
     sessions: dict[str, session_worker.Worker] = {}
     prepared: Prepared | None = None
+    if cfg.get("direct") and cfg.get("warm_direct"):
+        _warm_child()  # at once, unasked: no "prepare" round trip for a direct sandbox
     while True:
         try:
-            req = wire.read_frame_fd(fd)
+            req = wire.read_request_fd(fd)
         except (EOFError, OSError, ValueError):
             os._exit(0)
         op = req.get("op")
         if op == "run" and req.get("direct") and cfg.get("direct"):
             _run_direct(req)  # never returns: this process becomes the action
         try:
-            if op == "prepare" and cfg.get("direct"):  # warm the direct path, fork nothing
-                if cfg.get("warm_direct"):
-                    _warm_child()
+            if op == "prepare" and cfg.get("direct"):  # warmed at start (above), fork nothing
                 reply: dict[str, Any] = {"ok": True}
             elif op == "prepare":  # off the critical path: fork the action's child in advance
                 if prepared is None:
@@ -131,7 +128,7 @@ def _warm(cfg: dict[str, Any]) -> None:
               "env": {"PATH": "/bin"}, "cases": None, "stop_on_first_failure": False,
               "limits": {"uid": cfg["uid"], "gid": cfg["gid"], "cpu_s": 1, "fsize": 1,
                          "nofile": 1, "output": 1, "cpus": 1.0}}
-    req = json.loads(wire.encode(sample)[4:])
+    req = _read_sample(wire.encode_request(sample))
     limits, lang = _limits(req), req["lang"]
     job = _job(req, lang, _main_file(lang, req["code"]), "", None)
     job.status, job.elapsed, job.return_code, job.done = "Finished", 0.0, 0, True
@@ -141,6 +138,43 @@ def _warm(cfg: dict[str, Any]) -> None:
              "files": _fetch(["x"])}
     wire.encode(reply)
     _reap_all()
+
+
+def rehearse(cfg: dict[str, Any], times: int = 10) -> None:
+    """(In the fork server, before it forks anything.) Run the pure part of a direct action's
+    path a few times on dummy data: the interpreter specializes that code and fills its type
+    cache now, once, instead of writing (copy-on-write faulting) those pages in every sandbox."""
+    sample = {"op": "run", "direct": True, "lang": {"name": "python", "file": "main.py",
+              "compile": None, "run": None, "inproc": True}, "code": "x = 1\n", "stdin": "",
+              "files": {}, "fetch_files": [], "compile_timeout": 1.0, "run_timeout": 1.0,
+              "env": {"PATH": "/bin", "HOME": proc.WORKDIR}, "cases": None,
+              "stop_on_first_failure": False,
+              "limits": {"uid": cfg["uid"], "gid": cfg["gid"], "cpu_s": 1, "fsize": 1,
+                         "nofile": 1, "output": 1, "cpus": 1.0}}
+    frame = wire.encode_request(sample)
+    for _ in range(times):
+        req = _read_sample(frame)
+        limits, lang = _limits(req), req["lang"]
+        job = _job(req, lang, _main_file(lang, req["code"]), req.get("stdin") or "", None)
+        for src, filename in job.python or ():
+            exec(compile(src, filename, "exec"), {"__name__": "__main__"})
+        _ = limits.cpus
+        print("", end="", file=sys.stdout)
+        print("", end="", file=sys.stderr)
+
+
+def _read_sample(frame: bytes) -> dict[str, Any]:
+    """Read ``frame`` back through a pipe: the request-reading path, run on dummy data."""
+    r, w = os.pipe()
+    try:
+        os.write(w, frame)
+        os.close(w)
+        w = -1
+        return wire.read_request_fd(r)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
 
 
 def _base_limits(cfg: dict[str, Any]) -> proc.Limits:

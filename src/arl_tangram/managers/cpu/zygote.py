@@ -133,42 +133,73 @@ class Namespaces:
             self.free.append(fd)
 
 
-def spawn(cfg: dict[str, Any], ns: Namespaces) -> tuple[int, socket.socket, list[int]]:
-    """Fork a sandbox init (PID 1 of a new PID namespace); returns (its host pid, our socket,
-    our read ends of its stdout/stderr pipes: only with ``cfg["direct"]``, else empty)."""
+Spawned = tuple[int, socket.socket, list[int]]  # (host pid, our socket, our pipe read ends)
+
+
+def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1) -> list[Spawned | Exception]:
+    """Fork ``n`` sandbox inits, each PID 1 of a new PID namespace; per sandbox (its host pid,
+    our socket, our read ends of its stdout/stderr pipes: only with ``cfg["direct"]``, else
+    empty) or the error. Every fork write-protects all of this process's memory, so each page
+    it writes between two forks costs a fault: everything is made first, then the forks run in
+    a tight loop. The caller blocks SIGCHLD until its replies are out (`_serve`)."""
+    kits: list[tuple[socket.socket, socket.socket, list[tuple[int, int]], int]] = []
+    out: list[Spawned | Exception] = []
+    try:
+        for _ in range(n):
+            kits.append(_kit(cfg, ns))
+    except OSError as e:
+        out = [e] * (n - len(kits))
+    done: list[Spawned | Exception] = []
+    try:
+        for ours, theirs, pipes, net in kits:
+            try:
+                done.append((_fork(cfg, ns, theirs, pipes, net), ours, [r for r, _ in pipes]))
+            except Exception as e:
+                ns.free.appendleft(net)
+                ours.close()
+                for r, _ in pipes:
+                    os.close(r)
+                done.append(e)
+    finally:
+        for _, theirs, pipes, _ in kits:
+            theirs.close()
+            for _, w in pipes:
+                os.close(w)
+    return done + out
+
+
+def _kit(cfg: dict[str, Any], ns: Namespaces) -> tuple[socket.socket, socket.socket,
+                                                       list[tuple[int, int]], int]:
+    """What one sandbox needs: a socket pair, (direct) stdout/stderr pipes, a network namespace."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
-    net = ns.take_net()
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # reaped() must see lent[pid]
+    for _, w in pipes:  # room for a whole typical output: the manager reads it lazily
+        try:  # noqa: SIM105  (no context manager: each object is a fault after a fork)
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+    return ours, theirs, pipes, ns.take_net()
+
+
+def _fork(cfg: dict[str, Any], ns: Namespaces, theirs: socket.socket,
+          pipes: list[tuple[int, int]], net: int) -> int:
+    _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
     try:
-        _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
-        try:
-            pid = os.fork()
-            if pid == 0:
-                _init(cfg, theirs.fileno(), net, [w for _, w in pipes])
-        finally:
-            _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
-        ns.lent[pid] = net
-        if pipes:
-            ns.direct.add(pid)
-    except BaseException:
-        ns.free.appendleft(net)
-        ours.close()
-        for r, _ in pipes:
-            os.close(r)
-        raise
+        pid = os.fork()
+        if pid == 0:
+            _init(cfg, theirs.fileno(), net, [w for _, w in pipes])
     finally:
-        theirs.close()
-        for _, w in pipes:
-            os.close(w)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-    return pid, ours, [r for r, _ in pipes]
+        _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
+    ns.lent[pid] = net
+    if pipes:
+        ns.direct.add(pid)
+    return pid
 
 
 def _init(cfg: dict[str, Any], sock: int, net: int, outs: list[int]) -> None:
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _linux.raw_signal.pthread_sigmask(_linux.SIG_SETMASK, ())
+        _linux.raw_signal.signal(_linux.SIGCHLD[0], _linux.SIG_DFL)
         _linux.setns(net, _linux.CLONE_NEWNET)
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
         os.dup2(sock, 3)
@@ -196,12 +227,17 @@ def main() -> None:
     ns: Namespaces | None = None
     try:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, 9)
+        _linux.set_name("tangram-zygote")
         os.nice(5)  # making sandboxes yields to running actions (theirs is their cgroup weight)
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))
         build_root(cfg["root"], cfg["ro_paths"])
+        if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
+            proc.set_base_env(cfg["env"])
         _preload(cfg["preload"])
+        if cfg.get("direct"):
+            sandbox.rehearse(cfg)
         gc.collect()
         gc.freeze()  # forked children do not touch (copy) the preloaded objects' pages for GC
         if cfg.get("share_code_ptes"):
@@ -234,6 +270,7 @@ def _reap(ns: Namespaces, ctl: socket.socket) -> None:
 
 def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: _reap(ns, ctl))  # dead sandboxes go (and lend) at once
+    sig = _linux.raw_signal
     while True:
         try:
             msg = ctl.recv(1 << 16)
@@ -241,19 +278,36 @@ def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
             os._exit(0)
         if not msg:
             os._exit(0)
+        # SIGCHLD waits until the replies are out: a sandbox's exit report (`_reap`) must never
+        # come before its spawn reply, and `reaped()` must see `lent[pid]`.
+        sig.pthread_sigmask(_linux.SIG_BLOCK, _linux.SIGCHLD)
+        n = 1
         try:
             req = json.loads(msg)
-            pid, sock, outs = spawn({**cfg, **req.get("cfg", {})}, ns)
-            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # one message at a time
-            try:
-                socket.send_fds(ctl, [json.dumps({"pid": pid}).encode()], [sock.fileno(), *outs])
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-                sock.close()
-                for fd in outs:
-                    os.close(fd)
+            n = max(1, min(64, int(req.get("n", 1))))  # (the manager asks for at most 64)
+            got = spawn({**cfg, **req.get("cfg", {})}, ns, n)
         except Exception as e:
-            ctl.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+            got = [e] * n  # one reply per sandbox asked for, whatever happened
+        try:
+            for r in got:
+                _reply(ctl, r)
+        except OSError:
+            os._exit(0)  # the manager is gone
+        finally:
+            sig.pthread_sigmask(_linux.SIG_UNBLOCK, _linux.SIGCHLD)
+
+
+def _reply(ctl: socket.socket, r: Spawned | Exception) -> None:
+    if isinstance(r, Exception):
+        ctl.send(json.dumps({"error": f"{type(r).__name__}: {r}"}).encode())
+        return
+    pid, sock, outs = r
+    try:
+        socket.send_fds(ctl, [b'{"pid":%d}' % pid], [sock.fileno(), *outs])
+    finally:
+        sock.close()
+        for fd in outs:
+            os.close(fd)
 
 
 if __name__ == "__main__":

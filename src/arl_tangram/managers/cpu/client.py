@@ -1,0 +1,226 @@
+"""Manager-side channels: a sandbox's request/reply connection and the fork server's client.
+
+Invariant: every reply is matched to its request in order (one reply per request frame on a
+sandbox connection; one reply per sandbox asked for on the fork server's socket), all I/O is
+non-blocking and driven by the event loop's reader callbacks, and a broken or closed channel
+fails every waiter at once. Everything here must be used from the one event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from arl_tangram.core.errors import BrokenError, ClosedError
+
+from . import wire
+
+
+class Conn:
+    """Length-prefixed JSON request/reply over a non-blocking socket, one reply per request."""
+
+    __slots__ = ("_buf", "_loop", "_waiters", "closed", "sock")
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        sock.setblocking(False)
+        self.sock, self._loop, self._buf = sock, loop, bytearray()
+        self._waiters: collections.deque[asyncio.Future[dict[str, Any]]] = collections.deque()
+        self.closed = False
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(1 << 18)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            return self.close(e)
+        if not data:
+            return self.close(EOFError("sandbox closed its socket"))
+        buf = self._buf
+        buf += data
+        while len(buf) >= 4:
+            n = int.from_bytes(buf[:4], "big")
+            if n > wire.MAX_FRAME or not self._waiters:
+                return self.close(ValueError("unexpected or oversized frame from a sandbox"))
+            if len(buf) < 4 + n:
+                return
+            try:
+                msg = json.loads(bytes(buf[4:4 + n]))
+                if not isinstance(msg, dict):
+                    raise ValueError("frame is not an object")
+            except ValueError as e:
+                return self.close(e)
+            del buf[:4 + n]
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(msg)
+
+    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if self.closed:
+            raise EOFError("sandbox connection closed")
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        data = wire.encode_request(msg)
+        try:
+            n = self.sock.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as e:
+            self.close(e)
+            n = len(data)
+        if n < len(data):
+            await self._loop.sock_sendall(self.sock, data[n:])
+        timer = None if timeout is None else self._loop.call_later(
+            timeout, _expire, fut, timeout)
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def close(self, why: BaseException | None = None) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(why or EOFError("sandbox connection closed"))
+
+
+def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"no reply within {timeout:g} s"))
+
+
+def _zygote_env() -> dict[str, str]:
+    """The fork server's environment: nothing of the service's own (tokens, configuration).
+
+    In-process Python actions are forks of the fork server, and /proc/self/environ shows the
+    environment its interpreter was started with, whatever os.environ says later.
+    """
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if os.environ.get("PYTHONPATH"):  # where the package itself is found when not installed
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+class Zygote:
+    """The fork server process and its control socket (a SOCK_SEQPACKET): one request asks for
+    n sandboxes, n replies come back in order (each with its fds), and a direct sandbox's end
+    comes as an "exit" message, always after its spawn reply."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno()),
+             json.dumps(cfg)], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, close_fds=True, env=_zygote_env())
+        theirs.close()
+        self.ctl = ours
+        self.hello: dict[str, Any] = {}
+        # one per sandbox asked for: resolved with what `adopt` made of it, or an error
+        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_exit: Any = None  # (pid, rc) of a direct sandbox's PID 1, from the fork server
+        self.on_broken: Any = None  # called once the fork server is gone
+        self.adopt: Any = None  # (pid, socket, pipe read ends) -> the new sandbox, or an error
+
+    def wait_hello(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Blocking (run it in a thread); the first message of the fork server."""
+        self.ctl.settimeout(timeout)
+        try:
+            msg = self.ctl.recv(1 << 16)
+        except OSError as e:
+            msg = json.dumps({"ok": False, "error": f"fork server did not start: {e}"}).encode()
+        self.ctl.settimeout(None)
+        self.hello = json.loads(msg) if msg else {"ok": False, "error": "fork server exited"}
+        return self.hello
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.ctl.setblocking(False)
+        loop.add_reader(self.ctl.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 3)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            self._fail(BrokenError("the sandbox fork server exited"))
+            return
+        try:
+            reply = json.loads(msg)
+        except ValueError:
+            reply = {"error": "bad reply from the fork server"}
+        if "exit" in reply:  # not a spawn reply: a direct sandbox's exit status
+            if self.on_exit is not None:
+                self.on_exit(int(reply["exit"]), int(reply["rc"]))
+            return
+        fut = self._waiters.popleft() if self._waiters else None
+        if fut is None or fut.done():  # its spawn was cancelled: the init exits on EOF
+            for fd in fds:
+                os.close(fd)
+            return
+        if "error" in reply or not fds or self.adopt is None:
+            for fd in fds:
+                os.close(fd)
+            fut.set_result(BrokenError(f"sandbox spawn failed: {reply.get('error')}"))
+            return
+        # adopted at once, in order: its exit report (a later message) always finds it
+        fut.set_result(self.adopt(int(reply["pid"]), socket.socket(fileno=fds[0]), fds[1:]))
+
+    def _fail(self, e: BaseException) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.ctl.fileno())
+        if self.on_broken is not None:
+            self.on_broken, broken = None, self.on_broken
+            broken()
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(e)
+
+    async def spawn(self, n: int = 1, warm: bool = True) -> list[Any]:
+        """``n`` new sandboxes, forked together on one request: per sandbox what `adopt` made
+        of it, or the error. ``warm=False``: a direct sandbox does not warm its hot path (it is
+        about to be used: warming would only add its own CPU to the faults the action takes)."""
+        assert self._loop is not None, "Zygote.attach() first"
+        assert 1 <= n <= 64, "the fork server makes at most 64 sandboxes per request"
+        futs = [self._loop.create_future() for _ in range(n)]
+        self._waiters.extend(futs)
+        msg = b'{"op":"spawn","n":%d%s}' % (n, b"" if warm else b',"cfg":{"warm_direct":false}')
+        try:
+            self.ctl.send(msg)
+        except BlockingIOError:
+            await self._loop.sock_sendall(self.ctl, msg)
+        except OSError as e:
+            self._fail(BrokenError(f"the sandbox fork server is gone: {e}"))
+        # (if we are cancelled, gather cancels the futures: the sockets of sandboxes still to
+        # come are closed on arrival, and those inits exit on EOF)
+        got = await asyncio.gather(*futs, return_exceptions=True)
+        return [r if not isinstance(r, BaseException) or isinstance(r, Exception)
+                else BrokenError(str(r)) for r in got]
+
+    def close(self) -> None:
+        self._fail(ClosedError("the CPU manager is closed"))
+        with contextlib.suppress(OSError):
+            self.ctl.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
