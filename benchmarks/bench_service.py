@@ -9,6 +9,13 @@ body is checked for ``"status":"Success"``; anything else counts as an error. Th
 FastAPI route that calls ``subprocess.run([python, -c, code])`` per request, no isolation.
 Figures are measured, never asserted; on a shared 2-core machine they are noisy.
 
+Besides wall-clock figures it prints CPU time per request (from /proc, so it holds up better
+on a busy machine): the server process itself (all its threads), the processes below it
+(zygote and sandboxes: the sandbox side) and the load generator. The sequential latency is
+measured twice: with wrk at one connection (a C client, ~0.03 ms of its own) and with httpx
+(a Python client that adds ~0.5 ms). ``--manager-alone`` runs the CPU manager in this process,
+no HTTP and no engine, to split the server's CPU into the manager's share and the rest.
+
     python benchmarks/bench_service.py --duration 30
 """
 
@@ -56,6 +63,62 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _proc_times(pid: int) -> tuple[int, list[float]]:
+    """(ppid, [utime, stime, cutime, cstime] in seconds) of one process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    rest = raw[raw.rindex(")") + 2:].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(rest[1]), [int(x) / hz for x in rest[11:15]]
+
+
+def tree_cpu(root: int) -> tuple[float, float]:
+    """CPU seconds of ``root`` itself (all threads) and of everything below it: each living
+    descendant's own and reaped children's time, plus ``root``'s reaped children."""
+    ppid: dict[int, int] = {}
+    times: dict[int, list[float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid[int(d)], times[int(d)] = _proc_times(int(d))
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+    kids: dict[int, list[int]] = {}
+    for p, pp in ppid.items():
+        kids.setdefault(pp, []).append(p)
+    own = times.get(root, [0.0] * 4)
+    below, stack = own[2] + own[3], list(kids.get(root, ()))
+    while stack:
+        p = stack.pop()
+        below += sum(times[p])
+        stack.extend(kids.get(p, ()))
+    return own[0] + own[1], below
+
+
+class CpuMeter:
+    """CPU per request between `start` and `stop`: server, sandbox side, client (children)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def start(self) -> None:
+        self.t0 = (tree_cpu(self.pid), _children_cpu())
+
+    def stop(self, requests: int) -> dict[str, float]:
+        (s0, b0), c0 = self.t0
+        (s1, b1), c1 = tree_cpu(self.pid), _children_cpu()
+        n = max(requests, 1)
+        return {"server_ms": 1000 * (s1 - s0) / n, "sandbox_ms": 1000 * (b1 - b0) / n,
+                "client_ms": 1000 * (c1 - c0) / n}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def start(kind: str, port: int) -> subprocess.Popen:
@@ -131,16 +194,18 @@ end
 """.replace("@BODY@", json.dumps(TRIVIAL))
 
 
-def load_wrk(url: str, concurrency: int, duration: float) -> dict:
-    """Closed-loop load with wrk: ``concurrency`` connections on 2 threads."""
+def load_wrk(url: str, concurrency: int, duration: float, *, warm: bool = True) -> dict:
+    """Closed-loop load with wrk: ``concurrency`` connections (on 2 threads when more than 1)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(WRK_SCRIPT)
     try:
-        subprocess.run(["wrk", "-t1", "-c1", "-d1s", "-s", f.name, f"{url}/run_code"],
-                       capture_output=True, check=True)  # warm up
-        out = subprocess.run(["wrk", "-t2", f"-c{concurrency}", f"-d{duration:g}s",
+        if warm:
+            subprocess.run(["wrk", "-t1", "-c1", "-d1s", "-s", f.name, f"{url}/run_code"],
+                           capture_output=True, check=True)
+        threads = 2 if concurrency > 1 else 1
+        out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s",
                               "--timeout", "60s", "-s", f.name, f"{url}/run_code"],
                              capture_output=True, text=True, check=True).stdout
     finally:
@@ -164,12 +229,22 @@ def bench(kind: str, args: argparse.Namespace) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start(kind, port)
+    meter = CpuMeter(proc.pid)
     try:
         wait_up(url, proc)
         if args.client == "wrk":
-            out = load_wrk(url, args.concurrency, args.duration)
+            load_wrk(url, 1, 1.0, warm=False)  # warm up (not metered)
+            meter.start()
+            out = load_wrk(url, args.concurrency, args.duration, warm=False)
         else:
+            meter.start()
             out = asyncio.run(load(url, args.concurrency, args.duration))
+        out["cpu"] = meter.stop(out["requests"])
+        if args.client == "wrk":
+            meter.start()
+            one = load_wrk(url, 1, args.seq_duration, warm=False)
+            out["seq_cpu"] = meter.stop(one["requests"])
+            out["seq_wrk_p50_ms"], out["seq_wrk_p99_ms"] = one["p50_ms"], one["p99_ms"]
         out["seq_p50_ms"] = sequential(url, args.sequential)
         return out
     finally:
@@ -189,8 +264,16 @@ def main() -> int:
     ap.add_argument("--client", choices=["wrk", "httpx"],
                     default="wrk" if shutil.which("wrk") else "httpx",
                     help="load generator (default: wrk when installed)")
+    ap.add_argument("--seq-duration", type=float, default=5.0,
+                    help="seconds of one-connection wrk load for the sequential latency")
+    ap.add_argument("--manager-alone", type=int, default=300, metavar="N",
+                    help="actions for the in-process CPU manager figure (0: skip)")
     ap.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--manager-only", type=int, metavar="N", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.manager_only:
+        print(json.dumps(asyncio.run(_manager_only(args.manager_only, args.concurrency))))
+        return 0
     if args.serve_naive:
         import uvicorn
 
@@ -198,15 +281,85 @@ def main() -> int:
                     access_log=False)
         return 0
     print(f"/run_code print(1): {args.concurrency} clients ({args.client}) x {args.duration:g} s, "
-          f"then {args.sequential} sequential; cores: {len(os.sched_getaffinity(0))}; "
-          f"load average {os.getloadavg()[0]:.2f}")
+          f"then sequential ({args.seq_duration:g} s of wrk -c1, {args.sequential} httpx); "
+          f"cores: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.2f}; "
+          f"HTTP stack: {_http_stack()}")
     print(f"{'server':<10}{'requests':>10}{'errors':>8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'seq p50 ms':>12}")
+          f"{'seq p50 ms':>12}{'(httpx)':>9}  CPU ms/request: server + sandbox side (client)")
     for kind in [args.only] if args.only else ["tangram", "naive"]:
         r = bench(kind, args)
+        c = r["cpu"]
+        seq = f"{r['seq_wrk_p50_ms']:>12.2f}" if "seq_wrk_p50_ms" in r else f"{'-':>12}"
         print(f"{kind:<10}{r['requests']:>10}{r['errors']:>8}{r['rps']:>9.1f}{r['p50_ms']:>9.1f}"
-              f"{r['p99_ms']:>9.1f}{r['seq_p50_ms']:>12.2f}", flush=True)
+              f"{r['p99_ms']:>9.1f}{seq}{r['seq_p50_ms']:>9.2f}  load {c['server_ms']:.2f} + "
+              f"{c['sandbox_ms']:.2f} ({c['client_ms']:.2f})", end="")
+        if "seq_cpu" in r:
+            q = r["seq_cpu"]
+            print(f"; sequential {q['server_ms']:.2f} + {q['sandbox_ms']:.2f}", end="")
+        print(flush=True)
+    if args.manager_alone and args.only != "naive":
+        m = json.loads(subprocess.run([sys.executable, __file__, "--manager-only",
+                                       str(args.manager_alone)], capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1])
+        print(f"CPU manager alone (in-process CpuManager.run, no HTTP, no engine), CPU ms/action: "
+              f"sequential {m['seq']['server_ms']:.2f} + {m['seq']['sandbox_ms']:.2f}, "
+              f"{args.concurrency} concurrent {m['conc']['server_ms']:.2f} + "
+              f"{m['conc']['sandbox_ms']:.2f} (in-process + sandbox side)")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def _http_stack() -> str:
+    """What `tangram serve` runs on: uvloop and httptools when they import (else asyncio and h11),
+    through `arl_tangram.api.transport` (head and body of a response in one write)."""
+    import importlib
+
+    def has(name: str) -> bool:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return False
+        return True
+
+    return (f"{'uvloop' if has('uvloop') else 'asyncio'} + "
+            f"{'httptools' if has('httptools') else 'h11'}, one write per response")
+
+
+async def _manager_only(n: int, concurrency: int) -> dict:
+    """CPU per action of the CPU manager alone, driven directly (in this process)."""
+    from arl_tangram.api.schemas import RunCodeRequest
+    from arl_tangram.api.translate import run_code_action
+    from arl_tangram.managers.cpu import CpuManager
+
+    mgr = CpuManager()
+    await mgr.start()
+    meter = CpuMeter(os.getpid())
+    try:
+        async def one() -> None:
+            a = run_code_action(RunCodeRequest(**TRIVIAL))
+            r = await mgr.run(a, a.demand)
+            if r.status != "Success":
+                raise RuntimeError(f"manager failed: {r}")
+
+        for _ in range(20):
+            await one()
+        out = {}
+        meter.start()
+        for _ in range(n):
+            await one()
+        out["seq"] = meter.stop(n)
+        sem = asyncio.Semaphore(concurrency)
+
+        async def limited() -> None:
+            async with sem:
+                await one()
+
+        meter.start()
+        await asyncio.gather(*(limited() for _ in range(n)))
+        out["conc"] = meter.stop(n)
+        return out
+    finally:
+        await mgr.aclose()
 
 
 if __name__ == "__main__":

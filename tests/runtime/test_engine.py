@@ -119,3 +119,39 @@ async def test_cluster_view_lists_nodes() -> None:
         assert node["name"] == "fake" and node["capacity"]["cpu"] == 2
         assert node["warm_pools"] == {"python": 1}
     await eng.aclose()
+
+
+async def test_result_wait_times_out_and_cancelled_waiters_leave_no_trace() -> None:
+    eng, _ = await engine()
+    (aid,) = await eng.submit(spec(1, 0.3))
+    assert await eng.result(aid, wait=0.02) is None  # unfinished after the wait
+    gone = asyncio.ensure_future(eng.result(aid, wait=30))
+    kept = asyncio.ensure_future(eng.result(aid))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    res = await kept
+    assert res is not None and res.status == Status.SUCCEEDED
+    assert gone.cancelled() and not eng._waiters  # no waiter left behind
+    (slow,) = await eng.submit(spec(2, 0.05))
+    got = await eng.result(slow, wait=1e300)  # a huge wait is a wait without a timer
+    assert got is not None and got.status == Status.SUCCEEDED
+    await eng.aclose()
+
+
+def test_restamp_is_replace_of_time() -> None:
+    import dataclasses
+
+    from arl_tangram.core import events as E
+    from arl_tangram.runtime.engine import _restamp
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Odd(E.Event):  # a field outside __init__: the generic path
+        extra: int = dataclasses.field(default=7, init=False)
+
+    evs = [E.ActionFinished(1.0, "a", Status.FAILED, {"x": 1}, "why", 0.5), E.Tick(1.0),
+           E.WarmPoolReport(1.0, "n", "python", 3), E.SessionRequested(1.0, "s", ttl_s=9.0),
+           Odd(1.0)]
+    for ev in evs:
+        got = _restamp(ev, 42.0)
+        assert got == dataclasses.replace(ev, time=42.0) and type(got) is type(ev)
+        assert got.time == 42.0 and ev.time == 1.0

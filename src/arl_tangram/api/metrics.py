@@ -103,7 +103,7 @@ class EngineCollector:
 
 def make_registry(engine: Engine) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(EngineCollector(engine))  # type: ignore[arg-type]
+    reg.register(EngineCollector(engine))
     return reg
 
 

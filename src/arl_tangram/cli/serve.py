@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     models = ", ".join(m.name for m in cfg.models) or "none"
     print(f"tangram serve: http://{cfg.host}:{cfg.port}  policy={cfg.policy}  models={models}",
           file=sys.stderr)
+    from ..api.transport import http_protocol  # one write per response (see its docstring)
+
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+                access_log=False, timeout_graceful_shutdown=5, http=http_protocol())
     return 0

@@ -76,6 +76,27 @@ def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Any:
 
 
 _STOP = object()
+_REST: dict[type, tuple[str, ...] | None] = {}  # event class -> its fields after ``time``
+
+
+def _restamp(ev: E.Event, now: float) -> E.Event:
+    """``dataclasses.replace(ev, time=now)`` at half the cost, for event classes whose first
+    field is ``time`` and whose fields are all ``__init__`` arguments (all of core.events)."""
+    cls = type(ev)
+    if cls not in _REST:
+        fs = dataclasses.fields(ev)
+        ok = bool(fs) and fs[0].name == "time" and all(f.init for f in fs)
+        _REST[cls] = tuple(f.name for f in fs[1:]) if ok else None
+    rest = _REST[cls]
+    if rest is None:
+        return dataclasses.replace(ev, time=now)
+    return cls(now, *[getattr(ev, n) for n in rest])
+_NO_TIMER_S = 1e7  # waits longer than this (about 4 months) are waits without a timer
+
+
+def _time_up(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Engine:
@@ -100,7 +121,7 @@ class Engine:
         self._live: dict[str, Live] = {}
         self._results: OrderedDict[str, tuple[ActionResult, str]] = OrderedDict()
         self._idem: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._waiters: dict[str, list[asyncio.Future[ActionResult]]] = {}
+        self._waiters: dict[str, list[asyncio.Future[ActionResult | None]]] = {}
         self._sessions: dict[str, Resources] = {}
         self._session_nodes: dict[str, str] = {}
         self._instances: dict[str, dict[str, Any]] = {}
@@ -173,7 +194,7 @@ class Engine:
         if threading.get_ident() != self._thread and self._loop is not None:
             self._loop.call_soon_threadsafe(self._emit, event)
             return
-        self._queue.put_nowait(dataclasses.replace(event, time=self.clock.now()))
+        self._queue.put_nowait(_restamp(event, self.clock.now()))
 
     def _put(self, event: E.Event) -> None:
         if self._queue is None:
@@ -309,7 +330,8 @@ class Engine:
         keys = [None if idempotency_key is None else
                 (idempotency_key if len(batch) == 1 else f"{idempotency_key}#{i}")
                 for i in range(len(batch))]
-        ids: list[str | None] = [self._idem[k][0] if k in self._idem else None for k in keys]
+        ids: list[str | None] = [self._idem[k][0] if k is not None and k in self._idem else None
+                                 for k in keys]
         fresh = [(i, s) for i, s in enumerate(batch) if ids[i] is None]
         if len(self._live) + len(fresh) > self.config.max_pending:
             self.stats_book.shed += len(fresh)
@@ -324,8 +346,9 @@ class Engine:
         for i, s in fresh:
             self._live[s.id] = Live(s, now)
             self.stats_book.submitted[s.kind.value] += 1
-            if keys[i] is not None:
-                self._idem[keys[i]] = (s.id, now)
+            key = keys[i]
+            if key is not None:
+                self._idem[key] = (s.id, now)
             self._put(E.ActionArrived(now, s))
             ids[i] = s.id
         return [x for x in ids if x is not None]
@@ -367,13 +390,16 @@ class Engine:
         if res is not None or (wait is not None and wait <= 0):
             return res
         assert self._loop is not None
-        fut: asyncio.Future[ActionResult] = self._loop.create_future()
+        fut: asyncio.Future[ActionResult | None] = self._loop.create_future()
         self._waiters.setdefault(action_id, []).append(fut)
+        # A plain future and a timer, not wait_for(shield(...)): one loop hop to wake, not three.
+        timer = (self._loop.call_later(wait, _time_up, fut)
+                 if wait is not None and wait < _NO_TIMER_S else None)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), wait)
-        except TimeoutError:
-            return None
+            return await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             ws = self._waiters.get(action_id)
             if ws is not None and fut in ws:
                 ws.remove(fut)

@@ -206,7 +206,10 @@ class NodeHost:
         if key in self._tasks:
             key = f"{key}#{id(task)}"
         self._tasks[key] = task
-        task.add_done_callback(lambda _t, k=key: self._tasks.pop(k, None))
+        def forget(_t: asyncio.Task[Any], k: str = key) -> None:
+            self._tasks.pop(k, None)
+
+        task.add_done_callback(forget)
 
     def emit(self, event: E.Event) -> None:
         if not self._closed or isinstance(event, E.ActionFinished | E.BatchFinished):

@@ -143,7 +143,7 @@ class RayExecutor(Executor):
             raise RuntimeError("RayExecutor.start was called twice")
         self._emit = emit
         if not ray.is_initialized():
-            kw = {"namespace": self.config.namespace, "log_to_driver": False}
+            kw: dict[str, Any] = {"namespace": self.config.namespace, "log_to_driver": False}
             kw.update(self.config.init_kwargs)
             await asyncio.to_thread(ray.init, address=self.config.address, **kw)
             self._inited_ray = True
@@ -371,9 +371,9 @@ class RayExecutor(Executor):
                 continue
             cur = self._current.get(nid)
             if cur is None or cur.state is _State.LOST:
-                node = self._spawn_agent(n)
-                if node is not None:
-                    self._background(self._start_agent(node, announce=True))
+                fresh = self._spawn_agent(n)
+                if fresh is not None:
+                    self._background(self._start_agent(fresh, announce=True))
 
     async def _refresh_info(self) -> None:
         up = [n for n in self._current.values() if n.state is _State.UP]

@@ -1,0 +1,115 @@
+"""A direct ASGI path for the hot route, ``POST /run_code``, below FastAPI's routing layers.
+
+Invariant: the fast path answers a request only when its JSON body validates as a
+`RunCodeRequest` exactly as FastAPI would validate it (``json.loads`` then the model in Python
+mode); the answer is byte-for-byte the one the FastAPI route gives (same JSON encoding, same
+headers, same error mapping via `error_response`). Anything else (another route, a non-JSON
+content type, a body that does not parse or validate, a mounted app) is handed, with its body
+replayed unchanged, to the FastAPI app, whose answers (422 naming the field, ...) therefore stay
+the only ones for bad input. It runs inside `GuardMiddleware`, so token and body limit apply first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from .middleware import BodyTooLarge
+from .schemas import RunCodeRequest
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+RunCode = Callable[[RunCodeRequest], Awaitable[dict[str, Any]]]
+ErrorResponse = Callable[[BaseException], Any]  # an exception -> a starlette Response, or None
+
+_JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8",
+                         b"application/json;charset=utf-8"})
+_HEADERS_TAIL = (b"content-type", b"application/json")
+
+
+def encode(body: Any) -> bytes:
+    """Exactly starlette's `JSONResponse.render`."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
+
+
+class FastRunCode:
+    """ASGI middleware: serves valid ``POST /run_code`` itself, passes everything else on."""
+
+    def __init__(self, app: Any, *, run_code: RunCode, error_response: ErrorResponse) -> None:
+        self.app, self.run_code, self.error_response = app, run_code, error_response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["path"] != "/run_code" or scope["method"] != "POST"
+                or scope.get("root_path")):
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw, more = await _read_body(receive)
+        except BodyTooLarge as exc:
+            await self.error_response(exc)(scope, receive, send)
+            return
+        if more is None:
+            return  # the client went away before sending its body
+        req = _parse(scope, raw)
+        if req is None:
+            await self.app(scope, _replay(raw, receive), send)
+            return
+        try:
+            out = await self.run_code(req)
+        except Exception as exc:
+            resp = self.error_response(exc)
+            if resp is None:
+                raise
+            await resp(scope, receive, send)
+            return
+        data = encode(out)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(data)).encode()), _HEADERS_TAIL]})
+        await send({"type": "http.response.body", "body": data})
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool | None]:
+    """The whole body; ``None`` as the second item when the client disconnected."""
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return b"", None
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks), False
+
+
+def _parse(scope: Scope, raw: bytes) -> RunCodeRequest | None:
+    """The request when FastAPI would accept it as is; None for the FastAPI route to answer."""
+    ctype = None
+    for k, v in scope.get("headers", ()):
+        if k == b"content-type":
+            if ctype is not None:
+                return None  # repeated header: let FastAPI decide
+            ctype = v
+    if ctype is None or ctype.lower() not in _JSON_TYPES or not raw:
+        return None
+    try:
+        obj = json.loads(raw)
+        return RunCodeRequest.model_validate(obj) if isinstance(obj, dict) else None
+    except (ValueError, ValidationError, RecursionError):
+        return None
+
+
+def _replay(raw: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def again() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return again
