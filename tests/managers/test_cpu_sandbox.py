@@ -161,6 +161,29 @@ async def test_warm_pool_follows_target(mgr: CpuManager) -> None:
     mgr.set_warm_target("python", 2)
 
 
+async def test_refill_comes_after_the_result_and_still_comes(mgr: CpuManager) -> None:
+    """Giving a sandbox back does not wake the refill before the action's result is delivered
+    (the refill would run first); the wake comes shortly after."""
+    pool = mgr._pool
+    assert pool is not None
+    mgr.set_warm_target("python", 4)
+    try:
+        for _ in range(100):
+            if len(pool.ready) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # (the fill loop is back waiting)
+        assert len(pool.ready) >= 4 and not pool._wake.is_set()
+        r = await mgr.run(action("print(1)"), allot())  # takes one of 4: no wake by `take`
+        assert r.status == "Success", r.to_dict()
+        assert not pool._wake.is_set()  # released, but the refill waits for its turn
+        assert pool._kick is not None  # ... which is due
+        await asyncio.sleep(0.1)
+        assert pool._kick is None and len(pool.ready) >= 3  # the fill loop was woken
+    finally:
+        mgr.set_warm_target("python", 2)
+
+
 async def test_each_action_gets_a_fresh_sandbox(mgr: CpuManager) -> None:
     code = "import os\nprint(os.listdir('.'), os.listdir('/tmp'))\nopen('/tmp/mark','w').write('x')"
     r1 = await mgr.run(action(code), allot())

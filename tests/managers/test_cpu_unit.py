@@ -103,3 +103,18 @@ def test_result_shape_matches_sandboxfusion() -> None:
     case = RunResult(status="Failed", cases=(CaseResult(0, False, None, skipped=True),))
     assert case.to_dict()["cases"][0] == {"index": 0, "passed": False, "skipped": True,
                                           "run_result": None}
+
+
+def test_libc_calls_take_plain_ints_and_report_errors() -> None:
+    """The ctypes wrappers pass ints unwrapped: out-of-range values are refused before the call,
+    and a failing call raises OSError with its errno."""
+    from arl_tangram.managers.cpu import _linux
+
+    assert _linux.prctl(_linux.PR_GET_NO_NEW_PRIVS) in (0, 1)
+    with pytest.raises(OverflowError):
+        _linux.unshare(1 << 40)
+    with pytest.raises(OverflowError):
+        _linux.setns(-1, 0)
+    with pytest.raises(OSError) as e:
+        _linux.setns(987_654, 0)  # not an open fd
+    assert e.value.errno == 9  # EBADF

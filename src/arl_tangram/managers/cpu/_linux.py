@@ -56,6 +56,19 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_GET_NO_NEW_PRIVS = 39
 
 
+# Integer arguments go to libc as plain Python ints (ctypes passes them as a C int, which the
+# x86-64 and arm64 calling conventions widen to the register), never wrapped in `ctypes.c_int`
+# and friends: each wrapper is an object made in every freshly forked sandbox, with its
+# copy-on-write page faults. Only flags and small numbers that fit an int come here (`_int`).
+_INT_MAX = (1 << 31) - 1
+
+
+def _int(v: int) -> int:
+    if not 0 <= v <= _INT_MAX:
+        raise OverflowError(f"{v!r} does not fit a C int")
+    return v
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
@@ -63,11 +76,13 @@ def _check(rc: int, what: str) -> None:
 
 
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
+    if _libc.unshare(_int(flags)) != 0:
+        _check(-1, f"unshare({flags:#x})")
 
 
 def setns(fd: int, nstype: int) -> None:
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"setns({fd}, {nstype:#x})")
+    if _libc.setns(_int(fd), _int(nstype)) != 0:
+        _check(-1, f"setns({fd}, {nstype:#x})")
 
 
 def _enc(s: str | None) -> bytes | None:
@@ -76,8 +91,9 @@ def _enc(s: str | None) -> bytes | None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
           data: str | None = None) -> None:
-    rc = _libc.mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data))
-    _check(rc, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
+    rc = _libc.mount(_enc(source), _enc(target), _enc(fstype), _int(flags), _enc(data))
+    if rc != 0:
+        _check(rc, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
 
 
 def umount2(target: str, flags: int = 0) -> None:
@@ -91,12 +107,12 @@ def pivot_root(new_root: str, put_old: str) -> None:
 
 def sethostname(name: str) -> None:
     b = name.encode()
-    _check(_libc.sethostname(b, ctypes.c_size_t(len(b))), f"sethostname({name!r})")
+    if _libc.sethostname(b, _int(len(b))) != 0:
+        _check(-1, f"sethostname({name!r})")
 
 
 def prctl(option: int, arg2: int = 0) -> int:
-    rc = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0),
-                     ctypes.c_ulong(0), ctypes.c_ulong(0))
+    rc = _libc.prctl(_int(option), _int(arg2), 0, 0, 0)
     if rc < 0:
         _check(rc, f"prctl({option}, {arg2})")
     return int(rc)

@@ -64,7 +64,8 @@ class CpuManagerConfig:
     # instead of each sandbox re-faulting every code page it runs (see `_linux.share_file_ptes`).
     share_code_ptes: bool = False
     # Run the direct path's Python once in each warm sandbox before its action arrives (moves
-    # ~100 page faults off the action's latency, at a CPU cost per sandbox).
+    # ~100 page faults off the action's latency, at a CPU cost per sandbox; refills skip it while
+    # actions arrive faster than `pool.WARM_RATE_PER_CORE` per core).
     warm_direct: bool = True
 
     def __post_init__(self) -> None:

@@ -171,10 +171,12 @@ class CpuManager:
     def _result(self, action_id: str, reply: dict[str, Any], sb: Sandbox, pod: str) -> RunResult:
         stats: dict[str, Any] = {}
         if sb.slot is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:  # noqa: SIM105  (no context manager: this runs once per action)
                 stats = {"cpu_time": round(sb.slot.cpu_seconds(), 6),
                          "peak_memory_mb": sb.slot.peak_memory_mb(),
                          "memory_exceeded": sb.slot.oom_kills() > 0}
+            except (OSError, ValueError):
+                pass
         if action_id in self._cancelled:
             return RunResult(status="SandboxError", message="cancelled", executor_pod_name=pod,
                              **stats)

@@ -33,6 +33,12 @@ from .client import Conn, Zygote
 
 WARMING_WEIGHT = 0.25  # CPU weight of a sandbox being prepared, relative to a running action
 MAX_BATCH = 64  # sandboxes per fork-server request (the fork server serves no more)
+# Above this many actions per second per core, refills do not warm (direct) sandboxes: warming
+# takes a sandbox's first-touch page faults before its action rather than during it (latency),
+# but costs ~0.3 ms of CPU more per sandbox in all, which a saturated node cannot spare.
+WARM_RATE_PER_CORE = 100.0
+KEEP_MEMORY_MIN = 64 << 20  # a reused slot's memory limit at least this big is kept (`_place`)
+_REFILL_DELAY_S = 0.002  # after a release, the refill waits this long (see `release`)
 
 
 @dataclass(slots=True, eq=False)
@@ -75,8 +81,10 @@ class Sandbox:
         if not self.dead:
             self.dead = True
             if not self.exited:
-                with contextlib.suppress(OSError):
+                try:  # noqa: SIM105  (no context manager: this runs once per action)
                     signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                except OSError:
+                    pass
             self.conn.close()
 
 
@@ -96,11 +104,13 @@ class WarmPool:
         self.closed = False
         self.loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._kick: asyncio.TimerHandle | None = None  # a pending wake after a release
         self._filler: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._cold: list[asyncio.Future[Sandbox | BaseException]] = []  # waiting for a spawn
         self._cold_task: asyncio.Task[None] | None = None
         self.spawn_s = 0.005  # running estimate of one spawn's latency
+        self.warm_rate_max = WARM_RATE_PER_CORE * (os.cpu_count() or 1)
         self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
         self.by_pid: dict[int, Sandbox] = {}  # direct sandboxes, until their exit code is in
         zygote.on_exit = self._exit_code
@@ -111,11 +121,15 @@ class WarmPool:
     def start(self) -> None:
         self._filler = asyncio.create_task(self._fill_loop(), name="cpu-warm-pool")
 
-    def target(self) -> int:
+    def rate(self) -> float:
+        """Actions taken per second, over the last 2 s."""
         now = time.monotonic()
         while self.arrivals and self.arrivals[0] < now - 2.0:
             self.arrivals.popleft()
-        rate = len(self.arrivals) / 2.0
+        return len(self.arrivals) / 2.0
+
+    def target(self) -> int:
+        rate = self.rate()
         by_demand = math.ceil(rate * max(self.spawn_s, 0.002) * 4)
         want = max(self.warm_min, by_demand if self.sched_target is None else self.sched_target)
         return min(self.warm_max, want)
@@ -195,7 +209,11 @@ class WarmPool:
                 assert sb.slot is not None
                 if sb.slot.pids != self.pids_max:
                     sb.slot.set_pids(self.pids_max)
-                sb.set_limits(self.default_cpu, self.default_mem, WARMING_WEIGHT)
+                # a reused slot keeps its last action's memory limit while the sandbox warms
+                # (our code only), if roomy: the next action most likely asks for the same, and
+                # then nothing is written twice (a new slot gets the default)
+                mem = sb.slot.memory if sb.slot.memory >= KEEP_MEMORY_MIN else self.default_mem
+                sb.set_limits(self.default_cpu, mem, WARMING_WEIGHT)
                 sb.slot.reset_stats()
                 sb.slot.add(sb.pid)
             except BaseException as e:
@@ -267,10 +285,20 @@ class WarmPool:
         sb.kill()
         sb.released = True
         for fd in sb.outs:  # (the caller has removed its readers)
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105
                 os.close(fd)
+            except OSError:
+                pass
         sb.outs = ()
         self._maybe_recycle(sb)
+        if not self.closed and self._kick is None:
+            # Refill *after* whoever waits for this action's result has run: a timer, not an
+            # immediate wake (the fill loop would run first). A drained pool is woken by
+            # `take` at once, so this never starves it; one timer serves many releases.
+            self._kick = self.loop.call_later(_REFILL_DELAY_S, self._kicked)
+
+    def _kicked(self) -> None:
+        self._kick = None
         if not self.closed:
             self._wake.set()
 
@@ -315,8 +343,10 @@ class WarmPool:
             self._wake.clear()
             while not self.closed and self._deficit() > 0:
                 n = min(8, self._deficit())  # a batch of spawns in flight
-                # warm them only while the pool holds up (drained, they are taken at once)
-                got = await self.spawn_many(n, prepare=True, warm=2 * len(self.ready) >= n)
+                # warm them only while the pool holds up (drained, they are taken at once) and
+                # actions come slowly enough that the CPU warming takes is spare
+                warm = 2 * len(self.ready) >= n and self.rate() < self.warm_rate_max
+                got = await self.spawn_many(n, prepare=True, warm=warm)
                 ok = [sb for sb in got if isinstance(sb, Sandbox)]
                 self.ready.extend(ok)
                 if len(ok) < n:
@@ -331,6 +361,9 @@ class WarmPool:
     async def aclose(self) -> None:
         self.closed = True
         self._wake.set()
+        if self._kick is not None:
+            self._kick.cancel()
+            self._kick = None
         for t in (self._filler, self._cold_task):
             if t is not None:
                 t.cancel()

@@ -52,7 +52,9 @@ def write_frame_fd(fd: int, msg: dict[str, Any]) -> None:
 
 def encode_request(msg: dict[str, Any]) -> bytes:
     """A manager -> sandbox-init request frame (plain data: dict, list, str, int, float, None)."""
-    body = marshal.dumps(msg)
+    # version 0: no string is marked interned, so the init does not look each key up in (and
+    # write to) the interpreter's table of interned strings: ~5 fewer copy-on-write faults
+    body = marshal.dumps(msg, 0)
     return _HDR.pack(len(body)) + body
 
 
