@@ -20,12 +20,13 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from . import events as ev
-from .actions import ActionResult, ActionSpec, Status
+from .actions import ActionSpec, Status
+from .build import make_deliver, make_result
 from .cluster import ClusterSpec, NodeSpec
-from .commands import CancelAction, CloseSession, Command, Deliver, OpenSession
+from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
 from .estimator import DurationEstimator
@@ -42,10 +43,19 @@ __all__ = ["POLICIES", "Core", "CoreConfig"]
 
 S = Status
 _ACTIVE = (S.STARTING, S.RUNNING)
+# Enum members as module constants: reading one from its class costs more (hot paths below).
+_QUEUED, _STARTING, _RUNNING = S.QUEUED, S.STARTING, S.RUNNING
+_SUCCEEDED, _FAILED, _REJECTED = S.SUCCEEDED, S.FAILED, S.REJECTED
 
 
 class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
+
+    # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
+    # functions at class level (filled below the class), not bound methods on the instance:
+    # a core holds no reference cycle, so a dropped core is freed at once, not by a full
+    # garbage collection that rescans everything it held.
+    _dispatch: ClassVar[dict[type, tuple[Callable[[Any, Any], None], Callable[[Any], str]]]] = {}
 
     def __init__(self, cluster: ClusterSpec, config: CoreConfig | None = None) -> None:
         self.config = cfg = config or CoreConfig()
@@ -74,21 +84,10 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         self._init_models()
         for spec in cluster.nodes:
             self._add_node(spec)
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.ActionArrived: self._on_arrived,
-            ev.ActionStarted: self._on_started,
-            ev.ActionFinished: self._on_finished,
-            ev.CancelRequested: self._on_cancel,
-            ev.SessionRequested: self._on_session_requested,
-            ev.SessionClosed: self._on_session_closed,
-            ev.NodeAdded: self._on_node_added,
-            ev.NodeLost: self._on_node_lost,
-            ev.ModelLoaded: self._on_model_loaded,
-            ev.ModelUnloaded: self._on_model_unloaded,
-            ev.BatchFinished: self._on_batch_finished,
-            ev.WarmPoolReport: self._on_warm_report,
-            ev.Tick: self._on_tick,
-        }
+        self._elastic = self.policy.elastic
+        self._partitioned = self.policy.partitioned is not None
+        self._dynamic_models = self.policy.dynamic_models
+        self._warm_pools = self.policy.warm_pools
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -97,39 +96,40 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
 
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
-        etype = type(event)
-        handler = self._handlers.get(etype)
-        if handler is None:
-            raise TypeError(f"Core.handle: unknown event type {etype.__name__}")
-        t = event.time
-        if t > self.now:
-            self.now = t
+        got = self._dispatch.get(type(event))
+        if got is None:
+            raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
+        handler, cause = got
+        now = event.time
+        if now > self.now:
+            self.now = now
         out: list[Command] = []
         self._out = out
         if self._starts:
             self._starts = {}
-        cause = _CAUSE_FN.get(etype)
-        self._cause = cause(event) if cause is not None else _cause_of(event)
+        self._cause = cause(event)
         if not self._booted:
             self._boot_models()
-        handler(event)
+        handler(self, event)
         now = self.now
         if self.session_expiry and self.session_expiry[0][0] <= now:
             self._expire_sessions()
-        if self.aging_heap and self.aging_heap[0][0] <= now:
+        aging = self.aging_heap
+        if aging and aging[0][0] <= now:
             self._age()
-        if self._dirty or self._touched or (self._parts_dirty and self.policy.partitioned):
+        dirty, touched = self._dirty, self._touched
+        if dirty or touched or (self._parts_dirty and self._partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
         if self._mtouched:
             self._dispatch_models()
-        if self.instances and self.shape_keys and self.policy.dynamic_models:
+        if self.instances and self.shape_keys and self._dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
-        if self.policy.elastic and (self._dirty or self._grow):
+        if self._elastic and (dirty or self._grow):
             self._expand()
-        if self._dirty:
-            self._dirty.clear()
-        if self._touched:
-            self._touched.clear()
+        if dirty:
+            dirty.clear()
+        if touched:
+            touched.clear()
         self._out = []
         return out
 
@@ -163,26 +163,33 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
         self.actions[spec.id] = rec
-        rec.note(e.time, "arrived", spec.id)
-        reason = self._impossible(rec)
+        rec.story += (e.time, "arrived", None, spec.id)  # rec.note(e.time, "arrived", spec.id)
+        if (spec.session is None and not self._partitioned and not rec.is_model
+                and self._possible.get(rec.shape)):
+            reason = ""  # `_impossible`'s answer, known for this shape
+        else:
+            reason = self._impossible(rec)
         if reason:
             rec.move(S.REJECTED, e.time, spec.id)
             self._deliver(rec, S.REJECTED, reason=reason)
             return
-        rec.est = self._estimator.predict(spec, self.config.estimate_quantile)
-        if self.policy.partitioned and not rec.is_model:
+        est = self._estimator
+        rec.ekey, rec.units = ekey, units = est.work_of(spec)
+        rec.est = est.predict_work(ekey, units, self.config.estimate_quantile)  # est.predict(spec, q)
+        if self._partitioned and not rec.is_model:
             rec.partition = self._partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
-        self._count_arrival(rec)
-        rec.move(S.QUEUED, e.time, spec.id)
+        if self._warm_pools:
+            self._count_arrival(rec)
+        rec.move(_QUEUED, e.time, spec.id)
         self._enqueue(rec)
 
     def _on_started(self, e: ev.ActionStarted) -> None:
         rec = self.actions.get(e.action_id)
-        if rec is None or rec.status is not S.STARTING:
+        if rec is None or rec.status is not _STARTING:
             return
-        rec.move(S.RUNNING, e.time, self._cause)
+        rec.move(_RUNNING, e.time, self._cause)
         rec.start_time = e.time
         if e.cold_start_s:
             rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self._cause)
@@ -191,17 +198,20 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         rec = self.actions.get(e.action_id)
         if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
             return  # stale (cancelled, requeued, or unknown): ignored
-        finished = e.status >= S.SUCCEEDED  # Status.is_finished
-        status = e.status if finished and e.status is not S.REJECTED else S.FAILED
+        es = e.status
+        finished = es >= 10  # Status.is_finished (>= SUCCEEDED)
+        status = es if finished and es is not _REJECTED else _FAILED
         run_s = e.run_s
         if run_s is None and rec.start_time is not None:
             run_s = e.time - rec.start_time
-        if status is S.SUCCEEDED and run_s is not None and rec.allotment is not None:
-            self._estimator.observe(rec.spec, run_s, rec.spec.speed(rec.allotment))
+        if status is _SUCCEEDED and run_s is not None and rec.allotment is not None:
+            spec = rec.spec
+            speed = 1.0 if spec.elasticity is None else spec.speed(rec.allotment)
+            self._estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
         reason = e.reason
-        if status is S.FAILED and not reason and not finished:
+        if status is _FAILED and not reason and not finished:
             reason = f"executor reported non-terminal status {e.status.name}"
-        self._end(rec, status, output=e.output, reason=reason)
+        self._end(rec, status, e.output, reason)
 
     def _on_cancel(self, e: ev.CancelRequested) -> None:
         rec = self.actions.get(e.action_id)
@@ -211,11 +221,12 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             self._out.append(CancelAction(rec.spec.id, rec.node, cause=self._cause))
         self._end(rec, S.CANCELLED, reason="cancelled by request")
 
-    def _end(self, rec: ActionRecord, status: Status, *, output: Any = None, reason: str = "") -> None:
+    def _end(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         """Move a live action to a terminal status, release what it holds, deliver it."""
-        if rec.status is S.QUEUED:
+        st = rec.status
+        if st is _QUEUED:
             self._dequeue(rec)
-        elif rec.allotment is not None and rec.batch is None and rec.status in _ACTIVE:
+        elif rec.allotment is not None and rec.batch is None and (st is _RUNNING or st is _STARTING):
             self._release(rec)
         rec.batch = None
         sid = rec.spec.session
@@ -225,27 +236,21 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
         rec.move(status, self.now, self._cause)
-        self._deliver(rec, status, output=output, reason=reason)
+        self._deliver(rec, status, output, reason)
 
-    def _deliver(self, rec: ActionRecord, status: Status, *, output: Any = None, reason: str = "") -> None:
-        res = ActionResult(
-            id=rec.spec.id,
-            status=status,
-            submit_time=rec.submit_time,
-            start_time=rec.start_time,
-            finish_time=self.now,
-            node=rec.node,
-            allotment=rec.allotment,
-            output=output,
-            reason=reason,
-            attempts=rec.attempts,
-        )
-        self._out.append(Deliver(res, cause=self._cause))
+    def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
+        aid = rec.spec.id
+        # ActionResult(id, status, submit_time, start_time, finish_time, node, allotment,
+        # output, reason, attempts) and Deliver(result, cause), built field by field (build.py)
+        res = make_result(aid, status, rec.submit_time, rec.start_time, self.now, rec.node,
+                          rec.allotment, output, reason, rec.attempts)
+        self._out.append(make_deliver(res, self._cause))
         self.delivered += 1
-        self.terminal[status] = self.terminal.get(status, 0) + 1
-        del self.actions[rec.spec.id]
+        term = self.terminal
+        term[status] = term.get(status, 0) + 1
+        del self.actions[aid]
         hist = self.history
-        hist[rec.spec.id] = rec
+        hist[aid] = rec
         if len(hist) > self.config.history:
             hist.popitem(last=False)
 
@@ -253,10 +258,17 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         """Give an active action's allotment back to its node."""
         node = self.nodes.get(rec.node or "")
         alloc = rec.allotment
-        if node is None or alloc is None or rec.spec.id not in node.running:
+        aid = rec.spec.id
+        if node is None or alloc is None or aid not in node.running:
             return
-        node.running.discard(rec.spec.id)
-        node.give(alloc)
+        node.running.discard(aid)
+        used, free, cap = node.used, node.free, node.cap  # `node.give(alloc)`, inlined
+        for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
+            u = used.get(k, 0.0) - v
+            if u < 1e-9:
+                u = 0.0
+            used[k] = u
+            free[k] = cap.get(k, 0.0) - u
         if rec.partition is not None:
             self._part_release(rec)
         if node.alive:
@@ -475,3 +487,23 @@ def _cause_of(event: ev.Event) -> str:
     if isinstance(n, str):
         return f"{type(event).__name__}:{n}"
     return f"{type(event).__name__}@{event.time:g}"
+
+
+Core._dispatch.update({
+    t: (h, _CAUSE_FN.get(t, _cause_of))
+    for t, h in (
+        (ev.ActionArrived, Core._on_arrived),
+        (ev.ActionStarted, Core._on_started),
+        (ev.ActionFinished, Core._on_finished),
+        (ev.CancelRequested, Core._on_cancel),
+        (ev.SessionRequested, Core._on_session_requested),
+        (ev.SessionClosed, Core._on_session_closed),
+        (ev.NodeAdded, Core._on_node_added),
+        (ev.NodeLost, Core._on_node_lost),
+        (ev.ModelLoaded, Core._on_model_loaded),
+        (ev.ModelUnloaded, Core._on_model_unloaded),
+        (ev.BatchFinished, Core._on_batch_finished),
+        (ev.WarmPoolReport, Core._on_warm_report),
+        (ev.Tick, Core._on_tick),
+    )
+})

@@ -35,10 +35,12 @@ class ElasticMixin:
     def _expand(self: Core) -> None:
         """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
         one step at a time to the action whose expected completion time drops the most."""
+        if self.shape_keys:
+            if self._grow:
+                self._grow = set()
+            return  # pending shared work comes first
         nodes = self._grow | self._dirty
         self._grow = set()
-        if self.shape_keys:
-            return  # pending shared work comes first
         for name in sorted(nodes) if len(nodes) > 1 else nodes:
             node = self.nodes.get(name)
             if node is None or not node.alive or name in self.reserved:

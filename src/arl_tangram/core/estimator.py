@@ -38,15 +38,20 @@ def basis_of(hints: WorkHints) -> tuple[str, float]:
 
 
 _KEYS: dict[tuple[object, str | None], str] = {}
+_WORK_KEYS: dict[tuple[str, str | None, str], tuple[str, str]] = {}
+_bisect_left, _insort = bisect.bisect_left, bisect.insort
+_INF = math.inf
 
 
 def _key_of(action: ActionSpec) -> str:
-    """``action.estimator_key``, memoized by (kind, tag): the property formats a string."""
-    k = _KEYS.get((action.kind, action.tag))
+    """``action.estimator_key``, memoized by (kind value, tag): the property formats a string
+    (``_value_``: an enum member's plain attribute, cheaper to read and hash than the member)."""
+    mk = (action.kind._value_, action.tag)
+    k = _KEYS.get(mk)
     if k is None:
         if len(_KEYS) > 4096:
             _KEYS.clear()
-        k = _KEYS[(action.kind, action.tag)] = action.estimator_key
+        k = _KEYS[mk] = action.estimator_key
     return k
 
 
@@ -63,11 +68,11 @@ class _Sketch:
     def add(self, v: float) -> None:
         vals, s = self._values, self._sorted
         if s is not None and len(vals) == vals.maxlen:
-            del s[bisect.bisect_left(s, vals[0])]  # the value the append evicts
+            del s[_bisect_left(s, vals[0])]  # the value the append evicts
         vals.append(v)
         self.count += 1
         if s is not None:
-            bisect.insort(s, v)
+            _insort(s, v)
 
     def quantile(self, q: float) -> float:
         s = self._sorted
@@ -88,16 +93,42 @@ class DurationEstimator:
 
     def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
         """Learn from one finished run of ``action`` that took ``run_s`` at ``speed``."""
-        if not (run_s >= 0 and math.isfinite(run_s)):
-            return
+        key, units = self.work_of(action)
+        self.observe_work(key, units, run_s, speed)
+
+    @staticmethod
+    def work_of(action: ActionSpec) -> tuple[tuple[str, str], float]:
+        """``((estimator key, basis), units)`` of an action: what `predict_work` and
+        `observe_work` take, so a caller that keeps the action works them out only once."""
         basis, units = basis_of(action.hints)
-        unit = max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units)
-        key = (_key_of(action), basis)
+        mk = (action.kind._value_, action.tag, basis)
+        key = _WORK_KEYS.get(mk)
+        if key is None:  # one shared tuple per (key, basis): records keep it
+            if len(_WORK_KEYS) > 4096:
+                _WORK_KEYS.clear()
+            key = _WORK_KEYS[mk] = (_key_of(action), basis)
+        return key, units
+
+    def observe_work(self, key: tuple[str, str], units: float, run_s: float, speed: float) -> None:
+        """`observe`, given the action's `work_of`."""
+        if not (run_s >= 0 and run_s < _INF):  # (math.isfinite)
+            return
+        # max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units), without the builtin's calls
+        u = run_s * (_MIN_UNIT if speed < _MIN_UNIT else speed) / units
+        unit = u if u > _MIN_UNIT else _MIN_UNIT
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
-        sk.add(unit)
-        self._cache.pop(key, None)
+        vals, s = sk._values, sk._sorted  # `sk.add(unit)`, inlined
+        if s is not None and len(vals) == vals.maxlen:
+            del s[_bisect_left(s, vals[0])]  # the value the append evicts
+        vals.append(unit)
+        sk.count += 1
+        if s is not None:
+            _insort(s, unit)
+        cached = self._cache.get(key)
+        if cached:
+            cached.clear()
 
     def unit_quantile(self, key: str, basis: str, q: float) -> float:
         """Quantile ``q`` of the unit time of (key, basis); the prior when unseen."""
@@ -126,6 +157,27 @@ class DurationEstimator:
         basis, units = basis_of(action.hints)
         unit = self.unit_quantile(_key_of(action), basis, q)
         return unit * units / max(speed, _MIN_UNIT)
+
+    def predict_work(self, key: tuple[str, str], units: float, q: float) -> float:
+        """`predict` at speed 1, given the action's `work_of` (same arithmetic)."""
+        cached = self._cache.get(key)
+        if cached:
+            v = cached.get(q)
+            if v is not None:
+                return v * units / 1.0
+        sk = self._sketches.get(key)
+        s = sk._sorted if sk is not None and sk.count >= self._min_samples else None
+        if cached is not None and s is not None:  # `unit_quantile` -> `sk.quantile(q)`, inlined
+            n = len(s)
+            i = math.ceil(q * n) - 1  # min(n - 1, max(0, i)), without the builtins' calls
+            if i < 0:
+                i = 0
+            if i > n - 1:
+                i = n - 1
+            v = cached[q] = s[i]
+        else:
+            v = self.unit_quantile(key[0], key[1], q)
+        return v * units / 1.0
 
     def samples(self, key: str) -> int:
         """How many observations the estimator has for ``key`` (all bases)."""

@@ -39,15 +39,21 @@ class FreeIndex:
     def update(self, name: str, free: dict[str, float]) -> None:
         f = free.get(CPU, 0.0)
         new = int(f * RES + 1e-9) if f > 0 else 0  # level(f), inlined: a hot path
-        old = self._level.get(name)
+        lv = self._level
+        old = lv.get(name)
         if old == new:
             return
-        if old is not None:
-            self._drop(name, old)
-        self._level[name] = new
-        b = self._buckets.get(new)
+        buckets = self._buckets
+        if old is not None:  # `_drop(name, old)`, inlined
+            ob = buckets[old]
+            del ob[name]
+            if not ob:
+                del buckets[old]
+                del self.levels[bisect.bisect_left(self.levels, old)]
+        lv[name] = new
+        b = buckets.get(new)
         if b is None:
-            b = self._buckets[new] = {}
+            b = buckets[new] = {}
             bisect.insort(self.levels, new)
         b[name] = None
 

@@ -22,6 +22,11 @@ from .resources import CPU, GPU_MEMORY_MB, Resources
 
 S = Status
 _MODEL_KINDS = frozenset(k for k in ActionKind if k.uses_model)
+_MODEL_KINDS_T = tuple(_MODEL_KINDS)
+# demand items as stored -> ("shape", the same items sorted, cpu) (`ActionRecord.skey`): one
+# shared tuple per shape, so records do not each keep a copy (fewer objects for the garbage
+# collector to scan, and equal keys are the same object)
+_SHAPES: dict[tuple[tuple[str, float], ...], tuple[str, tuple[tuple[str, float], ...], float]] = {}  # (`in` a tuple tests identity first: no enum hashing)
 _TERMINAL = (S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.REJECTED, S.NODE_LOST)
 
 # (from, to) -> the name of the edge. Anything not listed is illegal.
@@ -41,11 +46,18 @@ for _src in (S.STARTING, S.RUNNING):
         if _t is not S.REJECTED:
             TRANSITIONS[(_src, _t)] = "end"
 
+# `TRANSITIONS` as a table indexed by the statuses' int values: `move` runs on every transition,
+# and a list index costs less than hashing a pair of enum members.
+_EDGES: list[list[str | None]] = [[None] * (max(S) + 1) for _ in range(max(S) + 1)]
+for (_a, _b), _name in TRANSITIONS.items():
+    _EDGES[_a][_b] = _name
+_PENDING = S.PENDING  # (a module constant: an enum member read from its class costs more)
+
 
 def warm_key(spec: ActionSpec) -> str:
     """What kind of warm executor an action can use: its language, tag, or kind."""
     lang = spec.payload.get("language") if spec.payload else None
-    return str(lang or spec.tag or spec.kind.value)
+    return str(lang or spec.tag or spec.kind._value_)  # (_value_: `.value` without the property)
 
 
 class ActionRecord:
@@ -56,6 +68,7 @@ class ActionRecord:
         "attempts",
         "batch",
         "cpu",
+        "ekey",
         "est",
         "gen",
         "is_model",
@@ -64,17 +77,19 @@ class ActionRecord:
         "queue_key",
         "seq",
         "shape",
+        "skey",
         "spec",
         "start_time",
         "status",
         "story",
         "submit_time",
+        "units",
         "wkey",
     )
 
     def __init__(self, spec: ActionSpec, time: float, seq: int) -> None:
         self.spec = spec
-        self.status = S.PENDING
+        self.status = _PENDING
         self.submit_time = time
         self.start_time: float | None = None
         self.node: str | None = None
@@ -83,30 +98,47 @@ class ActionRecord:
         self.seq = seq  # arrival order, breaks ties deterministically
         self.gen = 0  # bumped whenever queued entries for it become stale
         self.est = 0.0  # expected execution time at the minimum allotment
+        self.ekey: tuple[str, str] = ("", "")  # (estimator key, basis): `DurationEstimator.work_of`
+        self.units = 1.0  # work units of that basis
         self.batch: str | None = None  # batch id while in a RunBatch
         self.partition: str | None = None  # slice / task pool of partitioned policies
         self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
-        self.is_model = spec.kind in _MODEL_KINDS
+        self.is_model = spec.kind in _MODEL_KINDS_T
         d = spec.demand._d
-        self.shape: tuple[tuple[str, float], ...] = tuple(sorted(d.items()))
+        items = tuple(d.items())
+        skey = _SHAPES.get(items)
+        if skey is None:
+            if len(_SHAPES) > 4096:
+                _SHAPES.clear()
+            skey = _SHAPES[items] = ("shape", tuple(sorted(items)), d.get(CPU, 0.0))
+        self.skey = skey  # ("shape", shape, its cpu): its shared-pool queue's key
+        self.shape: tuple[tuple[str, float], ...] = skey[1]  # the demand's items, sorted
         self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
-        self.wkey = warm_key(spec)  # which warm executors it can use
-        self.story: list[tuple[float, object, object, str]] = []  # formatted only on demand
+        # which warm executors it can use: `warm_key(spec)`, inlined
+        lang = spec.payload.get("language") if spec.payload else None
+        self.wkey = str(lang or spec.tag or spec.kind._value_)
+        # Formatted only on demand. One flat tuple: (time, from status or note, to status or None,
+        # cause) per line, statuses as plain ints. Records outlive their action in the core's
+        # history; a tuple of floats, ints and strings is one object the garbage collector stops
+        # tracking, where a list of lines (or enum members in it) would be rescanned for good.
+        self.story: tuple[object, ...] = ()
 
     def move(self, dst: Status, time: float, cause: str) -> None:
-        edge = TRANSITIONS.get((self.status, dst))
-        if edge is None:
-            raise IllegalTransition(self.spec.id, self.status.name, dst.name, self.describe())
-        self.story.append((time, self.status, dst, cause))
+        src = self.status
+        if _EDGES[src][dst] is None:  # (TRANSITIONS.get((self.status, dst)))
+            raise IllegalTransition(self.spec.id, src.name, dst.name, self.describe())
+        self.story += (time, src._value_, dst._value_, cause)
         self.status = dst
 
     def note(self, time: float, what: str, cause: str) -> None:
-        self.story.append((time, what, None, cause))
+        self.story += (time, what, None, cause)
 
     def describe(self) -> list[str]:
         out = []
-        for t, a, b, cause in self.story:
-            what = f"{getattr(a, 'name', a)}->{b.name}" if isinstance(b, Status) else str(a)
+        s = self.story
+        for i in range(0, len(s), 4):
+            t, a, b, cause = s[i:i + 4]
+            what = f"{Status(a).name}->{Status(b).name}" if isinstance(b, int) else str(a)  # type: ignore[arg-type]
             out.append(f"t={t:.6g} {what} (cause {cause})")
         return out
 

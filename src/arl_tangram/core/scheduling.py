@@ -19,7 +19,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .actions import Status
-from .commands import StartAction
+from .build import make_start
+from .fit import _best_warm2, _scan_index2
 from .nodeindex import RES, FreeIndex
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from .core import Core
 
 S = Status
+_QUEUED, _STARTING = S.QUEUED, S.STARTING  # (module constants: cheaper than S.QUEUED)
+_QUEUED_V, _STARTING_V = int(S.QUEUED), int(S.STARTING)
 Entry = tuple[int, float, int, int, str]
 _SQRT_HALF = math.sqrt(0.5)
 
@@ -40,6 +43,7 @@ class SchedulingMixin:
         self.qlive: dict[Any, int] = {}
         self.shape_keys: dict[Any, None] = {}  # shared-pool queues with live entries
         self.aging_heap: list[tuple[float, int, str]] = []
+        self._aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
         self.reserved: dict[str, str] = {}  # node -> aged action it is held for
         self._ref_cap: dict[str, float] | None = None
         self._possible: dict[Any, bool] = {}
@@ -75,7 +79,7 @@ class SchedulingMixin:
             return ("sess", spec.session)
         if rec.partition is not None:
             return ("part", rec.partition)
-        return ("shape", rec.shape)
+        return rec.skey  # ("shape", rec.shape, rec.cpu)
 
     def _priority(self: Core, rec: ActionRecord) -> float:
         """Expected work x resources held / weight, in half-octave classes (FIFO inside one).
@@ -91,7 +95,7 @@ class SchedulingMixin:
             share = self._shares.get(rec.shape)  # type: ignore[assignment]
             if share is None:
                 share = self._shares[rec.shape] = rec.spec.demand.dominant_share(self._ref())
-        x = rec.est * max(share, 1e-3) / rec.spec.weight
+        x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
         if x <= 0.0:
             return -math.inf
         m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
@@ -103,19 +107,29 @@ class SchedulingMixin:
         return min(cfg.aging_s, max(cfg.aging_min_s, cfg.aging_relative * rec.est))
 
     def _enqueue(self: Core, rec: ActionRecord) -> None:
-        key = self._queue_key(rec)
+        spec = rec.spec
+        shared = not rec.is_model and spec.session is None and rec.partition is None
+        key: Any = rec.skey if shared else self._queue_key(rec)
         rec.queue_key = key
-        rec.gen += 1
-        aging_after = self._aging_after(rec)
+        gen = rec.gen = rec.gen + 1
+        seq = rec.seq
+        cfg = self.config  # _aging_after, inlined: min(aging_s, max(aging_min_s, relative * est))
+        x, lo, hi = cfg.aging_relative * rec.est, cfg.aging_min_s, cfg.aging_s
+        x = x if x > lo else lo  # (what the builtins return, without their calls)
+        aging_after = x if x < hi else hi
         aged = self.now - rec.submit_time >= aging_after
-        entry = (0, float(rec.seq), rec.seq, rec.gen, rec.spec.id) if aged else (
-            1, self._priority(rec), rec.seq, rec.gen, rec.spec.id)
+        if aged:
+            entry = (0, float(seq), seq, gen, spec.id)
+            self._aged_pushes += 1
+        else:
+            entry = (1, self._priority(rec), seq, gen, spec.id)
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = []
         heapq.heappush(q, entry)
-        self.qlive[key] = self.qlive.get(key, 0) + 1
-        if key[0] == "shape":
+        qlive = self.qlive
+        qlive[key] = qlive.get(key, 0) + 1
+        if shared:
             self.shape_keys[key] = None
         elif key[0] == "sess" and rec.partition is not None:
             self.part_sess.setdefault(rec.partition, set()).add(key)
@@ -123,14 +137,17 @@ class SchedulingMixin:
             self._mtouched.add(key[1])
         # Every head is blocked after a pass; an entry that does not become the head cannot
         # change that, so only a new head makes its queue worth a look.
-        if q[0] is entry:  # fresh, so the head (`_head` would return it)
+        e0 = q[0]
+        if e0 is entry:  # fresh, so the head (`_head` would return it)
             self._touched.add(key)
         else:
-            got = self._head(key)
-            if got is not None and got[1] is entry:
-                self._touched.add(key)
+            r0 = self.actions.get(e0[4])
+            if r0 is None or r0.gen != e0[3] or r0.queue_key != key:  # stale head: `_head` pops
+                got = self._head(key)
+                if got is not None and got[1] is entry:
+                    self._touched.add(key)
         if not aged:
-            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, rec.seq, rec.spec.id))
+            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
 
     def _dequeue(self: Core, rec: ActionRecord) -> None:
         key = rec.queue_key
@@ -163,11 +180,12 @@ class SchedulingMixin:
         while heap and heap[0][0] <= now:
             _, seq, aid = heapq.heappop(heap)
             rec = self.actions.get(aid)
-            if rec is None or rec.seq != seq or rec.status is not S.QUEUED:
+            if rec is None or rec.seq != seq or rec.status is not _QUEUED:
                 continue
             key = rec.queue_key
             rec.gen += 1
             heapq.heappush(self.queues[key], (0, float(rec.seq), rec.seq, rec.gen, aid))
+            self._aged_pushes += 1
             rec.note(now, "aged", "aging")
             self._touched.add(key)
             if key[0] == "model":
@@ -200,21 +218,38 @@ class SchedulingMixin:
         local: list[NodeState] | None = None
         local_cpu = -1.0
         touched = self._touched
+        keys: Any
         if dirty:  # capacity changed: every queue may move, reservations are redone
             reserved = self.reserved
             freed = dirty | reserved.keys() if reserved else dirty
             reserved.clear()
-            keys = self._candidates()
-            if not keys:
-                return
-            if len(freed) <= 32:
-                nodes = self.nodes
-                local = [n for n in (nodes[x] for x in (sorted(freed) if len(freed) > 1 else freed))
-                         if n.alive]
-                for n in local:
-                    c = n.free.get(CPU, 0.0)
-                    if c > local_cpu:
-                        local_cpu = c
+            if len(freed) == 1 and not touched and not self.part_by_node:
+                for name in freed:
+                    node = self.nodes[name]
+                if not node.sessions and node.alive:
+                    if self.shape_keys:  # the common case: one node, the shared-pool queues
+                        self._fill_node(node)
+                    return
+                keys = self._candidates()
+                if not keys:
+                    return
+                if node.alive:
+                    local = [node]
+                    local_cpu = node.free.get(CPU, 0.0)
+                else:
+                    local = []
+            else:
+                keys = self._candidates()
+                if not keys:
+                    return
+                if len(freed) <= 32:
+                    nodes = self.nodes
+                    local = [n for n in (nodes[x] for x in (sorted(freed) if len(freed) > 1 else freed))
+                             if n.alive]
+                    for n in local:
+                        c = n.free.get(CPU, 0.0)
+                        if c > local_cpu:
+                            local_cpu = c
         elif touched:  # only arrivals: queues blocked before stay blocked
             if len(touched) == 1:
                 for key in touched:
@@ -224,6 +259,13 @@ class SchedulingMixin:
             keys = {k for k in touched if k[0] != "model"}
         else:
             return
+        self._pass(keys, local, local_cpu)
+
+    def _pass(self: Core, keys: Any, local: list[NodeState] | None, local_cpu: float) -> None:
+        """Place queue heads of ``keys`` in priority order until every one is blocked; with
+        ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
+        shared-pool heads not touched by this event are only tried there."""
+        touched = self._touched
         head = self._head
         heap: list[tuple[int, float, int, Any, ActionRecord]] = []
         limit = local_cpu + 1e-9
@@ -232,8 +274,8 @@ class SchedulingMixin:
             if got is None:
                 continue
             e = got[1]
-            if (e[0] and local is not None and key[0] == "shape" and key not in touched
-                    and got[0].cpu > limit):
+            if (e[0] and local is not None and key[0] == "shape" and got[0].cpu > limit
+                    and key not in touched):
                 continue  # more CPU than any freed node has: still blocked (aged heads go on)
             heap.append((e[0], e[1], e[2], key, got[0]))
         if len(heap) > 1:
@@ -258,6 +300,48 @@ class SchedulingMixin:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
             elif aged == 0 and key[0] == "shape":
+                self._reserve(rec)
+
+    def _fill_node(self: Core, node: NodeState) -> None:
+        """`_schedule`'s pass when one alive node without sessions freed capacity and no queue
+        was touched: the candidates are the shared-pool queues' heads, the only node to try is
+        that one (the loop below is `_schedule`'s, with what that case makes constant folded).
+        """
+        head = self._head
+        free = node.free
+        limit = free.get(CPU, 0.0) + 1e-9
+        heap: list[tuple[int, float, int, Any, ActionRecord]] = []
+        no_aged = not self._aged_pushes
+        for key in self.shape_keys:  # (no placement happens before this loop ends)
+            if no_aged and key[2] > limit:
+                continue  # (below, for a head that cannot be aged: all its queue has that cpu)
+            got = head(key)
+            if got is None:
+                continue
+            rec, e = got
+            if e[0] and rec.cpu > limit:
+                continue  # more CPU than the node has: still blocked (aged heads go on)
+            heap.append((e[0], e[1], e[2], key, rec))
+        if len(heap) > 1:
+            heapq.heapify(heap)
+        name, reserved = node.name, self.reserved
+        while heap:
+            aged, _, _, key, rec = heapq.heappop(heap)
+            placed = False
+            if rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`
+                for k, v in rec.shape:
+                    if v > free.get(k, 0.0) + 1e-9:
+                        break
+                else:
+                    self._start(rec, node, rec.spec.demand, self._take_warm(node, rec.wkey))
+                    placed = True
+                    limit = free.get(CPU, 0.0) + 1e-9
+            if placed:
+                got = head(key)
+                if got is not None:
+                    e = got[1]
+                    heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
+            elif aged == 0:
                 self._reserve(rec)
 
     def _drain_one(self: Core, key: Any) -> None:
@@ -332,7 +416,20 @@ class SchedulingMixin:
         return True
 
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
-        self._dequeue(rec)
+        key = rec.queue_key  # `_dequeue(rec)`, inlined
+        qlive = self.qlive
+        n = qlive.get(key, 0) - 1
+        if n <= 0:
+            qlive.pop(key, None)
+            self.shape_keys.pop(key, None)
+            self.queues.pop(key, None)
+        else:
+            qlive[key] = n
+        rec.queue_key = None
+        rec.gen += 1
+        if self.reserved:
+            for name in [n for n, a in self.reserved.items() if a == rec.spec.id]:
+                del self.reserved[name]
         node.take(alloc)
         spec = rec.spec
         aid = spec.id
@@ -342,10 +439,15 @@ class SchedulingMixin:
         rec.allotment = alloc
         rec.start_time = now = self.now
         rec.attempts += 1
-        rec.move(S.STARTING, now, self._cause)
+        cause = self._cause
+        if rec.status is not _QUEUED:  # `rec.move(_STARTING, now, cause)`: QUEUED -> STARTING
+            rec.move(_STARTING, now, cause)
+        else:
+            rec.story += (now, _QUEUED_V, _STARTING_V, cause)  # (statuses as ints: `move`)
+            rec.status = _STARTING
         out = self._out
         self._starts[aid] = len(out)
-        out.append(StartAction(spec, node.name, alloc, warm, cause=self._cause))
+        out.append(make_start(spec, node.name, alloc, warm, cause))  # StartAction(...)
         el = spec.elasticity
         if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
             self._grow.add(node.name)
@@ -393,12 +495,28 @@ class SchedulingMixin:
             return None  # no node has that much free CPU
         found, enough = 0, self.config.fit_candidates
         buckets = index._buckets
+        if len(shape) == 2 and not (ws and len(ws) > 64):
+            # No warm node can win here (none is warm for the key, or none of at most 64 fits:
+            # see above), so every candidate has w == 1: the same scan, unrolled.
+            return _scan_index2(levels[bisect.bisect_left(levels, lvl):], buckets, nodes,
+                                reserved, shape, enough)
         for lv in levels[bisect.bisect_left(levels, lvl):]:
             for name in buckets[lv]:
                 if name in reserved:
                     continue
                 node = nodes[name]
-                left = _fit_leftover(node, shape)
+                free, cap = node.free, node.cap
+                left = 0.0  # _fit_leftover(node, shape), inlined
+                for k, v in shape:
+                    f = free.get(k, 0.0)
+                    if v > f + 1e-9:
+                        left = -1.0
+                        break
+                    c = cap.get(k, 0.0)
+                    if c > 0:
+                        x = (f - v) / c
+                        if x > left:
+                            left = x
                 if left < 0.0:
                     continue
                 w = 0 if node.warm.get(wkey) else 1
@@ -488,57 +606,3 @@ class SchedulingMixin:
             ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
             self._possible[key] = ok
         return ok
-
-def _leftover(node: NodeState, demand: Resources) -> float:
-    """Largest fraction of the node's capacity left free in any demanded dimension."""
-    return max(0.0, _fit_leftover(node, tuple(demand._d.items())))
-
-
-def _best_warm2(ws: dict[str, None], nodes: dict[str, NodeState], reserved: dict[str, str],
-                shape: tuple[tuple[str, float], ...]) -> NodeState | None:
-    """`_find_node`'s scan of warm nodes for a two-dimensional demand, unrolled: the first
-    alive, unreserved node with the least `_fit_leftover` (same arithmetic, same order)."""
-    (k1, v1), (k2, v2) = shape
-    # f >= v + 1e-9 implies not (v > f + 1e-9): the exact test of `fits` runs only below that
-    n1, n2 = v1 + 1e-9, v2 + 1e-9
-    best: NodeState | None = None
-    best_left = math.inf
-    for name in ws:
-        node = nodes[name]
-        if not node.alive or (reserved and name in reserved):
-            continue
-        free = node.free
-        f1 = free.get(k1, 0.0)
-        if f1 < n1 and v1 > f1 + 1e-9:
-            continue
-        f2 = free.get(k2, 0.0)
-        if f2 < n2 and v2 > f2 + 1e-9:
-            continue
-        cap = node.cap
-        c1 = cap.get(k1, 0.0)
-        c2 = cap.get(k2, 0.0)
-        x1 = (f1 - v1) / c1 if c1 > 0 else 0.0
-        x2 = (f2 - v2) / c2 if c2 > 0 else 0.0
-        left = x1 if x1 > x2 else x2
-        if left < 0.0:
-            left = 0.0
-        if left < best_left:
-            best, best_left = node, left
-    return best
-
-
-def _fit_leftover(node: NodeState, shape: tuple[tuple[str, float], ...]) -> float:
-    """-1.0 when ``shape`` does not fit the node's free capacity (`NodeState.fits`), else its
-    leftover: the largest fraction of capacity left free in any demanded dimension (>= 0)."""
-    worst = 0.0
-    free, cap = node.free, node.cap
-    for k, v in shape:
-        f = free.get(k, 0.0)
-        if v > f + 1e-9:
-            return -1.0
-        c = cap.get(k, 0.0)
-        if c > 0:
-            x = (f - v) / c
-            if x > worst:
-                worst = x
-    return worst

@@ -21,6 +21,7 @@ from functools import partial
 from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
+from ..core.build import make_finished, make_started
 from ..core.cluster import ClusterSpec, ModelSpec
 from ..core.resources import GPU, GPU_MEMORY_MB, Resources
 from .loop import REPORT, EventLoop
@@ -28,6 +29,7 @@ from .metrics import UsageMeter
 from .trace import DEFAULT_COLD_START_S, SimAction
 
 Emit = Callable[[E.Event], None]
+_SUCCEEDED, _FAILED, _TIMED_OUT = Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT
 
 
 def warm_key(spec: ActionSpec) -> str:
@@ -172,7 +174,7 @@ class VirtualExecutor:
         if self.usage is not None:
             self.usage.change(run.allotment, None, +1)
         self._schedule_finish(run)
-        return E.ActionStarted(t, run.spec.id, run.node, cold_start_s=cold)
+        return make_started(t, run.spec.id, run.node, cold)  # E.ActionStarted(...)
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
@@ -188,11 +190,12 @@ class VirtualExecutor:
         self._release(run)
         ran = t - (run.deadline - run.spec.timeout_s)
         done = run.remaining - (t - run.since) * run.speed
+        # E.ActionFinished(time, action_id, status, output, reason, run_s), built fast (core.build)
         if done > 1e-9 and t >= run.deadline - 1e-12:
-            return E.ActionFinished(t, run.spec.id, Status.TIMED_OUT, reason="timeout", run_s=ran)
+            return make_finished(t, run.spec.id, _TIMED_OUT, None, "timeout", ran)
         if run.truth.fails:
-            return E.ActionFinished(t, run.spec.id, Status.FAILED, output={"exit_code": 1}, run_s=ran)
-        return E.ActionFinished(t, run.spec.id, Status.SUCCEEDED, output={"exit_code": 0}, run_s=ran)
+            return make_finished(t, run.spec.id, _FAILED, {"exit_code": 1}, "", ran)
+        return make_finished(t, run.spec.id, _SUCCEEDED, {"exit_code": 0}, "", ran)
 
     def _release(self, run: _Run) -> None:
         if self.usage is not None:

@@ -21,6 +21,7 @@ from typing import Protocol
 from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionResult
+from ..core.build import make_arrived
 from ..core.cluster import ClusterSpec
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, TICK, EventLoop
@@ -189,7 +190,7 @@ class Simulator:
         spec = act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)
         self.truth[aid] = act
         self.owner[aid] = (live, str(act.kind))  # StrEnum: its value
-        self._emit(E.ActionArrived(now, spec))
+        self._emit(make_arrived(now, spec))  # E.ActionArrived(now, spec)
 
     def _deliver(self, result: ActionResult) -> None:
         owner = self.owner.pop(result.id, None)

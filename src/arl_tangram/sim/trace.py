@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.actions import ActionKind, ActionSpec, Elasticity, Speedup, WorkHints
+from ..core.build import make_spec
 from ..core.errors import SpecError
 from ..core.resources import Resources
 
@@ -45,20 +46,11 @@ class SimAction:
 
     def spec(self, action_id: str, *, task: str, trajectory: str, session_id: str | None) -> ActionSpec:
         """The `ActionSpec` the core sees: no true work, no true cold start, no outcome."""
-        return ActionSpec(
-            id=action_id,
-            kind=self.kind,
-            demand=self.demand,
-            elasticity=self.elasticity,
-            hints=self.hints,
-            task=task,
-            trajectory=trajectory,
-            session=session_id,
-            model=self.model,
-            tag=self.tag,
-            timeout_s=self.timeout_s,
-            weight=self.weight,
-        )
+        # ActionSpec(id, kind, demand, elasticity, hints, task, trajectory, session, model, tag,
+        # timeout_s, weight, idempotent=True, payload={}), built fast (core.build)
+        return make_spec(action_id, self.kind, self.demand, self.elasticity, self.hints, task,
+                         trajectory, session_id, self.model, self.tag, self.timeout_s, self.weight,
+                         True, {})
 
 
 @dataclass(frozen=True, slots=True)
