@@ -38,7 +38,7 @@ async def test_ping_and_openapi(api: httpx.AsyncClient) -> None:
     r = await api.get("/v1/ping")
     assert r.status_code == 200 and r.json() == "pong"
     paths = (await api.get("/openapi.json")).json()["paths"]
-    for p in ("/run_code", "/v1/ping", "/v1/actions", "/v1/actions/{action_id}", "/v1/sessions",
+    for p in ("/run_code", "/run_jupyter", "/v1/ping", "/v1/actions", "/v1/actions/{action_id}", "/v1/sessions",
               "/v1/sessions/{session_id}", "/v1/cluster", "/v1/stats", "/get_reward", "/classify",
               "/metrics"):
         assert p in paths, p
