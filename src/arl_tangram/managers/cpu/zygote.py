@@ -96,6 +96,22 @@ def enter_root(root: str) -> None:
     _linux.pivot_root(".", ".")
     _linux.umount2(".", _linux.MNT_DETACH)
     os.chdir("/")
+    relocate_import_paths()
+
+
+def relocate_import_paths() -> None:
+    """Point the import system at where host paths under /tmp appear inside the root.
+
+    A virtualenv or source tree under /tmp (a CI checkout, say) is bound at `sandbox_path`, so
+    ``sys.path`` entries and the ``__path__`` of packages already imported from there must follow,
+    or a sandbox's ``import pytest`` (not preloaded) finds nothing.
+    """
+    sys.path[:] = [sandbox_path(p) for p in sys.path]
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__path__", None)
+        if isinstance(path, list):
+            path[:] = [sandbox_path(p) for p in path]
+    sys.path_importer_cache.clear()
 
 
 class Namespaces:
