@@ -9,10 +9,10 @@ Invariants (checked by `Core.validate`, see `checks.py`):
 - the scheduling pass is work-conserving: after each event no queued action of the shared pool
   fits on a node that is not reserved for an aged action.
 
-Event handlers live here; the scheduling pass in `scheduling.py`; partitions of the static
-baselines in `partitioning.py`; elastic expansion and warm pools in `elastic.py`; model instances
-and batching in `modelsched.py`; the policies as data in `policies.py`. Every policy runs this
-same code.
+Event handlers live here; the scheduling pass in `scheduling.py`; node choice and starting in
+`placement.py`; partitions of the static baselines in `partitioning.py`; elastic expansion and
+warm pools in `elastic.py`; model instances and batching in `modelsched.py`; the causes commands
+carry in `causes.py`; the policies as data in `policies.py`. Every policy runs this same code.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from . import events as ev
-from .actions import ActionSpec, Status
+from .actions import Status
 from .build import make_deliver, make_result
+from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
@@ -33,6 +34,7 @@ from .estimator import DurationEstimator
 from .modelsched import ModelMixin
 from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
+from .placement import PlacementMixin
 from .policies import POLICY_TABLE
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import Resources
@@ -46,9 +48,11 @@ _ACTIVE = (S.STARTING, S.RUNNING)
 # Enum members as module constants: reading one from its class costs more (hot paths below).
 _QUEUED, _STARTING, _RUNNING = S.QUEUED, S.STARTING, S.RUNNING
 _SUCCEEDED, _FAILED, _REJECTED = S.SUCCEEDED, S.FAILED, S.REJECTED
+_PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story are ints)
+_ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
+class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -96,7 +100,8 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
 
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
-        got = self._dispatch.get(type(event))
+        t = type(event)
+        got = self._dispatch.get(t)
         if got is None:
             raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
         handler, cause = got
@@ -107,7 +112,12 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         self._out = out
         if self._starts:
             self._starts = {}
-        self._cause = cause(event)
+        if t is _FINISHED:  # `cause(event)` of the two frequent types, without the call
+            self._cause = f"ActionFinished:{event.action_id}"  # type: ignore[attr-defined]
+        elif t is _ARRIVED:
+            self._cause = f"ActionArrived:{event.action.id}"  # type: ignore[attr-defined]
+        else:
+            self._cause = cause(event)
         if not self._booted:
             self._boot_models()
         handler(self, event)
@@ -125,7 +135,11 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
         if self.instances and self.shape_keys and self._dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
         if self._elastic and (dirty or self._grow):
-            self._expand()
+            if self.shape_keys:  # `_expand`'s first test, inlined: pending shared work first
+                if self._grow:
+                    self._grow = set()
+            else:
+                self._expand()
         if dirty:
             dirty.clear()
         if touched:
@@ -180,9 +194,11 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             rec.partition = self._partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
-        if self._warm_pools:
-            self._count_arrival(rec)
-        rec.move(_QUEUED, e.time, spec.id)
+        if self._warm_pools and spec.session is None and not rec.is_model:
+            rc, k = self.rate_counts, rec.wkey  # `self._count_arrival(rec)`, inlined
+            rc[k] = rc.get(k, 0) + 1
+        rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)  # rec.move(_QUEUED, e.time, spec.id)
+        rec.status = _QUEUED  # (PENDING -> QUEUED: a legal edge, as `move` checks)
         self._enqueue(rec)
 
     def _on_started(self, e: ev.ActionStarted) -> None:
@@ -235,8 +251,20 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
-        rec.move(status, self.now, self._cause)
-        self._deliver(rec, status, output, reason)
+        now, cause = self.now, self._cause
+        rec.move(status, now, cause)
+        aid = rec.spec.id  # `self._deliver(rec, status, output, reason)`, inlined
+        res = make_result(aid, status, rec.submit_time, rec.start_time, now, rec.node,
+                          rec.allotment, output, reason, rec.attempts)
+        self._out.append(make_deliver(res, cause))
+        self.delivered += 1
+        term = self.terminal
+        term[status] = term.get(status, 0) + 1
+        del self.actions[aid]
+        hist = self.history
+        hist[aid] = rec
+        if len(hist) > self.config.history:
+            hist.popitem(last=False)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         aid = rec.spec.id
@@ -443,50 +471,6 @@ class Core(SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
 
     def _too_big(self, demand: Resources) -> str:
         return f"no node can ever satisfy demand {demand} (largest capacities {self._largest()})"
-
-
-_CAUSE_ATTR = {
-    ev.ActionStarted: "action_id",
-    ev.ActionFinished: "action_id",
-    ev.CancelRequested: "action_id",
-    ev.BatchFinished: "batch_id",
-    ev.ModelLoaded: "instance_id",
-    ev.ModelUnloaded: "instance_id",
-}
-
-
-# ``_cause_of`` of the frequent event types, without the lookups.
-_CAUSE_FN: dict[type, Callable[[Any], str]] = {
-    ev.ActionArrived: lambda e: f"ActionArrived:{e.action.id}",
-    ev.ActionStarted: lambda e: f"ActionStarted:{e.action_id}",
-    ev.ActionFinished: lambda e: f"ActionFinished:{e.action_id}",
-    ev.WarmPoolReport: lambda e: f"WarmPoolReport:{e.node}" if isinstance(e.node, str) and e.node
-    else _cause_of(e),
-    ev.Tick: lambda e: f"Tick@{e.time:g}",
-}
-
-
-def _cause_of(event: ev.Event) -> str:
-    """``Type:id`` of the event, carried by the commands and transitions it causes."""
-    t = type(event)
-    if t is ev.ActionArrived:
-        return "ActionArrived:" + event.action.id  # type: ignore[attr-defined]
-    attr = _CAUSE_ATTR.get(t)
-    if attr is not None:
-        return f"{t.__name__}:{getattr(event, attr)}"
-    for attr in ("action_id", "batch_id", "instance_id", "session_id"):
-        v = getattr(event, attr, None)
-        if v:
-            return f"{type(event).__name__}:{v}"
-    a = getattr(event, "action", None)
-    if isinstance(a, ActionSpec):
-        return f"ActionArrived:{a.id}"
-    n = getattr(event, "node", None)
-    if isinstance(n, NodeSpec):
-        return f"NodeAdded:{n.name}"
-    if isinstance(n, str):
-        return f"{type(event).__name__}:{n}"
-    return f"{type(event).__name__}@{event.time:g}"
 
 
 Core._dispatch.update({

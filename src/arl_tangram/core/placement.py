@@ -1,0 +1,289 @@
+# mypy: disable-error-code="misc"
+"""Placement: which node an action of a queue head goes to, and starting it there.
+
+Invariant: an action is started (`_start`) only on an alive node where its allotment fits the
+free capacity (no dimension short by more than 1e-9), never on a node reserved for another
+(aged) action; among the candidates it takes the best fit (least leftover dominant share),
+preferring a node with a warm executor for its key. `_start` is the only way from QUEUED to
+STARTING: it takes the allotment, updates the free index and emits the StartAction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import TYPE_CHECKING, Any
+
+from .actions import Status
+from .build import make_start
+from .fit import _best_warm2, _scan_index2
+from .nodeindex import RES
+from .records import ActionRecord, NodeState, SessionRecord
+from .resources import CPU, Resources
+
+if TYPE_CHECKING:
+    from .core import Core
+
+_QUEUED, _STARTING = Status.QUEUED, Status.STARTING  # (module constants: cheaper than S.QUEUED)
+_QUEUED_V, _STARTING_V = int(Status.QUEUED), int(Status.STARTING)
+
+
+class PlacementMixin:
+    """Part of `Core`: from a queue head to a StartAction on a node; node capacity facts."""
+
+    _ref_cap: dict[str, float] | None  # largest capacity per dimension (None: recompute)
+    _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
+
+    def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
+        kind = key[0]
+        spec = rec.spec
+        if kind == "shape":
+            node = self._find_node(rec)
+            if node is None:
+                return False
+            self._start(rec, node, spec.demand, self._take_warm(node, rec.wkey) if node.warm else False)
+            return True
+        if kind == "part":
+            return self._place_in_partition(rec, None)
+        sess = self.sessions.get(key[1])
+        if sess is None or sess.node is None:
+            return False
+        if rec.partition is not None and (rec.partition, sess.node) in self.part_quota:
+            return self._place_in_partition(rec, sess.node)
+        node = self.nodes[sess.node]
+        alloc = spec.demand
+        if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
+            cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
+            alloc = alloc.with_amount(CPU, cpu)
+        if not node.fits(alloc):
+            return False
+        self._start(rec, node, alloc, True)
+        return True
+
+    def _place_among(self: Core, rec: ActionRecord, nodes: list[NodeState]) -> bool:
+        """Best fit of a shared-pool action among a few given nodes (warm first)."""
+        shape = rec.shape
+        wkey = rec.wkey if self.warm_nodes else ""
+        reserved = self.reserved
+        best: NodeState | None = None
+        best_w, best_left = 2, math.inf
+        for node in nodes:
+            if node.name in reserved:
+                continue
+            free, cap = node.free, node.cap
+            left = 0.0  # _fit_leftover, inlined: this runs on every freed node
+            for k, v in shape:
+                f = free.get(k, 0.0)
+                if v > f + 1e-9:
+                    left = -1.0
+                    break
+                c = cap.get(k, 0.0)
+                if c > 0:
+                    x = (f - v) / c
+                    if x > left:
+                        left = x
+            if left < 0.0:
+                continue
+            w = 0 if node.warm.get(wkey) else 1
+            if w < best_w or (w == best_w and left < best_left):
+                best, best_w, best_left = node, w, left
+        if best is None:
+            return False
+        self._start(rec, best, rec.spec.demand, self._take_warm(best, rec.wkey) if best.warm else False)
+        return True
+
+    def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
+        key = rec.queue_key  # `_dequeue(rec)`, inlined
+        qlive = self.qlive
+        n = qlive.get(key, 0) - 1
+        if n <= 0:
+            qlive.pop(key, None)
+            self.shape_keys.pop(key, None)
+            self.queues.pop(key, None)
+        else:
+            qlive[key] = n
+        rec.queue_key = None
+        rec.gen += 1
+        if self.reserved:
+            for name in [n for n, a in self.reserved.items() if a == rec.spec.id]:
+                del self.reserved[name]
+        used, free, cap = node.used, node.free, node.cap  # `node.take(alloc)`, inlined
+        for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
+            u = used.get(k, 0.0) + v
+            used[k] = u
+            free[k] = cap.get(k, 0.0) - u
+        spec = rec.spec
+        aid = spec.id
+        node.running.add(aid)
+        self.index.update(node.name, node.free)
+        rec.node = node.name
+        rec.allotment = alloc
+        rec.start_time = now = self.now
+        rec.attempts += 1
+        cause = self._cause
+        if rec.status is not _QUEUED:  # `rec.move(_STARTING, now, cause)`: QUEUED -> STARTING
+            rec.move(_STARTING, now, cause)
+        else:
+            rec.story += (now, _QUEUED_V, _STARTING_V, cause)  # (statuses as ints: `move`)
+            rec.status = _STARTING
+        out = self._out
+        self._starts[aid] = len(out)
+        out.append(make_start(spec, node.name, alloc, warm, cause))  # StartAction(...)
+        el = spec.elasticity
+        if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
+            self._grow.add(node.name)
+
+    def _find_node(self: Core, rec: ActionRecord) -> NodeState | None:
+        """Best fit (least leftover dominant share) among the first few nodes that fit,
+        preferring a node with a warm executor for the action's key."""
+        nodes, reserved = self.nodes, self.reserved
+        shape = rec.shape
+        wkey = rec.wkey if self.warm_nodes else ""
+        ws = self.warm_nodes.get(wkey)
+        best: NodeState | None = None
+        best_w, best_left = 2, math.inf
+        if ws and len(ws) <= 64 and len(shape) == 2:
+            best = _best_warm2(ws, nodes, reserved, shape)
+            if best is not None:
+                return best
+            ws = None  # (nothing warm fits: fall through to the index)
+        if ws and len(ws) <= 64:
+            for name in ws:  # _fit_leftover, inlined: up to 64 nodes per placement
+                node = nodes[name]
+                if not node.alive or name in reserved:
+                    continue
+                free, cap = node.free, node.cap
+                left = 0.0
+                for k, v in shape:
+                    f = free.get(k, 0.0)
+                    if v > f + 1e-9:
+                        break
+                    c = cap.get(k, 0.0)
+                    if c > 0:
+                        x = (f - v) / c
+                        if x > left:
+                            left = x
+                else:
+                    if left < best_left:
+                        best, best_left = node, left
+            if best is not None:
+                return best
+        index = self.index
+        levels = index.levels
+        cpu = rec.cpu
+        lvl = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
+        if not levels or lvl > levels[-1]:
+            return None  # no node has that much free CPU
+        found, enough = 0, self.config.fit_candidates
+        buckets = index._buckets
+        if len(shape) == 2 and not (ws and len(ws) > 64):
+            # No warm node can win here (none is warm for the key, or none of at most 64 fits:
+            # see above), so every candidate has w == 1: the same scan, unrolled.
+            return _scan_index2(levels[bisect.bisect_left(levels, lvl):], buckets, nodes,
+                                reserved, shape, enough)
+        for lv in levels[bisect.bisect_left(levels, lvl):]:
+            for name in buckets[lv]:
+                if name in reserved:
+                    continue
+                node = nodes[name]
+                free, cap = node.free, node.cap
+                left = 0.0  # _fit_leftover(node, shape), inlined
+                for k, v in shape:
+                    f = free.get(k, 0.0)
+                    if v > f + 1e-9:
+                        left = -1.0
+                        break
+                    c = cap.get(k, 0.0)
+                    if c > 0:
+                        x = (f - v) / c
+                        if x > left:
+                            left = x
+                if left < 0.0:
+                    continue
+                w = 0 if node.warm.get(wkey) else 1
+                if w < best_w or (w == best_w and left < best_left):
+                    best, best_w, best_left = node, w, left
+                found += 1
+                if found >= enough:
+                    return best
+        return best
+
+    def _reserve(self: Core, rec: ActionRecord) -> None:
+        """Hold the node closest to fitting an aged, blocked action for it alone."""
+        demand = rec.spec.demand
+        for lvl in reversed(self.index.levels):
+            for name in self.index._buckets[lvl]:
+                node = self.nodes[name]
+                if name not in self.reserved and demand.fits_in(node.cap):
+                    self.reserved[name] = rec.spec.id
+                    return
+
+    def _take_warm(self: Core, node: NodeState, key: str) -> bool:
+        n = node.warm.get(key, 0) if node.warm else 0
+        if n > 0:
+            self._set_warm(node, key, n - 1)
+            return True
+        return False
+
+    def _set_warm(self: Core, node: NodeState, key: str, n: int) -> None:
+        node.warm[key] = n
+        s = self.warm_nodes.setdefault(key, {})
+        if n > 0:
+            s[node.name] = None
+        else:
+            s.pop(node.name, None)
+
+    def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
+        """Where a session opens: its trajectory's slice, else the node with most free CPU."""
+        rec = hint if isinstance(hint, ActionRecord) else None
+        if rec is None:  # a pending session: open it where its waiting actions can run
+            recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
+            rec = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq), default=None)
+        if rec is not None and rec.partition is not None:
+            if self._parts_dirty:
+                self._compute_partitions()
+            for name, _ in self.partitions.get(rec.partition, ()):
+                node = self.nodes[name]
+                if node.alive and node.fits(sess.demand + rec.spec.demand.with_amount(CPU, 0)):
+                    return node
+        need = sess.demand + (rec.spec.demand if rec is not None else Resources())
+        for lvl in reversed(self.index.levels):
+            for name in self.index._buckets[lvl]:
+                node = self.nodes[name]
+                if name not in self.reserved and node.fits(need):
+                    return node
+        if rec is None:
+            return None  # an explicit session with no actions yet waits for room
+        # busy everywhere: open it where the action can run once capacity frees up
+        fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
+        return max(fits, key=lambda n: (n.free.get(CPU, 0.0), n.name), default=None)
+
+    # ---- capacity facts -------------------------------------------------------------------------
+    def _node_changed(self: Core) -> None:
+        self._possible.clear()
+        self._shares.clear()
+        self._warm_names = None
+        self._warm_want.clear()
+        self._ref_cap = None
+        self._parts_dirty = True
+
+    def _ref(self: Core) -> dict[str, float]:
+        if self._ref_cap is None:
+            self._ref_cap = self._largest()
+        return self._ref_cap
+
+    def _largest(self: Core) -> dict[str, float]:
+        ref: dict[str, float] = {}
+        for n in self.nodes.values():
+            if n.alive:
+                for k, v in n.cap.items():
+                    if v > ref.get(k, 0.0):
+                        ref[k] = v
+        return ref
+
+    def _fits_some_node(self: Core, demand: Resources, key: tuple) -> bool:
+        ok = self._possible.get(key)
+        if ok is None:
+            ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
+            self._possible[key] = ok
+        return ok
