@@ -4,11 +4,7 @@ Invariant: ``make(*fields)`` returns an object equal to, and indistinguishable f
 ``cls(*fields)`` with every field given positionally -- same class, same field values, and
 ``__post_init__`` called when the class has one. It only skips the generated ``__init__`` of a
 frozen dataclass, which sets each field through ``object.__setattr__`` (a global and an
-attribute lookup per field). Here the object is born as an instance of a private *twin* class
-with the same slots and the same base, whose plain attribute stores the interpreter specializes
-(a slot store each), and is then given its real class (``__class__`` assignment, which CPython
-allows between classes of identical layout) before anyone else sees it. Where that assignment is
-refused, each field is set through its slot descriptor instead, bound once.
+attribute lookup per field); here each field is set through its slot descriptor, bound once.
 The core builds a StartAction, an ActionResult and a Deliver per action, the simulator an
 ActionSpec and three events, so this is on their hottest path.
 """
@@ -31,38 +27,17 @@ def fast_constructor(cls: type[T]) -> Callable[..., T]:
     if not (dataclasses.is_dataclass(cls) and "__slots__" in cls.__dict__):
         raise TypeError(f"fast_constructor: {cls.__name__} is not a slotted dataclass")
     names = [f.name for f in dataclasses.fields(cls)]
+    setters = {f"_s_{n}": _slot(cls, n).__set__ for n in names}
     args = ", ".join(names)
-    twin = _twin(cls)
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_twin": twin}
-    if twin is not None:  # plain slot stores on the twin, then the real class
-        body = "\n".join(f"    obj.{n} = {n}" for n in names) + "\n    obj.__class__ = _cls"
-        src = f"def make({args}):\n    obj = _new(_twin)\n{body}\n"
-    else:
-        ns.update({f"_s_{n}": _slot(cls, n).__set__ for n in names})
-        body = "\n".join(f"    _s_{n}(obj, {n})" for n in names)
-        src = f"def make({args}):\n    obj = _new(_cls)\n{body}\n"
+    body = "\n".join(f"    _s_{n}(obj, {n})" for n in names)
     if hasattr(cls, "__post_init__"):
-        src += "    obj.__post_init__()\n"
-    src += "    return obj\n"
+        body += "\n    obj.__post_init__()"
+    src = f"def make({args}):\n    obj = _new(_cls)\n{body}\n    return obj\n"
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
     exec(src, ns)  # generated from the dataclass's own field names, as dataclasses does
     make: Callable[..., T] = ns["make"]
     make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
     return make
-
-
-def _twin(cls: type) -> type | None:
-    """A class with ``cls``'s own slots and bases but plain attribute stores, whose instances
-    may become ``cls`` instances by ``__class__`` assignment; None where CPython refuses that."""
-    slots = cls.__dict__["__slots__"]
-    ns = {"__slots__": tuple(slots) if not isinstance(slots, str) else (slots,),
-          "__setattr__": object.__setattr__, "__module__": cls.__module__}
-    try:
-        twin = type(f"_{cls.__name__}Twin", cls.__bases__, ns)
-        probe: Any = object.__new__(twin)
-        probe.__class__ = cls  # the layout check runs here
-    except TypeError:
-        return None
-    return twin
 
 
 def _slot(cls: type, name: str) -> Any:
