@@ -132,6 +132,12 @@ def set_no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (thread) dies. The kernel clears this on every
+    change of effective uid/gid, so it is set again after each drop of privileges."""
+    prctl(PR_SET_PDEATHSIG, 9)
+
+
 def write_proc(path: str, data: bytes) -> bool:
     """Write a small /proc file with plain syscalls; False if that failed. (No `open()` and no
     context manager: their objects cost page faults in a freshly forked interpreter.)"""

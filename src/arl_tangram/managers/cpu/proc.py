@@ -116,11 +116,13 @@ def _pre_drop(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
     os.setgroups([])
     os.setresgid(limits.gid, limits.gid, limits.gid)
+    _linux.die_with_parent()  # (cleared by the gid change)
 
 
 def _final_drop(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
     os.setresuid(limits.uid, limits.uid, limits.uid)
+    _linux.die_with_parent()  # (cleared by the uid change)
     _linux.set_no_new_privs()
 
 

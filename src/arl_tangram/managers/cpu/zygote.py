@@ -214,6 +214,9 @@ def _fork(cfg: dict[str, Any], ns: Namespaces, theirs: socket.socket,
 
 def _init(cfg: dict[str, Any], sock: int, net: int, outs: list[int]) -> None:
     try:
+        # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
+        # the manager: a killed service leaves no warm or running sandbox behind.
+        _linux.die_with_parent()
         _linux.raw_signal.pthread_sigmask(_linux.SIG_SETMASK, ())
         _linux.raw_signal.signal(_linux.SIGCHLD[0], _linux.SIG_DFL)
         _linux.setns(net, _linux.CLONE_NEWNET)
