@@ -12,12 +12,6 @@ from __future__ import annotations
 import math
 
 from .records import NodeState
-from .resources import Resources
-
-
-def _leftover(node: NodeState, demand: Resources) -> float:
-    """Largest fraction of the node's capacity left free in any demanded dimension."""
-    return max(0.0, _fit_leftover(node, tuple(demand._d.items())))
 
 
 def _best_warm2(ws: dict[str, None], nodes: dict[str, NodeState], reserved: dict[str, str],

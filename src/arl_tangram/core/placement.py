@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import Status
 from .build import make_start
-from .fit import _best_warm2, _scan_index2
+from .fit import _best_warm2, _fit_leftover, _scan_index2
 from .nodeindex import RES
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
@@ -70,18 +70,7 @@ class PlacementMixin:
         for node in nodes:
             if node.name in reserved:
                 continue
-            free, cap = node.free, node.cap
-            left = 0.0  # _fit_leftover, inlined: this runs on every freed node
-            for k, v in shape:
-                f = free.get(k, 0.0)
-                if v > f + 1e-9:
-                    left = -1.0
-                    break
-                c = cap.get(k, 0.0)
-                if c > 0:
-                    x = (f - v) / c
-                    if x > left:
-                        left = x
+            left = _fit_leftover(node, shape)
             if left < 0.0:
                 continue
             w = 0 if node.warm.get(wkey) else 1
@@ -148,24 +137,13 @@ class PlacementMixin:
                 return best
             ws = None  # (nothing warm fits: fall through to the index)
         if ws and len(ws) <= 64:
-            for name in ws:  # _fit_leftover, inlined: up to 64 nodes per placement
+            for name in ws:  # up to 64 nodes per placement
                 node = nodes[name]
                 if not node.alive or name in reserved:
                     continue
-                free, cap = node.free, node.cap
-                left = 0.0
-                for k, v in shape:
-                    f = free.get(k, 0.0)
-                    if v > f + 1e-9:
-                        break
-                    c = cap.get(k, 0.0)
-                    if c > 0:
-                        x = (f - v) / c
-                        if x > left:
-                            left = x
-                else:
-                    if left < best_left:
-                        best, best_left = node, left
+                left = _fit_leftover(node, shape)
+                if 0.0 <= left < best_left:
+                    best, best_left = node, left
             if best is not None:
                 return best
         index = self.index
@@ -186,18 +164,7 @@ class PlacementMixin:
                 if name in reserved:
                     continue
                 node = nodes[name]
-                free, cap = node.free, node.cap
-                left = 0.0  # _fit_leftover(node, shape), inlined
-                for k, v in shape:
-                    f = free.get(k, 0.0)
-                    if v > f + 1e-9:
-                        left = -1.0
-                        break
-                    c = cap.get(k, 0.0)
-                    if c > 0:
-                        x = (f - v) / c
-                        if x > left:
-                            left = x
+                left = _fit_leftover(node, shape)
                 if left < 0.0:
                     continue
                 w = 0 if node.warm.get(wkey) else 1
