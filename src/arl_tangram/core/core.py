@@ -251,20 +251,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
-        now, cause = self.now, self._cause
-        rec.move(status, now, cause)
-        aid = rec.spec.id  # `self._deliver(rec, status, output, reason)`, inlined
-        res = make_result(aid, status, rec.submit_time, rec.start_time, now, rec.node,
-                          rec.allotment, output, reason, rec.attempts)
-        self._out.append(make_deliver(res, cause))
-        self.delivered += 1
-        term = self.terminal
-        term[status] = term.get(status, 0) + 1
-        del self.actions[aid]
-        hist = self.history
-        hist[aid] = rec
-        if len(hist) > self.config.history:
-            hist.popitem(last=False)
+        rec.move(status, self.now, self._cause)
+        self._deliver(rec, status, output, reason)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         aid = rec.spec.id
@@ -290,13 +278,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if node is None or alloc is None or aid not in node.running:
             return
         node.running.discard(aid)
-        used, free, cap = node.used, node.free, node.cap  # `node.give(alloc)`, inlined
-        for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
-            u = used.get(k, 0.0) - v
-            if u < 1e-9:
-                u = 0.0
-            used[k] = u
-            free[k] = cap.get(k, 0.0) - u
+        node.give(alloc)
         if rec.partition is not None:
             self._part_release(rec)
         if node.alive:

@@ -119,13 +119,7 @@ class DurationEstimator:
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
-        vals, s = sk._values, sk._sorted  # `sk.add(unit)`, inlined
-        if s is not None and len(vals) == vals.maxlen:
-            del s[_bisect_left(s, vals[0])]  # the value the append evicts
-        vals.append(unit)
-        sk.count += 1
-        if s is not None:
-            _insort(s, unit)
+        sk.add(unit)
         cached = self._cache.get(key)
         if cached:
             cached.clear()
@@ -164,7 +158,7 @@ class DurationEstimator:
         if cached:
             v = cached.get(q)
             if v is not None:
-                return v * units / 1.0
+                return v * units
         sk = self._sketches.get(key)
         s = sk._sorted if sk is not None and sk.count >= self._min_samples else None
         if cached is not None and s is not None:  # `unit_quantile` -> `sk.quantile(q)`, inlined
@@ -177,7 +171,7 @@ class DurationEstimator:
             v = cached[q] = s[i]
         else:
             v = self.unit_quantile(key[0], key[1], q)
-        return v * units / 1.0
+        return v * units
 
     def samples(self, key: str) -> int:
         """How many observations the estimator has for ``key`` (all bases)."""
