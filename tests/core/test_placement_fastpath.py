@@ -37,12 +37,16 @@ def _reference(core: Core, rec: ActionRecord) -> NodeState | None:
     best, best_score = None, (2, math.inf)
     ws = core.warm_nodes.get(wkey)
     if ws and len(ws) <= 64:
+        found = 0
         for name in ws:
             node = core.nodes[name]
             if node.alive and name not in core.reserved and node.fits(demand):
                 score = (0, _leftover(node, demand))
                 if score < best_score:
                     best, best_score = node, score
+                found += 1
+                if found >= core.config.fit_candidates:
+                    break
         if best is not None:
             return best
     found = 0

@@ -131,19 +131,26 @@ class PlacementMixin:
         ws = self.warm_nodes.get(wkey)
         best: NodeState | None = None
         best_w, best_left = 2, math.inf
+        enough = self.config.fit_candidates
         if ws and len(ws) <= 64 and len(shape) == 2:
-            best = _best_warm2(ws, nodes, reserved, shape)
+            best = _best_warm2(ws, nodes, reserved, shape, enough)
             if best is not None:
                 return best
             ws = None  # (nothing warm fits: fall through to the index)
         if ws and len(ws) <= 64:
+            found = 0
             for name in ws:  # up to 64 nodes per placement
                 node = nodes[name]
                 if not node.alive or name in reserved:
                     continue
                 left = _fit_leftover(node, shape)
-                if 0.0 <= left < best_left:
+                if left < 0.0:
+                    continue
+                if left < best_left:
                     best, best_left = node, left
+                found += 1
+                if found >= enough:
+                    return best
             if best is not None:
                 return best
         index = self.index
@@ -152,7 +159,7 @@ class PlacementMixin:
         lvl = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
         if not levels or lvl > levels[-1]:
             return None  # no node has that much free CPU
-        found, enough = 0, self.config.fit_candidates
+        found = 0
         buckets = index._buckets
         if len(shape) == 2 and not (ws and len(ws) > 64):
             # No warm node can win here (none is warm for the key, or none of at most 64 fits:
