@@ -160,3 +160,20 @@ def test_sim_package_exports_what_it_declares():
 
     assert sorted(sim.__all__) == sorted(n for n in sim.__all__ if hasattr(sim, n))
     assert {"Simulator", "SimConfig", "load_trace", "get_workload", "run_policy"} <= set(sim.__all__)
+
+
+def test_the_simulators_start_shortcut_is_the_executors_own_handler():
+    # Simulator._emit runs StartAction through VirtualExecutor._start directly (its commonest
+    # command): that must be what `execute` would dispatch it to.
+    from arl_tangram.core import commands as C
+    from arl_tangram.sim.executor import _HANDLERS, VirtualExecutor
+
+    assert _HANDLERS[C.StartAction] is VirtualExecutor._start
+
+
+def test_fast_warm_pool_report_is_the_dataclass_built_normally():
+    from arl_tangram.core import events as E
+    from arl_tangram.sim.executor import make_warm_report
+
+    fast, ref = make_warm_report(2.5, "cpu-0", "python", 3), E.WarmPoolReport(2.5, "cpu-0", "python", 3)
+    assert type(fast) is E.WarmPoolReport and fast == ref and repr(fast) == repr(ref)

@@ -51,3 +51,31 @@ def test_stop_predicate_ends_the_run():
     loop.run(stop=lambda: len(count) >= 3)
     assert count == [0, 1, 2]
     assert len(loop) == 7
+    assert loop.processed == 3
+
+
+def test_plain_run_and_run_with_until_or_stop_take_the_same_order():
+    # `run()` has its own loop (no ``until``/``stop`` checks): it must run what the general loop
+    # runs, in the same order, callbacks scheduling callbacks (same instant, other priorities).
+    import random
+
+    def play(**kw: object) -> tuple[list[tuple[float, int]], int]:
+        rng = random.Random(7)
+        loop = EventLoop()
+        seen: list[tuple[float, int]] = []
+
+        def cb(n: int) -> None:
+            seen.append((loop.now, n))
+            if n < 400:
+                for k in range(2):
+                    loop.at(loop.now + rng.choice((0.0, 0.5, rng.random())), cb, 2 * n + k + 1,
+                            priority=rng.choice((REPORT, ARRIVAL, TICK)))
+
+        loop.at(0.0, cb, 0)
+        loop.run(**kw)  # type: ignore[arg-type]
+        return seen, loop.processed
+
+    plain = play()
+    assert len(plain[0]) > 400
+    assert play(until=1e9) == plain
+    assert play(stop=lambda: False) == plain

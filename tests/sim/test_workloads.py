@@ -47,3 +47,16 @@ def test_cpu_clusters_follow_the_static_provisioning_rule():
 def test_unknown_workload_names_the_choices():
     with pytest.raises(KeyError, match="swe-agent"):
         get_workload("nope")
+
+
+def test_tool_math_fast_constructors_build_what_the_keyword_forms_build():
+    from arl_tangram.sim.trace import SimAction, Trajectory
+    from arl_tangram.sim.workloads import DOCKER_COLD_S, MATH_DEMAND
+
+    for t in [t for b in get_workload("tool-math").batches(3, 20, 1) for t in b]:
+        steps = tuple((gen, SimAction(ActionKind.CODE, a.work_s, MATH_DEMAND, tag="python",
+                                      timeout_s=10.0, cold_start_s=DOCKER_COLD_S))
+                      for gen, a in t.steps)
+        ref = Trajectory(t.id, "tool-math", steps, 0.0, {}, t.rl_step)
+        assert type(t) is Trajectory and t == ref and repr(t) == repr(ref)
+        assert all(type(a) is SimAction for _g, a in t.steps)

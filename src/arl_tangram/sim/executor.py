@@ -21,7 +21,7 @@ from functools import partial
 from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
-from ..core.build import make_finished, make_started
+from ..core.build import fast_constructor, make_finished, make_started
 from ..core.cluster import ClusterSpec, ModelSpec
 from ..core.resources import GPU, GPU_MEMORY_MB, Resources
 from .loop import REPORT, EventLoop
@@ -29,6 +29,8 @@ from .metrics import UsageMeter
 from .trace import DEFAULT_COLD_START_S, SimAction
 
 Emit = Callable[[E.Event], None]
+# E.WarmPoolReport(time, node, key, warm), built fast (core.build): about one per warm start
+make_warm_report = fast_constructor(E.WarmPoolReport)
 _SUCCEEDED, _FAILED, _TIMED_OUT = Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT
 
 
@@ -131,22 +133,13 @@ class VirtualExecutor:
         if old is not None:  # re-run after node loss: the old attempt is gone
             self._release(old)
         self.runs[spec.id] = run
+        loop = self.loop
+        now = loop.clock._now
         if self.usage is not None:
-            self.usage.change(None, cmd.allotment, +1)
+            self.usage.change_at(now, None, cmd.allotment, +1)
         delay = self._startup_delay(spec, cmd.node, cmd.warm, truth)
-        loop = self.loop  # as `_report`, without a closure: this is the hot path
-        loop.at(loop.clock._now + (delay if delay > 0.0 else 0.0), self._fire_began, run,
-                run.version, delay, priority=REPORT)
-
-    def _fire_began(self, run: _Run, version: int, cold: float) -> None:
-        event = self._began(run, version, cold, self.loop.clock._now)
-        if event is not None:
-            self.emit(event)
-
-    def _fire_finished(self, run: _Run, version: int) -> None:
-        event = self._finished(run, version, self.loop.clock._now)
-        if event is not None:
-            self.emit(event)
+        # as `_report`, without a closure (this is the hot path): `_began` after ``delay``
+        loop.push(now + (delay if delay > 0.0 else 0.0), REPORT, self._began, (run, run.version, delay))
 
     def _startup_delay(self, spec: ActionSpec, node: str, warm: bool, truth: SimAction) -> float:
         if spec.session is not None:
@@ -164,38 +157,44 @@ class VirtualExecutor:
         self.cold_starts += 1
         return truth.cold_start_s
 
-    def _began(self, run: _Run, version: int, cold: float, t: float) -> E.Event | None:
+    def _began(self, run: _Run, version: int, cold: float) -> None:
+        """The run's start-up (``cold`` seconds of it) is over: it executes from now on."""
         if self.runs.get(run.spec.id) is not run or run.version != version:
-            return None
+            return  # stale: resized or cancelled meanwhile
+        t = self.loop.clock._now
         run.started = True
         run.since = t
         run.speed = run.spec.speed(run.allotment)
         run.deadline = t + run.spec.timeout_s
         if self.usage is not None:
-            self.usage.change(run.allotment, None, +1)
+            self.usage.change_at(t, run.allotment, None, +1)
         self._schedule_finish(run)
-        return make_started(t, run.spec.id, run.node, cold)  # E.ActionStarted(...)
+        self.emit(make_started(t, run.spec.id, run.node, cold))  # E.ActionStarted(...)
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
-        v = run.version
         end = run.since + (run.remaining / run.speed if run.speed > 0 else float("inf"))
-        end = min(end, run.deadline)
-        self.loop.at(end, self._fire_finished, run, v, priority=REPORT)
+        self.loop.push(end if end < run.deadline else run.deadline, REPORT, self._finished,
+                       (run, run.version))  # min(end, deadline), without the builtin's call
 
-    def _finished(self, run: _Run, version: int, t: float) -> E.Event | None:
+    def _finished(self, run: _Run, version: int) -> None:
+        """The run's work is done, or its time is up."""
         if self.runs.get(run.spec.id) is not run or run.version != version:
-            return None
+            return  # stale: resized or cancelled meanwhile
+        t = self.loop.clock._now
         del self.runs[run.spec.id]
-        self._release(run)
+        if self.usage is not None:  # `_release(run)`, inlined: a run that finishes has started
+            self.usage.change_at(t, run.allotment, run.allotment, -1)
         ran = t - (run.deadline - run.spec.timeout_s)
         done = run.remaining - (t - run.since) * run.speed
         # E.ActionFinished(time, action_id, status, output, reason, run_s), built fast (core.build)
         if done > 1e-9 and t >= run.deadline - 1e-12:
-            return make_finished(t, run.spec.id, _TIMED_OUT, None, "timeout", ran)
-        if run.truth.fails:
-            return make_finished(t, run.spec.id, _FAILED, {"exit_code": 1}, "", ran)
-        return make_finished(t, run.spec.id, _SUCCEEDED, {"exit_code": 0}, "", ran)
+            event = make_finished(t, run.spec.id, _TIMED_OUT, None, "timeout", ran)
+        elif run.truth.fails:
+            event = make_finished(t, run.spec.id, _FAILED, {"exit_code": 1}, "", ran)
+        else:
+            event = make_finished(t, run.spec.id, _SUCCEEDED, {"exit_code": 0}, "", ran)
+        self.emit(event)
 
     def _release(self, run: _Run) -> None:
         if self.usage is not None:
@@ -247,18 +246,24 @@ class VirtualExecutor:
         self._refill(cmd.node, cmd.key, pool)
 
     def _refill(self, node: str, key: str, pool: _Pool) -> None:
+        loop = self.loop
+        d = self.warm_cold_start_s
         while pool.ready + pool.starting < pool.target:
             pool.starting += 1
-            self._report(self.warm_cold_start_s, partial(self._warm_ready, node, key, pool))
+            # `self._report(d, partial(self._warm_ready, node, key, pool))`, without the partial
+            # and the closure (a warm start refills its pool: most actions come here)
+            loop.push(loop.clock._now + (d if d > 0.0 else 0.0), REPORT, self._warm_ready,
+                      (node, key, pool))
 
     def _pool_report(self, node: str, key: str, pool: _Pool, t: float) -> E.Event:
         return E.WarmPoolReport(t, node, key, pool.ready)
 
-    def _warm_ready(self, node: str, key: str, pool: _Pool, t: float) -> E.Event:
+    def _warm_ready(self, node: str, key: str, pool: _Pool) -> None:
+        """A sandbox `_refill` started is ready."""
         pool.starting -= 1
         if pool.ready < pool.target:
             pool.ready += 1
-        return E.WarmPoolReport(t, node, key, pool.ready)
+        self.emit(make_warm_report(self.loop.clock._now, node, key, pool.ready))
 
     # ---- models ------------------------------------------------------------------------------
     def _load(self, cmd: C.LoadModel) -> None:

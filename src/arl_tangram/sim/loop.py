@@ -40,23 +40,33 @@ class VirtualClock:
 class EventLoop:
     """Heap of ``(time, priority, seq, callback, args)``; `run` pops until empty or ``until``."""
 
-    __slots__ = ("_halted", "_heap", "_seq", "clock", "processed")
+    __slots__ = ("_halted", "_heap", "_seq", "clock")
 
     def __init__(self, start: float = 0.0) -> None:
         self.clock = VirtualClock(start)
         self._heap: list[tuple[float, int, int, Callable[..., Any], tuple[Any, ...]]] = []
-        self._seq = 0
-        self.processed = 0  # callbacks run so far
+        self._seq = 0  # callbacks scheduled so far
         self._halted = False  # set by `halt`: `run` returns after the running callback
 
     @property
     def now(self) -> float:
         return self.clock._now
 
+    @property
+    def processed(self) -> int:
+        """Callbacks run so far: every scheduled one that is no longer in the heap."""
+        return self._seq - len(self._heap)
+
     def at(self, time: float, callback: Callable[..., Any], *args: Any, priority: int = 1) -> None:
         """Run ``callback(*args)`` at virtual ``time`` (never earlier than now)."""
-        if time < self.clock._now:
-            time = self.clock._now
+        self.push(time, priority, callback, args)
+
+    def push(self, time: float, priority: int, callback: Callable[..., Any], args: tuple[Any, ...],
+             ) -> None:
+        """`at` with every argument positional and ``args`` as one tuple (the hot paths' form)."""
+        now = self.clock._now
+        if time < now:
+            time = now
         self._seq += 1
         heapq.heappush(self._heap, (time, priority, self._seq, callback, args))
 
@@ -79,7 +89,6 @@ class EventLoop:
             return False
         time, _prio, _seq, callback, args = heapq.heappop(self._heap)
         self.clock._advance(time)
-        self.processed += 1
         callback(*args)
         return True
 
@@ -94,13 +103,20 @@ class EventLoop:
         pop = heapq.heappop
         clock = self.clock
         self._halted = False
-        while heap:
-            if until is not None and heap[0][0] > until:
-                clock._advance(until)
-                return
+        if until is not None or stop is not None:
+            while heap:
+                if until is not None and heap[0][0] > until:
+                    clock._advance(until)
+                    return
+                time, _prio, _seq, callback, args = pop(heap)
+                clock._now = time  # heap order guarantees monotonic time
+                callback(*args)
+                if self._halted or (stop is not None and stop()):
+                    return
+            return
+        while heap:  # the same loop without ``until`` and ``stop`` (a simulation's run)
             time, _prio, _seq, callback, args = pop(heap)
-            clock._now = time  # heap order guarantees monotonic time
-            self.processed += 1
+            clock._now = time
             callback(*args)
-            if self._halted or (stop is not None and stop()):
+            if self._halted:
                 return

@@ -64,8 +64,11 @@ class SimConfig:
             raise ValueError(f"SimConfig.series_points must be >= 2, got {self.series_points!r}")
 
 
-_PROGRESS = (E.ActionStarted, E.BatchFinished)
+# Events that show progress. Exact types (a set lookup, not `isinstance`): every event `_emit`
+# sees is built here or in the executor, of exactly these classes.
+_PROGRESS = frozenset((E.ActionStarted, E.BatchFinished))
 _DELIVER = C.Deliver
+_START = C.StartAction
 
 
 class _Live:
@@ -116,22 +119,24 @@ class Simulator:
     # ---- event plumbing ----------------------------------------------------------------------
     def _emit(self, event: E.Event) -> None:
         self.events += 1
-        if isinstance(event, _PROGRESS):
+        if type(event) in _PROGRESS:
             self._last_progress = event.time
         cmds = self.core.handle(event)
         if cmds:
-            execute = self.executor.execute
+            executor = self.executor
             for cmd in cmds:
                 if type(cmd) is _DELIVER:
                     self._deliver(cmd.result)
+                elif type(cmd) is _START:  # `executor.execute(cmd)`, dispatched here: one per action
+                    executor._start(cmd)
                 else:
-                    execute(cmd)
+                    executor.execute(cmd)
 
     def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
         if delay < 0:
             raise ValueError(f"delay must be >= 0, got {delay}")
         loop = self.loop
-        loop.at(loop.clock._now + delay, fn, *args, priority=ARRIVAL)
+        loop.push(loop.clock._now + delay, ARRIVAL, fn, args)
 
     # ---- RL steps ----------------------------------------------------------------------------
     def _next_step(self) -> None:
@@ -156,7 +161,7 @@ class Simulator:
     def _trajectory_done(self, live: _Live) -> None:
         traj = live.traj
         del self.live[traj.id]
-        for name in sorted(live.opened):
+        for name in sorted(live.opened) if live.opened else ():
             self._later(0.0, self._emit_now, E.SessionClosed, traj.session_id(name), "trajectory ended")
         if not self.live:
             rollout = self.loop.now - self._step_start
@@ -169,7 +174,7 @@ class Simulator:
     # ---- trajectories ------------------------------------------------------------------------
     def _submit(self, live: _Live) -> None:
         traj = live.traj
-        now = self.loop.now
+        now = self.loop.clock._now
         if self._first_arrival is None:
             self._first_arrival = now
             self.usage.restart()
@@ -198,11 +203,12 @@ class Simulator:
             return  # not ours (or delivered twice: the core's invariant tests catch that)
         self.truth.pop(result.id, None)
         live, kind = owner
-        self._last_progress = self.loop.now
+        self._last_progress = self.loop.clock._now
         self.acts.record(result, kind, live.traj.task)
         live.index += 1
-        if live.index < len(live.traj.steps):
-            self._later(live.traj.steps[live.index][0], self._submit, live)
+        steps = live.traj.steps
+        if live.index < len(steps):
+            self._later(steps[live.index][0], self._submit, live)
         else:
             self._trajectory_done(live)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..core.actions import ActionKind, Elasticity, Speedup, WorkHints
+from ..core.build import fast_constructor
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
 from ..core.resources import Resources
 from .trace import SessionDef, SimAction, Trajectory
@@ -37,7 +38,9 @@ RM_GPUS = 8  # assumption: a reward-model pool of one 8-GPU server's worth, as a
 
 def lognormal(rng: random.Random, median: float, sigma: float, lo: float, hi: float) -> float:
     """A log-normal sample with the given median, clamped to [lo, hi]."""
-    return min(hi, max(lo, median * math.exp(sigma * rng.gauss(0.0, 1.0))))
+    x = median * math.exp(sigma * rng.gauss(0.0, 1.0))
+    x = x if x > lo else lo  # min(hi, max(lo, x)), without the builtins' calls (same choices)
+    return x if x < hi else hi
 
 
 def gen_seconds(rng: random.Random, median_tokens: float, sigma: float, hi_tokens: float) -> float:
@@ -128,6 +131,14 @@ def code_rl(rng: random.Random, step: int, index: int) -> Trajectory:
 # ---- tool-math: python tool calls during reasoning --------------------------------------------------
 MATH_CORES_PER_TRAJ = 1.0  # assumption: one 1-core interpreter sandbox per rollout
 MATH_DEMAND = Resources(cpu=1, memory_mb=512)  # of every tool call (immutable, so shared)
+NO_HINTS = WorkHints()  # the default hints, shared (immutable): a tool call tells nothing more
+# Fast constructors (core.build) for the actions and trajectories of tool-math, which samples the
+# most actions per second of simulation: every field positional, in declaration order.
+# SimAction(kind, work_s, demand, elasticity, hints, session, model, tag, timeout_s, weight,
+#           cold_start_s, fails); tests/sim/test_workloads.py holds it equal to the keyword form
+_make_action = fast_constructor(SimAction)
+# Trajectory(id, task, steps, start, sessions, rl_step)
+_make_trajectory = fast_constructor(Trajectory)
 
 
 def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
@@ -138,9 +149,11 @@ def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
     for _ in range(calls):
         gen = gen_seconds(rng, 600, 0.7, 8000)  # assumption: reasoning between two calls
         work = lognormal(rng, 0.1, 1.3, 0.01, 30)  # assumption: arithmetic/sympy snippets
-        steps.append((gen, SimAction(ActionKind.CODE, work, MATH_DEMAND,
-                                     tag="python", timeout_s=10.0, cold_start_s=DOCKER_COLD_S)))
-    return Trajectory(f"s{step}-math-{index}", "tool-math", tuple(steps), 0.0, {}, step)
+        # SimAction(ActionKind.CODE, work, MATH_DEMAND, tag="python", timeout_s=10.0,
+        #           cold_start_s=DOCKER_COLD_S), built fast
+        steps.append((gen, _make_action(ActionKind.CODE, work, MATH_DEMAND, None, NO_HINTS, None,
+                                        None, "python", 10.0, 1.0, DOCKER_COLD_S, False)))
+    return _make_trajectory(f"s{step}-math-{index}", "tool-math", tuple(steps), 0.0, {}, step)
 
 
 # ---- rlhf-rm: GPU reward-model scoring --------------------------------------------------------------
@@ -200,8 +213,9 @@ class Workload:
         """One batch per RL step, sampled lazily from ``random.Random(seed)``."""
         rng = random.Random(seed)
         n = trajectories or self.trajectories
+        makers = [self._maker(i, n) for i in range(n)]  # the same split in every step
         for s in range(steps or self.steps):
-            yield [self._maker(i, n)(rng, s, i) for i in range(n)]
+            yield [makers[i](rng, s, i) for i in range(n)]
 
     def _maker(self, i: int, n: int) -> Maker:
         """Deterministic split of a batch by the mix shares (first makers take the remainders)."""
