@@ -118,3 +118,16 @@ def test_libc_calls_take_plain_ints_and_report_errors() -> None:
     with pytest.raises(OSError) as e:
         _linux.setns(987_654, 0)  # not an open fd
     assert e.value.errno == 9  # EBADF
+
+
+def test_warm_type_cache_looks_up_what_sandbox_code_reads_of_modules() -> None:
+    """The fork server pre-fills the type-attribute cache with every ``module.name`` the
+    sandbox's code reads (so that no sandbox writes those entries): the names come from that
+    code, and only names some module it uses has (a method name like ``append`` is not one)."""
+    from arl_tangram.managers.cpu import _linux, prepared, proc, sandbox, wire, zygote
+
+    names = zygote.warm_type_cache((zygote, sandbox, proc, _linux, wire, prepared))
+    assert {"mkdir", "setresuid", "F_DUPFD", "closerange", "die_with_parent", "mount",
+            "read_request_fd", "raw_signal", "SIG_SETMASK"} <= names  # os, fcntl, _linux, wire
+    assert "append" not in names and "items" not in names
+    assert zygote.warm_type_cache((wire,)) < names

@@ -109,9 +109,10 @@ def _run_direct(req: dict[str, Any]) -> None:
             os.lseek(fd_in, 0, os.SEEK_SET)
         else:
             fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (3, fd_in, 4, 5)]
-        os.dup2(hi[0], 3)
-        proc._child_detach((hi[1], hi[2], hi[3]), keep=1)
+        dup, up = fcntl.fcntl, fcntl.F_DUPFD  # (moved up first; straight calls, no comprehension)
+        ctl, fds = dup(3, up, 300), (dup(fd_in, up, 300), dup(4, up, 300), dup(5, up, 300))
+        os.dup2(ctl, 3)
+        proc._child_detach(fds, keep=1)
         status = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 900)  # out of the code's way; not exec'd
         os.close(3)
         proc._drop_privileges(limits)

@@ -11,6 +11,7 @@ costs a fork and a few mounts, never an interpreter start, an import or a netns 
 
 from __future__ import annotations
 
+import _socket
 import collections
 import contextlib
 import fcntl
@@ -22,9 +23,10 @@ import signal
 import socket
 import sys
 import traceback
+import types
 from typing import Any
 
-from . import _linux, proc, sandbox, wire
+from . import _linux, prepared, proc, sandbox, wire
 
 _RO = _linux.MS_BIND | _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV
 _MASK_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
@@ -149,16 +151,18 @@ class Namespaces:
             self.free.append(fd)
 
 
-Spawned = tuple[int, socket.socket, list[int]]  # (host pid, our socket, our pipe read ends)
+Spawned = tuple[int, int, list[int]]  # (host pid, our socket's fd, our pipe read ends)
+Kit = tuple[int, int, list[tuple[int, int]], int]  # our socket, theirs, pipes, netns (fds)
 
 
 def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1) -> list[Spawned | Exception]:
     """Fork ``n`` sandbox inits, each PID 1 of a new PID namespace; per sandbox (its host pid,
     our socket, our read ends of its stdout/stderr pipes: only with ``cfg["direct"]``, else
     empty) or the error. Every fork write-protects all of this process's memory, so each page
-    it writes between two forks costs a fault: everything is made first, then the forks run in
-    a tight loop. The caller blocks SIGCHLD until its replies are out (`_serve`)."""
-    kits: list[tuple[socket.socket, socket.socket, list[tuple[int, int]], int]] = []
+    it writes between two forks costs a fault: everything is made first, the forks run in a
+    tight loop (`_fork_all`), and their bookkeeping comes after. The caller blocks SIGCHLD until
+    its replies are out (`_serve`), so no sandbox is reaped before it is lent its namespace."""
+    kits: list[Kit] = []
     out: list[Spawned | Exception] = []
     try:
         for _ in range(n):
@@ -167,27 +171,31 @@ def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1) -> list[Spawned | Exc
         out = [e] * (n - len(kits))
     done: list[Spawned | Exception] = []
     try:
-        for ours, theirs, pipes, net in kits:
-            try:
-                done.append((_fork(cfg, ns, theirs, pipes, net), ours, [r for r, _ in pipes]))
-            except Exception as e:
-                ns.free.appendleft(net)
-                ours.close()
-                for r, _ in pipes:
-                    os.close(r)
-                done.append(e)
+        for (ours, _, pipes, net), pid in zip(kits, _fork_all(cfg, ns, kits), strict=True):
+            if isinstance(pid, int):
+                ns.lent[pid] = net
+                if pipes:
+                    ns.direct.add(pid)
+                done.append((pid, ours, [r for r, _ in pipes]))
+                continue
+            ns.free.appendleft(net)
+            os.close(ours)
+            for r, _ in pipes:
+                os.close(r)
+            done.append(pid)
     finally:
         for _, theirs, pipes, _ in kits:
-            theirs.close()
+            os.close(theirs)
             for _, w in pipes:
                 os.close(w)
     return done + out
 
 
-def _kit(cfg: dict[str, Any], ns: Namespaces) -> tuple[socket.socket, socket.socket,
-                                                       list[tuple[int, int]], int]:
-    """What one sandbox needs: a socket pair, (direct) stdout/stderr pipes, a network namespace."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def _kit(cfg: dict[str, Any], ns: Namespaces) -> Kit:
+    """What one sandbox needs: a socket pair, (direct) stdout/stderr pipes, a network namespace
+    (plain fds: no `socket.socket` objects, each one more page written after the forks)."""
+    a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (close-on-exec)
+    ours, theirs = a.detach(), b.detach()
     pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
     for _, w in pipes:  # room for a whole typical output: the manager reads it lazily
         try:  # noqa: SIM105  (no context manager: each object is a fault after a fork)
@@ -197,22 +205,27 @@ def _kit(cfg: dict[str, Any], ns: Namespaces) -> tuple[socket.socket, socket.soc
     return ours, theirs, pipes, ns.take_net()
 
 
-def _fork(cfg: dict[str, Any], ns: Namespaces, theirs: socket.socket,
-          pipes: list[tuple[int, int]], net: int) -> int:
-    _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
-    try:
-        pid = os.fork()
-        if pid == 0:
-            _init(cfg, theirs.fileno(), net, [w for _, w in pipes])
-    finally:
-        _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
-    ns.lent[pid] = net
-    if pipes:
-        ns.direct.add(pid)
-    return pid
+def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int | Exception]:
+    """Fork one sandbox init per kit: its host pid, or the error. Nothing but the forks and
+    the namespace switches runs in this loop (see `spawn`)."""
+    pids: list[int | Exception] = []
+    for _, theirs, pipes, net in kits:
+        try:
+            _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _init(cfg, theirs, net, pipes)
+            finally:
+                _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
+        except Exception as e:
+            pids.append(e)
+            continue
+        pids.append(pid)
+    return pids
 
 
-def _init(cfg: dict[str, Any], sock: int, net: int, outs: list[int]) -> None:
+def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]) -> None:
     try:
         # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
         # the manager: a killed service leaves no warm or running sandbox behind.
@@ -222,15 +235,51 @@ def _init(cfg: dict[str, Any], sock: int, net: int, outs: list[int]) -> None:
         _linux.setns(net, _linux.CLONE_NEWNET)
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
         os.dup2(sock, 3)
-        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in outs]
-        for i, fd in enumerate(hi):  # direct: the write ends of stdout/stderr, at fds 4 and 5
-            os.dup2(fd, 4 + i)
-        os.closerange(4 + len(outs), 1 << 16)  # the control socket, namespace fds
+        if pipes:  # direct: the write ends of stdout/stderr at fds 4 and 5 (moved up first:
+            # either may be 4 or 5 now; no comprehension: a function object is pages written)
+            out_w = fcntl.fcntl(pipes[0][1], fcntl.F_DUPFD, 300)
+            err_w = fcntl.fcntl(pipes[1][1], fcntl.F_DUPFD, 300)
+            os.dup2(out_w, 4)
+            os.dup2(err_w, 5)
+        os.closerange(6 if pipes else 4, 1 << 16)  # the control socket, namespace fds
         sandbox.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
         sandbox.serve(3, cfg)
     except BaseException:
         traceback.print_exc()
     os._exit(1)
+
+
+def warm_type_cache(hot: tuple[types.ModuleType, ...]) -> frozenset[str]:
+    """Look every module attribute that the sandbox's code (``hot``) may read up once, here.
+
+    Most of a sandbox's code runs once per process, unspecialized, so each ``module.name`` it
+    reads goes through the interpreter's type-attribute cache (keyed by the module *type* and
+    the name). A miss writes the cache entry and the reference counts of two names: copy-on-
+    write faults in every sandbox (~20 per action). Filled here, before any fork, they hit.
+    Returns the names looked up: those the code of ``hot`` reads that a module it uses has."""
+    names: set[str] = set()
+    todo = [f.__code__ for m in hot for f in _functions(m)]
+    while todo:
+        co = todo.pop()
+        names.update(co.co_names)
+        todo.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+    used = [vars(v) for m in hot for v in vars(m).values() if isinstance(v, types.ModuleType)]
+    names = {n for n in names if any(n in d for d in used)}  # (no module __getattr__ runs)
+    probe = types.ModuleType("_")  # the key is (module type, name): any module will do
+    for n in names:
+        getattr(probe, n, None)
+    return frozenset(names)
+
+
+def _functions(m: types.ModuleType) -> list[types.FunctionType]:
+    """The functions of module ``m``, its classes' methods included."""
+    out = []
+    for v in vars(m).values():
+        if isinstance(v, types.FunctionType):
+            out.append(v)
+        elif isinstance(v, type) and v.__module__ == m.__name__:
+            out.extend(f for f in vars(v).values() if isinstance(f, types.FunctionType))
+    return out
 
 
 def _preload(modules: list[str]) -> None:
@@ -239,7 +288,30 @@ def _preload(modules: list[str]) -> None:
             importlib.import_module(name)
 
 
+BIND_NOW = "LD_BIND_NOW"
+
+
+def bind_now() -> None:
+    """Start this interpreter again with eager symbol binding, unless it already has it.
+
+    With lazy binding (glibc's default) the first call of each library function from libpython
+    or an extension module goes through the dynamic linker (``_dl_fixup``), which writes the
+    resolved address into that object's GOT: in a fork, a function the fork server never called
+    costs the lookup and a copy-on-write fault of a GOT page, in every sandbox. Bound once at
+    start, before anything forks, the GOTs are final. Same arguments and file descriptors
+    (the control socket is inherited); the variable is dropped from ``os.environ`` in `main`,
+    so nothing a sandbox starts inherits it.
+    """
+    if os.environ.get(BIND_NOW) == "1":
+        return
+    with contextlib.suppress(OSError):  # (not worth failing the start for)
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, 9)  # kept across execve: no window without it
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                  {**os.environ, BIND_NOW: "1"})
+
+
 def main() -> None:
+    os.environ.pop(BIND_NOW, None)
     ctl = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sys.argv[2])
     hello: dict[str, Any] = {"ok": True}
@@ -263,6 +335,7 @@ def main() -> None:
             _linux.share_file_ptes()
         enter_root(cfg["root"])
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
+        warm_type_cache((sys.modules[__name__], sandbox, proc, _linux, wire, prepared))
     except BaseException as e:
         hello = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     ctl.send(wire.encode(hello)[4:])
@@ -284,7 +357,7 @@ def _reap(ns: Namespaces, ctl: socket.socket) -> None:
             ns.direct.discard(pid)
             rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             with contextlib.suppress(OSError):
-                ctl.send(json.dumps({"exit": pid, "rc": rc}).encode())
+                ctl.send(b'{"exit":%d,"rc":%d}' % (pid, rc))  # (no encoder: fewer faults)
 
 
 def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
@@ -322,13 +395,14 @@ def _reply(ctl: socket.socket, r: Spawned | Exception) -> None:
         return
     pid, sock, outs = r
     try:
-        socket.send_fds(ctl, [b'{"pid":%d}' % pid], [sock.fileno(), *outs])
+        socket.send_fds(ctl, [b'{"pid":%d}' % pid], [sock, *outs])
     finally:
-        sock.close()
+        os.close(sock)
         for fd in outs:
             os.close(fd)
 
 
 if __name__ == "__main__":
     _ = proc  # imported for the sandbox's use after pivot_root
+    bind_now()
     main()
