@@ -15,6 +15,9 @@ on a busy machine): the server process itself (all its threads), the processes b
 measured twice: with wrk at one connection (a C client, ~0.03 ms of its own) and with httpx
 (a Python client that adds ~0.5 ms). ``--manager-alone`` runs the CPU manager in this process,
 no HTTP and no engine, to split the server's CPU into the manager's share and the rest.
+It also prints how idle the machine was during the load (/proc/stat) and, from a short extra
+load while /v1/stats is sampled, how many actions the scheduler had admitted on average
+against the node's CPU capacity (each /run_code action asks for 1 core).
 
     python benchmarks/bench_service.py --duration 30
 """
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -112,6 +116,46 @@ class CpuMeter:
         n = max(requests, 1)
         return {"server_ms": 1000 * (s1 - s0) / n, "sandbox_ms": 1000 * (b1 - b0) / n,
                 "client_ms": 1000 * (c1 - c0) / n}
+
+
+def machine_busy() -> tuple[int, int]:
+    """(idle + iowait, all) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[3] + v[4], sum(v)
+
+
+def gate_probe(url: str, concurrency: int, seconds: float) -> dict[str, float]:
+    """The scheduler's admission under load: ``seconds`` of wrk load while /v1/cluster and
+    /v1/stats are sampled every 50 ms (not metered: the sampling costs the server some CPU).
+    ``used_cpu`` is the mean CPU the core has handed out (1 core per /run_code action, from
+    its StartAction until it has seen the ActionFinished); when it sits at the node's capacity,
+    admission is the stage everything waits on, and each action holds its core for its whole
+    round trip (dispatch, waiting for a sandbox, the sandbox's run, reply, result)."""
+    import threading
+
+    done = threading.Event()
+    got: list[dict[str, Any]] = []
+
+    def drive() -> None:
+        try:
+            load_wrk(url, concurrency, seconds, warm=False)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=drive)
+    t.start()
+    with httpx.Client(base_url=url, timeout=10) as c:
+        time.sleep(min(1.0, seconds / 3))
+        while not done.wait(0.05):
+            node = c.get("/v1/cluster").json()["nodes"][0]
+            got.append({"used": node["used"].get("cpu", 0.0),
+                        "queued": c.get("/v1/stats").json()["queue_length"]})
+        cap = c.get("/v1/cluster").json()["nodes"][0]["capacity"].get("cpu", 0.0)
+    t.join()
+    n = max(len(got), 1)
+    return {"used_cpu": sum(g["used"] for g in got) / n,
+            "queued": sum(g["queued"] for g in got) / n, "capacity_cpu": cap}
 
 
 def _children_cpu() -> float:
@@ -235,11 +279,17 @@ def bench(kind: str, args: argparse.Namespace) -> dict:
         if args.client == "wrk":
             load_wrk(url, 1, 1.0, warm=False)  # warm up (not metered)
             meter.start()
+            idle0 = machine_busy()
             out = load_wrk(url, args.concurrency, args.duration, warm=False)
         else:
             meter.start()
+            idle0 = machine_busy()
             out = asyncio.run(load(url, args.concurrency, args.duration))
         out["cpu"] = meter.stop(out["requests"])
+        idle1 = machine_busy()
+        out["idle_pct"] = 100 * (idle1[0] - idle0[0]) / max(1, idle1[1] - idle0[1])
+        if kind == "tangram" and args.client == "wrk" and args.gate_probe > 0:
+            out["gate"] = gate_probe(url, args.concurrency, args.gate_probe)
         if args.client == "wrk":
             meter.start()
             one = load_wrk(url, 1, args.seq_duration, warm=False)
@@ -266,6 +316,9 @@ def main() -> int:
                     help="load generator (default: wrk when installed)")
     ap.add_argument("--seq-duration", type=float, default=5.0,
                     help="seconds of one-connection wrk load for the sequential latency")
+    ap.add_argument("--gate-probe", type=float, default=4.0, metavar="SECONDS",
+                    help="seconds of extra load sampling /v1/stats for the admission figure "
+                         "(0: skip)")
     ap.add_argument("--manager-alone", type=int, default=300, metavar="N",
                     help="actions for the in-process CPU manager figure (0: skip)")
     ap.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -297,6 +350,12 @@ def main() -> int:
             q = r["seq_cpu"]
             print(f"; sequential {q['server_ms']:.2f} + {q['sandbox_ms']:.2f}", end="")
         print(flush=True)
+        line = f"  {kind}: machine idle during the load {r['idle_pct']:.1f}%"
+        if "gate" in r:
+            g = r["gate"]
+            line += (f"; admission: {g['used_cpu']:.2f} of {g['capacity_cpu']:g} cpu handed out "
+                     f"on average (1 per action), {g['queued']:.1f} actions queued")
+        print(line, flush=True)
     if args.manager_alone and args.only != "naive":
         m = json.loads(subprocess.run([sys.executable, __file__, "--manager-only",
                                        str(args.manager_alone)], capture_output=True, text=True,

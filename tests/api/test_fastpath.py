@@ -129,3 +129,30 @@ async def test_fast_path_keeps_token_and_errors() -> None:
             assert r.status_code == 504 and "max_pending" in r.json()["detail"]
             first.cancel()
         await eng.aclose()
+
+
+async def test_fast_path_answers_a_bug_like_the_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (an exception no handler maps) is a plain 500 on both paths, and is not swallowed:
+    it goes on to the server, which logs it."""
+    from arl_tangram.api.service import Service
+
+    async def broken(self: Service, req: object, **kw: object) -> dict:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Service, "run_code", broken)
+    got = []
+    for fast in (False, True):
+        eng, app = _app(fast)
+        await eng.start()
+        try:
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                r = await c.post("/run_code", json={"code": "x"})
+                got.append((r.status_code, r.headers.get("content-type"), r.content))
+            with pytest.raises(RuntimeError, match="a bug"):
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),  # type: ignore[arg-type]
+                                             base_url="http://t") as c:
+                    await c.post("/run_code", json={"code": "x"})
+        finally:
+            await eng.aclose()
+    assert got[0] == got[1] == (500, "text/plain; charset=utf-8", b"Internal Server Error")

@@ -184,6 +184,42 @@ async def test_refill_comes_after_the_result_and_still_comes(mgr: CpuManager) ->
         mgr.set_warm_target("python", 2)
 
 
+async def test_take_during_a_refill_gets_one_of_the_batch(mgr: CpuManager) -> None:
+    """A take that finds the pool empty while a refill batch is in flight gets a sandbox of that
+    batch (no cold spawn of its own); a take cancelled meanwhile leaves nothing behind."""
+    pool = mgr._pool
+    assert pool is not None
+    taken = []
+    mgr.set_warm_target("python", 6)
+    try:
+        for _ in range(400):
+            while pool.ready:
+                taken.append(pool.ready.popleft())
+            if pool._filling:
+                break
+            pool._wake.set()
+            await asyncio.sleep(0.005)
+        assert pool._filling and not pool.ready
+        cold_task = pool._cold_task
+        first = asyncio.create_task(pool.take())
+        second = asyncio.create_task(pool.take())
+        await asyncio.sleep(0)
+        second.cancel()
+        sb = await first
+        assert pool._cold_task is cold_task  # no cold spawn was asked for
+        assert not sb.dead and sb.slot is not None and sb in pool.live
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert not pool._takers
+        taken.append(sb)
+    finally:
+        for sb in taken:
+            pool.release(sb)
+        mgr.set_warm_target("python", 2)
+    r = await mgr.run(action("print(1)"), allot())
+    assert r.status == "Success", r.to_dict()
+
+
 async def test_each_action_gets_a_fresh_sandbox(mgr: CpuManager) -> None:
     code = "import os\nprint(os.listdir('.'), os.listdir('/tmp'))\nopen('/tmp/mark','w').write('x')"
     r1 = await mgr.run(action(code), allot())
@@ -193,6 +229,23 @@ async def test_each_action_gets_a_fresh_sandbox(mgr: CpuManager) -> None:
     await asyncio.sleep(0.2)
     assert not os.path.exists(f"/proc/{pod_pid(r1)}") and not os.path.exists(f"/proc/{pod_pid(r2)}")
     assert sorted(os.listdir(mgr.config.work_root)) == ["rootfs"]
+
+
+async def test_fork_server_binds_eagerly_and_actions_do_not_see_it(mgr: CpuManager) -> None:
+    """The fork server runs with LD_BIND_NOW (its sandboxes never enter the dynamic linker's
+    lazy binding), and no action's environment (Python's os.environ, a program it starts, a
+    non-Python action) carries the variable."""
+    zygote = mgr._zygote
+    assert zygote is not None
+    with open(f"/proc/{zygote.proc.pid}/environ", "rb") as f:
+        assert b"LD_BIND_NOW=1" in f.read().split(b"\0")
+    code = ("import os, subprocess\nprint(os.environ.get('LD_BIND_NOW'))\n"
+            "print(subprocess.run(['sh', '-c', 'echo ${LD_BIND_NOW-unset}'], capture_output=True,"
+            " text=True).stdout.strip())\n")
+    r = await mgr.run(action(code), allot())
+    assert r.run_result is not None and r.run_result.stdout == "None\nunset\n", r.to_dict()
+    r = await mgr.run(action("echo ${LD_BIND_NOW-unset}", language="bash"), allot())
+    assert r.run_result is not None and r.run_result.stdout == "unset\n", r.to_dict()
 
 
 async def test_burst_beyond_the_warm_pool_gets_fresh_sandboxes(mgr: CpuManager) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
@@ -124,6 +125,43 @@ async def _json_body(request: Request) -> Any:
         raise InvalidAction("body", f"not valid JSON: {exc}") from None
 
 
+class TangramApp(FastAPI):
+    """FastAPI whose ``POST /run_code`` requests go first to ``fast`` (when set): the `/run_code`
+    fast path inside its own `GuardMiddleware`, in front of FastAPI's and Starlette's layers.
+
+    For such a request those layers only pass it on, unless FastAPI's own telemetry is on or a
+    root path is set (then the request takes the full stack, where the same fast path sits
+    inside the guard middleware); the one answer of theirs the fast path could need,
+    ServerErrorMiddleware's plain 500 for a bug, it gives itself. What it does not serve it
+    hands, body replayed, to the full stack, whose guard checks it again (same verdict).
+    """
+
+    fast: Any = None
+    _telemetry_until = -1.0  # FastAPI's telemetry was seen off; asked again after this time
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        fast = self.fast
+        if (fast is not None and scope.get("path") == "/run_code" and scope["type"] == "http"
+                and scope.get("method") == "POST" and not self.root_path
+                and not self._telemetry_on()):
+            await fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def _telemetry_on(self) -> bool:
+        """FastAPI's own telemetry is on (a global OpenTelemetry provider is set). Asking costs
+        more than the rest of the fast path's dispatch, so an "off" holds for up to a second
+        (providers are set once, at start-up); an "on" is asked again every time."""
+        now = time.monotonic()
+        if now < self._telemetry_until:
+            return False
+        tel = getattr(self, "_native_telemetry", None)  # (FastAPI >= 0.16x)
+        if tel is not None and tel.enabled():
+            return True
+        self._telemetry_until = now + 1.0
+        return False
+
+
 def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = False,
                fast_paths: bool = True) -> FastAPI:
     """The ASGI app over ``engine``. With ``manage_engine`` its lifespan starts and closes it.
@@ -142,8 +180,8 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
             if manage_engine:
                 await engine.aclose(grace_s=2.0)
 
-    app = FastAPI(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
-                  description="Action-level external-resource orchestration for agentic RL.")
+    app = TangramApp(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
+                     description="Action-level external-resource orchestration for agentic RL.")
     svc = Service(engine, config)
     app.state.service = svc
     app.state.registry = metrics.make_registry(engine)
@@ -158,6 +196,15 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
         app.add_middleware(FastRunCode, run_code=run_code, error_response=error_response)
     app.add_middleware(GuardMiddleware, token=config.token,
                        max_body_bytes=config.limits.max_body_bytes)
+    if fast_paths:  # the same again, in front of FastAPI's layers (see TangramApp)
+
+        async def full_stack(scope: Any, receive: Any, send: Any) -> None:
+            await FastAPI.__call__(app, scope, receive, send)
+
+        app.fast = GuardMiddleware(
+            FastRunCode(full_stack, run_code=run_code, error_response=error_response,
+                        outermost=True),
+            token=config.token, max_body_bytes=config.limits.max_body_bytes)
     return app
 
 

@@ -7,6 +7,11 @@ headers, same error mapping via `error_response`). Anything else (another route,
 content type, a body that does not parse or validate, a mounted app) is handed, with its body
 replayed unchanged, to the FastAPI app, whose answers (422 naming the field, ...) therefore stay
 the only ones for bad input. It runs inside `GuardMiddleware`, so token and body limit apply first.
+
+With ``outermost`` it stands in front of FastAPI altogether (`app.TangramApp`): then it also
+does what Starlette's ServerErrorMiddleware would do for it, a plain-text 500 for an exception
+no handler maps (a bug), and the exception goes on to the server, which logs it; a request it
+hands on is marked, so that the instance inside FastAPI's stack passes it straight through.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.responses import PlainTextResponse
 
 from .middleware import BodyTooLarge
 from .schemas import RunCodeRequest
@@ -29,6 +35,7 @@ ErrorResponse = Callable[[BaseException], Any]  # an exception -> a starlette Re
 _JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8",
                          b"application/json;charset=utf-8"})
 _HEADERS_TAIL = (b"content-type", b"application/json")
+_HANDED_ON = "tangram.fastpath.handed_on"  # scope key: an outer fast path passed this on
 
 
 def encode(body: Any) -> bytes:
@@ -40,13 +47,15 @@ def encode(body: Any) -> bytes:
 class FastRunCode:
     """ASGI middleware: serves valid ``POST /run_code`` itself, passes everything else on."""
 
-    def __init__(self, app: Any, *, run_code: RunCode, error_response: ErrorResponse) -> None:
+    def __init__(self, app: Any, *, run_code: RunCode, error_response: ErrorResponse,
+                 outermost: bool = False) -> None:
         self.app, self.run_code, self.error_response = app, run_code, error_response
+        self.outermost = outermost
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["path"] != "/run_code" or scope["method"] != "POST"
-                or scope.get("root_path")):
-            await self.app(scope, receive, send)
+                or scope.get("root_path") or _HANDED_ON in scope):
+            await self._hand_on(scope, receive, send)
             return
         try:
             raw, more = await _read_body(receive)
@@ -57,20 +66,37 @@ class FastRunCode:
             return  # the client went away before sending its body
         req = _parse(scope, raw)
         if req is None:
-            await self.app(scope, _replay(raw, receive), send)
+            await self._hand_on(scope, _replay(raw, receive), send)
             return
         try:
             out = await self.run_code(req)
         except Exception as exc:
             resp = self.error_response(exc)
             if resp is None:
+                await self._server_error(scope, receive, send)
                 raise
             await resp(scope, receive, send)
             return
-        data = encode(out)
+        try:
+            data = encode(out)
+        except Exception:
+            await self._server_error(scope, receive, send)
+            raise
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", str(len(data)).encode()), _HEADERS_TAIL]})
         await send({"type": "http.response.body", "body": data})
+
+    async def _hand_on(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.outermost:
+            scope[_HANDED_ON] = True
+        await self.app(scope, receive, send)
+
+    async def _server_error(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ServerErrorMiddleware's answer to a bug (nothing has been sent yet), when it is not
+        in front of us to give it."""
+        if self.outermost:
+            resp: Any = PlainTextResponse("Internal Server Error", status_code=500)
+            await resp(scope, receive, send)
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool | None]:

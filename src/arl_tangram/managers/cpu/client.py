@@ -180,8 +180,10 @@ class Zygote:
                 os.close(fd)
             fut.set_result(BrokenError(f"sandbox spawn failed: {reply.get('error')}"))
             return
-        # adopted at once, in order: its exit report (a later message) always finds it
-        fut.set_result(self.adopt(int(reply["pid"]), socket.socket(fileno=fds[0]), fds[1:]))
+        # adopted at once, in order: its exit report (a later message) always finds it. (The
+        # fork server's end of a sandbox's socketpair: named, so that Python need not ask.)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fds[0])
+        fut.set_result(self.adopt(int(reply["pid"]), sock, fds[1:]))
 
     def _fail(self, e: BaseException) -> None:
         if self._loop is not None:

@@ -8,8 +8,9 @@ direct sandbox, the fork server reaped its init) *and* released, and the cgroup 
 the limits a reused slot keeps are rewritten where the next sandbox's differ, its counters
 always reset. All I/O is non-blocking and driven by the event loop's reader callbacks (no thread
 hop, no per-action task); replenishing runs off the critical path, and sandboxes asked for at
-once (cold takes) are forked together. Everything here must be used from the one event-loop
-thread.
+once (cold takes) are forked together; a take that finds the pool empty while a refill batch is
+in flight gets one of that batch (it comes first). Everything here must be used from the one
+event-loop thread.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ MAX_BATCH = 64  # sandboxes per fork-server request (the fork server serves no m
 WARM_RATE_PER_CORE = 100.0
 KEEP_MEMORY_MIN = 64 << 20  # a reused slot's memory limit at least this big is kept (`_place`)
 _REFILL_DELAY_S = 0.002  # after a release, the refill waits this long (see `release`)
+FILL_PIPELINE = 2  # refill batches in flight at once (`WarmPool._fill_loop`)
 
 
 @dataclass(slots=True, eq=False)
@@ -109,6 +111,10 @@ class WarmPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._cold: list[asyncio.Future[Sandbox | BaseException]] = []  # waiting for a spawn
         self._cold_task: asyncio.Task[None] | None = None
+        # takes waiting for the refill batch in flight (`take`), and how many it brings
+        self._takers: collections.deque[asyncio.Future[Sandbox | None]] = collections.deque()
+        self._filling = 0  # sandboxes in refill batches in flight
+        self._backoff = False  # a refill came short: the next waits a little
         self.spawn_s = 0.005  # running estimate of one spawn's latency
         self.warm_rate_max = WARM_RATE_PER_CORE * (os.cpu_count() or 1)
         self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
@@ -279,7 +285,42 @@ class WarmPool:
             sb = self.ready.popleft()
             if not sb.dead:
                 return sb
+        if self._filling > len(self._takers):
+            # A refill batch is on its way: one of it comes sooner than a sandbox spawned now
+            # would (the fork server and the cgroup thread serve in order), at no extra cost.
+            got = await self._wait_for_refill()
+            if got is not None:
+                return got
+            if self.closed:
+                raise ClosedError("the CPU manager is closed")
         return await self.spawn()  # cold: the init forks the child itself, in the slot
+
+    async def _wait_for_refill(self) -> Sandbox | None:
+        """A sandbox of the refill batch in flight; None when the batch came short."""
+        fut: asyncio.Future[Sandbox | None] = self.loop.create_future()
+        self._takers.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:  # handed one just as the taker was cancelled: keep it
+            if fut.done() and not fut.cancelled() and (sb := fut.result()) is not None:
+                self.ready.appendleft(sb)
+            raise
+
+    def _hand_out(self, sbs: list[Sandbox]) -> None:
+        """A refill's sandboxes: to the takes waiting for them first, the rest to the pool.
+        Takes still waiting once no batch is in flight spawn their own (`take`)."""
+        for sb in sbs:
+            while self._takers and self._takers[0].done():
+                self._takers.popleft()  # (cancelled)
+            if self._takers:
+                self._takers.popleft().set_result(sb)
+            else:
+                self.ready.append(sb)
+        if not self._filling:
+            while self._takers:
+                fut = self._takers.popleft()
+                if not fut.done():
+                    fut.set_result(None)
 
     def release(self, sb: Sandbox) -> None:
         sb.kill()
@@ -331,32 +372,61 @@ class WarmPool:
     def _deficit(self) -> int:
         """How many to spawn now. Refills come in batches (while at least half the target is
         ready, wait until a batch of 4 is missing): one batch shares one cgroup-move grace
-        period and disturbs one action in flight rather than one per spawn disturbing each."""
-        target, ready = self.target(), len(self.ready)
+        period and disturbs one action in flight rather than one per spawn disturbing each.
+        Sandboxes of batches in flight that no take waits for count as ready."""
+        target = self.target()
+        ready = len(self.ready) + self._filling - len(self._takers)  # (coming, not yet claimed)
         missing = target - ready
         if missing <= 0:
             return 0
         return missing if 2 * ready <= target or missing >= min(4, target) else 0
 
     async def _fill_loop(self) -> None:
-        while not self.closed:
-            self._wake.clear()
-            while not self.closed and self._deficit() > 0:
-                n = min(8, self._deficit())  # a batch of spawns in flight
-                # warm them only while the pool holds up (drained, they are taken at once) and
-                # actions come slowly enough that the CPU warming takes is spare
-                warm = 2 * len(self.ready) >= n and self.rate() < self.warm_rate_max
-                got = await self.spawn_many(n, prepare=True, warm=warm)
-                ok = [sb for sb in got if isinstance(sb, Sandbox)]
-                self.ready.extend(ok)
-                if len(ok) < n:
-                    await asyncio.sleep(0.05)
-                    break
-            while len(self.ready) > self.target():
-                self.release(self.ready.pop())
-            with contextlib.suppress(TimeoutError):  # (not wait_for: in 3.11 it can swallow a
-                async with asyncio.timeout(0.5):  # cancellation, and the loop would never end)
-                    await self._wake.wait()
+        """Keeps up to `FILL_PIPELINE` refill batches in flight: the fork server forks one while
+        the cgroup thread places the one before (each stage also waits: fork replies, RCU)."""
+        batches: set[asyncio.Task[None]] = set()
+        try:
+            while not self.closed:
+                self._wake.clear()
+                while (not self.closed and not self._backoff and len(batches) < FILL_PIPELINE
+                       and self._deficit() > 0):
+                    n = min(8, self._deficit())  # a batch of spawns in flight
+                    # warm them only while the pool holds up (drained, they are taken at once)
+                    # and actions come slowly enough that the CPU warming takes is spare
+                    warm = 2 * len(self.ready) >= n and self.rate() < self.warm_rate_max
+                    self._filling += n
+                    t = self.loop.create_task(self._refill(n, warm))
+                    batches.add(t)
+                    t.add_done_callback(batches.discard)
+                if not batches:
+                    while len(self.ready) > self.target():
+                        self.release(self.ready.pop())
+                with contextlib.suppress(TimeoutError):  # (not wait_for: in 3.11 it can swallow
+                    async with asyncio.timeout(0.5):  # a cancellation: the loop would not end)
+                        await self._wake.wait()
+        finally:
+            for t in batches:
+                t.cancel()
+            if batches:
+                await asyncio.gather(*batches, return_exceptions=True)
+
+    async def _refill(self, n: int, warm: bool) -> None:
+        """One refill batch: to waiting takes, then to the pool; a short one pauses refills."""
+        try:
+            got: list[Any] = await self.spawn_many(n, prepare=True, warm=warm)
+        except Exception as e:  # (the fork server is gone, ...): as if none came
+            got = [e]
+        finally:
+            self._filling -= n
+        ok = [sb for sb in got if isinstance(sb, Sandbox)]
+        self._hand_out(ok)
+        if len(ok) < n:
+            self._backoff = True
+            try:
+                await asyncio.sleep(0.05)
+            finally:
+                self._backoff = False
+        self._wake.set()
 
     async def aclose(self) -> None:
         self.closed = True
@@ -371,6 +441,7 @@ class WarmPool:
                     await t
         for f in self._cold:
             f.cancel()
+        self._hand_out([])  # (takes waiting for a refill: the pool is closed)
         for sb in list(self.live):
             self.release(sb)
         self.ready.clear()
