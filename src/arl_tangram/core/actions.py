@@ -33,7 +33,10 @@ class ActionKind(enum.StrEnum):
 
     @property
     def uses_model(self) -> bool:
-        return self in (ActionKind.REWARD, ActionKind.JUDGE)
+        return self in _MODEL_KINDS  # (a module tuple: reading members off the class is slow)
+
+
+_MODEL_KINDS = (ActionKind.REWARD, ActionKind.JUDGE)
 
 
 class Status(enum.IntEnum):
