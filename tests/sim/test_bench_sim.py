@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-from types import ModuleType
-
 from arl_tangram.core import commands as C
 from arl_tangram.core import events as E
 from arl_tangram.core.actions import ActionResult, ActionSpec, Status
 from arl_tangram.core.resources import Resources
 
-
-def _load() -> ModuleType:
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim.py"
-    spec = importlib.util.spec_from_file_location("bench_sim", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from .benchmark_module import load_benchmark
 
 
 def test_null_scheduler_commands_equal_the_plain_dataclasses() -> None:
-    s = _load().NullScheduler("n0")
+    s = load_benchmark("bench_sim").NullScheduler("n0")
     a = ActionSpec("t#0", demand=Resources(cpu=1, memory_mb=512))
     (start,) = s.handle(E.ActionArrived(1.0, a))
     assert type(start) is C.StartAction and start == C.StartAction(a, "n0", a.demand, warm=False)

@@ -3,26 +3,18 @@ checks clean on a second run (the streams are deterministic), and a difference i
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-from types import ModuleType
 
 import pytest
+
+from .benchmark_module import load_benchmark
 
 ARGS = ["--only", "code-rl", "--cycles", "0"]  # the smallest workload, every policy: ~1 s
 
 
-def _load() -> ModuleType:
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "golden_streams.py"
-    spec = importlib.util.spec_from_file_location("golden_streams", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_record_check_and_a_difference(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    gs = _load()
+    gs = load_benchmark("golden_streams")
     record = tmp_path / "golden.txt"
     assert gs.main(["--record", str(record), *ARGS]) == 0
     lines = record.read_text().splitlines()

@@ -1,0 +1,17 @@
+"""Load a program of `benchmarks/` (not a package) as a module, for the tests that check it."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from types import ModuleType
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py``, imported afresh."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
