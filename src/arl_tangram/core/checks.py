@@ -70,7 +70,7 @@ def _check_actions(core: Core) -> None:
     _check(core.arrived == core.delivered + len(core.actions), "one-deliver-each",
            f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.actions)}")
     live: dict[object, int] = {}
-    entries = {(e[4], e[3], key) for key, q in core.queues.items() for e in q}
+    entries = {(e[3], e[2], key) for key, q in core.queues.items() for e in q}
     for aid, rec in core.actions.items():
         _check(not rec.status.is_finished, "live-not-finished", f"{aid} is {rec.status.name}")
         _check(rec.status is not S.PENDING, "no-pending-after-handle", aid)

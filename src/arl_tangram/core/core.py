@@ -36,7 +36,7 @@ from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
 from .placement import PlacementMixin
 from .policies import POLICY_TABLE
-from .records import ActionRecord, NodeState, SessionRecord
+from .records import _EDGES, ActionRecord, NodeState, SessionRecord
 from .resources import Resources
 from .scheduling import SchedulingMixin
 from .view import CoreView
@@ -101,10 +101,19 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
         t = type(event)
-        got = self._dispatch.get(t)
-        if got is None:
-            raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
-        handler, cause = got
+        handler: Callable[[Any, Any], None]
+        if t is _FINISHED:  # the two frequent types: handler and `cause(event)` without lookups
+            handler = _ON_FINISHED
+            self._cause = f"ActionFinished:{event.action_id}"  # type: ignore[attr-defined]
+        elif t is _ARRIVED:
+            handler = _ON_ARRIVED
+            self._cause = f"ActionArrived:{event.action.id}"  # type: ignore[attr-defined]
+        else:
+            got = self._dispatch.get(t)
+            if got is None:
+                raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
+            handler, cause = got
+            self._cause = cause(event)
         now = event.time
         if now > self.now:
             self.now = now
@@ -112,12 +121,6 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         self._out = out
         if self._starts:
             self._starts = {}
-        if t is _FINISHED:  # `cause(event)` of the two frequent types, without the call
-            self._cause = f"ActionFinished:{event.action_id}"  # type: ignore[attr-defined]
-        elif t is _ARRIVED:
-            self._cause = f"ActionArrived:{event.action.id}"  # type: ignore[attr-defined]
-        else:
-            self._cause = cause(event)
         if not self._booted:
             self._boot_models()
         handler(self, event)
@@ -144,6 +147,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             dirty.clear()
         if touched:
             touched.clear()
+        if self.index._held is not None:
+            self.index.flush()
         self._out = []
         return out
 
@@ -172,14 +177,15 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if old is not None:
             old.note(e.time, "duplicate arrival ignored", spec.id)
             return
-        self.history.pop(spec.id, None)
+        if spec.id in self.history:  # (`pop(spec.id, None)` without the call on a miss)
+            del self.history[spec.id]
         self.seq += 1
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
         self.actions[spec.id] = rec
-        rec.story += (e.time, "arrived", None, spec.id)  # rec.note(e.time, "arrived", spec.id)
+        rec.story = arrived = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
         if (spec.session is None and not self._partitioned and not rec.is_model
-                and self._possible.get(rec.shape)):
+                and self._possible.get(rec.skey)):
             reason = ""  # `_impossible`'s answer, known for this shape
         else:
             reason = self._impossible(rec)
@@ -197,7 +203,11 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if self._warm_pools and spec.session is None and not rec.is_model:
             rc, k = self.rate_counts, rec.wkey  # `self._count_arrival(rec)`, inlined
             rc[k] = rc.get(k, 0) + 1
-        rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)  # rec.move(_QUEUED, e.time, spec.id)
+        # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
+        if rec.story is arrived:
+            rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
+        else:
+            rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)
         rec.status = _QUEUED  # (PENDING -> QUEUED: a legal edge, as `move` checks)
         self._enqueue(rec)
 
@@ -251,13 +261,28 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
-        rec.move(status, self.now, self._cause)
-        self._deliver(rec, status, output, reason)
+        if _EDGES[st][status] is None:  # `rec.move(status, self.now, self._cause)`, inlined
+            rec.move(status, self.now, self._cause)  # (raises IllegalTransition)
+        now, cause = self.now, self._cause
+        rec.story += (now, st._value_, status._value_, cause)
+        rec.status = status
+        aid = rec.spec.id  # `self._deliver(rec, status, output, reason)`, inlined
+        res = make_result(aid, status, rec.submit_time, rec.start_time, now, rec.node,
+                          rec.allotment, output, reason, rec.attempts)
+        self._out.append(make_deliver(res, cause))
+        self.delivered += 1
+        term = self.terminal
+        term[status] = term.get(status, 0) + 1
+        del self.actions[aid]
+        hist = self.history
+        hist[aid] = rec
+        if len(hist) > self.config.history:
+            hist.popitem(last=False)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
+        """Deliver a finished action (ActionResult in a Deliver, built field by field: build.py)
+        and forget it, bar the history. (`_end` has this inlined.)"""
         aid = rec.spec.id
-        # ActionResult(id, status, submit_time, start_time, finish_time, node, allotment,
-        # output, reason, attempts) and Deliver(result, cause), built field by field (build.py)
         res = make_result(aid, status, rec.submit_time, rec.start_time, self.now, rec.node,
                           rec.allotment, output, reason, rec.attempts)
         self._out.append(make_deliver(res, self._cause))
@@ -278,11 +303,17 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if node is None or alloc is None or aid not in node.running:
             return
         node.running.discard(aid)
-        node.give(alloc)
+        used, free, cap = node.used, node.free, node.cap  # `node.give(alloc)`, inlined
+        for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
+            u = used.get(k, 0.0) - v
+            if u < 1e-9:
+                u = 0.0
+            used[k] = u
+            free[k] = cap.get(k, 0.0) - u
         if rec.partition is not None:
             self._part_release(rec)
-        if node.alive:
-            self.index.update(node.name, node.free)
+        if node.alive:  # (held: the pass that follows usually fills the node again)
+            self.index.hold(node.name, node.free)
             self._dirty.add(node.name)
 
     def _requeue_or_lose(self, rec: ActionRecord, reason: str) -> None:
@@ -433,7 +464,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             return self._model_impossible(spec)
         demand = spec.demand
         if spec.session is None and not self.policy.partitioned:
-            return "" if self._fits_some_node(demand, rec.shape) else self._too_big(demand)
+            return "" if self._fits_some_node(demand, rec.skey) else self._too_big(demand)
         if self.policy.partitioned and spec.session is None:
             demand = demand.with_amount("cpu", 0.0)  # partitions run it at their CPU quota
         sid = spec.session
@@ -455,6 +486,9 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         return f"no node can ever satisfy demand {demand} (largest capacities {self._largest()})"
 
 
+# (`handle`'s shortcut for the two frequent types)
+_ON_ARRIVED: Callable[[Any, Any], None] = Core._on_arrived
+_ON_FINISHED: Callable[[Any, Any], None] = Core._on_finished
 Core._dispatch.update({
     t: (h, _CAUSE_FN.get(t, _cause_of))
     for t, h in (

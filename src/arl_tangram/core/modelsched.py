@@ -383,7 +383,7 @@ class ModelMixin:
         for key in list(self.shape_keys):
             needs = gpu_shape.get(key)
             if needs is None:
-                needs = gpu_shape[key] = any(d == "gpu" and v > 0 for d, v in key[1])
+                needs = gpu_shape[key] = any(d == "gpu" and v > 0 for d, v in key.shape)
             if not needs:
                 continue
             got = self._head(key)

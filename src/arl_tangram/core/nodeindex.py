@@ -4,6 +4,14 @@ Invariant: every alive node is in exactly one bucket, the one of ``level(free cp
 is the sorted list of non-empty bucket levels. A node with free cpu ``f`` sits in bucket
 ``floor(f * RES)``, so a demand of ``d`` cpu can only fit in buckets ``>= floor(d * RES)``.
 The index is updated by the core after every change of a node's free capacity (`update`).
+
+One node's bucket move may be *held* (`hold`): the core releases an action's allotment and, in
+the same event, usually starts the next action on that node, which moves it back. A held node
+stays in its bucket until `flush`, which puts it where the moves it held would have put it (at
+the end of its final bucket, when any of them changed its level). Any update of another node,
+`remove`, and every read (`from_level`, `max_level`; the core flushes before it scans `levels`
+and `_buckets` itself, and at the end of each event) flush first, so what a reader sees, order
+within buckets included, is exactly what updating at once would have given.
 """
 
 from __future__ import annotations
@@ -23,12 +31,15 @@ def level(free_cpu: float) -> int:
 class FreeIndex:
     """Buckets of node names keyed by their free-cpu level."""
 
-    __slots__ = ("_buckets", "_level", "levels")
+    __slots__ = ("_buckets", "_held", "_held_level", "_held_moved", "_level", "levels")
 
     def __init__(self) -> None:
         self._buckets: dict[int, dict[str, None]] = {}  # insertion-ordered sets
-        self._level: dict[str, int] = {}
+        self._level: dict[str, int] = {}  # (a held node: the level of the bucket it is in)
         self.levels: list[int] = []
+        self._held: str | None = None  # the node whose move is held (`hold`), if any
+        self._held_level = 0  # its level as of the last update
+        self._held_moved = False  # whether an update it held changed its level
 
     def __contains__(self, name: str) -> bool:
         return name in self._level
@@ -39,6 +50,14 @@ class FreeIndex:
     def update(self, name: str, free: dict[str, float]) -> None:
         f = free.get(CPU, 0.0)
         new = int(f * RES + 1e-9) if f > 0 else 0  # level(f), inlined: a hot path
+        held = self._held
+        if held is not None:
+            if held == name:  # held on: only note the level
+                if new != self._held_level:
+                    self._held_level = new
+                    self._held_moved = True
+                return
+            self.flush()
         lv = self._level
         old = lv.get(name)
         if old == new:
@@ -57,7 +76,49 @@ class FreeIndex:
             bisect.insort(self.levels, new)
         b[name] = None
 
+    def hold(self, name: str, free: dict[str, float]) -> None:
+        """`update`, with the bucket move put off until `flush` (see the module docstring)."""
+        held = self._held
+        if held != name:
+            if held is not None:
+                self.flush()
+            old = self._level.get(name)
+            if old is None:  # not indexed: nothing to hold
+                self.update(name, free)
+                return
+            self._held, self._held_level, self._held_moved = name, old, False
+        f = free.get(CPU, 0.0)
+        new = int(f * RES + 1e-9) if f > 0 else 0
+        if new != self._held_level:
+            self._held_level = new
+            self._held_moved = True
+
+    def flush(self) -> None:
+        """Carry out the held node's move, if any update it held changed its level."""
+        name = self._held
+        if name is None:
+            return
+        self._held = None
+        if not self._held_moved:
+            return
+        new = self._held_level
+        old = self._level[name]
+        buckets, levels = self._buckets, self.levels
+        ob = buckets[old]  # (to the end of its bucket even when back at its old level)
+        del ob[name]
+        if not ob:
+            del buckets[old]
+            del levels[bisect.bisect_left(levels, old)]
+        self._level[name] = new
+        b = buckets.get(new)
+        if b is None:
+            b = buckets[new] = {}
+            bisect.insort(levels, new)
+        b[name] = None
+
     def remove(self, name: str) -> None:
+        if self._held is not None:
+            self.flush()
         old = self._level.pop(name, None)
         if old is not None:
             self._drop(name, old)
@@ -71,6 +132,8 @@ class FreeIndex:
 
     def from_level(self, cpu: float) -> Iterator[str]:
         """Nodes whose free cpu may cover ``cpu``, fullest (least free) first."""
+        if self._held is not None:
+            self.flush()
         levels = self.levels
         i = bisect.bisect_left(levels, level(cpu))
         buckets = self._buckets
@@ -80,4 +143,6 @@ class FreeIndex:
                 yield from b  # callers do not update the index while iterating
 
     def max_level(self) -> int:
+        if self._held is not None:
+            self.flush()
         return self.levels[-1] if self.levels else -1

@@ -18,7 +18,7 @@ from .actions import Status
 from .build import make_start
 from .fit import _best_warm2, _fit_leftover, _scan_index2
 from .nodeindex import RES
-from .records import ActionRecord, NodeState, SessionRecord
+from .records import ActionRecord, NodeState, SessionRecord, ShapeKey
 from .resources import CPU, Resources
 
 if TYPE_CHECKING:
@@ -35,15 +35,14 @@ class PlacementMixin:
     _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
 
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
-        kind = key[0]
         spec = rec.spec
-        if kind == "shape":
+        if type(key) is ShapeKey:
             node = self._find_node(rec)
             if node is None:
                 return False
             self._start(rec, node, spec.demand, self._take_warm(node, rec.wkey) if node.warm else False)
             return True
-        if kind == "part":
+        if key[0] == "part":
             return self._place_in_partition(rec, None)
         sess = self.sessions.get(key[1])
         if sess is None or sess.node is None:
@@ -121,6 +120,7 @@ class PlacementMixin:
         el = spec.elasticity
         if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
             self._grow.add(node.name)
+            self._elastic_nodes.add(node.name)  # (elastic.py: where expansion can look)
 
     def _find_node(self: Core, rec: ActionRecord) -> NodeState | None:
         """Best fit (least leftover dominant share) among the first few nodes that fit,
@@ -154,6 +154,8 @@ class PlacementMixin:
             if best is not None:
                 return best
         index = self.index
+        if index._held is not None:
+            index.flush()
         levels = index.levels
         cpu = rec.cpu
         lvl = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
@@ -185,6 +187,7 @@ class PlacementMixin:
     def _reserve(self: Core, rec: ActionRecord) -> None:
         """Hold the node closest to fitting an aged, blocked action for it alone."""
         demand = rec.spec.demand
+        self.index.flush()
         for lvl in reversed(self.index.levels):
             for name in self.index._buckets[lvl]:
                 node = self.nodes[name]
@@ -221,6 +224,7 @@ class PlacementMixin:
                 if node.alive and node.fits(sess.demand + rec.spec.demand.with_amount(CPU, 0)):
                     return node
         need = sess.demand + (rec.spec.demand if rec is not None else Resources())
+        self.index.flush()
         for lvl in reversed(self.index.levels):
             for name in self.index._buckets[lvl]:
                 node = self.nodes[name]
@@ -255,7 +259,7 @@ class PlacementMixin:
                         ref[k] = v
         return ref
 
-    def _fits_some_node(self: Core, demand: Resources, key: tuple) -> bool:
+    def _fits_some_node(self: Core, demand: Resources, key: object) -> bool:
         ok = self._possible.get(key)
         if ok is None:
             ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())

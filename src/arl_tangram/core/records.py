@@ -23,10 +23,33 @@ from .resources import CPU, GPU_MEMORY_MB, Resources
 S = Status
 _MODEL_KINDS = frozenset(k for k in ActionKind if k.uses_model)
 _MODEL_KINDS_T = tuple(_MODEL_KINDS)
-# demand items as stored -> ("shape", the same items sorted, cpu) (`ActionRecord.skey`): one
-# shared tuple per shape, so records do not each keep a copy (fewer objects for the garbage
-# collector to scan, and equal keys are the same object)
-_SHAPES: dict[tuple[tuple[str, float], ...], tuple[str, tuple[tuple[str, float], ...], float]] = {}  # (`in` a tuple tests identity first: no enum hashing)
+
+
+class ShapeKey(str):
+    """The key of a demand shape's shared-pool queue (`ActionRecord.skey`): ``"shape"`` and the
+    demand's items, sorted, as text -- a str, because a str computes its hash once, where a
+    tuple of floats rehashes them at every dict and set operation (a queue key is looked up
+    several times per action). ``shape`` holds the sorted items, ``cpu`` their CPU amount.
+    Equal shapes give equal keys, and records share one key object per shape (`_SHAPES`).
+    The other queue keys are tuples ``(kind, name)``; tell a shape key by its type."""
+
+    shape: tuple[tuple[str, float], ...]
+    cpu: float
+
+
+def _make_shape_key(items: tuple[tuple[str, float], ...]) -> ShapeKey:
+    shape = tuple(sorted(items))
+    key = ShapeKey("shape" + repr(shape))  # (a float's repr round-trips: one text per shape)
+    key.shape = shape
+    key.cpu = dict(shape).get(CPU, 0.0)
+    return key
+
+
+# demand items as stored -> their `ShapeKey`: one shared key per shape, so records do not each
+# keep a copy (fewer objects for the garbage collector to scan, and equal keys are the same
+# object)
+_SHAPES: dict[tuple[tuple[str, float], ...], ShapeKey] = {}
+# (`in` a tuple tests identity first: no enum hashing)
 _TERMINAL = (S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.REJECTED, S.NODE_LOST)
 
 # (from, to) -> the name of the edge. Anything not listed is illegal.
@@ -110,9 +133,9 @@ class ActionRecord:
         if skey is None:
             if len(_SHAPES) > 4096:
                 _SHAPES.clear()
-            skey = _SHAPES[items] = ("shape", tuple(sorted(items)), d.get(CPU, 0.0))
-        self.skey = skey  # ("shape", shape, its cpu): its shared-pool queue's key
-        self.shape: tuple[tuple[str, float], ...] = skey[1]  # the demand's items, sorted
+            skey = _SHAPES[items] = _make_shape_key(items)
+        self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
+        self.shape: tuple[tuple[str, float], ...] = skey.shape  # the demand's items, sorted
         self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
         # which warm executors it can use: `warm_key(spec)`, inlined
         lang = spec.payload.get("language") if spec.payload else None

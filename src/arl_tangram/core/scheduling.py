@@ -6,10 +6,13 @@ shared pool fits any alive node that is not reserved for an aged action (work co
 and a partition or session queue's head does not fit where it may go.
 
 Where a head goes (node choice, starting it, reservations, warm executors) is `placement.py`.
-Queues are heaps of ``(aged, priority, seq, gen, id)``; ``aged`` is 0 once an action has waited
-``_aging_after`` (aged entries come first, oldest first). Entries go stale lazily (``gen``). Actions
-of the shared pool are queued per *demand shape*, so one pass costs O(shapes + placements),
-never O(pending): a blocked head blocks its whole shape.
+Queues are heaps of ``(rank, seq, gen, id)``: ``rank`` is ``_AGED`` once an action has waited
+``_aging_after`` (aged entries come first, oldest first), else its priority class as an int
+(`_rank`). Ints, not floats, because the heaps compare entries on every push and pop; small
+ones for the usual classes, because CPython shares small int objects and a tuple comparison
+passes over identical items without comparing them. Entries go stale lazily (``gen``). Actions
+of the shared pool are queued per *demand shape* (`ShapeKey`), so one pass costs O(shapes +
+placements), never O(pending): a blocked head blocks its whole shape.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import Status
 from .nodeindex import FreeIndex
-from .records import ActionRecord, NodeState
+from .records import ActionRecord, NodeState, ShapeKey
 from .resources import CPU
 
 if TYPE_CHECKING:
@@ -28,8 +31,14 @@ if TYPE_CHECKING:
 
 S = Status
 _QUEUED = S.QUEUED  # (a module constant: cheaper than S.QUEUED)
-Entry = tuple[int, float, int, int, str]
+Entry = tuple[int, int, int, str]  # (rank, seq, gen, id)
 _SQRT_HALF = math.sqrt(0.5)
+# rank of priority class c (2 * exponent + half-octave bit, >= -2146 for any float > 0) is
+# c + _RANK0 (usual classes, -40..20, give ranks CPython keeps one object each of: -5..256);
+# an expected work of 0 ranks _RANK_NONE (first among the non-aged), an aged entry _AGED
+_RANK0 = 50
+_RANK_NONE = -3000
+_AGED = -4000
 
 
 class SchedulingMixin:
@@ -38,7 +47,7 @@ class SchedulingMixin:
     def _init_scheduling(self: Core) -> None:
         self.queues: dict[Any, list[Entry]] = {}
         self.qlive: dict[Any, int] = {}
-        self.shape_keys: dict[Any, None] = {}  # shared-pool queues with live entries
+        self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
         self.aging_heap: list[tuple[float, int, str]] = []
         self._aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
         self.reserved: dict[str, str] = {}  # node -> aged action it is held for
@@ -66,6 +75,7 @@ class SchedulingMixin:
         self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over
         self._warm_want: dict[str, int] = {}  # key -> warm executors last spread over them
         self._grow: set[str] = set()  # nodes where elastic expansion may look
+        self._elastic_nodes: set[str] = set()  # nodes that may run an elastic action (elastic.py)
 
     # ---- queues ---------------------------------------------------------------------------------
     def _queue_key(self: Core, rec: ActionRecord) -> Any:
@@ -76,27 +86,28 @@ class SchedulingMixin:
             return ("sess", spec.session)
         if rec.partition is not None:
             return ("part", rec.partition)
-        return rec.skey  # ("shape", rec.shape, rec.cpu)
+        return rec.skey  # its shape's `ShapeKey`
 
-    def _priority(self: Core, rec: ActionRecord) -> float:
-        """Expected work x resources held / weight, in half-octave classes (FIFO inside one).
+    def _rank(self: Core, rec: ActionRecord) -> int:
+        """Expected work x resources held / weight, in half-octave classes (FIFO inside one),
+        as a queue entry's rank (> `_AGED`; arrival order alone, rank 1, for unordered policies).
 
         The classes keep actions of one kind in arrival order while their estimates drift a
         little as the estimator learns; only a real difference in size (>= ~1.4x) reorders.
         """
         if not self.policy.ordered:
-            return float(rec.seq)
+            return 1
         if rec.is_model:
             share = 0.0
         else:
-            share = self._shares.get(rec.shape)  # type: ignore[assignment]
+            share = self._shares.get(rec.skey)  # type: ignore[assignment]
             if share is None:
-                share = self._shares[rec.shape] = rec.spec.demand.dominant_share(self._ref())
+                share = self._shares[rec.skey] = rec.spec.demand.dominant_share(self._ref())
         x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
         if x <= 0.0:
-            return -math.inf
+            return _RANK_NONE
         m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
-        return float(2 * e + (m >= _SQRT_HALF))
+        return 2 * e + (m >= _SQRT_HALF) + _RANK0
 
     def _aging_after(self: Core, rec: ActionRecord) -> float:
         """How long ``rec`` may wait before it is served ahead of every non-aged action."""
@@ -116,18 +127,36 @@ class SchedulingMixin:
         aging_after = x if x < hi else hi
         aged = self.now - rec.submit_time >= aging_after
         if aged:
-            entry = (0, float(seq), seq, gen, spec.id)
+            entry = (_AGED, seq, gen, spec.id)
             self._aged_pushes += 1
-        else:
-            entry = (1, self._priority(rec), seq, gen, spec.id)
+        else:  # `self._rank(rec)`, inlined where the share is known
+            if not self.policy.ordered:
+                rank = 1
+            elif shared and (share := self._shares.get(key)) is not None:
+                x = rec.est * (1e-3 if share < 1e-3 else share) / spec.weight
+                if x <= 0.0:
+                    rank = _RANK_NONE
+                else:
+                    m, ex = math.frexp(x)
+                    rank = 2 * ex + (m >= _SQRT_HALF) + _RANK0
+            else:
+                rank = self._rank(rec)
+            entry = (rank, seq, gen, spec.id)
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = []
         heapq.heappush(q, entry)
         qlive = self.qlive
-        qlive[key] = qlive.get(key, 0) + 1
+        before = qlive.get(key, 0)
+        qlive[key] = before + 1
+        look = True
         if shared:
-            self.shape_keys[key] = None
+            self.shape_keys[key] = rec.cpu
+            # With a live action of this shape queued, the last pass left the queue's head
+            # blocked: no alive node outside the reservations fits the shape (work
+            # conservation). With no capacity freed since (nothing dirty), a non-aged action of
+            # the shape is blocked too, head or not: the queue needs no look.
+            look = not before or aged or bool(self._dirty)
         elif key[0] == "sess" and rec.partition is not None:
             self.part_sess.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
@@ -135,11 +164,13 @@ class SchedulingMixin:
         # Every head is blocked after a pass; an entry that does not become the head cannot
         # change that, so only a new head makes its queue worth a look.
         e0 = q[0]
-        if e0 is entry:  # fresh, so the head (`_head` would return it)
+        if not look:
+            pass  # (see above)
+        elif e0 is entry:  # fresh, so the head (`_head` would return it)
             self._touched.add(key)
         else:
-            r0 = self.actions.get(e0[4])
-            if r0 is None or r0.gen != e0[3] or r0.queue_key != key:  # stale head: `_head` pops
+            r0 = self.actions.get(e0[3])
+            if r0 is None or r0.gen != e0[2] or r0.queue_key != key:  # stale head: `_head` pops
                 got = self._head(key)
                 if got is not None and got[1] is entry:
                     self._touched.add(key)
@@ -166,8 +197,8 @@ class SchedulingMixin:
         actions = self.actions
         while q:
             e = q[0]
-            rec = actions.get(e[4])
-            if rec is not None and rec.gen == e[3] and rec.queue_key == key:
+            rec = actions.get(e[3])
+            if rec is not None and rec.gen == e[2] and rec.queue_key == key:
                 return rec, e
             heapq.heappop(q)
         return None
@@ -181,7 +212,7 @@ class SchedulingMixin:
                 continue
             key = rec.queue_key
             rec.gen += 1
-            heapq.heappush(self.queues[key], (0, float(rec.seq), rec.seq, rec.gen, aid))
+            heapq.heappush(self.queues[key], (_AGED, rec.seq, rec.gen, aid))
             self._aged_pushes += 1
             rec.note(now, "aged", "aging")
             self._touched.add(key)
@@ -264,22 +295,22 @@ class SchedulingMixin:
         shared-pool heads not touched by this event are only tried there."""
         touched = self._touched
         head = self._head
-        heap: list[tuple[int, float, int, Any, ActionRecord]] = []
+        heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
         for key in keys:
             got = head(key)
             if got is None:
                 continue
             e = got[1]
-            if (e[0] and local is not None and key[0] == "shape" and got[0].cpu > limit
+            if (e[0] != _AGED and local is not None and type(key) is ShapeKey and got[0].cpu > limit
                     and key not in touched):
                 continue  # more CPU than any freed node has: still blocked (aged heads go on)
-            heap.append((e[0], e[1], e[2], key, got[0]))
+            heap.append((e[0], e[1], key, got[0]))
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
-            aged, _, _, key, rec = heapq.heappop(heap)
-            if local is not None and key[0] == "shape" and key not in touched:
+            aged, _, key, rec = heapq.heappop(heap)
+            if local is not None and type(key) is ShapeKey and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
                 placed = rec.cpu <= limit and self._place_among(rec, local)
                 if placed:  # the freed nodes have less now: keep the cheap test exact
@@ -295,8 +326,8 @@ class SchedulingMixin:
                 got = head(key)
                 if got is not None:
                     e = got[1]
-                    heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
-            elif aged == 0 and key[0] == "shape":
+                    heapq.heappush(heap, (e[0], e[1], key, got[0]))
+            elif aged == _AGED and type(key) is ShapeKey:
                 self._reserve(rec)
 
     def _fill_node(self: Core, node: NodeState) -> None:
@@ -307,23 +338,30 @@ class SchedulingMixin:
         head = self._head
         free = node.free
         limit = free.get(CPU, 0.0) + 1e-9
-        heap: list[tuple[int, float, int, Any, ActionRecord]] = []
+        heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         no_aged = not self._aged_pushes
-        for key in self.shape_keys:  # (no placement happens before this loop ends)
-            if no_aged and key[2] > limit:
+        queues, actions, pop = self.queues, self.actions, heapq.heappop
+        for key, kcpu in self.shape_keys.items():  # (no placement happens before this loop ends)
+            if no_aged and kcpu > limit:
                 continue  # (below, for a head that cannot be aged: all its queue has that cpu)
-            got = head(key)
-            if got is None:
-                continue
-            rec, e = got
-            if e[0] and rec.cpu > limit:
+            q = queues.get(key)  # `rec, e = head(key)`, inlined
+            while q:
+                e = q[0]
+                r = actions.get(e[3])
+                if r is not None and r.gen == e[2] and r.queue_key == key:
+                    break
+                pop(q)
+            else:
+                continue  # (no live entry)
+            rec = r
+            if e[0] != _AGED and rec.cpu > limit:
                 continue  # more CPU than the node has: still blocked (aged heads go on)
-            heap.append((e[0], e[1], e[2], key, rec))
+            heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
             heapq.heapify(heap)
         name, reserved = node.name, self.reserved
         while heap:
-            aged, _, _, key, rec = heapq.heappop(heap)
+            aged, _, key, rec = heapq.heappop(heap)
             placed = False
             if rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`
                 for k, v in rec.shape:
@@ -335,11 +373,13 @@ class SchedulingMixin:
                     placed = True
                     limit = free.get(CPU, 0.0) + 1e-9
             if placed:
+                if no_aged and rec.cpu > limit:
+                    continue  # its queue's next head has its cpu (the shape's): cannot fit now
                 got = head(key)
                 if got is not None:
                     e = got[1]
-                    heapq.heappush(heap, (e[0], e[1], e[2], key, got[0]))
-            elif aged == 0:
+                    heapq.heappush(heap, (e[0], e[1], key, got[0]))
+            elif aged == _AGED:
                 self._reserve(rec)
 
     def _drain_one(self: Core, key: Any) -> None:
@@ -350,7 +390,7 @@ class SchedulingMixin:
         while got is not None:
             rec = got[0]
             if not self._try_place(rec, key):
-                if got[1][0] == 0 and key[0] == "shape":
+                if got[1][0] == _AGED and type(key) is ShapeKey:
                     self._reserve(rec)
                 return
             got = head(key)
