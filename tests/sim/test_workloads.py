@@ -60,3 +60,21 @@ def test_tool_math_fast_constructors_build_what_the_keyword_forms_build():
         ref = Trajectory(t.id, "tool-math", steps, 0.0, {}, t.rl_step)
         assert type(t) is Trajectory and t == ref and repr(t) == repr(ref)
         assert all(type(a) is SimAction for _g, a in t.steps)
+
+
+def test_tool_math_draws_what_the_plain_samplers_draw():
+    """tool_math inlines gen_seconds and lognormal: the same draws, the same floats."""
+    import random
+
+    from arl_tangram.sim.workloads import gen_seconds, lognormal, poisson, tool_math
+
+    for seed in range(30):
+        rng, ref = random.Random(seed), random.Random(seed)
+        for i in range(20):
+            t = tool_math(rng, 1, i)
+            calls = min(10, 1 + poisson(ref, 2.5))
+            want = [(gen_seconds(ref, 600, 0.7, 8000), lognormal(ref, 0.1, 1.3, 0.01, 30))
+                    for _ in range(calls)]
+            got = [(g, a.work_s) for g, a in t.steps]
+            assert got == want and [type(x) for p in got for x in p] == [type(x) for p in want for x in p]
+    assert rng.random() == ref.random()

@@ -1,23 +1,28 @@
 """Fast constructors for the frozen dataclasses the core emits on every action.
 
 Invariant: ``make(*fields)`` returns an object equal to, and indistinguishable from,
-``cls(*fields)`` with every field given positionally -- same class, same field values, and
-``__post_init__`` called when the class has one. It only skips the generated ``__init__`` of a
-frozen dataclass, which sets each field through ``object.__setattr__`` (a global and an
-attribute lookup per field); here each field is set through its slot descriptor, bound once.
-The core builds a StartAction, an ActionResult and a Deliver per action, the simulator an
-ActionSpec and three events, so this is on their hottest path.
+``cls(*fields)`` with every field given positionally -- same class, same field values,
+``__post_init__`` called when the class has one, frozen afterwards. It only skips the generated
+``__init__`` of a frozen dataclass, which sets each field through ``object.__setattr__`` (a global
+and an attribute lookup and a call per field). Here the fields are stored as plain attributes on
+an instance of a *twin* class -- the same bases and the same ``__slots__`` (so the same memory
+layout) with the plain ``object`` setters -- whose class is then switched to ``cls`` (CPython
+allows a ``__class__`` assignment between classes of identical layout, and checks it). A plain
+store into a slot is one specialized bytecode, not a call. The core builds a StartAction, an
+ActionResult and a Deliver per action, the simulator an ActionSpec and three or four events,
+so this is on their hottest path; tests/core/test_speedups.py holds each equal to the dataclass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .actions import ActionResult, ActionSpec
 from .commands import Deliver, StartAction
-from .events import ActionArrived, ActionFinished, ActionStarted
+from .events import ActionArrived, ActionFinished, ActionStarted, WarmPoolReport
 
 T = TypeVar("T")
 
@@ -27,25 +32,24 @@ def fast_constructor(cls: type[T]) -> Callable[..., T]:
     if not (dataclasses.is_dataclass(cls) and "__slots__" in cls.__dict__):
         raise TypeError(f"fast_constructor: {cls.__name__} is not a slotted dataclass")
     names = [f.name for f in dataclasses.fields(cls)]
-    setters = {f"_s_{n}": _slot(cls, n).__set__ for n in names}
-    args = ", ".join(names)
-    body = "\n".join(f"    _s_{n}(obj, {n})" for n in names)
-    if hasattr(cls, "__post_init__"):
-        body += "\n    obj.__post_init__()"
-    src = f"def make({args}):\n    obj = _new(_cls)\n{body}\n    return obj\n"
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
+    if any(not n.isidentifier() or keyword.iskeyword(n) or n.startswith("_twin_") for n in names):
+        raise TypeError(f"fast_constructor: {cls.__name__} has a field name it cannot bind")
+    twin = type(cls.__name__, cls.__bases__, {
+        "__slots__": cls.__dict__["__slots__"], "__module__": cls.__module__,
+        # both: a class whose tp_setattro is the generic one gets specialized slot stores
+        "__setattr__": object.__setattr__, "__delattr__": object.__delattr__,
+    })
+    obj: Any = object.__new__(twin)
+    obj.__class__ = cls  # fails here, at import, when the layouts differ
+    body = "\n".join(f"    _twin_obj_.{n} = {n}" for n in names)
+    post = "\n    _twin_obj_.__post_init__()" if hasattr(cls, "__post_init__") else ""
+    src = (f"def make({', '.join(names)}):\n    _twin_obj_ = _twin_new_(_twin_cls_)\n{body}\n"
+           f"    _twin_obj_.__class__ = _twin_real_{post}\n    return _twin_obj_\n")
+    ns: dict[str, Any] = {"_twin_new_": object.__new__, "_twin_cls_": twin, "_twin_real_": cls}
     exec(src, ns)  # generated from the dataclass's own field names, as dataclasses does
     make: Callable[..., T] = ns["make"]
     make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
     return make
-
-
-def _slot(cls: type, name: str) -> Any:
-    for klass in cls.__mro__:
-        d = klass.__dict__.get(name)
-        if d is not None and hasattr(d, "__set__"):
-            return d
-    raise TypeError(f"fast_constructor: no slot {name!r} in {cls.__name__}")
 
 
 # (action, node, allotment, warm, cause)
@@ -63,3 +67,5 @@ make_arrived = fast_constructor(ActionArrived)
 make_started = fast_constructor(ActionStarted)
 # (time, action_id, status, output, reason, run_s)
 make_finished = fast_constructor(ActionFinished)
+# (time, node, key, warm)
+make_warm_report = fast_constructor(WarmPoolReport)

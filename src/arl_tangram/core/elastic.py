@@ -29,6 +29,10 @@ class ElasticMixin:
     rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
     last_rate_time: float | None  # time of the last Tick that sized warm pools
     _grow: set[str]  # nodes where an elastic action started in this event
+    # Nodes where an elastic action started since a scan of the node last found none running
+    # (placement's `_start` adds, `_expand_node` drops): no other node runs one, so expansion
+    # skips them (with no elastic action anywhere, `_expand` does nothing at all).
+    _elastic_nodes: set[str]
     _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
     _warm_want: dict[str, int]  # warm key -> executors last spread over `_warm_names`
 
@@ -39,7 +43,10 @@ class ElasticMixin:
             if self._grow:
                 self._grow = set()
             return  # pending shared work comes first
-        nodes = self._grow | self._dirty
+        live = self._elastic_nodes
+        if not live:
+            return  # no elastic action runs anywhere (and `_grow`, a subset, is empty)
+        nodes = (self._grow | self._dirty) & live  # a node off `live`: nothing to expand
         self._grow = set()
         for name in sorted(nodes) if len(nodes) > 1 else nodes:
             node = self.nodes.get(name)
@@ -54,15 +61,21 @@ class ElasticMixin:
         frac = self.config.reserve_fraction
         step = self.config.elastic_step
         heap: list[tuple[float, int, str]] = []
+        elastic = False  # any elastic action on the node (grown to its max or not)
         for aid in node.running:
             rec = self.actions.get(aid)
             if rec is None or rec.allotment is None:
                 continue
             el = rec.spec.elasticity
-            if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
+            if el is None or not el.is_elastic:
+                continue
+            elastic = True
+            if rec.allotment.get(el.dim) >= el.max - 1e-9:
                 continue
             heap.append((-_gain(rec, step), rec.seq, aid))
         if not heap:
+            if not elastic:
+                self._elastic_nodes.discard(node.name)
             return
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
@@ -121,18 +134,31 @@ class ElasticMixin:
             return
         cap = self.config.max_warm_per_node
         done = self._warm_want
+        sent = self.warm_sent
+        n = len(names)
         for key in sorted(set(counts) | set(self.rates)):
             rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
             self.rates[key] = rate
             want = math.ceil(rate * self.config.sandbox_cold_s * 2)
-            if done.get(key) == want:
+            old = done.get(key)
+            if old == want:
                 continue  # same targets on the same nodes as last time: all sent already
             done[key] = want
-            n = len(names)
-            for i, name in enumerate(names):
-                t = min(cap, want // n + (1 if i < want % n else 0))
-                if self.warm_sent.get((name, key), 0) != t:
-                    self.warm_sent[(name, key)] = t
+            q, r = divmod(want, n)
+            lo, hi = 0, n  # the nodes whose target may differ from the last spread's
+            if old is not None and old // n == q:
+                # The last spread over these same nodes (`done` is reset with `names`) sent
+                # node i its target min(cap, q + (i < old % n)); with the same q only the
+                # nodes between the two remainders can get a different target.
+                r0 = old % n
+                lo, hi = (r0, r) if r0 < r else (r, r0)
+            for i in range(lo, hi):
+                name = names[i]
+                t = q + 1 if i < r else q
+                if t > cap:
+                    t = cap  # min(cap, want // n + (1 if i < want % n else 0))
+                if sent.get((name, key), 0) != t:
+                    sent[(name, key)] = t
                     self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
 
 

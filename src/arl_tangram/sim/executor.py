@@ -21,17 +21,19 @@ from functools import partial
 from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
-from ..core.build import fast_constructor, make_finished, make_started
+from ..core.build import make_finished, make_started, make_warm_report
 from ..core.cluster import ClusterSpec, ModelSpec
 from ..core.resources import GPU, GPU_MEMORY_MB, Resources
 from .loop import REPORT, EventLoop
-from .metrics import UsageMeter
+from .metrics import BOTH_SUB, BUSY_ADD, HELD_ADD, UsageMeter
 from .trace import DEFAULT_COLD_START_S, SimAction
 
 Emit = Callable[[E.Event], None]
-# E.WarmPoolReport(time, node, key, warm), built fast (core.build): about one per warm start
-make_warm_report = fast_constructor(E.WarmPoolReport)
 _SUCCEEDED, _FAILED, _TIMED_OUT = Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT
+
+
+def _no_log(_value: object) -> None:
+    """The log's appenders without a meter (never called: every use checks ``usage``)."""
 
 
 def warm_key(spec: ActionSpec) -> str:
@@ -52,6 +54,7 @@ class _Run:
     speed: float = 1.0
     since: float = 0.0  # when `remaining` was last brought up to date
     deadline: float = float("inf")  # start + timeout
+    ucode: int = 0  # `UsageMeter.code` of ``allotment`` (with a meter)
 
 
 @dataclass(slots=True)
@@ -94,6 +97,11 @@ class VirtualExecutor:
         self.truth = truth  # action id -> SimAction (the simulator fills it before arrival)
         self.emit = emit
         self.usage = usage  # integrates busy / held resources over virtual time
+        # the meter's log, for the three changes of every action (`UsageMeter.recorder`)
+        self._log_time: Callable[[float], None] = _no_log
+        self._log_entry: Callable[[int], None] = _no_log
+        if usage is not None:
+            self._log_time, self._log_entry = usage.recorder()
         self.session_cold_start = session_cold_start if session_cold_start is not None else {}
         self.warm_cold_start_s = warm_cold_start_s
         self.runs: dict[str, _Run] = {}
@@ -135,8 +143,10 @@ class VirtualExecutor:
         self.runs[spec.id] = run
         loop = self.loop
         now = loop.clock._now
-        if self.usage is not None:
-            self.usage.change_at(now, None, cmd.allotment, +1)
+        if self.usage is not None:  # `usage.change_at(now, None, cmd.allotment, +1)`, logged
+            run.ucode = self.usage.code(cmd.allotment)
+            self._log_time(now)
+            self._log_entry(run.ucode | HELD_ADD)
         delay = self._startup_delay(spec, cmd.node, cmd.warm, truth)
         # as `_report`, without a closure (this is the hot path): `_began` after ``delay``
         loop.push(now + (delay if delay > 0.0 else 0.0), REPORT, self._began, (run, run.version, delay))
@@ -162,14 +172,20 @@ class VirtualExecutor:
         if self.runs.get(run.spec.id) is not run or run.version != version:
             return  # stale: resized or cancelled meanwhile
         t = self.loop.clock._now
+        spec = run.spec
         run.started = True
         run.since = t
-        run.speed = run.spec.speed(run.allotment)
-        run.deadline = t + run.spec.timeout_s
-        if self.usage is not None:
-            self.usage.change_at(t, run.allotment, None, +1)
-        self._schedule_finish(run)
-        self.emit(make_started(t, run.spec.id, run.node, cold))  # E.ActionStarted(...)
+        # `spec.speed(run.allotment)`, which is 1.0 for a rigid action, without the call
+        run.speed = speed = 1.0 if spec.elasticity is None else spec.speed(run.allotment)
+        run.deadline = deadline = t + spec.timeout_s
+        if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
+            self._log_time(t)
+            self._log_entry(run.ucode | BUSY_ADD)
+        run.version += 1  # `_schedule_finish(run)`, inlined (run.since is t)
+        end = t + (run.remaining / speed if speed > 0 else float("inf"))
+        self.loop.push(end if end < deadline else deadline, REPORT, self._finished,
+                       (run, run.version))
+        self.emit(make_started(t, spec.id, run.node, cold))  # E.ActionStarted(...)
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
@@ -184,7 +200,8 @@ class VirtualExecutor:
         t = self.loop.clock._now
         del self.runs[run.spec.id]
         if self.usage is not None:  # `_release(run)`, inlined: a run that finishes has started
-            self.usage.change_at(t, run.allotment, run.allotment, -1)
+            self._log_time(t)  # `usage.change_at(t, a, a, -1)`, logged
+            self._log_entry(run.ucode | BOTH_SUB)
         ran = t - (run.deadline - run.spec.timeout_s)
         done = run.remaining - (t - run.since) * run.speed
         # E.ActionFinished(time, action_id, status, output, reason, run_s), built fast (core.build)
@@ -217,6 +234,8 @@ class VirtualExecutor:
             self._usage(None, run.allotment, -1)
             run.allotment = cmd.allotment
             self._usage(None, run.allotment, +1)
+        if self.usage is not None:
+            run.ucode = self.usage.code(run.allotment)
 
     def _cancel(self, cmd: C.CancelAction) -> None:
         run = self.runs.pop(cmd.action_id, None)

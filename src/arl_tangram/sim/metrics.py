@@ -24,14 +24,27 @@ from ..core.resources import Resources
 REPORT_DIMS = ("cpu", "memory_mb", "gpu", "gpu_memory_mb")
 
 
+# Kinds of a logged change: (busy sign, held sign) by kind, the low _KIND_BITS of an entry.
+BUSY_ADD, BUSY_SUB, HELD_ADD, HELD_SUB, BOTH_ADD, BOTH_SUB, MARK = range(7)
+_BS = np.array([1.0, -1.0, 0.0, 0.0, 1.0, -1.0, 0.0])
+_HS = np.array([0.0, 0.0, 1.0, -1.0, 1.0, -1.0, 0.0])
+_KIND_BITS = 3
+_LOG_LIMIT = 1 << 16  # logged changes (and remembered vectors) before the log is replayed
+
+
 class UsageMeter:
     """Integrates busy and held resource vectors over virtual time (piecewise constant).
 
-    Each reported dimension keeps one list ``[busy, held, reserved, busy_int, held_int]``: the
-    executor changes the meter three times per action and every change first integrates the
-    segment that ends, so its arithmetic indexes these lists by constant position (about half
-    the cost of the dict operations it replaces). `busy`, `held`, `reserved`, `busy_int` and
-    `held_int` read them as dicts.
+    Each reported dimension keeps one list ``[busy, held, reserved, busy_int, held_int]``.
+    Changes are logged (a time and an int: the code of the vector, `code`, and its kind) and
+    replayed in bulk with numpy when anything is read, when the log is full, and before
+    `restart`, `freeze` and `set_reserved`. The replay does, float for float, what applying
+    each change at once does: at a change whose time is past the last accrual, integrate the
+    segment that ends (``busy_int += busy * dt``, ``held_int += max(held, reserved) * dt``),
+    then add the change. Sums run in log order (``np.add.accumulate`` is sequential), and a
+    change that skips a dimension adds an exact zero to it. tests/sim/test_metrics.py holds
+    the meter equal to that plain online form. The executor logs its three changes per
+    action straight into the log (`recorder`); everything else goes through `change_at`.
     """
 
     def __init__(self, capacity: Mapping[str, float], now: Callable[[], float], *,
@@ -43,11 +56,135 @@ class UsageMeter:
         self._all = tuple(self._dims.values())  # the same lists, in `capacity` order
         self._last = now()
         self.start = self._last
-        self.series: list[tuple[float, dict[str, float]]] = []  # (t, busy fraction per dim)
+        self._series: list[tuple[float, dict[str, float]]] = []  # (t, busy fraction per dim)
         self._series_points = series_points
         self._frozen = False
+        self._lt = array("d")  # logged changes: time
+        self._le = array("q")  # logged changes: code << _KIND_BITS | kind
+        self._samples: list[tuple[float, int]] = []  # (t, changes logged before) not replayed
+        self._amounts: list[tuple[float, ...]] = [(0.0,) * len(self._all)]  # code -> vector
+        self._codes: dict[tuple[float, ...], int] = {self._amounts[0]: 0}  # vector -> code
+        self._by_id: dict[int, int] = {}  # id(vector object) -> code, for objects in `_keep`
+        self._keep: list[object] = []  # (holds them alive: their ids stay theirs)
 
+    # ---- logging ---------------------------------------------------------------------------------
+    def code(self, res: Mapping[str, float]) -> int:
+        """The log code of a resource vector, shifted: ``code(r) | kind`` is a log entry."""
+        c = self._by_id.get(id(res))
+        if c is None:
+            if len(self._keep) >= _LOG_LIMIT or len(self._lt) >= _LOG_LIMIT:
+                self._replay()  # (forgets the remembered objects)
+            d = res._d if type(res) is Resources else res
+            vec = tuple(float(d.get(dim, 0.0)) for dim in self.capacity)
+            c = self._codes.get(vec)
+            if c is None:
+                c = self._codes[vec] = len(self._amounts)
+                self._amounts.append(vec)
+            c <<= _KIND_BITS
+            self._by_id[id(res)] = c
+            self._keep.append(res)
+        elif len(self._lt) >= _LOG_LIMIT:
+            self._replay()
+        return c
+
+    def recorder(self) -> tuple[Callable[[float], None], Callable[[int], None]]:
+        """``(log_time, log_entry)``: call both, in this order, to log a change at a time
+        (``log_entry(code(vector) | kind)``). For a caller that logs a vector's changes
+        often and calls `code` before each batch of them (it replays a full log)."""
+        return self._lt.append, self._le.append
+
+    def change(self, busy: Mapping[str, float] | None, held: Mapping[str, float] | None, sign: int) -> None:
+        """Add (sign=+1) or remove (sign=-1) ``busy`` and ``held`` amounts from now on."""
+        self.change_at(self._now(), busy, held, sign)
+
+    def change_at(self, t: float, busy: Mapping[str, float] | None, held: Mapping[str, float] | None,
+                  sign: int) -> None:
+        """`change` for a caller that knows the time ``t`` is now."""
+        if sign not in (1, -1):
+            raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+        lt, le = self._lt.append, self._le.append
+        if busy is held and busy is not None:  # one entry for both
+            c = self.code(busy)
+            lt(t)
+            le(c | (BOTH_ADD if sign > 0 else BOTH_SUB))
+            return
+        if busy is None and held is None:
+            lt(t)
+            le(MARK)  # code 0: nothing changes, but time is accrued to t
+            return
+        if busy is not None:
+            c = self.code(busy)
+            lt(t)
+            le(c | (BUSY_ADD if sign > 0 else BUSY_SUB))
+        if held is not None:
+            c = self.code(held)
+            lt(t)
+            le(c | (HELD_ADD if sign > 0 else HELD_SUB))
+
+    def _replay(self) -> None:
+        """Apply the logged changes and resolve the samples taken meanwhile; empty the log."""
+        lt, le, samples = self._lt, self._le, self._samples
+        self._by_id.clear()
+        self._keep.clear()
+        n = len(lt)
+        if not n:
+            if samples:
+                self._resolve(samples, None)
+            return
+        times = np.array(lt, dtype=np.float64)
+        entries = np.array(le, dtype=np.int64)
+        del lt[:], le[:]
+        kinds = entries & ((1 << _KIND_BITS) - 1)
+        codes = entries >> _KIND_BITS
+        bs, hs = _BS[kinds], _HS[kinds]
+        amounts = np.array(self._amounts, dtype=np.float64).reshape(len(self._amounts), len(self._all))
+        if not self._frozen:
+            last = np.empty(n + 1)
+            last[0] = self._last
+            last[1:] = times
+            last = np.maximum.accumulate(last)  # last[k]: the last accrual before change k
+            dt = times - last[:-1]
+            dt = np.where(dt > 0, dt, 0.0)  # a segment of no length adds an exact zero
+            self._last = float(last[-1])
+        busy_runs = []
+        for j, v in enumerate(self._all):  # [busy, held, reserved, busy_int, held_int]
+            col = amounts[:, j][codes]
+            b = np.empty(n + 1)
+            b[0] = v[0]
+            np.multiply(bs, col, out=b[1:])
+            b = np.add.accumulate(b)  # b[k]: busy before change k (sequential sums)
+            h = np.empty(n + 1)
+            h[0] = v[1]
+            np.multiply(hs, col, out=h[1:])
+            h = np.add.accumulate(h)
+            if not self._frozen:
+                acc = np.empty(n + 1)
+                acc[0] = v[3]
+                np.multiply(b[:-1], dt, out=acc[1:])
+                v[3] = float(np.add.accumulate(acc)[-1])
+                hb, r = h[:-1], v[2]
+                acc[0] = v[4]
+                np.multiply(np.where(hb > r, hb, r), dt, out=acc[1:])
+                v[4] = float(np.add.accumulate(acc)[-1])
+            v[0] = float(b[-1])
+            v[1] = float(h[-1])
+            busy_runs.append(b)
+        if samples:
+            self._resolve(samples, busy_runs)
+
+    def _resolve(self, samples: list[tuple[float, int]], busy_runs: list[Any] | None) -> None:
+        caps = tuple(self.capacity.items())
+        for t, k in samples:
+            if busy_runs is None:
+                fr = {d: v[0] / c for (d, c), v in zip(caps, self._all, strict=True)}
+            else:
+                fr = {d: float(b[k]) / c for (d, c), b in zip(caps, busy_runs, strict=True)}
+            self._series.append((t, fr))
+        samples.clear()
+
+    # ---- reading ---------------------------------------------------------------------------------
     def _column(self, i: int) -> dict[str, float]:
+        self._replay()
         return {d: v[i] for d, v in self._dims.items()}
 
     @property
@@ -70,6 +207,12 @@ class UsageMeter:
     def held_int(self) -> dict[str, float]:
         return self._column(4)
 
+    @property
+    def series(self) -> list[tuple[float, dict[str, float]]]:
+        """(t, busy fraction per dim) at each `sample`."""
+        self._replay()
+        return self._series
+
     def restart(self) -> None:
         """Measure from now on (the first arrival): earlier idle time is not the workload's."""
         self._accrue()
@@ -85,8 +228,11 @@ class UsageMeter:
     def _accrue(self) -> None:
         if not self._frozen:
             self._accrue_to(self._now())
+        else:
+            self._replay()
 
     def _accrue_to(self, t: float) -> None:
+        self._replay()
         dt = t - self._last
         if dt > 0:
             for v in self._all:  # [busy, held, reserved, busy_int, held_int]
@@ -96,44 +242,6 @@ class UsageMeter:
                 v[4] += (h if h > r else r) * dt
             self._last = t
 
-    def change(self, busy: Mapping[str, float] | None, held: Mapping[str, float] | None, sign: int) -> None:
-        """Add (sign=+1) or remove (sign=-1) ``busy`` and ``held`` amounts from now on."""
-        self.change_at(self._now(), busy, held, sign)
-
-    def change_at(self, t: float, busy: Mapping[str, float] | None, held: Mapping[str, float] | None,
-                  sign: int) -> None:
-        """`change` for a caller that knows the time ``t`` is now (the executor, per action)."""
-        if t != self._last and not self._frozen:
-            # `self._accrue_to(t)`, inlined: three changes per action come here
-            # (tests/sim/test_metrics.py holds the two equal)
-            dt = t - self._last
-            if dt > 0:
-                for v in self._all:  # [busy, held, reserved, busy_int, held_int]
-                    v[3] += v[0] * dt
-                    h = v[1]
-                    r = v[2]
-                    v[4] += (h if h > r else r) * dt
-                self._last = t
-        dims = self._dims
-        if busy is held and busy is not None:  # a started run ends: one pass for both
-            for d, x in (busy._d if type(busy) is Resources else busy).items():
-                acc = dims.get(d)
-                if acc is not None:
-                    y = sign * x
-                    acc[0] += y
-                    acc[1] += y
-            return
-        if busy is not None:
-            for d, x in (busy._d if type(busy) is Resources else busy).items():
-                acc = dims.get(d)
-                if acc is not None:
-                    acc[0] += sign * x
-        if held is not None:
-            for d, x in (held._d if type(held) is Resources else held).items():
-                acc = dims.get(d)
-                if acc is not None:
-                    acc[1] += sign * x
-
     def set_reserved(self, reserved: Mapping[str, float]) -> None:
         """Resources a policy holds for owners that are not running anything (static slices)."""
         self._accrue()
@@ -141,9 +249,10 @@ class UsageMeter:
             v[2] = float(reserved.get(d, 0.0))
 
     def sample(self) -> None:
-        t = self._now()
-        dims = self._dims
-        self.series.append((t, {d: dims[d][0] / c for d, c in self.capacity.items()}))
+        """Note the busy fraction per dimension now (resolved when the log is replayed)."""
+        self._samples.append((self._now(), len(self._lt)))
+        if len(self._lt) >= _LOG_LIMIT:
+            self._replay()
 
     def totals(self) -> tuple[dict[str, float], dict[str, float]]:
         """(utilization, held-idle) per dimension as fractions of capacity x elapsed time."""

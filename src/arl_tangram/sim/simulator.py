@@ -21,7 +21,7 @@ from typing import Protocol
 from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionResult
-from ..core.build import make_arrived
+from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, TICK, EventLoop
@@ -192,7 +192,9 @@ class Simulator:
                     E.SessionRequested(now, sid, ttl_s=ttl)
                 self._emit(req)
         aid = f"{traj.id}#{live.index}"
-        spec = act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)
+        # `act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)`, inlined
+        spec = make_spec(aid, act.kind, act.demand, act.elasticity, act.hints, traj.task, traj.id,
+                         sid, act.model, act.tag, act.timeout_s, act.weight, True, {})
         self.truth[aid] = act
         self.owner[aid] = (live, str(act.kind))  # StrEnum: its value
         self._emit(make_arrived(now, spec))  # E.ActionArrived(now, spec)
@@ -208,7 +210,11 @@ class Simulator:
         live.index += 1
         steps = live.traj.steps
         if live.index < len(steps):
-            self._later(steps[live.index][0], self._submit, live)
+            gen = steps[live.index][0]  # `self._later(gen, self._submit, live)`, inlined
+            if gen < 0:
+                raise ValueError(f"delay must be >= 0, got {gen}")
+            loop = self.loop
+            loop.push(loop.clock._now + gen, ARRIVAL, self._submit, (live,))
         else:
             self._trajectory_done(live)
 

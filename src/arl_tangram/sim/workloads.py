@@ -146,9 +146,18 @@ def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
     # (arXiv 2503.23383, 2504.11536); 1 + Poisson(2.5), at most 10, is an assumption.
     calls = min(10, 1 + poisson(rng, 2.5))
     steps = []
+    gauss, exp = rng.gauss, math.exp
     for _ in range(calls):
-        gen = gen_seconds(rng, 600, 0.7, 8000)  # assumption: reasoning between two calls
-        work = lognormal(rng, 0.1, 1.3, 0.01, 30)  # assumption: arithmetic/sympy snippets
+        # The two samplers, inlined (the same draws, the same arithmetic; held equal to them
+        # by tests/sim/test_workloads.py):
+        # gen = gen_seconds(rng, 600, 0.7, 8000)  # assumption: reasoning between two calls
+        x = 600 * exp(0.7 * gauss(0.0, 1.0))
+        x = x if x > 16.0 else 16.0
+        gen = (x if x < 8000 else 8000) / DECODE_TOK_S
+        # work = lognormal(rng, 0.1, 1.3, 0.01, 30)  # assumption: arithmetic/sympy snippets
+        x = 0.1 * exp(1.3 * gauss(0.0, 1.0))
+        x = x if x > 0.01 else 0.01
+        work = x if x < 30 else 30
         # SimAction(ActionKind.CODE, work, MATH_DEMAND, tag="python", timeout_s=10.0,
         #           cold_start_s=DOCKER_COLD_S), built fast
         steps.append((gen, _make_action(ActionKind.CODE, work, MATH_DEMAND, None, NO_HINTS, None,

@@ -1,0 +1,161 @@
+"""elastic.py's shortcuts do what the plain loops do: warm-pool spreads, expansion scans."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import types
+
+from core_helpers import Driver, act, cpu_node, elastic
+
+from arl_tangram.core import commands as cmd
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import ActionSpec, Status
+from arl_tangram.core.elastic import _gain
+from arl_tangram.core.resources import CPU
+
+
+def _warm_targets_plain(self) -> None:
+    """`_warm_targets` as it was: every node of the spread visited on every change of want."""
+    last, now = self.last_rate_time, self.now
+    if last is None or now <= last:
+        self.last_rate_time = now if last is None else last
+        return
+    dt = now - last
+    self.last_rate_time = now
+    a = min(1.0, dt / self.config.rate_window_s)
+    counts, self.rate_counts = self.rate_counts, {}
+    names = self._warm_names
+    if names is None:
+        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+        self._warm_names = names
+    if not names:
+        return
+    cap = self.config.max_warm_per_node
+    done = self._warm_want
+    for key in sorted(set(counts) | set(self.rates)):
+        rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
+        self.rates[key] = rate
+        want = math.ceil(rate * self.config.sandbox_cold_s * 2)
+        if done.get(key) == want:
+            continue
+        done[key] = want
+        n = len(names)
+        for i, name in enumerate(names):
+            t = min(cap, want // n + (1 if i < want % n else 0))
+            if self.warm_sent.get((name, key), 0) != t:
+                self.warm_sent[(name, key)] = t
+                self._out.append(cmd.ResizeWarmPool(name, key, t, cause=self._cause))
+
+
+def _expand_plain(self) -> None:
+    """`_expand` as it was: every changed node scanned, elastic actions or not."""
+    if self.shape_keys:
+        if self._grow:
+            self._grow = set()
+        return
+    nodes = self._grow | self._dirty
+    self._grow = set()
+    for name in sorted(nodes) if len(nodes) > 1 else nodes:
+        node = self.nodes.get(name)
+        if node is None or not node.alive or name in self.reserved:
+            continue
+        if node.sessions and any(self.qlive.get(("sess", sid)) for sid in node.sessions):
+            continue
+        if node.running:
+            _expand_node_plain(self, node)
+
+
+def _expand_node_plain(self, node) -> None:
+    frac, step = self.config.reserve_fraction, self.config.elastic_step
+    heap = []
+    for aid in node.running:
+        rec = self.actions.get(aid)
+        if rec is None or rec.allotment is None:
+            continue
+        el = rec.spec.elasticity
+        if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
+            continue
+        heap.append((-_gain(rec, step), rec.seq, aid))
+    if not heap:
+        return
+    heapq.heapify(heap)
+    changed = {}
+    while heap:
+        g, _, aid = heapq.heappop(heap)
+        rec = self.actions[aid]
+        el = rec.spec.elasticity
+        spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
+        k = rec.allotment.get(el.dim)
+        delta = min(step, el.max - k, spare)
+        if delta <= 1e-9 or g >= 0:
+            continue
+        node.take({el.dim: delta})
+        rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
+        changed[aid] = rec
+        if k + delta < el.max - 1e-9:
+            heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
+    if changed:
+        self.index.update(node.name, node.free)
+        self._emit_resizes(node, changed.values())
+
+
+def _pair(nodes, **cfg):
+    fast, plain = Driver(nodes, **cfg), Driver(nodes, **cfg)
+    plain.core._warm_targets = types.MethodType(_warm_targets_plain, plain.core)
+    plain.core._expand = types.MethodType(_expand_plain, plain.core)
+    return fast, plain
+
+
+def _run(seed: int, fast: Driver, plain: Driver, n_nodes: int) -> None:
+    rng = random.Random(seed)
+    live: list[str] = []
+    t = 0.0
+    for i in range(500):
+        t += rng.expovariate(rng.choice((2.0, 20.0, 200.0)))
+        r = rng.random()
+        if r < 0.5:
+            lang = rng.choice(("python", "python", "cpp"))
+            spec = (elastic(f"e{i}", 1, rng.choice((2, 4)), payload={"language": lang})
+                    if rng.random() < 0.3 else act(f"a{i}", payload={"language": lang}))
+            events = [ev.ActionArrived(t, spec)]
+            live.append(spec.id)
+        elif r < 0.85 and live:
+            aid = live.pop(rng.randrange(len(live)))
+            events = [ev.ActionFinished(t, aid, Status.SUCCEEDED, run_s=0.1)]
+        elif r < 0.97:
+            events = [ev.Tick(t)]
+        elif r < 0.985:
+            events = [ev.NodeLost(t, f"n{rng.randrange(n_nodes)}", "test")]
+        else:
+            events = [ev.NodeAdded(t, cpu_node(f"n{rng.randrange(n_nodes)}", cpu=4))]
+        for e in events:
+            a, b = fast.at(t)(e), plain.at(t)(e)
+            assert repr(a) == repr(b), (seed, i, e)
+    assert any(isinstance(c, cmd.ResizeWarmPool) for c in fast.log)
+    assert any(isinstance(c, cmd.ResizeAction) or (isinstance(c, cmd.StartAction) and
+               c.allotment.get(CPU) > c.action.demand.get(CPU)) for c in fast.log)
+
+
+def test_warm_spreads_and_expansion_match_the_plain_loops() -> None:
+    for seed in range(4):
+        nodes = [cpu_node(f"n{i}", cpu=4) for i in range(5)]
+        fast, plain = _pair(nodes, policy="tangram", sandbox_cold_s=1.0, max_warm_per_node=3,
+                            rate_window_s=2.0)
+        _run(seed, fast, plain, 5)
+
+
+def test_a_node_without_elastic_actions_leaves_the_expansion_set() -> None:
+    d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
+    d.arrive(elastic("e", 1, 4), act("a"))
+    assert d.core._elastic_nodes == {"n0"}
+    d.finish("e")  # the pass over n0 finds only "a" running, not elastic: dropped
+    assert d.core._elastic_nodes == set()
+    out = d.arrive(ActionSpec("x"), elastic("e2", 1, 4))
+    assert d.core._elastic_nodes == {"n0"}
+    assert [c.allotment.get(CPU) for c in of_start(out) if c.action.id == "e2"] == [4.0]
+
+
+def of_start(cmds):
+    return [c for c in cmds if isinstance(c, cmd.StartAction)]
