@@ -36,7 +36,7 @@ from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
 from .placement import PlacementMixin
 from .policies import POLICY_TABLE
-from .records import _EDGES, ActionRecord, NodeState, SessionRecord
+from .records import _EDGES, ActionRecord, NodeState, SessionRecord, describe_story
 from .resources import Resources
 from .scheduling import SchedulingMixin
 from .view import CoreView
@@ -70,7 +70,10 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         self.index = FreeIndex()
         self._estimator = DurationEstimator()
         self.actions: dict[str, ActionRecord] = {}
-        self.history: OrderedDict[str, ActionRecord] = OrderedDict()
+        # delivered actions, newest last (at most `CoreConfig.history`): (int status, story), not
+        # the record -- plain ints, floats and strings, which the garbage collector stops
+        # tracking, so a long history does not make full collections come more often
+        self.history: OrderedDict[str, tuple[int, tuple[object, ...]]] = OrderedDict()
         self.sessions: dict[str, SessionRecord] = {}
         self.session_expiry: list[tuple[float, str]] = []
         self.pending_sessions: dict[str, None] = {}
@@ -153,12 +156,18 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         return out
 
     def status(self, action_id: str) -> Status | None:
-        rec = self.actions.get(action_id) or self.history.get(action_id)
-        return rec.status if rec is not None else None
+        rec = self.actions.get(action_id)
+        if rec is not None:
+            return rec.status
+        done = self.history.get(action_id)
+        return Status(done[0]) if done is not None else None
 
     def story(self, action_id: str) -> list[str]:
-        rec = self.actions.get(action_id) or self.history.get(action_id)
-        return rec.describe() if rec is not None else []
+        rec = self.actions.get(action_id)
+        if rec is not None:
+            return rec.describe()
+        done = self.history.get(action_id)
+        return describe_story(done[1]) if done is not None else []
 
     def view(self) -> CoreView:
         from .checks import build_view
@@ -275,7 +284,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         term[status] = term.get(status, 0) + 1
         del self.actions[aid]
         hist = self.history
-        hist[aid] = rec
+        hist[aid] = (status._value_, rec.story)
         if len(hist) > self.config.history:
             hist.popitem(last=False)
 
@@ -291,7 +300,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         term[status] = term.get(status, 0) + 1
         del self.actions[aid]
         hist = self.history
-        hist[aid] = rec
+        hist[aid] = (status._value_, rec.story)
         if len(hist) > self.config.history:
             hist.popitem(last=False)
 

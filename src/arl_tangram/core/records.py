@@ -157,13 +157,17 @@ class ActionRecord:
         self.story += (time, what, None, cause)
 
     def describe(self) -> list[str]:
-        out = []
-        s = self.story
-        for i in range(0, len(s), 4):
-            t, a, b, cause = s[i:i + 4]
-            what = f"{Status(a).name}->{Status(b).name}" if isinstance(b, int) else str(a)  # type: ignore[arg-type]
-            out.append(f"t={t:.6g} {what} (cause {cause})")
-        return out
+        return describe_story(self.story)
+
+
+def describe_story(s: tuple[object, ...]) -> list[str]:
+    """An action's story (`ActionRecord.story`) as lines of text."""
+    out = []
+    for i in range(0, len(s), 4):
+        t, a, b, cause = s[i:i + 4]
+        what = f"{Status(a).name}->{Status(b).name}" if isinstance(b, int) else str(a)  # type: ignore[arg-type]
+        out.append(f"t={t:.6g} {what} (cause {cause})")
+    return out
 
 
 class NodeState:
