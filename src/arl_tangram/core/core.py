@@ -36,7 +36,7 @@ from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
 from .placement import PlacementMixin
 from .policies import POLICY_TABLE
-from .records import _EDGES, ActionRecord, NodeState, SessionRecord, describe_story
+from .records import ActionRecord, NodeState, SessionRecord, describe_story
 from .resources import Resources
 from .scheduling import SchedulingMixin
 from .view import CoreView
@@ -270,27 +270,12 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
-        if _EDGES[st][status] is None:  # `rec.move(status, self.now, self._cause)`, inlined
-            rec.move(status, self.now, self._cause)  # (raises IllegalTransition)
-        now, cause = self.now, self._cause
-        rec.story += (now, st._value_, status._value_, cause)
-        rec.status = status
-        aid = rec.spec.id  # `self._deliver(rec, status, output, reason)`, inlined
-        res = make_result(aid, status, rec.submit_time, rec.start_time, now, rec.node,
-                          rec.allotment, output, reason, rec.attempts)
-        self._out.append(make_deliver(res, cause))
-        self.delivered += 1
-        term = self.terminal
-        term[status] = term.get(status, 0) + 1
-        del self.actions[aid]
-        hist = self.history
-        hist[aid] = (status._value_, rec.story)
-        if len(hist) > self.config.history:
-            hist.popitem(last=False)
+        rec.move(status, self.now, self._cause)
+        self._deliver(rec, status, output, reason)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         """Deliver a finished action (ActionResult in a Deliver, built field by field: build.py)
-        and forget it, bar the history. (`_end` has this inlined.)"""
+        and forget it, bar the history."""
         aid = rec.spec.id
         res = make_result(aid, status, rec.submit_time, rec.start_time, self.now, rec.node,
                           rec.allotment, output, reason, rec.attempts)
@@ -312,13 +297,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if node is None or alloc is None or aid not in node.running:
             return
         node.running.discard(aid)
-        used, free, cap = node.used, node.free, node.cap  # `node.give(alloc)`, inlined
-        for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
-            u = used.get(k, 0.0) - v
-            if u < 1e-9:
-                u = 0.0
-            used[k] = u
-            free[k] = cap.get(k, 0.0) - u
+        node.give(alloc)
         if rec.partition is not None:
             self._part_release(rec)
         if node.alive:  # (held: the pass that follows usually fills the node again)

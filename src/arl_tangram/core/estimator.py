@@ -100,18 +100,7 @@ class DurationEstimator:
     def work_of(action: ActionSpec) -> tuple[tuple[str, str], float]:
         """``((estimator key, basis), units)`` of an action: what `predict_work` and
         `observe_work` take, so a caller that keeps the action works them out only once."""
-        h = action.hints  # `basis_of(action.hints)`, inlined (once per arrival)
-        e = h.expected_s
-        if e is not None and e > 0:
-            basis, units = "expected", e
-        elif h.test_count:
-            basis, units = "tests", float(h.test_count)
-        elif h.tokens:
-            basis, units = "tokens", float(h.tokens)
-        elif h.items:
-            basis, units = "items", float(h.items)
-        else:
-            basis, units = "none", 1.0
+        basis, units = basis_of(action.hints)
         mk = (action.kind._value_, action.tag, basis)
         key = _WORK_KEYS.get(mk)
         if key is None:  # one shared tuple per (key, basis): records keep it
@@ -130,13 +119,7 @@ class DurationEstimator:
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
-        vals, s = sk._values, sk._sorted  # `sk.add(unit)`, inlined (once per finished action)
-        if s is not None and len(vals) == vals.maxlen:
-            del s[_bisect_left(s, vals[0])]  # the value the append evicts
-        vals.append(unit)
-        sk.count += 1
-        if s is not None:
-            _insort(s, unit)
+        sk.add(unit)
         cached = self._cache.get(key)
         if cached:
             cached.clear()

@@ -176,15 +176,12 @@ class VirtualExecutor:
         run.started = True
         run.since = t
         # `spec.speed(run.allotment)`, which is 1.0 for a rigid action, without the call
-        run.speed = speed = 1.0 if spec.elasticity is None else spec.speed(run.allotment)
-        run.deadline = deadline = t + spec.timeout_s
+        run.speed = 1.0 if spec.elasticity is None else spec.speed(run.allotment)
+        run.deadline = t + spec.timeout_s
         if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
             self._log_time(t)
             self._log_entry(run.ucode | BUSY_ADD)
-        run.version += 1  # `_schedule_finish(run)`, inlined (run.since is t)
-        end = t + (run.remaining / speed if speed > 0 else float("inf"))
-        self.loop.push(end if end < deadline else deadline, REPORT, self._finished,
-                       (run, run.version))
+        self._schedule_finish(run)
         self.emit(make_started(t, spec.id, run.node, cold))  # E.ActionStarted(...)
 
     def _schedule_finish(self, run: _Run) -> None:
