@@ -3,10 +3,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the scheduler core's hot modules, compiled with mypyc at install (setup.py, core/_native.py);
+# the build records the sources it compiled here, and a changed source is rebuilt before use
+NATIVE := src/arl_tangram/core/_compiled.json
+CORE_SRC := $(wildcard src/arl_tangram/core/*.py)
 
-.PHONY: install demo test lint bench clean system-deps
+.PHONY: install compile demo test lint bench clean system-deps
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build of torch lies on this kind of machine; pinning it first keeps pip from
@@ -14,8 +18,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[dev,gpu,ray]"
 	touch $(STAMP)
+	@if [ -f $(NATIVE) ]; then touch $(NATIVE); fi
+
+# Rebuild the compiled core after an edit of a core source (else the core runs as pure Python,
+# with a warning; ARL_TANGRAM_COMPILE=0 make ... never compiles).
+$(NATIVE): $(STAMP) $(CORE_SRC)
+	$(BIN)/pip install --quiet --no-deps -e .
+	@if [ -f $(NATIVE) ]; then touch $(NATIVE); fi
 
 install: $(STAMP)
+ifneq ($(ARL_TANGRAM_COMPILE),0)
+install: $(NATIVE)
+endif
+
+compile: $(NATIVE)
 
 # Debian packages the tests use: headless Chromium for the dashboard test, toolchains for sandboxes.
 system-deps:
@@ -36,4 +52,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_sim.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info src/*.so src/arl_tangram/core/*.so $(NATIVE)

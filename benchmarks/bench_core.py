@@ -12,23 +12,31 @@ accounting, no order, no placement), which is this harness's own ceiling -- so t
 much of the time the core takes, whatever the machine's load. The goal (issue 2) is >= 20,000
 actions/s on one core for `tangram`.
 
+The core's hot modules run compiled with mypyc when the install compiled them
+(`arl_tangram.core.FORM`, see `core/_native.py`). Then the same run also measures `tangram` on
+the pure-Python core, in a subprocess with ``ARL_TANGRAM_PURE=1`` (``--no-pure`` skips it), and
+prints the compiled / pure ratio, each against the null core of its own process.
+
 The collector runs as configured (default thresholds) unless ``--gc-freeze``: that freezes the
 setup's objects, as the simulator does during a run (`SimConfig.gc_tuning`).
 
     .venv/bin/python benchmarks/bench_core.py [--cycles N] [--nodes N] [--pending N] [--repeat N]
-        [--gc-freeze] [--policies fifo,tangram,...]
+        [--gc-freeze] [--policies fifo,tangram,...] [--no-pure]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
+import subprocess
+import sys
 import time
 from collections import deque
 
-from arl_tangram.core import Core, CoreConfig
+from arl_tangram.core import FORM, Core, CoreConfig
 from arl_tangram.core.actions import (
     ActionKind,
     ActionResult,
@@ -173,10 +181,17 @@ def main() -> None:
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the setup")
     ap.add_argument("--repeat", type=int, default=1, help="runs per policy; the best is shown")
     ap.add_argument("--policies", default="fifo,tangram,task-isolated,trajectory-bound")
+    ap.add_argument("--no-pure", action="store_true", help="skip the pure-Python tangram run")
+    ap.add_argument("--rates-json", action="store_true", help=argparse.SUPPRESS)  # (that run)
     args = ap.parse_args()
+    if args.rates_json:
+        rates = {p: max(run(p, args.nodes, args.pending, args.cycles, freeze=args.gc_freeze)
+                        for _ in range(args.repeat))[0] for p in ["null", *args.policies.split(",")]}
+        print(json.dumps({"form": FORM, "rates": rates}))
+        return
     print(f"{args.nodes} nodes, {args.pending} pending, {args.cycles} cycles"
           f"{' (gc frozen after setup)' if args.gc_freeze else ''}; one cycle = one action arriving,"
-          " one placed, one finished")
+          f" one placed, one finished; core: {FORM}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
           f" on {os.cpu_count()} CPUs (above ~0 means other processes share the cores)")
     results = {}
@@ -195,6 +210,20 @@ def main() -> None:
         t = results["tangram"]
         print(f"tangram / fifo = {t / results['fifo']:.2f}x;"
               f" goal >= 20,000 actions/s for tangram: {'met' if t >= 20_000 else 'NOT met'} ({t:,.0f})")
+    if FORM == "compiled" and "tangram" in results and not args.no_pure:
+        cmd = [sys.executable, os.path.abspath(__file__), "--rates-json", "--policies", "tangram",
+               "--nodes", str(args.nodes), "--pending", str(args.pending), "--cycles",
+               str(args.cycles), "--repeat", str(args.repeat), *(["--gc-freeze"] * args.gc_freeze)]
+        env = {**os.environ, "ARL_TANGRAM_PURE": "1"}
+        pure = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                                         text=True).stdout.splitlines()[-1])
+        assert pure["form"].startswith("pure"), pure["form"]
+        p_rate, p_null = pure["rates"]["tangram"], pure["rates"]["null"]
+        print(f"{'tangram, pure':>17}: {p_rate:>9,.0f} actions/s wall   (the pure-Python core, in a"
+              f" subprocess whose null core ran {p_null:,.0f}/s)")
+        print(f"compiled / pure = {results['tangram'] / p_rate:.2f}x; against each process's null"
+              f" core: {results['tangram'] / base:.2f} / {p_rate / p_null:.2f} ="
+              f" {(results['tangram'] / base) / (p_rate / p_null):.2f}x")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 if __name__ == "__main__":

@@ -6,3 +6,27 @@ import os
 # single-machine mode), so no test traffic leaves 127.0.0.0/8.
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+# Tests marked `pure_core` replace methods of `Core` to compare a shortcut with its reference
+# loop. A compiled core (mypyc, `arl_tangram.core._native`) calls its methods directly, so a
+# replaced method would not run: there such a test runs in a subprocess on the pure-Python core
+# (`ARL_TANGRAM_PURE=1`). That the compiled core decides exactly as the pure one is
+# tests/core/test_native.py's job.
+def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
+    if pyfuncitem.get_closest_marker("pure_core") is None:
+        return None
+    from arl_tangram.core import FORM
+
+    if FORM != "compiled":
+        return None  # (runs here, as usual)
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ARL_TANGRAM_PURE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", pyfuncitem.nodeid],
+        env=env, cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"on the pure core:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
+    assert " passed" in out.stdout, out.stdout[-2000:]
+    return True

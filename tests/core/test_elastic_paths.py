@@ -7,6 +7,7 @@ import math
 import random
 import types
 
+import pytest
 from core_helpers import Driver, act, cpu_node, elastic
 
 from arl_tangram.core import commands as cmd
@@ -138,6 +139,7 @@ def _run(seed: int, fast: Driver, plain: Driver, n_nodes: int) -> None:
                c.allotment.get(CPU) > c.action.demand.get(CPU)) for c in fast.log)
 
 
+@pytest.mark.pure_core  # (replaces two methods of one core: see tests/conftest.py)
 def test_warm_spreads_and_expansion_match_the_plain_loops() -> None:
     for seed in range(4):
         nodes = [cpu_node(f"n{i}", cpu=4) for i in range(5)]

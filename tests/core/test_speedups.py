@@ -127,6 +127,7 @@ def _run(seed: int, policy: str, fill: bool) -> list[str]:
     return log
 
 
+@pytest.mark.pure_core
 @pytest.mark.parametrize("policy", ["tangram", "fifo"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_one_node_pass_decides_as_the_general_pass(policy: str, seed: int,

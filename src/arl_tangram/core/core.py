@@ -192,7 +192,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
         self.actions[spec.id] = rec
-        rec.story = arrived = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
+        arrived: tuple[object, ...] = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
+        rec.story = arrived
         if (spec.session is None and not self._partitioned and not rec.is_model
                 and self._possible.get(rec.skey)):
             reason = ""  # `_impossible`'s answer, known for this shape

@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from mypy_extensions import trait
+
 from .commands import ResizeAction, ResizeWarmPool, StartAction
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from .core import Core
 
 
+@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class ElasticMixin:
     """Part of `Core`: elastic expansion and warm pools (tangram)."""
 

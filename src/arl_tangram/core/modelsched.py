@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from mypy_extensions import trait
+
 from .actions import ActionSpec, Status
 from .cluster import ModelSpec
 from .commands import LoadModel, RunBatch, UnloadModel
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 S = Status
 
 
+@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class ModelMixin:
     """Part of `Core`: model instances and batches."""
 
@@ -337,7 +340,8 @@ class ModelMixin:
             if not starving and self.now - i.last_used < i.model.swap_s:
                 continue
             out.append(i)
-        out.sort(key=lambda i: (-len(self.inst_by_model[i.model.name]), i.last_used, i.id))
+        by_model = self.inst_by_model  # (no lambda over `self`: see placement's sort keys)
+        out = [i for _, _, _, i in sorted((-len(by_model[i.model.name]), i.last_used, i.id, i) for i in out)]
         if not starving:  # each model keeps one instance
             left = {i.model.name: len(self.inst_by_model[i.model.name]) for i in out}
             kept = []

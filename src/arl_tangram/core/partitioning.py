@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import trait
+
 from .actions import ActionSpec
 from .nodeindex import FreeIndex
 from .policies import cpu_nodes, split_cpu, trajectory_of
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from .core import Core
 
 
+@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class PartitionMixin:
     """Part of `Core`: the trajectory-bound and task-isolated partitions."""
 
@@ -66,7 +69,7 @@ class PartitionMixin:
             return "task:*"
         if spec.task in shares:
             return f"task:{spec.task}"
-        return f"task:{max(shares, key=lambda k: (shares[k], k))}"  # unknown task: largest pool
+        return f"task:{max((n, k) for k, n in shares.items())[1]}"  # unknown task: largest pool
 
     def _piece_candidates(self: Core, p: str, need: float, only: str | None) -> list[str]:
         """Nodes of partition ``p`` to try: best fit on its free quota (largest room first for

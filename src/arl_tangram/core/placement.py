@@ -14,6 +14,8 @@ import bisect
 import math
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import trait
+
 from .actions import Status
 from .build import make_start
 from .fit import _best_warm2, _fit_leftover, _scan_index2
@@ -28,6 +30,7 @@ _QUEUED, _STARTING = Status.QUEUED, Status.STARTING  # (module constants: cheape
 _QUEUED_V, _STARTING_V = int(Status.QUEUED), int(Status.STARTING)
 
 
+@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class PlacementMixin:
     """Part of `Core`: from a queue head to a StartAction on a node; node capacity facts."""
 
@@ -215,7 +218,7 @@ class PlacementMixin:
         rec = hint if isinstance(hint, ActionRecord) else None
         if rec is None:  # a pending session: open it where its waiting actions can run
             recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
-            rec = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq), default=None)
+            rec = max(recs, key=_memory_then_seq, default=None)
         if rec is not None and rec.partition is not None:
             if self._parts_dirty:
                 self._compute_partitions()
@@ -234,7 +237,7 @@ class PlacementMixin:
             return None  # an explicit session with no actions yet waits for room
         # busy everywhere: open it where the action can run once capacity frees up
         fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
-        return max(fits, key=lambda n: (n.free.get(CPU, 0.0), n.name), default=None)
+        return max(fits, key=_free_cpu_then_name, default=None)
 
     # ---- capacity facts -------------------------------------------------------------------------
     def _node_changed(self: Core) -> None:
@@ -265,3 +268,13 @@ class PlacementMixin:
             ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
             self._possible[key] = ok
         return ok
+
+
+# (sort keys as module functions, not lambdas: mypyc cannot compile a lambda in a method of a
+# non-native class that closes over a local)
+def _memory_then_seq(r: ActionRecord) -> tuple[float, int]:
+    return (r.spec.demand.get("memory_mb"), r.seq)
+
+
+def _free_cpu_then_name(n: NodeState) -> tuple[float, str]:
+    return (n.free.get(CPU, 0.0), n.name)

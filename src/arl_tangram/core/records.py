@@ -15,6 +15,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from .actions import ActionKind, ActionSpec, Status
 from .cluster import ModelSpec, NodeSpec
 from .errors import IllegalTransition
@@ -25,6 +27,7 @@ _MODEL_KINDS = frozenset(k for k in ActionKind if k.uses_model)
 _MODEL_KINDS_T = tuple(_MODEL_KINDS)
 
 
+@mypyc_attr(native_class=False)  # (compiled classes cannot subclass str)
 class ShapeKey(str):
     """The key of a demand shape's shared-pool queue (`ActionRecord.skey`): ``"shape"`` and the
     demand's items, sorted, as text -- a str, because a str computes its hash once, where a

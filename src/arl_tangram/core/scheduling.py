@@ -21,6 +21,8 @@ import heapq
 import math
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import trait
+
 from .actions import Status
 from .nodeindex import FreeIndex
 from .records import ActionRecord, NodeState, ShapeKey
@@ -41,6 +43,7 @@ _RANK_NONE = -3000
 _AGED = -4000
 
 
+@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class SchedulingMixin:
     """Part of `Core`: everything between a queued action and a StartAction."""
 
@@ -97,10 +100,11 @@ class SchedulingMixin:
         """
         if not self.policy.ordered:
             return 1
+        share: float | None
         if rec.is_model:
             share = 0.0
         else:
-            share = self._shares.get(rec.skey)  # type: ignore[assignment]
+            share = self._shares.get(rec.skey)
             if share is None:
                 share = self._shares[rec.skey] = rec.spec.demand.dominant_share(self._ref())
         x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
@@ -166,13 +170,15 @@ class SchedulingMixin:
         e0 = q[0]
         if not look:
             pass  # (see above)
-        elif e0 is entry:  # fresh, so the head (`_head` would return it)
+        elif e0[1] == seq and e0[2] == gen:  # `e0 is entry`: fresh, so the head (`_head` would
+            # return it). (Compared by (seq, gen), which no other entry has: compiled, a tuple
+            # of fixed shape is unboxed, and the heap holds a boxed copy, never `entry` itself.)
             self._touched.add(key)
         else:
             r0 = self.actions.get(e0[3])
             if r0 is None or r0.gen != e0[2] or r0.queue_key != key:  # stale head: `_head` pops
                 got = self._head(key)
-                if got is not None and got[1] is entry:
+                if got is not None and got[1][1] == seq and got[1][2] == gen:  # (`is entry`)
                     self._touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
