@@ -4,7 +4,9 @@ Setup: 1,000 nodes of 8 CPUs / 32 GB, filled with running actions, and 10,000 ac
 Then, in a steady state, each cycle is one ActionFinished (which frees a slot, so the core places
 the next pending action: a StartAction) and one ActionArrived (the queue stays at 10,000).
 So every cycle is one action arriving, one placed and one finished. Demands are mixed (1, 2 or
-4 CPUs, elastic test suites) with work hints, as in the built-in workloads.
+4 CPUs, elastic test suites) with work hints, as in the built-in workloads. The harness builds
+the events (and the null core its commands) with the fast constructors the simulator uses
+(`core.build`), so the harness's own share of each cycle stays small.
 
 Prints actions/s per policy, and two ratios measured in the same run: against `fifo`, and
 against a null core (a FIFO deque that starts an action whenever one finishes: no capacity
@@ -39,15 +41,21 @@ from collections import deque
 from arl_tangram.core import FORM, Core, CoreConfig
 from arl_tangram.core.actions import (
     ActionKind,
-    ActionResult,
     ActionSpec,
     Elasticity,
     Speedup,
     Status,
     WorkHints,
 )
+from arl_tangram.core.build import (
+    make_arrived,
+    make_deliver,
+    make_finished,
+    make_result,
+    make_start,
+)
 from arl_tangram.core.cluster import ClusterSpec, NodeSpec
-from arl_tangram.core.commands import Command, Deliver, StartAction
+from arl_tangram.core.commands import Command, StartAction
 from arl_tangram.core.events import ActionArrived, ActionFinished, ActionStarted, Event
 from arl_tangram.core.resources import Resources
 
@@ -71,6 +79,9 @@ def make_actions(n: int, seed: int) -> list[ActionSpec]:
     return out
 
 
+_SUCCEEDED = Status.SUCCEEDED
+
+
 class NullCore:
     """The baseline: runs at most ``slots`` actions, the others wait in a FIFO deque."""
 
@@ -86,8 +97,9 @@ class NullCore:
         elif isinstance(event, ActionFinished):
             arrived = self.actions.pop(event.action_id)
             self.free += 1
-            done = ActionResult(event.action_id, Status.SUCCEEDED, arrived.time, None, event.time)
-            return [Deliver(done), *self._start()]
+            done = make_result(event.action_id, _SUCCEEDED, arrived.time, None, event.time, None,
+                               None, None, "", 1)
+            return [make_deliver(done, ""), *self._start()]
         elif isinstance(event, ActionStarted):
             return []
         return self._start()
@@ -97,7 +109,7 @@ class NullCore:
         while self.free > 0 and self.queue:
             self.free -= 1
             a = self.queue.popleft().action
-            out.append(StartAction(a, "n0", a.demand))
+            out.append(make_start(a, "n0", a.demand, True, ""))
         return out
 
 
@@ -143,7 +155,7 @@ def run(policy: str, nodes: int, pending: int, cycles: int, seed: int = 1,
     # fill the cluster and the queue
     while len(core.actions) - len(running) < pending:
         t += 1e-4
-        feed(core.handle(ActionArrived(t, next(it))))
+        feed(core.handle(make_arrived(t, next(it))))
     for aid in running:
         core.handle(ActionStarted(t, aid, "?"))
     rng = random.Random(seed)
@@ -160,8 +172,8 @@ def run(policy: str, nodes: int, pending: int, cycles: int, seed: int = 1,
         aid = running[j]
         running[j] = running[-1]
         running.pop()
-        feed(core.handle(ActionFinished(t, aid, run_s=1.0)))
-        feed(core.handle(ActionArrived(t, next(it))))
+        feed(core.handle(make_finished(t, aid, _SUCCEEDED, None, "", 1.0)))
+        feed(core.handle(make_arrived(t, next(it))))
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     meter.on = False
