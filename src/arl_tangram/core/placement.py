@@ -270,8 +270,8 @@ class PlacementMixin:
         return ok
 
 
-# (sort keys as module functions, not lambdas: mypyc cannot compile a lambda in a method of a
-# non-native class that closes over a local)
+# (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
+# a local of a method of `Core`'s parts)
 def _memory_then_seq(r: ActionRecord) -> tuple[float, int]:
     return (r.spec.demand.get("memory_mb"), r.seq)
 
