@@ -61,15 +61,16 @@ def _extensions() -> list:
     # mypy follows the core's imports (the core and the standard library: full types make
     # faster code) but not the package's lazy `arl_tangram.client` export, which leads to
     # httpx, FastAPI and torch: minutes of type-checking for nothing.
-    config = Path(tempfile.mkdtemp()) / "mypyc.ini"
-    config.write_text("[mypy]\nignore_missing_imports = True\n"
-                      "[mypy-arl_tangram.client,arl_tangram.client.*]\nfollow_imports = skip\n")
-    return mypycify(
-        ["--config-file", str(config), "--python-version",
-         f"{sys.version_info[0]}.{sys.version_info[1]}", *sources],
-        opt_level="3",
-        group_name="arl_tangram_core",
-    )
+    with tempfile.TemporaryDirectory() as tmp:  # (mypycify type-checks and writes C right here)
+        config = Path(tmp) / "mypyc.ini"
+        config.write_text("[mypy]\nignore_missing_imports = True\n"
+                          "[mypy-arl_tangram.client,arl_tangram.client.*]\nfollow_imports = skip\n")
+        return mypycify(
+            ["--config-file", str(config), "--python-version",
+             f"{sys.version_info[0]}.{sys.version_info[1]}", *sources],
+            opt_level="3",
+            group_name="arl_tangram_core",
+        )
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
