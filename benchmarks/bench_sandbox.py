@@ -13,11 +13,13 @@ import asyncio
 import itertools
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.resources import Resources
@@ -105,6 +107,63 @@ async def throughput_detail(m: CpuManager, n: int, conc: int) -> tuple[float, di
     return n / dt, per
 
 
+FLOOR = """
+import gc, os, resource, sys, time
+for name in sys.argv[2:]:
+    __import__(name)
+gc.freeze()
+n, out = int(sys.argv[1]), os.open("/dev/null", os.O_WRONLY)
+def use():
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    b = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (a.ru_utime + a.ru_stime, b.ru_utime + b.ru_stime, a.ru_minflt, b.ru_minflt)
+u0 = use()
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(out, 1)
+        exec(compile("print(1)", "main.py", "exec"), {"__name__": "__main__"})
+        sys.stdout.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+u1 = use()
+print(*((b - a) / n for a, b in zip(u0, u1)))
+"""
+
+
+def fork_floor(preload: tuple[str, ...], n: int) -> dict[str, float]:
+    """The floor of any design that runs each action in a fresh fork of a pre-imported Python:
+    a process with the fork server's preloaded modules (bound like it, `LD_BIND_NOW`) forks,
+    the child runs `print(1)` (to /dev/null) and exits, the parent reaps it. No namespaces,
+    cgroups, rlimits, privilege drop, I/O capture or manager: CPU ms and minor faults per
+    action of parent and child."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_BIND_NOW": "1"}
+    out = subprocess.run([sys.executable, "-c", FLOOR, str(n), *preload], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    parent, child, pf, cf = map(float, out)
+    return {"parent": parent * 1e3, "child": child * 1e3, "parent_flt": pf, "child_flt": cf}
+
+
+def isolation_floor(n: int) -> tuple[float, float] | None:
+    """CPU us per sandbox of the isolation's kernel work alone (`ns_floor.c`, built here with the
+    C compiler, if any): (with namespaces and mounts, without), parent and child summed; None
+    if there is no compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        exe = os.path.join(d, "ns_floor")
+        subprocess.run([cc, "-O2", "-o", exe, str(Path(__file__).with_name("ns_floor.c"))],
+                       check=True)
+        os.mkdir(os.path.join(d, "mnt"))
+
+        def one(isolate: int) -> float:
+            out = subprocess.run([exe, str(n), str(isolate), os.path.join(d, "mnt")],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            return float(out[0]) + float(out[1])
+        return one(1), one(0)
+
+
 def plain_gpp(reps: int) -> float:
     ts = []
     with tempfile.TemporaryDirectory() as d:
@@ -178,6 +237,19 @@ async def main(quick: bool, direct: bool) -> None:
               f" ({per['zygote_flt']:.0f} faults), sandbox {per['sandboxes']:.2f} ms"
               f" ({per['sandboxes_flt']:.0f} faults); load average now "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    fl = fork_floor(m.config.preload_modules, 500 if quick else 2000)
+    floor_ms = fl["parent"] + fl["child"]
+    print(f"floor (fork of a python holding the same preload, print(1), exit; no isolation, no "
+          f"manager): {floor_ms:.2f} ms/action (parent {fl['parent']:.2f} ms, "
+          f"{fl['parent_flt']:.0f} faults; child {fl['child']:.2f} ms, {fl['child_flt']:.0f} "
+          f"faults) -> at most {2000 / floor_ms:.0f}/s on 2 idle cores; the full path at concurrency 16 "
+          f"costs {ms - floor_ms:.2f} ms more per action")
+    iso = isolation_floor(500 if quick else 2000)
+    if iso is not None:
+        print(f"isolation's kernel work alone (benchmarks/ns_floor.c: new PID, mount, IPC, UTS "
+              f"namespaces, a lent network namespace, tmpfs + bind + /proc mounts, hostname): "
+              f"{(iso[0] - iso[1]) / 1e3:.2f} ms per sandbox ({iso[0] / 1e3:.2f} ms with it, "
+              f"{iso[1] / 1e3:.2f} ms for a bare fork + exit of a small C process)")
     if "cpp" in m.languages():
         reps = 3 if quick else 5
         g, mg = plain_gpp(reps), await managed_gpp(m, reps)
