@@ -17,7 +17,8 @@ measured twice: with wrk at one connection (a C client, ~0.03 ms of its own) and
 no HTTP and no engine, to split the server's CPU into the manager's share and the rest.
 It also prints how idle the machine was during the load (/proc/stat) and, from a short extra
 load while /v1/stats is sampled, how many actions the scheduler had admitted on average
-against the node's CPU capacity (each /run_code action asks for 1 core).
+against the node's CPU capacity (each /run_code action asks for 1 core). ``--config FILE`` passes
+a `tangram serve --config` file to the ARL-Tangram server (e.g. another node capacity).
 
     python benchmarks/bench_service.py --duration 30
 """
@@ -165,10 +166,12 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def start(kind: str, port: int) -> subprocess.Popen:
+def start(kind: str, port: int, config: str | None = None) -> subprocess.Popen:
     if kind == "tangram":
         cmd = [sys.executable, "-m", "arl_tangram.cli.main", "serve", "--no-models",
                "--port", str(port), "--log-level", "warning"]
+        if config:
+            cmd += ["--config", config]
     else:
         cmd = [sys.executable, __file__, "--serve-naive", str(port)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -272,7 +275,7 @@ def sequential(url: str, n: int) -> float:
 def bench(kind: str, args: argparse.Namespace) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start(kind, port)
+    proc = start(kind, port, args.config)
     meter = CpuMeter(proc.pid)
     try:
         wait_up(url, proc)
@@ -321,6 +324,7 @@ def main() -> int:
                          "(0: skip)")
     ap.add_argument("--manager-alone", type=int, default=300, metavar="N",
                     help="actions for the in-process CPU manager figure (0: skip)")
+    ap.add_argument("--config", help="`tangram serve --config` file for the ARL-Tangram server")
     ap.add_argument("--serve-naive", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--manager-only", type=int, metavar="N", help=argparse.SUPPRESS)
     args = ap.parse_args()
