@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import types
@@ -13,7 +12,6 @@ from core_helpers import Driver, act, cpu_node, elastic
 from arl_tangram.core import commands as cmd
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import ActionSpec, Status
-from arl_tangram.core.elastic import _gain
 from arl_tangram.core.resources import CPU
 
 
@@ -51,7 +49,8 @@ def _warm_targets_plain(self) -> None:
 
 
 def _expand_plain(self) -> None:
-    """`_expand` as it was: every changed node scanned, elastic actions or not."""
+    """`_expand` as it was: every changed node scanned, elastic actions or not (the fast
+    path visits only the nodes that hold elastic actions)."""
     if self.shape_keys:
         if self._grow:
             self._grow = set()
@@ -64,42 +63,8 @@ def _expand_plain(self) -> None:
             continue
         if node.sessions and any(self.qlive.get(("sess", sid)) for sid in node.sessions):
             continue
-        if node.running:
-            _expand_node_plain(self, node)
-
-
-def _expand_node_plain(self, node) -> None:
-    frac, step = self.config.reserve_fraction, self.config.elastic_step
-    heap = []
-    for aid in node.running:
-        rec = self.actions.get(aid)
-        if rec is None or rec.allotment is None:
-            continue
-        el = rec.spec.elasticity
-        if el is None or not el.is_elastic or rec.allotment.get(el.dim) >= el.max - 1e-9:
-            continue
-        heap.append((-_gain(rec, step), rec.seq, aid))
-    if not heap:
-        return
-    heapq.heapify(heap)
-    changed = {}
-    while heap:
-        g, _, aid = heapq.heappop(heap)
-        rec = self.actions[aid]
-        el = rec.spec.elasticity
-        spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
-        k = rec.allotment.get(el.dim)
-        delta = min(step, el.max - k, spare)
-        if delta <= 1e-9 or g >= 0:
-            continue
-        node.take({el.dim: delta})
-        rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
-        changed[aid] = rec
-        if k + delta < el.max - 1e-9:
-            heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
-    if changed:
-        self.index.update(node.name, node.free)
-        self._emit_resizes(node, changed.values())
+        if node.running:  # (the per-node pass is shared: only which nodes are visited differs)
+            self._expand_node(node)
 
 
 def _pair(nodes, **cfg):
