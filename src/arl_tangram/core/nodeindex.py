@@ -69,7 +69,7 @@ class FreeIndex:
             if not ob:
                 del buckets[old]
                 del self.levels[bisect.bisect_left(self.levels, old)]
-        lv[name] = new
+        lv[name] = new  # `_add(name, new)`, inlined
         b = buckets.get(new)
         if b is None:
             b = buckets[new] = {}
@@ -101,20 +101,9 @@ class FreeIndex:
         self._held = None
         if not self._held_moved:
             return
-        new = self._held_level
-        old = self._level[name]
-        buckets, levels = self._buckets, self.levels
-        ob = buckets[old]  # (to the end of its bucket even when back at its old level)
-        del ob[name]
-        if not ob:
-            del buckets[old]
-            del levels[bisect.bisect_left(levels, old)]
-        self._level[name] = new
-        b = buckets.get(new)
-        if b is None:
-            b = buckets[new] = {}
-            bisect.insort(levels, new)
-        b[name] = None
+        # to the end of its final bucket, even when that is the one it was in
+        self._drop(name, self._level[name])
+        self._add(name, self._held_level)
 
     def remove(self, name: str) -> None:
         if self._held is not None:
@@ -129,6 +118,14 @@ class FreeIndex:
         if not b:
             del self._buckets[lvl]
             del self.levels[bisect.bisect_left(self.levels, lvl)]
+
+    def _add(self, name: str, lvl: int) -> None:
+        self._level[name] = lvl
+        b = self._buckets.get(lvl)
+        if b is None:
+            b = self._buckets[lvl] = {}
+            bisect.insort(self.levels, lvl)
+        b[name] = None
 
     def from_level(self, cpu: float) -> Iterator[str]:
         """Nodes whose free cpu may cover ``cpu``, fullest (least free) first."""
