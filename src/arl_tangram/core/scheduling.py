@@ -133,19 +133,8 @@ class SchedulingMixin:
         if aged:
             entry = (_AGED, seq, gen, spec.id)
             self._aged_pushes += 1
-        else:  # `self._rank(rec)`, inlined where the share is known
-            if not self.policy.ordered:
-                rank = 1
-            elif shared and (share := self._shares.get(key)) is not None:
-                x = rec.est * (1e-3 if share < 1e-3 else share) / spec.weight
-                if x <= 0.0:
-                    rank = _RANK_NONE
-                else:
-                    m, ex = math.frexp(x)
-                    rank = 2 * ex + (m >= _SQRT_HALF) + _RANK0
-            else:
-                rank = self._rank(rec)
-            entry = (rank, seq, gen, spec.id)
+        else:
+            entry = (self._rank(rec), seq, gen, spec.id)
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = []
