@@ -335,20 +335,13 @@ class SchedulingMixin:
         limit = free.get(CPU, 0.0) + 1e-9
         heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         no_aged = not self._aged_pushes
-        queues, actions, pop = self.queues, self.actions, heapq.heappop
         for key, kcpu in self.shape_keys.items():  # (no placement happens before this loop ends)
             if no_aged and kcpu > limit:
                 continue  # (below, for a head that cannot be aged: all its queue has that cpu)
-            q = queues.get(key)  # `rec, e = head(key)`, inlined
-            while q:
-                e = q[0]
-                r = actions.get(e[3])
-                if r is not None and r.gen == e[2] and r.queue_key == key:
-                    break
-                pop(q)
-            else:
-                continue  # (no live entry)
-            rec = r
+            got = head(key)
+            if got is None:
+                continue
+            rec, e = got
             if e[0] != _AGED and rec.cpu > limit:
                 continue  # more CPU than the node has: still blocked (aged heads go on)
             heap.append((e[0], e[1], key, rec))
