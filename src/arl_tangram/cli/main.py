@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "serve": ("arl_tangram.cli.serve", "run the ARL-Tangram service (HTTP API)"),
     "demo": ("arl_tangram.cli.demo", "run the main demonstration job"),
     "simulate": ("arl_tangram.cli.simulate", "simulate a workload under the scheduling policies"),
+    "replay": ("arl_tangram.cli.replay", "replay a trace on real sandboxes and models"),
+    "calibrate": ("arl_tangram.cli.calibrate", "measure this machine into a cluster spec"),
 }
 
 
@@ -32,7 +34,7 @@ def _load(name: str) -> Any:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tangram", description="ARL-Tangram: action-level "
                                      "management of external resources for agentic RL")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,demo,simulate}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, (_module, help_text) in SUBCOMMANDS.items():
         mod = _load(name) if only in (None, name) else None
         if mod is not None and hasattr(mod, "add_parser"):

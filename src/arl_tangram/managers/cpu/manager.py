@@ -223,7 +223,7 @@ class CpuManager:
             return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
         async with s.lock:
             s.last_used = time.monotonic()
-            req["limits"]["cpus"] = s.cpu
+            s.cpu = req["limits"]["cpus"]  # the action's allotment sets the session's quota
             if s.sandbox.slot is not None:
                 s.sandbox.slot.reset_stats()
             self._running[action.id] = s.sandbox

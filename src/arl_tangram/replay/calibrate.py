@@ -1,0 +1,327 @@
+"""Measures this machine into the cluster spec the simulator should use for it.
+
+Invariant: every figure written is measured here, in this run, through the same managers the
+engine uses: the work program's speed inside a real sandbox on a one-core quota (units per
+CPU-second), a fresh sandbox's start (cold) and one taken from the warm pool, a session's
+open, the engine's own cost of one action (submit -> delivered, zero work, idle engine, per
+path: one-shot code, a test with cases, a tool call in a session), and for each model its
+cold load, its swap-in from host memory and its batch latency ``alpha + beta * batch``
+(least squares over batch sizes 1..16, `managers.gpu.costs.fit_alpha_beta`). Nothing is
+assumed; a figure that cannot be measured is left out and said so.
+
+The spec (docs/trace-format.md) has fields for node capacity and the model costs. The other
+figures go in a top-level ``calibration:`` section, which `parse_cluster` ignores (so
+`tangram simulate --cluster` reads the file as is) and `tangram replay --predict` reads: the
+sandbox cold start becomes each action's ``cold_start_s``, the session open each session's
+``cold_start_s``, and the per-path engine cost is added to each CPU action's ``work_s``
+(see `replay.predict`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core.actions import ActionKind, ActionSpec
+from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+from .work import program
+
+Say = Callable[[str], None]
+
+DEFAULT_MODEL_DIR = Path(os.environ.get("TANGRAM_MODEL_DIR", Path.home() / ".cache" / "arl-tangram" / "tiny-models"))
+CPU_DEVICES = 2  # CPU-backed model devices on a machine without CUDA
+
+
+def local_models(model_dir: Path = DEFAULT_MODEL_DIR) -> list[ModelSpec]:
+    """The tiny models built from configs (offline) plus the packaged MiniLM, if installed."""
+    from ..managers.gpu.testing import build_tiny_models, tiny_model_specs
+
+    kinds = {"scalar": model_dir / "scalar", "classifier": model_dir / "classifier",
+             "judge": model_dir / "judge"}
+    if not all((p / "config.json").exists() for p in kinds.values()):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        build_tiny_models(model_dir, seed=0)
+    return tiny_model_specs({k: str(v) for k, v in kinds.items()})
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
+    from ..managers.cpu import CpuManager, CpuManagerConfig
+
+    mgr = CpuManager(CpuManagerConfig())
+    await mgr.start()
+    out: dict[str, float] = {}
+    try:
+        pool = mgr._pool
+        assert pool is not None
+        for _ in range(40):  # let the warm pool fill
+            if len(pool.ready) >= 2:
+                break
+            await asyncio.sleep(0.05)
+
+        async def run(units: int, cpus: float, p: float = 0.0, w: int = 1) -> tuple[float, float]:
+            a = ActionSpec(id=f"cal-{time.monotonic_ns()}", kind=ActionKind.CODE,
+                           payload={"code": program(units, p, w), "language": "python"})
+            t0 = time.perf_counter()
+            rr = await mgr.run(a, Resources(cpu=cpus, memory_mb=512))
+            wall = time.perf_counter() - t0
+            if rr.status != "Success":
+                raise RuntimeError(f"calibration program failed: {rr.message} "
+                                   f"{rr.run_result.stderr if rr.run_result else ''}")
+            return wall, float(rr.cpu_time or 0.0)
+
+        await run(200, 1.0)  # first run: page faults, caches
+        probe_units = 3000
+        rates, walls0 = [], []
+        for _ in range(repeats):
+            w0, _c0 = await run(0, 1.0)
+            wall, _cpu = await run(probe_units, 1.0)
+            walls0.append(w0)
+            rates.append(probe_units / max(1e-6, wall - w0))
+        out["units_per_s"] = _median(rates)
+        say(f"work program: {out['units_per_s']:.0f} units per core-second "
+            f"(sandbox run of an empty program {1000 * _median(walls0):.1f} ms)")
+        wq, _ = await run(probe_units // 4, 0.25)
+        w1, _ = await run(probe_units // 4, 1.0)
+        out["quarter_core_slowdown"] = (wq - _median(walls0)) / max(1e-6, w1 - _median(walls0))
+        w2, _c2 = await run(probe_units, 2.0, 1.0, 2)
+        w1b, _ = await run(probe_units, 1.0)
+        out["two_core_speedup"] = (w1b - _median(walls0)) / max(1e-6, w2 - _median(walls0))
+        say(f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
+            f"a fully parallel program on 2 cores {out['two_core_speedup']:.2f}x faster")
+        colds, warms, opens = [], [], []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            sb = await pool.spawn()
+            colds.append(time.perf_counter() - t0)
+            pool.release(sb)
+            for _ in range(40):
+                if len(pool.ready) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            sb = await pool.take()
+            warms.append(time.perf_counter() - t0)
+            pool.release(sb)
+            t0 = time.perf_counter()
+            await mgr.open_session(f"cal-{i}", Resources(memory_mb=256), 60.0)
+            opens.append(time.perf_counter() - t0)
+            await mgr.close_session(f"cal-{i}")
+        out["cold_start_s"] = _median(colds)
+        out["warm_start_s"] = _median(warms)
+        out["session_open_s"] = _median(opens)
+        say(f"sandbox: cold start {1000 * out['cold_start_s']:.1f} ms, warm take "
+            f"{1000 * out['warm_start_s']:.2f} ms, session open {1000 * out['session_open_s']:.1f} ms")
+    finally:
+        await mgr.aclose()
+    return out
+
+
+async def _engine_figures(say: Say, repeats: int) -> dict[str, float]:
+    """Submit -> delivered of a zero-work action on an idle embedded engine, per path."""
+    from ..runtime.config import NodeConfig
+    from ..runtime.engine import Engine, EngineConfig
+    from ..runtime.local import LocalExecutor
+
+    eng = Engine(LocalExecutor((NodeConfig(name="cal", gpu=None),)), EngineConfig(policy="fifo"))
+    await eng.start()
+    out: dict[str, float] = {}
+    try:
+        await asyncio.sleep(0.5)
+        sid = await eng.open_session("cal-s", demand=Resources(memory_mb=256), ttl_s=60)
+        await asyncio.sleep(0.2)
+        paths = {
+            "code": dict(kind=ActionKind.CODE, payload={"code": program(0), "language": "python"}),
+            "test": dict(kind=ActionKind.TEST, payload={"code": program(0), "language": "python",
+                                                        "cases": [{"stdin": ""}]}),
+            "tool_session": dict(kind=ActionKind.TOOL, session=sid,
+                                 payload={"code": program(0, session=True), "language": "python"}),
+        }
+        for name, kw in paths.items():
+            acts = []
+            for i in range(repeats + 1):
+                res = await eng.run(ActionSpec(id=f"cal-{name}-{i}", **kw))  # type: ignore[arg-type]
+                if res.status.name != "SUCCEEDED":
+                    raise RuntimeError(f"calibration action {name} ended {res.status.name}: {res.reason}")
+                if i:  # the first one warms caches
+                    acts.append((res.finish_time or 0.0) - res.submit_time)
+                await asyncio.sleep(0.1)  # idle engine: a warm sandbox ready again
+            out[name] = _median(acts)
+        say("engine cost of one zero-work action (submit -> delivered): " + ", ".join(
+            f"{k} {1000 * v:.1f} ms" for k, v in out.items()))
+    finally:
+        await eng.aclose()
+    return out
+
+
+async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> list[ModelSpec]:
+    from ..managers.gpu import GpuManager, GpuManagerConfig
+    from ..managers.gpu.costs import fit_alpha_beta
+    from ..sim.trace import SimAction
+    from .driver import action_payload
+
+    mgr = GpuManager(GpuManagerConfig(device="auto", cpu_devices=CPU_DEVICES), models)
+    out = []
+    try:
+        for m in models:
+            loads, swaps, samples = [], [], []
+            for r in range(max(2, repeats // 2)):
+                loads.append(await mgr.load(f"{m.name}-c{r}", m.name, (0,)))
+                await mgr.unload(f"{m.name}-c{r}", park=False)
+            await mgr.load(f"{m.name}-p", m.name, (0,))
+            for r in range(max(2, repeats // 2)):
+                await mgr.unload(f"{m.name}-p" if r == 0 else f"{m.name}-s{r - 1}", park=True)
+                swaps.append(await mgr.load(f"{m.name}-s{r}", m.name, (0,), from_host=True))
+            iid = f"{m.name}-s{max(2, repeats // 2) - 1}"
+            act = SimAction(ActionKind.REWARD if m.kind != "judge" else ActionKind.JUDGE, 0.0,
+                            Resources(), model=m.name)
+            for n in (1, 2, 4, 8, 16):
+                for r in range(3):
+                    specs = [ActionSpec(id=f"b{n}-{r}-{i}", kind=act.kind, model=m.name,
+                                        payload=action_payload(act, m, 1.0, i, False)) for i in range(n)]
+                    o = await mgr.run_batch(iid, specs)
+                    if o.failed:
+                        raise RuntimeError(f"model {m.name}: {next(iter(o.failed.values()))}")
+                    if r:  # the first batch of a size warms caches
+                        samples.append((n, o.latency_s))
+            await mgr.unload(iid, park=False)
+            fit = fit_alpha_beta(samples, 3) or (m.alpha, m.beta)
+            spec = ModelSpec(m.name, m.kind, m.path, m.devices, m.memory_mb, m.dtype,
+                             load_s=round(_median(loads), 5), swap_s=round(_median(swaps), 5),
+                             alpha=round(fit[0], 6), beta=round(fit[1], 6), max_batch=m.max_batch,
+                             max_instances=CPU_DEVICES, host_memory_mb=m.host_memory_mb,
+                             options=m.options)
+            say(f"model {m.name} ({m.kind}): load {1000 * spec.load_s:.0f} ms, swap-in "
+                f"{1000 * spec.swap_s:.1f} ms, batch latency {1000 * spec.alpha:.1f} ms + "
+                f"{1000 * spec.beta:.2f} ms x batch")
+            out.append(spec)
+    finally:
+        await mgr.aclose()
+    return out
+
+
+def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
+              model_dir: Path = DEFAULT_MODEL_DIR) -> dict[str, Any]:
+    """Measure this machine; returns the spec as plain data (`write_spec` writes it)."""
+    from ..runtime.node import machine_capacity
+
+    cap = machine_capacity()
+    say(f"machine: {int(cap.get(CPU))} cores, {cap.get(MEMORY_MB):.0f} MB")
+    cpu = asyncio.run(_cpu_figures(say, repeats))
+    eng = asyncio.run(_engine_figures(say, repeats))
+    models: list[ModelSpec] = []
+    if with_models:
+        try:
+            models = asyncio.run(_model_figures(local_models(model_dir), say, repeats))
+        except ImportError as exc:
+            say(f"models: not measured ({exc}); install the [gpu] extra")
+    node: dict[str, Any] = {"name": "local", "pool": "default",
+                            "capacity": {CPU: int(cap.get(CPU)), MEMORY_MB: int(cap.get(MEMORY_MB))}}
+    if models:
+        import torch
+
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else CPU_DEVICES
+        node["capacity"][GPU] = ngpu
+        node["capacity"][GPU_MEMORY_MB] = 4096 * ngpu
+    spec: dict[str, Any] = {"nodes": [node]}
+    if models:
+        spec["models"] = [_model_dict(m) for m in models]
+    spec["calibration"] = {
+        "host": platform.node(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "units_per_s": round(cpu["units_per_s"], 1),
+        "cold_start_s": round(cpu["cold_start_s"], 5),
+        "warm_start_s": round(cpu["warm_start_s"], 6),
+        "session_open_s": round(cpu["session_open_s"], 5),
+        "dispatch_s": {k: round(v, 5) for k, v in eng.items()},
+        "quarter_core_slowdown": round(cpu["quarter_core_slowdown"], 3),
+        "two_core_speedup": round(cpu["two_core_speedup"], 3),
+    }
+    return spec
+
+
+def _model_dict(m: ModelSpec) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": m.name, "kind": m.kind, "path": m.path, "devices": m.devices,
+                         "memory_mb": m.memory_mb, "load_s": m.load_s, "swap_s": m.swap_s,
+                         "alpha": m.alpha, "beta": m.beta, "max_batch": m.max_batch,
+                         "max_instances": m.max_instances}
+    if m.options:
+        d["options"] = dict(m.options)
+    return d
+
+
+_HEADER = """\
+# Measured by `tangram calibrate` on {host} at {when}; every figure below is a measurement.
+# Cluster spec format: docs/trace-format.md. The `calibration:` section is ignored by
+# `tangram simulate` and read by `tangram replay` (work program speed) and `--predict`
+# (sandbox cold start -> each action's cold_start_s, session open -> each session's
+# cold_start_s, dispatch_s -> added to each CPU action's work_s); see docs/fidelity.md.
+"""
+
+
+def write_spec(spec: Mapping[str, Any], path: str | Path) -> None:
+    import yaml
+
+    cal = spec.get("calibration", {})
+    text = _HEADER.format(host=cal.get("host", "?"), when=cal.get("measured_at", "?"))
+    text += yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=None, width=100)
+    Path(path).write_text(text)
+
+
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    """The ``calibration:`` section of a spec file ({} if it has none)."""
+    from ..specfile import read_yaml
+
+    data = read_yaml(path)
+    cal = data.get("calibration") if isinstance(data, Mapping) else None
+    if not isinstance(cal, Mapping):
+        return {}
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return {k: plain(v) for k, v in x.items() if k != "__line__"}
+        return x
+
+    return plain(cal)
+
+
+def quick_units_per_s(seconds: float = 0.3) -> float:
+    """The work program's speed in this process (when no calibrated spec is given)."""
+    units = 200
+    src = compile(program(units), "<work>", "exec")
+    done, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        exec(src, {"__name__": "__work__"})
+        done += units
+    return done / (time.process_time() - t0)
+
+
+def cluster_of(spec: Mapping[str, Any]) -> ClusterSpec:
+    from ..core.cluster import parse_cluster
+
+    return parse_cluster(dict(spec), "<calibrated>")
+
+
+def tmp_spec_path() -> str:
+    return os.path.join(tempfile.gettempdir(), "tangram-calibrated.yaml")
+
+
+__all__ = [
+    "NodeSpec",
+    "calibrate",
+    "cluster_of",
+    "local_models",
+    "quick_units_per_s",
+    "read_calibration",
+    "write_spec",
+]

@@ -1,0 +1,455 @@
+"""Replays a trace on real resources: the real engine, real sandboxes, real models.
+
+Invariants:
+- Closed loop, as the simulator (`sim/simulator.py`): a trajectory's first action is submitted
+  ``start + gen_s[0]`` after its RL step begins, action *i+1* ``gen_s[i+1]`` seconds (a real
+  wait) after action *i* was delivered, whatever its status; its sessions are opened on first
+  use and closed when it ends; RL steps run in order, the next one after the last trajectory
+  of the previous one ended (plus ``train_s``).
+- Every policy runs through the same engine and managers; the core for a policy is built by
+  `arl_tangram.sim.runner.make_core` with the settings `tangram simulate` gives it (trajectory
+  count for trajectory-bound, measured task shares for task-isolated), so both see one config.
+- The truth of the trace becomes real work (`actions_payload`): CPU actions run the work
+  program (`replay.work`) in their sandbox, ``work_s x units_per_s`` units, its parallel part
+  over forked processes; session actions run in their session's sandbox; reward and judge
+  actions are scored by the cluster spec's models through the GPU manager. ``cold_start_s``
+  and ``fails`` of the trace are the simulator's business and are not acted out here: a real
+  sandbox start costs what it costs.
+- Figures are what the engine measured (ACT = finish - submit on the engine's clock) and what
+  the sandboxes' cgroups counted (CPU-seconds consumed), never derived from the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.actions import ActionKind, ActionSpec, Status
+from ..core.cluster import ClusterSpec, ModelSpec
+from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
+from ..sim.trace import SimAction, Trajectory
+from .work import program, units_for, workers_for
+
+Progress = Callable[[int], None]  # called with the number of actions just delivered (1)
+
+_TEXTS = (
+    "def add(a, b):\n    return a + b\n",
+    "The answer is 4 because 2 + 2 = 4.",
+    "import numpy as np\nprint(np.arange(10).sum())",
+    "Reward models score a response to a prompt; judges answer Yes or No.",
+)
+
+
+# ---- what each action really does -------------------------------------------------------------
+
+
+def action_payload(act: SimAction, model: ModelSpec | None, units_per_s: float, index: int,
+                   in_session: bool) -> dict[str, Any]:
+    """The payload that makes ``act`` real: the work program, or texts for its model."""
+    if act.kind.uses_model:
+        text = _TEXTS[index % len(_TEXTS)]
+        if model is not None and model.kind == "similarity":
+            return {"response": text, "reference": _TEXTS[(index + 1) % len(_TEXTS)]}
+        if model is not None and model.kind == "judge":
+            return {"prompt": "Is this correct?", "response": text}
+        return {"query": text}
+    el = act.elasticity
+    p = el.speedup.parallel_fraction if el is not None else 0.0
+    workers = workers_for(el.max if el is not None and el.dim == CPU else None, p)
+    code = program(units_for(act.work_s, units_per_s), p, workers, session=in_session)
+    payload: dict[str, Any] = {"code": code, "language": "python",
+                               "run_timeout": float(act.timeout_s)}
+    if act.kind == ActionKind.TEST:
+        payload["cases"] = [{"stdin": ""}]
+    return payload
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayReport:
+    """What one policy did on real resources (the --json contract: `as_dict`)."""
+
+    policy: str
+    trace: str
+    actions: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    acts: list[float] = field(default_factory=list)  # ACT of every executed action, s
+    acts_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    step_s: list[float] = field(default_factory=list)  # rollout + training per RL step
+    makespan_s: float = 0.0
+    capacity_cpu: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time the sandboxes consumed (their cgroups' count)
+    cpu_series: list[tuple[float, float]] = field(default_factory=list)  # (t, busy fraction)
+    session_turns_ok: bool = True  # every session action saw the state its predecessors left
+    stats: dict[str, Any] = field(default_factory=dict)  # the engine's counters at the end
+    wall_s: float = 0.0
+
+    @staticmethod
+    def summary(xs: Sequence[float]) -> dict[str, float]:
+        if not xs:
+            return {"count": 0, "avg": 0.0, "p50": 0.0, "p99": 0.0}
+        s = sorted(xs)
+        return {"count": len(s), "avg": statistics.fmean(s), "p50": _q(s, 0.5), "p99": _q(s, 0.99)}
+
+    @property
+    def act(self) -> dict[str, float]:
+        return self.summary(self.acts)
+
+    @property
+    def step_avg_s(self) -> float:
+        return statistics.fmean(self.step_s) if self.step_s else 0.0
+
+    @property
+    def cpu_utilization(self) -> float:
+        den = self.capacity_cpu * self.makespan_s
+        return self.cpu_seconds / den if den > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "trace": self.trace, "actions": self.actions,
+                "by_status": dict(sorted(self.by_status.items())), "act": self.act,
+                "act_by_kind": {k: self.summary(v) for k, v in sorted(self.acts_by_kind.items())},
+                "step_s": list(self.step_s), "step_avg_s": self.step_avg_s,
+                "makespan_s": self.makespan_s, "cpu_seconds": self.cpu_seconds,
+                "utilization": {"cpu": self.cpu_utilization},
+                "session_state_kept": self.session_turns_ok,
+                "warm_hits": self.stats.get("warm_hits"), "warm_misses": self.stats.get("warm_misses"),
+                "model_loads": self.stats.get("model_loads"), "model_swaps": self.stats.get("model_swaps"),
+                "wall_s": self.wall_s}
+
+
+def _q(s: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``s`` (linear interpolation, as numpy's default)."""
+    if len(s) == 1:
+        return s[0]
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+# ---- backends: the embedded engine, or a running service --------------------------------------
+
+
+class _Backend:
+    cpu_capacity: float = 0.0
+
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str: ...
+    async def close_session(self, sid: str) -> None: ...
+    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]: ...
+    def cpu_ns(self) -> int | None: return None
+    def stats(self) -> dict[str, Any]: return {}
+    async def aclose(self) -> None: ...
+
+
+class EmbeddedBackend(_Backend):
+    """The engine in this process over one `NodeHost` per node of the cluster spec."""
+
+    def __init__(self, cluster: ClusterSpec, policy: str, trajectories: int,
+                 shares: Mapping[str, float] | None, *, cpu_config: Mapping[str, Any] | None = None,
+                 tick_s: float = 0.5) -> None:
+        from ..runtime.config import NodeConfig
+        from ..runtime.engine import Engine, EngineConfig
+        from ..runtime.local import LocalExecutor
+        from ..sim.runner import make_core
+
+        nodes = []
+        for n in cluster.nodes:
+            ngpu = int(n.capacity.get(GPU))
+            gpu = None
+            if ngpu and cluster.models:
+                gpu = {"device": "auto", "cpu_devices": ngpu,
+                       "cpu_device_memory_mb": n.capacity.get(GPU_MEMORY_MB) / ngpu or 4096.0}
+            nodes.append(NodeConfig(name=n.name, pool=n.pool, capacity=n.capacity,
+                                    cpu=dict(cpu_config or {}), gpu=gpu, labels=dict(n.labels)))
+        self.cluster = cluster
+        self.cpu_capacity = cluster.total_capacity().get(CPU)
+        models = tuple(cluster.models)
+
+        def core_factory(_cfg: Any, specs: Sequence[Any]) -> Any:
+            return make_core(ClusterSpec(tuple(specs), models), policy, trajectories, shares)
+
+        self.executor = LocalExecutor(nodes, models)
+        self.engine = Engine(self.executor, EngineConfig(policy=policy, models=models, tick_s=tick_s),
+                             core_factory=core_factory)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
+        return await self.engine.open_session(sid, demand=demand, ttl_s=ttl_s)
+
+    async def close_session(self, sid: str) -> None:
+        await self.engine.close_session(sid)
+
+    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
+        res = await self.engine.run(spec)
+        act = res.finish_time - res.submit_time if res.finish_time is not None else None
+        return res.status.name.lower(), act, res.output
+
+    def cpu_ns(self) -> int | None:
+        """CPU time consumed so far by every sandbox of every node (their cgroups' sum)."""
+        total = 0
+        for host in self.executor.hosts.values():
+            tree = getattr(host.cpu, "_cgroups", None)
+            if tree is None or tree.version is None:
+                return None
+            try:
+                if tree.version == "v1":
+                    with open(f"{tree.bases['cpuacct']}/cpuacct.usage") as f:
+                        total += int(f.read())
+                else:
+                    with open(f"{tree.bases['cpu']}/cpu.stat") as f:
+                        for line in f:
+                            if line.startswith("usage_usec"):
+                                total += int(line.split()[1]) * 1000
+            except OSError:
+                return None
+        return total
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+class HttpBackend(_Backend):
+    """A running `tangram serve` at ``url``, through the client SDK (its policy is its own)."""
+
+    def __init__(self, url: str, token: str | None = None) -> None:
+        from ..client import AsyncClient
+
+        self.client = AsyncClient(url, token=token) if token else AsyncClient(url)
+
+    async def start(self) -> None:
+        cl = await self.client.cluster()
+        self.policy = str(cl.get("policy", "?"))
+        self.cpu_capacity = sum(float(n["capacity"].get(CPU, 0.0)) for n in cl.get("nodes", []))
+
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
+        body: dict[str, Any] = {"session_id": sid, "ttl_s": ttl_s}
+        if demand is not None:
+            body["demand"] = demand.as_dict()
+        out = await self.client._request("POST", "/v1/sessions", json=body)
+        return str(out["session_id"])
+
+    async def close_session(self, sid: str) -> None:
+        await self.client._request("DELETE", f"/v1/sessions/{sid}")
+
+    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
+        body: dict[str, Any] = {
+            "id": spec.id, "kind": spec.kind.value, "payload": dict(spec.payload),
+            "demand": spec.demand.as_dict(), "task": spec.task, "trajectory": spec.trajectory,
+            "timeout_s": min(spec.timeout_s, 3600.0), "weight": spec.weight}
+        if spec.elasticity is not None:
+            el = spec.elasticity
+            body["elasticity"] = {"min": el.min, "max": el.max, "dim": el.dim,
+                                  "parallel_fraction": el.speedup.parallel_fraction}
+        hints = {k: getattr(spec.hints, k) for k in ("expected_s", "test_count", "tokens", "items")
+                 if getattr(spec.hints, k) is not None}
+        if hints:
+            body["hints"] = hints
+        for k in ("session", "model", "tag"):
+            if getattr(spec, k) is not None:
+                body[k] = getattr(spec, k)
+        res = await self.client.run(body)
+        sub, fin = res.get("submit_time"), res.get("finish_time")
+        act = fin - sub if sub is not None and fin is not None else None
+        return str(res.get("status")), act, res.get("output")
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+# ---- the closed loop --------------------------------------------------------------------------
+
+
+_COUNTED = {"succeeded", "failed", "timed_out"}
+
+
+async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
+                 *, policy: str, trace: str, units_per_s: float, train_s: float = 0.0,
+                 progress: Progress | None = None, sample_s: float = 0.25) -> ReplayReport:
+    """Replay ``steps`` (one batch of trajectories per RL step) closed-loop on ``backend``."""
+    rep = ReplayReport(policy=policy, trace=trace, capacity_cpu=backend.cpu_capacity)
+    models = {m.name: m for m in cluster.models}
+    wall0 = time.perf_counter()
+    t0 = time.monotonic()
+    cpu0 = backend.cpu_ns()
+    stop = asyncio.Event()
+
+    async def sampler() -> None:
+        last_t, last_c = t0, cpu0
+        while not stop.is_set():
+            with_timeout = asyncio.create_task(stop.wait())
+            await asyncio.wait({with_timeout}, timeout=sample_s)
+            with_timeout.cancel()
+            now, c = time.monotonic(), backend.cpu_ns()
+            if c is not None and last_c is not None and now > last_t and rep.capacity_cpu > 0:
+                rep.cpu_series.append((now - t0, (c - last_c) / 1e9 / (now - last_t) / rep.capacity_cpu))
+            last_t, last_c = now, c
+
+    async def one(traj: Trajectory, step0: float) -> None:
+        opened: list[str] = []
+        turns: dict[str, int] = {}
+        try:
+            for i, (gen, act) in enumerate(traj.steps):
+                delay = (traj.start + gen) if i == 0 else gen
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                sid = None
+                if act.session is not None:
+                    sid = traj.session_id(act.session)
+                    if sid not in opened:
+                        sdef = traj.sessions.get(act.session)
+                        await backend.open_session(sid, sdef.demand if sdef else None,
+                                                   sdef.ttl_s if sdef else 3600.0)
+                        opened.append(sid)
+                in_session = sid is not None and act.kind == ActionKind.TOOL
+                spec = ActionSpec(
+                    id=f"{policy}:{traj.id}#{i}", kind=act.kind, demand=act.demand,
+                    elasticity=act.elasticity, hints=act.hints, task=traj.task,
+                    trajectory=traj.id, session=sid, model=act.model, tag=act.tag,
+                    timeout_s=act.timeout_s, weight=act.weight,
+                    payload=action_payload(act, models.get(act.model or ""), units_per_s, i,
+                                           in_session))
+                status, act_s, out = await backend.run(spec)
+                rep.actions += 1
+                rep.by_status[status] = rep.by_status.get(status, 0) + 1
+                if status in _COUNTED and act_s is not None:
+                    rep.acts.append(act_s)
+                    rep.acts_by_kind.setdefault(act.kind.value, []).append(act_s)
+                if in_session and sid is not None:
+                    turns[sid] = turns.get(sid, 0) + 1
+                    if f"turn {turns[sid]}" not in _stdout(out):
+                        rep.session_turns_ok = False
+                if progress is not None:
+                    progress(1)
+        finally:
+            for sid in opened:
+                with contextlib.suppress(Exception):
+                    await backend.close_session(sid)
+
+    task = asyncio.create_task(sampler())
+    try:
+        for batch in steps:
+            s0 = time.monotonic()
+            if batch:
+                await asyncio.gather(*(one(t, s0) for t in batch))
+            if train_s > 0:
+                await asyncio.sleep(train_s)
+            rep.step_s.append(time.monotonic() - s0)
+    finally:
+        stop.set()
+        await task
+    rep.makespan_s = time.monotonic() - t0
+    cpu1 = backend.cpu_ns()
+    if cpu0 is not None and cpu1 is not None:
+        rep.cpu_seconds = (cpu1 - cpu0) / 1e9
+    rep.stats = backend.stats()
+    rep.wall_s = time.perf_counter() - wall0
+    return rep
+
+
+def _stdout(out: Any) -> str:
+    if isinstance(out, Mapping):
+        rr = out.get("run_result")
+        if isinstance(rr, Mapping):
+            return str(rr.get("stdout") or "")
+    return ""
+
+
+async def replay_policy(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy: str,
+                        *, trace: str, units_per_s: float, train_s: float = 0.0,
+                        url: str | None = None, progress: Progress | None = None,
+                        cpu_config: Mapping[str, Any] | None = None) -> ReplayReport:
+    """One policy on a fresh engine (or on the service at ``url``)."""
+    n, shares = core_settings(steps, cluster)
+    backend: Any
+    if url:
+        backend = HttpBackend(url)
+    else:
+        backend = EmbeddedBackend(cluster, policy, n, shares, cpu_config=cpu_config)
+    await backend.start()
+    try:
+        if url:
+            policy = backend.policy
+        await _settle(backend)
+        return await replay(backend, steps, cluster, policy=policy, trace=trace,
+                            units_per_s=units_per_s, train_s=train_s, progress=progress)
+    finally:
+        await backend.aclose()
+
+
+def core_settings(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
+                  ) -> tuple[int, dict[str, float]]:
+    """What `sim.runner.run_policy` gives the core from the first RL step: the number of
+    trajectories with CPU work (trajectory-bound's slices) and the measured task shares
+    (task-isolated's pools) -- computed by the runner's own functions."""
+    from ..sim import runner
+
+    first = list(steps[0]) if steps else []
+    uses = getattr(runner, "uses_cpu", None)
+    n = sum(1 for t in first if uses(t)) if uses is not None else len(first)
+    return max(1, n), (runner.measured_task_shares(first, cluster) if first else {})
+
+
+async def _settle(backend: Any, timeout_s: float = 3.0) -> None:
+    """Let a fresh node's warm pool fill before the first arrival (every policy alike)."""
+    if not isinstance(backend, EmbeddedBackend):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready = [sum(h.cpu.warm_state().values()) for h in backend.executor.hosts.values()]
+        if all(r >= 2 for r in ready):
+            return
+        await asyncio.sleep(0.05)
+
+
+def warm_process(cluster: ClusterSpec) -> None:
+    """Pay this process's one-time costs before any policy runs, so that none of them is charged
+    to the first policy: the imports of the model stack and each model kind's first
+    construction (lazy modules), by loading every model of the cluster once and dropping it."""
+    if not cluster.models:
+        return
+    try:
+        from ..managers.gpu import GpuManager, GpuManagerConfig
+    except ImportError:
+        return
+
+    async def go() -> None:
+        mgr = GpuManager(GpuManagerConfig(device="auto", cpu_devices=1,
+                                          cpu_device_memory_mb=1e9), cluster.models)
+        try:
+            for m in cluster.models:
+                if m.devices == 1:
+                    await mgr.load(f"warm-{m.name}", m.name, (0,))
+                    await mgr.unload(f"warm-{m.name}", park=False)
+        finally:
+            await mgr.aclose()
+
+    with contextlib.suppress(Exception):
+        asyncio.run(go())
+
+
+def machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+__all__ = ["EmbeddedBackend", "HttpBackend", "ReplayReport", "Status", "action_payload",
+           "machine_cores", "replay", "replay_policy"]

@@ -1,0 +1,117 @@
+"""The simulator's prediction of a replay, from the calibrated spec, and how far off it was.
+
+Invariant: the simulator runs the same trace, under the same policy label, on the same cluster
+spec, with the core built by the same `sim.runner.make_core`. The only changes to the trace are
+the measured costs of this machine, put where the simulator reads its truth (its inputs, never a
+fudge factor on its outputs):
+- each action's ``cold_start_s`` := the measured sandbox cold start, each session's
+  ``cold_start_s`` := the measured session open (the trace's figures describe other machines);
+- each CPU action's ``work_s`` += the engine's measured cost of one zero-work action on its path
+  (one-shot code, a test with cases, a tool call in a session): the real run pays it on every
+  action and the simulator has no field for it;
+- each model action's ``work_s`` := its model's measured ``beta`` (a real model scores the
+  replay's texts in the time it takes, not in the trace's figure; alpha is in the spec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core.actions import ActionKind
+from ..core.cluster import ClusterSpec
+from ..sim.trace import SessionDef, SimAction, Trajectory
+
+
+def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
+                   cal: Mapping[str, Any]) -> list[list[Trajectory]]:
+    """``steps`` with this machine's measured costs in place of the trace's (see module doc)."""
+    cold = cal.get("cold_start_s")
+    sess_cold = cal.get("session_open_s")
+    dispatch = cal.get("dispatch_s") or {}
+    betas = {m.name: m.beta for m in cluster.models}
+
+    def action(a: SimAction, in_session: bool) -> SimAction:
+        kw: dict[str, Any] = {}
+        if cold is not None:
+            kw["cold_start_s"] = float(cold)
+        if a.kind.uses_model:
+            if a.model in betas:
+                kw["work_s"] = betas[a.model]
+        else:
+            path = ("tool_session" if in_session and a.kind == ActionKind.TOOL
+                    else "test" if a.kind == ActionKind.TEST else "code")
+            kw["work_s"] = a.work_s + float(dispatch.get(path, 0.0))
+        return dataclasses.replace(a, **kw)
+
+    out = []
+    for batch in steps:
+        nb = []
+        for t in batch:
+            sessions = {n: SessionDef(s.demand, s.ttl_s, float(sess_cold) if sess_cold is not None
+                                      else s.cold_start_s) for n, s in t.sessions.items()}
+            st = tuple((g, action(a, a.session is not None)) for g, a in t.steps)
+            nb.append(dataclasses.replace(t, steps=st, sessions=sessions))
+        out.append(nb)
+    return out
+
+
+def predict(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy: str,
+            cal: Mapping[str, Any], *, train_s: float = 0.0, tick_s: float = 0.5,
+            label: str = "?") -> Any:
+    """The simulator's `SimReport` for ``policy`` on the measured form of ``steps``."""
+    from ..sim.runner import run_policy
+    from ..sim.simulator import SimConfig
+
+    m = measured_trace(steps, cluster, cal)
+    cold = cal.get("cold_start_s")
+    cfg = SimConfig(train_s=train_s, tick_s=tick_s,
+                    warm_cold_start_s=float(cold) if cold is not None else 0.57)
+    first = list(steps[0]) if steps else []
+    return run_policy(cluster, lambda: m, policy, workload=label, config=cfg, shares_from=first)
+
+
+def err(measured: float, predicted: float) -> float:
+    """Relative error of the prediction: (predicted - measured) / measured."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else math.inf
+    return (predicted - measured) / measured
+
+
+def fidelity(real: Mapping[str, Any], sim: Mapping[str, Any], ours: str = "tangram",
+             ) -> dict[str, Any]:
+    """Per policy: measured vs predicted avg/p50/p99 ACT and step, the errors, and the
+    measured vs predicted baseline/ours ratios (avg ACT and step)."""
+    rows: dict[str, Any] = {}
+    for p, r in real.items():
+        s = sim.get(p)
+        if s is None:
+            continue
+        row: dict[str, Any] = {}
+        for key in ("avg", "p50", "p99"):
+            row[f"act_{key}"] = {"measured": r.act[key], "predicted": s.act[key],
+                                 "error": err(r.act[key], s.act[key])}
+        row["step"] = {"measured": r.step_avg_s, "predicted": s.step_avg_s,
+                       "error": err(r.step_avg_s, s.step_avg_s)}
+        row["utilization_cpu"] = {"measured": r.cpu_utilization,
+                                  "predicted": s.utilization.get("cpu", 0.0)}
+        rows[p] = row
+    ratios: dict[str, Any] = {}
+    if ours in real and ours in sim:
+        for p in rows:
+            if p == ours:
+                continue
+            for key, get_r, get_s in (
+                ("act_avg", lambda x: x.act["avg"], lambda x: x.act["avg"]),
+                ("step", lambda x: x.step_avg_s, lambda x: x.step_avg_s),
+            ):
+                mr = _ratio(get_r(real[p]), get_r(real[ours]))
+                pr = _ratio(get_s(sim[p]), get_s(sim[ours]))
+                ratios.setdefault(p, {})[key] = {"measured": mr, "predicted": pr, "error": err(mr, pr)}
+    return {"policies": rows, "ratios": ratios}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
