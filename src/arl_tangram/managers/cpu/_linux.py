@@ -34,6 +34,7 @@ CHILD_DEFAULT_SIGNALS = tuple(int(s) for s in (
     signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD))
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -54,6 +55,13 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_NO_NEW_PRIVS = 39
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+PR_SET_MM = 35
+PR_SET_MM_ARG_START = 8
+PR_SET_MM_ARG_END = 9
+PR_SET_MM_ENV_START = 10
+PR_SET_MM_ENV_END = 11
 
 
 # Integer arguments go to libc as plain Python ints (ctypes passes them as a C int, which the
@@ -130,6 +138,35 @@ def set_name(name: str) -> None:
 
 def set_no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def install_filter(prog_ref: Any) -> None:
+    """Install a seccomp BPF program (``ctypes.byref`` of a ``sock_fprog``, made in advance by
+    `seccomp.Program`) on this thread; needs no_new_privs (or CAP_SYS_ADMIN). One syscall."""
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog_ref, 0, 0) != 0:
+        _check(-1, "prctl(PR_SET_SECCOMP)")
+
+
+def scrub_exec_strings(title: bytes) -> None:
+    """Overwrite the argument and environment strings this process was exec'd with (what
+    ``/proc/PID/cmdline`` and ``/proc/PID/environ`` show, in this process and in every fork of
+    it) with ``title`` and zeros, and, where the kernel lets us (CAP_SYS_RESOURCE), shrink the
+    ranges the kernel shows to ``title`` and nothing. Python's own copies (``sys.orig_argv``,
+    ``os.environ``) are not touched here."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    # fields[0] is field 3 (state); arg_start..env_end are fields 48..51
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    for start, end, text in ((arg_start, arg_end, title), (env_start, env_end, b"")):
+        n = end - start
+        if n <= 0:
+            continue
+        ctypes.memset(start, 0, n)
+        ctypes.memmove(start, text[: max(0, n - 1)], min(len(text), max(0, n - 1)))
+    # shrink (best effort: needs CAP_SYS_RESOURCE and a kernel with checkpoint/restore)
+    for opt, val in ((PR_SET_MM_ARG_END, arg_start + min(len(title) + 1, arg_end - arg_start)),
+                     (PR_SET_MM_ENV_END, env_start)):
+        _libc.prctl(PR_SET_MM, opt, ctypes.c_ulong(val), 0, 0)
 
 
 def die_with_parent() -> None:

@@ -120,14 +120,23 @@ class Zygote:
     n sandboxes, n replies come back in order (each with its fds), and a direct sandbox's end
     comes as an "exit" message, always after its spawn reply."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], root_parent: str) -> None:
+        """Start the fork server; ``cfg["root"]`` names its root's mount point inside the
+        directory ``root_parent``. Nothing of the service is in its argv (``-P``: not even the
+        working directory on ``sys.path``; it runs in ``/``) or environment: the configuration
+        and an fd of ``root_parent`` come as the first message on the control socket."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno()),
-             json.dumps(cfg)], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, close_fds=True, env=_zygote_env())
+            [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            close_fds=True, env=_zygote_env(), cwd="/")
         theirs.close()
         self.ctl = ours
+        fd = os.open(root_parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            socket.send_fds(ours, [json.dumps(cfg).encode()], [fd])
+        finally:
+            os.close(fd)
         self.hello: dict[str, Any] = {}
         # one per sandbox asked for: resolved with what `adopt` made of it, or an error
         self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()

@@ -52,6 +52,13 @@ class CpuManagerConfig:
     preload_modules: tuple[str, ...] = DEFAULT_PRELOAD
     # Extra host paths bound read-only into every sandbox (toolchains outside /usr).
     extra_ro_paths: tuple[str, ...] = ()
+    # Host paths masked inside every sandbox (a file reads empty, a directory is empty), for what
+    # lies under a bound directory such as /etc but is the service's own (`tangram serve` adds
+    # its config file). Secrets such as /etc/shadow and /etc/ssh are always masked.
+    hidden_paths: tuple[str, ...] = ()
+    # Install the default seccomp syscall filter in every sandbox (docs/sandbox.md, "Syscall
+    # filter"); off only with allow_reduced_isolation, for a machine without libseccomp.
+    syscall_filter: bool = True
     # Seconds between checks for expired sessions.
     session_reap_interval_s: float = 1.0
     # Hostname inside sandboxes.

@@ -20,7 +20,7 @@ SYSTEM_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32
 REQUIRED = ("root", "fork_server", "pid_namespace", "mount_namespace", "network_namespace",
             "ipc_namespace", "uts_namespace", "readonly_system", "private_workdir",
             "unprivileged_user", "no_new_privs", "rlimits", "cgroup_memory", "cgroup_pids",
-            "cgroup_cpu", "host_paths_hidden")
+            "cgroup_cpu", "host_paths_hidden", "syscall_filter")
 
 _PROBE = r"""
 import json, os, resource, socket
@@ -41,6 +41,10 @@ try:
 except OSError:
     r["ro"] = True
 r["cwd"] = os.getcwd()
+import ctypes
+_libc = ctypes.CDLL(None, use_errno=True)  # keyctl(KEYCTL_GET_KEYRING_ID, session, 0): denied
+_nr = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine, 250)
+r["filter"] = _libc.syscall(_nr, 0, -3, 0) == -1 and ctypes.get_errno() == 1
 open("probe.txt", "w").write("x")
 r["hidden"] = [p for p in PATHS if os.path.exists(p)]
 print(json.dumps(r))
@@ -98,8 +102,12 @@ def report(hello: dict[str, Any], seen: dict[str, Any] | None, cgroups: CgroupTr
         "cgroup_pids": cg,
         "cgroup_cpu": cg,
         "host_paths_hidden": ok and not s.get("hidden"),
+        "syscall_filter": ok and bool(hello.get("filter")) and bool(s.get("filter")),
     }
-    problems = [str(x) for x in (hello.get("error"), s.get("error"), cgroups.problem) if x]
+    problems = [str(x) for x in (hello.get("error"), s.get("error"), cgroups.problem,
+                                 hello.get("filter_error")) if x]
+    if not cfg.syscall_filter:
+        problems.append("the syscall filter is off (syscall_filter=False)")
     if s.get("hidden"):
         problems.append(f"host paths visible in the sandbox: {s['hidden']}")
     if problems:

@@ -40,6 +40,13 @@ class _Session:
     lock: asyncio.Lock
 
 
+def _inside(paths: list[str], ro: list[str]) -> list[str]:
+    """Those of ``paths`` that lie in a directory bound into the sandbox view: only they need a
+    mask, and the fork server (whose memory every sandbox inherits) learns no other path."""
+    roots = [r.rstrip("/") for r in ro]
+    return [p for p in paths if any(p == r or p.startswith(r + "/") for r in roots)]
+
+
 class CpuManager:
     """Runs CODE, TEST and TOOL actions on this node's cores."""
 
@@ -66,14 +73,16 @@ class CpuManager:
         ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
         for lang in self._langs.values():
             ro += lang.ro_paths
-        zcfg: dict[str, Any] = {"root": os.path.join(cfg.work_root, "rootfs"), "ro_paths": ro,
+        zcfg: dict[str, Any] = {"root": "rootfs", "ro_paths": ro,  # (in work_root: `Zygote`)
+                "hidden_paths": _inside([os.path.realpath(p) for p in cfg.hidden_paths], ro),
+                "syscall_filter": cfg.syscall_filter,
                 "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
                 "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
                 "nofile": cfg.max_open_files, "direct": cfg.direct_python,
                 "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
-        os.makedirs(zcfg["root"], exist_ok=True)
-        self._zygote = Zygote(zcfg)
+        os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
+        self._zygote = Zygote(zcfg, cfg.work_root)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
         self._pool = WarmPool(self._zygote, self._cgroups, warm_min=cfg.warm_min,
                               warm_max=cfg.warm_max, pids_max=cfg.pids_max,

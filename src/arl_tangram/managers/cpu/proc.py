@@ -33,6 +33,9 @@ WORKDIR = "/workdir"
 # The environment the fork server installed in itself (`set_base_env`), hence the one every
 # sandbox starts with: a job whose environment is this one needs no change to `os.environ`.
 BASE_ENV: dict[str, str] | None = None
+# The syscall filter every action's process installs last (`seccomp.Program`, built once by the
+# fork server; None: none, which the start-up probe reports as missing isolation).
+FILTER: Any = None
 
 
 def set_base_env(env: dict[str, str]) -> None:
@@ -121,9 +124,14 @@ def _pre_drop(limits: Limits) -> None:
 
 def _final_drop(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+    # its own cgroup namespace, rooted at its slot (placed by now): /proc/self/cgroup shows "/",
+    # not the manager's cgroup path and pid ("tangram-<pid>/s7")
+    _linux.unshare(_linux.CLONE_NEWCGROUP)
     os.setresuid(limits.uid, limits.uid, limits.uid)
     _linux.die_with_parent()  # (cleared by the uid change)
     _linux.set_no_new_privs()
+    if FILTER is not None:  # last: the syscall filter (docs/sandbox.md, "Syscall filter")
+        _linux.install_filter(FILTER.ref)
 
 
 def _child_python(job: Job, limits: Limits) -> int:

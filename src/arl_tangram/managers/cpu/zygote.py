@@ -1,6 +1,7 @@
 """The fork server: builds the sandbox's view of the system once, then forks sandboxes cheaply.
 
-Run as ``python -m arl_tangram.managers.cpu.zygote FD CONFIG_JSON`` by the manager (as root).
+Run as ``python -P -m arl_tangram.managers.cpu.zygote FD`` by the manager (as root), in ``/``;
+its configuration comes as the first message on the control socket FD (`_receive_config`).
 Invariant: the zygote lives in a private mount namespace whose root is a read-only tmpfs holding
 read-only, nosuid bind mounts of the system directories (nothing of /root, /home, the project or
 the service's files besides toolchains named in the config), a minimal /dev and empty mount
@@ -26,7 +27,7 @@ import traceback
 import types
 from typing import Any
 
-from . import _linux, prepared, proc, sandbox, wire
+from . import _linux, prepared, proc, sandbox, seccomp, wire
 
 _RO = _linux.MS_BIND | _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV
 _MASK_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
@@ -56,11 +57,12 @@ def _bind_ro(src: str, root: str) -> None:
     _linux.mount(None, dst, None, _RO)
 
 
-def build_root(root: str, ro_paths: list[str]) -> None:
+def build_root(root: str, ro_paths: list[str], hidden: Any = ()) -> None:
     """Make ``root`` the sandbox view: read-only system dirs, masked secrets, minimal /dev.
 
     Read-only paths under /tmp (e.g. a virtualenv in /tmp) would be hidden by each sandbox's own
-    /tmp, so they are bound at `sandbox_path(p)` instead (see languages.py).
+    /tmp, so they are bound at `sandbox_path(p)` instead (see languages.py). ``hidden``: host
+    paths masked like the secrets (the service's config file when it lies under /etc, say).
     """
     os.makedirs(root, exist_ok=True)
     _linux.mount("tmpfs", root, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4m,mode=0755")
@@ -73,6 +75,12 @@ def build_root(root: str, ro_paths: list[str]) -> None:
     for d in _MASK_DIRS:
         if os.path.isdir(root + d):
             _linux.mount("tmpfs", root + d, "tmpfs", _linux.MS_RDONLY, "size=4k,mode=0755")
+    for h in hidden:  # (only what lies inside the view; the rest is not there anyway)
+        inside = root + sandbox_path(h)
+        if os.path.isdir(inside) and not os.path.islink(inside):
+            _linux.mount("tmpfs", inside, "tmpfs", _linux.MS_RDONLY, "size=4k,mode=0755")
+        elif os.path.lexists(inside) and not os.path.islink(inside):
+            _linux.mount("/dev/null", inside, None, _linux.MS_BIND)
     dev = root + "/dev"
     os.makedirs(dev)
     _linux.mount("tmpfs", dev, "tmpfs", _linux.MS_NOSUID | _linux.MS_NOEXEC, "size=64k,mode=0755")
@@ -310,20 +318,56 @@ def bind_now() -> None:
                   {**os.environ, BIND_NOW: "1"})
 
 
+TITLE = b"tangram-sandbox"  # what /proc/PID/cmdline shows for the fork server and sandboxes
+
+
+def _receive_config(ctl: socket.socket) -> dict[str, Any]:
+    """The configuration comes as the first message on the control socket, with an fd of the
+    directory that holds the root's mount point (``cfg["root"]`` is a name in it): neither is
+    in this process's argv or environment, and no host path of the service is in its memory
+    (sandboxes are forks of it: whatever it holds, an action can read)."""
+    msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 1)
+    if not fds:
+        raise OSError("fork server: no root directory descriptor with the configuration")
+    os.fchdir(fds[0])  # the root is built at a path relative to it (`build_root`)
+    os.close(fds[0])
+    cfg: dict[str, Any] = json.loads(msg)
+    return cfg
+
+
+def _forget_start() -> None:
+    """Nothing of how this interpreter was started stays visible to sandboxes: the exec'd
+    argument and environment strings (``/proc/self/cmdline``, ``environ``) are overwritten,
+    ``sys.orig_argv``/``sys.argv`` name no file, and ``posix.environ`` (the exec'd environment
+    as Python saw it at start) is emptied."""
+    _linux.scrub_exec_strings(TITLE)
+    sys.orig_argv[:] = [TITLE.decode()]
+    sys.argv[:] = [TITLE.decode()]
+    importlib.import_module("posix").environ.clear()
+
+
 def main() -> None:
-    os.environ.pop(BIND_NOW, None)
+    bound = os.environ.pop(BIND_NOW, None) == "1"
     ctl = socket.socket(fileno=int(sys.argv[1]))
-    cfg = json.loads(sys.argv[2])
-    hello: dict[str, Any] = {"ok": True}
+    hello: dict[str, Any] = {"ok": True, "bind_now": bound}
     ns: Namespaces | None = None
+    cfg: dict[str, Any] = {}
     try:
+        cfg = _receive_config(ctl)
+        _forget_start()
         _linux.prctl(_linux.PR_SET_PDEATHSIG, 9)
         _linux.set_name("tangram-zygote")
         os.nice(5)  # making sandboxes yields to running actions (theirs is their cgroup weight)
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))
-        build_root(cfg["root"], cfg["ro_paths"])
+        build_root(cfg["root"], cfg["ro_paths"], cfg.get("hidden_paths") or ())
+        if cfg.get("syscall_filter", True):
+            try:
+                proc.FILTER = seccomp.build()
+                hello["filter"] = list(proc.FILTER.denied)
+            except OSError as e:
+                hello["filter_error"] = str(e)
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
             proc.set_base_env(cfg["env"])
         _preload(cfg["preload"])
