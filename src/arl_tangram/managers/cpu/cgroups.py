@@ -88,6 +88,8 @@ class Slot:
     memory: int = -1  # memory limit in bytes, as last written
     weight: float = -1.0  # CPU weight relative to a normal task, as last written
     pids: int = -1  # pids.max, as last written
+    # v2 only: this kernel cannot reset memory.peak (< 6.12), so each occupant needs a new slot
+    peak_sticky: bool = False
     _fds: dict[str, int] = field(default_factory=dict)  # "w:path"/"r:path" -> open fd
 
     def _put(self, path: str, value: str) -> None:
@@ -149,14 +151,35 @@ class Slot:
         self.pids = n
 
     def reset_stats(self) -> None:
-        """Start counting CPU time, peak memory and OOM kills from now."""
+        """Start counting CPU time, peak memory and OOM kills from now. (The peak starts from
+        what is charged now: a slot is reused only with next to nothing charged, see
+        `charged_bytes`.)"""
         if self.version == "v1":
             with contextlib.suppress(OSError):
                 self._put(f"{self.dirs['cpuacct']}/cpuacct.usage", "0")
             with contextlib.suppress(OSError):
                 self._put(f"{self.dirs['memory']}/memory.max_usage_in_bytes", "0")
+        else:  # memory.peak resets per open file (Linux >= 6.12): written and read on one fd
+            try:
+                os.pwrite(self._peak_fd(), b"reset\n", 0)
+            except OSError:
+                self.peak_sticky = True  # (then `peak_memory_mb` reads the slot's lifetime peak)
         self.cpu_base_ns = self._cpu_ns() if self.version == "v2" else 0
         self.oom_base = self.oom_kills(raw=True)
+
+    def _peak_fd(self) -> int:
+        fd = self._fds.get("rw:peak")
+        if fd is None:
+            path = f"{self.dirs['memory']}/memory.peak"
+            fd = self._fds["rw:peak"] = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        return fd
+
+    def charged_bytes(self) -> int:
+        """Memory still charged to this slot: with no process left in it, what earlier
+        occupants left behind (page cache of files they read first, kernel objects)."""
+        d = self.dirs["memory"]
+        path = f"{d}/memory.usage_in_bytes" if self.version == "v1" else f"{d}/memory.current"
+        return int(self._get(path))
 
     def _cpu_ns(self) -> int:
         if self.version == "v1":
@@ -171,9 +194,12 @@ class Slot:
 
     def peak_memory_mb(self) -> float | None:
         d = self.dirs["memory"]
-        path = f"{d}/memory.max_usage_in_bytes" if self.version == "v1" else f"{d}/memory.peak"
         try:
-            return int(self._get(path)) / (1 << 20)
+            if self.version == "v1":
+                return int(self._get(f"{d}/memory.max_usage_in_bytes")) / (1 << 20)
+            if not self.peak_sticky:
+                return int(os.pread(self._peak_fd(), 64, 0)) / (1 << 20)
+            return int(self._get(f"{d}/memory.peak")) / (1 << 20)
         except (OSError, ValueError):
             return None
 

@@ -39,6 +39,9 @@ MAX_BATCH = 64  # sandboxes per fork-server request (the fork server serves no m
 # but costs ~0.3 ms of CPU more per sandbox in all, which a saturated node cannot spare.
 WARM_RATE_PER_CORE = 100.0
 KEEP_MEMORY_MIN = 64 << 20  # a reused slot's memory limit at least this big is kept (`_place`)
+# A slot still charged with more than this once empty (page cache of files its occupant read
+# first) is not reused: the next action's peak memory and limit would include it (`WarmPool._free`)
+LEFTOVER_MAX = 1 << 20
 _REFILL_DELAY_S = 0.002  # after a release, the refill waits this long (see `release`)
 FILL_PIPELINE = 2  # refill batches in flight at once (`WarmPool._fill_loop`)
 
@@ -355,7 +358,7 @@ class WarmPool:
         except OSError:
             empty = False
         if empty:
-            self.free_slots.append(slot)
+            self._free(slot)
             return
         t = self.loop.create_task(self._recycle(slot))  # rare: wait until the kernel is done
         self._tasks.add(t)
@@ -364,10 +367,26 @@ class WarmPool:
     async def _recycle(self, slot: Slot) -> None:
         for i in range(2000):
             if slot.is_empty():
-                self.free_slots.append(slot)
+                self._free(slot)
                 return
             await asyncio.sleep(0.001 if i < 50 else 0.01)
         slot.remove()  # still busy after ~20 s: leave it, never reuse
+
+    def _free(self, slot: Slot) -> None:
+        """An empty slot: back to the free list, or retired (removed; a later spawn makes a new
+        one) when it would carry something of its last occupant into the next: memory still
+        charged to it (page cache of files the occupant read first stays charged to the cgroup
+        that read it, after every process is gone: the next action's peak memory started at it,
+        and its memory limit had that much less room), or a peak counter this kernel cannot
+        reset (cgroup v2 before Linux 6.12)."""
+        try:
+            keep = not slot.peak_sticky and slot.charged_bytes() <= LEFTOVER_MAX
+        except (OSError, ValueError):
+            keep = False
+        if keep:
+            self.free_slots.append(slot)
+        else:
+            slot.remove()  # (rmdir: what is still charged stays with the removed cgroup)
 
     def _deficit(self) -> int:
         """How many to spawn now. Refills come in batches (while at least half the target is
