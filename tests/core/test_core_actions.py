@@ -21,7 +21,7 @@ def test_exports() -> None:
     assert set(core.__all__) >= {"Core", "CoreConfig", "POLICIES", "DurationEstimator", "CoreView"}
     for name in core.__all__:
         assert hasattr(core, name)
-    assert POLICIES == ("tangram", "trajectory-bound", "task-isolated", "fifo")
+    assert POLICIES == ("tangram", "trajectory-bound", "task-isolated", "fifo", "static-pool")
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -15,37 +15,28 @@ from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.resources import CPU
 
 
-def _warm_targets_plain(self) -> None:
-    """`_warm_targets` as it was: every node of the spread visited on every change of want."""
-    last, now = self.last_rate_time, self.now
-    if last is None or now <= last:
-        self.last_rate_time = now if last is None else last
-        return
-    dt = now - last
-    self.last_rate_time = now
-    a = min(1.0, dt / self.config.rate_window_s)
-    counts, self.rate_counts = self.rate_counts, {}
+def _spread_warm_plain(self, key: str, rate: float) -> None:
+    """`_spread_warm` as a plain loop: every node of the spread visited on every change of
+    want (the fast path visits only the nodes whose target can differ)."""
     names = self._warm_names
     if names is None:
         names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
         self._warm_names = names
     if not names:
         return
-    cap = self.config.max_warm_per_node
-    done = self._warm_want
-    for key in sorted(set(counts) | set(self.rates)):
-        rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
-        self.rates[key] = rate
-        want = math.ceil(rate * self.config.sandbox_cold_s * 2)
-        if done.get(key) == want:
-            continue
-        done[key] = want
-        n = len(names)
-        for i, name in enumerate(names):
-            t = min(cap, want // n + (1 if i < want % n else 0))
-            if self.warm_sent.get((name, key), 0) != t:
-                self.warm_sent[(name, key)] = t
-                self._out.append(cmd.ResizeWarmPool(name, key, t, cause=self._cause))
+    cfg = self.config
+    n = len(names)
+    want = math.ceil(rate * cfg.sandbox_cold_s * 2)
+    if rate * cfg.rate_window_s >= 1.0:
+        want = max(want, cfg.min_warm_per_node * n)
+    if self._warm_want.get(key) == want:
+        return
+    self._warm_want[key] = want
+    for i, name in enumerate(names):
+        t = min(cfg.max_warm_per_node, want // n + (1 if i < want % n else 0))
+        if self.warm_sent.get((name, key), 0) != t:
+            self.warm_sent[(name, key)] = t
+            self._out.append(cmd.ResizeWarmPool(name, key, t, cause=self._cause))
 
 
 def _expand_plain(self) -> None:
@@ -69,7 +60,7 @@ def _expand_plain(self) -> None:
 
 def _pair(nodes, **cfg):
     fast, plain = Driver(nodes, **cfg), Driver(nodes, **cfg)
-    plain.core._warm_targets = types.MethodType(_warm_targets_plain, plain.core)
+    plain.core._spread_warm = types.MethodType(_spread_warm_plain, plain.core)
     plain.core._expand = types.MethodType(_expand_plain, plain.core)
     return fast, plain
 

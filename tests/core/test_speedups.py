@@ -129,7 +129,7 @@ def _run(seed: int, policy: str, fill: bool) -> list[str]:
 
 @pytest.mark.pure_core
 @pytest.mark.parametrize("policy", ["tangram", "fifo"])
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 5])
 def test_one_node_pass_decides_as_the_general_pass(policy: str, seed: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0

@@ -10,6 +10,7 @@ from arl_tangram.sim.runner import (
     compare,
     make_core,
     measured_task_shares,
+    policies,
     ratios,
     run_policy,
     savings,
@@ -42,10 +43,11 @@ def test_every_action_is_delivered_once_and_the_core_stays_valid(policy):
 
 def test_compare_runs_the_same_trajectories_under_every_policy():
     reports = compare(CLUSTER, batches, config=SimConfig(train_s=30.0))
-    assert list(reports) == list(POLICIES)
+    assert list(reports) == list(policies())
+    assert {p.partition(":")[0] for p in reports} == set(POLICIES)
     assert len({r.actions for r in reports.values()}) == 1
     r = ratios(reports)
-    assert set(r) == set(POLICIES) - {"tangram"}
+    assert set(r) == set(policies()) - {"tangram"}
     for name, rr in r.items():
         assert rr["act_avg"] == pytest.approx(reports[name].act["avg"] / reports["tangram"].act["avg"])
 
@@ -70,12 +72,15 @@ def test_cli_json_has_stable_keys_and_plot_is_written(tmp_path, capsys):
                "--compare", "--json", "--plot", str(png)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"workload", "seed", "train_s", "reports", "ratios"}
+    assert set(out) == {"workload", "seed", "train_s", "load", "bound", "reports", "ratios",
+                        "best_static"}
+    assert out["best_static"].startswith("static-pool:")
+    assert set(out["bound"]) == {"act", "step_s", "step_avg_s"}
     rep = out["reports"]["tangram"]
     assert set(rep) == {"policy", "workload", "seed", "actions", "by_status", "act", "act_by_kind",
                         "act_by_task", "queue_avg_s", "step_s", "step_avg_s", "makespan_s",
                         "utilization", "held_idle", "capacity", "cold_starts", "warm_starts",
-                        "stalled", "wall_s", "events"}
+                        "stalled", "stall", "setup_s", "wall_s", "events"}
     assert set(rep["act"]) == {"count", "avg", "p50", "p99"}
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 

@@ -33,9 +33,34 @@ def test_shapes_follow_the_documented_parameters():
     assert 80 < gens[len(gens) // 2] < 170  # ~5000 tokens at 40 tok/s
     math_ = [t for b in get_workload("tool-math").batches(0, 300, 1) for t in b]
     assert all(1 <= len(t.steps) <= 10 for t in math_)
-    mixed = [t for b in get_workload("mixed").batches(0, 40, 1) for t in b]
-    assert {t.task for t in mixed} == {"swe-agent", "code-rl", "tool-math", "rlhf-rm"}
-    assert sum(t.task == "swe-agent" for t in mixed) == 10
+    mixed = [t for b in get_workload("mixed").batches(0, 90, 1) for t in b]
+    assert {t.task for t in mixed} == {"swe-agent", "code-rl", "code-easy", "code-hard", "tool-math",
+                                       "chat-rm-small", "chat-rm", "genrm-judge", "rlhf-rm"}
+    assert all(sum(t.task == k for t in mixed) == 10 for k in {t.task for t in mixed})
+    assert {a.model for t in mixed for _g, a in t.steps if a.model} == {"rm-1.5b", "rm-8b", "judge-32b"}
+    # heterogeneity across sources: mean generated tokens (gen seconds) differ by > 20x
+    gen = {k: sum(g for t in mixed if t.task == k for g, _a in t.steps) / 10 for k in {t.task for t in mixed}}
+    assert max(gen.values()) / min(gen.values()) > 20
+
+
+def test_scored_answers_arrive_in_groups():
+    from arl_tangram.sim.workloads import GROUP_SIZE
+
+    batch = next(iter(get_workload("mixed").batches(0, 9 * GROUP_SIZE, 1)))
+    judged = [t for t in batch if t.task == "genrm-judge"]
+    assert len(judged) == GROUP_SIZE and len({t.steps[0][0] for t in judged}) == 1
+    solo = next(iter(get_workload("rlhf-rm").batches(0, 32, 1)))  # no groups there
+    assert len({t.steps[0][0] for t in solo}) == 32
+
+
+def test_load_divides_generation_times():
+    from arl_tangram.sim.workloads import with_load
+
+    w = get_workload("tool-math")
+    base, fast = (list(with_load(lambda: w.batches(1, 8, 1), f)())[0] for f in (1.0, 4.0))
+    for a, b in zip(base, fast, strict=True):
+        assert [g / 4 for g, _ in a.steps] == pytest.approx([g for g, _ in b.steps])
+        assert [x.work_s for _, x in a.steps] == [x.work_s for _, x in b.steps]
 
 
 def test_cpu_clusters_follow_the_static_provisioning_rule():

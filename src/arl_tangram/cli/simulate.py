@@ -16,12 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SpecError
+from ..sim.bounds import Bound, bound
 from ..sim.metrics import SimReport
-from ..sim.runner import BASELINES, Batches, Savings, compare, ratios, run_policy, savings
+from ..sim.runner import (
+    BASELINES,
+    Batches,
+    Savings,
+    best_static,
+    compare,
+    parse_policy,
+    policies,
+    ratios,
+    run_policy,
+    savings,
+)
 from ..sim.simulator import SimConfig, group_by_step
-from ..sim.workloads import WORKLOADS, get_workload
+from ..sim.workloads import WORKLOADS, get_workload, with_load
 
-POLICY_NAMES = ("tangram", "trajectory-bound", "task-isolated", "fifo")
+EXIT_STALLED = 3  # a run stalled: no figures are comparable
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,13 +46,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--trace", metavar="FILE", help="trajectories, JSON Lines (docs/trace-format.md)")
     p.add_argument("--cluster", metavar="FILE", help="cluster spec YAML (required with --trace; "
                    "overrides the workload's cluster otherwise)")
-    p.add_argument("--policy", choices=POLICY_NAMES, default="tangram", help="policy to run (default: tangram)")
+    p.add_argument("--policy", type=_policy, default="tangram",
+                   help="policy to run (default: tangram): " + ", ".join(policies())
+                   + " (static-pool:K for any fixed allotment K)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload's sampling (default: 0)")
     p.add_argument("--trajectories", type=_positive_int, help="trajectories per RL step (workloads)")
     p.add_argument("--steps", type=_positive_int, help="RL steps to simulate")
     p.add_argument("--train-s", type=_non_negative, help="training phase after each rollout, seconds")
     p.add_argument("--tick-s", type=_positive, default=1.0, help="virtual seconds between Tick events")
-    p.add_argument("--compare", action="store_true", help="run every policy; table with ratios")
+    p.add_argument("--load", type=_positive, default=1.0,
+                   help="load factor: every generation time divided by it (default: 1)")
+    p.add_argument("--compare", action="store_true",
+                   help="run every policy (static-pool at each fixed allotment); table with the "
+                        "optimum, each policy as a multiple of it, and ratios to tangram")
+    p.add_argument("--sweep", metavar="L1,L2,...", type=_loads,
+                   help="--compare at each load factor; a table (and with --plot a figure) of "
+                        "the ratios against load")
     p.add_argument("--savings", action="store_true",
                    help="smallest cluster on which tangram matches a baseline on the full cluster")
     p.add_argument("--baseline", choices=(*BASELINES, "all"), default="trajectory-bound",
@@ -50,6 +71,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dump-trace", metavar="FILE", help="write the trajectories as a JSONL trace and exit")
     p.set_defaults(command="simulate")
     return p
+
+
+def _policy(s: str) -> str:
+    try:
+        parse_policy(s)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc.args[0])) from None
+    return s
+
+
+def _loads(s: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {s!r}") from None
+    if not out or any(not (x > 0 and math.isfinite(x)) for x in out):
+        raise argparse.ArgumentTypeError(f"every load factor must be a finite number > 0, got {s!r}")
+    return out
 
 
 def _positive_int(s: str) -> int:
@@ -111,16 +150,20 @@ def _check_models(cluster: Any, steps: Iterable[Sequence[Any]], file: str) -> No
 
 
 def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "-"
     return "inf" if math.isinf(v) else f"{v:.2f}"
 
 
-def _table(reports: dict[str, SimReport], title: str) -> Any:
+def _table(reports: dict[str, SimReport], title: str, opt: Bound | None = None) -> Any:
     from rich.table import Table
 
-    ratio = ratios(reports) if "tangram" in reports and len(reports) > 1 else {}
+    stalled = any(r.stalled for r in reports.values())
+    ratio = ratios(reports) if "tangram" in reports and len(reports) > 1 and not stalled else {}
+    best = best_static(reports)
     dims = [d for d in ("cpu", "gpu") if any(d in r.utilization for r in reports.values())]
     t = Table(title=title)
-    for col in ("policy", "actions", "ACT avg s", "p50", "p99", "step s"):
+    for col in ("policy", "actions", "ACT avg s", "p50", "p99", "step s", "x bound"):
         t.add_column(col, justify="right" if col != "policy" else "left")
     for d in dims:
         t.add_column(f"util {d}", justify="right")
@@ -128,18 +171,42 @@ def _table(reports: dict[str, SimReport], title: str) -> Any:
     if ratio:
         t.add_column("ACT x", justify="right")
         t.add_column("step x", justify="right")
+    pad = ["", ""] * len(dims) + (["", ""] if ratio else [])
+    if opt is not None:
+        t.add_row("optimum (bound)", str(opt.act["count"]), _fmt(opt.act["avg"]), _fmt(opt.act["p50"]),
+                  _fmt(opt.act["p99"]), _fmt(opt.step_avg_s), "1.00", *pad, style="dim")
     for name, r in reports.items():
-        row = [name, str(r.actions), _fmt(r.act["avg"]), _fmt(r.act["p50"]), _fmt(r.act["p99"]),
-               _fmt(r.step_avg_s)]
+        label = f"{name} (best static)" if name == best else name
+        if r.stalled:
+            label += " STALLED"
+        xb = _fmt(r.act["avg"] / opt.act["avg"]) if opt is not None and opt.act["avg"] > 0 else "-"
+        row = [label, str(r.actions), _fmt(r.act["avg"]), _fmt(r.act["p50"]), _fmt(r.act["p99"]),
+               _fmt(r.step_avg_s), xb]
         for d in dims:
             row += [f"{100 * r.utilization.get(d, 0):.1f}%", f"{100 * r.held_idle.get(d, 0):.1f}%"]
         if ratio:
             rr = ratio.get(name)
             row += [_fmt(rr["act_avg"]), _fmt(rr["step"])] if rr else ["1.00", "1.00"]
         t.add_row(*row)
+    notes = []
+    if opt is not None:
+        notes.append("x bound: ACT avg over the optimum's (no queueing, no cold start, best allotment)")
     if ratio:
-        t.caption = "ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)"
+        notes.append("ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)")
+    setup = max((r.setup_s for r in reports.values()), default=0.0)
+    if setup > 0:
+        notes.append(f"model loads before step 1 ({setup:.1f} s) are not in any step or ACT")
+    t.caption = "\n".join(notes)
     return t
+
+
+def _stall_lines(reports: dict[str, SimReport]) -> list[str]:
+    out = []
+    for name, r in reports.items():
+        if r.stalled:
+            state = ", ".join(f"{k} {v}" for k, v in (r.stall or {}).items())
+            out.append(f"{name} stalled: {state}")
+    return out
 
 
 def _savings_table(rows: list[Savings]) -> Any:
@@ -210,8 +277,9 @@ def _run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=args.json)
     if not console.is_terminal:
-        console.width = 150
-    label, cluster, batches, train_default = _inputs(args)
+        console.width = 160
+    label, cluster, base_batches, train_default = _inputs(args)
+    batches = with_load(base_batches, args.load)
     train_s = args.train_s if args.train_s is not None else train_default
     config = SimConfig(train_s=train_s, tick_s=args.tick_s)
     if args.dump_trace:
@@ -221,15 +289,21 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"wrote {n} trajectories to {args.dump_trace}")
         return 0
     kw = {"seed": args.seed, "workload": label, "config": config}
+    if args.sweep:
+        return _sweep(args, console, label, cluster, base_batches, config)
     if args.compare:
         reports = compare(cluster, batches, **kw, on_report=lambda r: console.print(
             f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]"))
     else:
         reports = {args.policy: run_policy(cluster, batches, args.policy, **kw)}
+    opt = bound(batches(), cluster, train_s)
+    stalled = _stall_lines(reports)
     found: list[Savings] = []
-    if args.savings:
+    if args.savings and not stalled:
         names = BASELINES if args.baseline == "all" else (args.baseline,)
         for b in names:
+            if b == "static-pool":
+                b = best_static(reports) or "static-pool:max"
             base = reports.get(b) or run_policy(cluster, batches, b, **kw)
             found.append(savings(cluster, batches, base, **kw))
     if args.plot:
@@ -237,22 +311,110 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.plot}")
     if args.json:
         out: dict[str, Any] = {"workload": label, "seed": args.seed, "train_s": train_s,
-                               "reports": {k: r.as_dict() for k, r in reports.items()}}
-        if "tangram" in reports and len(reports) > 1:
+                               "load": args.load, "bound": opt.as_dict(),
+                               "reports": {k: r.as_dict() for k, r in reports.items()},
+                               "best_static": best_static(reports)}
+        if "tangram" in reports and len(reports) > 1 and not stalled:
             out["ratios"] = ratios(reports)
         if found:
             out["savings"] = [s.as_dict() for s in found]
         print(json.dumps(out, indent=2, sort_keys=False, default=_json_default))
     else:
-        console.print(_table(reports, f"{label}: seed {args.seed}, "
+        load = f", load x{args.load:g}" if args.load != 1.0 else ""
+        console.print(_table(reports, f"{label}: seed {args.seed}{load}, "
                                       f"{sum(n.capacity.get('cpu') for n in cluster.nodes):g} CPU, "
-                                      f"{sum(n.capacity.get('gpu') for n in cluster.nodes):g} GPU"))
+                                      f"{sum(n.capacity.get('gpu') for n in cluster.nodes):g} GPU", opt))
         if found:
             console.print(_savings_table(found))
-    stalled = [k for k, r in reports.items() if r.stalled]
     if stalled:
-        console.print(f"[yellow]warning: stalled (work left that could not progress): {', '.join(stalled)}")
+        for line in stalled:
+            console.print(f"[red]{line}")
+        console.print("[red]stalled: work was left that could not progress; no ratios are shown "
+                      f"(exit {EXIT_STALLED})")
+        return EXIT_STALLED
     return 0
+
+
+def _sweep(args: argparse.Namespace, console: Any, label: str, cluster: Any, base: Batches,
+           config: SimConfig) -> int:
+    """--compare at each load factor: tangram's multiple of the optimum and each baseline's
+    ratio to tangram (ACT and step), as a table, JSON and (with --plot) a figure."""
+    from rich.table import Table
+
+    rows: list[dict[str, Any]] = []
+    stalled: list[str] = []
+    for load in args.sweep:
+        batches = with_load(base, load)
+        reports = compare(cluster, batches, seed=args.seed, workload=label, config=config)
+        opt = bound(batches(), cluster, config.train_s)
+        lines = _stall_lines(reports)
+        stalled += [f"load x{load:g}: {x}" for x in lines]
+        row: dict[str, Any] = {"load": load, "bound_act": opt.act["avg"],
+                               "tangram_act": reports["tangram"].act["avg"],
+                               "tangram_x_bound": reports["tangram"].act["avg"] / opt.act["avg"]
+                               if opt.act["avg"] > 0 else math.nan,
+                               "best_static": best_static(reports), "stalled": bool(lines),
+                               "util_cpu": reports["tangram"].utilization.get("cpu", 0.0)}
+        if not lines:
+            rr = ratios(reports)
+            best = row["best_static"]
+            for b in ("trajectory-bound", "task-isolated", "fifo"):
+                row[b] = rr[b]
+            if best is not None:
+                row["best static"] = rr[best]
+        rows.append(row)
+        console.print(f"[dim]load x{load:g}: done[/dim]")
+    cols = ("trajectory-bound", "task-isolated", "fifo", "best static")
+    if args.json:
+        print(json.dumps({"workload": label, "seed": args.seed, "sweep": rows}, indent=2,
+                         default=_json_default))
+    else:
+        t = Table(title=f"{label}: seed {args.seed}, ratios to tangram against load "
+                        "(ACT x / step x; > 1: tangram is better)")
+        for col in ("load", "tangram util cpu", "bound ACT s", "tangram ACT s", "tangram x bound", *cols):
+            t.add_column(col, justify="right")
+        for r in rows:
+            cells = [f"{r['load']:g}", f"{100 * r['util_cpu']:.1f}%", _fmt(r["bound_act"]),
+                     _fmt(r["tangram_act"]), _fmt(r["tangram_x_bound"])]
+            for c in cols:
+                v = r.get(c)
+                cells.append("STALLED" if r["stalled"] else
+                             f"{_fmt(v['act_avg'])} / {_fmt(v['step'])}" if v else "-")
+            t.add_row(*cells)
+        console.print(t)
+    if args.plot:
+        _plot_sweep(rows, cols, args.plot, label)
+        console.print(f"wrote {args.plot}")
+    if stalled:
+        for line in stalled:
+            console.print(f"[red]{line}")
+        return EXIT_STALLED
+    return 0
+
+
+def _plot_sweep(rows: list[dict[str, Any]], cols: Sequence[str], path: str, label: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    xs = [r["load"] for r in rows]
+    for c in cols:
+        ys = [r[c]["act_avg"] if r.get(c) else math.nan for r in rows]
+        zs = [r[c]["step"] if r.get(c) else math.nan for r in rows]
+        ax1.plot(xs, ys, marker="o", label=c)
+        ax2.plot(xs, zs, marker="o", label=c)
+    for ax, what in ((ax1, "average ACT"), (ax2, "RL step")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("load (generation times divided by)")
+        ax.set_ylabel(f"baseline / tangram, {what}")
+        ax.set_title(f"{label}: {what} ratio")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _json_default(o: Any) -> Any:

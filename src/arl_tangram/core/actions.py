@@ -159,10 +159,16 @@ class ActionSpec:
         return self.demand.with_amount(el.dim, min(max(k, el.min), el.max))
 
     def speed(self, allotment: Mapping[str, float]) -> float:
-        """Speed factor of running at ``allotment`` relative to one unit of the elastic dim."""
+        """Speed factor of running at ``allotment`` relative to one unit of the elastic dim;
+        for a rigid action, relative to its demand: below it (a fractional CPU slice) it runs
+        proportionally slower, as under a CFS quota."""
         el = self.elasticity
         if el is None:
-            return 1.0
+            need = self.demand.get(CPU)
+            if need <= 0.0:
+                return 1.0
+            got = allotment.get(CPU, 0.0)
+            return 1.0 if got >= need else got / need
         return el.speedup.factor(allotment.get(el.dim, 0.0))
 
 

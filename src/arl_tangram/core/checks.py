@@ -31,6 +31,7 @@ def validate(core: Core) -> None:
     _check_sessions(core)
     _check_instances(core)
     _check_work_conserving(core)
+    _check_sessions_served(core)
 
 
 def _check_nodes(core: Core) -> None:
@@ -127,6 +128,28 @@ def _check_work_conserving(core: Core) -> None:
             if node.alive and node.name not in core.reserved:
                 _check(not node.fits(demand), "work-conserving",
                        f"{got[0].spec.id} ({demand}) fits free {node.free} of {node.name}")
+
+
+def _check_sessions_served(core: Core) -> None:
+    """No session action waits while its session's node could run it now, and no session
+    waits to open while some node has room for it and one of its actions (shared pool)."""
+    if core.policy.partitioned is not None:
+        return  # (a slice or pool runs its own actions, one at a time for trajectories)
+    for sess in core.sessions.values():
+        if sess.node is None:
+            nodes = [n for n in core.nodes.values() if n.alive]
+            recs = [core.actions[a] for a in sess.actions if a in core.actions]
+            act = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq)).spec.demand \
+                if recs else core._sess_act  # (as `_session_node` chooses)
+            _check(not any(core._session_room(n, sess.demand, act) for n in nodes),
+                   "session-waits", f"{sess.id} could open on a node with room")
+            continue
+        got = core._head(("sess", sess.id))
+        node = core.nodes.get(sess.node)
+        if got is None or node is None or not node.alive:
+            continue
+        _check(not node.fits(got[0].spec.demand), "session-action-waits",
+               f"{got[0].spec.id} ({got[0].spec.demand}) fits free {node.free} of {node.name}")
 
 
 def build_view(core: Core) -> CoreView:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .resources import Resources
 
-POLICIES = ("tangram", "trajectory-bound", "task-isolated", "fifo")
+POLICIES = ("tangram", "trajectory-bound", "task-isolated", "fifo", "static-pool")
 
 
 def _bad(name: str, value: object, rule: str) -> ValueError:
@@ -31,6 +31,9 @@ class CoreConfig:
     # Measured demand share per task; task-isolated sizes each task's pool in proportion.
     # None: one pool shared by all tasks.
     task_shares: Mapping[str, float] | None = None
+    # static-pool: the fixed allotment of every elastic action along its elastic dimension
+    # (clamped to the action's range and to the largest node). None: the action's maximum.
+    static_k: float | None = None
     # Queueing time after which an action is served before any non-aged one (no starvation);
     # a blocked aged action reserves the node closest to fitting it.
     aging_s: float = 30.0
@@ -67,12 +70,19 @@ class CoreConfig:
     max_load_failures: int = 3
     # Demand held by a session opened implicitly by an action naming an unknown session.
     session_demand: Resources = Resources(memory_mb=256)  # noqa: RUF009 - immutable
+    # Room kept on a session's node, beyond what its sessions hold, for one of their actions
+    # (grown to the largest session action seen): sessions never fill a node so that their own
+    # actions cannot run there.
+    session_action_demand: Resources = Resources(cpu=1, memory_mb=1024)  # noqa: RUF009 - immutable
     # Time-to-live of an implicitly opened session (closed after this long without an action).
     session_ttl_s: float = 600.0
     # Window over which arrival rates are measured for warm-pool targets.
     rate_window_s: float = 60.0
     # Most warm executors per node and key that tangram asks for.
     max_warm_per_node: int = 8
+    # Fewest warm executors per node that tangram keeps for a key in use (at least one arrival
+    # per `rate_window_s`): an idle sandbox costs a few MB, a miss costs a cold start.
+    min_warm_per_node: int = 1
     # Elastic expansion step along the elastic dimension (units per grant).
     elastic_step: float = 1.0
     # Finished actions remembered for status()/story() (oldest forgotten first).
@@ -93,6 +103,8 @@ class CoreConfig:
             for task, share in self.task_shares.items():
                 if not (isinstance(share, int | float) and share > 0 and math.isfinite(share)):
                     raise _bad(f"task_shares[{task!r}]", share, "must be a finite number > 0")
+        if self.static_k is not None:
+            self._check_range("static_k", self.static_k, 0.0, math.inf, low_open=True)
         self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)
         self._check_range("aging_relative", self.aging_relative, 0.0, math.inf, low_open=True)
         self._check_range("aging_min_s", self.aging_min_s, 0.0, math.inf)
@@ -110,10 +122,13 @@ class CoreConfig:
             raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
             raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
-        if not isinstance(self.max_warm_per_node, int) or self.max_warm_per_node < 0:
-            raise _bad("max_warm_per_node", self.max_warm_per_node, "must be an integer >= 0")
-        if not isinstance(self.session_demand, Resources):
-            raise _bad("session_demand", self.session_demand, "must be a Resources")
+        for name in ("max_warm_per_node", "min_warm_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise _bad(name, v, "must be an integer >= 0")
+        for name in ("session_demand", "session_action_demand"):
+            if not isinstance(getattr(self, name), Resources):
+                raise _bad(name, getattr(self, name), "must be a Resources")
 
     @staticmethod
     def _check_range(

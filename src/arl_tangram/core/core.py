@@ -20,10 +20,11 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from . import events as ev
-from .actions import Status
+from .actions import ActionSpec, Elasticity, Status
 from .build import make_deliver, make_result
 from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
@@ -95,6 +96,12 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         self._partitioned = self.policy.partitioned is not None
         self._dynamic_models = self.policy.dynamic_models
         self._warm_pools = self.policy.warm_pools
+        self._fixed = self.policy.fixed
+        self._expect_cpu = 0.0  # largest minimum CPU demand of an arrived action (the reserve)
+        # what one action of a session may need beyond the session: kept free of other
+        # sessions on the session's node (the largest session action seen so far)
+        self._sess_act: Resources = cfg.session_action_demand
+        self._resident = self.policy.resident
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -188,6 +195,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             return
         if spec.id in self.history:  # (`pop(spec.id, None)` without the call on a miss)
             del self.history[spec.id]
+        if self._fixed:
+            spec = self._at_fixed(spec)
         self.seq += 1
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
@@ -210,9 +219,14 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             rec.partition = self._partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
+        if rec.cpu > self._expect_cpu:
+            self._expect_cpu = rec.cpu
         if self._warm_pools and spec.session is None and not rec.is_model:
             rc, k = self.rate_counts, rec.wkey  # `self._count_arrival(rec)`, inlined
             rc[k] = rc.get(k, 0) + 1
+            if k not in self.rates:  # a new key: its pools start filling now, not at a Tick
+                self.rates[k] = 1.0 / self.config.rate_window_s
+                self._spread_warm(k, 1.0 / self.config.rate_window_s)
         # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
         if rec.story is arrived:
             rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
@@ -220,6 +234,20 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)
         rec.status = _QUEUED  # (PENDING -> QUEUED: a legal edge, as `move` checks)
         self._enqueue(rec)
+
+    def _at_fixed(self, spec: ActionSpec) -> ActionSpec:
+        """static-pool: an elastic action as a rigid one at the fixed allotment ``static_k``
+        (clamped to its range and to the largest node), the speed of that allotment kept."""
+        el = spec.elasticity
+        if el is None or not el.is_elastic or spec.kind.uses_model:
+            return spec
+        k = self.config.static_k
+        k = el.max if k is None else min(max(k, el.min), el.max)
+        largest = self._ref().get(el.dim, 0.0)
+        if largest > 0.0:
+            k = max(el.min, min(k, largest))
+        fixed = Elasticity(k, k, el.dim, el.speedup)
+        return replace(spec, demand=spec.demand.with_amount(el.dim, k), elasticity=fixed)
 
     def _on_started(self, e: ev.ActionStarted) -> None:
         rec = self.actions.get(e.action_id)
@@ -242,7 +270,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             run_s = e.time - rec.start_time
         if status is _SUCCEEDED and run_s is not None and rec.allotment is not None:
             spec = rec.spec
-            speed = 1.0 if spec.elasticity is None else spec.speed(rec.allotment)
+            speed = spec.speed(rec.allotment)  # (< 1 for a rigid action on a fractional slice)
             self._estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
         reason = e.reason
         if status is _FAILED and not reason and not finished:
@@ -324,17 +352,24 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         sess = self.sessions.get(sid)
         if sess is None:
             cfg = self.config
-            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.now)
+            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.now,
+                                 rec.spec.trajectory, rec.spec.task)
             self.sessions[sid] = sess
             rec.note(self.now, f"opens session {sid} implicitly", rec.spec.id)
             self._open_session(sess, hint=rec)
+        elif sess.node is None:  # waiting for room: its first action may need less than assumed
+            self._open_session(sess, hint=rec)
         sess.actions.add(rec.spec.id)
         sess.last_active = self.now
+        d = rec.spec.demand
+        if not d.fits_in(self._sess_act):  # the room kept for a session action grows to fit it
+            room = self._sess_act
+            self._sess_act = Resources({k: max(room.get(k), d.get(k)) for k in room + d})
 
     def _on_session_requested(self, e: ev.SessionRequested) -> None:
         if e.session_id in self.sessions:
             return
-        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time)
+        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task)
         self.sessions[e.session_id] = sess
         self._open_session(sess, pin=e.node)
 

@@ -1,8 +1,9 @@
 # mypy: disable-error-code="misc"
 """Tangram's elasticity: spare capacity to elastic actions, warm-pool sizing.
 
-Invariant: expansion never takes a node's capacity below ``reserve_fraction`` of it in the
-elastic dimension, never grows an action past its ``elasticity.max``, and runs only when no
+Invariant: expansion never takes a node's free capacity below its reserve in the elastic
+dimension (``reserve_fraction`` of it, and in CPU at least the largest minimum demand arrivals
+have had: `_reserve_of`), never grows an action past its ``elasticity.max``, and runs only when no
 shared-pool work is queued (pending work comes first). An allotment grown before its
 StartAction left the core is sent as a bigger StartAction, otherwise as a ResizeAction.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from mypy_extensions import trait
 
 from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .nodeindex import RES
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU
@@ -61,7 +63,6 @@ class ElasticMixin:
                 self._expand_node(node)
 
     def _expand_node(self: Core, node: NodeState) -> None:
-        frac = self.config.reserve_fraction
         step = self.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         elastic = False  # any elastic action on the node (grown to its max or not)
@@ -87,7 +88,7 @@ class ElasticMixin:
             rec = self.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
-            spare = node.free.get(el.dim, 0.0) - frac * node.cap.get(el.dim, 0.0)
+            spare = node.free.get(el.dim, 0.0) - self._reserve_of(node, el.dim)
             k = rec.allotment.get(el.dim)
             delta = min(step, el.max - k, spare)
             if delta <= 1e-9 or g >= 0:
@@ -100,6 +101,37 @@ class ElasticMixin:
         if changed:
             self.index.update(node.name, node.free)
             self._emit_resizes(node, changed.values())
+
+    def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
+        """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
+        of it, and in CPU never less than the largest minimum demand arrivals have had, so
+        that the next action starts at once rather than queueing behind grown ones
+        (``reserve_fraction=0`` keeps none). A node
+        without sessions (whose arrivals may go anywhere) keeps none while another node has
+        that much free: the reserve is the cluster's, not every node's."""
+        cap = node.cap.get(dim, 0.0)
+        r = self.config.reserve_fraction * cap
+        if dim != CPU or r <= 0.0:
+            return r  # (reserve_fraction=0: no reserve at all)
+        if self._expect_cpu > r:
+            r = self._expect_cpu if self._expect_cpu < cap else cap
+        if not node.sessions and self._room_elsewhere(node.name, r):
+            return 0.0
+        return r
+
+    def _room_elsewhere(self: Core, name: str, cpu: float) -> bool:
+        """Whether an alive node other than ``name``, not reserved, has ``cpu`` free."""
+        index = self.index
+        if index._held is not None:
+            index.flush()
+        least = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
+        for lvl in reversed(index.levels):
+            if lvl < least:
+                return False
+            for other in index._buckets[lvl]:
+                if other != name and other not in self.reserved:
+                    return True
+        return False
 
     def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
         for rec in recs:
@@ -119,8 +151,10 @@ class ElasticMixin:
             self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
 
     def _warm_targets(self: Core) -> None:
-        """Size warm pools from recent arrival rates: enough warm executors to absorb the
-        arrivals of two cold-start times, spread over the CPU nodes."""
+        """Size warm pools from arrival rates: enough warm executors to absorb the arrivals of
+        two cold-start times at the recent peak rate (the last tick's rate, or the smoothed one
+        when higher: pools follow a burst at once and shrink slowly), and at least
+        ``min_warm_per_node`` per node for every key still in use, spread over the CPU nodes."""
         last, now = self.last_rate_time, self.now
         if last is None or now <= last:
             self.last_rate_time = now if last is None else last
@@ -129,40 +163,48 @@ class ElasticMixin:
         self.last_rate_time = now
         a = min(1.0, dt / self.config.rate_window_s)
         counts, self.rate_counts = self.rate_counts, {}
+        for key in sorted(set(counts) | set(self.rates)):
+            burst = counts.get(key, 0) / dt
+            rate = self.rates.get(key, 0.0) * (1 - a) + a * burst
+            self.rates[key] = rate
+            self._spread_warm(key, burst if burst > rate else rate)
+
+    def _spread_warm(self: Core, key: str, rate: float) -> None:
+        """Send the warm-pool targets of ``key`` for an arrival ``rate`` (per second)."""
         names = self._warm_names  # reset by `_node_changed`, with `_warm_want`
         if names is None:
             names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
             self._warm_names = names
         if not names:
             return
-        cap = self.config.max_warm_per_node
-        done = self._warm_want
-        sent = self.warm_sent
+        cfg = self.config
+        cap = cfg.max_warm_per_node
         n = len(names)
-        for key in sorted(set(counts) | set(self.rates)):
-            rate = self.rates.get(key, 0.0) * (1 - a) + a * counts.get(key, 0) / dt
-            self.rates[key] = rate
-            want = math.ceil(rate * self.config.sandbox_cold_s * 2)
-            old = done.get(key)
-            if old == want:
-                continue  # same targets on the same nodes as last time: all sent already
-            done[key] = want
-            q, r = divmod(want, n)
-            lo, hi = 0, n  # the nodes whose target may differ from the last spread's
-            if old is not None and old // n == q:
-                # The last spread over these same nodes (`done` is reset with `names`) sent
-                # node i its target min(cap, q + (i < old % n)); with the same q only the
-                # nodes between the two remainders can get a different target.
-                r0 = old % n
-                lo, hi = (r0, r) if r0 < r else (r, r0)
-            for i in range(lo, hi):
-                name = names[i]
-                t = q + 1 if i < r else q
-                if t > cap:
-                    t = cap  # min(cap, want // n + (1 if i < want % n else 0))
-                if sent.get((name, key), 0) != t:
-                    sent[(name, key)] = t
-                    self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+        want = math.ceil(rate * cfg.sandbox_cold_s * 2)
+        if rate * cfg.rate_window_s >= 1.0 and want < cfg.min_warm_per_node * n:
+            want = cfg.min_warm_per_node * n  # a key in use keeps a floor on every node
+        done = self._warm_want
+        old = done.get(key)
+        if old == want:
+            return  # same targets on the same nodes as last time: all sent already
+        done[key] = want
+        sent = self.warm_sent
+        q, r = divmod(want, n)
+        lo, hi = 0, n  # the nodes whose target may differ from the last spread's
+        if old is not None and old // n == q:
+            # The last spread over these same nodes (`done` is reset with `names`) sent
+            # node i its target min(cap, q + (i < old % n)); with the same q only the
+            # nodes between the two remainders can get a different target.
+            r0 = old % n
+            lo, hi = (r0, r) if r0 < r else (r, r0)
+        for i in range(lo, hi):
+            name = names[i]
+            t = q + 1 if i < r else q
+            if t > cap:
+                t = cap  # min(cap, want // n + (1 if i < want % n else 0))
+            if sent.get((name, key), 0) != t:
+                sent[(name, key)] = t
+                self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
 
 
 def _gain(rec: ActionRecord, step: float) -> float:

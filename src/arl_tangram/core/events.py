@@ -52,6 +52,8 @@ class SessionRequested(Event):
     demand: Resources = field(default_factory=lambda: Resources(memory_mb=256))  # held while open
     ttl_s: float = 600.0  # closed after this long without an action
     node: str | None = None  # optional pin
+    trajectory: str | None = None  # its trajectory (trajectory-bound opens it in that slice)
+    task: str | None = None  # its task (task-isolated opens it in that task's pool)
 
 
 @dataclass(frozen=True, slots=True)

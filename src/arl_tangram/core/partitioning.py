@@ -17,7 +17,7 @@ from mypy_extensions import trait
 from .actions import ActionSpec
 from .nodeindex import FreeIndex
 from .policies import cpu_nodes, split_cpu, trajectory_of
-from .records import ActionRecord
+from .records import ActionRecord, SessionRecord
 from .resources import CPU
 
 if TYPE_CHECKING:
@@ -57,18 +57,31 @@ class PartitionMixin:
 
     def _partition_for(self: Core, spec: ActionSpec) -> str:
         if self.policy.partitioned == "trajectory":
-            traj = trajectory_of(spec)
-            slot = self.traj_slot.get(traj)
-            if slot is None:
-                t = self.config.trajectories or max(1, len(cpu_nodes(
-                    [(n.name, n.cap) for n in self.nodes.values() if n.alive])))
-                slot = self.traj_slot[traj] = f"slot{len(self.traj_slot) % t}"
-            return slot
+            return self._slot_of(trajectory_of(spec))
+        return self._pool_of(spec.task)
+
+    def _session_partition(self: Core, sess: SessionRecord) -> str | None:
+        """The slice or pool a session opened before any of its actions belongs to."""
+        if self.policy.partitioned == "trajectory" and sess.trajectory is not None:
+            return self._slot_of(sess.trajectory)
+        if self.policy.partitioned == "task" and sess.task is not None:
+            return self._pool_of(sess.task)
+        return None
+
+    def _slot_of(self: Core, traj: str) -> str:
+        slot = self.traj_slot.get(traj)
+        if slot is None:
+            t = self.config.trajectories or max(1, len(cpu_nodes(
+                [(n.name, n.cap) for n in self.nodes.values() if n.alive])))
+            slot = self.traj_slot[traj] = f"slot{len(self.traj_slot) % t}"
+        return slot
+
+    def _pool_of(self: Core, task: str) -> str:
         shares = self.config.task_shares
         if not shares:
             return "task:*"
-        if spec.task in shares:
-            return f"task:{spec.task}"
+        if task in shares:
+            return f"task:{task}"
         return f"task:{max((n, k) for k, n in shares.items())[1]}"  # unknown task: largest pool
 
     def _piece_candidates(self: Core, p: str, need: float, only: str | None) -> list[str]:

@@ -84,6 +84,8 @@ class PlacementMixin:
         return True
 
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
+        if self._resident and rec.spec.session is None:
+            warm = True  # static stacks keep their sandboxes resident (policies.py)
         key = rec.queue_key  # `_dequeue(rec)`, inlined
         qlive = self.qlive
         n = qlive.get(key, 0) - 1
@@ -131,6 +133,10 @@ class PlacementMixin:
         nodes, reserved = self.nodes, self.reserved
         shape = rec.shape
         wkey = rec.wkey if self.warm_nodes else ""
+        if self._elastic:
+            el = rec.spec.elasticity
+            if el is not None and el.max > el.min:
+                return self._roomiest(rec, wkey)
         ws = self.warm_nodes.get(wkey)
         best: NodeState | None = None
         best_w, best_left = 2, math.inf
@@ -187,6 +193,46 @@ class PlacementMixin:
                     return best
         return best
 
+    def _roomiest(self: Core, rec: ActionRecord, wkey: str) -> NodeState | None:
+        """An elastic action goes where it has the most room to grow: among the first
+        `fit_candidates` nodes that fit, by most free CPU, a warm one first (best fit would
+        pack it into a busy node's last core while other nodes sit idle)."""
+        index = self.index
+        if index._held is not None:
+            index.flush()
+        shape, reserved, nodes = rec.shape, self.reserved, self.nodes
+        first: NodeState | None = None
+        found = 0
+        least = int(rec.cpu * RES + 1e-9) if rec.cpu > 0 else 0  # nodeindex.level
+        for lvl in reversed(index.levels):
+            if lvl < least:
+                break
+            for name in index._buckets[lvl]:
+                if name in reserved:
+                    continue
+                node = nodes[name]
+                if _fit_leftover(node, shape) < 0.0:
+                    continue
+                if node.warm.get(wkey):
+                    return node
+                if first is None:
+                    first = node
+                found += 1
+                if found >= self.config.fit_candidates:
+                    return first
+        return first
+
+    def _reserve_for(self: Core, rec: ActionRecord, key: Any) -> None:
+        """An aged head is blocked: hold a node for it alone -- for a shared-pool action the
+        node closest to fitting it, for a session action its session's node (so that new
+        work and elastic growth stop taking what it waits for)."""
+        if type(key) is ShapeKey:
+            self._reserve(rec)
+        elif key[0] == "sess":
+            sess = self.sessions.get(key[1])
+            if sess is not None and sess.node is not None and sess.node not in self.reserved:
+                self.reserved[sess.node] = rec.spec.id
+
     def _reserve(self: Core, rec: ActionRecord) -> None:
         """Hold the node closest to fitting an aged, blocked action for it alone."""
         demand = rec.spec.demand
@@ -214,30 +260,56 @@ class PlacementMixin:
             s.pop(node.name, None)
 
     def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
-        """Where a session opens: its trajectory's slice, else the node with most free CPU."""
+        """Where a session opens: only where it and one of its actions can always run (the
+        sessions already there, this one and the room for an action within capacity) and it
+        fits now; inside its trajectory's slice or task's pool for partitioned policies; else
+        spread: fewest sessions per core, then most free CPU. None: it waits for room."""
         rec = hint if isinstance(hint, ActionRecord) else None
         if rec is None:  # a pending session: open it where its waiting actions can run
             recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
             rec = max(recs, key=_memory_then_seq, default=None)
-        if rec is not None and rec.partition is not None:
+        act = self._sess_act if rec is None else rec.spec.demand
+        part = rec.partition if rec is not None else self._session_partition(sess)
+        if part is not None:
             if self._parts_dirty:
                 self._compute_partitions()
-            for name, _ in self.partitions.get(rec.partition, ()):
-                node = self.nodes[name]
-                if node.alive and node.fits(sess.demand + rec.spec.demand.with_amount(CPU, 0)):
-                    return node
-        need = sess.demand + (rec.spec.demand if rec is not None else Resources())
-        self.index.flush()
-        for lvl in reversed(self.index.levels):
-            for name in self.index._buckets[lvl]:
-                node = self.nodes[name]
-                if name not in self.reserved and node.fits(need):
-                    return node
-        if rec is None:
-            return None  # an explicit session with no actions yet waits for room
-        # busy everywhere: open it where the action can run once capacity frees up
-        fits = [n for n in self.nodes.values() if n.alive and need.fits_in(n.cap) and n.fits(sess.demand)]
-        return max(fits, key=_free_cpu_then_name, default=None)
+            # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
+            got = self._spread_session([self.nodes[n] for n, _ in self.partitions.get(part, ())],
+                                       sess.demand, act, largest=self.policy.whole_slice)
+            if got is not None:
+                return got
+        return self._spread_session(list(self.nodes.values()), sess.demand, act, largest=False)
+
+    def _spread_session(self: Core, nodes: list[NodeState], demand: Resources, act: Resources,
+                        largest: bool) -> NodeState | None:
+        """Of ``nodes`` (with ``largest``, the first that has room), the one with room for
+        the session that holds the fewest sessions per core, then has the most free CPU."""
+        best: NodeState | None = None
+        best_key = (math.inf, 0.0, "")
+        for node in nodes:
+            if not node.alive:
+                continue
+            if not self._session_room(node, demand, act):
+                continue
+            if largest:
+                return node
+            key = ((len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
+                   -node.free.get(CPU, 0.0), node.name)
+            if key < best_key:
+                best, best_key = node, key
+        return best
+
+    def _session_room(self: Core, node: NodeState, demand: Resources, act: Resources) -> bool:
+        """Whether a session of ``demand`` fits ``node`` now and, with the node's other
+        sessions, still leaves room for an action ``act`` of any of them, for good."""
+        if not node.fits(demand):
+            return False
+        held = demand + act
+        for sid in node.sessions:
+            other = self.sessions.get(sid)
+            if other is not None:
+                held = held + other.demand
+        return held.fits_in(node.cap)
 
     # ---- capacity facts -------------------------------------------------------------------------
     def _node_changed(self: Core) -> None:

@@ -7,13 +7,16 @@ batching, sessions, node loss, delivery -- is the core's, identical for every po
 
 - ``tangram``: Smith's rule -- expected work x dominant resource share / weight, shortest first;
   elastic expansion; dynamic model instances; warm-pool targets from arrival rates.
-- ``fifo``: one shared pool, arrival order (with backfill), minimum allotment, dynamic model
-  instances loaded on demand (an ablation of ordering and elasticity).
-- ``task-isolated``: each task owns a CPU pool sized by its measured demand share; FIFO in it;
-  model instances are a static set loaded up front.
-- ``trajectory-bound``: each trajectory owns an equal slice of CPU for its whole life and its
-  one action at a time may use the whole slice (up to the action's own maximum); model
-  instances are a static set loaded up front.
+- ``fifo``: one shared pool, arrival order (with backfill), minimum allotment, tangram's warm
+  pools and dynamic model instances (an ablation of ordering and elasticity only).
+- ``task-isolated``: each task owns a CPU pool sized by its measured demand; FIFO in it;
+  resident (always warm) sandboxes; model instances are a static set loaded up front.
+- ``trajectory-bound``: each trajectory owns an equal slice of CPU for its whole life, its
+  sandbox and sessions live in the slice, and its one action at a time may use the whole slice
+  (up to the action's own maximum); model instances are a static set loaded up front.
+- ``static-pool``: one shared pool, FIFO, resident sandboxes, every elastic action at a fixed
+  allotment ``CoreConfig.static_k`` of its elastic dimension (the strongest static shared pool:
+  what an operator who sets ``pytest -n k`` once deploys); a static set of model instances.
 Partitions slice the CPU dimension only; other dimensions are checked against the node.
 """
 
@@ -36,14 +39,21 @@ class Policy:
     partitioned: str | None  # None | "trajectory" | "task"
     one_at_a_time: bool  # a partition runs one action at a time (trajectory slices)
     whole_slice: bool  # an action may use its partition's whole piece (up to its max)
+    resident: bool  # sandboxes stay resident: every start outside a session is warm
+    fixed: bool  # elastic actions run at the fixed allotment `CoreConfig.static_k`
 
 
 POLICY_TABLE: dict[str, Policy] = {
-    "tangram": Policy("tangram", True, True, True, True, None, False, False),
-    "fifo": Policy("fifo", False, False, True, False, None, False, False),
-    "task-isolated": Policy("task-isolated", False, False, False, False, "task", False, False),
+    "tangram": Policy("tangram", True, True, True, True, None, False, False, False, False),
+    "fifo": Policy("fifo", False, False, True, True, None, False, False, False, False),
+    "task-isolated": Policy(
+        "task-isolated", False, False, False, False, "task", False, False, True, False
+    ),
     "trajectory-bound": Policy(
-        "trajectory-bound", False, False, False, False, "trajectory", True, True
+        "trajectory-bound", False, False, False, False, "trajectory", True, True, True, False
+    ),
+    "static-pool": Policy(
+        "static-pool", False, False, False, False, None, False, False, True, True
     ),
 }
 

@@ -181,6 +181,10 @@ class SchedulingMixin:
             self.queues.pop(key, None)
         else:
             self.qlive[key] = n
+            if type(key) is not ShapeKey and key[0] != "model":
+                # a session or partition queue holds actions of several shapes: the next
+                # head may fit where this one did not
+                self._touched.add(key)
         rec.queue_key = None
         rec.gen += 1
         if self.reserved:
@@ -322,8 +326,8 @@ class SchedulingMixin:
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
-            elif aged == _AGED and type(key) is ShapeKey:
-                self._reserve(rec)
+            elif aged == _AGED:
+                self._reserve_for(rec, key)
 
     def _fill_node(self: Core, node: NodeState) -> None:
         """`_schedule`'s pass when one alive node without sessions freed capacity and no queue
@@ -378,7 +382,7 @@ class SchedulingMixin:
         while got is not None:
             rec = got[0]
             if not self._try_place(rec, key):
-                if got[1][0] == _AGED and type(key) is ShapeKey:
-                    self._reserve(rec)
+                if got[1][0] == _AGED:
+                    self._reserve_for(rec, key)
                 return
             got = head(key)

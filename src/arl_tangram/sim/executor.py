@@ -8,7 +8,10 @@ timeout; RunBatch -> BatchFinished after ``alpha + sum(work)``; LoadModel -> Mod
 ``load_s`` (``swap_s`` from host); ResizeWarmPool -> WarmPoolReport when sandboxes are ready.
 Every report goes through the event loop (never re-entrantly into the core), and a report made
 stale by a resize or a cancel is dropped by its version number. The executor also keeps the
-``busy`` and ``held`` resource vectors that `Metrics` integrates over time.
+``busy`` and ``held`` resource vectors that `Metrics` integrates over time. A start the core
+marks warm where no warm pool exists is a resident sandbox (the static policies keep one per
+trajectory or pool slot for its whole life) and costs nothing; a rigid action on less CPU than
+it demands runs proportionally slower (`ActionSpec.speed`), as under a CFS quota.
 """
 
 from __future__ import annotations
@@ -156,10 +159,13 @@ class VirtualExecutor:
             sess = self.sessions.get(spec.session)
             if sess is not None and sess[0] == node:
                 return max(0.0, sess[1] - self.loop.now)
-        if warm and self.pools:
+        if warm:
             key = warm_key(spec)
-            pool = self.pools.get((node, key))
-            if pool is not None and pool.ready > 0:
+            pool = self.pools.get((node, key)) if self.pools else None
+            if pool is None:  # a resident sandbox (static stacks keep theirs): no start
+                self.warm_starts += 1
+                return 0.0
+            if pool.ready > 0:
                 pool.ready -= 1
                 self.warm_starts += 1
                 self._refill(node, key, pool)
@@ -175,8 +181,7 @@ class VirtualExecutor:
         spec = run.spec
         run.started = True
         run.since = t
-        # `spec.speed(run.allotment)`, which is 1.0 for a rigid action, without the call
-        run.speed = 1.0 if spec.elasticity is None else spec.speed(run.allotment)
+        run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
         run.deadline = t + spec.timeout_s
         if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
             self._log_time(t)

@@ -342,12 +342,15 @@ class SimReport:
     stalled: bool  # the run stopped with work left that could not progress
     wall_s: float  # real seconds the simulation took
     events: int  # events the core handled
+    setup_s: float = 0.0  # model loads before the first step (not in any step or ACT)
+    stall: Mapping[str, Any] | None = None  # what was left when a stalled run stopped
     act_samples: Any = field(default=None, repr=False, compare=False)  # numpy array, for plots
     series: Any = field(default=None, repr=False, compare=False)  # [(t, {dim: busy frac})]
 
     @property
     def step_avg_s(self) -> float:
-        return sum(self.step_s) / len(self.step_s) if self.step_s else 0.0
+        """Mean duration of the completed RL steps (NaN when none completed)."""
+        return sum(self.step_s) / len(self.step_s) if self.step_s else math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -361,7 +364,7 @@ class SimReport:
             "act_by_task": {k: dict(v) for k, v in sorted(self.act_by_task.items())},
             "queue_avg_s": self.queue_avg_s,
             "step_s": list(self.step_s),
-            "step_avg_s": self.step_avg_s,
+            "step_avg_s": self.step_avg_s if self.step_s else None,
             "makespan_s": self.makespan_s,
             "utilization": dict(self.utilization),
             "held_idle": dict(self.held_idle),
@@ -369,6 +372,8 @@ class SimReport:
             "cold_starts": self.cold_starts,
             "warm_starts": self.warm_starts,
             "stalled": self.stalled,
+            "stall": dict(self.stall) if self.stall is not None else None,
+            "setup_s": self.setup_s,
             "wall_s": self.wall_s,
             "events": self.events,
         }
@@ -376,7 +381,8 @@ class SimReport:
 
 def build_report(*, policy: str, workload: str, seed: int, acts: ActRecorder, usage: UsageMeter,
                  steps: list[float], makespan: float, cold: int, warm: int, stalled: bool,
-                 wall_s: float, events: int) -> SimReport:
+                 wall_s: float, events: int, setup_s: float = 0.0,
+                 stall: Mapping[str, Any] | None = None) -> SimReport:
     util, idle = usage.totals()
     q = np.frombuffer(acts.queue, dtype=np.float64) if acts.queue else np.zeros(0)
     return SimReport(
@@ -386,7 +392,7 @@ def build_report(*, policy: str, workload: str, seed: int, acts: ActRecorder, us
         act_by_task={k: _summary(v) for k, v in acts.by_task.items()},
         queue_avg_s=float(q.mean()) if len(q) else 0.0, step_s=tuple(steps), makespan_s=makespan,
         utilization=util, held_idle=idle, capacity=dict(usage.capacity), cold_starts=cold,
-        warm_starts=warm, stalled=stalled, wall_s=wall_s, events=events,
-        act_samples=np.frombuffer(acts.all, dtype=np.float64).copy(),
+        warm_starts=warm, stalled=stalled, wall_s=wall_s, events=events, setup_s=setup_s,
+        stall=stall, act_samples=np.frombuffer(acts.all, dtype=np.float64).copy(),
         series=usage.thinned_series(),
     )

@@ -1,10 +1,11 @@
 """Runs a workload under one policy, under all of them (compare), and finds resource savings.
 
 Invariant: every policy of a comparison sees the same trajectories (same workload, same seed,
-regenerated for each run) on the same cluster, and gets the strongest honest configuration: the
-concurrent trajectory count for trajectory-bound, the measured demand share of each task for
-task-isolated. `savings` only ever shrinks the cluster `tangram` runs on; the baseline keeps the
-full cluster.
+regenerated for each run) on the same cluster, and gets the strongest honest configuration: a
+slice per concurrent trajectory that has CPU work for trajectory-bound, pools in proportion to
+each task's measured peak demand for task-isolated, and static-pool at every fixed allotment of
+`STATIC_KS` (the best is "best static"). `savings` only ever shrinks the cluster `tangram` runs
+on; the baseline keeps the full cluster.
 """
 
 from __future__ import annotations
@@ -20,42 +21,100 @@ from .simulator import Scheduler, SimConfig, Simulator
 from .trace import Trajectory
 
 Batches = Callable[[], Iterable[Sequence[Trajectory]]]  # a fresh, identical replay each call
-BASELINES = ("trajectory-bound", "task-isolated", "fifo")
+BASELINES = ("trajectory-bound", "task-isolated", "fifo", "static-pool")
+# The fixed allotments `--compare` tries for static-pool; None: each action's maximum.
+STATIC_KS: tuple[float | None, ...] = (1, 2, 4, 8, None)
+
+
+def static_label(k: float | None) -> str:
+    return "static-pool:max" if k is None else f"static-pool:{k:g}"
 
 
 def policies() -> tuple[str, ...]:
+    """Every run of a comparison: each policy, and static-pool at each fixed allotment."""
     from ..core.config import POLICIES
 
-    return tuple(POLICIES)
+    return tuple(p for p in POLICIES if p != "static-pool") + tuple(static_label(k) for k in STATIC_KS)
+
+
+def parse_policy(label: str) -> tuple[str, dict[str, Any]]:
+    """A run's label -> (core policy, CoreConfig overrides): ``static-pool:4`` is static-pool
+    with ``static_k=4``, ``static-pool:max`` (or plain ``static-pool``) at each maximum."""
+    from ..core.config import POLICIES
+
+    name, _, arg = label.partition(":")
+    if name not in POLICIES or (arg and name != "static-pool"):
+        raise KeyError(f"unknown policy {label!r}; known: {', '.join(policies())}")
+    if name != "static-pool":
+        return name, {}
+    if arg in ("", "max"):
+        return name, {"static_k": None}
+    try:
+        k = float(arg)
+    except ValueError:
+        raise KeyError(f"policy {label!r}: the fixed allotment must be a number or 'max'") from None
+    if not k > 0:
+        raise KeyError(f"policy {label!r}: the fixed allotment must be > 0")
+    return name, {"static_k": k}
+
+
+def best_static(reports: Mapping[str, SimReport]) -> str | None:
+    """The static-pool run with the lowest average ACT (an unstalled one), if any ran."""
+    runs = [(r.act["avg"], k) for k, r in reports.items()
+            if k.startswith("static-pool") and not r.stalled]
+    return min(runs)[1] if runs else None
+
+
+def uses_cpu(traj: Trajectory) -> bool:
+    """Whether a trajectory runs anything on CPU (a static policy gives it a sandbox)."""
+    return any(act.model is None for _gen, act in traj.steps)
 
 
 def measured_task_shares(batch: Sequence[Trajectory], cluster: ClusterSpec) -> dict[str, float]:
-    """Each task's share of resource-seconds in ``batch``: what an operator would measure.
+    """Each task's peak concurrent CPU demand in ``batch``: the sandboxes it would need never
+    to queue, what an operator sizing a pool per task measures.
 
-    CPU actions count ``work x dominant share of their demand``; model actions count the device
-    time of their share of a batch (``alpha / knee + work``) times the instance's device share.
+    Each trajectory is replayed closed-loop with no queueing and no cold start, every action at
+    its minimum allotment (a static pool's), and the task's CPU demand of the actions running
+    at once is taken at its peak. Tasks with no CPU action get no share (no CPU pool).
     """
-    cap = cluster.total_capacity()
-    gpus = cap.get(GPU) or 1.0
-    out: dict[str, float] = {}
+    events: dict[str, list[tuple[float, float]]] = {}
     for traj in batch:
-        total = 0.0
-        for _gen, act in traj.steps:
-            model = cluster.model(act.model) if act.model else None
-            if model is not None:
-                total += (model.alpha / model.knee_batch + act.work_s) * model.devices / gpus
-            else:
-                total += act.work_s * act.demand.dominant_share(cap)
-        out[traj.task] = out.get(traj.task, 0.0) + total
-    return {t: v for t, v in out.items() if v > 0} or {t: 1.0 for t in out}
+        t = traj.start
+        for gen, act in traj.steps:
+            t += gen
+            if act.model is not None:
+                continue
+            cpu = act.demand.get(CPU)
+            speed = 1.0
+            el = act.elasticity
+            if el is not None:
+                speed = el.speedup.factor(el.min) if el.min > 0 else 1.0
+            d = act.work_s / speed if speed > 0 else act.work_s
+            if cpu > 0:
+                ev = events.setdefault(traj.task, [])
+                ev.append((t, cpu))
+                ev.append((t + d, -cpu))
+            t += d
+    out: dict[str, float] = {}
+    for task, ev in events.items():
+        ev.sort()
+        level = peak = 0.0
+        for _t, c in ev:
+            level += c
+            peak = max(peak, level)
+        if peak > 0:
+            out[task] = peak
+    return out or {t.task: 1.0 for t in batch}
 
 
 def _reserved(policy: str, cluster: ClusterSpec, n: int, shares: Mapping[str, float],
               ) -> Callable[[Iterable[Trajectory]], Mapping[str, float]] | None:
-    """What a static policy holds for live owners, whether they run something or not (CPU)."""
+    """What a static policy holds for live owners, whether they run something or not (CPU):
+    a slice per live trajectory that has CPU work, a pool per task that has a live one."""
     cpu = cluster.total_capacity().get(CPU)
     if policy == "trajectory-bound":
-        return lambda live: {CPU: cpu * min(1.0, sum(1 for _ in live) / n)}
+        return lambda live: {CPU: cpu * min(1.0, sum(1 for t in live if uses_cpu(t)) / n)}
     if policy == "task-isolated":
         total = sum(shares.values()) or 1.0
         return lambda live: {CPU: cpu * sum(shares.get(t, 0.0) for t in {x.task for x in live}) / total}
@@ -64,11 +123,15 @@ def _reserved(policy: str, cluster: ClusterSpec, n: int, shares: Mapping[str, fl
 
 def make_core(cluster: ClusterSpec, policy: str, trajectories: int,
               shares: Mapping[str, float] | None, **overrides: Any) -> Scheduler:
+    """The core for a run labelled ``policy`` (see `parse_policy`): ``trajectories`` is the
+    number of concurrent trajectories with CPU work (trajectory-bound's slices), ``shares``
+    each task's measured demand (task-isolated's pools)."""
     from ..core.config import CoreConfig
     from ..core.core import Core
 
-    cfg = CoreConfig(policy=policy, trajectories=max(1, trajectories),
-                     task_shares=dict(shares) if shares else None, **overrides)
+    name, fixed = parse_policy(policy)
+    cfg = CoreConfig(policy=name, trajectories=max(1, trajectories),
+                     task_shares=dict(shares) if shares else None, **{**fixed, **overrides})
     return Core(cluster, cfg)
 
 
@@ -77,13 +140,14 @@ def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int
                shares_from: Sequence[Trajectory] | None = None,
                core_factory: Callable[[ClusterSpec, str, int, Mapping[str, float] | None], Scheduler]
                | None = None) -> SimReport:
-    """Simulate ``batches`` on ``cluster`` under ``policy``."""
+    """Simulate ``batches`` on ``cluster`` under ``policy`` (a label of `policies()`)."""
+    parse_policy(policy)  # a bad label fails before anything runs
     first = list(shares_from) if shares_from is not None else list(next(iter(batches()), []))
-    n = max(1, len(first))
+    n = max(1, sum(1 for t in first if uses_cpu(t)))
     shares = measured_task_shares(first, cluster) if first else {}
     core = (core_factory or make_core)(cluster, policy, n, shares)
     sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
-                    reserved=_reserved(policy, cluster, n, shares))
+                    reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
     return sim.run(batches())
 
 

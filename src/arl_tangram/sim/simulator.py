@@ -188,8 +188,9 @@ class Simulator:
                 demand = sdef.demand if sdef else None
                 ttl = sdef.ttl_s if sdef else 3600.0
                 self.session_cold[sid] = sdef.cold_start_s if sdef else DEFAULT_COLD_START_S
-                req = E.SessionRequested(now, sid, demand, ttl) if demand is not None else \
-                    E.SessionRequested(now, sid, ttl_s=ttl)
+                req = E.SessionRequested(now, sid, demand, ttl, None, traj.id, traj.task) \
+                    if demand is not None else \
+                    E.SessionRequested(now, sid, ttl_s=ttl, trajectory=traj.id, task=traj.task)
                 self._emit(req)
         aid = f"{traj.id}#{live.index}"
         # `act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)`, inlined
@@ -243,7 +244,11 @@ class Simulator:
         """Replay ``batches`` (one per RL step, produced lazily) to the end; report what happened."""
         wall = time.perf_counter()
         self._iter = iter(batches)
-        self.loop.at(0.0, self._next_step, priority=ARRIVAL)
+        # Set-up, as a trainer does before step 1: the models the core loads at its first
+        # event are loaded before the first trajectory starts (reported apart, `setup_s`).
+        self._emit(E.Tick(0.0))
+        setup = max((i.model.load_s for i in self.executor.instances.values()), default=0.0)
+        self.loop.at(setup, self._next_step, priority=ARRIVAL)
         self.loop.at(0.0, self._tick, priority=TICK)
         with _gc_tuned(self.config.gc_tuning):
             self.loop.run()  # `_tick` halts it when the run stalls
@@ -254,7 +259,26 @@ class Simulator:
             policy=policy, workload=workload, seed=seed, acts=self.acts, usage=self.usage,
             steps=self.steps, makespan=max(0.0, end - start), cold=self.executor.cold_starts,
             warm=self.executor.warm_starts, stalled=self._stalled,
-            wall_s=time.perf_counter() - wall, events=self.events)
+            wall_s=time.perf_counter() - wall, events=self.events, setup_s=setup,
+            stall=self._stall_state() if self._stalled else None)
+
+    def _stall_state(self) -> dict[str, object]:
+        """What was left when the run stopped: enough to see where the work got stuck."""
+        runs = self.executor.runs
+        busy = {r.node for r in runs.values()}
+        names = [n.name for n in self.cluster.nodes]
+        out: dict[str, object] = {
+            "time_s": self.loop.now, "steps_done": len(self.steps),
+            "live_trajectories": len(self.live), "undelivered_actions": len(self.owner),
+            "running_actions": len(runs), "idle_nodes": sum(1 for n in names if n not in busy),
+            "nodes": len(names), "open_sessions": len(self.executor.sessions)}
+        view = getattr(self.core, "view", None)
+        if view is not None:  # the core's own account (a test fake may have none)
+            v = view()
+            out["queued_by_kind"] = dict(v.queued_by_kind)
+            out["pending_sessions"] = sum(1 for x in v.sessions if x.node is None)
+            out["nodes_with_free_cpu"] = sum(1 for n in v.nodes if n.free.get("cpu", 0.0) >= 1.0)
+        return out
 
 
 GC_THRESHOLD = (50_000, 20, 100)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from ..core.actions import ActionKind, Elasticity, Speedup, WorkHints
 from ..core.build import fast_constructor
@@ -111,12 +111,17 @@ CODE_CORES_PER_TRAJ = 1.0  # assumption: one 1-core sandbox slot per rollout (Sa
 
 
 def code_rl(rng: random.Random, step: int, index: int) -> Trajectory:
+    return _code(rng, step, index, "code-rl", "code", 5000, 12)
+
+
+def _code(rng: random.Random, step: int, index: int, task: str, prefix: str, tokens: float,
+          median_tests: float) -> Trajectory:
     # Long chain-of-thought before the answer: ReTool reports response lengths shrinking from ~10k
     # to ~6k tokens (zhangshuibai.github.io ReTool notes); DeepCoder trains at 16k-32k context.
-    gen = gen_seconds(rng, 5000, 0.5, 16000)
+    gen = gen_seconds(rng, tokens, 0.5, 16000)
     # Tests per problem: HumanEval has 7.7 on average (Chen et al. 2021); competitive-programming
     # sets (TACO, LiveCodeBench, in DeepCoder's data) carry more: median 12 is an assumption.
-    tests = round(lognormal(rng, 12, 0.8, 1, 200))
+    tests = round(lognormal(rng, median_tests, 0.8, 1, 200))
     # Per-test run time: an interpreter start plus a small program; DeepCoder's checker gives each
     # run a 6 s limit (tinker-cookbook DeepcoderTool timeout=6). Median 0.15 s is an assumption.
     work = sum(min(6.0, lognormal(rng, 0.15, 1.0, 0.02, 6.0)) for _ in range(tests))
@@ -125,7 +130,7 @@ def code_rl(rng: random.Random, step: int, index: int) -> Trajectory:
         Elasticity(1, 8, speedup=Speedup(0.9)),  # assumption: independent tests run in parallel
         WorkHints(test_count=tests), tag="python", timeout_s=max(60.0, 6.0 * tests),
         cold_start_s=DOCKER_COLD_S)
-    return Trajectory(f"s{step}-code-{index}", "code-rl", ((gen, act),), 0.0, {}, step)
+    return Trajectory(f"s{step}-{prefix}-{index}", task, ((gen, act),), 0.0, {}, step)
 
 
 # ---- tool-math: python tool calls during reasoning --------------------------------------------------
@@ -184,6 +189,51 @@ def rlhf_rm(rng: random.Random, step: int, index: int) -> Trajectory:
     return Trajectory(f"s{step}-rm-{index}", "rlhf-rm", ((gen, act),), 0.0, {}, step)
 
 
+# A small scalar RM next to the 8B one: a 1.5B model (e.g. a Qwen2.5-1.5B-based RM), 1 GPU.
+SMALL_RM_MODEL = ModelSpec(
+    name="rm-1.5b", kind="scalar", devices=1, memory_mb=8000,  # ~3 GB of bf16 weights + activations
+    load_s=8.0, swap_s=0.5,  # assumption: 3 GB from NVMe plus start-up; over PCIe Gen4 (~25 GB/s)
+    # beta: one 1.5k-token forward, 2*1.5e9*1.5e3 FLOP at ~40% of 989 TFLOP/s = 0.011 s (derived)
+    alpha=0.02, beta=0.011, max_batch=64, max_instances=8)
+
+
+def _scored(rng: random.Random, step: int, index: int, task: str, prefix: str, model: ModelSpec,
+            kind: ActionKind, answer_tokens: float, scored_tokens: float) -> Trajectory:
+    """A single-turn answer scored by a model: generation, then one reward/judge action."""
+    gen = gen_seconds(rng, answer_tokens, 0.6, 8000)
+    tokens = round(lognormal(rng, scored_tokens, 0.5, 100, 12000))
+    act = SimAction(kind, model.beta * tokens / scored_tokens, Resources(),
+                    hints=WorkHints(tokens=tokens), model=model.name, timeout_s=600.0)
+    return Trajectory(f"s{step}-{prefix}-{index}", task, ((gen, act),), 0.0, {}, step)
+
+
+# "Request-in, batch-out" (DistRS, NSDI'26): a reward service receives a GRPO group's answers
+# together, when the group's last answer is generated. Group size 16: DAPO samples 16 answers
+# per prompt (arXiv 2503.14476); GRPO configs range from 8 to 64 (DeepSeekMath uses 64).
+GROUP_SIZE = 16
+
+
+def group_arrivals(batch: list[Trajectory], size: int) -> list[Trajectory]:
+    """Single-turn scored trajectories of one task, in consecutive groups of ``size``, all
+    submit their action when the group's longest generation ends (the others are unchanged)."""
+    if size <= 1:
+        return batch
+    out = list(batch)
+    groups: dict[tuple[str, int], list[int]] = {}
+    seen: dict[str, int] = {}
+    for i, t in enumerate(batch):
+        if len(t.steps) == 1 and t.steps[0][1].model is not None:
+            k = seen.get(t.task, 0)
+            seen[t.task] = k + 1
+            groups.setdefault((t.task, k // size), []).append(i)
+    for members in groups.values():
+        longest = max(batch[i].steps[0][0] for i in members)
+        for i in members:
+            t = batch[i]
+            out[i] = replace(t, steps=((longest, t.steps[0][1]),))
+    return out
+
+
 # ---- genrm-judge: GPU generative judge --------------------------------------------------------------
 JUDGE_MODEL = ModelSpec(
     name="judge-32b", kind="judge", devices=2, memory_mb=40000,  # 32B bf16 over TP=2
@@ -216,6 +266,7 @@ class Workload:
     trajectories: int  # default trajectories per RL step
     steps: int  # default RL steps
     train_s: float  # training phase after each rollout (no arrivals)
+    group: int = 1  # scored single-turn answers arrive in groups of this size (group_arrivals)
 
     def batches(self, seed: int, trajectories: int | None = None,
                 steps: int | None = None) -> Iterator[list[Trajectory]]:
@@ -224,7 +275,7 @@ class Workload:
         n = trajectories or self.trajectories
         makers = [self._maker(i, n) for i in range(n)]  # the same split in every step
         for s in range(steps or self.steps):
-            yield [makers[i](rng, s, i) for i in range(n)]
+            yield group_arrivals([makers[i](rng, s, i) for i in range(n)], self.group)
 
     def _maker(self, i: int, n: int) -> Maker:
         """Deterministic split of a batch by the mix shares (first makers take the remainders)."""
@@ -236,10 +287,47 @@ class Workload:
         return self.mix[-1][0]
 
 
+# ---- mixed: multi-task RL over many data sources --------------------------------------------------
+# Production RL trains on many data sources at once; the MiMo-V2.6 technical report (section 6)
+# finds, across its 25 sources, mean generated tokens differing 90x and rollout durations 66x
+# (as quoted in issue 14; not checked against the report here). Nine sources here, in equal
+# shares (assumption), from short chat answers scored by a small RM (~300 tokens) to
+# competitive programming (~12k tokens) and multi-turn SWE rollouts, on CPU and on three models.
+def code_easy(rng: random.Random, step: int, index: int) -> Trajectory:
+    # HumanEval-style: short answers, 7.7 tests per problem on average (Chen et al. 2021)
+    return _code(rng, step, index, "code-easy", "ce", 1500, 8)
+
+
+def code_hard(rng: random.Random, step: int, index: int) -> Trajectory:
+    # competitive programming at DeepCoder's long contexts (16k-32k); median 30 tests: assumption
+    return _code(rng, step, index, "code-hard", "ch", 12000, 30)
+
+
+def chat_small_rm(rng: random.Random, step: int, index: int) -> Trajectory:
+    return _scored(rng, step, index, "chat-rm-small", "cs", SMALL_RM_MODEL, ActionKind.REWARD, 300, 800)
+
+
+def chat_rm(rng: random.Random, step: int, index: int) -> Trajectory:
+    return _scored(rng, step, index, "chat-rm", "cr", RM_MODEL, ActionKind.REWARD, 800, RM_TOKENS)
+
+
+def open_judge(rng: random.Random, step: int, index: int) -> Trajectory:
+    return _scored(rng, step, index, "genrm-judge", "oj", JUDGE_MODEL, ActionKind.JUDGE, 1500, 2000)
+
+
+MIXED_SOURCES: tuple[tuple[Maker, float], ...] = (
+    (swe_agent, 1 / 9), (code_rl, 1 / 9), (code_easy, 1 / 9), (code_hard, 1 / 9),
+    (tool_math, 1 / 9), (chat_small_rm, 1 / 9), (chat_rm, 1 / 9), (open_judge, 1 / 9),
+    (rlhf_rm, 1 / 9))
+# CPU cores per trajectory by the sizing rule (a fixed sandbox per concurrent trajectory)
+_MIXED_CORES = (SWE_CORES_PER_TRAJ, CODE_CORES_PER_TRAJ, CODE_CORES_PER_TRAJ, CODE_CORES_PER_TRAJ,
+                MATH_CORES_PER_TRAJ, 0.0, 0.0, 0.0, 0.0)
+
+
 def _mixed_cluster(n: int) -> ClusterSpec:
-    q = n / 4
-    cores = q * (SWE_CORES_PER_TRAJ + CODE_CORES_PER_TRAJ + MATH_CORES_PER_TRAJ)
-    return ClusterSpec(tuple(cpu_nodes("cpu", cores) + gpu_nodes("gpu", RM_GPUS // 2)), (RM_MODEL,))
+    cores = sum(share * n * c for (_m, share), c in zip(MIXED_SOURCES, _MIXED_CORES, strict=True))
+    return ClusterSpec(tuple(cpu_nodes("cpu", cores) + gpu_nodes("gpu", RM_GPUS // 2)),
+                       (SMALL_RM_MODEL, RM_MODEL, JUDGE_MODEL))
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -260,11 +348,26 @@ WORKLOADS: dict[str, Workload] = {
         Workload("genrm-judge", "answers judged by a GPU generative judge (TP=2)",
                  ((genrm_judge, 1.0),), lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (JUDGE_MODEL,)),
                  trajectories=256, steps=2, train_s=60.0),
-        Workload("mixed", "multi-task RL: swe-agent, code-rl, tool-math and rlhf-rm in one batch",
-                 ((swe_agent, 0.25), (code_rl, 0.25), (tool_math, 0.25), (rlhf_rm, 0.25)),
-                 _mixed_cluster, trajectories=128, steps=2, train_s=120.0),
+        Workload("mixed", "multi-task RL over nine data sources: SWE sessions, code tests of three "
+                 "difficulties, python tools, and answers scored by two reward models and a judge",
+                 MIXED_SOURCES, _mixed_cluster, trajectories=288, steps=2, train_s=120.0,
+                 group=GROUP_SIZE),
     )
 }
+
+
+def with_load(batches: Callable[[], Iterable[Sequence[Trajectory]]], load: float,
+              ) -> Callable[[], Iterable[Sequence[Trajectory]]]:
+    """The same trajectories with every generation time (and start offset) divided by
+    ``load``: arrivals come ``load`` times as fast, the actions themselves are unchanged."""
+    if load == 1.0:
+        return batches
+
+    def scaled() -> Iterator[list[Trajectory]]:
+        for batch in batches():
+            yield [replace(t, start=t.start / load,
+                           steps=tuple((g / load, a) for g, a in t.steps)) for t in batch]
+    return scaled
 
 
 def get_workload(name: str) -> Workload:
