@@ -9,6 +9,8 @@ command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)  # load generator of benchmarks/bench_service.py
 command -v rustc >/dev/null 2>&1 || need+=(rustc)  # CPU sandbox language tests (skipped without)
+# the sandboxes' syscall filter is built with libseccomp (through ctypes: no Python binding)
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || need+=(libseccomp2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: not root; missing ${need[*]} (tests that need them are skipped)" >&2

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,5 +248,20 @@ def parse_service_config(data: Any, source: str = "<config>") -> ServiceConfig:
 
 
 def load_service_config(path: str | Path) -> ServiceConfig:
-    """Read a service config file; errors are `SpecError` naming file:line: field."""
-    return parse_service_config(read_yaml(path), str(path))
+    """Read a service config file; errors are `SpecError` naming file:line: field.
+
+    The file itself is masked inside every sandbox of its nodes (``cpu.hidden_paths``), in case
+    it lies under a directory sandboxes see (``/etc``, say): it may hold the token."""
+    cfg = parse_service_config(read_yaml(path), str(path))
+    return hide_in_sandboxes(cfg, os.path.realpath(path))
+
+
+def hide_in_sandboxes(cfg: ServiceConfig, *paths: str) -> ServiceConfig:
+    """``cfg`` with ``paths`` added to every node's ``cpu.hidden_paths``."""
+    nodes = []
+    for n in cfg.nodes:
+        have = n.cpu.get("hidden_paths") or ()
+        if isinstance(have, str):
+            have = (have,)
+        nodes.append(replace(n, cpu={**n.cpu, "hidden_paths": (*tuple(have), *paths)}))
+    return replace(cfg, nodes=tuple(nodes))
