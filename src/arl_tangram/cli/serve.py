@@ -24,6 +24,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", help="service config YAML (default: this machine, embedded default)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="bind port (default 8080)")
+    p.add_argument("--keep-alive-s", type=float, dest="keep_alive_s", metavar="SECONDS",
+                   help="how long an idle keep-alive connection stays open (default 75, "
+                   "longer than common clients' idle pools; see docs/api.md)")
     p.add_argument("--policy", choices=POLICY_NAMES, help="scheduling policy (default tangram)")
     p.add_argument("--token", help="bearer token (default: $TANGRAM_TOKEN); required off loopback")
     p.add_argument("--no-models", action="store_true", help="do not load the default reward model")
@@ -40,7 +43,7 @@ def load_config(args: argparse.Namespace) -> Any:
     cfg = (load_service_config(args.config) if args.config
            else default_config(with_models=not args.no_models))
     over: dict[str, Any] = {}
-    for name in ("host", "port", "policy"):
+    for name in ("host", "port", "policy", "keep_alive_s"):
         if getattr(args, name, None) is not None:
             over[name] = getattr(args, name)
     token = args.token or os.environ.get("TANGRAM_TOKEN") or cfg.token
@@ -84,5 +87,6 @@ def run(args: argparse.Namespace) -> int:
     from ..api.transport import http_protocol  # one write per response (see its docstring)
 
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=5, http=http_protocol())
+                access_log=False, timeout_graceful_shutdown=5, http=http_protocol(),
+                timeout_keep_alive=cfg.keep_alive_s)
     return 0

@@ -8,7 +8,7 @@ their validation errors also name the node and field.
 Layout of the file (every key optional)::
 
     policy: tangram               # tangram | fifo | task-isolated | trajectory-bound
-    server: {host: 127.0.0.1, port: 8080}
+    server: {host: 127.0.0.1, port: 8080, keep_alive_s: 75}
     auth: {token: "...", token_env: TANGRAM_TOKEN}
     limits: {max_body_bytes: 8388608, max_pending: 100000, result_ttl_s: 600, ...}
     default_reward_model: minilm
@@ -75,6 +75,9 @@ class LimitsConfig:
                 raise ValueError(f"{f.name} must be a positive number, got {v!r}")
 
 
+DEFAULT_KEEP_ALIVE_S = 75.0  # see ServiceConfig.keep_alive_s
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceConfig:
     """Everything `tangram serve` needs."""
@@ -85,6 +88,12 @@ class ServiceConfig:
     default_reward_model: str | None = None  # model used when a reward request names none
     host: str = "127.0.0.1"  # bind address
     port: int = 8080  # bind port
+    # How long the server keeps an idle HTTP keep-alive connection open. Longer than common
+    # clients' idle pools (aiohttp 15 s, httpx 5 s, requests/urllib3: no limit), so the client,
+    # not the server, closes idle connections: a server that closes first races the client's
+    # next request on that connection ("Server disconnected without sending a response").
+    # 75 s as nginx's default; uvicorn's own default is 5 s.
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     token: str | None = None  # bearer token; required when host is not loopback
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     source: str = "<default>"  # where it came from (file path or <default>)
@@ -99,6 +108,9 @@ class ServiceConfig:
             raise ValueError(f"node names must be unique, got {names}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if (not isinstance(self.keep_alive_s, int | float) or isinstance(self.keep_alive_s, bool)
+                or not self.keep_alive_s > 0):
+            raise ValueError(f"keep_alive_s must be a positive number, got {self.keep_alive_s!r}")
         mnames = {m.name for m in self.models}
         if self.default_reward_model and self.default_reward_model not in mnames:
             raise ValueError(f"default_reward_model {self.default_reward_model!r} is not a model")
@@ -207,7 +219,7 @@ class _Parser:
     def parse(self, data: Any) -> ServiceConfig:
         top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model"}
         d = self.mapping(data, data, "<root>", top)
-        server = self.mapping(d.get("server"), data, "server", {"host", "port"})
+        server = self.mapping(d.get("server"), data, "server", {"host", "port", "keep_alive_s"})
         auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env"})
         lim_names = {f.name for f in fields(LimitsConfig)}
         limits_raw = self.mapping(d.get("limits"), data, "limits", lim_names)
@@ -232,6 +244,12 @@ class _Parser:
                          ("default_reward_model", d.get("default_reward_model"))):
             if val is not None:
                 kw[key] = val if key == "port" else str(val)
+        ka = server.get("keep_alive_s")
+        if ka is not None:
+            if not isinstance(ka, int | float) or isinstance(ka, bool) or not ka > 0:
+                raise self.fail(d.get("server"), "server.keep_alive_s",
+                                f"must be a positive number of seconds, got {ka!r}")
+            kw["keep_alive_s"] = float(ka)
         if "default_reward_model" not in kw and models:
             kw["default_reward_model"] = models[0].name
         try:
