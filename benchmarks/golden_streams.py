@@ -34,7 +34,8 @@ from arl_tangram.sim.runner import make_core, run_policy
 from arl_tangram.sim.simulator import SimConfig
 from arl_tangram.sim.workloads import WORKLOADS, get_workload
 
-POLICIES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
+POLICIES = ("tangram", "fifo", "task-isolated", "trajectory-bound", "static-pool:4")  # simulated
+CORE_POLICIES = ("tangram", "fifo", "task-isolated", "trajectory-bound", "static-pool")  # bench_core
 
 
 class _Recorder:
@@ -98,7 +99,7 @@ def cases(cycles: int) -> Iterator[tuple[str, Callable[[], str]]]:
             yield f"{workload} {policy}", lambda w=workload, p=policy: simulated(w, p)
     yield "tool-math-big tangram", lambda: simulated("tool-math", "tangram", 1024, 1)
     if cycles > 0:
-        for policy in POLICIES:
+        for policy in CORE_POLICIES:
             yield f"bench_core {policy}", lambda p=policy: bench_core_stream(p, cycles)
 
 

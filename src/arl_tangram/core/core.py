@@ -246,6 +246,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         largest = self._ref().get(el.dim, 0.0)
         if largest > 0.0:
             k = max(el.min, min(k, largest))
+        k = float(k)  # (the same repr compiled and pure: annotated floats are floats compiled)
         fixed = Elasticity(k, k, el.dim, el.speedup)
         return replace(spec, demand=spec.demand.with_amount(el.dim, k), elasticity=fixed)
 
