@@ -57,7 +57,7 @@ def test_load_divides_generation_times():
     from arl_tangram.sim.workloads import with_load
 
     w = get_workload("tool-math")
-    base, fast = (list(with_load(lambda: w.batches(1, 8, 1), f)())[0] for f in (1.0, 4.0))
+    base, fast = (next(iter(with_load(lambda: w.batches(1, 8, 1), f)())) for f in (1.0, 4.0))
     for a, b in zip(base, fast, strict=True):
         assert [g / 4 for g, _ in a.steps] == pytest.approx([g for g, _ in b.steps])
         assert [x.work_s for _, x in a.steps] == [x.work_s for _, x in b.steps]

@@ -142,9 +142,11 @@ def _q(s: Sequence[float], q: float) -> float:
 class _Backend:
     cpu_capacity: float = 0.0
 
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str: ...
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
+        raise NotImplementedError
     async def close_session(self, sid: str) -> None: ...
-    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]: ...
+    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
+        raise NotImplementedError
     def cpu_ns(self) -> int | None: return None
     def stats(self) -> dict[str, Any]: return {}
     async def aclose(self) -> None: ...

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.cluster import ClusterSpec
-from ..core.resources import CPU, GPU
+from ..core.resources import CPU
 from .metrics import SimReport
 from .simulator import Scheduler, SimConfig, Simulator
 from .trace import Trajectory
