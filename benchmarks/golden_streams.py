@@ -62,8 +62,8 @@ def simulated(workload: str, policy: str, trajectories: int | None = None,
     cluster = w.cluster(n)
     recs: list[_Recorder] = []
 
-    def factory(*args: Any) -> _Recorder:
-        rec = _Recorder(make_core(*args))
+    def factory(*args: Any, **kw: Any) -> _Recorder:
+        rec = _Recorder(make_core(*args, **kw))
         recs.append(rec)
         return rec
 

@@ -80,9 +80,12 @@ class CoreConfig:
     rate_window_s: float = 60.0
     # Most warm executors per node and key that tangram asks for.
     max_warm_per_node: int = 8
+    # Warm-pool keys (languages, tools) the operator names: their pools are filled from the
+    # first event and keep `min_warm_per_node` whatever the arrival rate (tangram, fifo).
+    warm_keys: tuple[str, ...] = ()
     # Fewest warm executors per node that tangram keeps for a key in use (at least one arrival
     # per `rate_window_s`): an idle sandbox costs a few MB, a miss costs a cold start.
-    min_warm_per_node: int = 1
+    min_warm_per_node: int = 2
     # Elastic expansion step along the elastic dimension (units per grant).
     elastic_step: float = 1.0
     # Finished actions remembered for status()/story() (oldest forgotten first).
@@ -122,6 +125,8 @@ class CoreConfig:
             raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
             raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
+        if not isinstance(self.warm_keys, tuple) or not all(isinstance(k, str) and k for k in self.warm_keys):
+            raise _bad("warm_keys", self.warm_keys, "must be a tuple of non-empty strings")
         for name in ("max_warm_per_node", "min_warm_per_node"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:

@@ -132,6 +132,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if self._starts:
             self._starts = {}
         if not self._booted:
+            self._boot_warm()
             self._boot_models()
         handler(self, event)
         now = self.now

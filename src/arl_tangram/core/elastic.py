@@ -32,6 +32,7 @@ class ElasticMixin:
     """Part of `Core`: elastic expansion and warm pools (tangram)."""
 
     rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
+    rate_peaks: dict[str, float]  # per warm key, the highest tick rate, decaying
     last_rate_time: float | None  # time of the last Tick that sized warm pools
     _grow: set[str]  # nodes where an elastic action started in this event
     # Nodes where an elastic action started since a scan of the node last found none running
@@ -152,8 +153,9 @@ class ElasticMixin:
 
     def _warm_targets(self: Core) -> None:
         """Size warm pools from arrival rates: enough warm executors to absorb the arrivals of
-        two cold-start times at the recent peak rate (the last tick's rate, or the smoothed one
-        when higher: pools follow a burst at once and shrink slowly), and at least
+        two cold-start times at the recent peak rate (the highest tick's rate, decaying over
+        `rate_window_s`, or the smoothed one when higher: pools follow a burst at once and
+        shrink slowly), and at least
         ``min_warm_per_node`` per node for every key still in use, spread over the CPU nodes."""
         last, now = self.last_rate_time, self.now
         if last is None or now <= last:
@@ -163,11 +165,25 @@ class ElasticMixin:
         self.last_rate_time = now
         a = min(1.0, dt / self.config.rate_window_s)
         counts, self.rate_counts = self.rate_counts, {}
+        peaks = self.rate_peaks
         for key in sorted(set(counts) | set(self.rates)):
             burst = counts.get(key, 0) / dt
             rate = self.rates.get(key, 0.0) * (1 - a) + a * burst
             self.rates[key] = rate
-            self._spread_warm(key, burst if burst > rate else rate)
+            peak = peaks.get(key, 0.0) * (1 - a)  # the recent peak, forgotten over the window
+            if burst > peak:
+                peak = burst
+            peaks[key] = peak
+            self._spread_warm(key, peak if peak > rate else rate)
+
+    def _boot_warm(self: Core) -> None:
+        """At the first event: warm pools for the keys the operator named (`warm_keys`), as a
+        static stack provisions its sandboxes before the first action."""
+        if not self.policy.warm_pools:
+            return
+        for key in self.config.warm_keys:
+            self.rates.setdefault(key, 0.0)
+            self._spread_warm(key, 0.0)
 
     def _spread_warm(self: Core, key: str, rate: float) -> None:
         """Send the warm-pool targets of ``key`` for an arrival ``rate`` (per second)."""
@@ -181,8 +197,8 @@ class ElasticMixin:
         cap = cfg.max_warm_per_node
         n = len(names)
         want = math.ceil(rate * cfg.sandbox_cold_s * 2)
-        if rate * cfg.rate_window_s >= 1.0 and want < cfg.min_warm_per_node * n:
-            want = cfg.min_warm_per_node * n  # a key in use keeps a floor on every node
+        if (rate * cfg.rate_window_s >= 1.0 or key in cfg.warm_keys) and want < cfg.min_warm_per_node * n:
+            want = cfg.min_warm_per_node * n  # a key in use (or named) keeps a floor on every node
         done = self._warm_want
         old = done.get(key)
         if old == want:

@@ -194,18 +194,20 @@ class PlacementMixin:
         return best
 
     def _roomiest(self: Core, rec: ActionRecord, wkey: str) -> NodeState | None:
-        """An elastic action goes where it has the most room to grow: among the first
-        `fit_candidates` nodes that fit, by most free CPU, a warm one first (best fit would
-        pack it into a busy node's last core while other nodes sit idle)."""
+        """An elastic action goes where it has the most room to grow (best fit would pack it
+        into a busy node's last core while other nodes sit idle): the node with the most free
+        CPU, or a warm one with as much room as the action can use (its maximum, or what the
+        roomiest node has), scanning by free CPU, most first."""
         index = self.index
         if index._held is not None:
             index.flush()
         shape, reserved, nodes = rec.shape, self.reserved, self.nodes
+        el = rec.spec.elasticity
+        top = el.max if el is not None else rec.cpu
         first: NodeState | None = None
-        found = 0
-        least = int(rec.cpu * RES + 1e-9) if rec.cpu > 0 else 0  # nodeindex.level
+        enough = int(rec.cpu * RES + 1e-9) if rec.cpu > 0 else 0  # nodeindex.level
         for lvl in reversed(index.levels):
-            if lvl < least:
+            if lvl < enough:
                 break
             for name in index._buckets[lvl]:
                 if name in reserved:
@@ -213,13 +215,12 @@ class PlacementMixin:
                 node = nodes[name]
                 if _fit_leftover(node, shape) < 0.0:
                     continue
-                if node.warm.get(wkey):
-                    return node
                 if first is None:
                     first = node
-                found += 1
-                if found >= self.config.fit_candidates:
-                    return first
+                    room = min(top, node.free.get(CPU, 0.0))
+                    enough = max(enough, int(room * RES + 1e-9))  # warm ones below: too small
+                if node.warm.get(wkey):
+                    return node
         return first
 
     def _reserve_for(self: Core, rec: ActionRecord, key: Any) -> None:

@@ -73,6 +73,7 @@ class SchedulingMixin:
         self.traj_node: dict[str, str] = {}
         self.rate_counts: dict[str, int] = {}
         self.rates: dict[str, float] = {}
+        self.rate_peaks: dict[str, float] = {}
         self.last_rate_time: float | None = None
         self.warm_sent: dict[tuple[str, str], int] = {}
         self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over

@@ -121,11 +121,20 @@ def _reserved(policy: str, cluster: ClusterSpec, n: int, shares: Mapping[str, fl
     return None
 
 
+def warm_keys(batch: Sequence[Trajectory]) -> tuple[str, ...]:
+    """The warm-pool keys of ``batch``'s one-shot CPU actions (their language or tool): what
+    an operator configures a sandbox service with, as a static stack builds its images."""
+    keys = {a.tag or a.kind.value for t in batch for _g, a in t.steps
+            if a.model is None and a.session is None}
+    return tuple(sorted(keys))
+
+
 def make_core(cluster: ClusterSpec, policy: str, trajectories: int,
               shares: Mapping[str, float] | None, **overrides: Any) -> Scheduler:
     """The core for a run labelled ``policy`` (see `parse_policy`): ``trajectories`` is the
     number of concurrent trajectories with CPU work (trajectory-bound's slices), ``shares``
-    each task's measured demand (task-isolated's pools)."""
+    each task's measured demand (task-isolated's pools); ``overrides`` are CoreConfig fields
+    (`run_policy` passes ``warm_keys``)."""
     from ..core.config import CoreConfig
     from ..core.core import Core
 
@@ -138,14 +147,14 @@ def make_core(cluster: ClusterSpec, policy: str, trajectories: int,
 def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int = 0,
                workload: str = "?", config: SimConfig | None = None,
                shares_from: Sequence[Trajectory] | None = None,
-               core_factory: Callable[[ClusterSpec, str, int, Mapping[str, float] | None], Scheduler]
-               | None = None) -> SimReport:
-    """Simulate ``batches`` on ``cluster`` under ``policy`` (a label of `policies()`)."""
+               core_factory: Callable[..., Scheduler] | None = None) -> SimReport:
+    """Simulate ``batches`` on ``cluster`` under ``policy`` (a label of `policies()`).
+    ``core_factory`` is called as `make_core` is: ``(cluster, policy, n, shares, warm_keys=)``."""
     parse_policy(policy)  # a bad label fails before anything runs
     first = list(shares_from) if shares_from is not None else list(next(iter(batches()), []))
     n = max(1, sum(1 for t in first if uses_cpu(t)))
     shares = measured_task_shares(first, cluster) if first else {}
-    core = (core_factory or make_core)(cluster, policy, n, shares)
+    core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first))
     sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
                     reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
     return sim.run(batches())
