@@ -215,3 +215,31 @@ def test_view_reports_state() -> None:
     assert v.nodes[0].free == Resources(memory_mb=8192 - 256)
     d(ev.WarmPoolReport(1.0, "n0", "python", 3))
     assert d.core.view().nodes[0].warm == {"python": 3}
+
+
+def test_short_actions_are_admitted_by_their_measured_cpu_use() -> None:
+    """A trivial action measured at 0.2 core is charged 0.25 of a node (x1.25, in 0.05 steps):
+    eight run at once on two cores, each still limited to its one-core quota; a long action,
+    an unmeasured kind and a static policy are charged their demand."""
+    from arl_tangram.core.actions import WorkHints
+
+    d = Driver([cpu_node("n0", cpu=2)], policy="tangram")
+    for i in range(4):  # four measured runs: 10 ms of CPU over 50 ms
+        d.arrive(act(f"w{i}", hints=WorkHints(expected_s=0.05)))
+        d.finish(f"w{i}", run_s=0.05, cpu_s=0.01)
+    out = d.arrive(*(act(f"a{i}", hints=WorkHints(expected_s=0.05)) for i in range(9)))
+    s = starts(out)
+    assert sorted(s) == [f"a{i}" for i in range(8)]  # the ninth waits: 8 x 0.25 = 2 cores
+    assert all(c.allotment["cpu"] == 1 for c in s.values())  # the quota is the demand
+    assert d.core.nodes["n0"].used["cpu"] == pytest.approx(2.0)
+    out = d.finish("a0", run_s=0.05, cpu_s=0.01)
+    assert "a8" in starts(out)
+    assert d.result("a0").allotment["cpu"] == 1  # reported as it ran
+    out = d.arrive(act("long", hints=WorkHints(expected_s=30.0)), act("other", tag="rust"))
+    assert not starts(out)  # charged a whole core each: no room left
+    static = Driver([cpu_node("n0", cpu=2)], policy="static-pool")
+    for i in range(4):
+        static.arrive(act(f"w{i}", hints=WorkHints(expected_s=0.05)))
+        static.finish(f"w{i}", run_s=0.05, cpu_s=0.01)
+    out = static.arrive(*(act(f"a{i}", hints=WorkHints(expected_s=0.05)) for i in range(4)))
+    assert len(starts(out)) == 2

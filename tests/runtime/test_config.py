@@ -28,6 +28,8 @@ def test_full_file(tmp_path: Path) -> None:
     ("models:\n  - {name: m, kind: wrong}\n", 2, "models[0]"),
     ("server: {port: 0}\n", None, "port"),
     ("nodes: [a, b\n", 2, "<yaml>"),
+    ("scheduler:\n  short_action_s: -1\n", 2, "scheduler"),
+    ("scheduler:\n  colour: red\n", 2, "scheduler.colour"),
 ])
 def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None, field: str) -> None:
     p = tmp_path / "bad.yaml"
@@ -37,6 +39,18 @@ def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None
     assert ei.value.field == field and str(p) in str(ei.value)
     if line is not None:
         assert ei.value.line == line
+
+
+def test_scheduler_knobs_reach_the_core(tmp_path: Path) -> None:
+    from arl_tangram.runtime.build import engine_config
+    from arl_tangram.runtime.engine import make_core
+
+    p = tmp_path / "c.yaml"
+    p.write_text("scheduler:\n  warm_keys: [python, bash]\n  short_action_s: 0\n  aging_s: 5\n")
+    cfg = load_service_config(p)
+    core = make_core(engine_config(cfg), [])
+    assert core.config.warm_keys == ("python", "bash") and core.config.short_action_s == 0
+    assert core.config.aging_s == 5
 
 
 def test_default_is_this_machine() -> None:

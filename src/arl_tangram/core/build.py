@@ -20,7 +20,7 @@ import keyword
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .actions import ActionResult, ActionSpec
+from .actions import ActionResult, ActionSpec, Status
 from .commands import Deliver, StartAction
 from .events import ActionArrived, ActionFinished, ActionStarted, WarmPoolReport
 
@@ -65,7 +65,13 @@ make_spec = fast_constructor(ActionSpec)
 make_arrived = fast_constructor(ActionArrived)
 # (time, action_id, node, cold_start_s)
 make_started = fast_constructor(ActionStarted)
-# (time, action_id, status, output, reason, run_s)
-make_finished = fast_constructor(ActionFinished)
+# (time, action_id, status, output, reason, run_s, cpu_s)
+_make_finished = fast_constructor(ActionFinished)
+
+
+def make_finished(time: float, action_id: str, status: Status, output: Any, reason: str,
+                  run_s: float | None, cpu_s: float | None = None) -> ActionFinished:
+    """`ActionFinished(...)`, built fast; ``cpu_s`` may be left out (not measured)."""
+    return _make_finished(time, action_id, status, output, reason, run_s, cpu_s)
 # (time, node, key, warm)
 make_warm_report = fast_constructor(WarmPoolReport)

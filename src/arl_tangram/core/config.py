@@ -88,6 +88,13 @@ class CoreConfig:
     min_warm_per_node: int = 2
     # Elastic expansion step along the elastic dimension (units per grant).
     elastic_step: float = 1.0
+    # tangram/fifo: a rigid one-shot action expected to run at most this long is admitted by
+    # the CPU it was measured to use (`ActionFinished.cpu_s` over its run time, the mean over
+    # the last 32 of its kind, x1.25, at least a tenth of its demand): its node is charged that
+    # much, its cgroup quota stays its demand. A trivial action uses a fraction of a core for
+    # milliseconds; charging a whole core for it leaves the machine idle while actions queue.
+    # 0: always charge the demand.
+    short_action_s: float = 1.0
     # Finished actions remembered for status()/story() (oldest forgotten first).
     history: int = 100_000
     # Candidate nodes compared per placement (best fit among the first that fit).
@@ -113,7 +120,8 @@ class CoreConfig:
         self._check_range("aging_min_s", self.aging_min_s, 0.0, math.inf)
         self._check_range("reserve_fraction", self.reserve_fraction, 0.0, 1.0, high_open=True)
         self._check_range("estimate_quantile", self.estimate_quantile, 0.0, 1.0)
-        for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches"):
+        for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches",
+                     "short_action_s"):
             self._check_range(name, getattr(self, name), 0.0, math.inf)
         for name in ("session_ttl_s", "rate_window_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)

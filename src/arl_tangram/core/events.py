@@ -39,6 +39,7 @@ class ActionFinished(Event):
     output: Any = None  # manager's result, passed through to the client
     reason: str = ""
     run_s: float | None = None  # measured execution time (start -> end on the node)
+    cpu_s: float | None = None  # CPU seconds the action used (its sandbox's cgroup), if measured
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,9 @@ class PlacementMixin:
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
         if self._resident and rec.spec.session is None:
             warm = True  # static stacks keep their sandboxes resident (policies.py)
+        quota = alloc  # what the StartAction carries: the executor's limit
+        if rec.charge is not None:
+            alloc = rec.charge  # admitted by its measured use: the node is charged that
         key = rec.queue_key  # `_dequeue(rec)`, inlined
         qlive = self.qlive
         n = qlive.get(key, 0) - 1
@@ -121,7 +124,7 @@ class PlacementMixin:
             rec.status = _STARTING
         out = self._out
         self._starts[aid] = len(out)
-        out.append(make_start(spec, node.name, alloc, warm, cause))  # StartAction(...)
+        out.append(make_start(spec, node.name, quota, warm, cause))  # StartAction(...)
         el = spec.elasticity
         if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
             self._grow.add(node.name)

@@ -41,19 +41,20 @@ class Policy:
     whole_slice: bool  # an action may use its partition's whole piece (up to its max)
     resident: bool  # sandboxes stay resident: every start outside a session is warm
     fixed: bool  # elastic actions run at the fixed allotment `CoreConfig.static_k`
+    by_use: bool  # short rigid actions are admitted by their measured CPU use (`short_action_s`)
 
 
 POLICY_TABLE: dict[str, Policy] = {
-    "tangram": Policy("tangram", True, True, True, True, None, False, False, False, False),
-    "fifo": Policy("fifo", False, False, True, True, None, False, False, False, False),
+    "tangram": Policy("tangram", True, True, True, True, None, False, False, False, False, True),
+    "fifo": Policy("fifo", False, False, True, True, None, False, False, False, False, True),
     "task-isolated": Policy(
-        "task-isolated", False, False, False, False, "task", False, False, True, False
+        "task-isolated", False, False, False, False, "task", False, False, True, False, False
     ),
     "trajectory-bound": Policy(
-        "trajectory-bound", False, False, False, False, "trajectory", True, True, True, False
+        "trajectory-bound", False, False, False, False, "trajectory", True, True, True, False, False
     ),
     "static-pool": Policy(
-        "static-pool", False, False, False, False, None, False, False, True, True
+        "static-pool", False, False, False, False, None, False, False, True, True, False
     ),
 }
 

@@ -93,6 +93,7 @@ class ActionRecord:
         "allotment",
         "attempts",
         "batch",
+        "charge",
         "cpu",
         "ekey",
         "est",
@@ -131,15 +132,13 @@ class ActionRecord:
         self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
         self.is_model = spec.kind in _MODEL_KINDS_T
         d = spec.demand._d
-        items = tuple(d.items())
-        skey = _SHAPES.get(items)
-        if skey is None:
-            if len(_SHAPES) > 4096:
-                _SHAPES.clear()
-            skey = _SHAPES[items] = _make_shape_key(items)
+        skey = shape_key(d)
         self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
         self.shape: tuple[tuple[str, float], ...] = skey.shape  # the demand's items, sorted
         self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
+        # what its node is charged while it runs, when less than its demand (a short action
+        # admitted by its measured CPU use: the core's `_charge`); its quota stays the demand
+        self.charge: Resources | None = None
         # which warm executors it can use: `warm_key(spec)`, inlined
         lang = spec.payload.get("language") if spec.payload else None
         self.wkey = str(lang or spec.tag or spec.kind._value_)
@@ -161,6 +160,17 @@ class ActionRecord:
 
     def describe(self) -> list[str]:
         return describe_story(self.story)
+
+
+def shape_key(d: dict[str, float]) -> ShapeKey:
+    """The shared `ShapeKey` of a demand's items (one object per distinct demand)."""
+    items = tuple(d.items())
+    skey = _SHAPES.get(items)
+    if skey is None:
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        skey = _SHAPES[items] = _make_shape_key(items)
+    return skey
 
 
 def describe_story(s: tuple[object, ...]) -> list[str]:

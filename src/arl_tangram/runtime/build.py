@@ -12,7 +12,7 @@ from .local import LocalExecutor
 def engine_config(cfg: ServiceConfig) -> EngineConfig:
     lim = cfg.limits
     return EngineConfig(
-        policy=cfg.policy, models=cfg.models, tick_s=lim.tick_s, result_ttl_s=lim.result_ttl_s,
+        policy=cfg.policy, models=cfg.models, scheduler=cfg.scheduler, tick_s=lim.tick_s, result_ttl_s=lim.result_ttl_s,
         max_results=lim.max_results, idempotency_ttl_s=lim.idempotency_ttl_s,
         max_pending=lim.max_pending,
     )

@@ -96,6 +96,9 @@ class ServiceConfig:
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     token: str | None = None  # bearer token; required when host is not loopback
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # Scheduler knobs: `CoreConfig` fields other than ``policy`` (e.g. ``warm_keys``,
+    # ``short_action_s``, ``aging_s``), validated by building that CoreConfig.
+    scheduler: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -216,8 +219,25 @@ class _Parser:
         except (TypeError, ValueError) as exc:
             raise self.fail(raw, f, str(exc)) from None
 
+    def scheduler(self, raw: Any, parent: Any, policy: Any) -> dict[str, Any]:
+        from ..core.config import POLICIES, CoreConfig
+
+        names = {f.name for f in fields(CoreConfig)} - {"policy"}
+        d = _plain(self.mapping(raw, parent, "scheduler", names))
+        for k, v in list(d.items()):
+            if isinstance(v, list):
+                d[k] = tuple(v)
+            elif isinstance(v, Mapping):
+                d[k] = Resources(v)
+        try:
+            CoreConfig(policy=str(policy) if policy in POLICIES else "tangram", **d)
+        except (TypeError, ValueError) as exc:
+            raise self.fail(raw, "scheduler", str(exc)) from None
+        return d
+
     def parse(self, data: Any) -> ServiceConfig:
-        top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model"}
+        top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model",
+               "scheduler"}
         d = self.mapping(data, data, "<root>", top)
         server = self.mapping(d.get("server"), data, "server", {"host", "port", "keep_alive_s"})
         auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env"})
@@ -238,7 +258,8 @@ class _Parser:
         token = auth.get("token")
         if token is None and auth.get("token_env"):
             token = os.environ.get(str(auth["token_env"]))
-        kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits}
+        kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
+                              "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy"))}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
                          ("default_reward_model", d.get("default_reward_model"))):

@@ -20,8 +20,8 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import commands as C
@@ -51,6 +51,7 @@ class EngineConfig:
 
     policy: str = "tangram"  # core policy name
     models: tuple[ModelSpec, ...] = ()  # reward models the core may schedule
+    scheduler: Mapping[str, Any] = field(default_factory=dict)  # more CoreConfig fields
     tick_s: float = 0.5  # period of Tick events
     result_ttl_s: float = 600.0  # finished results kept this long
     max_results: int = 100_000  # and at most this many
@@ -72,7 +73,8 @@ def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Any:
     from ..core.cluster import ClusterSpec
     from ..core.core import Core, CoreConfig
 
-    return Core(ClusterSpec(tuple(nodes), tuple(config.models)), CoreConfig(policy=config.policy))
+    return Core(ClusterSpec(tuple(nodes), tuple(config.models)),
+                CoreConfig(policy=config.policy, **config.scheduler))
 
 
 _STOP = object()

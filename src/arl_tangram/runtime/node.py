@@ -237,7 +237,7 @@ class NodeHost:
             rr = await self.cpu.run(a, cmd.allotment)
             out = rr.to_dict()
             self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
-                                       out, _reason(out), time.monotonic() - t0))
+                                       out, _reason(out), time.monotonic() - t0, rr.cpu_time))
         except asyncio.CancelledError:
             self.emit(E.ActionFinished(time.monotonic(), a.id, Status.CANCELLED, None,
                                        "node shut down", time.monotonic() - t0))
