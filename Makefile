@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the scheduler core's hot modules, compiled with mypyc at install (setup.py, core/_native.py);
 # the build records the sources it compiled here, and a changed source is rebuilt before use
 NATIVE := src/arl_tangram/core/_compiled.json
-CORE_SRC := $(wildcard src/arl_tangram/core/*.py)
+CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/_fastpath.c
 
 .PHONY: install compile demo test lint bench clean system-deps
 
@@ -52,4 +52,5 @@ bench: install
 	$(BIN)/python benchmarks/bench_sim.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info src/*.so src/arl_tangram/core/*.so $(NATIVE)
+	rm -rf $(VENV) build dist src/*.egg-info src/*.so src/arl_tangram/core/*.so $(NATIVE) \
+		src/arl_tangram/managers/cpu/*.so

@@ -1,9 +1,12 @@
-"""Build hook: compiles the scheduler core's hot modules with mypyc.
+"""Build hook: compiles the scheduler core's hot modules with mypyc, and the CPU sandboxes'
+set-up path (``managers/cpu/_fastpath.c``, plain C against the Python API).
 
 Everything else about the package is in ``pyproject.toml``. Which modules, and how the package
 chooses between the compiled and the pure-Python core at import: ``src/arl_tangram/core/_native.py``.
 ``ARL_TANGRAM_COMPILE=0`` builds the pure-Python package; a failed compilation (no C compiler)
 does too, with a warning -- the core then runs as plain Python, slower, with the same results.
+Likewise without ``_fastpath`` the sandboxes make the same system calls from Python (more page
+faults per sandbox, same isolation; docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CORE = Path(__file__).resolve().parent / "src" / "arl_tangram" / "core"
+FASTPATH = "arl_tangram.managers.cpu._fastpath"
 
 _spec = importlib.util.spec_from_file_location("_arl_tangram_native", CORE / "_native.py")
 assert _spec is not None and _spec.loader is not None
@@ -34,6 +38,16 @@ def _forget_build() -> None:
 
 class OptionalBuildExt(build_ext):
     """build_ext that falls back to the pure-Python core when the compilation fails."""
+
+    def build_extension(self, ext: Extension) -> None:
+        if ext.name != FASTPATH:
+            super().build_extension(ext)
+            return
+        try:  # (its own failure must not mark the compiled core stale)
+            super().build_extension(ext)
+        except Exception as e:
+            warnings.warn(f"compiling {FASTPATH} failed ({e}); sandboxes set themselves up in"
+                          " Python (same isolation, more CPU per action)", stacklevel=1)
 
     def run(self) -> None:
         try:
@@ -73,4 +87,11 @@ def _extensions() -> list:
         )
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+def _fastpath() -> list[Extension]:
+    if os.environ.get("ARL_TANGRAM_COMPILE", "1") == "0":
+        return []
+    return [Extension(FASTPATH, ["src/arl_tangram/managers/cpu/_fastpath.c"],
+                      extra_compile_args=["-O2"])]
+
+
+setup(ext_modules=_extensions() + _fastpath(), cmdclass={"build_ext": OptionalBuildExt})

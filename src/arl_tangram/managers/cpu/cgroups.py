@@ -90,6 +90,9 @@ class Slot:
     pids: int = -1  # pids.max, as last written
     # v2 only: this kernel cannot reset memory.peak (< 6.12), so each occupant needs a new slot
     peak_sticky: bool = False
+    # a move into the slot failed part-way (some hierarchies hold the process, others not):
+    # `is_empty` then reads every hierarchy's cgroup.procs, not the pids counter alone
+    partial: bool = False
     _fds: dict[str, int] = field(default_factory=dict)  # "w:path"/"r:path" -> open fd
 
     def _put(self, path: str, value: str) -> None:
@@ -105,8 +108,10 @@ class Slot:
         return os.pread(fd, 1 << 16, 0).decode()
 
     def add(self, pid: int) -> None:
+        self.partial = True
         for d in sorted(set(self.dirs.values())):
             _write(f"{d}/cgroup.procs", str(pid))
+        self.partial = False
 
     def set_cpu(self, cores: float) -> None:
         quota = max(1000, int(cores * _PERIOD_US))
@@ -214,6 +219,15 @@ class Slot:
         return n if raw else n - self.oom_base
 
     def is_empty(self) -> bool:
+        """No process left in the slot. Every process in it was moved into all its hierarchies
+        at once (`add`) or forked there, and nothing in a sandbox can move itself, so where
+        every move went through, the pids controller's count (one read of a kept fd) answers
+        for all; it counts a task until it is reaped, so it is never 0 while cgroup.procs is not."""
+        if not self.partial and "pids" in self.dirs:
+            try:
+                return int(self._get(f"{self.dirs['pids']}/pids.current")) == 0
+            except (OSError, ValueError):
+                pass
         return all(not _read(f"{d}/cgroup.procs").strip() for d in set(self.dirs.values()))
 
     def close(self) -> None:

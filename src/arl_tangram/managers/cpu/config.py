@@ -74,6 +74,10 @@ class CpuManagerConfig:
     # ~100 page faults off the action's latency, at a CPU cost per sandbox; refills skip it while
     # actions arrive faster than `pool.WARM_RATE_PER_CORE` per core).
     warm_direct: bool = True
+    # Run a sandbox's set-up (namespaces, mounts, fds, privilege drop, syscall filter) through
+    # the compiled `_fastpath` extension where it is built (same calls, ~150 fewer page faults
+    # per sandbox); False, or no extension: the same steps in Python.
+    compiled_setup: bool = True
 
     def __post_init__(self) -> None:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",

@@ -80,6 +80,7 @@ class CpuManager:
                 "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
                 "nofile": cfg.max_open_files, "direct": cfg.direct_python,
                 "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
+                "compiled_setup": cfg.compiled_setup,
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         self._zygote = Zygote(zcfg, cfg.work_root)

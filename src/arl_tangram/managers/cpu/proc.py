@@ -36,6 +36,9 @@ BASE_ENV: dict[str, str] | None = None
 # The syscall filter every action's process installs last (`seccomp.Program`, built once by the
 # fork server; None: none, which the start-up probe reports as missing isolation).
 FILTER: Any = None
+# The compiled set-up path (the `_fastpath` extension), set by the fork server where it is built
+# and enabled (`CpuManagerConfig.compiled_setup`); None: the Python functions below.
+FAST: Any = None
 
 
 def set_base_env(env: dict[str, str]) -> None:
@@ -88,8 +91,24 @@ class Job:
 
 def _child_setup(limits: Limits, fds: tuple[int, int, int], keep: int = 0) -> None:
     """Become an unprivileged, limited child; fds 0-2 from ``fds``, fds 3..3+keep kept."""
+    if FAST is not None:
+        FAST.detach(fds[0], fds[1], fds[2], keep)
+        _default_signals()
+        _fast_drop(limits)
+        return
     _child_detach(fds, keep)
     _drop_privileges(limits)
+
+
+def _default_signals() -> None:
+    for sig in _linux.CHILD_DEFAULT_SIGNALS:
+        _linux.raw_signal.signal(sig, _linux.SIG_DFL)
+
+
+def _fast_drop(limits: Limits) -> None:
+    """(`FAST` only.) The OOM score and cwd of `_child_detach`, then `_drop_privileges`, in C."""
+    FAST.drop(b"/workdir", b"1000", limits.fsize, limits.nofile, limits.gid, limits.cpu_s,
+              limits.uid, FILTER.bpf if FILTER is not None else None)
 
 
 def _child_detach(fds: tuple[int, int, int], keep: int) -> None:
@@ -99,8 +118,7 @@ def _child_detach(fds: tuple[int, int, int], keep: int) -> None:
         if fd != i:
             os.dup2(fd, i)
     os.closerange(3 + keep, 1 << 16)
-    for sig in _linux.CHILD_DEFAULT_SIGNALS:
-        _linux.raw_signal.signal(sig, _linux.SIG_DFL)
+    _default_signals()
     _linux.write_proc("/proc/self/oom_score_adj", b"1000")
     os.chdir(WORKDIR)
 

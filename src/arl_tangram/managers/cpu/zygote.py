@@ -237,6 +237,13 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
     try:
         # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
         # the manager: a killed service leaves no warm or running sandbox behind.
+        fast = proc.FAST
+        if fast is not None:  # the same steps as below and `sandbox.become`, compiled
+            fast.init_setup(sock, net, pipes[0][1] if pipes else -1,
+                            pipes[1][1] if pipes else -1, cfg["workdir_mb"], cfg["uid"],
+                            cfg["gid"], cfg["hostname_b"], b"/sandbox", b"/workdir")
+            sandbox.serve(3, cfg)
+            os._exit(1)
         _linux.die_with_parent()
         _linux.raw_signal.pthread_sigmask(_linux.SIG_SETMASK, ())
         _linux.raw_signal.signal(_linux.SIGCHLD[0], _linux.SIG_DFL)
@@ -255,6 +262,14 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
     except BaseException:
         traceback.print_exc()
     os._exit(1)
+
+
+def _compiled() -> Any:
+    """The compiled set-up path (`_fastpath`), or None where the extension is not built."""
+    try:
+        return importlib.import_module(f"{__package__}._fastpath")
+    except ImportError:
+        return None
 
 
 def warm_type_cache(hot: tuple[types.ModuleType, ...]) -> frozenset[str]:
@@ -368,6 +383,10 @@ def main() -> None:
                 hello["filter"] = list(proc.FILTER.denied)
             except OSError as e:
                 hello["filter_error"] = str(e)
+        cfg["hostname_b"] = cfg["hostname"].encode()
+        if cfg.get("compiled_setup", True):
+            proc.FAST = _compiled()
+        hello["compiled_setup"] = proc.FAST is not None
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
             proc.set_base_env(cfg["env"])
         _preload(cfg["preload"])
