@@ -234,3 +234,23 @@ def test_gpu_action_gets_the_devices_of_an_idle_instance_never_a_busy_one() -> N
     out = d.at(6)(ev.BatchFinished(6.0, b.batch_id, b.instance_id, outputs={"r0": 1}))
     (un2,) = of(out, cmd.UnloadModel)
     assert un2.instance_id == b.instance_id and "g2" in starts(out)
+
+
+def test_actions_submitted_together_are_scored_in_one_batch() -> None:
+    """request-in, batch-out: a GRPO group's answers reach the core as one ActionsArrived and
+    leave in one RunBatch; arriving one event at a time, the first would go alone."""
+    def run(together: bool) -> list[int]:
+        d = Driver([gpu_node("g0", gpus=1)], [ModelSpec("rm", memory_mb=8000, alpha=1.0, beta=0.01)],
+                   policy="tangram")
+        d.tick()  # boots the model's instance
+        inst = next(iter(d.core.instances))
+        d(ev.ModelLoaded(d.t, inst, ok=True))
+        specs = [reward(f"r{i}") for i in range(3)]
+        if together:
+            out = d(ev.ActionsArrived(d.t, tuple(specs)))
+        else:
+            out = [c for s in specs for c in d.arrive(s)]
+        return [len(c.actions) for c in out if isinstance(c, cmd.RunBatch)]
+
+    assert run(together=True) == [3]
+    assert run(together=False) == [1]

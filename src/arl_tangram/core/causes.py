@@ -26,6 +26,7 @@ _CAUSE_ATTR = {
 # ``_cause_of`` of the frequent event types, without the lookups.
 _CAUSE_FN: dict[type, Callable[[Any], str]] = {
     ev.ActionArrived: lambda e: f"ActionArrived:{e.action.id}",
+    ev.ActionsArrived: lambda e: f"ActionsArrived:{e.actions[0].id}+{len(e.actions) - 1}",
     ev.ActionStarted: lambda e: f"ActionStarted:{e.action_id}",
     ev.ActionFinished: lambda e: f"ActionFinished:{e.action_id}",
     ev.WarmPoolReport: lambda e: f"WarmPoolReport:{e.node}" if isinstance(e.node, str) and e.node

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from . import events as ev
 from .actions import ActionSpec, Elasticity, Status
-from .build import make_deliver, make_result
+from .build import make_arrived, make_deliver, make_result
 from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
@@ -258,6 +258,11 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         k = float(k)  # (the same repr compiled and pure: annotated floats are floats compiled)
         fixed = Elasticity(k, k, el.dim, el.speedup)
         return replace(spec, demand=spec.demand.with_amount(el.dim, k), elasticity=fixed)
+
+    def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
+        for spec in e.actions:
+            self._cause = f"ActionArrived:{spec.id}"
+            self._on_arrived(make_arrived(e.time, spec))
 
     def _charge(self, rec: ActionRecord) -> None:
         """Admit a short, rigid one-shot CPU action by the CPU its kind was measured to use
@@ -562,6 +567,7 @@ Core._dispatch.update({
     t: (h, _CAUSE_FN.get(t, _cause_of))
     for t, h in (
         (ev.ActionArrived, Core._on_arrived),
+        (ev.ActionsArrived, Core._on_batch_arrived),
         (ev.ActionStarted, Core._on_started),
         (ev.ActionFinished, Core._on_finished),
         (ev.CancelRequested, Core._on_cancel),

@@ -26,6 +26,14 @@ class ActionArrived(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ActionsArrived(Event):
+    """Actions submitted together in one request ("request-in, batch-out": a GRPO group's
+    answers scored at once): the core queues them all before it dispatches any batch."""
+
+    actions: tuple[ActionSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ActionStarted(Event):
     action_id: str  # the executor began running it (STARTING -> RUNNING)
     node: str

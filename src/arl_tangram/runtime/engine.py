@@ -351,8 +351,11 @@ class Engine:
             key = keys[i]
             if key is not None:
                 self._idem[key] = (s.id, now)
-            self._put(E.ActionArrived(now, s))
             ids[i] = s.id
+        if len(fresh) == 1:
+            self._put(E.ActionArrived(now, fresh[0][1]))
+        elif fresh:  # one request, one event: the core batches them together
+            self._put(E.ActionsArrived(now, tuple(s for _, s in fresh)))
         return [x for x in ids if x is not None]
 
     async def submit(

@@ -13,11 +13,13 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-# Priorities for callbacks at the same instant: executor reports first, then arrivals, then ticks.
-# Reporting completions before arrivals lets the core see freed capacity before new demand.
+# Priorities for callbacks at the same instant: executor reports first, then arrivals, then the
+# flush of model actions that arrived together, then ticks. Reporting completions before
+# arrivals lets the core see freed capacity before new demand.
 REPORT = 0
 ARRIVAL = 1
-TICK = 2
+FLUSH = 2
+TICK = 3
 
 
 class VirtualClock:

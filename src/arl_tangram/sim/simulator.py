@@ -24,7 +24,7 @@ from ..core.actions import ActionResult
 from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
 from .executor import VirtualExecutor
-from .loop import ARRIVAL, TICK, EventLoop
+from .loop import ARRIVAL, FLUSH, TICK, EventLoop
 from .metrics import ActRecorder, SimReport, UsageMeter, build_report
 from .trace import DEFAULT_COLD_START_S, Trajectory
 
@@ -115,6 +115,7 @@ class Simulator:
         self._first_arrival: float | None = None
         self._end: float | None = None
         self._iter: Iterator[Sequence[Trajectory]] = iter(())
+        self._together: list[object] = []  # model actions submitted at this instant (`_flush`)
 
     # ---- event plumbing ----------------------------------------------------------------------
     def _emit(self, event: E.Event) -> None:
@@ -198,7 +199,22 @@ class Simulator:
                          sid, act.model, act.tag, act.timeout_s, act.weight, True, {})
         self.truth[aid] = act
         self.owner[aid] = (live, str(act.kind))  # StrEnum: its value
+        if act.model is not None:  # scored together with whatever else arrives now
+            if not self._together:
+                self.loop.push(now, FLUSH, self._flush, ())
+            self._together.append(spec)
+            return
         self._emit(make_arrived(now, spec))  # E.ActionArrived(now, spec)
+
+    def _flush(self) -> None:
+        """Model actions that arrived at one instant reach the core as one request (a reward
+        service receives a GRPO group's answers together: "request-in, batch-out")."""
+        specs, self._together = self._together, []
+        now = self.loop.clock._now
+        if len(specs) == 1:
+            self._emit(make_arrived(now, specs[0]))  # type: ignore[arg-type]
+        else:
+            self._emit(E.ActionsArrived(now, tuple(specs)))  # type: ignore[arg-type]
 
     def _deliver(self, result: ActionResult) -> None:
         owner = self.owner.pop(result.id, None)
