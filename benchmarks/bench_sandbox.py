@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import itertools
 import os
 import resource
@@ -32,6 +33,15 @@ SUM_CPP = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+
 
 def act(code: str, kind: ActionKind = ActionKind.CODE, **payload: object) -> ActionSpec:
     return ActionSpec(id=f"b{next(_ids)}", kind=kind, payload={"code": code, **payload})
+
+
+def compiled_setup() -> bool:
+    """Whether the sandboxes' compiled set-up path (`managers/cpu/_fastpath.c`) is built here."""
+    try:
+        importlib.import_module("arl_tangram.managers.cpu._fastpath")
+    except ImportError:
+        return False
+    return True
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -211,9 +221,11 @@ async def batch_vs_separate(m: CpuManager, lang: str, code: str, n: int,
     return batch, sep
 
 
-async def main(quick: bool, direct: bool) -> None:
-    m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64, direct_python=direct))
-    print(f"direct_python={direct}")
+async def main(quick: bool, direct: bool, compiled: bool = True) -> None:
+    m = CpuManager(CpuManagerConfig(warm_min=8, warm_max=64, direct_python=direct,
+                                    compiled_setup=compiled))
+    print(f"direct_python={direct}, compiled set-up path (_fastpath): "
+          f"{('yes' if compiled else 'off') if compiled_setup() else 'no (not built)'}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     t = time.perf_counter()
     await m.start()
@@ -244,6 +256,9 @@ async def main(quick: bool, direct: bool) -> None:
           f"{fl['parent_flt']:.0f} faults; child {fl['child']:.2f} ms, {fl['child_flt']:.0f} "
           f"faults) -> at most {2000 / floor_ms:.0f}/s on 2 idle cores; the full path at concurrency 16 "
           f"costs {ms - floor_ms:.2f} ms more per action")
+    print(f"vs the floor (issue 16 goals: CPU <= 2.0x, concurrency-16 throughput >= 60% of "
+          f"{2000 / floor_ms:.0f}/s): CPU {ms / floor_ms:.2f}x, throughput {rate:.0f}/s = "
+          f"{100 * rate * floor_ms / 2000:.0f}% of the floor's 2-core maximum")
     iso = isolation_floor(500 if quick else 2000)
     if iso is not None:
         print(f"isolation's kernel work alone (benchmarks/ns_floor.c: new PID, mount, IPC, UTS "
@@ -273,5 +288,8 @@ if __name__ == "__main__":
     ap.add_argument("--direct-python", type=int, choices=(0, 1), default=1,
                     help="1: trivial Python actions run as their sandbox's PID 1 (the default); "
                          "0: through a prepared child of a Python init (the older path)")
+    ap.add_argument("--compiled-setup", type=int, choices=(0, 1), default=1,
+                    help="1: sandboxes set themselves up through the compiled _fastpath where "
+                         "built (the default); 0: the same steps in Python")
     args = ap.parse_args()
-    asyncio.run(main(args.quick, bool(args.direct_python)))
+    asyncio.run(main(args.quick, bool(args.direct_python), bool(args.compiled_setup)))
