@@ -146,3 +146,20 @@ def test_core_feeds_estimator_from_finished_runs() -> None:
     d.arrive(act("a", hints=WorkHints(test_count=4)))
     d.at(5).finish("a", run_s=4.0)
     assert d.core.estimator.samples("code") == 1
+
+
+def test_a_session_action_reclaims_cores_a_grown_test_borrowed() -> None:
+    """Growth is lent: a test grown to the node's four cores gives one back (a ResizeAction)
+    for a shell command of another session that can run only on this node."""
+    d = Driver([cpu_node("n0", cpu=4, mem=8192)], policy="tangram", reserve_fraction=0.0)
+    for sid in ("s1", "s2"):
+        d(ev.SessionRequested(d.t, sid, demand=Resources(memory_mb=256), node="n0"))
+    out = d.arrive(elastic("test", 1, 4, p=0.9, session="s1", hints=WorkHints(expected_s=20)))
+    assert starts(out)["test"].allotment["cpu"] == 4
+    d.started("test", "n0")
+    out = d.arrive(act("ls", session="s2", hints=WorkHints(expected_s=0.1)))
+    assert "ls" in starts(out)
+    resize = of(out, cmd.ResizeAction)
+    assert [(r.action_id, r.allotment["cpu"]) for r in resize] == [("test", 3)]
+    out = d.finish("ls", run_s=0.1)  # the core lends the core back
+    assert [(r.action_id, r.allotment["cpu"]) for r in of(out, cmd.ResizeAction)] == [("test", 4)]

@@ -21,7 +21,7 @@ from .commands import ResizeAction, ResizeWarmPool, StartAction
 from .nodeindex import RES
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
-from .resources import CPU
+from .resources import CPU, Resources
 
 if TYPE_CHECKING:
     from .core import Core
@@ -57,8 +57,6 @@ class ElasticMixin:
         for name in sorted(nodes) if len(nodes) > 1 else nodes:
             node = self.nodes.get(name)
             if node is None or not node.alive or name in self.reserved:
-                continue
-            if node.sessions and any(self.qlive.get(("sess", sid)) for sid in node.sessions):
                 continue
             if node.running:
                 self._expand_node(node)
@@ -102,6 +100,53 @@ class ElasticMixin:
         if changed:
             self.index.update(node.name, node.free)
             self._emit_resizes(node, changed.values())
+
+    def _reclaim(self: Core, node: NodeState, need: Resources) -> bool:
+        """Make room for ``need`` on ``node`` by shrinking the elastic actions grown there
+        (never below their minimum), the least expected loss first; False, shrinking nothing,
+        when that cannot make it fit. Growth is lent, not given: a session's action that can
+        run only on this node does not queue behind a test that took its spare cores."""
+        short = 0.0
+        for dim, v in need.items():
+            lack = v - node.free.get(dim, 0.0)
+            if lack > 1e-9:
+                if dim != CPU:
+                    return False  # only CPU stretches
+                short = lack
+        if short <= 1e-9:
+            return True
+        step = self.config.elastic_step
+        heap: list[tuple[float, int, str]] = []
+        spare = 0.0
+        for aid in node.running:
+            rec = self.actions.get(aid)
+            el = rec.spec.elasticity if rec is not None else None
+            if rec is None or el is None or el.dim != CPU or rec.allotment is None:
+                continue
+            extra = rec.allotment.get(CPU) - el.min
+            if extra > 1e-9:
+                spare += extra
+                heap.append((_loss(rec, min(step, extra)), rec.seq, aid))
+        if spare < short - 1e-9:
+            return False
+        heapq.heapify(heap)
+        changed: dict[str, ActionRecord] = {}
+        while short > 1e-9 and heap:
+            _, _, aid = heapq.heappop(heap)
+            rec = self.actions[aid]
+            el = rec.spec.elasticity
+            assert el is not None and rec.allotment is not None
+            k = rec.allotment.get(CPU)
+            delta = min(step, k - el.min, short)
+            node.give({CPU: delta})
+            rec.allotment = rec.allotment.with_amount(CPU, k - delta)
+            changed[aid] = rec
+            short -= delta
+            if k - delta > el.min + 1e-9:
+                heapq.heappush(heap, (_loss(rec, min(step, k - delta - el.min)), rec.seq, aid))
+        self.index.update(node.name, node.free)
+        self._emit_resizes(node, changed.values())
+        return True
 
     def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
         """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
@@ -221,6 +266,15 @@ class ElasticMixin:
             if sent.get((name, key), 0) != t:
                 sent[(name, key)] = t
                 self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+
+
+def _loss(rec: ActionRecord, step: float) -> float:
+    """Weighted rise of expected remaining time from one ``step`` less of the elastic dim."""
+    el = rec.spec.elasticity
+    assert el is not None and rec.allotment is not None
+    k = rec.allotment.get(el.dim)
+    sp = el.speedup
+    return (rec.est / max(sp.factor(k - step), 1e-9) - rec.est / max(sp.factor(k), 1e-9)) * rec.spec.weight
 
 
 def _gain(rec: ActionRecord, step: float) -> float:

@@ -57,7 +57,7 @@ class PlacementMixin:
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
-        if not node.fits(alloc):
+        if not node.fits(alloc) and not (self._elastic and self._reclaim(node, alloc)):
             return False
         self._start(rec, node, alloc, True)
         return True

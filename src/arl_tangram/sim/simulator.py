@@ -212,7 +212,7 @@ class Simulator:
         specs, self._together = self._together, []
         now = self.loop.clock._now
         if len(specs) == 1:
-            self._emit(make_arrived(now, specs[0]))  # type: ignore[arg-type]
+            self._emit(make_arrived(now, specs[0]))
         else:
             self._emit(E.ActionsArrived(now, tuple(specs)))  # type: ignore[arg-type]
 
