@@ -43,7 +43,7 @@ class CoreConfig:
     aging_relative: float = 50.0
     aging_min_s: float = 0.5
     # Fraction of every node's capacity kept back from elastic expansion for expected arrivals.
-    reserve_fraction: float = 0.1
+    reserve_fraction: float = 0.0
     # Quantile of the duration estimate used to order actions (0.5 = median).
     estimate_quantile: float = 0.5
     # Expected cost of a cold sandbox start (no warm executor on the node), charged in placement.

@@ -155,11 +155,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if self.instances and self.shape_keys and self._dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
         if self._elastic and (dirty or self._grow):
-            if self.shape_keys:  # `_expand`'s first test, inlined: pending shared work first
-                if self._grow:
-                    self._grow = set()
-            else:
-                self._expand()
+            self._expand()  # (after the pass: queued work took what freed up first)
         if dirty:
             dirty.clear()
         if touched:

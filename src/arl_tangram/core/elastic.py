@@ -44,11 +44,9 @@ class ElasticMixin:
 
     def _expand(self: Core) -> None:
         """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
-        one step at a time to the action whose expected completion time drops the most."""
-        if self.shape_keys:
-            if self._grow:
-                self._grow = set()
-            return  # pending shared work comes first
+        one step at a time to the action whose expected completion time drops the most. It
+        runs after the event's scheduling pass, so queued work has taken what it fits first:
+        what is left on a node fits no queued head (work conservation) and would sit idle."""
         live = self._elastic_nodes
         if not live:
             return  # no elastic action runs anywhere (and `_grow`, a subset, is empty)
@@ -136,8 +134,8 @@ class ElasticMixin:
             rec = self.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
-            k = rec.allotment.get(CPU)
-            delta = min(step, k - el.min, short)
+            k = float(rec.allotment.get(CPU))  # (floats: the same repr compiled and pure)
+            delta = float(min(step, k - el.min, short))
             node.give({CPU: delta})
             rec.allotment = rec.allotment.with_amount(CPU, k - delta)
             changed[aid] = rec

@@ -41,7 +41,7 @@ class PlacementMixin:
         spec = rec.spec
         if type(key) is ShapeKey:
             node = self._find_node(rec)
-            if node is None:
+            if node is None and (not self._elastic or (node := self._lender(rec)) is None):
                 return False
             self._start(rec, node, spec.demand, self._take_warm(node, rec.wkey) if node.warm else False)
             return True
@@ -194,6 +194,30 @@ class PlacementMixin:
                 found += 1
                 if found >= enough:
                     return best
+        return best
+
+    def _lender(self: Core, rec: ActionRecord) -> NodeState | None:
+        """No node fits a shared-pool head: the node whose grown elastic actions can lend it
+        the CPU it lacks (the one with the most lent out), after they lent it; else None."""
+        best: NodeState | None = None
+        most = 1e-9  # (a node that lends nothing cannot help)
+        need = rec.charge if rec.charge is not None else rec.spec.demand
+        for name in self._elastic_nodes:
+            node = self.nodes[name]
+            if not node.alive or name in self.reserved:
+                continue
+            lent = 0.0
+            for aid in node.running:
+                other = self.actions.get(aid)
+                el = other.spec.elasticity if other is not None else None
+                if other is not None and el is not None and el.dim == CPU and other.allotment is not None:
+                    lent += other.allotment.get(CPU) - el.min
+            if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
+                continue
+            if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
+                best, most = node, lent  # a set's order differs from process to process)
+        if best is None or not self._reclaim(best, need):
+            return None
         return best
 
     def _roomiest(self: Core, rec: ActionRecord, wkey: str) -> NodeState | None:
