@@ -7,6 +7,8 @@
  *   direct_fds   sandbox._run_direct's fd juggling + detach; returns (status fd, its inode)
  *   drop         the OOM score and cwd of _child_detach, then proc._pre_drop + proc._final_drop
  *                (rlimits, no groups, gid, cgroup namespace, uid, no_new_privs, seccomp filter)
+ *   direct_take  the next request; a compact direct one (wire.encode_direct) is taken through
+ *                sandbox._run_direct's steps up to the action's code (file, stdin, fds, drop)
  * Why: a fresh fork of the fork server copies every page it writes (copy-on-write); Python
  * code writes reference counts, frames and caches all over the interpreter's memory, so the
  * same calls made from Python cost ~150 more page faults per sandbox (docs/sandbox.md).
@@ -28,6 +30,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <grp.h>
 
@@ -140,36 +143,87 @@ static PyObject *detach(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* direct_fds(fd_in): the direct path's fds: stdin from fd_in, stdout/stderr the pipes at 4/5,
- * the control socket (fd 3) moved out of the code's way, close-on-exec; own session; every
- * other fd closed. Returns (status fd, its inode). */
-static PyObject *direct_fds(PyObject *self, PyObject *args) {
-    int fd_in;
-    if (!PyArg_ParseTuple(args, "i", &fd_in))
-        return NULL;
+/* The direct path's fds: stdin from fd_in, stdout/stderr the pipes at 4/5, the control socket
+ * (fd 3) moved out of the code's way, close-on-exec; own session; every other fd closed.
+ * Sets *status and *ino; on failure returns what failed (errno set), else NULL. */
+static const char *direct_fds_c(int fd_in, int *status, unsigned long long *ino) {
     int ctl = fcntl(3, F_DUPFD, 300), a = fcntl(fd_in, F_DUPFD, 300);
     int b = fcntl(4, F_DUPFD, 300), c = fcntl(5, F_DUPFD, 300);
     if (ctl < 0 || a < 0 || b < 0 || c < 0 || dup2(ctl, 3) < 0)
-        return oserror("moving fds");
+        return "moving fds";
     if (setsid() < 0)
-        return oserror("setsid");
+        return "setsid";
     if (dup2(a, 0) < 0 || dup2(b, 1) < 0 || dup2(c, 2) < 0)
-        return oserror("dup2");
+        return "dup2";
     close_from(4);
-    int status = fcntl(3, F_DUPFD_CLOEXEC, 900);
-    if (status < 0)
-        return oserror("fcntl(F_DUPFD_CLOEXEC)");
+    *status = fcntl(3, F_DUPFD_CLOEXEC, 900);
+    if (*status < 0)
+        return "fcntl(F_DUPFD_CLOEXEC)";
     close(3);
     struct stat st;
-    if (fstat(status, &st) != 0)
-        return oserror("fstat");
-    return Py_BuildValue("(iK)", status, (unsigned long long)st.st_ino);
+    if (fstat(*status, &st) != 0)
+        return "fstat";
+    *ino = (unsigned long long)st.st_ino;
+    return NULL;
+}
+
+/* direct_fds(fd_in) -> (status fd, its inode): `direct_fds_c` */
+static PyObject *direct_fds(PyObject *self, PyObject *args) {
+    int fd_in, status;
+    unsigned long long ino;
+    if (!PyArg_ParseTuple(args, "i", &fd_in))
+        return NULL;
+    const char *what = direct_fds_c(fd_in, &status, &ino);
+    if (what != NULL)
+        return oserror(what);
+    return Py_BuildValue("(iK)", status, ino);
 }
 
 /* drop(workdir, oom_adj, fsize, nofile, gid, cpu_s, uid, filter): the OOM score (best effort),
  * cwd, then _pre_drop and _final_drop: no core, file size, open files, no groups, the gid,
  * parent-death signal, CPU seconds, a cgroup namespace, the uid, parent-death signal again,
  * no_new_privs, and last the seccomp program (raw BPF; None: no filter). */
+static const char *drop_c(const char *workdir, const char *oom, long long fsize,
+                          long long nofile, int gid, long long cpu_s, int uid, const char *bpf,
+                          Py_ssize_t bpflen) {
+    write_small("/proc/self/oom_score_adj", oom);
+    if (chdir(workdir) != 0)
+        return "chdir(workdir)";
+    struct rlimit r = {0, 0};
+    if (setrlimit(RLIMIT_CORE, &r) != 0)
+        return "setrlimit(RLIMIT_CORE)";
+    r.rlim_cur = r.rlim_max = (rlim_t)fsize;
+    if (setrlimit(RLIMIT_FSIZE, &r) != 0)
+        return "setrlimit(RLIMIT_FSIZE)";
+    r.rlim_cur = r.rlim_max = (rlim_t)nofile;
+    if (setrlimit(RLIMIT_NOFILE, &r) != 0)
+        return "setrlimit(RLIMIT_NOFILE)";
+    if (setgroups(0, NULL) != 0)
+        return "setgroups";
+    if (setresgid(gid, gid, gid) != 0)
+        return "setresgid";
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        return "prctl(PR_SET_PDEATHSIG)";
+    r.rlim_cur = (rlim_t)cpu_s;
+    r.rlim_max = (rlim_t)cpu_s + 1;
+    if (setrlimit(RLIMIT_CPU, &r) != 0)
+        return "setrlimit(RLIMIT_CPU)";
+    if (unshare(CLONE_NEWCGROUP) != 0)
+        return "unshare(CLONE_NEWCGROUP)";
+    if (setresuid(uid, uid, uid) != 0)
+        return "setresuid";
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        return "prctl(PR_SET_PDEATHSIG)";
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return "prctl(PR_SET_NO_NEW_PRIVS)";
+    if (bpf != NULL) {
+        struct sock_fprog prog = {(unsigned short)(bpflen / 8), (struct sock_filter *)bpf};
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)
+            return "prctl(PR_SET_SECCOMP)";
+    }
+    return NULL;
+}
+
 static PyObject *drop(PyObject *self, PyObject *args) {
     const char *workdir, *oom, *bpf = NULL;
     long long fsize, nofile, cpu_s;
@@ -178,42 +232,136 @@ static PyObject *drop(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "yyLLiLiz#", &workdir, &oom, &fsize, &nofile, &gid, &cpu_s,
                           &uid, &bpf, &bpflen))
         return NULL;
-    write_small("/proc/self/oom_score_adj", oom);
-    if (chdir(workdir) != 0)
-        return oserror("chdir(workdir)");
-    struct rlimit r = {0, 0};
-    if (setrlimit(RLIMIT_CORE, &r) != 0)
-        return oserror("setrlimit(RLIMIT_CORE)");
-    r.rlim_cur = r.rlim_max = (rlim_t)fsize;
-    if (setrlimit(RLIMIT_FSIZE, &r) != 0)
-        return oserror("setrlimit(RLIMIT_FSIZE)");
-    r.rlim_cur = r.rlim_max = (rlim_t)nofile;
-    if (setrlimit(RLIMIT_NOFILE, &r) != 0)
-        return oserror("setrlimit(RLIMIT_NOFILE)");
-    if (setgroups(0, NULL) != 0)
-        return oserror("setgroups");
-    if (setresgid(gid, gid, gid) != 0)
-        return oserror("setresgid");
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        return oserror("prctl(PR_SET_PDEATHSIG)");
-    r.rlim_cur = (rlim_t)cpu_s;
-    r.rlim_max = (rlim_t)cpu_s + 1;
-    if (setrlimit(RLIMIT_CPU, &r) != 0)
-        return oserror("setrlimit(RLIMIT_CPU)");
-    if (unshare(CLONE_NEWCGROUP) != 0)
-        return oserror("unshare(CLONE_NEWCGROUP)");
-    if (setresuid(uid, uid, uid) != 0)
-        return oserror("setresuid");
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        return oserror("prctl(PR_SET_PDEATHSIG)");
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-        return oserror("prctl(PR_SET_NO_NEW_PRIVS)");
-    if (bpf != NULL) {
-        struct sock_fprog prog = {(unsigned short)(bpflen / 8), (struct sock_filter *)bpf};
-        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0)
-            return oserror("prctl(PR_SET_SECCOMP)");
-    }
+    const char *what = drop_c(workdir, oom, fsize, nofile, gid, cpu_s, uid, bpf, bpflen);
+    if (what != NULL)
+        return oserror(what);
     Py_RETURN_NONE;
+}
+
+static int read_all(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r == 0 ? 1 : -1;  /* 1: end of file */
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void cannot_start(const char *what) {  /* like `_run_direct`: report, exit 127 */
+    char msg[320];
+    int n = snprintf(msg, sizeof msg, "sandbox: cannot start: %s: %s\n", what, strerror(errno));
+    if (n > 0)
+        write_all(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+    _exit(127);
+}
+
+#define DIRECT_MAGIC "\0TGD"
+#define MAX_FRAME (256u << 20)
+struct direct_head {  /* after the magic; little-endian, packed as wire.DIRECT (struct "<") */
+    long long uid, gid, cpu_s, fsize, nofile;
+    double cpus;
+    unsigned int name_len, code_len, stdin_len;
+} __attribute__((packed));
+
+/* direct_take(fd, workdir_slash, filter) -> bytes | tuple. Reads the next request frame from
+ * the manager (fd 3). A marshal request comes back as its bytes. A compact direct request
+ * (wire.encode_direct: the common Python action, no files, the sandbox's own environment) is
+ * run up to the action's code here, as sandbox._run_direct does it: main file written as root
+ * (owned by the sandbox uid), stdin from a memfd, fds, own session, then the privilege drop
+ * and the syscall filter; returns (code, filename, status fd, its inode, cpus). A failure after
+ * the frame is read reports on fd 2 and exits 127, like the Python path. */
+static PyObject *direct_take(PyObject *self, PyObject *args) {
+    int fd;
+    const char *workdir_slash, *bpf = NULL;
+    Py_ssize_t bpflen = 0;
+    if (!PyArg_ParseTuple(args, "iyz#", &fd, &workdir_slash, &bpf, &bpflen))
+        return NULL;
+    unsigned char hdr[4];
+    int r = read_all(fd, (char *)hdr, 4);
+    if (r != 0)
+        return r > 0 ? PyErr_Format(PyExc_EOFError, "peer closed") : oserror("read");
+    unsigned int n = ((unsigned)hdr[0] << 24) | ((unsigned)hdr[1] << 16) | ((unsigned)hdr[2] << 8)
+                     | hdr[3];
+    if (n > MAX_FRAME)
+        return PyErr_Format(PyExc_ValueError, "frame too large: %u", n);
+    PyObject *body = PyBytes_FromStringAndSize(NULL, n);
+    if (body == NULL)
+        return NULL;
+    char *b = PyBytes_AS_STRING(body);
+    r = read_all(fd, b, n);
+    if (r != 0) {
+        Py_DECREF(body);
+        return r > 0 ? PyErr_Format(PyExc_EOFError, "peer closed") : oserror("read");
+    }
+    struct direct_head h;
+    if (n < 4 + sizeof h || memcmp(b, DIRECT_MAGIC, 4) != 0)
+        return body;  /* a marshal request: Python's */
+    memcpy(&h, b + 4, sizeof h);
+    const char *name = b + 4 + sizeof h, *code = name + h.name_len, *in = code + h.code_len;
+    if ((unsigned long long)4 + sizeof h + h.name_len + h.code_len + h.stdin_len != n
+        || h.name_len == 0 || h.name_len > 200 || memchr(name, '/', h.name_len)
+        || memchr(name, 0, h.name_len)) {
+        Py_DECREF(body);
+        return PyErr_Format(PyExc_ValueError, "malformed direct request");
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s%.*s", workdir_slash, (int)h.name_len, name);
+    PyObject *src = PyUnicode_DecodeUTF8(code, h.code_len, "strict");
+    PyObject *fname = PyUnicode_FromString(path);
+    if (src == NULL || fname == NULL) {
+        Py_XDECREF(src);
+        Py_XDECREF(fname);
+        Py_DECREF(body);
+        return NULL;
+    }
+    int f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (f < 0 || write_all(f, code, h.code_len) != 0 || fchown(f, (uid_t)h.uid, (gid_t)h.gid) != 0)
+        cannot_start("writing the main file");
+    close(f);
+    int fd_in;
+    if (h.stdin_len > 0) {
+        fd_in = (int)syscall(SYS_memfd_create, "stdin", MFD_CLOEXEC);
+        if (fd_in < 0 || write_all(fd_in, in, h.stdin_len) != 0 || lseek(fd_in, 0, SEEK_SET) != 0)
+            cannot_start("stdin");
+    } else {
+        fd_in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd_in < 0)
+            cannot_start("/dev/null");
+    }
+    double cpus = h.cpus;
+    int status;
+    unsigned long long ino;
+    const char *what = direct_fds_c(fd_in, &status, &ino);
+    if (what == NULL) {
+        /* (workdir without its slash: "/workdir/" -> "/workdir") */
+        char wd[256];
+        snprintf(wd, sizeof wd, "%s", workdir_slash);
+        size_t l = strlen(wd);
+        if (l > 1 && wd[l - 1] == '/')
+            wd[l - 1] = 0;
+        what = drop_c(wd, "1000", h.fsize, h.nofile, (int)h.gid, h.cpu_s, (int)h.uid, bpf, bpflen);
+    }
+    if (what != NULL)
+        cannot_start(what);
+    Py_DECREF(body);
+    return Py_BuildValue("(NNiKd)", src, fname, status, ino, cpus);
 }
 
 static PyMethodDef methods[] = {
@@ -221,6 +369,7 @@ static PyMethodDef methods[] = {
     {"detach", detach, METH_VARARGS, "own session, fds 0-2, close the rest"},
     {"direct_fds", direct_fds, METH_VARARGS, "the direct path's fds; (status fd, inode)"},
     {"drop", drop, METH_VARARGS, "rlimits, gid, cgroup namespace, uid, no_new_privs, filter"},
+    {"direct_take", direct_take, METH_VARARGS, "next request; a compact direct one set up"},
     {NULL, NULL, 0, NULL},
 };
 

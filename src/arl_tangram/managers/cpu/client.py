@@ -63,12 +63,14 @@ class Conn:
             if not fut.done():
                 fut.set_result(msg)
 
-    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def request(self, msg: dict[str, Any] | bytes,
+                      timeout: float | None = None) -> dict[str, Any]:
+        """Send ``msg`` (a request, or a frame already encoded) and wait for the reply."""
         if self.closed:
             raise EOFError("sandbox connection closed")
         fut = self._loop.create_future()
         self._waiters.append(fut)
-        data = wire.encode_request(msg)
+        data = msg if isinstance(msg, bytes) else wire.encode_request(msg)
         try:
             n = self.sock.send(data)
         except BlockingIOError:

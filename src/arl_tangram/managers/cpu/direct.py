@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from . import wire
 from .pool import Sandbox
 
 _EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death
@@ -72,14 +73,18 @@ def _watch(out: _Output, err: _Output) -> None:
     err.watch()
 
 
-async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str, Any]:
-    """Run ``req`` (see `eligible`) in ``sb``; the reply in the sandbox's wire shape."""
+async def exchange(sb: Sandbox, req: dict[str, Any], budget: float,
+                   base_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``req`` (see `eligible`) in ``sb``; the reply in the sandbox's wire shape.
+    ``base_env``: the sandboxes' own environment (the fork server's); a request with it and no
+    extra files goes in the compact form (`wire.encode_direct`), which the compiled set-up path
+    takes up to the action's code without decoding a request in Python."""
     loop = asyncio.get_running_loop()
     limit = int(req["limits"]["output"])
     out, err = (_Output(loop, fd, limit) for fd in sb.outs)
     lazy = loop.call_later(_LAZY_S, _watch, out, err)
     try:
-        status, rc, elapsed = await _wait(sb, req, budget)
+        status, rc, elapsed = await _wait(sb, req, budget, base_env)
         lazy.cancel()
         for o in (out, err):
             o.drain()  # what it wrote before its report (or its death)
@@ -96,12 +101,15 @@ async def exchange(sb: Sandbox, req: dict[str, Any], budget: float) -> dict[str,
     return {"compile_result": None, "run_result": run, "cases": None, "files": {}}
 
 
-async def _wait(sb: Sandbox, req: dict[str, Any], budget: float) -> tuple[str, int | None, float]:
+async def _wait(sb: Sandbox, req: dict[str, Any], budget: float,
+                base_env: dict[str, str] | None) -> tuple[str, int | None, float]:
     """Send the request, wait for the exit report (or the death); (status, exit code, seconds)."""
     status, rc = "Finished", None
     t0 = time.monotonic()
     try:
-        reply = await sb.request({**req, "direct": True}, min(budget, float(req["run_timeout"])))
+        frame = wire.encode_direct(req, base_env)
+        reply = await sb.request(frame or {**req, "direct": True},
+                                 min(budget, float(req["run_timeout"])))
         rc = reply.get("rc")
         if not isinstance(rc, int) or isinstance(rc, bool):
             raise ValueError("bad exit report")

@@ -85,6 +85,9 @@ class CpuManager:
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         self._zygote = Zygote(zcfg, cfg.work_root)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
+        # the sandboxes' own environment: a direct request with it may go in the compact form,
+        # which only the compiled set-up path reads (`wire.encode_direct`)
+        self._base_env = zcfg["env"] if hello.get("compiled_setup") else None
         self._pool = WarmPool(self._zygote, self._cgroups, warm_min=cfg.warm_min,
                               warm_max=cfg.warm_max, pids_max=cfg.pids_max,
                               default_cpu=cfg.default_cpus,
@@ -171,7 +174,7 @@ class CpuManager:
         budget = req["compile_timeout"] + req["run_timeout"] * math.ceil(n / max(cpus, 1)) + 10
         try:
             if sb.outs and direct.eligible(req):
-                reply = await direct.exchange(sb, req, budget)
+                reply = await direct.exchange(sb, req, budget, self._base_env)
             else:
                 reply = await sb.request(req, budget)
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError, TimeoutError) as e:

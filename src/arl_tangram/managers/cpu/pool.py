@@ -66,7 +66,8 @@ class Sandbox:
     outs: tuple[int, ...] = ()
     exit_rc: asyncio.Future[int] | None = None
 
-    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def request(self, msg: dict[str, Any] | bytes,
+                      timeout: float | None = None) -> dict[str, Any]:
         return await self.conn.request(msg, timeout)
 
     def set_limits(self, cpu: float, memory: int, weight: float = 1.0) -> None:

@@ -105,6 +105,11 @@ def _default_signals() -> None:
         _linux.raw_signal.signal(sig, _linux.SIG_DFL)
 
 
+def filter_bpf() -> bytes | None:
+    """The syscall filter's BPF program, for the compiled path (None: no filter)."""
+    return FILTER.bpf if FILTER is not None else None
+
+
 def _fast_drop(limits: Limits) -> None:
     """(`FAST` only.) The OOM score and cwd of `_child_detach`, then `_drop_privileges`, in C."""
     FAST.drop(b"/workdir", b"1000", limits.fsize, limits.nofile, limits.gid, limits.cpu_s,

@@ -54,9 +54,16 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
     prepared: Prepared | None = None
     if cfg.get("direct") and cfg.get("warm_direct"):
         _warm_child()  # at once, unasked: no "prepare" round trip for a direct sandbox
+    take = proc.FAST.direct_take if proc.FAST is not None and cfg.get("direct") else None
     while True:
         try:
-            req = wire.read_request_fd(fd)
+            if take is None:
+                req = wire.read_request_fd(fd)
+            else:  # a compact direct request comes back set up to its code (never returns)
+                got = take(fd, WORKDIR_SLASH.encode(), proc.filter_bpf())
+                if type(got) is tuple:
+                    _run_direct_taken(got)
+                req = wire.request_from(got)
         except (EOFError, OSError, ValueError):
             os._exit(0)
         op = req.get("op")
@@ -127,6 +134,22 @@ def _run_direct(req: dict[str, Any]) -> None:
             os.write(2, f"sandbox: cannot start: {e}\n".encode())
         os._exit(127)
     proc._exec_job(job, limits, st, framed=True)
+
+
+def _run_direct_taken(got: tuple[str, str, int, int, float]) -> None:
+    """`_run_direct` for a compact request that `_fastpath.direct_take` took up to the code
+    (main file, stdin, fds, session, privilege drop and syscall filter done): the signals'
+    dispositions (through Python's own table), then the code. Never returns."""
+    code, filename, status, ino, cpus = got
+    try:
+        proc._default_signals()
+        job = proc.Job(python=[(code, filename)], env=proc.BASE_ENV or {})
+        limits = proc.Limits(uid=0, gid=0, cpu_s=0, fsize=0, nofile=0, output=0, cpus=cpus)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox: cannot start: {e}\n".encode())
+        os._exit(127)
+    proc._exec_job(job, limits, (status, ino), framed=True)
 
 
 def _warm(cfg: dict[str, Any]) -> None:
