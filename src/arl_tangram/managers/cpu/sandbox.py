@@ -27,6 +27,7 @@ from .prepared import Prepared, _warm_child, prepare
 
 SANDBOX_DIR = "/sandbox"
 WORKDIR_SLASH = proc.WORKDIR + "/"
+_WORKDIR_SLASH_B = WORKDIR_SLASH.encode()
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
 
 
@@ -60,7 +61,7 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
             if take is None:
                 req = wire.read_request_fd(fd)
             else:  # a compact direct request comes back set up to its code (never returns)
-                got = take(fd, WORKDIR_SLASH.encode(), proc.filter_bpf())
+                got = take(fd, _WORKDIR_SLASH_B, proc.filter_bpf())
                 if type(got) is tuple:
                     _run_direct_taken(got)
                 req = wire.request_from(got)
@@ -136,6 +137,10 @@ def _run_direct(req: dict[str, Any]) -> None:
     proc._exec_job(job, limits, st, framed=True)
 
 
+# The job and limits a compact direct request runs with (only these fields are read).
+_TAKEN = (proc.Job(python=[]), proc.Limits(uid=0, gid=0, cpu_s=0, fsize=0, nofile=0, output=0))
+
+
 def _run_direct_taken(got: tuple[str, str, int, int, float]) -> None:
     """`_run_direct` for a compact request that `_fastpath.direct_take` took up to the code
     (main file, stdin, fds, session, privilege drop and syscall filter done): the signals'
@@ -143,8 +148,10 @@ def _run_direct_taken(got: tuple[str, str, int, int, float]) -> None:
     code, filename, status, ino, cpus = got
     try:
         proc._default_signals()
-        job = proc.Job(python=[(code, filename)], env=proc.BASE_ENV or {})
-        limits = proc.Limits(uid=0, gid=0, cpu_s=0, fsize=0, nofile=0, output=0, cpus=cpus)
+        job, limits = _TAKEN  # (made in the fork server: filled in, not allocated, here)
+        job.python = [(code, filename)]
+        job.env = proc.BASE_ENV or {}
+        limits.cpus = cpus
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox: cannot start: {e}\n".encode())
