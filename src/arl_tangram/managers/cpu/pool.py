@@ -194,7 +194,7 @@ class WarmPool:
                 sb.slot = self.free_slots.pop() if self.free_slots else self.cgroups.new_slot()
             # Moving a task into a v1 cgroup waits for an RCU grace period (~ms under load):
             # done in a thread, batched, never on the event loop.
-            errs = await self.loop.run_in_executor(self._cg_thread, self._place, sbs)
+            errs = await self.loop.run_in_executor(self._cg_thread, self._place, sbs, warm)
             for i, e in errs:
                 self.release(got[got.index(sbs[i])])
                 got[got.index(sbs[i])] = e
@@ -211,8 +211,10 @@ class WarmPool:
             self.spawn_s = 0.8 * self.spawn_s + 0.2 * (time.monotonic() - t0)
         return got
 
-    def _place(self, sbs: list[Sandbox]) -> list[tuple[int, BaseException]]:
-        """(Worker thread.) Limits, then the move; returns (index, error) of failures."""
+    def _place(self, sbs: list[Sandbox], warm: bool = True) -> list[tuple[int, BaseException]]:
+        """(Worker thread.) Limits, then the move; returns (index, error) of failures. A direct
+        sandbox that does not warm uses no CPU until its action: it gets a running action's
+        weight at once (not the warming weight, rewritten when the action starts)."""
         errs = []
         for i, sb in enumerate(sbs):
             try:
@@ -223,7 +225,8 @@ class WarmPool:
                 # (our code only), if roomy: the next action most likely asks for the same, and
                 # then nothing is written twice (a new slot gets the default)
                 mem = sb.slot.memory if sb.slot.memory >= KEEP_MEMORY_MIN else self.default_mem
-                sb.set_limits(self.default_cpu, mem, WARMING_WEIGHT)
+                sb.set_limits(self.default_cpu, mem,
+                              1.0 if sb.outs and not warm else WARMING_WEIGHT)
                 sb.slot.reset_stats()
                 sb.slot.add(sb.pid)
             except BaseException as e:
