@@ -364,7 +364,62 @@ static PyObject *direct_take(PyObject *self, PyObject *args) {
     return Py_BuildValue("(NNiKd)", src, fname, status, ino, cpus);
 }
 
+/* write_each([(path, data), ...]) -> None: open, write, close each in turn, the GIL released
+ * once for all (the cgroup placement thread: a move into a v1 cgroup blocks for an RCU grace
+ * period, and each release/re-acquire of the GIL by a thread costs the event loop a switch);
+ * stops at the first failure and raises it as OSError naming the path. */
+static PyObject *write_each(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "write_each: a list of (path, data)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char **paths = PyMem_Calloc((size_t)n + 1, sizeof *paths);
+    const char **datas = PyMem_Calloc((size_t)n + 1, sizeof *datas);
+    Py_ssize_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    PyObject *ret = NULL;
+    if (paths == NULL || datas == NULL || lens == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t plen;
+        if (!PyArg_ParseTuple(it, "y#y#", &paths[i], &plen, &datas[i], &lens[i]))
+            goto done;
+    }
+    Py_ssize_t bad = -1;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
+        int fd = open(paths[i], O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, datas[i], (size_t)lens[i]) < 0) {
+            err = errno;
+            bad = i;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyObject *args = Py_BuildValue("(isy)", err, strerror(err), paths[bad]);
+        if (args != NULL) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+        goto done;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    PyMem_Free(paths);
+    PyMem_Free(datas);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"write_each", write_each, METH_O, "open, write, close each (path, data); GIL released once"},
     {"init_setup", init_setup, METH_VARARGS, "a new sandbox init's set-up (after its fork)"},
     {"detach", detach, METH_VARARGS, "own session, fds 0-2, close the rest"},
     {"direct_fds", direct_fds, METH_VARARGS, "the direct path's fds; (status fd, inode)"},
