@@ -418,7 +418,72 @@ done:
     return ret;
 }
 
+/* fork_all(n, home_pid) -> list | int: (the fork server) n forks, each the first process of a new
+ * PID namespace: unshare(CLONE_NEWPID) for the next child only, fork, then back to our own PID
+ * namespace (setns on the fd home_pid), as zygote._fork_all does with os.fork (same hooks:
+ * PyOS_BeforeFork / AfterFork_Parent / AfterFork_Child). Every fork write-protects all of
+ * this process's memory, so every page written between two forks is a fault: here nothing but
+ * this loop's C stack and the import lock is. In the parent: a list of n entries, each the
+ * child's pid or an OSError; in the i-th child: i. */
+static PyObject *fork_all(PyObject *self, PyObject *args) {
+    int n, home;
+    if (!PyArg_ParseTuple(args, "ii", &n, &home))
+        return NULL;
+    if (n < 0 || n > 4096)
+        return PyErr_Format(PyExc_ValueError, "fork_all: n=%d", n);
+    long *got = PyMem_Calloc((size_t)n + 1, sizeof *got);  /* pid, or -errno */
+    const char **what = PyMem_Calloc((size_t)n + 1, sizeof *what);
+    if (got == NULL || what == NULL) {
+        PyMem_Free(got);
+        PyMem_Free(what);
+        return PyErr_NoMemory();
+    }
+    for (int i = 0; i < n; i++) {
+        if (unshare(CLONE_NEWPID) != 0) {
+            got[i] = -errno;
+            what[i] = "unshare(CLONE_NEWPID)";
+            continue;
+        }
+        PyOS_BeforeFork();
+        pid_t pid = fork();
+        int err = errno;
+        if (pid == 0) {
+            PyOS_AfterFork_Child();
+            PyMem_Free(got);
+            PyMem_Free(what);
+            return PyLong_FromLong(i);
+        }
+        PyOS_AfterFork_Parent();
+        got[i] = pid > 0 ? pid : -err;
+        what[i] = "fork";
+        if (setns(home, CLONE_NEWPID) != 0 && pid > 0) {  /* (later children: our own again) */
+            got[i] = -errno;
+            what[i] = "setns(CLONE_NEWPID)";
+        }
+    }
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out != NULL && i < n; i++) {
+        PyObject *v;
+        if (got[i] > 0) {
+            v = PyLong_FromLong(got[i]);
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "%s: %s", what[i], strerror((int)-got[i]));
+            v = PyObject_CallFunction(PyExc_OSError, "is", (int)-got[i], msg);
+        }
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    PyMem_Free(got);
+    PyMem_Free(what);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"fork_all", fork_all, METH_VARARGS, "n forks into new PID namespaces (the fork server)"},
     {"write_each", write_each, METH_O, "open, write, close each (path, data); GIL released once"},
     {"init_setup", init_setup, METH_VARARGS, "a new sandbox init's set-up (after its fork)"},
     {"detach", detach, METH_VARARGS, "own session, fds 0-2, close the rest"},
