@@ -32,7 +32,10 @@ _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
 
 
 def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
-    """Per-sandbox mounts, made in the fresh mount namespace (the system view is already set)."""
+    """Per-sandbox mounts, made in the fresh mount namespace (the system view is already set).
+
+    `_fastpath.init_setup` (C) makes the same calls where the extension is built: a change
+    here must be made there too (or the fork server told to skip it, see `zygote._init`)."""
     _linux.mount("tmpfs", SANDBOX_DIR, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV,
                  f"size={workdir_mb}m,mode=0755")
     for name, mode in (("work", 0o700), ("tmp", 0o1777)):

@@ -244,7 +244,8 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
         # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
         # the manager: a killed service leaves no warm or running sandbox behind.
         fast = proc.FAST
-        if fast is not None:  # the same steps as below and `sandbox.become`, compiled
+        if fast is not None:  # the same steps as below and `sandbox.become`, compiled (a
+            # sandbox that needs another set-up, e.g. its own root, must take the Python path)
             fast.init_setup(sock, net, pipes[0][1] if pipes else -1,
                             pipes[1][1] if pipes else -1, cfg["workdir_mb"], cfg["uid"],
                             cfg["gid"], cfg["hostname_b"], b"/sandbox", b"/workdir")
