@@ -223,7 +223,7 @@ def test_short_actions_are_admitted_by_their_measured_cpu_use() -> None:
     an unmeasured kind and a static policy are charged their demand."""
     from arl_tangram.core.actions import WorkHints
 
-    d = Driver([cpu_node("n0", cpu=2)], policy="tangram")
+    d = Driver([cpu_node("n0", cpu=2)], policy="tangram", short_action_s=1.0)
     for i in range(4):  # four measured runs: 10 ms of CPU over 50 ms
         d.arrive(act(f"w{i}", hints=WorkHints(expected_s=0.05)))
         d.finish(f"w{i}", run_s=0.05, cpu_s=0.01)
@@ -237,7 +237,7 @@ def test_short_actions_are_admitted_by_their_measured_cpu_use() -> None:
     assert d.result("a0").allotment["cpu"] == 1  # reported as it ran
     out = d.arrive(act("long", hints=WorkHints(expected_s=30.0)), act("other", tag="rust"))
     assert not starts(out)  # charged a whole core each: no room left
-    static = Driver([cpu_node("n0", cpu=2)], policy="static-pool")
+    static = Driver([cpu_node("n0", cpu=2)], policy="static-pool", short_action_s=1.0)
     for i in range(4):
         static.arrive(act(f"w{i}", hints=WorkHints(expected_s=0.05)))
         static.finish(f"w{i}", run_s=0.05, cpu_s=0.01)

@@ -263,7 +263,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
     def _charge(self, rec: ActionRecord) -> None:
         """Admit a short, rigid one-shot CPU action by the CPU its kind was measured to use
         (`CoreConfig.short_action_s`; the mean of the last 32, x1.25): its node is charged
-        that, in steps of 0.05 core (few
+        that, rounded up to its demand over a power of two (few
         shapes, few queues); its StartAction's allotment (the cgroup quota) stays its demand."""
         spec = rec.spec
         if spec.elasticity is not None or spec.session is not None or rec.is_model or rec.cpu <= 0:
@@ -271,7 +271,10 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         use = self._use_max.get(rec.ekey[0])
         if use is None:
             return
-        c = min(rec.cpu, max(0.1 * rec.cpu, math.ceil(use * 1.25 * 20.0 - 1e-9) / 20.0))
+        # the demand over a power of two (1/2, 1/4, 1/8 of it): few shapes, and a mean that
+        # drifts a little moves no action to another queue
+        frac = max(0.125, use * 1.25 / rec.cpu)
+        c = rec.cpu * 2.0 ** math.ceil(math.log2(frac) - 1e-9) if frac < 1.0 else rec.cpu
         if c >= rec.cpu - 1e-9:
             return
         charge = spec.demand.with_amount(CPU, c)
