@@ -133,7 +133,13 @@ def test_calibrate_writes_a_spec_simulate_accepts(tmp_path: Path, capsys: pytest
     from arl_tangram.replay.calibrate import read_calibration
 
     cal = read_calibration(out)
-    assert cal["units_per_s"] > 0 and cal["cold_start_s"] > 0 and cal["dispatch_s"]["code"] > 0
+    assert cal["units_per_s"] > 0 and cal["cold_start_s"] > 0
+    from arl_tangram.specfile import load_cluster_yaml
+
+    (node,) = load_cluster_yaml(out).nodes  # the measured node fields the simulator applies
+    assert node.dispatch_for("code") > 0 and node.dispatch_for("test") > 0
+    if node.capacity.get("cpu") >= 2:
+        assert node.parallel_speedup and node.parallel_speedup[0][0] == 2.0
     trace = _write(tmp_path / "t.jsonl", [TRACE[1] | {"steps": TRACE[1]["steps"][:2]}])
     capsys.readouterr()
     assert main(["simulate", "--trace", trace, "--cluster", str(out), "--json"]) == 0

@@ -1,7 +1,11 @@
 """The resource model: nodes, GPU topology, reward models, and the cluster spec file.
 
 A `NodeSpec` is a machine: a capacity vector and, when it has GPUs, the NVLink domains that
-group its device indices (a multi-GPU model instance must sit inside one domain). A `ModelSpec`
+group its device indices (a multi-GPU model instance must sit inside one domain). Two optional
+measured figures describe how the machine really executes, for the simulator's virtual executor
+only (the core never reads them): ``parallel_speedup`` (how much faster fully parallel work runs
+on k cores than on one, e.g. ``{2: 1.6}``; absent: ideal, k) and ``dispatch_s`` (the runtime's
+fixed cost of one action on the node, per action kind, not stretched by the allotment). A `ModelSpec`
 describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
 batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
 
@@ -11,6 +15,7 @@ as ``file:line: field: message``; reading the file is `arl_tangram.specfile`'s j
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +33,24 @@ class NodeSpec:
     pool: str = "default"  # which pool it belongs to ("cpu", "gpu", ...)
     gpu_domains: tuple[tuple[int, ...], ...] = ()  # NVLink domains as tuples of device indices
     labels: Mapping[str, str] = field(default_factory=dict)
+    # measured (cores k > 1, speedup of fully parallel work on k cores vs one), ascending k;
+    # () = ideal cores (speedup k). Simulator only: see `parallel_cores`.
+    parallel_speedup: tuple[tuple[float, float], ...] = ()
+    # measured fixed cost of one action on this node (dispatch, sandbox program start, reply),
+    # per action kind ("default" for the others); simulator only, not scaled by the allotment
+    dispatch_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        pts = self.parallel_speedup
+        for i, (k, s) in enumerate(pts):
+            if not (k > 1.0 and 0.0 < s <= k) or math.isinf(k):
+                raise ValueError(f"node {self.name}: parallel_speedup at {k:g} cores must be in "
+                                 f"(0, {k:g}], got {s:g}")
+            if i and k <= pts[i - 1][0]:
+                raise ValueError(f"node {self.name}: parallel_speedup core counts must ascend")
+        for kind, d in self.dispatch_s.items():
+            if not (d >= 0.0) or math.isinf(d):
+                raise ValueError(f"node {self.name}: dispatch_s.{kind} must be >= 0, got {d!r}")
         ngpu = int(self.capacity.get(GPU))
         if not self.gpu_domains and ngpu:
             object.__setattr__(self, "gpu_domains", (tuple(range(ngpu)),))
@@ -38,6 +59,28 @@ class NodeSpec:
             raise ValueError(f"node {self.name}: a GPU appears in two NVLink domains")
         if seen and (min(seen) < 0 or max(seen) >= ngpu):
             raise ValueError(f"node {self.name}: gpu_domains name devices outside 0..{ngpu - 1}")
+
+    def parallel_cores(self, k: float) -> float:
+        """Effective cores that fully parallel work gets from an allotment of ``k`` cores: ``k``
+        up to one core (a quota), then the measured ``parallel_speedup`` interpolated linearly
+        from (1, 1) through the measured points, and past the last point at its efficiency."""
+        pts = self.parallel_speedup
+        if not pts or k <= 1.0:
+            return k
+        lo_k, lo_s = 1.0, 1.0
+        for hk, hs in pts:
+            if k <= hk:
+                return lo_s + (hs - lo_s) * (k - lo_k) / (hk - lo_k)
+            lo_k, lo_s = hk, hs
+        return lo_s * k / lo_k
+
+    def dispatch_for(self, kind: str) -> float:
+        """The measured fixed cost of one action of ``kind`` on this node (0 when unmeasured)."""
+        d = self.dispatch_s
+        if not d:
+            return 0.0
+        v = d.get(kind)
+        return float(v) if v is not None else float(d.get("default", 0.0))
 
     @property
     def gpu_count(self) -> int:
@@ -152,7 +195,65 @@ def _resources(raw: Any, where: str) -> Resources:
         raise ValueError(f"{where}: {exc}") from None
 
 
-_NODE_KEYS = {"name", "capacity", "pool", "gpu_domains", "labels", "count"}
+_NODE_KEYS = {"name", "capacity", "pool", "gpu_domains", "labels", "count", "parallel_speedup",
+              "dispatch_s"}
+_DISPATCH_KINDS = {"code", "test", "tool", "custom", "reward", "judge", "default"}
+
+
+def _finite(raw: Any) -> float | None:
+    """``raw`` as a finite float, or None (bools and strings are not numbers here)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    v = float(raw)
+    return v if math.isfinite(v) else None
+
+
+def _parallel_speedup(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """``{cores: speedup}`` -> ascending (cores, speedup) pairs; errors as (field, message)."""
+    if not isinstance(raw, Mapping):
+        raise _FieldError(where, "must be a mapping of core count -> measured speedup, e.g. {2: 1.6}")
+    line = raw.get("__line__")
+    out = []
+    for k, s in raw.items():
+        if k == "__line__":
+            continue
+        kc, sv = _finite(k), _finite(s)
+        if kc is None or kc <= 1.0:
+            raise _FieldError(f"{where}.{k}", "core count must be a number > 1", line)
+        if sv is None or not 0.0 < sv <= kc:
+            raise _FieldError(f"{where}.{k}", f"speedup must be a number in (0, {kc:g}], got {s!r}",
+                              line)
+        out.append((kc, sv))
+    return tuple(sorted(out))
+
+
+def _dispatch(raw: Any, where: str) -> dict[str, float]:
+    """A number (every kind) or ``{kind: seconds}``; errors as (field, message)."""
+    if not isinstance(raw, Mapping):
+        v = _finite(raw)
+        if v is None or v < 0:
+            raise _FieldError(where, f"must be seconds >= 0 or a mapping kind -> seconds, got {raw!r}")
+        return {"default": v}
+    line = raw.get("__line__")
+    out = {}
+    for k, d in raw.items():
+        if k == "__line__":
+            continue
+        if k not in _DISPATCH_KINDS:
+            raise _FieldError(f"{where}.{k}", f"unknown kind; one of {sorted(_DISPATCH_KINDS)}", line)
+        v = _finite(d)
+        if v is None or v < 0:
+            raise _FieldError(f"{where}.{k}", f"must be seconds >= 0, got {d!r}", line)
+        out[str(k)] = v
+    return out
+
+
+class _FieldError(ValueError):
+    """A bad field of a node, with the line of the mapping it sits in when known."""
+
+    def __init__(self, fieldname: str, msg: str, line: int | None = None) -> None:
+        super().__init__(msg)
+        self.fieldname, self.line = fieldname, line
 _MODEL_KEYS = {f for f in ModelSpec.__dataclass_fields__}
 
 
@@ -185,9 +286,16 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
                 raise ValueError("count must be >= 1")
             domains = tuple(tuple(int(d) for d in dom) for dom in rn.get("gpu_domains") or ())
             labels = {str(k): str(v) for k, v in (rn.get("labels") or {}).items() if k != "__line__"}
+            speedup = (_parallel_speedup(rn["parallel_speedup"], f"{f}.parallel_speedup")
+                       if rn.get("parallel_speedup") is not None else ())
+            dispatch = (_dispatch(rn["dispatch_s"], f"{f}.dispatch_s")
+                        if rn.get("dispatch_s") is not None else {})
             for c in range(count):
                 name = str(rn["name"]) if count == 1 else f"{rn['name']}-{c}"
-                nodes.append(NodeSpec(name, cap, str(rn.get("pool", "default")), domains, labels))
+                nodes.append(NodeSpec(name, cap, str(rn.get("pool", "default")), domains, labels,
+                                      speedup, dispatch))
+        except _FieldError as exc:
+            raise fail(exc.line or line, exc.fieldname, str(exc)) from None
         except (TypeError, ValueError) as exc:
             raise fail(line, f, str(exc)) from None
     models: list[ModelSpec] = []

@@ -6,9 +6,9 @@ the measured costs of this machine, put where the simulator reads its truth (its
 fudge factor on its outputs):
 - each action's ``cold_start_s`` := the measured sandbox cold start, each session's
   ``cold_start_s`` := the measured session open (the trace's figures describe other machines);
-- each CPU action's ``work_s`` += the engine's measured cost of one zero-work action on its path
-  (one-shot code, a test with cases, a tool call in a session): the real run pays it on every
-  action and the simulator has no field for it;
+- (the engine's measured cost per action and the machine's parallel speedup are node fields of
+  the spec, ``dispatch_s`` and ``parallel_speedup``, which the virtual executor applies itself;
+  a spec written before they existed, with ``calibration.dispatch_s``, gets it as the node's);
 - each model action's ``work_s`` := its model's measured ``beta`` (a real model scores the
   replay's texts in the time it takes, not in the trace's figure; alpha is in the spec).
 """
@@ -20,7 +20,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.actions import ActionKind
 from ..core.cluster import ClusterSpec
 from ..sim.trace import SessionDef, SimAction, Trajectory
 
@@ -30,20 +29,14 @@ def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
     """``steps`` with this machine's measured costs in place of the trace's (see module doc)."""
     cold = cal.get("cold_start_s")
     sess_cold = cal.get("session_open_s")
-    dispatch = cal.get("dispatch_s") or {}
     betas = {m.name: m.beta for m in cluster.models}
 
-    def action(a: SimAction, in_session: bool) -> SimAction:
+    def action(a: SimAction) -> SimAction:
         kw: dict[str, Any] = {}
         if cold is not None:
             kw["cold_start_s"] = float(cold)
-        if a.kind.uses_model:
-            if a.model in betas:
-                kw["work_s"] = betas[a.model]
-        else:
-            path = ("tool_session" if in_session and a.kind == ActionKind.TOOL
-                    else "test" if a.kind == ActionKind.TEST else "code")
-            kw["work_s"] = a.work_s + float(dispatch.get(path, 0.0))
+        if a.kind.uses_model and a.model in betas:
+            kw["work_s"] = betas[a.model]
         return dataclasses.replace(a, **kw)
 
     out = []
@@ -52,10 +45,23 @@ def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
         for t in batch:
             sessions = {n: SessionDef(s.demand, s.ttl_s, float(sess_cold) if sess_cold is not None
                                       else s.cold_start_s) for n, s in t.sessions.items()}
-            st = tuple((g, action(a, a.session is not None)) for g, a in t.steps)
+            st = tuple((g, action(a)) for g, a in t.steps)
             nb.append(dataclasses.replace(t, steps=st, sessions=sessions))
         out.append(nb)
     return out
+
+
+def measured_cluster(cluster: ClusterSpec, cal: Mapping[str, Any]) -> ClusterSpec:
+    """``cluster``; from a spec of before the node fields, ``calibration.dispatch_s`` moved onto
+    every node as its ``dispatch_s``."""
+    old = cal.get("dispatch_s")
+    if not isinstance(old, Mapping) or any(n.dispatch_s for n in cluster.nodes):
+        return cluster
+    from .calibrate import dispatch_by_kind
+
+    d = dispatch_by_kind({str(k): float(v) for k, v in old.items()})
+    return dataclasses.replace(cluster, nodes=tuple(dataclasses.replace(n, dispatch_s=d)
+                                                    for n in cluster.nodes))
 
 
 def predict(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy: str,
@@ -65,6 +71,7 @@ def predict(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy:
     from ..sim.runner import run_policy
     from ..sim.simulator import SimConfig
 
+    cluster = measured_cluster(cluster, cal)
     m = measured_trace(steps, cluster, cal)
     cold = cal.get("cold_start_s")
     cfg = SimConfig(train_s=train_s, tick_s=tick_s,

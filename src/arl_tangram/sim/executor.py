@@ -12,6 +12,16 @@ stale by a resize or a cancel is dropped by its version number. The executor als
 marks warm where no warm pool exists is a resident sandbox (the static policies keep one per
 trajectory or pool slot for its whole life) and costs nothing; a rigid action on less CPU than
 it demands runs proportionally slower (`ActionSpec.speed`), as under a CFS quota.
+
+Two measured figures of a node (`NodeSpec`, written by `tangram calibrate`) make the truth the
+machine's rather than ideal; the core never sees them, as it never sees the truth:
+- ``parallel_speedup``: an elastic CPU action's parallel part runs on `NodeSpec.parallel_cores`
+  effective cores instead of its allotment's ``k`` (Amdahl's law on the cores the machine really
+  gives: ``1 / ((1 - p) + p / cores(k))``); a rigid action and allotments up to one core are as
+  before;
+- ``dispatch_s``: after its start-up, an action spends its kind's fixed cost before its work
+  begins (the runtime's own dispatch, program start and reply), holding its allotment and not
+  stretched by it; a resize during it changes only the speed of the work that follows.
 """
 
 from __future__ import annotations
@@ -25,8 +35,8 @@ from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
 from ..core.build import make_finished, make_started, make_warm_report
-from ..core.cluster import ClusterSpec, ModelSpec
-from ..core.resources import GPU, GPU_MEMORY_MB, Resources
+from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
 from .loop import REPORT, EventLoop
 from .metrics import BOTH_SUB, BUSY_ADD, HELD_ADD, UsageMeter
 from .trace import DEFAULT_COLD_START_S, SimAction
@@ -97,6 +107,10 @@ class VirtualExecutor:
     ) -> None:
         self.loop = loop
         self.models = {m.name: m for m in cluster.models}
+        # nodes with a measured parallel speedup or dispatch cost (most specs have none: the
+        # hot path then takes `ActionSpec.speed` and no dispatch, as before)
+        self.measured: dict[str, NodeSpec] = {
+            n.name: n for n in cluster.nodes if n.parallel_speedup or n.dispatch_s}
         self.truth = truth  # action id -> SimAction (the simulator fills it before arrival)
         self.emit = emit
         self.usage = usage  # integrates busy / held resources over virtual time
@@ -181,13 +195,31 @@ class VirtualExecutor:
         spec = run.spec
         run.started = True
         run.since = t
-        run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
         run.deadline = t + spec.timeout_s
+        if self.measured and run.node in self.measured:
+            node = self.measured[run.node]
+            run.since = t + node.dispatch_for(spec.kind.value)  # the work begins after it
+            run.speed = self._speed(spec, run.allotment, run.node)
+        else:
+            run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
         if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
             self._log_time(t)
             self._log_entry(run.ucode | BUSY_ADD)
         self._schedule_finish(run)
         self.emit(make_started(t, spec.id, run.node, cold))  # E.ActionStarted(...)
+
+    def _speed(self, spec: ActionSpec, allotment: Resources, node_name: str) -> float:
+        """The action's true speed on ``node_name`` at ``allotment``: `ActionSpec.speed`, with
+        the parallel part of an elastic CPU action on the node's measured effective cores."""
+        node = self.measured.get(node_name) if self.measured else None
+        el = spec.elasticity
+        if node is None or not node.parallel_speedup or el is None or el.dim != CPU:
+            return spec.speed(allotment)
+        k = allotment.get(CPU, 0.0)
+        if k <= 1.0:
+            return spec.speed(allotment)
+        p = el.speedup.parallel_fraction
+        return 1.0 / ((1.0 - p) + p / node.parallel_cores(k))
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
@@ -205,7 +237,7 @@ class VirtualExecutor:
             self._log_time(t)  # `usage.change_at(t, a, a, -1)`, logged
             self._log_entry(run.ucode | BOTH_SUB)
         ran = t - (run.deadline - run.spec.timeout_s)
-        done = run.remaining - (t - run.since) * run.speed
+        done = run.remaining - max(0.0, t - run.since) * run.speed
         # E.ActionFinished(time, action_id, status, output, reason, run_s), built fast (core.build)
         if done > 1e-9 and t >= run.deadline - 1e-12:
             event = make_finished(t, run.spec.id, _TIMED_OUT, None, "timeout", ran)
@@ -225,11 +257,13 @@ class VirtualExecutor:
             return  # finished meanwhile: the core will see its ActionFinished
         now = self.loop.now
         if run.started:
-            run.remaining = max(0.0, run.remaining - (now - run.since) * run.speed)
-            run.since = now
+            if now > run.since:  # (before it: still in its dispatch, no work done yet)
+                run.remaining = max(0.0, run.remaining - (now - run.since) * run.speed)
+                run.since = now
             self._usage(run.allotment, run.allotment, -1)
             run.allotment = cmd.allotment
-            run.speed = run.spec.speed(cmd.allotment)
+            run.speed = (self._speed(run.spec, cmd.allotment, run.node) if self.measured
+                         else run.spec.speed(cmd.allotment))
             self._usage(run.allotment, run.allotment, +1)
             self._schedule_finish(run)
         else:
