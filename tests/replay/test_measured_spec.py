@@ -110,17 +110,34 @@ def _finish(events: list[E.Event]) -> float:
     return next(e.time for e in events if isinstance(e, E.ActionFinished))
 
 
-def test_executor_runs_the_parallel_part_on_the_measured_cores() -> None:
+def test_executor_shares_the_measured_cores_of_a_node() -> None:
     ideal = NodeSpec("n", Resources(cpu=4, memory_mb=4096))
     real = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),))
     assert _finish(_run(ideal, _elastic(1.0), 3.0, 2.0)) == pytest.approx(1.5)  # ideal: 2x
     assert _finish(_run(real, _elastic(1.0), 3.0, 2.0)) == pytest.approx(2.0)  # measured: 1.5x
-    # Amdahl on the measured cores: p = 0.5 -> 1 / (0.5 + 0.5 / 1.5)
-    assert _finish(_run(real, _elastic(0.5), 3.0, 2.0)) == pytest.approx(3.0 * (0.5 + 0.5 / 1.5))
-    # one core, and a rigid action, are as before
+    # Amdahl's speed (p = 0.5 on 2 cores: 4/3) times the node's share at 2 busy cores (0.75)
+    assert _finish(_run(real, _elastic(0.5), 3.0, 2.0)) == pytest.approx(3.0 / (4 / 3 * 0.75))
+    # one core, and a rigid action alone, are as before
     assert _finish(_run(real, _elastic(1.0), 3.0, 1.0)) == pytest.approx(3.0)
     rigid = ActionSpec("a", ActionKind.CODE, Resources(cpu=1, memory_mb=100), timeout_s=1000)
     assert _finish(_run(real, rigid, 3.0, 1.0)) == pytest.approx(3.0)
+
+
+def test_two_rigid_actions_at_once_share_what_two_busy_cores_give() -> None:
+    node = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),))
+    loop = EventLoop()
+    events: list[E.Event] = []
+    rigid = [ActionSpec(i, ActionKind.CODE, Resources(cpu=1, memory_mb=100), timeout_s=1000)
+             for i in ("a", "b")]
+    truth = {"a": SimAction(ActionKind.CODE, work_s=3.0, cold_start_s=0.0),
+             "b": SimAction(ActionKind.CODE, work_s=1.5, cold_start_s=0.0)}
+    ex = VirtualExecutor(loop, ClusterSpec((node,)), truth, events.append)
+    for spec in rigid:
+        ex.execute(C.StartAction(spec, "n", Resources(cpu=1, memory_mb=100), warm=False))
+    loop.run()
+    done = {e.action_id: e.time for e in events if isinstance(e, E.ActionFinished)}
+    # both at 0.75 until b is done (1.5 / 0.75 = 2 s, a has 1.5 s left), then a alone at 1
+    assert done["b"] == pytest.approx(2.0) and done["a"] == pytest.approx(3.5)
 
 
 def test_executor_recomputes_the_measured_speed_on_resize() -> None:

@@ -15,10 +15,14 @@ it demands runs proportionally slower (`ActionSpec.speed`), as under a CFS quota
 
 Two measured figures of a node (`NodeSpec`, written by `tangram calibrate`) make the truth the
 machine's rather than ideal; the core never sees them, as it never sees the truth:
-- ``parallel_speedup``: an elastic CPU action's parallel part runs on `NodeSpec.parallel_cores`
-  effective cores instead of its allotment's ``k`` (Amdahl's law on the cores the machine really
-  gives: ``1 / ((1 - p) + p / cores(k))``); a rigid action and allotments up to one core are as
-  before;
+- ``parallel_speedup``: the node is a processor shared by its running actions. While the CPU
+  allotments of the actions executing on it sum to ``B`` cores, it delivers only
+  `NodeSpec.parallel_cores` ``(B)`` of them (what fully parallel work measured on ``B`` cores),
+  so each runs at its own speed (`ActionSpec.speed`: Amdahl, or a quota's fraction) times
+  ``parallel_cores(B) / B``, recomputed whenever ``B`` changes (a start, a finish, a resize).
+  One elastic action alone on two cores gets the measured two-core speedup on its parallel part;
+  two rigid one-core actions at once share what two busy cores really give. Up to one busy core
+  nothing changes;
 - ``dispatch_s``: after its start-up, an action spends its kind's fixed cost before its work
   begins (the runtime's own dispatch, program start and reply), holding its allotment and not
   stretched by it; a resize during it changes only the speed of the work that follows.
@@ -68,6 +72,7 @@ class _Run:
     since: float = 0.0  # when `remaining` was last brought up to date
     deadline: float = float("inf")  # start + timeout
     ucode: int = 0  # `UsageMeter.code` of ``allotment`` (with a meter)
+    shared: bool = False  # counted in its node's busy cores (`VirtualExecutor._busy`)
 
 
 @dataclass(slots=True)
@@ -111,6 +116,9 @@ class VirtualExecutor:
         # hot path then takes `ActionSpec.speed` and no dispatch, as before)
         self.measured: dict[str, NodeSpec] = {
             n.name: n for n in cluster.nodes if n.parallel_speedup or n.dispatch_s}
+        # nodes with a measured parallel speedup: the executing runs and their busy cores
+        self._busy: dict[str, tuple[dict[str, _Run], list[float]]] = {
+            n.name: ({}, [0.0]) for n in cluster.nodes if n.parallel_speedup}
         self.truth = truth  # action id -> SimAction (the simulator fills it before arrival)
         self.emit = emit
         self.usage = usage  # integrates busy / held resources over virtual time
@@ -196,30 +204,43 @@ class VirtualExecutor:
         run.started = True
         run.since = t
         run.deadline = t + spec.timeout_s
+        run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
         if self.measured and run.node in self.measured:
             node = self.measured[run.node]
             run.since = t + node.dispatch_for(spec.kind.value)  # the work begins after it
-            run.speed = self._speed(spec, run.allotment, run.node)
-        else:
-            run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
+            if run.node in self._busy:
+                self._share(run, +1)  # schedules every run of the node, this one included
         if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
             self._log_time(t)
             self._log_entry(run.ucode | BUSY_ADD)
-        self._schedule_finish(run)
+        if not run.shared:
+            self._schedule_finish(run)
         self.emit(make_started(t, spec.id, run.node, cold))  # E.ActionStarted(...)
 
-    def _speed(self, spec: ActionSpec, allotment: Resources, node_name: str) -> float:
-        """The action's true speed on ``node_name`` at ``allotment``: `ActionSpec.speed`, with
-        the parallel part of an elastic CPU action on the node's measured effective cores."""
-        node = self.measured.get(node_name) if self.measured else None
-        el = spec.elasticity
-        if node is None or not node.parallel_speedup or el is None or el.dim != CPU:
-            return spec.speed(allotment)
-        k = allotment.get(CPU, 0.0)
-        if k <= 1.0:
-            return spec.speed(allotment)
-        p = el.speedup.parallel_fraction
-        return 1.0 / ((1.0 - p) + p / node.parallel_cores(k))
+    def _share(self, run: _Run, sign: int) -> None:
+        """``run`` begins (+1) or stops (-1) executing on a node with a measured parallel
+        speedup: every run executing there gets the node's new share, its finish rescheduled."""
+        runs, busy = self._busy[run.node]
+        if sign > 0:
+            runs[run.spec.id] = run
+            run.shared = True
+        else:
+            runs.pop(run.spec.id, None)
+            run.shared = False
+        busy[0] = max(0.0, busy[0] + sign * run.allotment.get(CPU, 0.0))
+        self._reshare(run.node)
+
+    def _reshare(self, node_name: str) -> None:
+        runs, busy = self._busy[node_name]
+        b = busy[0]
+        share = self.measured[node_name].parallel_cores(b) / b if b > 1.0 else 1.0
+        now = self.loop.clock._now
+        for r in runs.values():
+            if now > r.since:  # bring its work up to date at the old speed
+                r.remaining = max(0.0, r.remaining - (now - r.since) * r.speed)
+                r.since = now
+            r.speed = r.spec.speed(r.allotment) * share
+            self._schedule_finish(r)
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
@@ -233,6 +254,8 @@ class VirtualExecutor:
             return  # stale: resized or cancelled meanwhile
         t = self.loop.clock._now
         del self.runs[run.spec.id]
+        if run.shared:
+            self._share(run, -1)
         if self.usage is not None:  # `_release(run)`, inlined: a run that finishes has started
             self._log_time(t)  # `usage.change_at(t, a, a, -1)`, logged
             self._log_entry(run.ucode | BOTH_SUB)
@@ -248,6 +271,8 @@ class VirtualExecutor:
         self.emit(event)
 
     def _release(self, run: _Run) -> None:
+        if run.shared:
+            self._share(run, -1)
         if self.usage is not None:
             self.usage.change(run.allotment if run.started else None, run.allotment, -1)
 
@@ -261,11 +286,16 @@ class VirtualExecutor:
                 run.remaining = max(0.0, run.remaining - (now - run.since) * run.speed)
                 run.since = now
             self._usage(run.allotment, run.allotment, -1)
-            run.allotment = cmd.allotment
-            run.speed = (self._speed(run.spec, cmd.allotment, run.node) if self.measured
-                         else run.spec.speed(cmd.allotment))
-            self._usage(run.allotment, run.allotment, +1)
-            self._schedule_finish(run)
+            if run.shared:  # the node's busy cores change: every run there is re-shared
+                self._busy[run.node][1][0] += cmd.allotment.get(CPU, 0.0) - run.allotment.get(CPU, 0.0)
+                run.allotment = cmd.allotment
+                self._usage(run.allotment, run.allotment, +1)
+                self._reshare(run.node)
+            else:
+                run.allotment = cmd.allotment
+                run.speed = run.spec.speed(cmd.allotment)
+                self._usage(run.allotment, run.allotment, +1)
+                self._schedule_finish(run)
         else:
             self._usage(None, run.allotment, -1)
             run.allotment = cmd.allotment
