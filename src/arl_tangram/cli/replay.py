@@ -145,6 +145,7 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
     mine = reports.get(ours)
     if mine is not None and len(reports) > 1:
         cols += ["ACT x" + (" (sim)" if sims else ""), "step x" + (" (sim)" if sims else "")]
+    cols.append("other load")
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" else "right")
     s_mine = sims.get(ours) if sims else None
@@ -171,6 +172,8 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
                 row += [f"{_fmt(ra)} ({_fmt(pa)})", f"{_fmt(rs)} ({_fmt(ps)})"]
             else:
                 row += [_fmt(ra), _fmt(rs)]
+        ol = r.other_load
+        row.append("?" if ol is None else f"{ol:.2f}")
         t.add_row(*row)
     cap = []
     if mine is not None and len(reports) > 1:
@@ -180,6 +183,8 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
                    "error relative to the measurement")
     cap.append("util cpu: CPU-seconds the sandboxes consumed / (cores x makespan); the "
                "simulator's: allotted while running")
+    cap.append("other load: cores busy on this machine with neither a sandbox nor the engine's "
+               "process during the run (other jobs); the calibration measured it as it was then")
     t.caption = "\n".join(cap)
     return t
 

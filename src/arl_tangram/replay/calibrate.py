@@ -55,6 +55,11 @@ def local_models(model_dir: Path = DEFAULT_MODEL_DIR) -> list[ModelSpec]:
     return tiny_model_specs({k: str(v) for k, v in kinds.items()})
 
 
+def _own_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def parallel_core_counts(cores: int | None = None) -> list[int]:
     """Core counts at which calibrate measures the parallel speedup: 2, 4, 8 and the machine's."""
     from .driver import machine_cores
@@ -109,20 +114,30 @@ async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
         # fully parallel work (p = 1, k processes) on a k-core quota against the same work in
         # one process on one core, paired and interleaved (the machine's load drifts), median
         speedups: dict[int, float] = {}
+        from .driver import machine_busy_s
+
+        m0, own0, t0, used = machine_busy_s(), _own_s(), time.perf_counter(), 0.0
         for k in parallel_core_counts():
             ratios = []
             for _ in range(repeats):
-                wk, _ck = await run(probe_units, float(k), 1.0, k)
-                w1k, _ = await run(probe_units, 1.0)
+                wk, ck = await run(probe_units, float(k), 1.0, k)
+                w1k, c1k = await run(probe_units, 1.0)
+                used += ck + c1k
                 ratios.append((w1k - _median(walls0)) / max(1e-6, wk - _median(walls0)))
             speedups[k] = min(float(k), _median(ratios))
             out[f"speedup_{k}"] = speedups[k]
             out[f"speedup_{k}_min"] = min(ratios)
             out[f"speedup_{k}_max"] = max(ratios)
+        m1 = machine_busy_s()
+        if m0 is not None and m1 is not None and speedups:
+            out["other_load_cores"] = max(0.0, (m1 - m0) - used - (_own_s() - own0)) / (
+                time.perf_counter() - t0)
         say(f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
             + ", ".join(f"fully parallel work on {k} cores {v:.2f}x faster than on one "
                         f"(median of {repeats}: {out[f'speedup_{k}_min']:.2f}-"
-                        f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items()))
+                        f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items())
+            + (f"; other jobs kept {out['other_load_cores']:.2f} cores busy meanwhile"
+               if "other_load_cores" in out else ""))
         colds, warms, opens = [], [], []
         for i in range(repeats):
             t0 = time.perf_counter()
@@ -276,6 +291,8 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
         "session_open_s": round(cpu["session_open_s"], 5),
         "quarter_core_slowdown": round(cpu["quarter_core_slowdown"], 3),
     }
+    if "other_load_cores" in cpu:
+        spec["calibration"]["other_load_cores"] = round(cpu["other_load_cores"], 3)
     for k in sorted(speedups):
         spec["calibration"][f"parallel_speedup_range_{k}"] = [
             round(cpu[f"speedup_{k}_min"], 3), round(cpu[f"speedup_{k}_max"], 3)]
@@ -325,7 +342,7 @@ def write_spec(spec: Mapping[str, Any], path: str | Path) -> None:
 
 
 _CAL_NUMBERS = {"units_per_s", "cold_start_s", "warm_start_s", "session_open_s",
-                "quarter_core_slowdown", "two_core_speedup"}  # (the last: files of before)
+                "quarter_core_slowdown", "other_load_cores", "two_core_speedup"}  # (the last: files of before)
 _CAL_STRINGS = {"host", "measured_at"}
 
 

@@ -89,6 +89,8 @@ class ReplayReport:
     capacity_cpu: float = 0.0
     cpu_seconds: float = 0.0  # CPU time the sandboxes consumed (their cgroups' count)
     cpu_series: list[tuple[float, float]] = field(default_factory=list)  # (t, busy fraction)
+    machine_cpu_seconds: float | None = None  # busy CPU of the whole machine (/proc/stat)
+    own_cpu_seconds: float = 0.0  # CPU of this process (engine, core, model manager threads)
     session_turns_ok: bool = True  # every session action saw the state its predecessors left
     stats: dict[str, Any] = field(default_factory=dict)  # the engine's counters at the end
     wall_s: float = 0.0
@@ -109,6 +111,15 @@ class ReplayReport:
         return statistics.fmean(self.step_s) if self.step_s else 0.0
 
     @property
+    def other_load(self) -> float | None:
+        """Cores busy with work that is neither a sandbox's nor this process's, on average over
+        the run (other jobs on a shared machine, the fork server): what the replay competed with."""
+        if self.machine_cpu_seconds is None or self.makespan_s <= 0:
+            return None
+        return max(0.0, self.machine_cpu_seconds - self.cpu_seconds - self.own_cpu_seconds
+                   ) / self.makespan_s
+
+    @property
     def cpu_utilization(self) -> float:
         den = self.capacity_cpu * self.makespan_s
         return self.cpu_seconds / den if den > 0 else 0.0
@@ -120,6 +131,7 @@ class ReplayReport:
                 "step_s": list(self.step_s), "step_avg_s": self.step_avg_s,
                 "makespan_s": self.makespan_s, "cpu_seconds": self.cpu_seconds,
                 "utilization": {"cpu": self.cpu_utilization},
+                "own_cpu_seconds": self.own_cpu_seconds, "other_load_cores": self.other_load,
                 "session_state_kept": self.session_turns_ok,
                 "warm_hits": self.stats.get("warm_hits"), "warm_misses": self.stats.get("warm_misses"),
                 "model_loads": self.stats.get("model_loads"), "model_swaps": self.stats.get("model_swaps"),
@@ -290,6 +302,7 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
     wall0 = time.perf_counter()
     t0 = time.monotonic()
     cpu0 = backend.cpu_ns()
+    machine0, own0 = machine_busy_s(), _own_cpu_s()
     stop = asyncio.Event()
 
     async def sampler() -> None:
@@ -357,12 +370,35 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
         stop.set()
         await task
     rep.makespan_s = time.monotonic() - t0
+    machine1 = machine_busy_s()
+    rep.own_cpu_seconds = _own_cpu_s() - own0
+    if machine0 is not None and machine1 is not None:
+        rep.machine_cpu_seconds = machine1 - machine0
     cpu1 = backend.cpu_ns()
     if cpu0 is not None and cpu1 is not None:
         rep.cpu_seconds = (cpu1 - cpu0) / 1e9
     rep.stats = backend.stats()
     rep.wall_s = time.perf_counter() - wall0
     return rep
+
+
+def machine_busy_s() -> float | None:
+    """Busy CPU-seconds of the whole machine since boot (/proc/stat: all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]  # idle, iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def _stdout(out: Any) -> str:
