@@ -10,8 +10,8 @@ cold load, its swap-in from host memory and its batch latency ``alpha + beta * b
 assumed; a figure that cannot be measured is left out and said so.
 
 The spec (docs/trace-format.md) has fields for node capacity, the model costs, and the node's
-measured ``parallel_speedup`` (fully parallel work on k cores against one; median of paired,
-interleaved runs) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a
+measured ``parallel_speedup`` (fully parallel work on k cores against one; summed times of
+paired, interleaved runs) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a
 fixed cost per action kind), which the simulator's virtual executor applies. The other figures
 go in a top-level ``calibration:`` section (`parse_calibration` validates it; `parse_cluster`
 leaves it alone): the work program's speed, which replay needs, and the sandbox cold start and
@@ -112,19 +112,23 @@ async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
         w1, _ = await run(probe_units // 4, 1.0)
         out["quarter_core_slowdown"] = (wq - _median(walls0)) / max(1e-6, w1 - _median(walls0))
         # fully parallel work (p = 1, k processes) on a k-core quota against the same work in
-        # one process on one core, paired and interleaved (the machine's load drifts), median
+        # one process on one core, paired and interleaved (the machine's speed drifts); the
+        # speedup is the ratio of the summed times (what durations average to), the pairs'
+        # ratios give its range
         speedups: dict[int, float] = {}
         from .driver import machine_busy_s
 
         m0, own0, t0, used = machine_busy_s(), _own_s(), time.perf_counter(), 0.0
         for k in parallel_core_counts():
-            ratios = []
+            ratios, sum1, sumk = [], 0.0, 0.0
             for _ in range(repeats):
                 wk, ck = await run(probe_units, float(k), 1.0, k)
                 w1k, c1k = await run(probe_units, 1.0)
                 used += ck + c1k
+                sum1 += max(1e-6, w1k - _median(walls0))
+                sumk += max(1e-6, wk - _median(walls0))
                 ratios.append((w1k - _median(walls0)) / max(1e-6, wk - _median(walls0)))
-            speedups[k] = min(float(k), _median(ratios))
+            speedups[k] = min(float(k), sum1 / sumk)
             out[f"speedup_{k}"] = speedups[k]
             out[f"speedup_{k}_min"] = min(ratios)
             out[f"speedup_{k}_max"] = max(ratios)
@@ -134,7 +138,7 @@ async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
                 time.perf_counter() - t0)
         say(f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
             + ", ".join(f"fully parallel work on {k} cores {v:.2f}x faster than on one "
-                        f"(median of {repeats}: {out[f'speedup_{k}_min']:.2f}-"
+                        f"({repeats} pairs: {out[f'speedup_{k}_min']:.2f}-"
                         f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items())
             + (f"; other jobs kept {out['other_load_cores']:.2f} cores busy meanwhile"
                if "other_load_cores" in out else ""))
