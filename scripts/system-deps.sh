@@ -9,6 +9,8 @@ command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)  # load generator of benchmarks/bench_service.py
 command -v rustc >/dev/null 2>&1 || need+=(rustc)  # CPU sandbox language tests (skipped without)
+# environment images (issue 17): the SWE example image is built from Debian's packages
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 # the sandboxes' syscall filter is built with libseccomp (through ctypes: no Python binding)
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || need+=(libseccomp2)
 [ ${#need[@]} -eq 0 ] && exit 0

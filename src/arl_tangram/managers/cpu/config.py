@@ -78,12 +78,20 @@ class CpuManagerConfig:
     # the compiled `_fastpath` extension where it is built (same calls, ~150 fewer page faults
     # per sandbox); False, or no extension: the same steps in Python.
     compiled_setup: bool = True
+    # Environment images (issue 17): the node's image cache ("": `work_root`/images), the
+    # default size cap of a session's or image action's writable layer (a tmpfs, MiB), and
+    # whether sessions are frozen (cgroup freezer) between their actions.
+    images_dir: str = ""
+    image_layer_mb: int = 1024
+    freeze_sessions: bool = True
 
     def __post_init__(self) -> None:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
                   "default_cpus", "pids_max", "default_compile_timeout_s",
                   "default_run_timeout_s", "max_timeout_s", "max_open_files",
-                  "session_reap_interval_s")
+                  "session_reap_interval_s", "image_layer_mb")
+        if self.images_dir and not os.path.isabs(self.images_dir):
+            raise ValueError(f"images_dir must be an absolute path, got {self.images_dir!r}")
         if not os.path.isabs(self.work_root):
             raise ValueError(f"work_root must be an absolute path, got {self.work_root!r}")
         for name in ("sandbox_uid", "sandbox_gid"):

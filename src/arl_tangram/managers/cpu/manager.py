@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import socket
@@ -21,9 +22,10 @@ from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
-from . import direct, isolation, languages, payload
+from . import direct, isolation, languages, overlay, payload
 from .cgroups import CgroupTree
 from .config import CpuManagerConfig
+from .images import Image, ImageError, ImageStore
 from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
@@ -38,6 +40,9 @@ class _Session:
     memory: int
     last_used: float
     lock: asyncio.Lock
+    image: Image | None = None  # the environment image it runs in (issue 17)
+    python: str | None = None  # that image's python3
+    freezer: overlay.Freezer | None = None  # frozen between actions
 
 
 def _inside(paths: list[str], ro: list[str]) -> list[str]:
@@ -64,6 +69,8 @@ class CpuManager:
         self._closed = False
         self._host = socket.gethostname()
         self._env: dict[float, dict[str, str]] = {}  # sandbox environment by CPU count
+        self.images: ImageStore | None = None  # this node's image cache (`images.py`)
+        self._freezers: overlay.FreezerTree | None = None
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -105,6 +112,8 @@ class CpuManager:
             await self.aclose()
             raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
         self._pool.start()
+        self.images = ImageStore(cfg.images_dir or os.path.join(cfg.work_root, "images"))
+        self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
         self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
 
     async def aclose(self) -> None:
@@ -119,6 +128,8 @@ class CpuManager:
             await self._pool.aclose()
         if self._zygote is not None:
             self._zygote.close()  # touches the event loop: stay on its thread
+        if self._freezers is not None:
+            self._freezers.close()
         if self._cgroups is not None:
             self._cgroups.close()
 
@@ -150,6 +161,9 @@ class CpuManager:
             return RunResult.sandbox_error(str(e))
         if req["op"] == "session":
             return await self._run_in_session(action, req)
+        image = action.payload.get("image") if isinstance(action.payload, dict) else None
+        if image is not None:
+            return await self._run_in_image(action, req, mem, image)
         try:
             sb = await self._pool.take()
         except Exception as e:
@@ -211,32 +225,105 @@ class CpuManager:
             sb.slot.set_cpu(cpus)
             sb.cpu = cpus
 
+    async def _run_in_image(self, action: ActionSpec, req: dict[str, Any], mem: int,
+                            name: Any) -> RunResult:
+        """A one-shot action in an environment image: a fresh sandbox, the image mounted with
+        a fresh writable layer, discarded with the sandbox."""
+        assert self._pool is not None
+        if self.images is None or not isinstance(name, str):
+            return RunResult.sandbox_error("payload.image: must be the name of an image")
+        try:
+            img = self.images.acquire(name)
+        except ImageError as e:
+            return RunResult.sandbox_error(f"payload.image: {e}")
+        sb = None
+        try:
+            sb = await self._pool.spawn()
+            layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
+            entered = await overlay.enter_image(sb, self.images, img, layer_mb,
+                                                self.config.sandbox_uid, self.config.sandbox_gid)
+            if "error" in entered:
+                return RunResult.sandbox_error(f"cannot enter image {name!r}: {entered['error']}")
+            req = overlay.image_request(req, img, entered.get("python"), layer_mb)
+            self._running[action.id] = sb
+            return await self._exchange(action.id, sb, req, mem)
+        except Exception as e:
+            return RunResult.sandbox_error(f"image {name!r}: {type(e).__name__}: {e}")
+        finally:
+            self._running.pop(action.id, None)
+            self._cancelled.discard(action.id)
+            if sb is not None:
+                self._pool.release(sb)
+            self.images.release(name)
+
     # sessions ----------------------------------------------------------------------------------
-    async def open_session(self, session_id: str, demand: Resources, ttl_s: float) -> None:
+    async def open_session(self, session_id: str, demand: Resources, ttl_s: float,
+                           image: str | None = None, layer_mb: int | None = None) -> None:
+        """Open a session; with ``image``, its sandbox runs in that image (read-only layers and
+        a writable layer of ``layer_mb`` MiB, `overlay.enter_image`)."""
         if self._closed or self._pool is None:
             raise ClosedError("the CPU manager is closed")
         if session_id in self._sessions:
             return
-        sb = await self._pool.spawn()  # never a pooled one: a session is long-lived
+        img = self.images.acquire(image) if image is not None and self.images else None
+        if image is not None and img is None:
+            raise ImageError("no image cache on this node")
+        try:
+            sb = await self._pool.spawn()  # never a pooled one: a session is long-lived
+        except BaseException:
+            if img is not None and self.images is not None:
+                self.images.release(img.name)
+            raise
         cpus = float(demand.get("cpu", 0.0)) or self.config.default_cpus
         mem = int((float(demand.get("memory_mb", 0.0)) or self.config.default_memory_mb) * (1 << 20))
-        sb.set_limits(cpus, mem)
-        self._sessions[session_id] = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(),
-                                              asyncio.Lock())
+        s = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(), asyncio.Lock(), img)
+        self._sessions[session_id] = s
+        try:
+            sb.set_limits(cpus, mem)
+            if img is not None and self.images is not None:
+                entered = await overlay.enter_image(
+                    sb, self.images, img, int(layer_mb or self.config.image_layer_mb),
+                    self.config.sandbox_uid, self.config.sandbox_gid)
+                if "error" in entered:
+                    raise ImageError(f"cannot enter image {image!r}: {entered['error']}")
+                s.python = entered.get("python")
+            if self._freezers is not None and self._freezers.available:
+                s.freezer = self._freezers.new(sb.slot)
+                if s.freezer is not None:
+                    s.freezer.add(overlay.slot_pids(sb.slot))
+                    s.freezer.freeze()
+        except BaseException:
+            await self.close_session(session_id)
+            raise
 
     async def close_session(self, session_id: str) -> None:
         s = self._sessions.pop(session_id, None)
-        if s is not None and self._pool is not None:
+        if s is None:
+            return
+        if s.freezer is not None and self._freezers is not None:
+            self._freezers.drop(s.freezer)  # thawed: a frozen task cannot die
+        if self._pool is not None:
             self._pool.release(s.sandbox)
+        if s.image is not None and self.images is not None:
+            self.images.release(s.image.name)
 
     async def _run_in_session(self, action: ActionSpec, req: dict[str, Any]) -> RunResult:
         sid = str(action.session)
         s = self._sessions.get(sid)
         if s is None:
             return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
+        if s.image is not None:
+            req = overlay.image_request(req, s.image, s.python, None)
         async with s.lock:
             s.last_used = time.monotonic()
             s.cpu = req["limits"]["cpus"]  # the action's allotment sets the session's quota
+            sw = overlay.SessionSwitch() if s.freezer is not None else None
+            if s.freezer is not None and sw is not None:  # thawed with the action's quota
+                t0 = time.perf_counter()
+                s.freezer.thaw()
+                t1 = time.perf_counter()
+                s.sandbox.set_limits(s.cpu, s.memory)
+                sw.thaw_s, sw.requota_s = t1 - t0, time.perf_counter() - t1
             if s.sandbox.slot is not None:
                 s.sandbox.slot.reset_stats()
             self._running[action.id] = s.sandbox
@@ -245,6 +332,15 @@ class CpuManager:
             finally:
                 self._running.pop(action.id, None)
                 s.last_used = time.monotonic()
+                if s.freezer is not None and sw is not None and not s.sandbox.dead:
+                    t0 = time.perf_counter()  # frozen again: its CPUs go back
+                    try:
+                        sw.frozen = s.freezer.freeze()
+                    except OSError:
+                        sw.frozen = False
+                    sw.freeze_s = time.perf_counter() - t0
+            if sw is not None:
+                res = dataclasses.replace(res, session_switch=sw.to_dict())
         if s.sandbox.dead or res.status == "SandboxError":
             await self.close_session(sid)
         return res

@@ -75,6 +75,8 @@ class RunResult:
     cpu_time: float | None = None  # CPU seconds the whole sandbox used
     peak_memory_mb: float | None = None  # peak memory of the sandbox
     cases: tuple[CaseResult, ...] | None = None  # TEST actions: one per case
+    # session actions: what thawing, re-quota and freezing the session cost (`overlay`)
+    session_switch: dict[str, Any] | None = None
 
     @classmethod
     def sandbox_error(cls, message: str, pod: str | None = None) -> RunResult:
@@ -109,4 +111,6 @@ class RunResult:
         }
         if self.cases is not None:
             d["cases"] = [c.to_dict() for c in self.cases]
+        if self.session_switch is not None:
+            d["session_switch"] = dict(self.session_switch)
         return d

@@ -22,7 +22,7 @@ import signal
 import sys
 from typing import Any
 
-from . import _linux, proc, session_worker, wire
+from . import _linux, imagebox, proc, session_worker, wire
 from .prepared import Prepared, _warm_child, prepare
 
 SANDBOX_DIR = "/sandbox"
@@ -83,11 +83,13 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
                 reply = {"ok": True}
             elif op == "session":
                 reply = _session(req, sessions)
+            elif op == "image":  # enter an environment image (issue 17; `imagebox.enter`)
+                reply = imagebox.enter(req, fd)
             else:
                 reply = _run(req, prepared)
         except Exception as e:  # a bug or a hostile workdir: report, never die silently
             reply = {"error": f"{type(e).__name__}: {e}"}
-        if op not in ("prepare", "session"):
+        if op not in ("prepare", "session", "image"):
             _kill_all()  # nothing the action started runs past its reply
         else:
             _reap_all()
@@ -95,7 +97,7 @@ def serve(fd: int, cfg: dict[str, Any]) -> None:
             wire.write_frame_fd(fd, reply)
         except OSError:
             os._exit(0)
-        if op not in ("prepare", "session"):
+        if op not in ("prepare", "session", "image"):
             os._exit(0)  # one-shot: the PID namespace (and everything in it) ends with us
 
 

@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any
 
-from . import proc, wire
+from . import imagebox, proc, wire
 
 _BASH_PRELUDE = (
     "__tangram_run() { local __tangram_c; __tangram_c=$(cat); eval \"$__tangram_c\" </dev/null;"
@@ -94,6 +94,9 @@ class Worker:
             os.dup2(hi[0], 3)
             os.dup2(hi[1], 4)
             proc._child_setup(limits, (null, out_w, err_w), keep=2)
+            if imagebox.python:  # in an image: its own python3 runs the same loop
+                os.execve(imagebox.python, [imagebox.python, "-u", "-c", imagebox.PYTHON_LOOP],
+                          env)
             os.environ.clear()
             os.environ.update(env)
             _python_loop()

@@ -1,0 +1,265 @@
+"""Manager side of environment images and frozen sessions (issue 17).
+
+Invariant: a sandbox enters an image only through `enter_image` (the layers directory is lent
+to its init as one O_PATH fd, right after the request frame, and closed on our side after);
+a session's processes are frozen (cgroup freezer: v1 ``freezer.state``, v2 ``cgroup.freeze``)
+whenever no action of the session runs, thawed only for an action, with the action's
+allotment written as the CPU quota first; a session is thawed before it is killed (a v1
+frozen task cannot die until thawed). Each thaw + re-quota + freeze is timed
+(`SessionSwitch`), and the figures go back with the action's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .cgroups import CgroupTree, Slot
+from .images import Image, ImageStore
+from .pool import Sandbox
+
+_FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
+_SYS_OPEN_TREE = 428  # x86_64 and the unified syscall table
+_OPEN_TREE_CLONE = 1
+_libc: Any = None
+
+
+def open_tree_clone(path: str) -> int:
+    """A detached copy of the mount at ``path`` (``open_tree(OPEN_TREE_CLONE)``), as an fd.
+
+    overlayfs takes its lower layers only from mounts of the mounting process's own namespace
+    or from the root of an anonymous one: the sandbox's namespace holds no host mount, so its
+    init gets this fd, whose mount belongs to no namespace's tree."""
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    import ctypes
+
+    fd = _libc.syscall(_SYS_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path),
+                       ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"open_tree({path}): {os.strerror(err)}")
+    return int(fd)
+
+
+def _freezer_mount() -> str | None:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 3 and parts[2] == "cgroup" and "freezer" in parts[3].split(","):
+                return parts[1]
+    return None
+
+
+def _own_freezer_path() -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if "freezer" in ctrls.split(","):
+                return path
+    return "/"
+
+
+class Freezer:
+    """One session's freezer: v1 its own cgroup in the freezer hierarchy; v2 the slot's."""
+
+    def __init__(self, dir_: str, version: str, own: bool) -> None:
+        self.dir, self.version, self.own = dir_, version, own
+        self.frozen = False
+        name = "freezer.state" if version == "v1" else "cgroup.freeze"
+        self._w = os.open(f"{dir_}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        self._r = os.open(f"{dir_}/{name}" if version == "v1" else f"{dir_}/cgroup.events",
+                          os.O_RDONLY | os.O_CLOEXEC)
+
+    def add(self, pids: list[int]) -> None:
+        if self.own:
+            for pid in pids:
+                with open(f"{self.dir}/cgroup.procs", "w") as f:
+                    f.write(str(pid))
+
+    def _state_frozen(self) -> bool:
+        data = os.pread(self._r, 512, 0)
+        if self.version == "v1":
+            return data.strip() == b"FROZEN"
+        return b"frozen 1" in data
+
+    def freeze(self) -> bool:
+        """Freeze; True once every task is frozen (waits up to `_FROZEN_WAIT_S`)."""
+        os.pwrite(self._w, b"FROZEN" if self.version == "v1" else b"1", 0)
+        self.frozen = True
+        if self._state_frozen():
+            return True
+        deadline = time.monotonic() + _FROZEN_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.0002)
+            if self._state_frozen():
+                return True
+        return False
+
+    def thaw(self) -> None:
+        os.pwrite(self._w, b"THAWED" if self.version == "v1" else b"0", 0)
+        self.frozen = False
+
+    def close(self) -> None:
+        for fd in (self._w, self._r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class FreezerTree:
+    """Where session freezers live: v1 ``<freezer>/<own>/tangram-<pid>-sessions/<n>``."""
+
+    def __init__(self, cgroups: CgroupTree | None) -> None:
+        self.version = cgroups.version if cgroups is not None else None
+        self.base: str | None = None
+        self.problem = ""
+        self._n = 0
+        if self.version == "v1":
+            m = _freezer_mount()
+            if m is None:
+                self.version, self.problem = None, "no cgroup v1 freezer hierarchy mounted"
+                return
+            self.base = os.path.join(m + _own_freezer_path(), f"tangram-{os.getpid()}-sessions")
+            try:
+                os.makedirs(self.base, exist_ok=True)
+            except OSError as e:
+                self.version, self.problem = None, f"cannot create freezer cgroups: {e}"
+        elif self.version is None:
+            self.problem = "no cgroups"
+
+    @property
+    def available(self) -> bool:
+        return self.version is not None
+
+    def new(self, slot: Slot | None) -> Freezer | None:
+        if self.version == "v1" and self.base is not None:
+            self._n += 1
+            d = os.path.join(self.base, f"f{self._n}")
+            os.makedirs(d, exist_ok=True)
+            return Freezer(d, "v1", own=True)
+        if self.version == "v2" and slot is not None:
+            return Freezer(slot.dirs["cpu"], "v2", own=False)
+        return None
+
+    def drop(self, fz: Freezer) -> None:
+        """Thaw (so a killed task can die) and close; v1: the cgroup is removed once empty."""
+        with contextlib.suppress(OSError):
+            fz.thaw()
+        fz.close()
+        if fz.own:
+            asyncio.get_event_loop().call_later(0.05, self._rmdir, fz.dir, 200)
+
+    def _rmdir(self, d: str, tries: int) -> None:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            return
+        except OSError:
+            if tries > 0:
+                asyncio.get_event_loop().call_later(0.1, self._rmdir, d, tries - 1)
+
+    def close(self) -> None:
+        if self.base is None:
+            return
+        for _ in range(20):
+            with contextlib.suppress(OSError):
+                for n in os.listdir(self.base):
+                    p = os.path.join(self.base, n)
+                    if os.path.isdir(p):
+                        with contextlib.suppress(OSError):
+                            with open(f"{p}/freezer.state", "w") as f:
+                                f.write("THAWED")
+                            os.rmdir(p)
+                os.rmdir(self.base)
+                return
+            time.sleep(0.05)
+
+
+@dataclass(slots=True)
+class SessionSwitch:
+    """What one session action's CPU hand-over cost, in seconds."""
+
+    thaw_s: float = 0.0
+    requota_s: float = 0.0
+    freeze_s: float = 0.0
+    frozen: bool = True  # every task reached FROZEN in time
+
+    @property
+    def total_s(self) -> float:
+        return self.thaw_s + self.requota_s + self.freeze_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"thaw_ms": round(self.thaw_s * 1e3, 4), "requota_ms": round(self.requota_s * 1e3, 4),
+                "freeze_ms": round(self.freeze_s * 1e3, 4), "total_ms": round(self.total_s * 1e3, 4),
+                "frozen": self.frozen}
+
+
+def slot_pids(slot: Slot | None) -> list[int]:
+    if slot is None:
+        return []
+    d = slot.dirs.get("pids") or slot.dirs.get("cpu") or next(iter(slot.dirs.values()))
+    try:
+        with open(f"{d}/cgroup.procs") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int, uid: int,
+                      gid: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Have ``sb``'s init mount ``img`` with a writable layer of ``layer_mb`` MiB and pivot into
+    it; its reply (``{"ok", "enter_s", "python"}`` or ``{"error"}``)."""
+    fd = open_tree_clone(store.layers_dir)
+    try:
+        msg = {"op": "image", "layers": [os.path.basename(p) for p in store.layer_paths(img)],
+               "layer_mb": int(layer_mb), "uid": uid, "gid": gid}
+        fut = asyncio.ensure_future(sb.request(msg, timeout))
+        await asyncio.sleep(0)  # the frame goes out first; the init then reads the fd
+        if fut.done():
+            return await fut
+        sock = sb.conn.sock
+        for _ in range(1000):
+            try:
+                socket.send_fds(sock, [b"\0"], [fd])
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        return await fut
+    finally:
+        os.close(fd)
+
+
+def image_env(env: dict[str, str], img: Image) -> dict[str, str]:
+    """The sandbox's environment with the image's own ``Env`` (its PATH first) over it."""
+    out = dict(env)
+    out["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    for kv in img.config.get("Env") or ():
+        k, sep, v = str(kv).partition("=")
+        if sep and not k.startswith("TANGRAM_"):
+            out[k] = v
+    return out
+
+
+def image_request(req: dict[str, Any], img: Image, python: str | None,
+                  layer_mb: int | None) -> dict[str, Any]:
+    """A one-shot or session request adjusted to run in the image: its environment, and Python
+    run by the image's python3 (the init's own interpreter is the host's)."""
+    req = dict(req)
+    req["env"] = image_env(req.get("env") or {}, img)
+    req.pop("direct", None)
+    lang = dict(req.get("lang") or {})
+    if lang.get("inproc"):
+        lang.update(inproc=False, run=[python or "python3", "{file}"])
+    req["lang"] = lang
+    if layer_mb:  # files may grow to the writable layer's size (RLIMIT_FSIZE)
+        req["limits"] = {**req["limits"], "fsize": int(layer_mb) << 20}
+    return req
