@@ -253,6 +253,10 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:
             return JSONResponse({"detail": f"session_id: no open session {session_id!r}"}, 404)
         return JSONResponse({"session_id": session_id, "closed": True})
 
+    from . import images as image_routes  # POST/GET/DELETE /v1/images (issue 17)
+
+    image_routes.install(app, svc.engine)
+
     @app.get("/v1/cluster", tags=["native"])
     async def cluster() -> Response:
         return JSONResponse(svc.engine.cluster())

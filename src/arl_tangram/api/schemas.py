@@ -140,6 +140,8 @@ class SessionIn(BaseModel):
     demand: dict[str, float] | None = None
     ttl_s: float = Field(600.0, gt=0, le=86400)
     node: str | None = None
+    image: str | None = Field(None, min_length=1, max_length=128)  # an image on the node
+    layer_mb: int | None = Field(None, gt=0, le=1 << 20)  # its writable layer's size cap
 
 
 # ---- reward compat ------------------------------------------------------------------------------

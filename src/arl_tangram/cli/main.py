@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "simulate": ("arl_tangram.cli.simulate", "simulate a workload under the scheduling policies"),
     "replay": ("arl_tangram.cli.replay", "replay a trace on real sandboxes and models"),
     "calibrate": ("arl_tangram.cli.calibrate", "measure this machine into a cluster spec"),
+    "image": ("arl_tangram.cli.image", "import, list and remove environment images"),
 }
 
 

@@ -148,11 +148,16 @@ class AsyncClient:
                        files: Mapping[str, str] | None = None, fetch_files: Sequence[str] = (),
                        compile_timeout: float = 10, run_timeout: float = 10,
                        memory_limit_MB: int = -1, session: str | None = None,
-                       idempotency_key: str | None = None) -> dict[str, Any]:
-        """Run a program; returns SandboxFusion's RunCodeResponse shape."""
-        payload = {"code": code, "language": language, "stdin": stdin, "files": dict(files or {}),
-                   "fetch_files": list(fetch_files), "compile_timeout": compile_timeout,
-                   "run_timeout": run_timeout, "memory_limit_MB": memory_limit_MB}
+                       idempotency_key: str | None = None,
+                       image: str | None = None) -> dict[str, Any]:
+        """Run a program; returns SandboxFusion's RunCodeResponse shape. With ``image``, in a
+        fresh writable layer over that environment image (discarded after)."""
+        payload: dict[str, Any] = {
+            "code": code, "language": language, "stdin": stdin, "files": dict(files or {}),
+            "fetch_files": list(fetch_files), "compile_timeout": compile_timeout,
+            "run_timeout": run_timeout, "memory_limit_MB": memory_limit_MB}
+        if image is not None:
+            payload["image"] = image
         action: dict[str, Any] = {"kind": "code", "payload": payload, "tag": language,
                                   "timeout_s": compile_timeout + run_timeout + 5}
         if memory_limit_MB > 0:
@@ -214,9 +219,15 @@ class AsyncClient:
 
     @contextlib.asynccontextmanager
     async def session(self, *, ttl_s: float = 600.0, demand: Mapping[str, float] | None = None,
-                      session_id: str | None = None) -> AsyncIterator[AsyncSession]:
-        """A multi-turn sandbox: tool calls in it share state (files, processes)."""
+                      session_id: str | None = None, image: str | None = None,
+                      layer_mb: int | None = None) -> AsyncIterator[AsyncSession]:
+        """A multi-turn sandbox: tool calls in it share state (files, processes); with
+        ``image``, it runs in that environment image (see `images`)."""
         body: dict[str, Any] = {"ttl_s": ttl_s}
+        if image is not None:
+            body["image"] = image
+        if layer_mb is not None:
+            body["layer_mb"] = layer_mb
         if demand is not None:
             body["demand"] = dict(demand)
         if session_id is not None:
@@ -231,6 +242,17 @@ class AsyncClient:
 
     async def cluster(self) -> dict[str, Any]:
         return await self._request("GET", "/v1/cluster")
+
+    async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        """Import an image file or directory that the service's nodes can read (issue 17)."""
+        return await self._request("POST", "/v1/images",
+                                   json={"path": path, "name": name, "node": node})
+
+    async def images(self) -> dict[str, Any]:
+        return await self._request("GET", "/v1/images")
+
+    async def remove_image(self, name: str) -> dict[str, Any]:
+        return await self._request("DELETE", f"/v1/images/{name}")
 
     async def stats(self) -> dict[str, Any]:
         return await self._request("GET", "/v1/stats")

@@ -105,6 +105,15 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._lt.run(self._ac.cluster())
 
+    def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        return self._lt.run(self._ac.import_image(path, name, node))
+
+    def images(self) -> dict[str, Any]:
+        return self._lt.run(self._ac.images())
+
+    def remove_image(self, name: str) -> dict[str, Any]:
+        return self._lt.run(self._ac.remove_image(name))
+
     def stats(self) -> dict[str, Any]:
         return self._lt.run(self._ac.stats())
 

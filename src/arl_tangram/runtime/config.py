@@ -99,6 +99,8 @@ class ServiceConfig:
     # Scheduler knobs: `CoreConfig` fields other than ``policy`` (e.g. ``warm_keys``,
     # ``short_action_s``, ``aging_s``), validated by building that CoreConfig.
     scheduler: Mapping[str, Any] = field(default_factory=dict)
+    # Environment images every node imports at start (issue 17): (name, path on the node).
+    images: tuple[tuple[str, str], ...] = ()
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -219,6 +221,24 @@ class _Parser:
         except (TypeError, ValueError) as exc:
             raise self.fail(raw, f, str(exc)) from None
 
+    def images(self, raw: Any, parent: Any) -> tuple[tuple[str, str], ...]:
+        from ..managers.cpu.images import NAME_RE
+
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise self.fail(parent, "images", "must be a list of {name, path}")
+        out = []
+        for i, r in enumerate(raw):
+            d = self.mapping(r, parent, f"images[{i}]", {"name", "path"})
+            name, path = d.get("name"), d.get("path")
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise self.fail(r, f"images[{i}].name", f"must be an image name, got {name!r}")
+            if not isinstance(path, str) or not os.path.isabs(path):
+                raise self.fail(r, f"images[{i}].path", f"must be an absolute path, got {path!r}")
+            out.append((name, path))
+        return tuple(out)
+
     def scheduler(self, raw: Any, parent: Any, policy: Any) -> dict[str, Any]:
         from ..core.config import POLICIES, CoreConfig
 
@@ -237,7 +257,7 @@ class _Parser:
 
     def parse(self, data: Any) -> ServiceConfig:
         top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model",
-               "scheduler"}
+               "scheduler", "images"}
         d = self.mapping(data, data, "<root>", top)
         server = self.mapping(d.get("server"), data, "server", {"host", "port", "keep_alive_s"})
         auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env"})
@@ -259,7 +279,8 @@ class _Parser:
         if token is None and auth.get("token_env"):
             token = os.environ.get(str(auth["token_env"]))
         kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
-                              "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy"))}
+                              "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
+                              "images": self.images(d.get("images"), data)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
                          ("default_reward_model", d.get("default_reward_model"))):

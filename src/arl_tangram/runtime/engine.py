@@ -126,6 +126,8 @@ class Engine:
         self._waiters: dict[str, list[asyncio.Future[ActionResult | None]]] = {}
         self._sessions: dict[str, Resources] = {}
         self._session_nodes: dict[str, str] = {}
+        # sessions opened in an environment image: (image, layer_mb), until their OpenSession
+        self._session_images: dict[str, tuple[str, int | None]] = {}
         self._instances: dict[str, dict[str, Any]] = {}
         self._queue: asyncio.Queue[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -223,6 +225,8 @@ class Engine:
                     continue
                 commands.extend(self._handle(ev))
             out = [c for c in commands if not self._take(c)]
+            if self._session_images:  # the image travels with the session's OpenSession
+                out = [self._imaged(c) if isinstance(c, C.OpenSession) else c for c in out]
             if out and not self._closed:
                 try:
                     await self._executor.submit(out)
@@ -428,11 +432,21 @@ class Engine:
         self._put(E.CancelRequested(self.clock.now(), action_id))
         return True
 
+    def _imaged(self, cmd: C.OpenSession) -> C.Command:
+        got = self._session_images.pop(cmd.session_id, None)
+        if got is None:
+            return cmd
+        from .images import with_image
+
+        return with_image(cmd, got[0], got[1])
+
     async def open_session(
         self, session_id: str | None = None, *, demand: Resources | None = None,
-        ttl_s: float = 600.0, node: str | None = None,
+        ttl_s: float = 600.0, node: str | None = None, image: str | None = None,
+        layer_mb: int | None = None,
     ) -> str:
-        """Open a session (its state lives on one node); actions naming it run there."""
+        """Open a session (its state lives on one node); actions naming it run there; with
+        ``image``, in that environment image (a writable layer of ``layer_mb`` MiB)."""
         self._check_open()
         sid = session_id or f"s-{uuid.uuid4().hex[:16]}"
         if sid in self._sessions:
@@ -443,6 +457,8 @@ class Engine:
             raise InvalidAction("node", f"unknown node {node!r}")
         dem = demand if demand is not None else Resources(memory_mb=256)
         self._sessions[sid] = dem
+        if image is not None:
+            self._session_images[sid] = (image, layer_mb)
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node))
         return sid
 

@@ -28,7 +28,9 @@ class LocalExecutor(Executor):
         *,
         gpu_factories: Any = None,
         hosts: Sequence[NodeHost] | None = None,
+        images: Sequence[tuple[str, str]] = (),
     ) -> None:
+        self._images = tuple(images)  # (name, path) every node imports at start
         self._node_cfgs = tuple(nodes)
         self._models = tuple(models)
         self._gpu_factories = gpu_factories
@@ -38,7 +40,8 @@ class LocalExecutor(Executor):
 
     @classmethod
     def from_config(cls, config: ServiceConfig, *, gpu_factories: Any = None) -> LocalExecutor:
-        return cls(config.nodes, config.models, gpu_factories=gpu_factories)
+        return cls(config.nodes, config.models, gpu_factories=gpu_factories,
+                   images=config.images)
 
     async def start(self, emit: Emit) -> list[NodeSpec]:
         self._emit = emit
@@ -55,6 +58,15 @@ class LocalExecutor(Executor):
             ]
         specs = await asyncio.gather(*(h.start() for h in hosts))
         self.hosts = {h.name: h for h in hosts}
+        if self._images:  # the service YAML's images: on every node, before any session
+            from .images import import_image
+
+            for name, path in self._images:
+                try:
+                    await import_image(self, path, name)
+                except Exception as exc:
+                    await self.aclose()
+                    raise ValueError(f"images: {name} ({path}): {exc}") from None
         return list(specs)
 
     async def submit(self, commands: Sequence[C.Command]) -> None:

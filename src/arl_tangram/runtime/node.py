@@ -296,7 +296,12 @@ class NodeHost:
 
     async def _open_session(self, cmd: C.OpenSession) -> None:
         try:
-            await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
+            image = getattr(cmd, "image", None)  # (`runtime.images.ImageOpenSession`)
+            if image is None:
+                await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
+            else:
+                await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s, image=image,
+                                            layer_mb=getattr(cmd, "layer_mb", None))
         except Exception as exc:
             self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
                                       f"could not open: {type(exc).__name__}: {exc}"))

@@ -19,6 +19,7 @@ its directory, so stacking the layers as overlay lower directories applies them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -96,6 +97,9 @@ class ImageStore:
         os.chmod(self.root, 0o700)
         self._lock = threading.RLock()
         self._users: dict[str, int] = {}
+        # while an image has users here, a shared flock on its record: another process (the
+        # CLI on this node's cache) cannot remove or replace it either
+        self._held: dict[str, int] = {}
         for left in os.listdir(self.tmp_dir):  # an import killed part-way
             shutil.rmtree(os.path.join(self.tmp_dir, left), ignore_errors=True)
 
@@ -132,6 +136,10 @@ class ImageStore:
     def acquire(self, name: str) -> Image:
         with self._lock:
             img = self.get(name)
+            if name not in self._held:
+                fd = os.open(self._record(name), os.O_RDONLY | os.O_CLOEXEC)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                self._held[name] = fd
             self._users[name] = self._users.get(name, 0) + 1
             return img
 
@@ -142,6 +150,27 @@ class ImageStore:
                 self._users[name] = n
             else:
                 self._users.pop(name, None)
+                fd = self._held.pop(name, None)
+                if fd is not None:
+                    os.close(fd)
+
+    def _check_unused(self, name: str, what: str) -> None:
+        """ImageInUse when users here or in another process hold ``name``."""
+        n = self._users.get(name, 0)
+        if n:
+            raise ImageInUse(f"image {name!r} is in use by {n} session(s)/action(s) on "
+                             f"this node; {what}")
+        try:
+            fd = os.open(self._record(name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ImageInUse(f"image {name!r} is in use by a running service on this node; "
+                             f"{what}") from None
+        finally:
+            os.close(fd)
 
     def users(self, name: str) -> int:
         return self._users.get(name, 0)
@@ -150,10 +179,7 @@ class ImageStore:
     def remove(self, name: str) -> Image:
         with self._lock:
             img = self.get(name)
-            n = self._users.get(name, 0)
-            if n:
-                raise ImageInUse(f"image {name!r} is in use by {n} session(s)/action(s) on "
-                                 "this node; close them first")
+            self._check_unused(name, "close them first")
             os.unlink(self._record(name))
             keep = {k for other in self.list_images() for k in other.layers}
             for k in set(img.layers) - keep:
@@ -180,8 +206,7 @@ class ImageStore:
         with self._lock:
             if not replace and self.has(name):
                 raise ImageError(f"image {name!r} exists")
-            if self.users(name):
-                raise ImageInUse(f"image {name!r} is in use; it cannot be replaced now")
+            self._check_unused(name, "it cannot be replaced now")
         if os.path.isdir(path):
             if os.path.exists(os.path.join(path, "oci-layout")):
                 fmt, (layers, config) = "oci-dir", self._from_oci(_DirSource(path))
@@ -195,8 +220,7 @@ class ImageStore:
         img = Image(name=name, digest=digest, layers=layers, config=config, source=path,
                     fmt=fmt, size=size, import_s=round(time.perf_counter() - t0, 6))
         with self._lock:
-            if self.users(name):
-                raise ImageInUse(f"image {name!r} is in use; it cannot be replaced now")
+            self._check_unused(name, "it cannot be replaced now")
             old = self.get(name) if self.has(name) else None
             tmp = self._record(name) + ".tmp"
             with open(tmp, "w") as f:

@@ -1,0 +1,70 @@
+"""HTTP routes for environment images (issue 17): import, list, remove on the service's nodes.
+
+- ``POST /v1/images`` ``{"path": "/abs/path", "name": "NAME", "node": null}`` -> 201 with each
+  node's record (the path is read on the node: an OCI layout directory or archive, a
+  docker-archive, a root file-system tarball or directory; no registry is contacted);
+  400 on a bad archive (the message says why), 501 when the executor keeps no image cache here.
+- ``GET /v1/images`` -> ``{"nodes": {node: [image, ...]}}`` (``in_use``: sessions/actions now).
+- ``DELETE /v1/images/{name}`` -> 200, 404 when no node has it, 409 while in use (the reason).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Query
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from ..managers.cpu.images import ImageError, ImageInUse
+from ..runtime import images as rt
+
+
+class ImageIn(BaseModel):
+    path: str = Field(..., min_length=1, max_length=4096)
+    name: str = Field(..., min_length=1, max_length=128)
+    node: str | None = None
+
+
+def _err(status: int, detail: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"detail": detail}
+    if field:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+def install(app: FastAPI, engine: Any) -> None:
+    def executor() -> Any:
+        return engine._executor
+
+    @app.post("/v1/images", tags=["images"], status_code=201)
+    async def import_image(body: ImageIn) -> Response:
+        if not body.path.startswith("/"):
+            return _err(400, "path: must be an absolute path on the node", "path")
+        try:
+            out = await rt.import_image(executor(), body.path, body.name, body.node)
+        except ImageInUse as e:
+            return _err(409, f"name: {e}", "name")
+        except ImageError as e:
+            return _err(400, f"path: {e}", "path")
+        except rt.ImagesUnsupported as e:
+            return _err(501, str(e))
+        return JSONResponse(out, status_code=201)
+
+    @app.get("/v1/images", tags=["images"])
+    async def list_images(node: str | None = Query(None)) -> Response:
+        try:
+            return JSONResponse(rt.list_images(executor(), node))
+        except rt.ImagesUnsupported as e:
+            return _err(501, str(e))
+
+    @app.delete("/v1/images/{name}", tags=["images"])
+    async def remove_image(name: str, node: str | None = Query(None)) -> Response:
+        try:
+            return JSONResponse(await rt.remove_image(executor(), name, node))
+        except ImageInUse as e:
+            return _err(409, str(e), "name")
+        except ImageError as e:
+            return _err(404 if "no image" in str(e) else 400, str(e), "name")
+        except rt.ImagesUnsupported as e:
+            return _err(501, str(e))
