@@ -612,7 +612,7 @@ def _extract_all(tf: tarfile.TarFile, dest: str, where: str) -> None:
                              "the image")
         if m.islnk():
             lrel = _safe_rel(m.linkname, where)
-            _check_parents(dest, lrel + "/x", where, m.linkname)
+            _check_parents(dest, lrel, where, m.linkname)
             src = os.path.join(dest, lrel)
             if not os.path.lexists(src) or os.path.isdir(src) or os.path.islink(src):
                 raise ImageError(f"{where}: hard link {m.name!r} -> {m.linkname!r} names no "
