@@ -17,9 +17,9 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import swe_image  # noqa: E402
+import swe_image
 
-from arl_tangram.client import Client  # noqa: E402
+from arl_tangram.client import Client
 
 IMAGE = "swe-example"
 

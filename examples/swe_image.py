@@ -25,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from arl_tangram.managers.cpu import imagekit  # noqa: E402
+from arl_tangram.managers.cpu import imagekit
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -68,15 +68,15 @@ def test_median():
 FIX = '''--- a/calc.py
 +++ b/calc.py
 @@ -3,7 +3,9 @@
- 
+\x20
  def mean(xs):
      """The arithmetic mean of ``xs``; 0.0 for an empty list."""
 -    return sum(xs) / len(xs)
 +    if not xs:
 +        return 0.0
 +    return sum(xs) / len(xs)
- 
- 
+\x20
+\x20
  def median(xs):
 '''
 
@@ -100,7 +100,7 @@ def _repo_layer(work: str) -> str:
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "."],
                 ["git", "commit", "-q", "-m", "calc: mean and median"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True)
-    for d, dirs, files in os.walk(os.path.join(top, "workdir")):  # any sandbox uid may write
+    for d, _dirs, files in os.walk(os.path.join(top, "workdir")):  # any sandbox uid may write
         os.chmod(d, 0o777)
         for n in files:
             os.chmod(os.path.join(d, n), 0o666)
