@@ -1,0 +1,333 @@
+"""Environment images (issue 17): what sessions in an image cost on this machine.
+
+``.venv/bin/python benchmarks/bench_images.py [--opens 40] [--actions 200] [--idle 100]``
+prints, from one run:
+- first import of the test image (the SWE example's OCI layout, examples/swe_image.py; built
+  once per machine) into an empty cache, and a second import (layers already there);
+- session open from the cached image: p50/p99 of ``CpuManager.open_session(image=...)`` (fresh
+  sandbox, writable layer, overlay mount, pivot, into the freezer and frozen), and open + the
+  first bash action;
+- per session action: thaw + re-quota + freeze p50/p99 (the action's allotment alternates
+  between 1 and 0.5 cores, so every action rewrites the quota), and a trivial action's latency;
+- ``--idle`` idle sessions held at once (each ran one bash action, so its shell is up): memory
+  per session (the memory cgroups' charge, and the proportional set size of its processes);
+- the same image under ``crun`` (and ``podman run`` when installed; scripts/bench-deps.sh
+  installs both): container run of /bin/true, exec into a running container, pause + resume,
+  and memory per idle container, measured in this run. crun gets the image read-only (one
+  shared read-only overlay of the layers, tmpfs /tmp): no per-container writable layer, which
+  favours it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+from arl_tangram.core.actions import ActionKind, ActionSpec  # noqa: E402
+from arl_tangram.core.resources import Resources  # noqa: E402
+from arl_tangram.managers.cpu import (  # noqa: E402
+    CpuManager,
+    CpuManagerConfig,
+    _linux,
+)
+from arl_tangram.managers.cpu.images import ImageStore  # noqa: E402
+
+IMAGE = "swe"
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.2f} ms"
+
+
+def _pss_kb(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def _mem_available_kb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+_n = 0
+
+
+def tool(sid: str, code: str, cpu: float) -> tuple[ActionSpec, Resources]:
+    global _n
+    _n += 1
+    return (ActionSpec(id=f"b{_n}", kind=ActionKind.TOOL, session=sid,
+                       payload={"code": code, "language": "bash"}),
+            Resources(cpu=cpu, memory_mb=256))
+
+
+async def bench_tangram(args: argparse.Namespace, layout: str, work: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    cache = os.path.join(work, "images")
+    t = time.perf_counter()
+    ImageStore(cache).import_path(layout, IMAGE)
+    out["import_first_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ImageStore(cache).import_path(layout, IMAGE)
+    out["import_again_s"] = time.perf_counter() - t
+    m = CpuManager(CpuManagerConfig(work_root=work, images_dir=cache, warm_min=0, warm_max=2,
+                                    pids_max=64))
+    await m.start()
+    try:
+        dem = Resources(cpu=1, memory_mb=256)
+        opens, firsts = [], []
+        for i in range(args.opens):
+            t = time.perf_counter()
+            await m.open_session(f"o{i}", dem, 600, image=IMAGE)
+            t1 = time.perf_counter()
+            r = await m.run(*tool(f"o{i}", "true", 1))
+            t2 = time.perf_counter()
+            assert r.status == "Success", r
+            opens.append(t1 - t)
+            firsts.append(t2 - t)
+            await m.close_session(f"o{i}")
+            await asyncio.sleep(0.01)
+        out["open_p50_s"], out["open_p99_s"] = pct(opens, 50), pct(opens, 99)
+        out["open_first_action_p50_s"] = pct(firsts, 50)
+        await m.open_session("sw", dem, 600, image=IMAGE)
+        sw: dict[str, list[float]] = {"total": [], "thaw": [], "requota": [], "freeze": []}
+        lat = []
+        for i in range(args.actions):
+            t = time.perf_counter()
+            r = await m.run(*tool("sw", "true", 1.0 if i % 2 else 0.5))
+            lat.append(time.perf_counter() - t)
+            assert r.status == "Success" and r.session_switch is not None, r
+            for k in sw:
+                sw[k].append(r.session_switch[f"{k}_ms"] / 1e3)
+        await m.close_session("sw")
+        for k, v in sw.items():
+            out[f"switch_{k}_p50_s"] = pct(v, 50)
+        out["switch_total_p99_s"] = pct(sw["total"], 99)
+        out["action_p50_s"] = pct(lat, 50)
+        # idle sessions
+        await asyncio.sleep(0.5)
+        avail0 = _mem_available_kb()
+        for i in range(args.idle):
+            await m.open_session(f"i{i}", dem, 600, image=IMAGE)
+            r = await m.run(*tool(f"i{i}", "cd /workdir/repo && x=1", 1))
+            assert r.status == "Success", r
+        await asyncio.sleep(1.0)
+        avail1 = _mem_available_kb()
+        charged, pids = 0, []
+        from arl_tangram.managers.cpu.overlay import slot_pids
+
+        for i in range(args.idle):
+            slot = m._sessions[f"i{i}"].sandbox.slot
+            assert slot is not None
+            charged += slot.charged_bytes()
+            pids += slot_pids(slot)
+        out["idle_sessions"] = args.idle
+        out["idle_charged_mb_each"] = charged / args.idle / 2**20
+        out["idle_pss_mb_each"] = _pss_kb(pids) / args.idle / 1024
+        out["idle_memavailable_mb_each"] = (avail0 - avail1) / args.idle / 1024
+        out["idle_procs_each"] = len(pids) / args.idle
+        for i in range(args.idle):
+            await m.close_session(f"i{i}")
+    finally:
+        await m.aclose()
+    return out
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+
+
+def bench_crun(args: argparse.Namespace, work: str) -> dict[str, float] | str:
+    crun = shutil.which("crun")
+    if crun is None:
+        return "crun not installed (scripts/bench-deps.sh installs it)"
+    store = ImageStore(os.path.join(work, "images"))
+    img = store.get(IMAGE)
+    rootfs = os.path.join(work, "crun-rootfs")
+    os.makedirs(rootfs, exist_ok=True)
+    _linux.mount("overlay", rootfs, "overlay", _linux.MS_RDONLY,
+                 "lowerdir=" + ":".join(store.layer_paths(img)))
+    bundle = os.path.join(work, "bundle")
+    os.makedirs(bundle, exist_ok=True)
+    state = os.path.join(work, "crun-state")
+    out: dict[str, float] = {}
+    try:
+        _run([crun, "spec"], cwd=bundle, check=True)
+        with open(os.path.join(bundle, "config.json")) as f:
+            spec = json.load(f)
+        spec["root"] = {"path": rootfs, "readonly": True}
+        spec["process"]["terminal"] = False
+        spec["process"]["user"] = {"uid": 65534, "gid": 65534}
+        spec["process"]["cwd"] = "/"
+        spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                               "options": ["nosuid", "nodev", "size=64m"]})
+        spec["linux"].pop("resources", None)
+
+        def write(args_: list[str]) -> None:
+            spec["process"]["args"] = args_
+            with open(os.path.join(bundle, "config.json"), "w") as f:
+                json.dump(spec, f)
+
+        base = [crun, "--root", state, "--cgroup-manager=disabled"]  # (no cgroup: cheaper)
+        write(["/bin/true"])
+        runs = []
+        for i in range(args.crun_runs):
+            t = time.perf_counter()
+            p = _run([*base, "run", "--bundle", bundle, f"t{i}"])
+            runs.append(time.perf_counter() - t)
+            if p.returncode != 0:
+                return f"crun run failed: {p.stderr.strip()[:300]}"
+        out["crun_run_true_p50_s"] = pct(runs, 50)
+        write(["/bin/bash", "-c", "sleep infinity & wait"])
+        p = _run([*base, "run", "-d", "--bundle", bundle, "svc"])
+        if p.returncode != 0:
+            return f"crun run -d failed: {p.stderr.strip()[:300]}"
+        ex, pr = [], []
+        for _ in range(args.crun_runs):
+            t = time.perf_counter()
+            _run([*base, "exec", "svc", "/bin/true"], check=True)
+            ex.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _run([*base, "pause", "svc"], check=True)
+            _run([*base, "resume", "svc"], check=True)
+            pr.append(time.perf_counter() - t)
+        out["crun_exec_true_p50_s"] = pct(ex, 50)
+        out["crun_pause_resume_p50_s"] = pct(pr, 50)
+        _run([*base, "delete", "-f", "svc"])
+        avail0 = _mem_available_kb()
+        pids = []
+        for i in range(args.idle):
+            p = _run([*base, "run", "-d", "--bundle", bundle, f"idle{i}"])
+            if p.returncode != 0:
+                return f"crun run -d failed: {p.stderr.strip()[:300]}"
+            st = json.loads(_run([*base, "state", f"idle{i}"]).stdout)
+            pids.append(int(st["pid"]))
+            try:
+                with open(f"/proc/{st['pid']}/task/{st['pid']}/children") as f:
+                    pids += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
+        time.sleep(1.0)
+        out["crun_idle_memavailable_mb_each"] = (avail0 - _mem_available_kb()) / args.idle / 1024
+        out["crun_idle_pss_mb_each"] = _pss_kb(pids) / args.idle / 1024
+        return out
+    finally:
+        for i in range(args.idle):
+            _run([crun, "--root", state, "--cgroup-manager=disabled", "delete", "-f", f"idle{i}"])
+        _run([crun, "--root", state, "--cgroup-manager=disabled", "delete", "-f", "svc"])
+        for _ in range(20):
+            try:
+                _linux.umount2(rootfs, 0)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def bench_podman(args: argparse.Namespace, layout: str) -> dict[str, float] | str:
+    podman = shutil.which("podman")
+    if podman is None:
+        return "podman not installed (scripts/bench-deps.sh installs it)"
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    p = _run([podman, "pull", "-q", f"oci:{layout}:swe-example"])
+    out["podman_pull_oci_s"] = time.perf_counter() - t
+    if p.returncode != 0:
+        return f"podman pull failed: {p.stderr.strip()[:300]}"
+    ref = p.stdout.strip().splitlines()[-1]
+    runs = []
+    for _ in range(args.podman_runs):
+        t = time.perf_counter()
+        q = _run([podman, "run", "--rm", "--pull=never", "--network", "none", "--cgroups=disabled",
+                  "--ulimit", "nofile=1024:1024", ref, "/bin/true"])
+        runs.append(time.perf_counter() - t)
+        if q.returncode != 0:
+            return f"podman run failed: {q.stderr.strip()[:300]}"
+    out["podman_run_true_p50_s"] = pct(runs, 50)
+    _run([podman, "rmi", "-f", ref])
+    return out
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--opens", type=int, default=40)
+    ap.add_argument("--actions", type=int, default=200)
+    ap.add_argument("--idle", type=int, default=100)
+    ap.add_argument("--crun-runs", type=int, default=20)
+    ap.add_argument("--podman-runs", type=int, default=5)
+    ap.add_argument("--no-baselines", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (sandboxes, overlay mounts)", file=sys.stderr)
+        return 2
+    import swe_image
+
+    layout = swe_image.build(say=lambda m: print(m, file=sys.stderr))
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; cores: {os.cpu_count()}")
+    work = tempfile.mkdtemp(prefix="bench-images-")
+    try:
+        r = await bench_tangram(args, layout, work)
+        print(f"test image: {layout}")
+        print(f"  first import {r['import_first_s']:.2f} s; again (layers cached) "
+              f"{r['import_again_s']:.2f} s")
+        print(f"session open from the cached image: p50 {ms(r['open_p50_s'])}, p99 "
+              f"{ms(r['open_p99_s'])} (goal <= 20 ms); open + first bash action p50 "
+              f"{ms(r['open_first_action_p50_s'])}")
+        print(f"per session action: thaw + re-quota + freeze p50 {ms(r['switch_total_p50_s'])}"
+              f" (thaw {ms(r['switch_thaw_p50_s'])}, re-quota {ms(r['switch_requota_p50_s'])},"
+              f" freeze {ms(r['switch_freeze_p50_s'])}), p99 {ms(r['switch_total_p99_s'])}"
+              f" (goal <= 1 ms p50); trivial action p50 {ms(r['action_p50_s'])}")
+        print(f"{r['idle_sessions']} idle sessions held at once: per session "
+              f"{r['idle_charged_mb_each']:.2f} MB charged to its memory cgroup, "
+              f"{r['idle_pss_mb_each']:.2f} MB PSS of its {r['idle_procs_each']:.1f} "
+              f"processes, {r['idle_memavailable_mb_each']:.2f} MB of MemAvailable")
+        if not args.no_baselines:
+            c = bench_crun(args, work)
+            if isinstance(c, str):
+                print(f"crun: {c}")
+            else:
+                print(f"crun (same image, read-only root): run /bin/true p50 "
+                      f"{ms(c['crun_run_true_p50_s'])}; exec /bin/true p50 "
+                      f"{ms(c['crun_exec_true_p50_s'])}; pause + resume p50 "
+                      f"{ms(c['crun_pause_resume_p50_s'])}; {args.idle} idle containers: "
+                      f"{c['crun_idle_pss_mb_each']:.2f} MB PSS, "
+                      f"{c['crun_idle_memavailable_mb_each']:.2f} MB of MemAvailable each")
+            pm = bench_podman(args, layout)
+            if isinstance(pm, str):
+                print(f"podman: {pm}")
+            else:
+                print(f"podman: pull from the OCI layout {pm['podman_pull_oci_s']:.2f} s; "
+                      f"podman run --rm /bin/true p50 {ms(pm['podman_run_true_p50_s'])}")
+        print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
