@@ -195,3 +195,65 @@ async def test_plain_sessions_are_frozen_too(mgr: CpuManager) -> None:  # noqa: 
         assert re.match(r"^\d", str(r.session_switch["thaw_ms"]))
     finally:
         await mgr.close_session("plain-f")
+
+
+_CHILD = r"""
+import asyncio, os, sys, tempfile
+from arl_tangram.core.actions import ActionKind, ActionSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+
+async def main():
+    m = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-cpu-test-"),
+                                    sandbox_uid=int(sys.argv[1]), sandbox_gid=int(sys.argv[1]),
+                                    warm_min=0, warm_max=1))
+    await m.start()
+    await m.open_session("s", Resources(cpu=1, memory_mb=128), 600)
+    a = ActionSpec(id="a", kind=ActionKind.TOOL, session="s",
+                   payload={"code": "(sleep 300 &); echo ok", "language": "bash"})
+    r = await m.run(a, Resources(cpu=1, memory_mb=128))
+    print(m._sessions["s"].freezer.dir, flush=True)
+    await asyncio.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+async def test_sessions_frozen_by_a_killed_manager_are_thawed_and_killed_at_next_start(
+        tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from _cpu_helpers import TEST_UID
+
+    from arl_tangram.managers.cpu import CpuManagerConfig
+
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(TEST_UID)], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        fdir = p.stdout.readline().strip()  # type: ignore[union-attr]
+        assert fdir, "the child manager did not open its session"
+        with open(f"{fdir}/cgroup.procs") as f:
+            pids = [int(x) for x in f.read().split()]
+        assert len(pids) >= 2  # init, bash, sleep
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        await asyncio.sleep(1.0)
+        with open(f"{fdir}/freezer.state") as f:
+            assert f.read().strip() == "FROZEN"
+        assert any(os.path.exists(f"/proc/{x}") for x in pids)  # frozen: they cannot die
+        m2 = CpuManager(CpuManagerConfig(work_root=str(tmp_path / "w2"), warm_min=0,
+                                         warm_max=1))
+        await m2.start()  # finds the dead manager's frozen sessions
+        try:
+            deadline = time.monotonic() + 5
+            while any(os.path.exists(f"/proc/{x}") for x in pids) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not any(os.path.exists(f"/proc/{x}") for x in pids)
+            assert not os.path.exists(fdir)
+        finally:
+            await m2.aclose()
+    finally:
+        if p.poll() is None:
+            p.kill()

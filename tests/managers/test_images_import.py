@@ -106,10 +106,13 @@ def _tar(entries) -> bytes:
 
 
 def _snapshot(path) -> set[str]:
+    """Everything under ``path`` but the cache itself."""
     out = set()
     for top, dirs, files in os.walk(path):
         for n in dirs + files:
-            out.add(os.path.relpath(os.path.join(top, n), path))
+            rel = os.path.relpath(os.path.join(top, n), path)
+            if rel != "cache" and not rel.startswith("cache/"):
+                out.add(rel)
     return out
 
 

@@ -92,16 +92,20 @@ class ImageStore:
         self.layers_dir = os.path.join(self.root, "layers")
         self.images_dir = os.path.join(self.root, "images")
         self.tmp_dir = os.path.join(self.root, "tmp")
-        for d in (self.root, self.layers_dir, self.images_dir, self.tmp_dir):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        os.chmod(self.root, 0o700)
         self._lock = threading.RLock()
         self._users: dict[str, int] = {}
         # while an image has users here, a shared flock on its record: another process (the
         # CLI on this node's cache) cannot remove or replace it either
         self._held: dict[str, int] = {}
-        for left in os.listdir(self.tmp_dir):  # an import killed part-way
-            shutil.rmtree(os.path.join(self.tmp_dir, left), ignore_errors=True)
+        if os.path.isdir(self.tmp_dir):
+            for left in os.listdir(self.tmp_dir):  # an import killed part-way
+                shutil.rmtree(os.path.join(self.tmp_dir, left), ignore_errors=True)
+
+    def _ensure(self) -> None:
+        """The cache's directories (made at the first import, not before)."""
+        for d in (self.root, self.layers_dir, self.images_dir, self.tmp_dir):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
 
     # ---- index --------------------------------------------------------------------------
     def _record(self, name: str) -> str:
@@ -116,6 +120,8 @@ class ImageStore:
 
     def list_images(self) -> list[Image]:
         out = []
+        if not os.path.isdir(self.images_dir):
+            return out
         for fn in sorted(os.listdir(self.images_dir)):
             if fn.endswith(".json"):
                 with contextlib.suppress(ImageError, OSError, ValueError, KeyError):
@@ -199,6 +205,7 @@ class ImageStore:
     def import_path(self, path: str, name: str, *, replace: bool = True) -> Image:
         """Import ``path`` (OCI layout dir or archive, docker-archive, rootfs tar or dir)."""
         check_name(name)
+        self._ensure()
         t0 = time.perf_counter()
         path = os.path.abspath(path)
         if not os.path.exists(path):

@@ -115,6 +115,40 @@ class Freezer:
                 os.close(fd)
 
 
+def _thaw_stale(parent: str) -> None:
+    """Sessions of a manager that was killed (``tangram-<pid>-sessions``, pid gone) stay frozen,
+    and a v1 frozen task cannot die: thaw them and kill what is left (only sessions' processes
+    are ever put there), then remove the cgroups that are empty."""
+    import signal
+
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            pid = name[len("tangram-"):-len("-sessions")] if name.endswith("-sessions") else ""
+            if not name.startswith("tangram-") or not pid.isdigit() \
+                    or os.path.exists(f"/proc/{pid}"):
+                continue
+            base = os.path.join(parent, name)
+            for child in os.listdir(base):
+                d = os.path.join(base, child)
+                if not os.path.isdir(d):
+                    continue
+                with contextlib.suppress(OSError):
+                    with open(f"{d}/freezer.state", "w") as f:
+                        f.write("THAWED")
+                    with open(f"{d}/cgroup.procs") as f:
+                        for p in f.read().split():
+                            with contextlib.suppress(OSError):
+                                os.kill(int(p), signal.SIGKILL)
+                for _ in range(20):
+                    try:
+                        os.rmdir(d)
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.rmdir(base)
+
+
 class FreezerTree:
     """Where session freezers live: v1 ``<freezer>/<own>/tangram-<pid>-sessions/<n>``."""
 
@@ -128,7 +162,9 @@ class FreezerTree:
             if m is None:
                 self.version, self.problem = None, "no cgroup v1 freezer hierarchy mounted"
                 return
-            self.base = os.path.join(m + _own_freezer_path(), f"tangram-{os.getpid()}-sessions")
+            parent = m + _own_freezer_path()
+            _thaw_stale(parent)
+            self.base = os.path.join(parent, f"tangram-{os.getpid()}-sessions")
             try:
                 os.makedirs(self.base, exist_ok=True)
             except OSError as e:
