@@ -119,7 +119,7 @@ class ImageStore:
             raise ImageError(f"no image {name!r} on this node") from None
 
     def list_images(self) -> list[Image]:
-        out = []
+        out: list[Image] = []
         if not os.path.isdir(self.images_dir):
             return out
         for fn in sorted(os.listdir(self.images_dir)):
