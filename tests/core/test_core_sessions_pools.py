@@ -163,3 +163,41 @@ def test_a_session_action_reclaims_cores_a_grown_test_borrowed() -> None:
     assert [(r.action_id, r.allotment["cpu"]) for r in resize] == [("test", 3)]
     out = d.finish("ls", run_s=0.1)  # the core lends the core back
     assert [(r.action_id, r.allotment["cpu"]) for r in of(out, cmd.ResizeAction)] == [("test", 4)]
+
+
+def _opened(out) -> str:
+    (op,) = of(out, cmd.OpenSession)
+    return op.node
+
+
+def test_session_warm_key_prefers_node_holding_it() -> None:
+    # n1 has more free CPU and fewer sessions per core: the plain spread picks it
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=8)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n0", "image:swe", 1))
+    assert _opened(d(ev.SessionRequested(0.0, "plain"))) == "n1"
+    assert _opened(d(ev.SessionRequested(0.0, "a", warm_key="image:swe"))) == "n0"
+    assert _opened(d(ev.SessionRequested(0.0, "b", warm_key="image:swe"))) == "n0"
+    assert _opened(d(ev.SessionRequested(0.0, "c", warm_key="image:other"))) == "n1"
+    d(ev.WarmPoolReport(0.0, "n0", "image:swe", 0))  # removed there: the spread decides again
+    assert _opened(d(ev.SessionRequested(0.0, "d", warm_key="image:swe"))) == "n1"
+
+
+def test_session_warm_key_falls_back_when_warm_node_has_no_room() -> None:
+    d = Driver([cpu_node("n0", cpu=4, mem=2048), cpu_node("n1", cpu=4, mem=8192)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n0", "image:swe", 1))
+    big = Resources(memory_mb=1500)  # with the room kept for an action (1024 MB), n0 cannot hold it
+    out = d(ev.SessionRequested(0.0, "a", demand=big, warm_key="image:swe"))
+    assert _opened(out) == "n1"  # it pays the import there
+    out = d(ev.SessionRequested(0.0, "b", warm_key="image:swe"))
+    assert _opened(out) == "n0"
+
+
+@pytest.mark.parametrize("policy,kw", [("task-isolated", {"task_shares": {"a": 1}}),
+                                       ("trajectory-bound", {"trajectories": 1})])
+def test_session_warm_key_within_partition(policy: str, kw: dict) -> None:
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=4)], policy=policy, **kw)
+    d(ev.WarmPoolReport(0.0, "n1", "image:swe", 1))
+    out = d(ev.SessionRequested(0.0, "s", trajectory="t", task="a", warm_key="image:swe"))
+    part = next(iter(d.core.partitions.values()))
+    assert [n for n, _ in part] == ["n0", "n1"]  # its slice / pool spans both nodes
+    assert _opened(out) == "n1"

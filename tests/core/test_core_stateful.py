@@ -103,9 +103,11 @@ class CoreMachine(RuleBasedStateMachine):
         ids = [*sorted(self.core.actions), "ghost"]
         self.d(ev.CancelRequested(self.d.t, data.draw(st.sampled_from(ids))))
 
-    @rule(sid=st.sampled_from(["s1", "s2", "s3"]), pin=st.sampled_from([None, "c0", "g0", "zz"]))
-    def session_open(self, sid, pin) -> None:
-        self.d(ev.SessionRequested(self.d.t, sid, demand=Resources(memory_mb=256), ttl_s=20.0, node=pin))
+    @rule(sid=st.sampled_from(["s1", "s2", "s3"]), pin=st.sampled_from([None, "c0", "g0", "zz"]),
+          warm_key=st.sampled_from([None, "image:a", "test"]))
+    def session_open(self, sid, pin, warm_key) -> None:
+        self.d(ev.SessionRequested(self.d.t, sid, demand=Resources(memory_mb=256), ttl_s=20.0, node=pin,
+                                   warm_key=warm_key))
 
     @rule(sid=st.sampled_from(["s1", "s2", "s3"]))
     def session_close(self, sid) -> None:
@@ -138,9 +140,9 @@ class CoreMachine(RuleBasedStateMachine):
             self.d(ev.BatchFinished(self.d.t, bid, iid, outputs={a: 1.0 for a in ids if a not in fail},
                                     failed={a: "bad" for a in fail}))
 
-    @rule(node=st.sampled_from(["c0", "g0"]), n=st.integers(0, 3))
-    def warm_report(self, node, n) -> None:
-        self.d(ev.WarmPoolReport(self.d.t, node, "test", n))
+    @rule(node=st.sampled_from(["c0", "g0"]), n=st.integers(0, 3), key=st.sampled_from(["test", "image:a"]))
+    def warm_report(self, node, n, key) -> None:
+        self.d(ev.WarmPoolReport(self.d.t, node, key, n))
 
     @rule(dt=st.sampled_from([1.0, 25.0]))
     def tick(self, dt) -> None:
@@ -242,7 +244,8 @@ def test_seeded_random_walks(policy: str) -> None:
             elif r == 7:
                 m.cancel(data)
             elif r == 8:
-                m.session_open(rng.choice(["s1", "s2", "s3"]), rng.choice([None, "c0", "g0", "zz"]))
+                m.session_open(rng.choice(["s1", "s2", "s3"]), rng.choice([None, "c0", "g0", "zz"]),
+                               rng.choice([None, "image:a", "test"]))
                 m.session_close(rng.choice(["s1", "s2", "s3"])) if rng.random() < 0.3 else None
             elif r == 9:
                 m.lose_node(rng.choice(["c0", "c1", "g0"])) if rng.random() < 0.5 else (
@@ -252,7 +255,8 @@ def test_seeded_random_walks(policy: str) -> None:
             elif r == 11:
                 m.batch_finished(data)
             else:
-                m.warm_report(rng.choice(["c0", "g0"]), rng.randint(0, 3)) if rng.random() < 0.3 else m.tick(
+                m.warm_report(rng.choice(["c0", "g0"]), rng.randint(0, 3), rng.choice(["test", "image:a"])) \
+                    if rng.random() < 0.3 else m.tick(
                     rng.choice([1.0, 25.0]))
             m.commands_are_sane()
         m.teardown()

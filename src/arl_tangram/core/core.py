@@ -418,7 +418,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
     def _on_session_requested(self, e: ev.SessionRequested) -> None:
         if e.session_id in self.sessions:
             return
-        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task)
+        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task,
+                             e.warm_key)
         self.sessions[e.session_id] = sess
         self._open_session(sess, pin=e.node)
 

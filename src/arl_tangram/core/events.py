@@ -63,6 +63,9 @@ class SessionRequested(Event):
     node: str | None = None  # optional pin
     trajectory: str | None = None  # its trajectory (trajectory-bound opens it in that slice)
     task: str | None = None  # its task (task-isolated opens it in that task's pool)
+    # opened preferably on a node whose warm state holds this key (`WarmPoolReport`), e.g.
+    # "image:NAME" for a session in an environment image: elsewhere it pays the cold cost
+    warm_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

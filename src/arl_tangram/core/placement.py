@@ -291,7 +291,9 @@ class PlacementMixin:
         """Where a session opens: only where it and one of its actions can always run (the
         sessions already there, this one and the room for an action within capacity) and it
         fits now; inside its trajectory's slice or task's pool for partitioned policies; else
-        spread: fewest sessions per core, then most free CPU. None: it waits for room."""
+        spread: fewest sessions per core, then most free CPU. Among the candidates with room,
+        nodes warm for the session's `warm_key` (an image they hold) come first; without one
+        the spread decides and the session pays the cold cost there. None: it waits for room."""
         rec = hint if isinstance(hint, ActionRecord) else None
         if rec is None:  # a pending session: open it where its waiting actions can run
             recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
@@ -303,25 +305,34 @@ class PlacementMixin:
                 self._compute_partitions()
             # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
             got = self._spread_session([self.nodes[n] for n, _ in self.partitions.get(part, ())],
-                                       sess.demand, act, largest=self.policy.whole_slice)
+                                       sess.demand, act, self.policy.whole_slice, sess.warm_key)
             if got is not None:
                 return got
-        return self._spread_session(list(self.nodes.values()), sess.demand, act, largest=False)
+        return self._spread_session(list(self.nodes.values()), sess.demand, act, False,
+                                    sess.warm_key)
 
     def _spread_session(self: Core, nodes: list[NodeState], demand: Resources, act: Resources,
-                        largest: bool) -> NodeState | None:
-        """Of ``nodes`` (with ``largest``, the first that has room), the one with room for
-        the session that holds the fewest sessions per core, then has the most free CPU."""
+                        largest: bool, warm_key: str | None = None) -> NodeState | None:
+        """Of ``nodes`` with room for the session, one warm for ``warm_key`` first (if any
+        is); then (with ``largest``) the first in order, else the one that holds the fewest
+        sessions per core, then has the most free CPU, then the first name."""
         best: NodeState | None = None
-        best_key = (math.inf, 0.0, "")
+        best_key = (math.inf, math.inf, 0.0, "")
         for node in nodes:
             if not node.alive:
                 continue
             if not self._session_room(node, demand, act):
                 continue
+            cold = 1.0
+            if warm_key is not None and node.warm.get(warm_key, 0) > 0:
+                cold = 0.0
             if largest:
-                return node
-            key = ((len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
+                if cold == 0.0 or warm_key is None:
+                    return node
+                if best is None:
+                    best = node
+                continue
+            key = (cold, (len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
                    -node.free.get(CPU, 0.0), node.name)
             if key < best_key:
                 best, best_key = node, key

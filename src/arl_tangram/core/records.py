@@ -244,15 +244,18 @@ class NodeState:
 class SessionRecord:
     """An open (or waiting to open) session."""
 
-    __slots__ = ("actions", "demand", "id", "last_active", "node", "task", "trajectory", "ttl_s")
+    __slots__ = ("actions", "demand", "id", "last_active", "node", "task", "trajectory", "ttl_s",
+                 "warm_key")
 
     def __init__(self, sid: str, demand: Resources, ttl_s: float, time: float,
-                 trajectory: str | None = None, task: str | None = None) -> None:
+                 trajectory: str | None = None, task: str | None = None,
+                 warm_key: str | None = None) -> None:
         self.id = sid
         self.demand = demand
         self.ttl_s = ttl_s
         self.trajectory = trajectory  # whose slice / pool it opens in (partitioned policies)
         self.task = task
+        self.warm_key = warm_key  # nodes warm for it are preferred (SessionRequested.warm_key)
         self.node: str | None = None  # None until it is opened on a node
         self.last_active = time
         self.actions: set[str] = set()  # live actions naming it
