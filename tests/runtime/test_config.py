@@ -30,6 +30,7 @@ def test_full_file(tmp_path: Path) -> None:
     ("nodes: [a, b\n", 2, "<yaml>"),
     ("scheduler:\n  short_action_s: -1\n", 2, "scheduler"),
     ("scheduler:\n  colour: red\n", 2, "scheduler.colour"),
+    ("images:\n  - {name: a, path: /x, eager: 1}\n", 2, "images[0].eager"),
 ])
 def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None, field: str) -> None:
     p = tmp_path / "bad.yaml"
@@ -51,6 +52,20 @@ def test_scheduler_knobs_reach_the_core(tmp_path: Path) -> None:
     core = make_core(engine_config(cfg), [])
     assert core.config.warm_keys == ("python", "bash") and core.config.short_action_s == 0
     assert core.config.aging_s == 5
+
+
+def test_images_eager_reach_the_ray_executor(tmp_path: Path) -> None:
+    from arl_tangram.runtime.ray_executor import RayExecutor
+
+    p = tmp_path / "c.yaml"
+    p.write_text("images:\n  - {name: swe, path: /shared/swe.tar}\n"
+                 "  - {name: base, path: /shared/base, eager: true}\n")
+    cfg = load_service_config(p)
+    assert cfg.images == (("swe", "/shared/swe.tar"), ("base", "/shared/base"))
+    assert cfg.eager_images == ("base",)
+    ex = RayExecutor.from_service_config(cfg)
+    assert ex.config.images == cfg.images and ex.config.eager_images == ("base",)
+    assert ex.image_sources == {"swe": "/shared/swe.tar", "base": "/shared/base"}
 
 
 def test_default_is_this_machine() -> None:

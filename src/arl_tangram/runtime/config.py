@@ -101,6 +101,9 @@ class ServiceConfig:
     scheduler: Mapping[str, Any] = field(default_factory=dict)
     # Environment images every node imports at start (issue 17): (name, path on the node).
     images: tuple[tuple[str, str], ...] = ()
+    # Of those, the names a Ray node imports when its agent starts (``eager: true``); the
+    # others a Ray node imports on first use. (The local executor imports all at start.)
+    eager_images: tuple[str, ...] = ()
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -180,6 +183,7 @@ def _plain(obj: Any) -> Any:
 class _Parser:
     def __init__(self, source: str) -> None:
         self.source = source
+        self._eager: list[str] = []  # images: entries with eager: true
 
     def fail(self, raw: Any, fieldname: str, msg: str) -> SpecError:
         line = raw.get("__line__") if isinstance(raw, Mapping) else None
@@ -230,13 +234,18 @@ class _Parser:
             raise self.fail(parent, "images", "must be a list of {name, path}")
         out = []
         for i, r in enumerate(raw):
-            d = self.mapping(r, parent, f"images[{i}]", {"name", "path"})
+            d = self.mapping(r, parent, f"images[{i}]", {"name", "path", "eager"})
+            eager = d.get("eager", False)
+            if not isinstance(eager, bool):
+                raise self.fail(r, f"images[{i}].eager", f"must be true or false, got {eager!r}")
             name, path = d.get("name"), d.get("path")
             if not isinstance(name, str) or not NAME_RE.match(name):
                 raise self.fail(r, f"images[{i}].name", f"must be an image name, got {name!r}")
             if not isinstance(path, str) or not os.path.isabs(path):
                 raise self.fail(r, f"images[{i}].path", f"must be an absolute path, got {path!r}")
             out.append((name, path))
+            if eager:
+                self._eager.append(name)
         return tuple(out)
 
     def scheduler(self, raw: Any, parent: Any, policy: Any) -> dict[str, Any]:
@@ -280,7 +289,8 @@ class _Parser:
             token = os.environ.get(str(auth["token_env"]))
         kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
                               "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
-                              "images": self.images(d.get("images"), data)}
+                              "images": self.images(d.get("images"), data),
+                              "eager_images": tuple(self._eager)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
                          ("default_reward_model", d.get("default_reward_model"))):

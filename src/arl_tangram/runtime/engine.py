@@ -459,7 +459,9 @@ class Engine:
         self._sessions[sid] = dem
         if image is not None:
             self._session_images[sid] = (image, layer_mb)
-        self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node))
+        # a node already holding the image is preferred (it reports "image:NAME" warm)
+        wkey = f"image:{image}" if image is not None else None
+        self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))
         return sid
 
     async def close_session(self, session_id: str) -> bool:

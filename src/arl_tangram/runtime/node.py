@@ -9,6 +9,13 @@ host's ``time.monotonic()``; the engine re-stamps them on its own clock when the
 A NodeHost holds no global state and assumes only that it runs inside one asyncio loop, so the
 Ray executor can host one inside a NodeAgent actor unchanged (its ``emit`` then buffers events
 for the driver to collect).
+
+Environment images (issue 17): the host reports every image its cache holds as warm state
+(``WarmPoolReport(node, "image:NAME", 1)``; 0 once removed), so the core opens an image's
+sessions where the image already is. An image the cache lacks but whose source path the host
+knows (``images``, or `add_image_source`) is imported on first use, once, before the session or
+action that needs it; that session's first action (or that one-shot action) reports the
+seconds it waited for the import as ``image_import_s`` in its result.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class NodeHost:
         labels: Mapping[str, str] | None = None,
         cpu_manager: Any = None,
         gpu_manager: Any = None,
+        images: Sequence[tuple[str, str]] = (),
+        eager_images: Sequence[str] = (),
     ) -> None:
         self.name, self.pool = name, pool
         self._emit = emit
@@ -85,6 +94,10 @@ class NodeHost:
         self._closed = False
         self.spec: NodeSpec | None = None
         self.warm_report_s = 0.05  # how often warm sandboxes are counted and reported on change
+        self.image_sources: dict[str, str] = dict(images)  # name -> a path this node can read
+        self._eager_images = tuple(eager_images)  # of those, imported at start
+        self._importing: dict[str, asyncio.Future[float]] = {}  # name -> its import in flight
+        self._import_s: dict[str, float] = {}  # session -> seconds its open waited for an import
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -98,6 +111,15 @@ class NodeHost:
         if self.gpu is not None and hasattr(self.gpu, "start"):
             await self.gpu.start()
         self.spec = self._node_spec()
+        for name in self._eager_images:
+            path = self.image_sources.get(name)
+            if path is None:
+                raise ValueError(f"node {self.name}: images: {name}: no path given")
+            try:
+                await self.import_image(path, name)
+            except Exception as exc:
+                raise ValueError(f"node {self.name}: images: {name} ({path}): {exc}") from None
+        self._report_images()
         self._spawn("warm-reporter", self._report_warm())
         return self.spec
 
@@ -229,13 +251,19 @@ class NodeHost:
         opening = self._opening.get(a.session) if a.session else None
         if opening is not None:  # the session's OpenSession came in the same breath
             await opening.wait()
+        waited = self._import_s.pop(a.session, 0.0) if a.session and self._import_s else 0.0
         self.emit(E.ActionStarted(time.monotonic(), a.id, self.name))
         t0 = time.monotonic()
         try:
             if a.kind.uses_model:
                 raise RuntimeError(f"{a.kind.value} actions run in batches (RunBatch), not alone")
+            image = a.payload.get("image") if a.session is None else None
+            if isinstance(image, str) and self.image_sources:
+                waited = await self.ensure_image(image)
             rr = await self.cpu.run(a, cmd.allotment)
             out = rr.to_dict()
+            if waited > 0.0 and isinstance(out, dict):
+                out["image_import_s"] = round(waited, 6)
             self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
                                        out, _reason(out), time.monotonic() - t0, rr.cpu_time))
         except asyncio.CancelledError:
@@ -297,6 +325,10 @@ class NodeHost:
     async def _open_session(self, cmd: C.OpenSession) -> None:
         try:
             image = getattr(cmd, "image", None)  # (`runtime.images.ImageOpenSession`)
+            if image is not None:
+                waited = await self.ensure_image(image)
+                if waited > 0.0:
+                    self._import_s[cmd.session_id] = waited
             if image is None:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
             else:
@@ -314,7 +346,89 @@ class NodeHost:
         opening = self._opening.get(cmd.session_id)
         if opening is not None:
             await opening.wait()
+        self._import_s.pop(cmd.session_id, None)
         await self._call(self.cpu.close_session(cmd.session_id))
+
+    # ---- environment images ----------------------------------------------------------------
+
+    def _store(self) -> Any:
+        store = getattr(self.cpu, "images", None)
+        if store is None:
+            from .images import ImagesUnsupported
+
+            raise ImagesUnsupported(f"node {self.name}: no CPU manager with an image cache")
+        return store
+
+    def _report_images(self) -> None:
+        """Every image the cache holds, as warm state for the core."""
+        store = getattr(self.cpu, "images", None)
+        if store is None:
+            return
+        now = time.monotonic()
+        with contextlib.suppress(Exception):
+            for img in store.list_images():
+                self.emit(E.WarmPoolReport(now, self.name, f"image:{img.name}", 1))
+
+    async def import_image(self, path: str, name: str) -> Any:
+        """Import ``path`` as ``name`` into this node's cache now; remember the source."""
+        img = await asyncio.to_thread(self._store().import_path, path, name)
+        self.image_sources[name] = path
+        self.emit(E.WarmPoolReport(time.monotonic(), self.name, f"image:{name}", 1))
+        return img
+
+    def add_image_source(self, name: str, path: str) -> dict[str, Any]:
+        """Remember where ``name`` comes from, to import it on first use; the path must be
+        readable here (ImageError otherwise)."""
+        from ..managers.cpu.images import ImageError, check_name
+
+        check_name(name)
+        if not os.path.isabs(path) or not os.access(path, os.R_OK):
+            raise ImageError(f"{path}: not a readable absolute path on this node")
+        self.image_sources[name] = path
+        return {"path": path, "held": bool(self._store().has(name)), "lazy": True}
+
+    async def ensure_image(self, name: str) -> float:
+        """Seconds spent waiting for ``name`` to be imported here (0.0: it was already held,
+        or no source is known and the manager reports the missing image itself)."""
+        store = getattr(self.cpu, "images", None)
+        if store is None or store.has(name):
+            return 0.0
+        path = self.image_sources.get(name)
+        if path is None:
+            return 0.0
+        t0 = time.monotonic()
+        fut = self._importing.get(name)
+        if fut is None:  # the first user imports; later ones wait for the same import
+            fut = asyncio.get_running_loop().create_future()
+            self._importing[name] = fut
+            try:
+                await self.import_image(path, name)
+                fut.set_result(time.monotonic() - t0)
+            except Exception as exc:
+                fut.set_exception(exc)
+            finally:
+                self._importing.pop(name, None)
+        await asyncio.shield(fut)
+        return time.monotonic() - t0
+
+    def image_users(self, name: str) -> int:
+        store = self._store()
+        return int(store.users(name)) if store.has(name) else 0
+
+    def remove_image(self, name: str) -> bool:
+        """Remove ``name`` from the cache and forget its source; False when not held here.
+        ImageInUse while a session or action uses it."""
+        self.image_sources.pop(name, None)
+        store = self._store()
+        if not store.has(name):
+            return False
+        store.remove(name)
+        self.emit(E.WarmPoolReport(time.monotonic(), self.name, f"image:{name}", 0))
+        return True
+
+    def list_images(self) -> list[dict[str, Any]]:
+        store = self._store()
+        return [{**i.to_dict(), "in_use": store.users(i.name)} for i in store.list_images()]
 
     # ---- reporting -------------------------------------------------------------------------
 
@@ -326,6 +440,9 @@ class NodeHost:
         d["languages"] = _safe(lambda: sorted(self.cpu.languages()), [])
         d["resident_models"] = _safe(lambda: _jsonable(self.gpu.resident()), []) if self.gpu else []
         d["gpu_manager"] = self.gpu is not None
+        if getattr(self.cpu, "images", None) is not None:
+            d["images"] = _safe(self.list_images, [])
+            d["image_sources"] = dict(self.image_sources)
         if self.gpu_note:
             d["gpu_note"] = self.gpu_note
         return d

@@ -72,6 +72,10 @@ class AgentSetup:
     cpu: Mapping[str, Any] = field(default_factory=dict)  # CpuManagerConfig keyword arguments
     gpu: Mapping[str, Any] | None = field(default_factory=dict)  # GpuManagerConfig kw; None: off
     models: tuple[ModelSpec, ...] = ()  # reward models the GPU manager may load
+    # environment images: (name, path every node can read); imported on first use, or at
+    # start for the names in ``eager_images``
+    images: tuple[tuple[str, str], ...] = ()
+    eager_images: tuple[str, ...] = ()
     host_factory: Callable[[AgentSetup, Callable[[Event], None]], Host] | None = None  # None: NodeHost
 
 
@@ -86,7 +90,7 @@ def make_node_host(setup: AgentSetup, emit: Callable[[Event], None]) -> Host:
     return NodeHost(
         setup.name, emit=emit, pool=setup.pool, capacity=setup.capacity,
         cpu_config=cpu, gpu_config=setup.gpu, models=setup.models,
-        labels=setup.labels,
+        labels=setup.labels, images=setup.images, eager_images=setup.eager_images,
     )
 
 
@@ -150,6 +154,32 @@ class NodeAgent:
 
     def ping(self) -> float:
         return time.monotonic()
+
+    async def image_op(self, op: str, args: Sequence[Any]) -> dict[str, Any]:
+        """An environment-image operation on this node's host: ``source`` (name, path: import
+        on first use), ``import`` (path, name: now), ``users`` (name), ``remove`` (name),
+        ``list``. Answers ``{"ok": value}`` or ``{"error": message, "type": class name}``."""
+        host: Any = self._host
+        try:
+            if host is None or not hasattr(host, "add_image_source"):
+                from .images import ImagesUnsupported
+
+                raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
+            if op == "source":
+                value: Any = host.add_image_source(*args)
+            elif op == "import":
+                value = (await host.import_image(*args)).to_dict()
+            elif op == "users":
+                value = host.image_users(*args)
+            elif op == "remove":
+                value = host.remove_image(*args)
+            elif op == "list":
+                value = host.list_images()
+            else:
+                raise ValueError(f"unknown image operation {op!r}")
+            return {"ok": value}
+        except Exception as exc:
+            return {"error": str(exc), "type": type(exc).__name__}
 
     async def shutdown(self) -> list[Event]:
         """Close the host (running actions end CANCELLED) and return every undelivered event."""

@@ -65,6 +65,11 @@ class RayExecutorConfig:
     agent_start_timeout_s: float = 120.0  # an agent that has not started its host by then is dropped
     max_agent_restarts: int = 3  # replacements of a dead agent on a still-alive Ray node
     shutdown_ray: bool = False  # call ray.shutdown() in aclose (only if this executor called ray.init)
+    # environment images (issue 17): (name, path every node can read); a node imports one the
+    # first time a session or action there needs it, or at its agent's start if named in
+    # ``eager_images``
+    images: tuple[tuple[str, str], ...] = ()
+    eager_images: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("membership_interval_s", "poll_wait_s", "agent_start_timeout_s"):
@@ -125,11 +130,14 @@ class RayExecutor(Executor):
         self._inited_ray = False
         self._closed = False
         self.dropped_commands = 0  # commands for nodes that were lost or unknown
+        self.image_sources: dict[str, str] = dict(self.config.images)  # name -> shared path
 
     @classmethod
     def from_service_config(cls, cfg: Any, *, address: str = "auto", **kw: Any) -> RayExecutor:
         """From a `ServiceConfig`: its first node's ``cpu``/``gpu`` sections go to every Ray node."""
         node = cfg.nodes[0]
+        kw.setdefault("images", tuple(getattr(cfg, "images", ())))
+        kw.setdefault("eager_images", tuple(getattr(cfg, "eager_images", ())))
         rcfg = RayExecutorConfig(address=address, cpu=dict(node.cpu),
                                  gpu=None if node.gpu is None else dict(node.gpu), **kw)
         return cls(rcfg, models=cfg.models)
@@ -287,6 +295,8 @@ class RayExecutor(Executor):
                 name=name, ray_node_id=nid, pool=pool_from_ray(res, labels),
                 capacity=capacity_from_ray(res, labels), gpu_domains=domains_from_ray(res, labels),
                 labels=labels, cpu=self.config.cpu, gpu=self.config.gpu, models=self._models,
+                images=tuple(self.image_sources.items()),
+                eager_images=tuple(n for n in self.config.eager_images if n in self.image_sources),
                 host_factory=self._host_factory,
             )
         except ValueError as exc:
@@ -384,6 +394,31 @@ class RayExecutor(Executor):
         for node, res in zip(up, done, strict=True):
             if isinstance(res, dict):
                 node.info = res
+
+    # ---- environment images ------------------------------------------------------------------
+
+    async def image_call(self, op: str, args: Sequence[Any], node: str | None = None) -> dict[str, Any]:
+        """`NodeAgent.image_op` on every node that is up (or on ``node``): node -> its answer;
+        the first node's error is raised (`runtime.images.raise_remote`)."""
+        from .images import raise_remote
+
+        up = [n for n in self._current.values() if n.state is _State.UP]
+        if node is not None:
+            up = [n for n in up if n.name == node]
+            if not up:
+                from ..core.errors import InvalidAction
+
+                raise InvalidAction("node", f"unknown node {node!r}")
+        answers = await asyncio.gather(*(n.actor.image_op.remote(op, tuple(args)) for n in up),
+                                       return_exceptions=True)
+        out: dict[str, Any] = {}
+        for n, a in zip(up, answers, strict=True):
+            if isinstance(a, BaseException):
+                raise a
+            if "error" in a:
+                raise_remote({**a, "error": f"node {n.name}: {a['error']}"})
+            out[n.name] = a["ok"]
+        return out
 
     # ---- reporting ---------------------------------------------------------------------------
 
