@@ -133,3 +133,24 @@ def test_a_stalled_run_exits_3_with_its_state_and_no_ratios(tmp_path, capsys):
     state = out["reports"]["tangram"]["stall"]
     assert state["undelivered_actions"] == 1 and state["pending_sessions"] == 1
     assert "stalled" in captured.err
+
+
+def test_warm_sandboxes_are_found_on_clusters_of_more_than_64_nodes():
+    # tool-math on 96 8-core nodes: every node keeps warm sandboxes, and placement must find
+    # one however many nodes are warm (it once looked at 4 candidates past 64 warm nodes and
+    # cold-started half the actions, 2.3x trajectory-bound's ACT at 16x the trajectories).
+    w = get_workload("tool-math")
+    cluster = w.cluster(768)
+    assert len(cluster.nodes) > 64
+    got = {p: run_policy(cluster, lambda: w.batches(0, 768, 1), p, config=CFG)
+           for p in ("tangram", "trajectory-bound")}
+    assert got["tangram"].cold_starts < got["tangram"].actions // 50
+    assert got["tangram"].act["avg"] <= got["trajectory-bound"].act["avg"] * 1.001
+
+
+def test_an_action_bound_is_never_past_its_timeout():
+    from arl_tangram.sim.bounds import action_bound
+
+    act = SimAction(ActionKind.CODE, 30.0, timeout_s=10.0)
+    assert action_bound(act, _cluster(1), {"cpu": 8.0}) == 10.0
+    assert action_bound(SimAction(ActionKind.CODE, 3.0, timeout_s=10.0), _cluster(1), {"cpu": 8.0}) == 3.0

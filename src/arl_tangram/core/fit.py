@@ -15,17 +15,20 @@ from .records import NodeState
 
 
 def _best_warm2(ws: dict[str, None], nodes: dict[str, NodeState], reserved: dict[str, str],
-                shape: tuple[tuple[str, float], ...], enough: int) -> NodeState | None:
+                shape: tuple[tuple[str, float], ...], enough: int, most: int) -> NodeState | None:
     """`_find_node`'s scan of warm nodes for a two-dimensional demand, unrolled: the first
     alive, unreserved node with the least `_fit_leftover` among the first ``enough`` that fit
-    (same arithmetic, same order)."""
+    of the first ``most`` of ``ws`` (same arithmetic, same order)."""
     (k1, v1), (k2, v2) = shape
     # f >= v + 1e-9 implies not (v > f + 1e-9): the exact test of `fits` runs only below that
     n1, n2 = v1 + 1e-9, v2 + 1e-9
     best: NodeState | None = None
     best_left = math.inf
-    found = 0
+    found = seen = 0
     for name in ws:
+        seen += 1
+        if seen > most:
+            break
         node = nodes[name]
         if not node.alive or (reserved and name in reserved):
             continue

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 _QUEUED, _STARTING = Status.QUEUED, Status.STARTING  # (module constants: cheaper than S.QUEUED)
 _QUEUED_V, _STARTING_V = int(Status.QUEUED), int(Status.STARTING)
+# Most warm nodes `_find_node` looks at per placement before it falls back to the index (which
+# still prefers a warm node among its candidates): bounded work when many warm nodes are full.
+_WARM_SCAN = 64
 
 
 @trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
@@ -144,14 +147,19 @@ class PlacementMixin:
         best: NodeState | None = None
         best_w, best_left = 2, math.inf
         enough = self.config.fit_candidates
-        if ws and len(ws) <= 64 and len(shape) == 2:
-            best = _best_warm2(ws, nodes, reserved, shape, enough)
+        # Warm nodes first, however many there are (a large cluster keeps a floor of warm
+        # sandboxes on every node), looking at no more than `_WARM_SCAN` of them per placement.
+        if ws and len(shape) == 2:
+            best = _best_warm2(ws, nodes, reserved, shape, enough, _WARM_SCAN)
             if best is not None:
                 return best
-            ws = None  # (nothing warm fits: fall through to the index)
-        if ws and len(ws) <= 64:
-            found = 0
-            for name in ws:  # up to 64 nodes per placement
+            ws = None  # (none of them fits: fall through to the index)
+        if ws:
+            found = seen = 0
+            for name in ws:
+                seen += 1
+                if seen > _WARM_SCAN:
+                    break
                 node = nodes[name]
                 if not node.alive or name in reserved:
                     continue
@@ -175,9 +183,9 @@ class PlacementMixin:
             return None  # no node has that much free CPU
         found = 0
         buckets = index._buckets
-        if len(shape) == 2 and not (ws and len(ws) > 64):
-            # No warm node can win here (none is warm for the key, or none of at most 64 fits:
-            # see above), so every candidate has w == 1: the same scan, unrolled.
+        if len(shape) == 2:
+            # No warm node can win here (none is warm for the key, or none of those looked at
+            # fits: see above), so every candidate has w == 1: the same scan, unrolled.
             return _scan_index2(levels[bisect.bisect_left(levels, lvl):], buckets, nodes,
                                 reserved, shape, enough)
         for lv in levels[bisect.bisect_left(levels, lvl):]:

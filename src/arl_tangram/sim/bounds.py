@@ -4,7 +4,8 @@ Invariant: a bound is what no scheduler on the same cluster could beat for that 
 no queueing, no cold start, no model load, its best allotment:
 - a CPU action: its work at the speed of its largest useful allotment (its elastic maximum,
   capped by the largest node's capacity in that dimension); a rigid action: its work;
-- a reward or judge action: a batch of one on a resident, idle instance (``alpha + work``).
+- a reward or judge action: a batch of one on a resident, idle instance (``alpha + work``);
+- any action: at most its timeout (a run ends it there).
 The step's bound replays each trajectory closed-loop with every action at its bound (its
 generation times unchanged): the longest trajectory, plus the training phase. Computed from the
 trajectories alone, never from a run.
@@ -23,15 +24,20 @@ from .trace import SimAction, Trajectory
 
 
 def action_bound(act: SimAction, cluster: ClusterSpec, largest: Mapping[str, float]) -> float:
-    """Lower bound of one action's completion time (seconds)."""
+    """Lower bound of one action's completion time (seconds): never past its timeout, where
+    every scheduler ends it."""
     if act.model is not None:
         model = cluster.model(act.model)
-        return (model.alpha if model is not None else 0.0) + act.work_s
-    el = act.elasticity
-    if el is None or not el.is_elastic:
-        return act.work_s
-    k = min(el.max, largest.get(el.dim, el.max))
-    return act.work_s / el.speedup.factor(max(k, el.min))
+        b = (model.alpha if model is not None else 0.0) + act.work_s
+    else:
+        el = act.elasticity
+        if el is None or not el.is_elastic:
+            b = act.work_s
+        else:
+            k = min(el.max, largest.get(el.dim, el.max))
+            b = act.work_s / el.speedup.factor(max(k, el.min))
+    t = act.timeout_s
+    return t if 0.0 < t < b else b
 
 
 @dataclass(frozen=True, slots=True)
