@@ -39,6 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also simulate the trace with the calibrated spec; print the errors")
     p.add_argument("--steps", type=int, default=None, help="replay only the first N RL steps")
     p.add_argument("--train-s", type=float, default=0.0, help="training phase after each step")
+    p.add_argument("--image", action="append", default=[], metavar="NAME=PATH",
+                   help="an environment image the trace's sessions name (sessions.X.image): "
+                   "imported from PATH (on every node) before the run; repeatable; adds to the "
+                   "cluster spec's images:")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -89,7 +93,8 @@ def policy_labels(cluster: Any) -> list[str]:
 
 def replay_all(cluster: Any, steps: Sequence[Any], labels: Sequence[str], *, trace: str,
                units_per_s: float, train_s: float, url: str | None, progress: bool,
-               on_done: Callable[[Any], None] | None = None) -> dict[str, Any]:
+               on_done: Callable[[Any], None] | None = None,
+               images: Mapping[str, str] | None = None) -> dict[str, Any]:
     from ..replay.driver import replay_policy, warm_process
 
     warm_process(cluster)
@@ -114,7 +119,7 @@ def replay_all(cluster: Any, steps: Sequence[Any], labels: Sequence[str], *, tra
             tick = (lambda n, t=tid: bar.advance(t, n)) if bar is not None else None
             rep = asyncio.run(replay_policy(cluster, steps, label, trace=trace,
                                             units_per_s=units_per_s, train_s=train_s, url=url,
-                                            progress=tick))
+                                            progress=tick, images=images))
             reports[rep.policy] = rep
             if on_done is not None:
                 on_done(rep)
@@ -193,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..replay.calibrate import quick_units_per_s
-    from ..replay.inputs import load_for_replay
+    from ..replay.inputs import load_for_replay, parse_image_args, read_images, trace_images
     from ..replay.predict import fidelity, predict
 
     console = Console(stderr=args.json)
@@ -209,10 +214,16 @@ def _run(args: argparse.Namespace) -> int:
     # the cluster first when it is a file: a bad trace or spec fails before any measurement
     from ..specfile import load_cluster_yaml
 
+    images = {**(read_images(args.cluster) if args.cluster else {}),
+              **parse_image_args(getattr(args, "image", None) or [])}
+    # embedded, every session's image needs a path; a running service may hold it already
+    need = None if args.url else images
     if args.cluster:
-        load_for_replay(args.trace, load_cluster_yaml(args.cluster), args.steps)
+        load_for_replay(args.trace, load_cluster_yaml(args.cluster), args.steps, need)
     cluster, cal = resolve_cluster(args.cluster, lambda m: console.print(f"[dim]{m}[/dim]"))
-    steps = load_for_replay(args.trace, cluster, args.steps)
+    steps = load_for_replay(args.trace, cluster, args.steps, need)
+    used = trace_images(steps)
+    images = {k: v for k, v in images.items() if k in used}
     units = float(cal.get("units_per_s") or 0.0)
     if units <= 0:
         units = quick_units_per_s()
@@ -221,7 +232,7 @@ def _run(args: argparse.Namespace) -> int:
     labels = policy_labels(cluster) if args.compare else [args.policy]
     reports = replay_all(cluster, steps, labels, trace=args.trace, units_per_s=units,
                          train_s=args.train_s, url=args.url,
-                         progress=not args.no_progress and not args.json)
+                         progress=not args.no_progress and not args.json, images=images)
     sims: dict[str, Any] = {}
     if args.predict:
         for label in reports:

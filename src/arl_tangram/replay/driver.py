@@ -14,7 +14,10 @@ Invariants:
   over forked processes; session actions run in their session's sandbox; reward and judge
   actions are scored by the cluster spec's models through the GPU manager. ``cold_start_s``
   and ``fails`` of the trace are the simulator's business and are not acted out here: a real
-  sandbox start costs what it costs.
+  sandbox start costs what it costs. A session with an ``image`` opens in that environment
+  image (its actions' work program runs with the image's own ``python3``); the images are
+  imported from the paths given (``images``) when the engine starts (every node of the
+  embedded engine), or, against a running service, through its ``/v1/images``.
 - Figures are what the engine measured (ACT = finish - submit on the engine's clock) and what
   the sandboxes' cgroups counted (CPU-seconds consumed), never derived from the trace.
 """
@@ -154,7 +157,8 @@ def _q(s: Sequence[float], q: float) -> float:
 class _Backend:
     cpu_capacity: float = 0.0
 
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
+                           image: str | None = None) -> str:
         raise NotImplementedError
     async def close_session(self, sid: str) -> None: ...
     async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
@@ -169,7 +173,7 @@ class EmbeddedBackend(_Backend):
 
     def __init__(self, cluster: ClusterSpec, policy: str, trajectories: int,
                  shares: Mapping[str, float] | None, *, cpu_config: Mapping[str, Any] | None = None,
-                 tick_s: float = 0.5) -> None:
+                 tick_s: float = 0.5, images: Mapping[str, str] | None = None) -> None:
         from ..runtime.config import NodeConfig
         from ..runtime.engine import Engine, EngineConfig
         from ..runtime.local import LocalExecutor
@@ -191,15 +195,16 @@ class EmbeddedBackend(_Backend):
         def core_factory(_cfg: Any, specs: Sequence[Any]) -> Any:
             return make_core(ClusterSpec(tuple(specs), models), policy, trajectories, shares)
 
-        self.executor = LocalExecutor(nodes, models)
+        self.executor = LocalExecutor(nodes, models, images=tuple((images or {}).items()))
         self.engine = Engine(self.executor, EngineConfig(policy=policy, models=models, tick_s=tick_s),
                              core_factory=core_factory)
 
     async def start(self) -> None:
         await self.engine.start()
 
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
-        return await self.engine.open_session(sid, demand=demand, ttl_s=ttl_s)
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
+                           image: str | None = None) -> str:
+        return await self.engine.open_session(sid, demand=demand, ttl_s=ttl_s, image=image)
 
     async def close_session(self, sid: str) -> None:
         await self.engine.close_session(sid)
@@ -239,20 +244,27 @@ class EmbeddedBackend(_Backend):
 class HttpBackend(_Backend):
     """A running `tangram serve` at ``url``, through the client SDK (its policy is its own)."""
 
-    def __init__(self, url: str, token: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None,
+                 images: Mapping[str, str] | None = None) -> None:
         from ..client import AsyncClient
 
         self.client = AsyncClient(url, token=token) if token else AsyncClient(url)
+        self.images = dict(images or {})
 
     async def start(self) -> None:
+        for name, path in self.images.items():  # (paths the service's nodes can read)
+            await self.client.import_image(path, name)
         cl = await self.client.cluster()
         self.policy = str(cl.get("policy", "?"))
         self.cpu_capacity = sum(float(n["capacity"].get(CPU, 0.0)) for n in cl.get("nodes", []))
 
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float) -> str:
+    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
+                           image: str | None = None) -> str:
         body: dict[str, Any] = {"session_id": sid, "ttl_s": ttl_s}
         if demand is not None:
             body["demand"] = demand.as_dict()
+        if image is not None:
+            body["image"] = image
         out = await self.client._request("POST", "/v1/sessions", json=body)
         return str(out["session_id"])
 
@@ -330,7 +342,8 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
                     if sid not in opened:
                         sdef = traj.sessions.get(act.session)
                         await backend.open_session(sid, sdef.demand if sdef else None,
-                                                   sdef.ttl_s if sdef else 3600.0)
+                                                   sdef.ttl_s if sdef else 3600.0,
+                                                   sdef.image if sdef else None)
                         opened.append(sid)
                 in_session = sid is not None and act.kind == ActionKind.TOOL
                 spec = ActionSpec(
@@ -412,14 +425,17 @@ def _stdout(out: Any) -> str:
 async def replay_policy(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy: str,
                         *, trace: str, units_per_s: float, train_s: float = 0.0,
                         url: str | None = None, progress: Progress | None = None,
-                        cpu_config: Mapping[str, Any] | None = None) -> ReplayReport:
-    """One policy on a fresh engine (or on the service at ``url``)."""
+                        cpu_config: Mapping[str, Any] | None = None,
+                        images: Mapping[str, str] | None = None) -> ReplayReport:
+    """One policy on a fresh engine (or on the service at ``url``); ``images``: name -> path
+    of the environment images the trace's sessions run in."""
     n, shares = core_settings(steps, cluster)
     backend: Any
     if url:
-        backend = HttpBackend(url)
+        backend = HttpBackend(url, images=images)
     else:
-        backend = EmbeddedBackend(cluster, policy, n, shares, cpu_config=cpu_config)
+        backend = EmbeddedBackend(cluster, policy, n, shares, cpu_config=cpu_config,
+                                  images=images)
     await backend.start()
     try:
         if url:

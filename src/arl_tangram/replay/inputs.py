@@ -2,13 +2,17 @@
 
 Invariant: every problem is a `SpecError` naming ``file:line: field`` (the CLI exits 2 on it):
 the trace's own syntax (`sim.trace` parses it), an action that names a model the cluster spec
-lacks, and an action (or session) whose demand no node of the cluster could ever hold.
+lacks, an action (or session) whose demand no node of the cluster could ever hold, and a
+session in an environment image that no ``images:`` entry of the cluster spec or ``--image
+NAME=PATH`` gives a path for (when replaying embedded: the engine imports them at start).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..core.cluster import ClusterSpec
 from ..core.errors import SpecError
@@ -61,10 +65,79 @@ def check_against(cluster: ClusterSpec, trajectories: Sequence[Trajectory], file
                                 f"{el.min:g} {el.dim} exceeds every node")
 
 
+def _image_entry(name: Any, path: Any, source: str, line: int | None, where: str,
+                 ) -> tuple[str, str]:
+    from ..managers.cpu.images import NAME_RE
+
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise SpecError(source, line, f"{where}.name", f"must be an image name, got {name!r}")
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise SpecError(source, line, f"{where}.path", f"must be an absolute path, got {path!r}")
+    return name, path
+
+
+def read_images(path: str | Path) -> dict[str, str]:
+    """The ``images:`` section of a cluster spec file ({} if it has none): a list of
+    ``{name, path}`` (the path readable by every node); errors name ``file:line: images[i]...``."""
+    from ..specfile import read_yaml
+
+    data = read_yaml(path)
+    raw = data.get("images") if isinstance(data, Mapping) else None
+    if raw is None:
+        return {}
+    src = str(path)
+    if not isinstance(raw, list):
+        raise SpecError(src, data.get("__line__"), "images", "must be a list of {name, path}")
+    out: dict[str, str] = {}
+    for i, r in enumerate(raw):
+        line = r.get("__line__") if isinstance(r, Mapping) else None
+        if not isinstance(r, Mapping):
+            raise SpecError(src, line, f"images[{i}]", "must be a mapping {name, path}")
+        unknown = sorted(set(r) - {"name", "path", "__line__"})
+        if unknown:
+            raise SpecError(src, line, f"images[{i}].{unknown[0]}", "unknown field")
+        name, p = _image_entry(r.get("name"), r.get("path"), src, line, f"images[{i}]")
+        out[name] = p
+    return out
+
+
+def parse_image_args(args: Sequence[str]) -> dict[str, str]:
+    """``--image NAME=PATH`` values; a malformed one is a `SpecError` on ``--image``."""
+    out: dict[str, str] = {}
+    for a in args:
+        name, sep, path = a.partition("=")
+        if not sep:
+            raise SpecError("--image", None, "--image", f"must be NAME=PATH, got {a!r}")
+        n, p = _image_entry(name, path, "--image", None, "--image")
+        out[n] = p
+    return out
+
+
+def check_images(trajectories: Sequence[Trajectory], images: Mapping[str, str], file: str,
+                 lines: Sequence[int] | None = None) -> None:
+    """Raise `SpecError` for the first session whose image has no path in ``images``."""
+    for j, t in enumerate(trajectories):
+        for name, sdef in t.sessions.items():
+            if sdef.image is not None and sdef.image not in images:
+                line = lines[j] if lines is not None and j < len(lines) else None
+                raise SpecError(file, line, f"sessions.{name}.image",
+                                f"image {sdef.image!r} has no path: give --image "
+                                f"{sdef.image}=PATH or an images: entry in the cluster spec")
+
+
+def trace_images(steps: Sequence[Sequence[Trajectory]]) -> set[str]:
+    """The images the trace's sessions run in."""
+    return {s.image for b in steps for t in b for s in t.sessions.values() if s.image}
+
+
 def load_for_replay(trace: str, cluster: ClusterSpec, steps: int | None = None,
-                    ) -> list[list[Trajectory]]:
-    """The trace's RL steps, checked against ``cluster`` (raises `SpecError`)."""
+                    images: Mapping[str, str] | None = None) -> list[list[Trajectory]]:
+    """The trace's RL steps, checked against ``cluster`` (raises `SpecError`); with
+    ``images``, every session's image must have a path there."""
     trajs = load_trace(trace)
-    check_against(cluster, trajs, trace, trace_lines(trace))
+    lines = trace_lines(trace)
+    check_against(cluster, trajs, trace, lines)
+    if images is not None:
+        check_images(trajs, images, trace, lines)
     batches = group_by_step(trajs)
     return batches[:steps] if steps else batches

@@ -189,7 +189,8 @@ class Simulator:
                 demand = sdef.demand if sdef else None
                 ttl = sdef.ttl_s if sdef else 3600.0
                 self.session_cold[sid] = sdef.cold_start_s if sdef else DEFAULT_COLD_START_S
-                req = E.SessionRequested(now, sid, demand, ttl, None, traj.id, traj.task) \
+                wkey = f"image:{sdef.image}" if sdef is not None and sdef.image else None
+                req = E.SessionRequested(now, sid, demand, ttl, None, traj.id, traj.task, wkey) \
                     if demand is not None else \
                     E.SessionRequested(now, sid, ttl_s=ttl, trajectory=traj.id, task=traj.task)
                 self._emit(req)

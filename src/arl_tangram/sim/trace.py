@@ -60,6 +60,9 @@ class SessionDef:
     demand: Resources = field(default_factory=lambda: Resources(memory_mb=256))  # held while open
     ttl_s: float = 3600.0  # idle time after which the core may close it
     cold_start_s: float = DEFAULT_COLD_START_S  # TRUE time to create its sandbox
+    # environment image it runs in (issue 17): `tangram replay` opens it there; the simulator
+    # only asks the core to prefer nodes warm for it ("image:NAME")
+    image: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,7 @@ _ACTION_KEYS = {
 }
 _HINT_KEYS = {"expected_s", "test_count", "tokens", "items"}
 _ELASTIC_KEYS = {"min", "max", "dim", "parallel_fraction"}
-_SESSION_KEYS = {"demand", "ttl_s", "cold_start_s"}
+_SESSION_KEYS = {"demand", "ttl_s", "cold_start_s", "image"}
 
 
 class _Ctx:
@@ -206,6 +209,14 @@ def _sessions(ctx: _Ctx, raw: Any) -> dict[str, SessionDef]:
             kw["ttl_s"] = _number(ctx, m["ttl_s"], f"{where}.ttl_s", strict=True)
         if "cold_start_s" in m:
             kw["cold_start_s"] = _number(ctx, m["cold_start_s"], f"{where}.cold_start_s")
+        if m.get("image") is not None:
+            from ..managers.cpu.images import NAME_RE
+
+            img = m["image"]
+            if not isinstance(img, str) or not NAME_RE.match(img):
+                raise ctx.fail(f"{where}.image", f"must be an image name ([A-Za-z0-9][A-Za-z0-9._:@+-]*, "
+                               f"at most 128 characters), got {img!r}")
+            kw["image"] = img
         out[str(name)] = SessionDef(**kw)
     return out
 
@@ -300,7 +311,8 @@ def trajectory_json(t: Trajectory) -> dict[str, Any]:
         out["step"] = t.rl_step
     if t.sessions:
         out["sessions"] = {
-            n: {"demand": s.demand.as_dict(), "ttl_s": s.ttl_s, "cold_start_s": s.cold_start_s}
+            n: {"demand": s.demand.as_dict(), "ttl_s": s.ttl_s, "cold_start_s": s.cold_start_s,
+                **({"image": s.image} if s.image is not None else {})}
             for n, s in t.sessions.items()
         }
     out["steps"] = [[round(g, 6), _action_json(a)] for g, a in t.steps]

@@ -80,6 +80,45 @@ def host_rootfs(root: str, tools: Iterable[str] = DEFAULT_TOOLS) -> str:
     return root
 
 
+# standard-library parts a work program or a session's interpreter never needs (~80% of it)
+_PY_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
+            "site-packages", "dist-packages", "__pycache__", "distutils", "unittest", "asyncio",
+            "email", "xml", "xmlrpc", "http", "urllib", "wsgiref", "html", "dbm", "sqlite3",
+            "curses", "venv", "idle_test", "config-3"}
+
+
+def add_host_python(root: str, python: str = "/usr/bin/python3") -> str | None:
+    """Add this machine's ``python`` (a system interpreter, not a virtual environment's) with
+    its libraries and most of its standard library to the root file system at ``root``, as
+    ``/usr/bin/python3``; None (nothing added) when there is no such interpreter."""
+    if not os.access(python, os.X_OK):
+        return None
+    out = subprocess.run([python, "-S", "-c", "import sys, sysconfig; "
+                          "print(sysconfig.get_path('stdlib')); print(sys.prefix == sys.base_prefix)"],
+                         capture_output=True, text=True)
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or lines[1] != "True":
+        return None
+    stdlib, real = lines[0], os.path.realpath(python)
+    for f in {real, *_libs(real)}:
+        _copy(f, root)
+    for lib in [f for f in _libs(real) if "/ld-linux" in f]:
+        for d in ("/lib64", "/lib/x86_64-linux-gnu"):
+            cand = os.path.join(d, os.path.basename(lib))
+            if os.path.exists(cand):
+                _copy(cand, root)
+
+    def skip(_d: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in _PY_SKIP or n.startswith("config-3")}
+
+    shutil.copytree(stdlib, root + stdlib, ignore=skip, symlinks=True, dirs_exist_ok=True)
+    link = os.path.join(root, "usr/bin/python3")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if not os.path.lexists(link):
+        os.symlink(real, link)
+    return link
+
+
 def pack_layer(src_dir: str, out_tar: str, *, gzip_it: bool = False,
                extra: Sequence[tuple[str, bytes | None]] = ()) -> str:
     """Tar ``src_dir`` (paths relative to it, symlinks kept) to ``out_tar``; ``extra`` adds
