@@ -100,3 +100,41 @@ def test_replay_runs_image_sessions_in_the_image(tmp_path: Path, py_image: str,
     assert rep["session_state_kept"] is True  # turn 2 saw turn 1's state, in the image
     assert len(seen) == 2 and all("ID=tangram-mini" in s for s in seen), seen
     assert out["predicted"]["tangram"]["actions"] == 3
+
+
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+
+
+def test_example_swe_trace_replays_in_an_image(tmp_path: Path, py_image: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/swe_trace.jsonl, its image given by a tiny stand-in with python3 (the real one
+    needs mmdebstrap: the slow test below)."""
+    cl = tmp_path / "cluster.yaml"
+    cl.write_text((EXAMPLES / "swe_cluster.yaml").read_text() + "calibration: {units_per_s: 5000}\n")
+    rc = main(["replay", "--trace", str(EXAMPLES / "swe_trace.jsonl"), "--cluster", str(cl),
+               "--policy", "tangram", "--image", f"swe-example={py_image}", "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)["reports"]["tangram"]
+    assert rep["actions"] == 9 and rep["by_status"] == {"succeeded": 9}, rep
+    assert rep["session_state_kept"] is True
+
+
+@pytest.mark.slow
+def test_example_swe_trace_replays_in_the_debian_swe_image(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    import swe_image
+
+    try:
+        layout = swe_image.build()
+    except Exception as e:  # no mmdebstrap, or no access to Debian's mirror
+        pytest.skip(f"cannot build the SWE example image here: {e}")
+    cl = tmp_path / "cluster.yaml"
+    cl.write_text((EXAMPLES / "swe_cluster.yaml").read_text() + "calibration: {units_per_s: 5000}\n")
+    rc = main(["replay", "--trace", str(EXAMPLES / "swe_trace.jsonl"), "--cluster", str(cl),
+               "--policy", "tangram", "--image", f"swe-example={layout}", "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)["reports"]["tangram"]
+    assert rep["by_status"] == {"succeeded": 9} and rep["session_state_kept"] is True, rep
