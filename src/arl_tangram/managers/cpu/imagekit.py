@@ -111,7 +111,8 @@ def add_host_python(root: str, python: str = "/usr/bin/python3") -> str | None:
     def skip(_d: str, names: list[str]) -> set[str]:
         return {n for n in names if n in _PY_SKIP or n.startswith("config-3")}
 
-    shutil.copytree(stdlib, root + stdlib, ignore=skip, symlinks=True, dirs_exist_ok=True)
+    if not os.path.exists(root + stdlib):  # (again on the same root: already there)
+        shutil.copytree(stdlib, root + stdlib, ignore=skip, symlinks=True)
     link = os.path.join(root, "usr/bin/python3")
     os.makedirs(os.path.dirname(link), exist_ok=True)
     if not os.path.lexists(link):
