@@ -78,11 +78,19 @@ class CoreConfig:
     session_ttl_s: float = 600.0
     # Window over which arrival rates are measured for warm-pool targets.
     rate_window_s: float = 60.0
+    # Time over which the peak arrival rate of a warm key is forgotten: an RL step's burst of
+    # tool calls recurs every step (minutes apart), so the pool for it is kept across steps.
+    peak_memory_s: float = 600.0
     # Most warm executors per node and key that tangram asks for.
     max_warm_per_node: int = 8
     # Warm-pool keys (languages, tools) the operator names: their pools are filled from the
     # first event and keep `min_warm_per_node` whatever the arrival rate (tangram, fifo).
     warm_keys: tuple[str, ...] = ()
+    # Sandboxes per named warm key kept warm over the cluster from the first event (capped by
+    # `max_warm_per_node` per node), whatever the arrival rate: what a static stack keeps
+    # resident, one per trajectory that uses the key. Above it the measured arrival rate sizes
+    # the pools. None: `min_warm_per_node` per node only.
+    warm_boot: Mapping[str, int] | None = None
     # Fewest warm executors per node that tangram keeps for a key in use (at least one arrival
     # per `rate_window_s`): an idle sandbox costs a few MB, a miss costs a cold start.
     min_warm_per_node: int = 2
@@ -124,7 +132,7 @@ class CoreConfig:
         for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches",
                      "short_action_s"):
             self._check_range(name, getattr(self, name), 0.0, math.inf)
-        for name in ("session_ttl_s", "rate_window_s", "elastic_step"):
+        for name in ("session_ttl_s", "rate_window_s", "peak_memory_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
         for name in ("max_load_failures", "history", "fit_candidates"):
             v = getattr(self, name)
@@ -134,6 +142,10 @@ class CoreConfig:
             raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
             raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
+        if self.warm_boot is not None:
+            for key, n in self.warm_boot.items():
+                if not (isinstance(key, str) and key and isinstance(n, int) and n >= 0):
+                    raise _bad(f"warm_boot[{key!r}]", n, "must be a count >= 0 of a non-empty key")
         if not isinstance(self.warm_keys, tuple) or not all(isinstance(k, str) and k for k in self.warm_keys):
             raise _bad("warm_keys", self.warm_keys, "must be a tuple of non-empty strings")
         for name in ("max_warm_per_node", "min_warm_per_node"):

@@ -207,13 +207,14 @@ class ElasticMixin:
         dt = now - last
         self.last_rate_time = now
         a = min(1.0, dt / self.config.rate_window_s)
+        b = min(1.0, dt / self.config.peak_memory_s)
         counts, self.rate_counts = self.rate_counts, {}
         peaks = self.rate_peaks
         for key in sorted(set(counts) | set(self.rates)):
             burst = counts.get(key, 0) / dt
             rate = self.rates.get(key, 0.0) * (1 - a) + a * burst
             self.rates[key] = rate
-            peak = peaks.get(key, 0.0) * (1 - a)  # the recent peak, forgotten over the window
+            peak = peaks.get(key, 0.0) * (1 - b)  # the recent peak, forgotten over `peak_memory_s`
             if burst > peak:
                 peak = burst
             peaks[key] = peak
@@ -229,7 +230,8 @@ class ElasticMixin:
             self._spread_warm(key, 0.0)
 
     def _spread_warm(self: Core, key: str, rate: float) -> None:
-        """Send the warm-pool targets of ``key`` for an arrival ``rate`` (per second)."""
+        """Send the warm-pool targets of ``key`` for an arrival ``rate`` (per second); a
+        named key keeps at least its `warm_boot` count over the cluster."""
         names = self._warm_names  # reset by `_node_changed`, with `_warm_want`
         if names is None:
             names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
@@ -242,6 +244,11 @@ class ElasticMixin:
         want = math.ceil(rate * cfg.sandbox_cold_s * 2)
         if (rate * cfg.rate_window_s >= 1.0 or key in cfg.warm_keys) and want < cfg.min_warm_per_node * n:
             want = cfg.min_warm_per_node * n  # a key in use (or named) keeps a floor on every node
+        boot = cfg.warm_boot
+        if boot is not None and key in cfg.warm_keys:
+            floor = boot.get(key, 0)
+            if want < floor:
+                want = floor
         done = self._warm_want
         old = done.get(key)
         if old == want:

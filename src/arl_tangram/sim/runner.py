@@ -129,6 +129,17 @@ def warm_keys(batch: Sequence[Trajectory]) -> tuple[str, ...]:
     return tuple(sorted(keys))
 
 
+def warm_boot(batch: Sequence[Trajectory]) -> dict[str, int]:
+    """Per warm key of ``batch``, the trajectories with a one-shot action of that key: the
+    sandboxes a static stack provisions before step 1 (one per trajectory), which tangram and
+    fifo fill at their first event too (`CoreConfig.warm_boot`)."""
+    out: dict[str, int] = {}
+    for t in batch:
+        for k in {a.tag or a.kind.value for _g, a in t.steps if a.model is None and a.session is None}:
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
 def make_core(cluster: ClusterSpec, policy: str, trajectories: int,
               shares: Mapping[str, float] | None, **overrides: Any) -> Scheduler:
     """The core for a run labelled ``policy`` (see `parse_policy`): ``trajectories`` is the
@@ -154,7 +165,8 @@ def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int
     first = list(shares_from) if shares_from is not None else list(next(iter(batches()), []))
     n = max(1, sum(1 for t in first if uses_cpu(t)))
     shares = measured_task_shares(first, cluster) if first else {}
-    core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first))
+    core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first),
+                                       warm_boot=warm_boot(first))
     sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
                     reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
     return sim.run(batches())

@@ -262,9 +262,13 @@ class Simulator:
         wall = time.perf_counter()
         self._iter = iter(batches)
         # Set-up, as a trainer does before step 1: the models the core loads at its first
-        # event are loaded before the first trajectory starts (reported apart, `setup_s`).
+        # event are loaded, and the warm pools it fills then are ready, before the first
+        # trajectory starts (reported apart, `setup_s`), as a static stack's resident
+        # sandboxes are.
         self._emit(E.Tick(0.0))
         setup = max((i.model.load_s for i in self.executor.instances.values()), default=0.0)
+        if any(p.starting for p in self.executor.pools.values()):
+            setup = max(setup, self.config.warm_cold_start_s)
         self.loop.at(setup, self._next_step, priority=ARRIVAL)
         self.loop.at(0.0, self._tick, priority=TICK)
         with _gc_tuned(self.config.gc_tuning):
