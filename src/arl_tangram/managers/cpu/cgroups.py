@@ -9,6 +9,7 @@ for long: every operation is a few small file writes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ def _remove_stale(parent: str) -> None:
     gone); a tree with a process in it, or whose pid lives, is left alone."""
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
-            pid = name[len("tangram-"):]
+            pid = name[len("tangram-"):].split(".")[0]  # tangram-<pid> or tangram-<pid>.<k>
             if not name.startswith("tangram-") or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
                 continue
             base = os.path.join(parent, name)
@@ -253,6 +254,9 @@ class Slot:
                 os.rmdir(d)
 
 
+_TREES = itertools.count()  # trees made in this process
+
+
 class CgroupTree:
     """This manager's cgroup directory and the slots under it."""
 
@@ -261,6 +265,10 @@ class CgroupTree:
         self.bases: dict[str, str] = {}
         self.problem = ""
         self._count = 0
+        # Its own directory: several managers in one process (the nodes of a local executor)
+        # must never share slots, whose limits each writes.
+        k = next(_TREES)
+        self.tag = f"tangram-{os.getpid()}" + (f".{k}" if k else "")
         try:
             self._setup()
         except OSError as e:
@@ -268,7 +276,7 @@ class CgroupTree:
 
     def _setup(self) -> None:
         mounts, own = _mounts(), _own_paths()
-        tag = f"tangram-{os.getpid()}"
+        tag = self.tag
         v1 = {c: m for kind, m, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
         if all(c in v1 for c in CONTROLLERS):
             for c in CONTROLLERS:

@@ -123,7 +123,7 @@ def _thaw_stale(parent: str) -> None:
 
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
-            pid = name[len("tangram-"):-len("-sessions")] if name.endswith("-sessions") else ""
+            pid = name[len("tangram-"):-len("-sessions")].split(".")[0] if name.endswith("-sessions") else ""
             if not name.startswith("tangram-") or not pid.isdigit() \
                     or os.path.exists(f"/proc/{pid}"):
                 continue
@@ -150,7 +150,7 @@ def _thaw_stale(parent: str) -> None:
 
 
 class FreezerTree:
-    """Where session freezers live: v1 ``<freezer>/<own>/tangram-<pid>-sessions/<n>``."""
+    """Where session freezers live: v1 ``<freezer>/<own>/<its cgroup tree's tag>-sessions/<n>``."""
 
     def __init__(self, cgroups: CgroupTree | None) -> None:
         self.version = cgroups.version if cgroups is not None else None
@@ -164,7 +164,8 @@ class FreezerTree:
                 return
             parent = m + _own_freezer_path()
             _thaw_stale(parent)
-            self.base = os.path.join(parent, f"tangram-{os.getpid()}-sessions")
+            tag = cgroups.tag if cgroups is not None else f"tangram-{os.getpid()}"
+            self.base = os.path.join(parent, f"{tag}-sessions")  # one per manager, as its slots
             try:
                 os.makedirs(self.base, exist_ok=True)
             except OSError as e:
