@@ -230,7 +230,8 @@ class Slot:
 
     def is_empty(self) -> bool:
         """No process left in the slot. Every process in it was moved into all its hierarchies
-        at once (`add`) or forked there, and nothing in a sandbox can move itself, so where
+        at once (`add`, or its init's own move before any action code ran, which ends the
+        sandbox if it fails) or forked there, and nothing an action runs can move itself, so where
         every move went through, the pids controller's count (one read of a kept fd) answers
         for all; it counts a task until it is reaped, so it is never 0 while cgroup.procs is not."""
         if not self.partial and "pids" in self.dirs:
@@ -311,6 +312,15 @@ class CgroupTree:
         Each slot's CPU quota still caps what one action gets."""
         with contextlib.suppress(OSError):
             _write(path, str(per_task * (os.cpu_count() or 1)))
+
+    def join_dirs(self) -> list[str]:
+        """cgroup v1: the base directory of each hierarchy, in the order a sandbox that moves
+        itself into its slot writes them (the slot is ``<base>/<slot name>``, its file `tasks`:
+        a thread writing 0 there moves itself without the global lock a move of another
+        process takes). Empty where that does not apply (v2: no `tasks` file; no cgroups)."""
+        if self.version != "v1":
+            return []
+        return sorted(set(self.bases.values()))
 
     def new_slot(self) -> Slot:
         if self.version is None:

@@ -122,11 +122,14 @@ class Zygote:
     n sandboxes, n replies come back in order (each with its fds), and a direct sandbox's end
     comes as an "exit" message, always after its spawn reply."""
 
-    def __init__(self, cfg: dict[str, Any], root_parent: str) -> None:
+    def __init__(self, cfg: dict[str, Any], root_parent: str,
+                 cgroup_dirs: list[str] | tuple[str, ...] = ()) -> None:
         """Start the fork server; ``cfg["root"]`` names its root's mount point inside the
         directory ``root_parent``. Nothing of the service is in its argv (``-P``: not even the
         working directory on ``sys.path``; it runs in ``/``) or environment: the configuration
-        and an fd of ``root_parent`` come as the first message on the control socket."""
+        and an fd of ``root_parent`` come as the first message on the control socket, with an
+        fd of each of ``cgroup_dirs`` (`CgroupTree.join_dirs`: then a sandbox asked for with a
+        slot name moves itself into that slot, see `spawn`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno())],
@@ -134,11 +137,14 @@ class Zygote:
             close_fds=True, env=_zygote_env(), cwd="/")
         theirs.close()
         self.ctl = ours
-        fd = os.open(root_parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds = [os.open(root_parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
         try:
-            socket.send_fds(ours, [json.dumps(cfg).encode()], [fd])
+            for d in cgroup_dirs:
+                fds.append(os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            socket.send_fds(ours, [json.dumps(cfg).encode()], fds)
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
         self.hello: dict[str, Any] = {}
         # one per sandbox asked for: resolved with what `adopt` made of it, or an error
         self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
@@ -208,15 +214,22 @@ class Zygote:
             if not fut.done():
                 fut.set_exception(e)
 
-    async def spawn(self, n: int = 1, warm: bool = True) -> list[Any]:
+    async def spawn(self, n: int = 1, warm: bool = True,
+                    join: list[str] | None = None) -> list[Any]:
         """``n`` new sandboxes, forked together on one request: per sandbox what `adopt` made
         of it, or the error. ``warm=False``: a direct sandbox does not warm its hot path (it is
-        about to be used: warming would only add its own CPU to the faults the action takes)."""
+        about to be used: warming would only add its own CPU to the faults the action takes).
+        ``join`` (one cgroup slot name per sandbox; only when the fork server holds the cgroup
+        directories, ``hello["cgroup_join"]``): the i-th sandbox's init moves itself into the
+        i-th slot before anything else, and ends if it cannot."""
         assert self._loop is not None, "Zygote.attach() first"
         assert 1 <= n <= 64, "the fork server makes at most 64 sandboxes per request"
+        assert join is None or len(join) == n
         futs = [self._loop.create_future() for _ in range(n)]
         self._waiters.extend(futs)
-        msg = b'{"op":"spawn","n":%d%s}' % (n, b"" if warm else b',"cfg":{"warm_direct":false}')
+        msg = b'{"op":"spawn","n":%d%s%s}' % (
+            n, b"" if warm else b',"cfg":{"warm_direct":false}',
+            b"" if join is None else b',"join":' + json.dumps(join).encode())
         try:
             self.ctl.send(msg)
         except BlockingIOError:

@@ -90,7 +90,8 @@ class CpuManager:
                 "compiled_setup": cfg.compiled_setup,
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
-        self._zygote = Zygote(zcfg, cfg.work_root)
+        join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
+        self._zygote = Zygote(zcfg, cfg.work_root, join_dirs)
         hello = await asyncio.to_thread(self._zygote.wait_hello)
         # the sandboxes' own environment: a direct request with it may go in the compact form,
         # which only the compiled set-up path reads (`wire.encode_direct`)
@@ -98,7 +99,9 @@ class CpuManager:
         self._pool = WarmPool(self._zygote, self._cgroups, warm_min=cfg.warm_min,
                               warm_max=cfg.warm_max, pids_max=cfg.pids_max,
                               default_cpu=cfg.default_cpus,
-                              default_mem=cfg.default_memory_mb << 20)
+                              default_mem=cfg.default_memory_mb << 20,
+                              self_join=bool(hello.get("cgroup_join")),
+                              direct=cfg.direct_python)
         probe = await isolation.probe(self._pool, hello, self._cgroups, cfg) if hello.get("ok") \
             else None
         self._report = isolation.report(hello, probe, self._cgroups, cfg)

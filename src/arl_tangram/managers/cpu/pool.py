@@ -1,7 +1,9 @@
 """Manager side of sandboxes: sandbox handles and the warm pool (channels: `client.py`).
 
-Invariant: a sandbox handed out by `WarmPool.take` is fresh (it never ran an action), already in
-its own cgroup slot with stats reset (and, when warm, with its action's child forked in advance);
+Invariant: a sandbox handed out by `WarmPool.take` is fresh (it never ran an action), in its
+own cgroup slot with stats reset (and, when warm, with its action's child forked in advance) --
+on cgroup v1 its init moves itself there before it reads anything (`self_join`), so it may be
+handed out a moment before, but runs nothing outside it;
 a sandbox given back with `release` is killed at once, and its slot is reused only once the
 sandbox is dead (every process of its PID namespace is gone: its init's pidfd fired, or, for a
 direct sandbox, the fork server reaped its init) *and* released, and the cgroup is seen empty;
@@ -98,10 +100,15 @@ class WarmPool:
     """Fresh sandboxes kept ready; sized by the scheduler's target and recent arrivals."""
 
     def __init__(self, zygote: Zygote, cgroups: CgroupTree | None, *, warm_min: int,
-                 warm_max: int, pids_max: int, default_cpu: float, default_mem: int) -> None:
+                 warm_max: int, pids_max: int, default_cpu: float, default_mem: int,
+                 self_join: bool = False, direct: bool = True) -> None:
         self.zygote, self.cgroups = zygote, cgroups
         self.warm_min, self.warm_max = warm_min, warm_max
         self.pids_max, self.default_cpu, self.default_mem = pids_max, default_cpu, default_mem
+        # sandboxes move themselves into their slots (`Zygote.spawn`'s ``join``; cgroup v1):
+        # slots are chosen and readied before the fork, no move goes through the cgroup thread
+        self.self_join = self_join and cgroups is not None and cgroups.version == "v1"
+        self.direct = direct  # sandboxes are direct ones (`Sandbox.outs`; `_ready_slot`)
         self.ready: collections.deque[Sandbox] = collections.deque()
         self.free_slots: list[Slot] = []
         self.sched_target: int | None = None
@@ -187,17 +194,10 @@ class WarmPool:
         """``n`` new sandboxes, forked together and placed in their cgroups in one batch
         (``warm``: see `Zygote.spawn`)."""
         t0 = time.monotonic()
-        got: list[Any] = await self.zygote.spawn(n, warm)
-        sbs = [sb for sb in got if isinstance(sb, Sandbox)]
-        if sbs and self.cgroups is not None and self.cgroups.version is not None:
-            for sb in sbs:
-                sb.slot = self.free_slots.pop() if self.free_slots else self.cgroups.new_slot()
-            # Moving a task into a v1 cgroup waits for an RCU grace period (~ms under load):
-            # done in a thread, batched, never on the event loop.
-            errs = await self.loop.run_in_executor(self._cg_thread, self._place, sbs, warm)
-            for i, e in errs:
-                self.release(got[got.index(sbs[i])])
-                got[got.index(sbs[i])] = e
+        if self.self_join:
+            got = await self._spawn_joined(n, warm)
+        else:
+            got = await self._spawn_placed(n, warm)
         if prepare:  # only now, in the slot: the child inherits the cgroup
             # (a direct sandbox forks no child in advance and warms itself unasked)
             live = [sb for sb in got if isinstance(sb, Sandbox) and not sb.outs]
@@ -207,7 +207,7 @@ class WarmPool:
                 if isinstance(r, BaseException) or not r.get("ok"):
                     self.release(sb)
                     got[got.index(sb)] = BrokenError(f"sandbox setup failed: {r}")
-        if sbs:
+        if any(isinstance(sb, Sandbox) for sb in got):
             self.spawn_s = 0.8 * self.spawn_s + 0.2 * (time.monotonic() - t0)
         return got
 
@@ -232,6 +232,75 @@ class WarmPool:
             except BaseException as e:
                 errs.append((i, e))
         return errs
+
+    async def _spawn_placed(self, n: int, warm: bool) -> list[Sandbox | BaseException]:
+        """Fork, then move each new sandbox into its slot from the cgroup thread (`_place`)."""
+        got: list[Any] = await self.zygote.spawn(n, warm)
+        sbs = [sb for sb in got if isinstance(sb, Sandbox)]
+        if sbs and self.cgroups is not None and self.cgroups.version is not None:
+            for sb in sbs:
+                sb.slot = self.free_slots.pop() if self.free_slots else self.cgroups.new_slot()
+            # Moving a task into a v1 cgroup waits for an RCU grace period (~ms under load):
+            # done in a thread, batched, never on the event loop.
+            errs = await self.loop.run_in_executor(self._cg_thread, self._place, sbs, warm)
+            for i, e in errs:
+                self.release(got[got.index(sbs[i])])
+                got[got.index(sbs[i])] = e
+        return got
+
+    async def _spawn_joined(self, n: int, warm: bool) -> list[Sandbox | BaseException]:
+        """Slots first (limits written, counters reset: a few writes on kept fds, on the loop),
+        then the forks: each init moves itself into its slot before anything else (`zygote._init`),
+        so nothing waits for the cgroup move's grace period. A slot whose sandbox did not come
+        goes back (once empty)."""
+        assert self.cgroups is not None
+        slots: list[Slot] = []
+        weight = 1.0 if self.direct and not warm else WARMING_WEIGHT
+        try:
+            for _ in range(n):
+                slot = self.free_slots.pop() if self.free_slots else self.cgroups.new_slot()
+                slots.append(slot)
+                self._ready_slot(slot, weight)
+        except OSError as e:
+            for slot in slots:
+                self._put_back(slot)
+            return [e] * n
+        got: list[Any] = await self.zygote.spawn(n, warm, [s.name for s in slots])
+        for slot, sb in zip(slots, got, strict=True):
+            if isinstance(sb, Sandbox):
+                sb.slot = slot
+                sb.cpu, sb.memory, sb.weight = slot.cpu, slot.memory, slot.weight
+            else:
+                self._put_back(slot)
+        return got
+
+    def _ready_slot(self, slot: Slot, weight: float) -> None:
+        """What `_place` writes before its move: pids limit, the default CPU quota, a roomy
+        memory limit (a reused slot keeps its last one), the weight; counters reset."""
+        if slot.pids != self.pids_max:
+            slot.set_pids(self.pids_max)
+        mem = slot.memory if slot.memory >= KEEP_MEMORY_MIN else self.default_mem
+        if weight != slot.weight:
+            slot.set_weight(weight)
+        if abs(self.default_cpu - slot.cpu) > 1e-9:
+            slot.set_cpu(self.default_cpu)
+        if mem != slot.memory:
+            slot.set_memory(mem)
+        slot.reset_stats()
+
+    def _put_back(self, slot: Slot) -> None:
+        """A slot readied for a sandbox that did not come (its init may have moved in before it
+        ended: reused only once empty)."""
+        try:
+            empty = slot.is_empty()
+        except OSError:
+            empty = False
+        if empty:
+            self._free(slot)
+            return
+        t = self.loop.create_task(self._recycle(slot))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     def _adopt(self, pid: int, sock: socket.socket, outs: list[int]) -> Sandbox | OSError:
         try:

@@ -160,26 +160,29 @@ class Namespaces:
 
 
 Spawned = tuple[int, int, list[int]]  # (host pid, our socket's fd, our pipe read ends)
-Kit = tuple[int, int, list[tuple[int, int]], int]  # our socket, theirs, pipes, netns (fds)
+# our socket, theirs, pipes, netns, the slot's `tasks` files (fds)
+Kit = tuple[int, int, list[tuple[int, int]], int, list[int]]
 
 
-def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1) -> list[Spawned | Exception]:
+def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1,
+          join: list[str] | None = None) -> list[Spawned | Exception]:
     """Fork ``n`` sandbox inits, each PID 1 of a new PID namespace; per sandbox (its host pid,
     our socket, our read ends of its stdout/stderr pipes: only with ``cfg["direct"]``, else
     empty) or the error. Every fork write-protects all of this process's memory, so each page
     it writes between two forks costs a fault: everything is made first, the forks run in a
     tight loop (`_fork_all`), and their bookkeeping comes after. The caller blocks SIGCHLD until
-    its replies are out (`_serve`), so no sandbox is reaped before it is lent its namespace."""
+    its replies are out (`_serve`), so no sandbox is reaped before it is lent its namespace.
+    ``join``: per sandbox, the name of the cgroup slot its init moves itself into (`_init`)."""
     kits: list[Kit] = []
     out: list[Spawned | Exception] = []
     try:
-        for _ in range(n):
-            kits.append(_kit(cfg, ns))
+        for i in range(n):
+            kits.append(_kit(cfg, ns, join[i] if join else None))
     except OSError as e:
         out = [e] * (n - len(kits))
     done: list[Spawned | Exception] = []
     try:
-        for (ours, _, pipes, net), pid in zip(kits, _fork_all(cfg, ns, kits), strict=True):
+        for (ours, _, pipes, net, _), pid in zip(kits, _fork_all(cfg, ns, kits), strict=True):
             if isinstance(pid, int):
                 ns.lent[pid] = net
                 if pipes:
@@ -192,16 +195,28 @@ def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1) -> list[Spawned | Exc
                 os.close(r)
             done.append(pid)
     finally:
-        for _, theirs, pipes, _ in kits:
+        for _, theirs, pipes, _, cg in kits:
             os.close(theirs)
             for _, w in pipes:
                 os.close(w)
+            for fd in cg:
+                os.close(fd)
     return done + out
 
 
-def _kit(cfg: dict[str, Any], ns: Namespaces) -> Kit:
+def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
     """What one sandbox needs: a socket pair, (direct) stdout/stderr pipes, a network namespace
-    (plain fds: no `socket.socket` objects, each one more page written after the forks)."""
+    (plain fds: no `socket.socket` objects, each one more page written after the forks), and
+    with ``slot`` that cgroup slot's `tasks` file in each hierarchy (`_init` writes 0 to each)."""
+    cg: list[int] = []
+    if slot is not None:
+        try:
+            for d in cfg["cg_dirs"]:
+                cg.append(os.open(slot + "/tasks", os.O_WRONLY | os.O_CLOEXEC, dir_fd=d))
+        except OSError:
+            for fd in cg:
+                os.close(fd)
+            raise
     a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (close-on-exec)
     ours, theirs = a.detach(), b.detach()
     pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
@@ -210,7 +225,7 @@ def _kit(cfg: dict[str, Any], ns: Namespaces) -> Kit:
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
         except OSError:
             pass
-    return ours, theirs, pipes, ns.take_net()
+    return ours, theirs, pipes, ns.take_net(), cg
 
 
 def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int | Exception]:
@@ -219,17 +234,17 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
     if proc.FAST is not None:  # the same loop, compiled: no Python between two forks
         got = proc.FAST.fork_all(len(kits), ns.home_pid)
         if type(got) is int:  # the got-th child
-            _, theirs, pipes, net = kits[got]
-            _init(cfg, theirs, net, pipes)
+            _, theirs, pipes, net, cg = kits[got]
+            _init(cfg, theirs, net, pipes, cg)
         return list(got)
     pids: list[int | Exception] = []
-    for _, theirs, pipes, net in kits:
+    for _, theirs, pipes, net, cg in kits:
         try:
             _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
             try:
                 pid = os.fork()
                 if pid == 0:
-                    _init(cfg, theirs, net, pipes)
+                    _init(cfg, theirs, net, pipes, cg)
             finally:
                 _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
         except Exception as e:
@@ -239,8 +254,15 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
     return pids
 
 
-def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]) -> None:
+def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]],
+          cg: list[int]) -> None:
     try:
+        # Into its cgroup slot first (cgroup v1 `tasks`, 0: this thread, the init's only one):
+        # a thread that moves itself does not take the kernel's global threadgroup lock, whose
+        # write side waits for an RCU grace period (a move by the manager would). If a move
+        # fails the sandbox ends here, before anything could run outside its limits.
+        for fd in cg:
+            os.write(fd, b"0")
         # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
         # the manager: a killed service leaves no warm or running sandbox behind.
         fast = proc.FAST
@@ -348,12 +370,15 @@ def _receive_config(ctl: socket.socket) -> dict[str, Any]:
     directory that holds the root's mount point (``cfg["root"]`` is a name in it): neither is
     in this process's argv or environment, and no host path of the service is in its memory
     (sandboxes are forks of it: whatever it holds, an action can read)."""
-    msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 1)
+    msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 1 + 16)
     if not fds:
         raise OSError("fork server: no root directory descriptor with the configuration")
     os.fchdir(fds[0])  # the root is built at a path relative to it (`build_root`)
     os.close(fds[0])
     cfg: dict[str, Any] = json.loads(msg)
+    # cgroup v1 hierarchies' base directories (`CgroupTree.join_dirs`): sandboxes move themselves
+    # into their slots below them (`_init`); every sandbox closes them in its set-up
+    cfg["cg_dirs"] = fds[1:]
     return cfg
 
 
@@ -394,6 +419,7 @@ def main() -> None:
         if cfg.get("compiled_setup", True):
             proc.FAST = _compiled()
         hello["compiled_setup"] = proc.FAST is not None
+        hello["cgroup_join"] = bool(cfg["cg_dirs"])
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
             proc.set_base_env(cfg["env"])
         _preload(cfg["preload"])
@@ -447,7 +473,11 @@ def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
         try:
             req = json.loads(msg)
             n = max(1, min(64, int(req.get("n", 1))))  # (the manager asks for at most 64)
-            got = spawn({**cfg, **req.get("cfg", {})}, ns, n)
+            join = req.get("join")
+            if join is not None and not (cfg["cg_dirs"] and len(join) == n and all(
+                    isinstance(j, str) and j[:1] == "s" and j[1:].isdigit() for j in join)):
+                raise ValueError(f"bad join: {join!r}")
+            got = spawn({**cfg, **req.get("cfg", {})}, ns, n, join)
         except Exception as e:
             got = [e] * n  # one reply per sandbox asked for, whatever happened
         try:
