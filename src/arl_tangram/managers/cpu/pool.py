@@ -265,7 +265,14 @@ class WarmPool:
             for slot in slots:
                 self._put_back(slot)
             return [e] * n
-        got: list[Any] = await self.zygote.spawn(n, warm, [s.name for s in slots])
+        try:
+            got: list[Any] = await self.zygote.spawn(n, warm, [s.name for s in slots])
+        except BaseException:  # (cancelled: closing) what is empty goes back, the rest stays
+            for slot in slots:  # to the tree's removal
+                with contextlib.suppress(OSError):
+                    if slot.is_empty():
+                        self._free(slot)
+            raise
         for slot, sb in zip(slots, got, strict=True):
             if isinstance(sb, Sandbox):
                 sb.slot = slot
