@@ -163,6 +163,16 @@ def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
 
 
+def _detached(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """`crun run -d`: the container keeps the stdio it is given, so give it no pipe (a pipe
+    would never reach EOF and `_run` would wait for ever); its errors go through a file."""
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                           text=True)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, p.returncode, "", err.read())
+
+
 def bench_crun(args: argparse.Namespace, work: str) -> dict[str, float] | str:
     crun = shutil.which("crun")
     if crun is None:
@@ -171,8 +181,13 @@ def bench_crun(args: argparse.Namespace, work: str) -> dict[str, float] | str:
     img = store.get(IMAGE)
     rootfs = os.path.join(work, "crun-rootfs")
     os.makedirs(rootfs, exist_ok=True)
+    # the mount points crun needs on a read-only root (an image built without device nodes
+    # has no /dev): a top layer of empty directories
+    skel = os.path.join(work, "crun-skel")
+    for d in ("dev", "proc", "sys", "tmp"):
+        os.makedirs(os.path.join(skel, d), exist_ok=True)
     _linux.mount("overlay", rootfs, "overlay", _linux.MS_RDONLY,
-                 "lowerdir=" + ":".join(store.layer_paths(img)))
+                 "lowerdir=" + ":".join([skel, *store.layer_paths(img)]))
     bundle = os.path.join(work, "bundle")
     os.makedirs(bundle, exist_ok=True)
     state = os.path.join(work, "crun-state")
@@ -205,25 +220,27 @@ def bench_crun(args: argparse.Namespace, work: str) -> dict[str, float] | str:
                 return f"crun run failed: {p.stderr.strip()[:300]}"
         out["crun_run_true_p50_s"] = pct(runs, 50)
         write(["/bin/bash", "-c", "sleep infinity & wait"])
-        p = _run([*base, "run", "-d", "--bundle", bundle, "svc"])
+        # pause/resume is the cgroup freezer: this container gets cgroups (cgroupfs)
+        svc = [crun, "--root", state, "--cgroup-manager=cgroupfs"]
+        p = _detached([*svc, "run", "-d", "--bundle", bundle, "svc"])
         if p.returncode != 0:
             return f"crun run -d failed: {p.stderr.strip()[:300]}"
         ex, pr = [], []
         for _ in range(args.crun_runs):
             t = time.perf_counter()
-            _run([*base, "exec", "svc", "/bin/true"], check=True)
+            _run([*svc, "exec", "svc", "/bin/true"], check=True)
             ex.append(time.perf_counter() - t)
             t = time.perf_counter()
-            _run([*base, "pause", "svc"], check=True)
-            _run([*base, "resume", "svc"], check=True)
+            _run([*svc, "pause", "svc"], check=True)
+            _run([*svc, "resume", "svc"], check=True)
             pr.append(time.perf_counter() - t)
         out["crun_exec_true_p50_s"] = pct(ex, 50)
         out["crun_pause_resume_p50_s"] = pct(pr, 50)
-        _run([*base, "delete", "-f", "svc"])
+        _run([*svc, "delete", "-f", "svc"])
         avail0 = _mem_available_kb()
         pids = []
         for i in range(args.idle):
-            p = _run([*base, "run", "-d", "--bundle", bundle, f"idle{i}"])
+            p = _detached([*base, "run", "-d", "--bundle", bundle, f"idle{i}"])
             if p.returncode != 0:
                 return f"crun run -d failed: {p.stderr.strip()[:300]}"
             st = json.loads(_run([*base, "state", f"idle{i}"]).stdout)
@@ -240,7 +257,7 @@ def bench_crun(args: argparse.Namespace, work: str) -> dict[str, float] | str:
     finally:
         for i in range(args.idle):
             _run([crun, "--root", state, "--cgroup-manager=disabled", "delete", "-f", f"idle{i}"])
-        _run([crun, "--root", state, "--cgroup-manager=disabled", "delete", "-f", "svc"])
+        _run([crun, "--root", state, "--cgroup-manager=cgroupfs", "delete", "-f", "svc"])
         for _ in range(20):
             try:
                 _linux.umount2(rootfs, 0)
@@ -264,7 +281,9 @@ def bench_podman(args: argparse.Namespace, layout: str) -> dict[str, float] | st
     for _ in range(args.podman_runs):
         t = time.perf_counter()
         q = _run([podman, "run", "--rm", "--pull=never", "--network", "none", "--cgroups=disabled",
-                  "--ulimit", "nofile=1024:1024", ref, "/bin/true"])
+                  # podman's default limits (nproc, nofile) exceed what this VM's root may set
+                  # (setrlimit EPERM): ask for limits any container of the test can live with
+                  "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", ref, "/bin/true"])
         runs.append(time.perf_counter() - t)
         if q.returncode != 0:
             return f"podman run failed: {q.stderr.strip()[:300]}"
