@@ -153,7 +153,8 @@ def test_executor_charges_dispatch_once_unstretched_by_the_allotment() -> None:
     ev = _run(node, rigid, 1.0, 0.25)  # a quarter-core slice: the work 4x, the dispatch not
     started = next(e for e in ev if isinstance(e, E.ActionStarted))
     assert started.time == 0.0 and started.cold_start_s == 0.0  # not a cold start to the core
-    assert _finish(ev) == pytest.approx(0.5 + 4.0)
+    # (the work: its first 0.05 s at full speed, the CFS quota in hand, the rest 4x: `cfs_speed`)
+    assert _finish(ev) == pytest.approx(0.5 + 0.05 + 0.95 * 4)
     assert _finish(_run(node, _elastic(1.0), 2.0, 2.0)) == pytest.approx(0.25 + 1.0)  # per kind
     # a resize during the dispatch: no work done yet, all of it at the new speed
     assert _finish(_run(node, _elastic(1.0), 2.0, 1.0, resize_at=0.1, resize_to=2.0)) == \

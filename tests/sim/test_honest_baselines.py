@@ -39,7 +39,9 @@ def test_static_policies_keep_their_sandboxes_resident():
 def test_a_rigid_action_on_a_quarter_core_slice_runs_four_times_slower():
     trajs = [Trajectory(f"t{i}", "x", ((1.0, SimAction(ActionKind.CODE, 2.0)),)) for i in range(4)]
     r = run_policy(_cluster(1, cpu=1), lambda: [trajs], "trajectory-bound", config=CFG)
-    assert r.act["avg"] == pytest.approx(8.0)  # 2 s of work at 0.25 core each, all at once
+    # 2 s of work at 0.25 core each, all at once: the first two periods' quota (0.05 s of
+    # work) at full speed, as a CFS quota really runs (`cfs_speed`), the rest 4x slower
+    assert r.act["avg"] == pytest.approx(0.05 + 1.95 * 4)
     assert ActionSpec("a").speed(Resources(cpu=0.25)) == 0.25
 
 
@@ -169,6 +171,14 @@ def test_tangram_keeps_what_a_static_stack_keeps_warm_at_any_load():
     assert got["tangram"].cold_starts == 0
     assert got["tangram"].act["avg"] <= got["trajectory-bound"].act["avg"] * 1.001
     assert got["tangram"].setup_s > 0.0  # the pools' fill is set-up, reported apart
+
+
+def test_a_short_action_barely_feels_a_small_cfs_slice():
+    from arl_tangram.sim.executor import cfs_speed
+
+    assert cfs_speed(0.04, 0.25) == 1.0  # within the quota in hand: full speed
+    assert 1 / cfs_speed(0.45, 0.25) == pytest.approx(3.67, abs=0.01)  # measured 3.67-3.73x
+    assert 1 / cfs_speed(100.0, 0.25) == pytest.approx(4.0, abs=0.01)  # long: the slice's speed
 
 
 def test_warm_boot_is_validated():

@@ -195,7 +195,7 @@ def _table(reports: dict[str, SimReport], title: str, opt: Bound | None = None) 
         notes.append("ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)")
     setup = max((r.setup_s for r in reports.values()), default=0.0)
     if setup > 0:
-        notes.append(f"model loads before step 1 ({setup:.1f} s) are not in any step or ACT")
+        notes.append(f"set-up before step 1 ({setup:.1f} s: model loads, warm pools filled) is not in any step or ACT")
     t.caption = "\n".join(notes)
     return t
 

@@ -53,6 +53,35 @@ def _no_log(_value: object) -> None:
     """The log's appenders without a meter (never called: every use checks ``usage``)."""
 
 
+# CFS bandwidth control's period (the kernel's default, and the CPU manager's `cpu.max`).
+CFS_PERIOD_S = 0.1
+
+
+def cfs_speed(work: float, s: float) -> float:
+    """The average speed of ``work`` (seconds at full speed) under a CFS quota of ``s`` (< 1)
+    of what it needs. A throttled cgroup starts with quota in hand: measured on this project's
+    sandboxes (2026-11-25, cgroup v1), a quarter-core action ran its first ~45-50 ms of work
+    unthrottled (0.023 s of work: 0.92-1.00x its 1-core time; 0.053 s: 1.06-1.10x; 0.10 s:
+    2.4-3.1x; 0.25 s: 3.2-3.6x; 0.45 s: 3.7x), and a half-core one its first ~0.1 s: about two
+    periods' quota. So: the first ``2 * s * CFS_PERIOD_S`` of work at full speed, the rest at
+    ``s`` (a short action barely feels a small slice; a long one runs at the slice's speed)."""
+    if s <= 0.0:
+        return s
+    burst = 2.0 * s * CFS_PERIOD_S
+    if work <= burst:
+        return 1.0
+    return work / (burst + (work - burst) / s)
+
+
+def _speed(run: _Run, allotment: Resources) -> float:
+    """A run's speed at ``allotment``: its spec's, and for a rigid action on a fractional
+    slice, the CFS quota's average over its whole work (`cfs_speed`)."""
+    v = run.spec.speed(allotment)
+    if v < 1.0 and run.spec.elasticity is None:
+        return cfs_speed(run.truth.work_s, v)
+    return v
+
+
 def warm_key(spec: ActionSpec) -> str:
     """Which warm pool an action can take an executor from (its language, else its kind)."""
     lang = spec.payload.get("language") if spec.payload else None
@@ -204,7 +233,7 @@ class VirtualExecutor:
         run.started = True
         run.since = t
         run.deadline = t + spec.timeout_s
-        run.speed = spec.speed(run.allotment)  # (a rigid action on a fractional slice: < 1)
+        run.speed = _speed(run, run.allotment)  # (a rigid action on a fractional slice: < 1)
         if self.measured and run.node in self.measured:
             node = self.measured[run.node]
             run.since = t + node.dispatch_for(spec.kind.value)  # the work begins after it
@@ -239,7 +268,7 @@ class VirtualExecutor:
             if now > r.since:  # bring its work up to date at the old speed
                 r.remaining = max(0.0, r.remaining - (now - r.since) * r.speed)
                 r.since = now
-            r.speed = r.spec.speed(r.allotment) * share
+            r.speed = _speed(r, r.allotment) * share
             self._schedule_finish(r)
 
     def _schedule_finish(self, run: _Run) -> None:
@@ -293,7 +322,7 @@ class VirtualExecutor:
                 self._reshare(run.node)
             else:
                 run.allotment = cmd.allotment
-                run.speed = run.spec.speed(cmd.allotment)
+                run.speed = _speed(run, cmd.allotment)
                 self._usage(run.allotment, run.allotment, +1)
                 self._schedule_finish(run)
         else:
