@@ -36,7 +36,7 @@ async def _two() -> None:
         runs = [m.run(ActionSpec(id=f"a{i}", kind=ActionKind.CODE,
                                  payload={"code": "print(sum(range(10**5)))", "language": "python"}),
                       Resources(cpu=c, memory_mb=256))
-                for i, (m, c) in enumerate(zip(ms, (0.5, 1.0)))]
+                for i, (m, c) in enumerate(zip(ms, (0.5, 1.0), strict=True))]
         for r in await asyncio.gather(*runs):
             assert r.status == "Success", r
         slots = [s for m in ms for s in os.listdir(m._cgroups.bases["cpu"])]
