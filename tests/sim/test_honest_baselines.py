@@ -186,3 +186,22 @@ def test_warm_boot_is_validated():
 
     with pytest.raises(ValueError, match="warm_boot"):
         CoreConfig(warm_boot={"python": -1})
+
+
+def test_actions_a_policy_loses_are_named_beside_its_act(capsys):
+    # one device, two models: a static stack has an instance of only one of them and rejects
+    # the other's actions; its ACT is over fewer actions, and the table says so
+    from arl_tangram.cli.replay import lost_actions
+    from arl_tangram.core.cluster import ModelSpec
+
+    node = NodeSpec("g", Resources(cpu=4, memory_mb=8192, gpu=1, gpu_memory_mb=4096))
+    models = (ModelSpec("a", load_s=0.1, memory_mb=100), ModelSpec("b", load_s=0.1, memory_mb=100))
+    cl = ClusterSpec((node,), models)
+    trajs = [Trajectory(f"t{i}", "x", ((1.0, SimAction(ActionKind.REWARD, 0.01, model=m)),))
+             for i, m in enumerate("abab")]
+    got = {p: run_policy(cl, lambda: [trajs], p, config=CFG) for p in ("tangram", "static-pool:1")}
+    assert got["tangram"].by_status == {"succeeded": 4}
+    assert got["static-pool:1"].by_status.get("rejected") == 2
+    line = lost_actions(got)
+    assert "static-pool:1: 2 rejected" in line and "tangram" not in line
+    assert lost_actions({"tangram": got["tangram"]}) == ""

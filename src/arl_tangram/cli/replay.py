@@ -137,6 +137,18 @@ def _pct(v: float) -> str:
     return "inf" if math.isinf(v) else f"{100 * v:+.0f}%"
 
 
+def lost_actions(reports: Mapping[str, Any]) -> str:
+    """A line naming, per policy, the actions that did not succeed (rejected, failed, timed out:
+    not in its ACT), or "" when every action of every policy succeeded. A baseline that loses
+    actions is not a deployment anyone would run; its ACT is over fewer actions."""
+    parts = []
+    for name, r in reports.items():
+        bad = {k: v for k, v in sorted(r.by_status.items()) if k != "succeeded" and v}
+        if bad:
+            parts.append(f"{name}: " + ", ".join(f"{v} {k}" for k, v in bad.items()))
+    return ("NOT SUCCEEDED (not in ACT): " + "; ".join(parts)) if parts else ""
+
+
 def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str,
           ours: str = "tangram") -> Any:
     from rich.table import Table
@@ -181,6 +193,9 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
         row.append("?" if ol is None else f"{ol:.2f}")
         t.add_row(*row)
     cap = []
+    lost = lost_actions(reports)
+    if lost:
+        cap.append(lost)
     if mine is not None and len(reports) > 1:
         cap.append("ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)")
     if sims:

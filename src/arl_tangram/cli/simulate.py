@@ -188,7 +188,12 @@ def _table(reports: dict[str, SimReport], title: str, opt: Bound | None = None) 
             rr = ratio.get(name)
             row += [_fmt(rr["act_avg"]), _fmt(rr["step"])] if rr else ["1.00", "1.00"]
         t.add_row(*row)
+    from .replay import lost_actions
+
     notes = []
+    lost = lost_actions(reports)
+    if lost:
+        notes.append(lost)
     if opt is not None:
         notes.append("x bound: ACT avg over the optimum's (no queueing, no cold start, best allotment)")
     if ratio:

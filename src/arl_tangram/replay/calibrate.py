@@ -40,7 +40,11 @@ from .work import program
 Say = Callable[[str], None]
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("TANGRAM_MODEL_DIR", Path.home() / ".cache" / "arl-tangram" / "tiny-models"))
-CPU_DEVICES = 2  # CPU-backed model devices on a machine without CUDA
+# CPU-backed model devices on a machine without CUDA: one per tiny model (`local_models`), so
+# that a static baseline can give every model of a trace its own device, as a static stack
+# provisions each reward model it uses (with 2, the static policies had no instance for two of
+# the demo's models and rejected their actions).
+CPU_DEVICES = 4
 
 
 def local_models(model_dir: Path = DEFAULT_MODEL_DIR) -> list[ModelSpec]:
