@@ -8,7 +8,7 @@ from core_helpers import Driver, act, cpu_node, elastic, of, starts
 from arl_tangram.core import POLICIES, Core, CoreConfig
 from arl_tangram.core import commands as cmd
 from arl_tangram.core import events as ev
-from arl_tangram.core.actions import Status
+from arl_tangram.core.actions import ActionKind, Status, WorkHints
 from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.core.errors import IllegalTransition
 from arl_tangram.core.records import ActionRecord
@@ -243,3 +243,31 @@ def test_short_actions_are_admitted_by_their_measured_cpu_use() -> None:
         static.finish(f"w{i}", run_s=0.05, cpu_s=0.01)
     out = static.arrive(*(act(f"a{i}", hints=WorkHints(expected_s=0.05)) for i in range(4)))
     assert len(starts(out)) == 2
+
+
+def test_actions_of_the_same_work_stay_in_arrival_order_as_the_estimate_drifts() -> None:
+    # x1 queues with x's estimate at 4 s; the estimate then falls to 10 ms (the estimator
+    # learns), so x2 would rank two octaves lower and overtake x1 -- under sustained load that
+    # kept earlier requests waiting until they aged (a p99 of aging_min_s). Same work: FIFO.
+    d = Driver([cpu_node("n0", cpu=1)], policy="tangram")
+    d.arrive(act("x0", kind=ActionKind.CODE))
+    d.at(10.0).finish("x0", run_s=10.0)
+    d.arrive(act("blocker", kind=ActionKind.TEST))
+    d.arrive(act("x1", kind=ActionKind.CODE))
+    est = d.core._estimator
+    key, units = est.work_of(d.core.actions["x1"].spec)
+    for _ in range(200):
+        est.observe_work(key, units, 0.01, 1.0)
+    d.arrive(act("x2", kind=ActionKind.CODE))
+    assert d.core.actions["x2"].est < d.core.actions["x1"].est / 4
+    out = d.at(10.2).finish("blocker")  # (before x2's aging deadline, 0.5 s)
+    assert list(starts(out)) == ["x1"]
+    # work of another size still goes by its estimate (shortest first)
+    d.arrive(act("big", kind=ActionKind.CODE, hints=WorkHints(expected_s=100)),
+             act("small", kind=ActionKind.CODE, hints=WorkHints(expected_s=0.001)))
+    out = d.at(10.3).finish("x1")
+    assert list(starts(out)) == ["small"]
+    out = d.at(10.35).finish("small")
+    assert list(starts(out)) == ["x2"]
+    out = d.at(10.4).finish("x2")
+    assert list(starts(out)) == ["big"]

@@ -53,6 +53,9 @@ class SchedulingMixin:
         self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
         self.aging_heap: list[tuple[float, int, str]] = []
         self._aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
+        # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
+        # among actions of the same work (`_fifo_rank`)
+        self._fifo_floor: dict[Any, tuple[int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> aged action it is held for
         self._ref_cap: dict[str, float] | None = None
         self._possible: dict[Any, bool] = {}
@@ -114,6 +117,26 @@ class SchedulingMixin:
         m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
         return 2 * e + (m >= _SQRT_HALF) + _RANK0
 
+    def _fifo_rank(self: Core, rec: ActionRecord) -> int:
+        """`_rank`, never below the rank of a still-queued earlier action of the same work
+        (estimator key and units): as the estimate drifts across a class boundary, actions of
+        one kind stay in arrival order instead of later ones overtaking earlier ones until
+        those age (a p99 of `aging_min_s` under sustained load of identical requests)."""
+        rank = self._rank(rec)
+        if rank <= _RANK_NONE or not self.policy.ordered:
+            return rank
+        floors = self._fifo_floor
+        group = (rec.ekey, rec.units)
+        got = floors.get(group)
+        if got is not None and got[0] > rank:
+            last = self.actions.get(got[1])
+            if last is not None and last.status is _QUEUED:
+                rank = got[0]
+        if got is None and len(floors) >= 4096:
+            floors.clear()  # (bounded: units may take many values; a floor matters while queued)
+        floors[group] = (rank, rec.spec.id)
+        return rank
+
     def _aging_after(self: Core, rec: ActionRecord) -> float:
         """How long ``rec`` may wait before it is served ahead of every non-aged action."""
         cfg = self.config
@@ -135,7 +158,7 @@ class SchedulingMixin:
             entry = (_AGED, seq, gen, spec.id)
             self._aged_pushes += 1
         else:
-            entry = (self._rank(rec), seq, gen, spec.id)
+            entry = (self._fifo_rank(rec), seq, gen, spec.id)
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = []
