@@ -8,7 +8,8 @@ Invariants:
   of the previous one ended (plus ``train_s``).
 - Every policy runs through the same engine and managers; the core for a policy is built by
   `arl_tangram.sim.runner.make_core` with the settings `tangram simulate` gives it (trajectory
-  count for trajectory-bound, measured task shares for task-isolated), so both see one config.
+  count for trajectory-bound, measured task shares for task-isolated, the named warm keys and
+  their `warm_boot` counts), so both see one config.
 - The truth of the trace becomes real work (`actions_payload`): CPU actions run the work
   program (`replay.work`) in their sandbox, ``work_s x units_per_s`` units, its parallel part
   over forked processes; session actions run in their session's sandbox; reward and judge
@@ -173,7 +174,8 @@ class EmbeddedBackend(_Backend):
 
     def __init__(self, cluster: ClusterSpec, policy: str, trajectories: int,
                  shares: Mapping[str, float] | None, *, cpu_config: Mapping[str, Any] | None = None,
-                 tick_s: float = 0.5, images: Mapping[str, str] | None = None) -> None:
+                 tick_s: float = 0.5, images: Mapping[str, str] | None = None,
+                 core_kw: Mapping[str, Any] | None = None) -> None:
         from ..runtime.config import NodeConfig
         from ..runtime.engine import Engine, EngineConfig
         from ..runtime.local import LocalExecutor
@@ -193,7 +195,8 @@ class EmbeddedBackend(_Backend):
         models = tuple(cluster.models)
 
         def core_factory(_cfg: Any, specs: Sequence[Any]) -> Any:
-            return make_core(ClusterSpec(tuple(specs), models), policy, trajectories, shares)
+            return make_core(ClusterSpec(tuple(specs), models), policy, trajectories, shares,
+                             **dict(core_kw or {}))
 
         self.executor = LocalExecutor(nodes, models, images=tuple((images or {}).items()))
         self.engine = Engine(self.executor, EngineConfig(policy=policy, models=models, tick_s=tick_s),
@@ -435,7 +438,7 @@ async def replay_policy(cluster: ClusterSpec, steps: Sequence[Sequence[Trajector
         backend = HttpBackend(url, images=images)
     else:
         backend = EmbeddedBackend(cluster, policy, n, shares, cpu_config=cpu_config,
-                                  images=images)
+                                  images=images, core_kw=warm_settings(steps))
     await backend.start()
     try:
         if url:
@@ -445,6 +448,16 @@ async def replay_policy(cluster: ClusterSpec, steps: Sequence[Sequence[Trajector
                             units_per_s=units_per_s, train_s=train_s, progress=progress)
     finally:
         await backend.aclose()
+
+
+def warm_settings(steps: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
+    """The warm-pool settings `sim.runner.run_policy` gives every core from the first RL step
+    (the one-shot keys, named, and one warm sandbox per trajectory that uses each), so that
+    the real core and the predicted one start from the same pools."""
+    from ..sim import runner
+
+    first = list(steps[0]) if steps else []
+    return {"warm_keys": runner.warm_keys(first), "warm_boot": runner.warm_boot(first)}
 
 
 def core_settings(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
