@@ -105,16 +105,22 @@ def test_replay_runs_image_sessions_in_the_image(tmp_path: Path, py_image: str,
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
 
+def _replay_example(tmp_path: Path, image: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    """examples/swe_trace.jsonl replayed under tangram with ``image`` as its swe-example image;
+    the policy's report."""
+    cl = tmp_path / "cluster.yaml"
+    cl.write_text((EXAMPLES / "swe_cluster.yaml").read_text() + "calibration: {units_per_s: 5000}\n")
+    rc = main(["replay", "--trace", str(EXAMPLES / "swe_trace.jsonl"), "--cluster", str(cl),
+               "--policy", "tangram", "--image", f"swe-example={image}", "--json"])
+    assert rc == 0
+    return json.loads(capsys.readouterr().out)["reports"]["tangram"]
+
+
 def test_example_swe_trace_replays_in_an_image(tmp_path: Path, py_image: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """examples/swe_trace.jsonl, its image given by a tiny stand-in with python3 (the real one
     needs mmdebstrap: the slow test below)."""
-    cl = tmp_path / "cluster.yaml"
-    cl.write_text((EXAMPLES / "swe_cluster.yaml").read_text() + "calibration: {units_per_s: 5000}\n")
-    rc = main(["replay", "--trace", str(EXAMPLES / "swe_trace.jsonl"), "--cluster", str(cl),
-               "--policy", "tangram", "--image", f"swe-example={py_image}", "--json"])
-    assert rc == 0
-    rep = json.loads(capsys.readouterr().out)["reports"]["tangram"]
+    rep = _replay_example(tmp_path, py_image, capsys)
     assert rep["actions"] == 9 and rep["by_status"] == {"succeeded": 9}, rep
     assert rep["session_state_kept"] is True
 
@@ -131,10 +137,5 @@ def test_example_swe_trace_replays_in_the_debian_swe_image(tmp_path: Path,
         layout = swe_image.build()
     except Exception as e:  # no mmdebstrap, or no access to Debian's mirror
         pytest.skip(f"cannot build the SWE example image here: {e}")
-    cl = tmp_path / "cluster.yaml"
-    cl.write_text((EXAMPLES / "swe_cluster.yaml").read_text() + "calibration: {units_per_s: 5000}\n")
-    rc = main(["replay", "--trace", str(EXAMPLES / "swe_trace.jsonl"), "--cluster", str(cl),
-               "--policy", "tangram", "--image", f"swe-example={layout}", "--json"])
-    assert rc == 0
-    rep = json.loads(capsys.readouterr().out)["reports"]["tangram"]
+    rep = _replay_example(tmp_path, str(layout), capsys)
     assert rep["by_status"] == {"succeeded": 9} and rep["session_state_kept"] is True, rep

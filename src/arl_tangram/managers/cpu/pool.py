@@ -296,8 +296,8 @@ class WarmPool:
         slot.reset_stats()
 
     def _put_back(self, slot: Slot) -> None:
-        """A slot readied for a sandbox that did not come (its init may have moved in before it
-        ended: reused only once empty)."""
+        """A slot no sandbox uses any more (its sandbox ended, or never came: its init may have
+        moved in before it ended): freed now if empty, else once the kernel is done with it."""
         try:
             empty = slot.is_empty()
         except OSError:
@@ -430,19 +430,8 @@ class WarmPool:
         if not (sb.exited and sb.released) or sb not in self.live:
             return
         self.live.discard(sb)
-        if sb.slot is None:
-            return
-        slot = sb.slot
-        try:
-            empty = slot.is_empty()
-        except OSError:
-            empty = False
-        if empty:
-            self._free(slot)
-            return
-        t = self.loop.create_task(self._recycle(slot))  # rare: wait until the kernel is done
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        if sb.slot is not None:
+            self._put_back(sb.slot)
 
     async def _recycle(self, slot: Slot) -> None:
         for i in range(2000):
