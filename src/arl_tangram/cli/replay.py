@@ -150,7 +150,7 @@ def lost_actions(reports: Mapping[str, Any]) -> str:
 
 
 def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str,
-          ours: str = "tangram") -> Any:
+          ours: str = "tangram", opt: float | None = None) -> Any:
     from rich.table import Table
 
     t = Table(title=title)
@@ -193,6 +193,10 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
         row.append("?" if ol is None else f"{ol:.2f}")
         t.add_row(*row)
     cap = []
+    if opt is not None and opt > 0:
+        cap.append(f"optimum (bound: each action alone at its best allotment, no queueing, no "
+                   f"start-up): ACT avg {_fmt(opt)} s; measured ACT x bound: "
+                   + ", ".join(f"{k} {_fmt(r.act['avg'] / opt)}" for k, r in reports.items()))
     lost = lost_actions(reports)
     if lost:
         cap.append(lost)
@@ -214,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..replay.calibrate import quick_units_per_s
     from ..replay.inputs import load_for_replay, parse_image_args, read_images, trace_images
-    from ..replay.predict import fidelity, predict
+    from ..replay.predict import fidelity, optimum, predict
 
     console = Console(stderr=args.json)
     if not console.is_terminal:
@@ -254,6 +258,7 @@ def _run(args: argparse.Namespace) -> int:
             sims[label] = predict(cluster, steps, label, cal, train_s=args.train_s, label=args.trace)
     if args.json:
         out: dict[str, Any] = {"trace": args.trace, "calibration": cal,
+                               "optimum": {"act_avg": optimum(cluster, steps, cal, args.train_s)},
                                "reports": {k: r.as_dict() for k, r in reports.items()}}
         if sims:
             out["predicted"] = {k: s.as_dict() for k, s in sims.items()}
@@ -263,7 +268,8 @@ def _run(args: argparse.Namespace) -> int:
         n_act = sum(len(t.steps) for b in steps for t in b)
         console.print(table(reports, sims or None,
                             f"{args.trace}: {n_act} actions, real "
-                            f"{cluster.total_capacity().get('cpu'):g} CPU"))
+                            f"{cluster.total_capacity().get('cpu'):g} CPU",
+                            opt=optimum(cluster, steps, cal, args.train_s)))
         if sims:
             _print_fidelity(console, fidelity(reports, sims))
     return 0

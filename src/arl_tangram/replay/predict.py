@@ -80,6 +80,17 @@ def predict(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy:
     return run_policy(cluster, lambda: m, policy, workload=label, config=cfg, shares_from=first)
 
 
+def optimum(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], cal: Mapping[str, Any],
+            train_s: float = 0.0) -> float:
+    """The average ACT of the optimum (`sim.bounds`: each action alone at its best allotment,
+    no queueing, no start-up) on the measured form of ``steps``: the lower bound every
+    measured and predicted ACT of the same run stands beside."""
+    from ..sim.bounds import bound
+
+    cluster = measured_cluster(cluster, cal)
+    return float(bound(measured_trace(steps, cluster, cal), cluster, train_s).act["avg"])
+
+
 def err(measured: float, predicted: float) -> float:
     """Relative error of the prediction: (predicted - measured) / measured."""
     if measured == 0:
