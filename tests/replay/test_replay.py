@@ -115,9 +115,9 @@ def test_replay_end_to_end_real_sandboxes_sessions_and_models(
     assert rep["act"]["count"] == 5 and rep["cpu_seconds"] > 0
     assert out["predicted"]["tangram"]["actions"] == 5
     assert "act_avg" in out["fidelity"]["policies"]["tangram"]
-    # the optimum of the same run: a lower bound of every measured and predicted ACT
+    # the optimum of the same run, in the calibrated spec's terms: a lower bound of the
+    # prediction (a measurement can fall below it where the machine ran faster than the spec)
     assert 0 < out["optimum"]["act_avg"] <= out["predicted"]["tangram"]["act"]["avg"] + 1e-9
-    assert out["optimum"]["act_avg"] <= rep["act"]["avg"]
 
 
 @pytest.mark.parametrize(("step", "field"), [

@@ -194,8 +194,9 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
         t.add_row(*row)
     cap = []
     if opt is not None and opt > 0:
-        cap.append(f"optimum (bound: each action alone at its best allotment, no queueing, no "
-                   f"start-up): ACT avg {_fmt(opt)} s; measured ACT x bound: "
+        cap.append(f"optimum (bound on the calibrated trace: each action alone at its best "
+                   f"allotment, no queueing, no start-up; a lower bound of the prediction, which "
+                   f"the machine's speed moves): ACT avg {_fmt(opt)} s; measured ACT x bound: "
                    + ", ".join(f"{k} {_fmt(r.act['avg'] / opt)}" for k, r in reports.items()))
     lost = lost_actions(reports)
     if lost:

@@ -83,8 +83,9 @@ def predict(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], policy:
 def optimum(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], cal: Mapping[str, Any],
             train_s: float = 0.0) -> float:
     """The average ACT of the optimum (`sim.bounds`: each action alone at its best allotment,
-    no queueing, no start-up) on the measured form of ``steps``: the lower bound every
-    measured and predicted ACT of the same run stands beside."""
+    no queueing, no start-up) on the measured form of ``steps``: a lower bound of every
+    predicted ACT, shown beside the measured ones of the same run (which can fall below it
+    where the machine runs faster than its calibration said)."""
     from ..sim.bounds import bound
 
     cluster = measured_cluster(cluster, cal)
