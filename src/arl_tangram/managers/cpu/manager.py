@@ -293,7 +293,9 @@ class CpuManager:
             if self._freezers is not None and self._freezers.available:
                 s.freezer = self._freezers.new(sb.slot)
                 if s.freezer is not None:
-                    s.freezer.add(overlay.slot_pids(sb.slot))
+                    # its init by pid (what it forks later inherits the freezer): a self-joining
+                    # init may not be in its slot yet when the spawn returns (`pool.self_join`)
+                    s.freezer.add(sorted({sb.pid, *overlay.slot_pids(sb.slot)}))
                     s.freezer.freeze()
         except BaseException:
             await self.close_session(session_id)
