@@ -53,3 +53,14 @@ async def no_leftovers(uid: int = TEST_UID, within_s: float = 3.0) -> list[int]:
 
 def pod_pid(result: object) -> int:
     return int(str(result.executor_pod_name).rsplit("-", 1)[1])  # type: ignore[attr-defined]
+
+
+def work_root_left(root: str) -> list[str]:
+    """What actions left in a manager's ``work_root``: nothing but the fork server's (empty)
+    mount point `rootfs` and the writable layers' directory, whose backing files are unlinked
+    as soon as made (`layers.py`), so it stays empty too."""
+    left = [n for n in sorted(os.listdir(root)) if n not in ("rootfs", "layers")]
+    layers = os.path.join(root, "layers")
+    if os.path.isdir(layers):
+        left += [f"layers/{n}" for n in sorted(os.listdir(layers))]
+    return left

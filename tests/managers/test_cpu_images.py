@@ -257,3 +257,85 @@ async def test_sessions_frozen_by_a_killed_manager_are_thawed_and_killed_at_next
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def _layer_loops(layers_dir: str) -> dict[str, int]:
+    """Loop devices backed by a file of ``layers_dir``: name -> size in MiB."""
+    out = {}
+    for name in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{name}/loop/backing_file") as f:
+                backing = f.read().strip()
+            with open(f"/sys/block/{name}/size") as f:
+                sectors = int(f.read())
+        except OSError:
+            continue
+        if backing.startswith(layers_dir.rstrip("/") + "/"):
+            out[name] = sectors * 512 >> 20
+    return out
+
+
+def _shmem(mgr: CpuManager, sid: str) -> int:  # noqa: F811
+    """Bytes of shared memory (tmpfs pages) charged to session ``sid``'s memory cgroup."""
+    slot = mgr._sessions[sid].sandbox.slot
+    assert slot is not None
+    with open(f"{slot.dirs['memory']}/memory.stat") as f:
+        stat = dict(line.split() for line in f)
+    return int(stat.get("shmem", 0))
+
+
+async def test_writable_layer_is_on_the_node_disk_and_freed_with_the_session(
+        mgr: CpuManager, mini_rootfs: str) -> None:  # noqa: F811
+    assert mgr.isolation_report()["image_layer"] == "disk"
+    assert mgr.layers is not None
+    img = await _image(mgr, mini_rootfs)
+    before = set(_layer_loops(mgr.layers.dir))
+    await mgr.open_session("img-disk", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img,
+                           layer_mb=48)
+    try:
+        mine = [k for k, v in _layer_loops(mgr.layers.dir).items() if k not in before and v == 48]
+        assert len(mine) == 1  # its own file system of exactly the cap (others: warm ones)
+        assert mgr.layers.used_mb == 48
+        shmem0 = _shmem(mgr, "img-disk")
+        r = await sh(mgr, "img-disk", "dd if=/dev/urandom of=/workdir/f bs=1M count=24 2>&1 && "
+                                      "sync; df -m / | tail -1")
+        assert r.status == "Success", (r.run_result.stdout, r.run_result.stderr) if r.run_result else r
+        size_mb = int(r.run_result.stdout.split()[-5])
+        assert 40 <= size_mb <= 48  # what the session sees as its disk: the layer
+        # the 24 MiB sit on disk, not in memory as a tmpfs layer's pages would
+        assert _shmem(mgr, "img-disk") - shmem0 < 4 << 20
+    finally:
+        await mgr.close_session("img-disk")
+    assert mgr.layers.used_mb == 0
+    deadline = time.monotonic() + 5
+    while mine[0] in _layer_loops(mgr.layers.dir) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert mine[0] not in _layer_loops(mgr.layers.dir)  # loop device and blocks released
+    assert not [n for n in os.listdir(mgr.layers.dir) if n.endswith(".ext4")]  # nothing named
+
+
+async def test_layers_past_the_node_budget_are_refused_and_the_open_ones_go_on(
+        mgr: CpuManager, mini_rootfs: str) -> None:  # noqa: F811
+    assert mgr.layers is not None
+    img = await _image(mgr, mini_rootfs)
+    budget = mgr.layers.budget_mb
+    mgr.layers.budget_mb = mgr.layers.used_mb + 40
+    try:
+        await mgr.open_session("img-bud1", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img,
+                               layer_mb=32)
+        with pytest.raises(ImageError, match=r"layer budget is spent: 32 of 40 MiB"):
+            await mgr.open_session("img-bud2", Resources(cpu=1, memory_mb=128), ttl_s=60,
+                                   image=img, layer_mb=32)
+        assert "img-bud2" not in mgr.session_ids()
+        r = await mgr.run(action("echo x", language="bash", image=img, layer_mb=32), allot())
+        assert r.status == "SandboxError" and "layer budget" in r.message
+        r = await sh(mgr, "img-bud1", "echo still > /workdir/s && cat /workdir/s")
+        assert r.status == "Success" and "still" in r.run_result.stdout
+        await mgr.close_session("img-bud1")
+        await mgr.open_session("img-bud2", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img,
+                               layer_mb=32)  # its cap came back with the closed session
+        await mgr.close_session("img-bud2")
+    finally:
+        mgr.layers.budget_mb = budget
+        for sid in ("img-bud1", "img-bud2"):
+            await mgr.close_session(sid)

@@ -86,19 +86,35 @@ class CpuManagerConfig:
     # That wait, serial in front of every refill batch, left the machine ~15 % idle under load.
     cgroup_self_join: bool = True
     # Environment images (issue 17): the node's image cache ("": `work_root`/images), the
-    # default size cap of a session's or image action's writable layer (a tmpfs, MiB), and
-    # whether sessions are frozen (cgroup freezer) between their actions.
+    # default size cap of a session's or image action's writable layer (MiB), and whether
+    # sessions are frozen (cgroup freezer) between their actions.
     images_dir: str = ""
     image_layer_mb: int = 1024
     freeze_sessions: bool = True
+    # Writable layers on the node's disk (`layers.py`): each its own ext4 of exactly its cap
+    # in a sparse file under `layers_dir` ("": `work_root`/layers), the caps of the layers
+    # open at once within `layer_budget_mb` (0: the disk free at start less a tenth of the
+    # disk), and `layers_warm` ready ones of the default size. Where loop devices or mkfs.ext4
+    # are missing, or with `layers_on_disk` off, a layer is a size-capped tmpfs (memory)
+    # instead, and the isolation report says why.
+    layers_on_disk: bool = True
+    layers_dir: str = ""
+    layer_budget_mb: int = 0
+    layers_warm: int = 2
 
     def __post_init__(self) -> None:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
                   "default_cpus", "pids_max", "default_compile_timeout_s",
                   "default_run_timeout_s", "max_timeout_s", "max_open_files",
                   "session_reap_interval_s", "image_layer_mb")
-        if self.images_dir and not os.path.isabs(self.images_dir):
-            raise ValueError(f"images_dir must be an absolute path, got {self.images_dir!r}")
+        for name in ("images_dir", "layers_dir"):
+            v = getattr(self, name)
+            if v and not os.path.isabs(v):
+                raise ValueError(f"{name} must be an absolute path, got {v!r}")
+        for name in ("layer_budget_mb", "layers_warm"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if not os.path.isabs(self.work_root):
             raise ValueError(f"work_root must be an absolute path, got {self.work_root!r}")
         for name in ("sandbox_uid", "sandbox_gid"):

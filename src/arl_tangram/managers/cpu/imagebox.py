@@ -1,11 +1,13 @@
 """Inside a sandbox: entering an environment image (issue 17), and the image's Python worker.
 
 Invariant: only the sandbox's init (root of its own namespaces, running our code) calls `enter`,
-before any action's code runs in the sandbox. It receives one fd (the cache's ``layers``
-directory, O_PATH) right after the request frame, mounts a size-capped tmpfs for the session's
-writable layer, stacks the image's layers read-only under it with overlayfs (nosuid, nodev),
-adds /proc (the sandbox's own PID namespace) and the sandbox's minimal /dev, and pivots into
-it: the old root (the host's system directories, the cache) is detached, and the fd is closed,
+before any action's code runs in the sandbox. It receives the cache's ``layers`` directory
+(O_PATH) right after the request frame, and with it the session's writable layer: a detached
+mount of an ext4 of the layer's size on the node's disk (`layers.py`), moved in here, or where
+the node has none, a size-capped tmpfs it mounts itself. It stacks the image's layers
+read-only under it with overlayfs (nosuid, nodev), adds /proc (the sandbox's own PID
+namespace) and the sandbox's minimal /dev, and pivots into it: the old root (the host's system
+directories, the cache) is detached, and the fds are closed,
 so nothing of the host but what every sandbox sees (the kernel's /proc files) is reachable.
 Everything else stays as for every sandbox: the action's processes drop to the sandbox uid with
 no_new_privs and the syscall filter (`proc._child_setup`), in the same namespaces and cgroups.
@@ -18,27 +20,28 @@ import socket
 import time
 from typing import Any
 
-from . import _linux, proc
+from . import _linux, layers, proc
 
-LAYER_DIR = "/sandbox/layer"  # the writable layer's tmpfs (upper + overlay work dir)
+LAYER_DIR = "/sandbox/layer"  # the writable layer (upper + overlay work dir)
 ROOT_DIR = "/sandbox/root"  # where the image is mounted before the pivot
 # python3 of the image: its session worker (a persistent interpreter) and one-shot runs
 PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3")
 python: str | None = None  # set once the sandbox is in an image (`enter`)
 
 
-def _recv_fd(fd: int) -> int:
+def _recv_fds(fd: int, n: int) -> list[int]:
     s = socket.socket(fileno=os.dup(fd))
     try:
         s.setblocking(True)
-        _msg, fds, _flags, _addr = socket.recv_fds(s, 1, 1)
+        _msg, fds, _flags, _addr = socket.recv_fds(s, 1, 2)
     finally:
         s.close()
-    if len(fds) != 1:
+    if len(fds) != n:
         for x in fds:
             os.close(x)
-        raise OSError("image: expected one fd (the layers directory)")
-    return fds[0]
+        raise OSError(f"image: expected {n} fds (the layers directory, the writable layer), "
+                      f"got {len(fds)}")
+    return fds
 
 
 def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
@@ -46,7 +49,9 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
     first) with a writable layer of ``req["layer_mb"]`` MiB and pivot into it."""
     global python
     t0 = time.perf_counter()
-    layers_fd = _recv_fd(fd)
+    on_disk = req.get("layer") == "disk"
+    fds = _recv_fds(fd, 2 if on_disk else 1)
+    layers_fd = fds[0]
     try:
         uid, gid = int(req["uid"]), int(req["gid"])
         for name in req["layers"]:
@@ -54,7 +59,12 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
                 raise ValueError(f"bad layer name {name!r}")
         nosuid = _linux.MS_NOSUID | _linux.MS_NODEV
         os.mkdir(LAYER_DIR, 0o700)
-        _linux.mount("tmpfs", LAYER_DIR, "tmpfs", nosuid, f"size={int(req['layer_mb'])}m,mode=0700")
+        if on_disk:  # the manager's detached ext4 of the layer's size (`layers.py`)
+            layers.move_mount(fds[1], LAYER_DIR)
+            os.chmod(LAYER_DIR, 0o700)
+        else:
+            _linux.mount("tmpfs", LAYER_DIR, "tmpfs", nosuid,
+                         f"size={int(req['layer_mb'])}m,mode=0700")
         os.mkdir(LAYER_DIR + "/upper", 0o755)
         os.mkdir(LAYER_DIR + "/work", 0o700)
         os.mkdir(ROOT_DIR, 0o755)
@@ -64,7 +74,8 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
                      f"workdir={LAYER_DIR}/work")
     finally:
         os.chdir("/")
-        os.close(layers_fd)
+        for x in fds:
+            os.close(x)
     r = ROOT_DIR
     for d, mode in (("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777)):
         if not os.path.isdir(f"{r}/{d}") or os.path.islink(f"{r}/{d}"):

@@ -22,7 +22,7 @@ from typing import Any
 
 DEFAULT_TOOLS = ("bash", "sh", "cat", "ls", "sleep", "head", "dd", "mkdir", "rm", "echo",
                  "true", "false", "grep", "sed", "wc", "env", "id", "stat", "tr", "cut", "sort",
-                 "touch", "chmod", "cp", "mv", "find", "pwd", "uname")
+                 "touch", "chmod", "cp", "mv", "find", "pwd", "uname", "tail", "df", "sync")
 
 
 def _libs(binary: str) -> set[str]:

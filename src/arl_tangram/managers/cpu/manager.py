@@ -26,6 +26,7 @@ from . import direct, isolation, languages, overlay, payload
 from .cgroups import CgroupTree
 from .config import CpuManagerConfig
 from .images import Image, ImageError, ImageStore
+from .layers import Layer, LayerError, LayerStore
 from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
@@ -43,6 +44,7 @@ class _Session:
     image: Image | None = None  # the environment image it runs in (issue 17)
     python: str | None = None  # that image's python3
     freezer: overlay.Freezer | None = None  # frozen between actions
+    layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
 
 
 def _inside(paths: list[str], ro: list[str]) -> list[str]:
@@ -70,6 +72,7 @@ class CpuManager:
         self._host = socket.gethostname()
         self._env: dict[float, dict[str, str]] = {}  # sandbox environment by CPU count
         self.images: ImageStore | None = None  # this node's image cache (`images.py`)
+        self.layers: LayerStore | None = None  # writable layers on this node's disk
         self._freezers: overlay.FreezerTree | None = None
 
     # life cycle --------------------------------------------------------------------------------
@@ -116,6 +119,13 @@ class CpuManager:
             raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
         self._pool.start()
         self.images = ImageStore(cfg.images_dir or os.path.join(cfg.work_root, "images"))
+        if cfg.layers_on_disk:
+            self.layers = await asyncio.to_thread(
+                LayerStore, cfg.layers_dir or os.path.join(cfg.work_root, "layers"),
+                cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
+        self._report["image_layer"] = (
+            "disk" if self.layers is not None and self.layers.available else
+            f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
         self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
 
@@ -133,6 +143,8 @@ class CpuManager:
             self._zygote.close()  # touches the event loop: stay on its thread
         if self._freezers is not None:
             self._freezers.close()
+        if self.layers is not None:
+            self.layers.close()
         if self._cgroups is not None:
             self._cgroups.close()
 
@@ -240,11 +252,19 @@ class CpuManager:
         except ImageError as e:
             return RunResult.sandbox_error(f"payload.image: {e}")
         sb = None
+        held_mb = 0
         try:
             sb = await self._pool.spawn()
             layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
-            entered = await overlay.enter_image(sb, self.images, img, layer_mb,
-                                                self.config.sandbox_uid, self.config.sandbox_gid)
+            layer = await self._take_layer(layer_mb)
+            held_mb = layer.mb if layer is not None else 0
+            try:
+                entered = await overlay.enter_image(sb, self.images, img, layer_mb,
+                                                    self.config.sandbox_uid,
+                                                    self.config.sandbox_gid, layer)
+            finally:
+                if layer is not None:
+                    layer.close()  # the sandbox holds it now, or nobody
             if "error" in entered:
                 return RunResult.sandbox_error(f"cannot enter image {name!r}: {entered['error']}")
             req = overlay.image_request(req, img, entered.get("python"), layer_mb)
@@ -257,7 +277,16 @@ class CpuManager:
             self._cancelled.discard(action.id)
             if sb is not None:
                 self._pool.release(sb)
+            if held_mb and self.layers is not None:
+                self.layers.give_back(held_mb)
             self.images.release(name)
+
+    async def _take_layer(self, mb: int) -> Layer | None:
+        """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
+        layers (the sandbox then mounts a tmpfs of that size); `LayerError` past the budget."""
+        if self.layers is None or not self.layers.available:
+            return None
+        return await asyncio.to_thread(self.layers.take, mb)
 
     # sessions ----------------------------------------------------------------------------------
     async def open_session(self, session_id: str, demand: Resources, ttl_s: float,
@@ -284,9 +313,19 @@ class CpuManager:
         try:
             sb.set_limits(cpus, mem)
             if img is not None and self.images is not None:
-                entered = await overlay.enter_image(
-                    sb, self.images, img, int(layer_mb or self.config.image_layer_mb),
-                    self.config.sandbox_uid, self.config.sandbox_gid)
+                mb = int(layer_mb or self.config.image_layer_mb)
+                try:
+                    layer = await self._take_layer(mb)
+                except LayerError as e:
+                    raise ImageError(str(e)) from None
+                s.layer_mb = layer.mb if layer is not None else 0
+                try:
+                    entered = await overlay.enter_image(
+                        sb, self.images, img, mb, self.config.sandbox_uid,
+                        self.config.sandbox_gid, layer)
+                finally:
+                    if layer is not None:
+                        layer.close()  # the sandbox holds it now, or nobody
                 if "error" in entered:
                     raise ImageError(f"cannot enter image {image!r}: {entered['error']}")
                 s.python = entered.get("python")
@@ -309,6 +348,8 @@ class CpuManager:
             self._freezers.drop(s.freezer)  # thawed: a frozen task cannot die
         if self._pool is not None:
             self._pool.release(s.sandbox)
+        if s.layer_mb and self.layers is not None:
+            self.layers.give_back(s.layer_mb)
         if s.image is not None and self.images is not None:
             self.images.release(s.image.name)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from .cgroups import CgroupTree, Slot
 from .images import Image, ImageStore
+from .layers import Layer
 from .pool import Sandbox
 
 _FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
@@ -252,13 +253,18 @@ def slot_pids(slot: Slot | None) -> list[int]:
 
 
 async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int, uid: int,
-                      gid: int, timeout: float = 30.0) -> dict[str, Any]:
+                      gid: int, layer: Layer | None = None,
+                      timeout: float = 30.0) -> dict[str, Any]:
     """Have ``sb``'s init mount ``img`` with a writable layer of ``layer_mb`` MiB and pivot into
-    it; its reply (``{"ok", "enter_s", "python"}`` or ``{"error"}``)."""
+    it; its reply (``{"ok", "enter_s", "python"}`` or ``{"error"}``). The writable layer is
+    ``layer`` (a detached mount on the node's disk, `layers.py`), lent to the init beside the
+    cache's fd, or without one a tmpfs of ``layer_mb`` MiB that the init mounts itself."""
     fd = open_tree_clone(store.layers_dir)
+    fds = [fd] if layer is None else [fd, layer.fd]
     try:
         msg = {"op": "image", "layers": [os.path.basename(p) for p in store.layer_paths(img)],
-               "layer_mb": int(layer_mb), "uid": uid, "gid": gid}
+               "layer_mb": int(layer_mb), "uid": uid, "gid": gid,
+               "layer": "memory" if layer is None else "disk"}
         fut = asyncio.ensure_future(sb.request(msg, timeout))
         await asyncio.sleep(0)  # the frame goes out first; the init then reads the fd
         if fut.done():
@@ -266,7 +272,7 @@ async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int,
         sock = sb.conn.sock
         for _ in range(1000):
             try:
-                socket.send_fds(sock, [b"\0"], [fd])
+                socket.send_fds(sock, [b"\0"], fds)
                 break
             except BlockingIOError:
                 await asyncio.sleep(0.001)

@@ -1,0 +1,285 @@
+"""Writable layers of image sandboxes, on the node's disk (issue 17).
+
+Invariant: a layer is a file system of its own (ext4, no journal) of exactly its cap, in a
+sparse file on the node's disk, attached to a loop device that clears itself and mounted
+*detached* (``fsmount``): no path of the host names the mount, the backing file is unlinked as
+soon as the loop device holds it, and the whole layer lives exactly as long as its last mount,
+the one the sandbox's init moves into its own namespace (`imagebox.enter`). When the sandbox
+dies, its namespace goes, the file system is unmounted, the loop device clears and the disk
+blocks are freed, whoever dies first: manager, fork server or sandbox.
+
+A write past the cap fails inside that file system only (ENOSPC), and the sum of the caps of
+the layers handed out is kept within the node's layer budget (by default the disk's free space
+less a tenth of the disk), so sessions can never fill the node's disk: the backing files are
+sparse, but the budget counts every layer at its full cap. Formatting (``mkfs.ext4``, ~9 ms) is kept off the open path by a small warm pool
+of ready layers of the default size, as the warm pool keeps sandboxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import itertools
+import os
+import shutil
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+MIN_LAYER_MB = 4  # ext4 needs a few hundred KiB of its own; below this the cap would be a lie
+
+# x86_64 and the unified syscall table (the new mount API, Linux 5.2+)
+_SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
+_FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
+_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
+_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_AT_FDCWD = -100
+_LOOP_CTL_GET_FREE, _LOOP_CONFIGURE = 0x4C82, 0x4C0A
+_LO_FLAGS_AUTOCLEAR, _LO_FLAGS_DIRECT_IO = 4, 16
+
+_libc: Any = None
+
+
+def _sys(nr: int, *args: Any) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    r = int(_libc.syscall(ctypes.c_long(nr), *args))
+    if r < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return r
+
+
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` at ``target`` in the caller's mount namespace."""
+    _sys(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(_AT_FDCWD), os.fsencode(target),
+         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
+
+
+def _loop_attach(path: str) -> int:
+    """A free loop device backed by ``path`` (autoclear; direct I/O where the disk takes it, so
+    the layer's pages are not cached twice), as an open fd of the device."""
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        n = fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)
+    finally:
+        os.close(ctl)
+    dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for flags in (_LO_FLAGS_AUTOCLEAR | _LO_FLAGS_DIRECT_IO, _LO_FLAGS_AUTOCLEAR):
+            # struct loop_config {fd, block_size, struct loop_info64 {dev, inode, rdev, offset,
+            # sizelimit, number, encrypt_type, encrypt_key_size, flags, file_name[64],
+            # crypt_name[64], encrypt_key[32], init[2]}, reserved[8]}
+            info = struct.pack("=QQQQQIIII64s64s32sQQ", 0, 0, 0, 0, 0, 0, 0, 0, flags,
+                               b"", b"", b"", 0, 0)
+            try:
+                fcntl.ioctl(dev, _LOOP_CONFIGURE, struct.pack("=II", backing, 0) + info + bytes(64))
+                return dev
+            except OSError:
+                if flags & _LO_FLAGS_DIRECT_IO:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+    except BaseException:
+        os.close(dev)
+        raise
+    finally:
+        os.close(backing)
+
+
+def _fsmount_ext4(dev_fd: int) -> int:
+    """The ext4 file system on loop device ``dev_fd``, mounted nowhere: a detached mount's fd."""
+    fs = _sys(_SYS_FSOPEN, b"ext4", ctypes.c_uint(_FSOPEN_CLOEXEC))
+    try:
+        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_STRING), b"source",
+             f"/proc/self/fd/{dev_fd}".encode(), ctypes.c_int(0))
+        # the file is sparse, so never-written inode tables already read as zeros: no need for
+        # the kernel's background thread that would write them out
+        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_FLAG), b"noinit_itable",
+             None, ctypes.c_int(0))
+        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
+             ctypes.c_int(0))
+        return _sys(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
+                    ctypes.c_uint(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV))
+    finally:
+        os.close(fs)
+
+
+
+def _mkfs() -> str | None:
+    found = shutil.which("mkfs.ext4")
+    if found:
+        return found
+    for d in ("/usr/sbin", "/sbin"):
+        if os.access(f"{d}/mkfs.ext4", os.X_OK):
+            return f"{d}/mkfs.ext4"
+    return None
+
+
+class LayerError(Exception):
+    """A layer could not be made or is over the node's budget; the message says which."""
+
+
+@dataclass(slots=True, eq=False)
+class Layer:
+    """One writable layer: ``fd`` is its detached mount (close it once the sandbox holds it)."""
+
+    fd: int
+    mb: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+class LayerStore:
+    """This node's writable layers: made in ``dir_`` (backing files live there only until their
+    loop device holds them), ``budget_mb`` for the caps of the layers handed out at once, and
+    ``warm`` ready layers of ``default_mb`` kept in hand.
+
+    Thread-safe: layers are made in worker threads (`take` is called through
+    ``asyncio.to_thread``), refills run in a thread of their own."""
+
+    def __init__(self, dir_: str, default_mb: int, budget_mb: int = 0, warm: int = 2) -> None:
+        self.dir, self.default_mb, self.warm = dir_, int(default_mb), int(warm)
+        self.problem = ""
+        self.used_mb = 0
+        self._ready: list[Layer] = []
+        self._lock = threading.Lock()
+        self._names = itertools.count()
+        self._refilling = False
+        self._closed = False
+        self._mkfs = _mkfs()
+        try:
+            os.makedirs(self.dir, 0o700, exist_ok=True)
+            self._sweep()
+            disk = shutil.disk_usage(self.dir)
+        except OSError as e:
+            self.problem, spare_mb = f"layer directory {self.dir}: {e}", 0
+        else:  # default: the disk free now less a tenth of the disk, kept for everything else
+            spare_mb = max(0, disk.free - disk.total // 10) >> 20
+        self.budget_mb = int(budget_mb) if budget_mb > 0 else spare_mb
+        if not self.problem:
+            self.problem = self._probe()  # leaves one ready layer; more once layers are taken
+
+    @property
+    def available(self) -> bool:
+        return not self.problem
+
+    def _sweep(self) -> None:
+        """Backing files left by a process that died between making and attaching one."""
+        for name in os.listdir(self.dir):
+            pid = name.split("-", 1)[0]
+            if name.endswith(".ext4") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.dir, name))
+
+    def _probe(self) -> str:
+        if self._mkfs is None:
+            return "mkfs.ext4 not found (install e2fsprogs)"
+        if not os.path.exists("/dev/loop-control"):
+            return "no /dev/loop-control (loop devices)"
+        try:
+            self._ready.append(self._make(self.default_mb))
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"cannot make a disk layer: {e}"
+        return ""
+
+    def _make(self, mb: int) -> Layer:
+        assert self._mkfs is not None
+        path = os.path.join(self.dir, f"{os.getpid()}-{id(self):x}-{next(self._names)}.ext4")
+        try:
+            with open(path, "wb") as f:
+                f.truncate(mb << 20)  # sparse: blocks are taken as the layer is written
+            subprocess.run([self._mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+                            "-E", "lazy_itable_init=1,nodiscard", path],
+                           check=True, capture_output=True, timeout=60)
+            dev = _loop_attach(path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # the loop device holds it from here on
+        try:
+            return Layer(_fsmount_ext4(dev), mb)
+        finally:
+            os.close(dev)  # the mount holds the device (autoclear once unmounted)
+
+    def take(self, mb: int | None = None) -> Layer:
+        """A fresh, empty layer of ``mb`` MiB (default: the store's), counted against the
+        budget until `give_back`. Blocks for ~10 ms when no ready one fits."""
+        mb = int(mb or self.default_mb)
+        if self.problem:
+            raise LayerError(f"no disk layers on this node: {self.problem}")
+        if mb < MIN_LAYER_MB:
+            raise LayerError(f"layer_mb must be at least {MIN_LAYER_MB}, got {mb}")
+        with self._lock:
+            if self.used_mb + mb > self.budget_mb:
+                raise LayerError(
+                    f"the node's layer budget is spent: {self.used_mb} of {self.budget_mb} MiB "
+                    f"held by open layers, {mb} MiB asked")
+            self.used_mb += mb
+            layer = next((x for x in self._ready if x.mb == mb), None)
+            if layer is not None:
+                self._ready.remove(layer)
+        try:
+            if layer is None:
+                layer = self._make(mb)
+        except BaseException as e:
+            with self._lock:
+                self.used_mb -= mb
+            raise LayerError(f"cannot make a {mb} MiB disk layer: {e}") from e
+        self.refill()
+        return layer
+
+    def give_back(self, mb: int) -> None:
+        """A layer handed out by `take` is gone (its sandbox was released)."""
+        with self._lock:
+            self.used_mb = max(0, self.used_mb - int(mb))
+
+    def refill(self) -> None:
+        """Make ready layers up to ``warm`` in a background thread (one refill at a time)."""
+        with self._lock:
+            if self._refilling or self._closed or len(self._ready) >= self.warm:
+                return
+            self._refilling = True
+        threading.Thread(target=self._refill, name="tangram-layers", daemon=True).start()
+
+    def _refill(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed or len(self._ready) >= self.warm:
+                        return
+                try:
+                    layer = self._make(self.default_mb)
+                except (OSError, subprocess.SubprocessError):
+                    return  # `take` makes one itself and reports why
+                with self._lock:
+                    if self._closed:
+                        layer.close()
+                        return
+                    self._ready.append(layer)
+        finally:
+            with self._lock:
+                self._refilling = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, []
+        for layer in ready:
+            layer.close()
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return {"backing": "disk" if not self.problem else "memory", "problem": self.problem,
+                    "dir": self.dir, "budget_mb": self.budget_mb, "used_mb": self.used_mb,
+                    "ready": len(self._ready)}
