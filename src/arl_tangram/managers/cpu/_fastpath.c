@@ -1,17 +1,24 @@
 /* The sandbox's set-up path in C: what runs between the fork and the action's code.
  *
- * Each function does, in one call and without touching a Python object, what the Python
- * functions it replaces do call by call (same system calls, same order, same errors as OSError):
+ * Each function does, in one call and touching as few Python objects as it can, what the
+ * Python functions it replaces do call by call (same system calls, same order, same errors as
+ * OSError):
+ *   fork_all     zygote._fork_all's loop of forks; each child then runs init_setup and, for a
+ *                direct sandbox that does not warm, direct_take (sandbox.serve's first step)
  *   init_setup   zygote._init + sandbox.become   (a new sandbox init, right after its fork)
  *   detach       proc._child_detach, fds and session part (signals stay in Python)
  *   direct_fds   sandbox._run_direct's fd juggling + detach; returns (status fd, its inode)
  *   drop         the OOM score and cwd of _child_detach, then proc._pre_drop + proc._final_drop
  *                (rlimits, no groups, gid, cgroup namespace, uid, no_new_privs, seccomp filter)
  *   direct_take  the next request; a compact direct one (wire.encode_direct) is taken through
- *                sandbox._run_direct's steps up to the action's code (file, stdin, fds, drop)
+ *                sandbox._run_direct's steps (file, stdin, fds, drop), then its code is run as
+ *                proc._exec_job + proc._child_python run a Python job (`run_python`: through
+ *                the C API, none of our Python code between the fork and the action's); it
+ *                never comes back. Needs `configure` (the fork server, once).
  * Why: a fresh fork of the fork server copies every page it writes (copy-on-write); Python
  * code writes reference counts, frames and caches all over the interpreter's memory, so the
- * same calls made from Python cost ~150 more page faults per sandbox (docs/sandbox.md).
+ * same calls made from Python cost ~150 more page faults per sandbox, and the Python between
+ * the fork and the code another ~60 (docs/sandbox.md).
  * The Python versions stay, and run where this extension is not built.
  */
 #define PY_SSIZE_T_CLEAN
@@ -71,26 +78,36 @@ static int write_small(const char *path, const char *data) {
     return n < 0 ? -1 : 0;
 }
 
-/* init_setup(sock, net, out_w, err_w, workdir_mb, uid, gid, hostname, sandbox_dir, workdir) */
+/* init_setup(cg, sock, net, out_w, err_w, workdir_mb, uid, gid, hostname, sandbox_dir,
+ *            workdir); cg: the fds of the cgroup slot's `tasks` files, written first */
 static PyObject *init_setup(PyObject *self, PyObject *args) {
+    PyObject *cg;
     int sock, net, out_w, err_w, mb, uid, gid;
     const char *host, *sbdir, *workdir;
     Py_ssize_t hostlen;
-    if (!PyArg_ParseTuple(args, "iiiiiiiy#yy", &sock, &net, &out_w, &err_w, &mb, &uid, &gid,
-                          &host, &hostlen, &sbdir, &workdir))
+    if (!PyArg_ParseTuple(args, "O!iiiiiiiy#yy", &PyTuple_Type, &cg, &sock, &net, &out_w,
+                          &err_w, &mb, &uid, &gid, &host, &hostlen, &sbdir, &workdir))
         return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cg); i++) {  /* (see zygote._init) */
+        int fd = (int)PyLong_AsLong(PyTuple_GET_ITEM(cg, i));
+        if ((fd < 0 && PyErr_Occurred()) || write(fd, "0", 1) != 1)
+            return PyErr_Occurred() ? NULL : oserror("joining the cgroup slot");
+    }
     char buf[512];
     sigset_t none;
-    struct sigaction dfl;
+    struct sigaction act;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         return oserror("prctl(PR_SET_PDEATHSIG)");
     sigemptyset(&none);
     if (sigprocmask(SIG_SETMASK, &none, NULL) != 0)
         return oserror("sigprocmask");
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    if (sigaction(SIGCHLD, &dfl, NULL) != 0)
+    memset(&act, 0, sizeof act);
+    act.sa_handler = SIG_DFL;
+    if (sigaction(SIGCHLD, &act, NULL) != 0)
         return oserror("sigaction(SIGCHLD)");
+    act.sa_handler = SIG_IGN;  /* (as Python's own table has it since the interpreter's start) */
+    if (sigaction(SIGPIPE, &act, NULL) != 0)
+        return oserror("sigaction(SIGPIPE)");
     if (setns(net, CLONE_NEWNET) != 0)
         return oserror("setns(CLONE_NEWNET)");
     if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS) != 0)
@@ -272,6 +289,161 @@ static void cannot_start(const char *what) {  /* like `_run_direct`: report, exi
     _exit(127);
 }
 
+/* What `direct_take` and `run_python` need, set once by the fork server (`configure`): the
+ * signal module's own `signal` function and the signals whose disposition a job's process
+ * resets (`proc._default_signals`), `proc._code_failed` (exit code and printing of code that
+ * raised), the work directory with its slash ("/workdir/"), the syscall filter (raw BPF, or
+ * None: none). Forks inherit them; reading them writes nothing. */
+static PyObject *signal_fn, *default_signals, *code_failed, *workdir_slash, *filter;
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *fn, *sigs, *failed, *wd, *bpf;
+    if (!PyArg_ParseTuple(args, "OO!OO!O", &fn, &PyTuple_Type, &sigs, &failed, &PyBytes_Type,
+                          &wd, &bpf))
+        return NULL;
+    if (bpf != Py_None && !PyBytes_Check(bpf))
+        return PyErr_Format(PyExc_TypeError, "configure: the filter is bytes or None");
+    Py_XSETREF(signal_fn, Py_NewRef(fn));
+    Py_XSETREF(default_signals, Py_NewRef(sigs));
+    Py_XSETREF(code_failed, Py_NewRef(failed));
+    Py_XSETREF(workdir_slash, Py_NewRef(wd));
+    Py_XSETREF(filter, Py_NewRef(bpf));
+    Py_RETURN_NONE;
+}
+
+static PyObject *cpu_count_fn(PyObject *n, PyObject *unused) { return Py_NewRef(n); }
+static PyMethodDef cpu_count_def = {"cpu_count", cpu_count_fn, METH_NOARGS,
+                                    "the CPUs allotted to this action"};
+
+/* The exit code of the failure now raised (cleared), from `proc._code_failed(exc, tb)`, which
+ * prints it as the interpreter would; the traceback is the code's own (no frame of ours). */
+static int failed_rc(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallFunctionObjArgs(code_failed, value ? value : Py_None,
+                                               tb ? tb : Py_None, NULL);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    long rc = r != NULL && PyLong_Check(r) ? PyLong_AsLong(r) : 1;
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return (int)rc;
+}
+
+/* Call sys.modules[mod].name() if that module is loaded; -1 (error cleared) if the call failed,
+ * else 0, with the result's truth in *truth when truth is not NULL. */
+static int call_loaded(const char *mod, const char *name, int *truth) {
+    PyObject *m = PyDict_GetItemString(PyImport_GetModuleDict(), mod);  /* (borrowed) */
+    if (truth != NULL)
+        *truth = 0;
+    if (m == NULL)
+        return 0;
+    PyObject *r = PyObject_CallMethod(m, name, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (truth != NULL)
+        *truth = PyObject_IsTrue(r) > 0;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* run_python: a compact direct action's code, in this process (set up and unprivileged by now),
+ * as sandbox._run_direct_taken + proc._exec_job + proc._child_python do it for that job (same
+ * steps, same order: a change there must be made here too): the signals' dispositions through
+ * Python's own table, os.cpu_count, sys.path[0], sys.argv, the globals, compile + exec, then
+ * threading's and atexit's shutdown, both streams flushed, the exit code reported on the status
+ * socket (if it is still ours), exit. Never returns. Without the interpreter's frames for all
+ * that, a fresh fork writes (copy-on-write faults) far fewer pages. */
+static void run_python(PyObject *code, PyObject *filename, int status, unsigned long long ino,
+                       double cpus) {
+    int rc = 127;
+    const char *what = "signals";
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(default_signals); i++) {
+        PyObject *r = PyObject_CallFunction(signal_fn, "Oi",
+                                            PyTuple_GET_ITEM(default_signals, i), 0);
+        if (r == NULL)
+            goto broken;
+        Py_DECREF(r);
+    }
+    what = "job";
+    long n = (long)(cpus + 0.999);
+    PyObject *modules = PyImport_GetModuleDict();
+    PyObject *os_mod = PyDict_GetItemString(modules, "os");  /* (borrowed) */
+    PyObject *ncpu = PyLong_FromLong(n < 1 ? 1 : n);
+    PyObject *count = ncpu ? PyCFunction_New(&cpu_count_def, ncpu) : NULL;
+    Py_XDECREF(ncpu);
+    int bad = os_mod == NULL || count == NULL
+              || PyObject_SetAttrString(os_mod, "cpu_count", count) != 0;
+    Py_XDECREF(count);
+    if (bad)
+        goto broken;
+    PyObject *path = PySys_GetObject("path");  /* (borrowed) */
+    PyObject *first = Py_BuildValue("[s]", "/workdir");  /* sys.path[0:1] = [workdir] */
+    bad = path == NULL || !PyList_Check(path) || first == NULL
+          || PyList_SetSlice(path, 0, 1, first) != 0;
+    Py_XDECREF(first);
+    PyObject *argv = bad ? NULL : Py_BuildValue("[O]", filename);  /* sys.argv = [filename] */
+    bad = argv == NULL || PySys_SetObject("argv", argv) != 0;
+    Py_XDECREF(argv);
+    PyObject *builtins = PyDict_GetItemString(modules, "builtins");
+    PyObject *glb = bad || builtins == NULL ? NULL
+                    : Py_BuildValue("{sssOsO}", "__name__", "__main__", "__builtins__",
+                                    builtins, "__file__", filename);
+    if (glb == NULL)
+        goto broken;
+    /* compile(code, filename, "exec", dont_inherit=True), then exec(it, glb) */
+    PyObject *compile = PyDict_GetItemString(PyModule_GetDict(builtins), "compile");
+    PyObject *co = compile ? PyObject_CallFunction(compile, "OOsii", code, filename, "exec", 0, 1)
+                           : NULL;
+    PyObject *res = co ? PyEval_EvalCode(co, glb, glb) : NULL;
+    Py_XDECREF(co);
+    if (res != NULL) {
+        rc = 0;
+        Py_DECREF(res);
+    } else {
+        rc = failed_rc();
+    }
+    Py_DECREF(glb);
+    /* what interpreter shutdown does, only where the code set it up (see proc._exec_job) */
+    int more = 0;
+    if (call_loaded("threading", "_shutdown", NULL) == 0
+        && call_loaded("atexit", "_ncallbacks", &more) == 0 && more)
+        call_loaded("atexit", "_run_exitfuncs", NULL);
+    static const char *streams[2] = {"stdout", "stderr"};
+    for (int i = 0; i < 2; i++) {
+        PyObject *s = PySys_GetObject(streams[i]);
+        PyObject *r = s ? PyObject_CallMethod(s, "flush", NULL) : NULL;
+        if (r == NULL) {
+            PyErr_Clear();
+            rc = rc ? rc : 120;
+        }
+        Py_XDECREF(r);
+    }
+    struct stat st;  /* the exit code on the status socket, framed for the manager */
+    if (fstat(status, &st) == 0 && (unsigned long long)st.st_ino == ino) {
+        char frame[32];
+        int len = snprintf(frame + 4, sizeof frame - 4, "{\"rc\":%d}", rc & 0xFF);
+        frame[0] = frame[1] = 0;
+        frame[2] = (char)(len >> 8);
+        frame[3] = (char)len;
+        write_all(status, frame, (size_t)len + 4);
+    }
+    _exit(rc);
+broken:  /* (our own step failed, not the code: like proc._exec_job, report and exit) */
+    PyErr_Clear();
+    char msg[128];
+    int m = snprintf(msg, sizeof msg, "sandbox: cannot start: %s\n", what);
+    if (m > 0)
+        write_all(2, msg, (size_t)m);
+    _exit(rc);
+}
+
 #define DIRECT_MAGIC "\0TGD"
 #define MAX_FRAME (256u << 20)
 struct direct_head {  /* after the magic; little-endian, packed as wire.DIRECT (struct "<") */
@@ -280,19 +452,22 @@ struct direct_head {  /* after the magic; little-endian, packed as wire.DIRECT (
     unsigned int name_len, code_len, stdin_len;
 } __attribute__((packed));
 
-/* direct_take(fd, workdir_slash, filter) -> bytes | tuple. Reads the next request frame from
- * the manager (fd 3). A marshal request comes back as its bytes. A compact direct request
+/* direct_take(fd) -> bytes. Reads the next request frame from the
+ * manager (fd 3). A marshal request comes back as its bytes. A compact direct request
  * (wire.encode_direct: the common Python action, no files, the sandbox's own environment) is
- * run up to the action's code here, as sandbox._run_direct does it: main file written as root
- * (owned by the sandbox uid), stdin from a memfd, fds, own session, then the privilege drop
- * and the syscall filter; returns (code, filename, status fd, its inode, cpus). A failure after
- * the frame is read reports on fd 2 and exits 127, like the Python path. */
-static PyObject *direct_take(PyObject *self, PyObject *args) {
-    int fd;
-    const char *workdir_slash, *bpf = NULL;
-    Py_ssize_t bpflen = 0;
-    if (!PyArg_ParseTuple(args, "iyz#", &fd, &workdir_slash, &bpf, &bpflen))
+ * run here, as sandbox._run_direct does it: main file written as root (owned by the sandbox
+ * uid), stdin from a memfd, fds, own session, then the privilege drop and the syscall filter,
+ * then the code (`run_python`); it never returns. A failure after the frame is read reports on
+ * fd 2 and exits 127, like the Python path. Needs `configure` first (the fork server's). */
+static PyObject *direct_take(PyObject *self, PyObject *arg) {
+    int fd = (int)PyLong_AsLong(arg);
+    if (fd < 0 && PyErr_Occurred())
         return NULL;
+    if (code_failed == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "direct_take: not configured");
+    const char *wds = PyBytes_AS_STRING(workdir_slash);
+    const char *bpf = filter != Py_None ? PyBytes_AS_STRING(filter) : NULL;
+    Py_ssize_t bpflen = filter != Py_None ? PyBytes_GET_SIZE(filter) : 0;
     unsigned char hdr[4];
     int r = read_all(fd, (char *)hdr, 4);
     if (r != 0)
@@ -322,7 +497,7 @@ static PyObject *direct_take(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "malformed direct request");
     }
     char path[512];
-    snprintf(path, sizeof path, "%s%.*s", workdir_slash, (int)h.name_len, name);
+    snprintf(path, sizeof path, "%s%.*s", wds, (int)h.name_len, name);
     PyObject *src = PyUnicode_DecodeUTF8(code, h.code_len, "strict");
     PyObject *fname = PyUnicode_FromString(path);
     if (src == NULL || fname == NULL) {
@@ -352,7 +527,7 @@ static PyObject *direct_take(PyObject *self, PyObject *args) {
     if (what == NULL) {
         /* (workdir without its slash: "/workdir/" -> "/workdir") */
         char wd[256];
-        snprintf(wd, sizeof wd, "%s", workdir_slash);
+        snprintf(wd, sizeof wd, "%s", wds);
         size_t l = strlen(wd);
         if (l > 1 && wd[l - 1] == '/')
             wd[l - 1] = 0;
@@ -361,7 +536,8 @@ static PyObject *direct_take(PyObject *self, PyObject *args) {
     if (what != NULL)
         cannot_start(what);
     Py_DECREF(body);
-    return Py_BuildValue("(NNiKd)", src, fname, status, ino, cpus);
+    run_python(src, fname, status, ino, cpus);
+    return NULL;  /* (not reached) */
 }
 
 /* write_each([(path, data), ...]) -> None: open, write, close each in turn, the GIL released
@@ -418,18 +594,24 @@ done:
     return ret;
 }
 
-/* fork_all(n, home_pid) -> list | int: (the fork server) n forks, each the first process of a new
- * PID namespace: unshare(CLONE_NEWPID) for the next child only, fork, then back to our own PID
- * namespace (setns on the fd home_pid), as zygote._fork_all does with os.fork (same hooks:
- * PyOS_BeforeFork / AfterFork_Parent / AfterFork_Child). Every fork write-protects all of
- * this process's memory, so every page written between two forks is a fault: here nothing but
- * this loop's C stack and the import lock is. In the parent: a list of n entries, each the
- * child's pid or an OSError; in the i-th child: i. */
+/* fork_all(n, home_pid, setups, take) -> list | int | bytes: (the fork server) n forks, each
+ * the first process of a new PID namespace: unshare(CLONE_NEWPID) for the next child only, fork,
+ * then back to our own PID namespace (setns on the fd home_pid), as zygote._fork_all does with
+ * os.fork (same hooks: PyOS_BeforeFork / AfterFork_Parent / AfterFork_Child). Every fork
+ * write-protects all of this process's memory, so every page written between two forks is a
+ * fault: here nothing but this loop's C stack and the import lock is. The i-th child then sets
+ * itself up (`init_setup` with the arguments setups[i], made before the forks: the child reads
+ * them and writes no Python object for it; a failure is printed and the child exits 1), and
+ * with `take` (a direct sandbox that does not warm: what `sandbox.serve` would do first) takes
+ * its first request (`direct_take` on fd 3: a compact one runs there and never comes back; the
+ * manager gone, the child exits 0). In the parent: a list of n entries, each the child's pid or
+ * an OSError; in the i-th child, set up: i, or with `take` the first request's body. */
 static PyObject *fork_all(PyObject *self, PyObject *args) {
-    int n, home;
-    if (!PyArg_ParseTuple(args, "ii", &n, &home))
+    int n, home, take;
+    PyObject *setups;
+    if (!PyArg_ParseTuple(args, "iiO!p", &n, &home, &PyList_Type, &setups, &take))
         return NULL;
-    if (n < 0 || n > 4096)
+    if (n < 0 || n > 4096 || PyList_GET_SIZE(setups) != n)
         return PyErr_Format(PyExc_ValueError, "fork_all: n=%d", n);
     long *got = PyMem_Calloc((size_t)n + 1, sizeof *got);  /* pid, or -errno */
     const char **what = PyMem_Calloc((size_t)n + 1, sizeof *what);
@@ -451,7 +633,20 @@ static PyObject *fork_all(PyObject *self, PyObject *args) {
             PyOS_AfterFork_Child();
             PyMem_Free(got);
             PyMem_Free(what);
-            return PyLong_FromLong(i);
+            PyObject *done = init_setup(self, PyList_GET_ITEM(setups, i));
+            if (done == NULL) {  /* (like zygote._init: report, exit) */
+                PyErr_Print();
+                _exit(1);
+            }
+            Py_DECREF(done);
+            if (!take)
+                return PyLong_FromLong(i);
+            PyObject *first = direct_take(self, PyLong_FromLong(3));  /* (a small int: static) */
+            if (first == NULL && (PyErr_ExceptionMatches(PyExc_EOFError)
+                                  || PyErr_ExceptionMatches(PyExc_OSError)
+                                  || PyErr_ExceptionMatches(PyExc_ValueError)))
+                _exit(0);  /* (as sandbox.serve does) */
+            return first;
         }
         PyOS_AfterFork_Parent();
         got[i] = pid > 0 ? pid : -err;
@@ -485,11 +680,11 @@ static PyObject *fork_all(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"fork_all", fork_all, METH_VARARGS, "n forks into new PID namespaces (the fork server)"},
     {"write_each", write_each, METH_O, "open, write, close each (path, data); GIL released once"},
-    {"init_setup", init_setup, METH_VARARGS, "a new sandbox init's set-up (after its fork)"},
     {"detach", detach, METH_VARARGS, "own session, fds 0-2, close the rest"},
     {"direct_fds", direct_fds, METH_VARARGS, "the direct path's fds; (status fd, inode)"},
     {"drop", drop, METH_VARARGS, "rlimits, gid, cgroup namespace, uid, no_new_privs, filter"},
-    {"direct_take", direct_take, METH_VARARGS, "next request; a compact direct one set up"},
+    {"direct_take", direct_take, METH_O, "next request; a compact direct one is run"},
+    {"configure", configure, METH_VARARGS, "what direct_take needs (the fork server, once)"},
     {NULL, NULL, 0, NULL},
 };
 

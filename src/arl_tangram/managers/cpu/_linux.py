@@ -30,6 +30,7 @@ SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = (int(signal.SIG_BLOCK), int(signal.SIG_UNB
                                        int(signal.SIG_SETMASK))
 SIG_DFL, SIG_IGN = int(signal.SIG_DFL), int(signal.SIG_IGN)
 SIGCHLD = (int(signal.SIGCHLD),)  # a mask of one
+SIGPIPE = int(signal.SIGPIPE)
 CHILD_DEFAULT_SIGNALS = tuple(int(s) for s in (
     signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD))
 

@@ -159,7 +159,8 @@ def _final_drop(limits: Limits) -> None:
 
 def _child_python(job: Job, limits: Limits) -> int:
     # (random is reseeded by its own at-fork hook in every child: no two actions share a state)
-    if job.env != BASE_ENV:  # (setting it costs ~60 copy-on-write faults in a fresh fork)
+    if job.env is not BASE_ENV and job.env != BASE_ENV:  # (setting it, or even comparing
+        # the two, writes pages: ~60 copy-on-write faults in a fresh fork)
         os.environ.clear()
         os.environ.update(job.env)
     ncpu = max(1, int(limits.cpus + 0.999))
@@ -171,21 +172,27 @@ def _child_python(job: Job, limits: Limits) -> int:
         for src, filename in job.python or ():
             sys.argv = [filename]
             glb["__file__"] = filename
-            exec(compile(src, filename, "exec"), glb)
-    except SystemExit as e:
+            # (dont_inherit: not this module's `from __future__ import annotations`; the code
+            # runs as `python main.py` would run it)
+            exec(compile(src, filename, "exec", dont_inherit=True), glb)
+    except BaseException as e:  # (our frame is not the code's: left out of the traceback)
+        rc = _code_failed(e, e.__traceback__.tb_next if e.__traceback__ else None)
+    return rc
+
+
+def _code_failed(e: BaseException, tb: Any) -> int:
+    """The exit code of Python code that raised ``e``, which is printed as the interpreter
+    would print it (with traceback ``tb``). Also called by `_fastpath.direct_take`."""
+    if isinstance(e, SystemExit):
         code = e.code
         if code is None:
-            rc = 0
-        elif isinstance(code, int):
-            rc = code & 0xFF
-        else:
-            print(code, file=sys.stderr)
-            rc = 1
-    except BaseException as e:  # the user's exception: print it like the interpreter would
-        tb = e.__traceback__.tb_next if e.__traceback__ else None
-        traceback.print_exception(type(e), e, tb)
-        rc = 1
-    return rc
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        print(code, file=sys.stderr)
+        return 1
+    traceback.print_exception(type(e), e, tb)
+    return 1
 
 
 def _run_child(job: Job, limits: Limits, fds: tuple[int, int, int]) -> None:

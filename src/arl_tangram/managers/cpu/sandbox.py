@@ -27,7 +27,6 @@ from .prepared import Prepared, _warm_child, prepare
 
 SANDBOX_DIR = "/sandbox"
 WORKDIR_SLASH = proc.WORKDIR + "/"
-_WORKDIR_SLASH_B = WORKDIR_SLASH.encode()
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
 
 
@@ -51,23 +50,20 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
     _linux.write_proc("/proc/self/oom_score_adj", b"-1000")
 
 
-def serve(fd: int, cfg: dict[str, Any]) -> None:
-    """Answer request frames until the manager hangs up; exit right after a one-shot action."""
-    _linux.raw_signal.signal(int(signal.SIGPIPE), _linux.SIG_IGN)
+def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
+    """Answer request frames until the manager hangs up; exit right after a one-shot action.
+    ``first``: the body of the first request, already read (`_fastpath.fork_all`)."""
     sessions: dict[str, session_worker.Worker] = {}
     prepared: Prepared | None = None
-    if cfg.get("direct") and cfg.get("warm_direct"):
+    if first is None and cfg.get("direct") and cfg.get("warm_direct"):
         _warm_child()  # at once, unasked: no "prepare" round trip for a direct sandbox
     take = proc.FAST.direct_take if proc.FAST is not None and cfg.get("direct") else None
     while True:
         try:
-            if take is None:
-                req = wire.read_request_fd(fd)
-            else:  # a compact direct request comes back set up to its code (never returns)
-                got = take(fd, _WORKDIR_SLASH_B, proc.filter_bpf())
-                if type(got) is tuple:
-                    _run_direct_taken(got)
-                req = wire.request_from(got)
+            if first is not None:
+                req, first = wire.request_from(first), None
+            else:  # (`take` runs a compact direct request itself: that never comes back here)
+                req = wire.read_request_fd(fd) if take is None else wire.request_from(take(fd))
         except (EOFError, OSError, ValueError):
             os._exit(0)
         op = req.get("op")
@@ -142,28 +138,6 @@ def _run_direct(req: dict[str, Any]) -> None:
     proc._exec_job(job, limits, st, framed=True)
 
 
-# The job and limits a compact direct request runs with (only these fields are read).
-_TAKEN = (proc.Job(python=[]), proc.Limits(uid=0, gid=0, cpu_s=0, fsize=0, nofile=0, output=0))
-
-
-def _run_direct_taken(got: tuple[str, str, int, int, float]) -> None:
-    """`_run_direct` for a compact request that `_fastpath.direct_take` took up to the code
-    (main file, stdin, fds, session, privilege drop and syscall filter done): the signals'
-    dispositions (through Python's own table), then the code. Never returns."""
-    code, filename, status, ino, cpus = got
-    try:
-        proc._default_signals()
-        job, limits = _TAKEN  # (made in the fork server: filled in, not allocated, here)
-        job.python = [(code, filename)]
-        job.env = proc.BASE_ENV or {}
-        limits.cpus = cpus
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.write(2, f"sandbox: cannot start: {e}\n".encode())
-        os._exit(127)
-    proc._exec_job(job, limits, (status, ino), framed=True)
-
-
 def _warm(cfg: dict[str, Any]) -> None:
     """Run the hot path's Python once on dummy data now, off the critical path: each page it
     touches is copied (copy-on-write from the fork server) here rather than during the action."""
@@ -202,7 +176,7 @@ def rehearse(cfg: dict[str, Any], times: int = 10) -> None:
         limits, lang = _limits(req), req["lang"]
         job = _job(req, lang, _main_file(lang, req["code"]), req.get("stdin") or "", None)
         for src, filename in job.python or ():
-            exec(compile(src, filename, "exec"), {"__name__": "__main__"})
+            exec(compile(src, filename, "exec", dont_inherit=True), {"__name__": "__main__"})
         _ = limits.cpus
         print("", end="", file=sys.stdout)
         print("", end="", file=sys.stderr)

@@ -42,9 +42,10 @@ def _python_loop() -> None:
         try:
             tree = ast.parse(req["code"], "<session>", "exec")
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-            exec(compile(tree, "<session>", "exec"), glb)
+            exec(compile(tree, "<session>", "exec", dont_inherit=True), glb)
             if last is not None:
-                value = eval(compile(ast.Expression(last.value), "<session>", "eval"), glb)
+                value = eval(compile(ast.Expression(last.value), "<session>", "eval",
+                                     dont_inherit=True), glb)
                 if value is not None:
                     print(repr(value))
         except SystemExit as e:

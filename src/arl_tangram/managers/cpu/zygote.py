@@ -161,7 +161,7 @@ class Namespaces:
 
 Spawned = tuple[int, int, list[int]]  # (host pid, our socket's fd, our pipe read ends)
 # our socket, theirs, pipes, netns, the slot's `tasks` files (fds)
-Kit = tuple[int, int, list[tuple[int, int]], int, list[int]]
+Kit = tuple[int, int, list[tuple[int, int]], int, tuple[int, ...]]
 
 
 def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1,
@@ -208,15 +208,16 @@ def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
     """What one sandbox needs: a socket pair, (direct) stdout/stderr pipes, a network namespace
     (plain fds: no `socket.socket` objects, each one more page written after the forks), and
     with ``slot`` that cgroup slot's `tasks` file in each hierarchy (`_init` writes 0 to each)."""
-    cg: list[int] = []
+    fds: list[int] = []
     if slot is not None:
         try:
             for d in cfg["cg_dirs"]:
-                cg.append(os.open(slot + "/tasks", os.O_WRONLY | os.O_CLOEXEC, dir_fd=d))
+                fds.append(os.open(slot + "/tasks", os.O_WRONLY | os.O_CLOEXEC, dir_fd=d))
         except OSError:
-            for fd in cg:
+            for fd in fds:
                 os.close(fd)
             raise
+    cg = tuple(fds)
     a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (close-on-exec)
     ours, theirs = a.detach(), b.detach()
     pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
@@ -231,11 +232,17 @@ def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
 def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int | Exception]:
     """Fork one sandbox init per kit: its host pid, or the error. Nothing but the forks and
     the namespace switches runs in this loop (see `spawn`)."""
-    if proc.FAST is not None:  # the same loop, compiled: no Python between two forks
-        got = proc.FAST.fork_all(len(kits), ns.home_pid)
-        if type(got) is int:  # the got-th child
-            _, theirs, pipes, net, cg = kits[got]
-            _init(cfg, theirs, net, pipes, cg)
+    if proc.FAST is not None:  # the same loop, compiled: no Python between two forks; each
+        # child also makes `_init`'s set-up there, from arguments made here, before the forks,
+        # and a direct sandbox that does not warm also reads its first request (`serve`'s
+        # first step; a compact one runs there)
+        setups = [(cg, theirs, net, pipes[0][1] if pipes else -1, pipes[1][1] if pipes else -1,
+                   cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname_b"], b"/sandbox",
+                   b"/workdir") for _, theirs, pipes, net, cg in kits]
+        take = bool(cfg.get("direct")) and not cfg.get("warm_direct")
+        got = proc.FAST.fork_all(len(kits), ns.home_pid, setups, take)
+        if type(got) is not list:  # in a child, set up: its index, or its first request
+            _init_serve(cfg, got if type(got) is bytes else None)
         return list(got)
     pids: list[int | Exception] = []
     for _, theirs, pipes, net, cg in kits:
@@ -255,27 +262,24 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
 
 
 def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]],
-          cg: list[int]) -> None:
+          cg: tuple[int, ...]) -> None:
+    """A new sandbox init's set-up, then its service (never returns). Where the compiled path
+    is on, `_fastpath.init_setup` makes the same calls in the same order (run by `fork_all` in
+    each child), then `_init_serve` (a sandbox that needs another set-up, e.g. its own root, must
+    take this path)."""
     try:
         # Into its cgroup slot first (cgroup v1 `tasks`, 0: this thread, the init's only one):
         # a thread that moves itself does not take the kernel's global threadgroup lock, whose
         # write side waits for an RCU grace period (a move by the manager would). If a move
         # fails the sandbox ends here, before anything could run outside its limits.
-        for fd in cg:
-            os.write(fd, b"0")
         # A sandbox (and, as PID 1, everything in it) dies with the fork server, which dies with
         # the manager: a killed service leaves no warm or running sandbox behind.
-        fast = proc.FAST
-        if fast is not None:  # the same steps as below and `sandbox.become`, compiled (a
-            # sandbox that needs another set-up, e.g. its own root, must take the Python path)
-            fast.init_setup(sock, net, pipes[0][1] if pipes else -1,
-                            pipes[1][1] if pipes else -1, cfg["workdir_mb"], cfg["uid"],
-                            cfg["gid"], cfg["hostname_b"], b"/sandbox", b"/workdir")
-            sandbox.serve(3, cfg)
-            os._exit(1)
+        for fd in cg:
+            os.write(fd, b"0")
         _linux.die_with_parent()
         _linux.raw_signal.pthread_sigmask(_linux.SIG_SETMASK, ())
         _linux.raw_signal.signal(_linux.SIGCHLD[0], _linux.SIG_DFL)
+        _linux.raw_signal.signal(_linux.SIGPIPE, _linux.SIG_IGN)  # (the init's replies)
         _linux.setns(net, _linux.CLONE_NEWNET)
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
         os.dup2(sock, 3)
@@ -287,7 +291,17 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
             os.dup2(err_w, 5)
         os.closerange(6 if pipes else 4, 1 << 16)  # the control socket, namespace fds
         sandbox.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
-        sandbox.serve(3, cfg)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    _init_serve(cfg)
+
+
+def _init_serve(cfg: dict[str, Any], first: bytes | None = None) -> None:
+    """(A sandbox init, set up.) Serve the manager on fd 3 (`sandbox.serve`), ``first`` the
+    body of a first request already read; never returns."""
+    try:
+        sandbox.serve(3, cfg, first)
     except BaseException:
         traceback.print_exc()
     os._exit(1)
@@ -411,13 +425,17 @@ def main() -> None:
         build_root(cfg["root"], cfg["ro_paths"], cfg.get("hidden_paths") or ())
         if cfg.get("syscall_filter", True):
             try:
-                proc.FILTER = seccomp.build()
+                proc.FILTER = seccomp.build_apart()  # (in a child: see there)
                 hello["filter"] = list(proc.FILTER.denied)
             except OSError as e:
                 hello["filter_error"] = str(e)
         cfg["hostname_b"] = cfg["hostname"].encode()
         if cfg.get("compiled_setup", True):
             proc.FAST = _compiled()
+        if proc.FAST is not None:  # what its compact direct path (`direct_take`) needs
+            proc.FAST.configure(_linux.raw_signal.signal, _linux.CHILD_DEFAULT_SIGNALS,
+                                proc._code_failed, sandbox.WORKDIR_SLASH.encode(),
+                                proc.filter_bpf())
         hello["compiled_setup"] = proc.FAST is not None
         hello["cgroup_join"] = bool(cfg["cg_dirs"])
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
@@ -456,8 +474,16 @@ def _reap(ns: Namespaces, ctl: socket.socket) -> None:
                 ctl.send(b'{"exit":%d,"rc":%d}' % (pid, rc))  # (no encoder: fewer faults)
 
 
+# The fork server's SIGCHLD handler (`_serve`), also held here: a sandbox that resets SIGCHLD
+# (`proc._default_signals`) then only drops a reference to it, instead of freeing the function
+# and its closure (a few copy-on-write page faults in every sandbox).
+_on_sigchld: Any = None
+
+
 def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
-    signal.signal(signal.SIGCHLD, lambda *_: _reap(ns, ctl))  # dead sandboxes go (and lend) at once
+    global _on_sigchld
+    _on_sigchld = lambda *_: _reap(ns, ctl)  # noqa: E731
+    signal.signal(signal.SIGCHLD, _on_sigchld)  # dead sandboxes go (and lend) at once
     sig = _linux.raw_signal
     while True:
         try:
