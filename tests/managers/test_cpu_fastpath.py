@@ -111,3 +111,30 @@ async def test_general_form_still_runs_in_a_direct_sandbox(mgr: CpuManager) -> N
     assert r.status == "Success" and r.run_result is not None and r.run_result.stdout == "1\n"
     r = await mgr.run(action("echo $((6*7))", language="bash"), allot())
     assert r.status == "Success" and r.run_result is not None and r.run_result.stdout == "42\n"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_code_runs_as_python_main_would(mgr: CpuManager) -> None:
+    # (the compiled path runs a compact action's code through the C API: same outcomes)
+    # no flag of ours reaches the code: proc.py's `from __future__ import annotations` did
+    r = await mgr.run(action("def f(x: int): pass\nprint(f.__annotations__['x'] is int)"),
+                      allot())
+    assert r.run_result is not None and r.run_result.stdout == "True\n", r.to_dict()
+    # a traceback shows the code's frames only
+    r = await mgr.run(action("def f():\n    1 / 0\nf()\n"), allot())
+    assert r.run_result is not None and r.run_result.return_code == 1, r.to_dict()
+    tb = r.run_result.stderr
+    assert tb.startswith("Traceback (most recent call last):\n") and "ZeroDivisionError" in tb
+    assert tb.count('File "') == 2 and 'main.py", line 3' in tb  # <module>, f
+    r = await mgr.run(action("x = (\n"), allot())
+    assert r.run_result is not None and r.run_result.return_code == 1
+    assert "SyntaxError" in r.run_result.stderr and "Traceback" not in r.run_result.stderr
+    # SystemExit with a message, atexit handlers, unflushed output, a non-daemon thread
+    code = ("import atexit, sys, threading\natexit.register(lambda: print('at exit'))\n"
+            "threading.Thread(target=lambda: print('thread')).start()\n"
+            "sys.stdout.write('no newline')\nsys.exit('bye')\n")
+    r = await mgr.run(action(code), allot())
+    assert r.run_result is not None and r.run_result.return_code == 1, r.to_dict()
+    out = r.run_result.stdout
+    assert r.run_result.stderr == "bye\n"
+    assert "thread\n" in out and "no newline" in out and out.endswith("at exit\n"), out
