@@ -354,8 +354,9 @@ static int call_loaded(const char *mod, const char *name, int *truth) {
 }
 
 /* run_python: a compact direct action's code, in this process (set up and unprivileged by now),
- * as sandbox._run_direct_taken + proc._exec_job + proc._child_python do it for that job (same
- * steps, same order: a change there must be made here too): the signals' dispositions through
+ * as proc._default_signals + proc._exec_job + proc._child_python do it for that job on the
+ * Python path (sandbox._run_direct; same steps, same order: a change there must be made here
+ * too): the signals' dispositions through
  * Python's own table, os.cpu_count, sys.path[0], sys.argv, the globals, compile + exec, then
  * threading's and atexit's shutdown, both streams flushed, the exit code reported on the status
  * socket (if it is still ours), exit. Never returns. Without the interpreter's frames for all
