@@ -114,6 +114,14 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _check(rc, f"pivot_root({new_root!r}, {put_old!r})")
 
 
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` (``fsmount``, ``open_tree``) at ``target`` in the
+    caller's mount namespace (``move_mount(fd, "", AT_FDCWD, target, F_EMPTY_PATH)``)."""
+    rc = _libc.syscall(ctypes.c_long(429), _int(fd), b"", ctypes.c_int(-100), target.encode(),
+                       ctypes.c_uint(0x4))  # x86_64 and the unified table; MOVE_MOUNT_F_EMPTY_PATH
+    _check(rc, f"move_mount({fd}, {target!r})")
+
+
 def sethostname(name: str) -> None:
     b = name.encode()
     if _libc.sethostname(b, _int(len(b))) != 0:

@@ -20,7 +20,7 @@ import socket
 import time
 from typing import Any
 
-from . import _linux, layers, proc
+from . import _linux, proc
 
 LAYER_DIR = "/sandbox/layer"  # the writable layer (upper + overlay work dir)
 ROOT_DIR = "/sandbox/root"  # where the image is mounted before the pivot
@@ -60,7 +60,7 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
         nosuid = _linux.MS_NOSUID | _linux.MS_NODEV
         os.mkdir(LAYER_DIR, 0o700)
         if on_disk:  # the manager's detached ext4 of the layer's size (`layers.py`)
-            layers.move_mount(fds[1], LAYER_DIR)
+            _linux.move_mount(fds[1], LAYER_DIR)
             os.chmod(LAYER_DIR, 0o700)
         else:
             _linux.mount("tmpfs", LAYER_DIR, "tmpfs", nosuid,

@@ -4,7 +4,9 @@ Invariant: a layer is a file system of its own (ext4, no journal) of exactly its
 sparse file on the node's disk, attached to a loop device that clears itself and mounted
 *detached* (``fsmount``): no path of the host names the mount, the backing file is unlinked as
 soon as the loop device holds it, and the whole layer lives exactly as long as its last mount,
-the one the sandbox's init moves into its own namespace (`imagebox.enter`). When the sandbox
+the one the sandbox's init moves into its own namespace (`imagebox.enter`, with
+`_linux.move_mount`: the fork server never imports this module, whose threads and subprocesses
+would cost every sandbox's fork). When the sandbox
 dies, its namespace goes, the file system is unmounted, the loop device clears and the disk
 blocks are freed, whoever dies first: manager, fork server or sandbox.
 
@@ -32,12 +34,10 @@ from typing import Any
 MIN_LAYER_MB = 4  # ext4 needs a few hundred KiB of its own; below this the cap would be a lie
 
 # x86_64 and the unified syscall table (the new mount API, Linux 5.2+)
-_SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
+_SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 430, 431, 432
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_AT_FDCWD = -100
 _LOOP_CTL_GET_FREE, _LOOP_CONFIGURE = 0x4C82, 0x4C0A
 _LO_FLAGS_AUTOCLEAR, _LO_FLAGS_DIRECT_IO = 4, 16
 
@@ -54,12 +54,6 @@ def _sys(nr: int, *args: Any) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return r
-
-
-def move_mount(fd: int, target: str) -> None:
-    """Attach the detached mount ``fd`` at ``target`` in the caller's mount namespace."""
-    _sys(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(_AT_FDCWD), os.fsencode(target),
-         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
 
 
 def _loop_attach(path: str) -> int:
