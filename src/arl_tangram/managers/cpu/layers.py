@@ -6,21 +6,23 @@ sparse file on the node's disk, attached to a loop device that clears itself and
 soon as the loop device holds it, and the whole layer lives exactly as long as its last mount,
 the one the sandbox's init moves into its own namespace (`imagebox.enter`, with
 `_linux.move_mount`: the fork server never imports this module, whose threads and subprocesses
-would cost every sandbox's fork). When the sandbox
-dies, its namespace goes, the file system is unmounted, the loop device clears and the disk
-blocks are freed, whoever dies first: manager, fork server or sandbox.
+would cost every sandbox's fork). When the sandbox dies, its namespace goes, the file system is
+unmounted, the loop device clears and the disk blocks are freed, whoever dies first: manager,
+fork server or sandbox.
 
 A write past the cap fails inside that file system only (ENOSPC), and the sum of the caps of
 the layers handed out is kept within the node's layer budget (by default the disk's free space
 less a tenth of the disk), so sessions can never fill the node's disk: the backing files are
-sparse, but the budget counts every layer at its full cap. Formatting (``mkfs.ext4``, ~9 ms) is kept off the open path by a small warm pool
-of ready layers of the default size, as the warm pool keeps sandboxes.
+sparse, but the budget counts every layer at its full cap. Formatting (``mkfs.ext4``, ~9 ms)
+is kept off the open path by a small warm pool of ready layers of the default size, as the
+warm pool keeps sandboxes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import itertools
 import os
@@ -59,33 +61,44 @@ def _sys(nr: int, *args: Any) -> int:
 def _loop_attach(path: str) -> int:
     """A free loop device backed by ``path`` (autoclear; direct I/O where the disk takes it, so
     the layer's pages are not cached twice), as an open fd of the device."""
-    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-    try:
-        n = fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)
-    finally:
-        os.close(ctl)
-    dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        for flags in (_LO_FLAGS_AUTOCLEAR | _LO_FLAGS_DIRECT_IO, _LO_FLAGS_AUTOCLEAR):
-            # struct loop_config {fd, block_size, struct loop_info64 {dev, inode, rdev, offset,
-            # sizelimit, number, encrypt_type, encrypt_key_size, flags, file_name[64],
-            # crypt_name[64], encrypt_key[32], init[2]}, reserved[8]}
-            info = struct.pack("=QQQQQIIII64s64s32sQQ", 0, 0, 0, 0, 0, 0, 0, 0, flags,
-                               b"", b"", b"", 0, 0)
+        for _ in range(16):  # a device found free may be taken before we bind it: EBUSY, again
+            ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
             try:
-                fcntl.ioctl(dev, _LOOP_CONFIGURE, struct.pack("=II", backing, 0) + info + bytes(64))
-                return dev
-            except OSError:
-                if flags & _LO_FLAGS_DIRECT_IO:
-                    continue
+                n = fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)
+            finally:
+                os.close(ctl)
+            dev = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                if _loop_configure(dev, backing):
+                    return dev
+            except BaseException:
+                os.close(dev)
                 raise
-        raise AssertionError("unreachable")
-    except BaseException:
-        os.close(dev)
-        raise
+            os.close(dev)
+        raise OSError(errno.EBUSY, "no free loop device (16 tries)")
     finally:
         os.close(backing)
+
+
+def _loop_configure(dev: int, backing: int) -> bool:
+    """Bind ``backing`` to loop device ``dev``; False if another process bound it first."""
+    for flags in (_LO_FLAGS_AUTOCLEAR | _LO_FLAGS_DIRECT_IO, _LO_FLAGS_AUTOCLEAR):
+        # struct loop_config {fd, block_size, struct loop_info64 {dev, inode, rdev, offset,
+        # sizelimit, number, encrypt_type, encrypt_key_size, flags, file_name[64],
+        # crypt_name[64], encrypt_key[32], init[2]}, reserved[8]}
+        info = struct.pack("=QQQQQIIII64s64s32sQQ", 0, 0, 0, 0, 0, 0, 0, 0, flags,
+                           b"", b"", b"", 0, 0)
+        try:
+            fcntl.ioctl(dev, _LOOP_CONFIGURE, struct.pack("=II", backing, 0) + info + bytes(64))
+            return True
+        except OSError as e:
+            if e.errno == errno.EBUSY:
+                return False
+            if not flags & _LO_FLAGS_DIRECT_IO:
+                raise  # (with direct I/O refused, again without it)
+    return False
 
 
 def _fsmount_ext4(dev_fd: int) -> int:

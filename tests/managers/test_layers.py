@@ -1,0 +1,71 @@
+"""Writable layers on the node's disk (`layers.py`), without a manager: made concurrently,
+each its own file system of its cap, and gone with their last fd."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+
+import pytest
+
+from arl_tangram.managers.cpu.layers import LayerError, LayerStore
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mounts need root")
+
+
+def _loops(d: str) -> list[str]:
+    out = []
+    for name in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{name}/loop/backing_file") as f:
+                if f.read().startswith(d + "/"):
+                    out.append(name)
+        except OSError:
+            continue
+    return out
+
+
+def test_concurrent_takes_each_get_their_own_layer_and_all_go_with_their_fds() -> None:
+    d = tempfile.mkdtemp(prefix="tangram-layers-")
+    st = LayerStore(d, 16, warm=0)
+    assert st.available, st.problem
+    got, errs = [], []
+
+    def take() -> None:
+        for _ in range(6):
+            try:
+                got.append(st.take(16))
+            except Exception as e:  # any failure fails the test below
+                errs.append(e)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errs == [] and len(got) == 24
+    assert len(set(_loops(d))) >= 24  # (one more: the probe's ready layer)
+    assert st.used_mb == 24 * 16 and os.listdir(d) == []  # nothing on the host names them
+    for layer in got:
+        layer.close()
+        st.give_back(layer.mb)
+    st.close()
+    deadline = time.monotonic() + 5
+    while _loops(d) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _loops(d) == [] and st.used_mb == 0
+
+
+def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
+    st = LayerStore(tempfile.mkdtemp(prefix="tangram-layers-"), 16, budget_mb=40, warm=0)
+    with pytest.raises(LayerError, match="layer_mb must be at least 4, got 2"):
+        st.take(2)
+    a = st.take(32)
+    with pytest.raises(LayerError, match="budget is spent: 32 of 40 MiB held by open layers, 16"):
+        st.take(16)
+    a.close()
+    st.give_back(a.mb)
+    st.take(16).close()
+    st.close()
