@@ -69,3 +69,19 @@ def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
     st.give_back(a.mb)
     st.take(16).close()
     st.close()
+
+
+def test_a_layer_directory_in_memory_is_not_called_disk() -> None:
+    from arl_tangram.managers.cpu import layers
+
+    shm = tempfile.mkdtemp(prefix="tangram-layers-", dir="/dev/shm")
+    assert layers.fs_type(shm) == "tmpfs"
+    assert layers.default_dir(shm) == layers.FALLBACK_DIR  # (a tmpfs /tmp: Debian 13, Fedora)
+    disk = tempfile.mkdtemp(prefix="tangram-layers-", dir="/var/tmp")
+    assert layers.default_dir(disk) == os.path.join(disk, "layers")
+    st = LayerStore(shm, 16, warm=0)
+    assert not st.available and "is on tmpfs (memory)" in st.problem
+    with pytest.raises(LayerError, match=r"no disk layers on this node: .* tmpfs"):
+        st.take(16)
+    os.rmdir(shm)
+    os.rmdir(disk)

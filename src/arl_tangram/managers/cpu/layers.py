@@ -120,6 +120,35 @@ def _fsmount_ext4(dev_fd: int) -> int:
 
 
 
+MEMORY_FS = ("tmpfs", "ramfs")
+FALLBACK_DIR = "/var/tmp/arl-tangram/layers"  # on disk on every common distribution
+
+
+def fs_type(path: str) -> str:
+    """The type of the file system holding ``path`` (the longest mount point above it in
+    /proc/self/mountinfo), or "" where it cannot be told."""
+    path = os.path.realpath(path)
+    best, kind = -1, ""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                mnt = left.split()[4].replace("\\040", " ")
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) > best:
+                    best, kind = len(mnt), right.split()[0]
+    except (OSError, IndexError):
+        return ""
+    return kind
+
+
+def default_dir(work_root: str) -> str:
+    """Where layers go by default: ``work_root/layers``, unless ``work_root`` is in memory
+    (a tmpfs /tmp, as on Debian 13 or Fedora), where a layer "on disk" would not be."""
+    d = os.path.join(work_root, "layers")
+    return FALLBACK_DIR if fs_type(work_root) in MEMORY_FS else d
+
+
 def _mkfs() -> str | None:
     found = shutil.which("mkfs.ext4")
     if found:
@@ -175,6 +204,8 @@ class LayerStore:
         else:  # default: the disk free now less a tenth of the disk, kept for everything else
             spare_mb = max(0, disk.free - disk.total // 10) >> 20
         self.budget_mb = int(budget_mb) if budget_mb > 0 else spare_mb
+        if not self.problem and fs_type(self.dir) in MEMORY_FS:
+            self.problem = f"layer directory {self.dir} is on {fs_type(self.dir)} (memory)"
         if not self.problem:
             self.problem = self._probe()  # leaves one ready layer; more once layers are taken
 
@@ -288,5 +319,5 @@ class LayerStore:
     def describe(self) -> dict[str, Any]:
         with self._lock:
             return {"backing": "disk" if not self.problem else "memory", "problem": self.problem,
-                    "dir": self.dir, "budget_mb": self.budget_mb, "used_mb": self.used_mb,
-                    "ready": len(self._ready)}
+                    "dir": self.dir, "fs": fs_type(self.dir), "budget_mb": self.budget_mb,
+                    "used_mb": self.used_mb, "ready": len(self._ready)}

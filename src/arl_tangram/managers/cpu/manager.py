@@ -22,7 +22,7 @@ from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
-from . import direct, isolation, languages, overlay, payload
+from . import direct, isolation, languages, layers, overlay, payload
 from .cgroups import CgroupTree
 from .config import CpuManagerConfig
 from .images import Image, ImageError, ImageStore
@@ -121,7 +121,7 @@ class CpuManager:
         self.images = ImageStore(cfg.images_dir or os.path.join(cfg.work_root, "images"))
         if cfg.layers_on_disk:
             self.layers = await asyncio.to_thread(
-                LayerStore, cfg.layers_dir or os.path.join(cfg.work_root, "layers"),
+                LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
                 cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
         self._report["image_layer"] = (
             "disk" if self.layers is not None and self.layers.available else
