@@ -93,11 +93,11 @@ class CpuManagerConfig:
     freeze_sessions: bool = True
     # Writable layers on the node's disk (`layers.py`): each its own ext4 of exactly its cap
     # in a sparse file under `layers_dir` ("": `work_root`/layers, or /var/tmp/arl-tangram/
-    # layers where `work_root` is on a tmpfs), the caps of the layers
-    # open at once within `layer_budget_mb` (0: the disk free at start less a tenth of the
-    # disk), and `layers_warm` ready ones of the default size. Where loop devices or mkfs.ext4
-    # are missing, or with `layers_on_disk` off, a layer is a size-capped tmpfs (memory)
-    # instead, and the isolation report says why.
+    # layers where `work_root` is on a tmpfs), the caps of the layers open at once within
+    # `layer_budget_mb` (0: the disk free at start less a tenth of the disk), and
+    # `layers_warm` ready ones of the default size. Where loop devices or mkfs.ext4 are
+    # missing, or with `layers_on_disk` off, a layer is a size-capped tmpfs (memory) instead,
+    # and the isolation report says why.
     layers_on_disk: bool = True
     layers_dir: str = ""
     layer_budget_mb: int = 0
