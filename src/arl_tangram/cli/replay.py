@@ -249,6 +249,12 @@ def _run(args: argparse.Namespace) -> int:
         units = quick_units_per_s()
         console.print(f"[dim]no calibration in the spec: work program measured here at "
                       f"{units:.0f} units per core-second[/dim]")
+    if args.predict and cal.get("cold_start_s") is None and cal.get("session_open_s") is None:
+        console.print("[yellow]--predict with a spec that has no calibration: the prediction "
+                      "takes sandbox starts and session opens from the trace's cold_start_s "
+                      "figures, which describe other machines (the first action of each "
+                      "session pays its whole cold_start_s); leave --cluster out, or give a "
+                      "`tangram calibrate --out FILE` spec, to predict this machine[/yellow]")
     labels = policy_labels(cluster) if args.compare else [args.policy]
     reports = replay_all(cluster, steps, labels, trace=args.trace, units_per_s=units,
                          train_s=args.train_s, url=args.url,
