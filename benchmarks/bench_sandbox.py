@@ -240,6 +240,10 @@ async def main(quick: bool, direct: bool, compiled: bool = True) -> None:
     print(f"trivial python action: p50 {p50:.2f} ms  p99 {pct(lat, 0.99):.2f} ms  (n={n})")
     print(f"plain subprocess.run([python,-c]): p50 {p50s:.2f} ms  p99 {pct(sub, 0.99):.2f} ms")
     print(f"speed-up vs plain subprocess (p50): {p50s / p50:.1f}x")
+    # the floor is measured right before and right after the throughput runs, and the ratios
+    # use the mean of the two: the VM's speed drifts within minutes (up to ~10 %), and one
+    # floor taken at either end would put that drift into the ratio
+    fl0 = fork_floor(m.config.preload_modules, 500 if quick else 2000)
     for conc in (4, 16):
         rate, per = await throughput_detail(m, 400 if quick else 1000, conc)
         ms = per["manager"] + per["zygote"] + per["sandboxes"]
@@ -249,10 +253,13 @@ async def main(quick: bool, direct: bool, compiled: bool = True) -> None:
               f" ({per['zygote_flt']:.0f} faults), sandbox {per['sandboxes']:.2f} ms"
               f" ({per['sandboxes_flt']:.0f} faults); load average now "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    fl = fork_floor(m.config.preload_modules, 500 if quick else 2000)
+    fl1 = fork_floor(m.config.preload_modules, 500 if quick else 2000)
+    fl = {k: (fl0[k] + fl1[k]) / 2 for k in fl0}
     floor_ms = fl["parent"] + fl["child"]
     print(f"floor (fork of a python holding the same preload, print(1), exit; no isolation, no "
-          f"manager): {floor_ms:.2f} ms/action (parent {fl['parent']:.2f} ms, "
+          f"manager; mean of before and after the throughput runs: "
+          f"{fl0['parent'] + fl0['child']:.2f} and {fl1['parent'] + fl1['child']:.2f} ms): "
+          f"{floor_ms:.2f} ms/action (parent {fl['parent']:.2f} ms, "
           f"{fl['parent_flt']:.0f} faults; child {fl['child']:.2f} ms, {fl['child_flt']:.0f} "
           f"faults) -> at most {2000 / floor_ms:.0f}/s on 2 idle cores; the full path at concurrency 16 "
           f"costs {ms - floor_ms:.2f} ms more per action")
