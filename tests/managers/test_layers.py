@@ -85,3 +85,17 @@ def test_a_layer_directory_in_memory_is_not_called_disk() -> None:
         st.take(16)
     os.rmdir(shm)
     os.rmdir(disk)
+
+
+def test_the_image_cache_stays_on_disk_where_work_root_is_in_memory() -> None:
+    from arl_tangram.managers.cpu import CpuManagerConfig
+
+    shm = tempfile.mkdtemp(prefix="tangram-root-", dir="/dev/shm")
+    disk = tempfile.mkdtemp(prefix="tangram-root-", dir="/var/tmp")
+    try:
+        assert CpuManagerConfig(work_root=shm).image_cache_dir() == "/var/tmp/arl-tangram/images"
+        assert CpuManagerConfig(work_root=disk).image_cache_dir() == os.path.join(disk, "images")
+        assert CpuManagerConfig(work_root=shm, images_dir="/srv/img").image_cache_dir() == "/srv/img"
+    finally:
+        os.rmdir(shm)
+        os.rmdir(disk)

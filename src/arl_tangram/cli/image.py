@@ -57,8 +57,7 @@ def _images_dir(args: argparse.Namespace) -> str:
 
         cfg = load_service_config(args.config)
         cpu = dict(cfg.nodes[0].cpu or {})
-    c = CpuManagerConfig(**cpu)
-    return c.images_dir or os.path.join(c.work_root, "images")
+    return CpuManagerConfig(**cpu).image_cache_dir()
 
 
 def _http(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:

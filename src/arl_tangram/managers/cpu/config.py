@@ -85,7 +85,7 @@ class CpuManagerConfig:
     # 2-core VM) whenever no move came just before; a thread moving itself does not take it.
     # That wait, serial in front of every refill batch, left the machine ~15 % idle under load.
     cgroup_self_join: bool = True
-    # Environment images (issue 17): the node's image cache ("": `work_root`/images), the
+    # Environment images (issue 17): the node's image cache ("": `image_cache_dir`), the
     # default size cap of a session's or image action's writable layer (MiB), and whether
     # sessions are frozen (cgroup freezer) between their actions.
     images_dir: str = ""
@@ -102,6 +102,19 @@ class CpuManagerConfig:
     layers_dir: str = ""
     layer_budget_mb: int = 0
     layers_warm: int = 2
+
+    def image_cache_dir(self) -> str:
+        """The image cache: `images_dir`, else ``work_root/images``, unless `work_root` is in
+        memory (a tmpfs /tmp: Debian 13, Fedora), where ``/var/tmp/arl-tangram/images`` keeps
+        hundreds of MB of layers on disk and across reboots. `tangram image` and the service
+        both find it here."""
+        if self.images_dir:
+            return self.images_dir
+        from .layers import MEMORY_FS, fs_type
+
+        if fs_type(self.work_root) in MEMORY_FS:
+            return "/var/tmp/arl-tangram/images"
+        return os.path.join(self.work_root, "images")
 
     def __post_init__(self) -> None:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",

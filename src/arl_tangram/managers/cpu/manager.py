@@ -118,7 +118,7 @@ class CpuManager:
             await self.aclose()
             raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
         self._pool.start()
-        self.images = ImageStore(cfg.images_dir or os.path.join(cfg.work_root, "images"))
+        self.images = ImageStore(cfg.image_cache_dir())
         if cfg.layers_on_disk:
             self.layers = await asyncio.to_thread(
                 LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
