@@ -46,7 +46,8 @@ _LO_FLAGS_AUTOCLEAR, _LO_FLAGS_DIRECT_IO = 4, 16
 _libc: Any = None
 
 
-def _sys(nr: int, *args: Any) -> int:
+def syscall(nr: int, *args: Any) -> int:
+    """``syscall(nr, *args)`` through libc; OSError with the errno on failure."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -103,21 +104,20 @@ def _loop_configure(dev: int, backing: int) -> bool:
 
 def _fsmount_ext4(dev_fd: int) -> int:
     """The ext4 file system on loop device ``dev_fd``, mounted nowhere: a detached mount's fd."""
-    fs = _sys(_SYS_FSOPEN, b"ext4", ctypes.c_uint(_FSOPEN_CLOEXEC))
+    fs = syscall(_SYS_FSOPEN, b"ext4", ctypes.c_uint(_FSOPEN_CLOEXEC))
     try:
-        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_STRING), b"source",
+        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_STRING), b"source",
              f"/proc/self/fd/{dev_fd}".encode(), ctypes.c_int(0))
         # the file is sparse, so never-written inode tables already read as zeros: no need for
         # the kernel's background thread that would write them out
-        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_FLAG), b"noinit_itable",
+        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_FLAG), b"noinit_itable",
              None, ctypes.c_int(0))
-        _sys(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
+        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
              ctypes.c_int(0))
-        return _sys(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
+        return syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
                     ctypes.c_uint(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV))
     finally:
         os.close(fs)
-
 
 
 MEMORY_FS = ("tmpfs", "ramfs")
@@ -145,8 +145,7 @@ def fs_type(path: str) -> str:
 def default_dir(work_root: str) -> str:
     """Where layers go by default: ``work_root/layers``, unless ``work_root`` is in memory
     (a tmpfs /tmp, as on Debian 13 or Fedora), where a layer "on disk" would not be."""
-    d = os.path.join(work_root, "layers")
-    return FALLBACK_DIR if fs_type(work_root) in MEMORY_FS else d
+    return FALLBACK_DIR if fs_type(work_root) in MEMORY_FS else os.path.join(work_root, "layers")
 
 
 def _mkfs() -> str | None:
@@ -315,9 +314,3 @@ class LayerStore:
             ready, self._ready = self._ready, []
         for layer in ready:
             layer.close()
-
-    def describe(self) -> dict[str, Any]:
-        with self._lock:
-            return {"backing": "disk" if not self.problem else "memory", "problem": self.problem,
-                    "dir": self.dir, "fs": fs_type(self.dir), "budget_mb": self.budget_mb,
-                    "used_mb": self.used_mb, "ready": len(self._ready)}

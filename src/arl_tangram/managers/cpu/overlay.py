@@ -21,35 +21,25 @@ from typing import Any
 
 from .cgroups import CgroupTree, Slot
 from .images import Image, ImageStore
-from .layers import Layer
+from .layers import Layer, syscall
 from .pool import Sandbox
 
 _FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
 _SYS_OPEN_TREE = 428  # x86_64 and the unified syscall table
 _OPEN_TREE_CLONE = 1
-_libc: Any = None
-
-
 def open_tree_clone(path: str) -> int:
     """A detached copy of the mount at ``path`` (``open_tree(OPEN_TREE_CLONE)``), as an fd.
 
     overlayfs takes its lower layers only from mounts of the mounting process's own namespace
     or from the root of an anonymous one: the sandbox's namespace holds no host mount, so its
     init gets this fd, whose mount belongs to no namespace's tree."""
-    global _libc
-    if _libc is None:
-        import ctypes
-
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
     import ctypes
 
-    fd = _libc.syscall(_SYS_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path),
+    try:
+        return syscall(_SYS_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path),
                        ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"open_tree({path}): {os.strerror(err)}")
-    return int(fd)
+    except OSError as e:
+        raise OSError(e.errno, f"open_tree({path}): {e.strerror}") from None
 
 
 def _freezer_mount() -> str | None:
