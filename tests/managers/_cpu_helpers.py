@@ -64,3 +64,19 @@ def work_root_left(root: str) -> list[str]:
     if os.path.isdir(layers):
         left += [f"layers/{n}" for n in sorted(os.listdir(layers))]
     return left
+
+
+def layer_loops(layers_dir: str) -> dict[str, int]:
+    """Loop devices backed by a file of ``layers_dir``: name -> size in MiB."""
+    out = {}
+    for name in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{name}/loop/backing_file") as f:
+                backing = f.read().strip()
+            with open(f"/sys/block/{name}/size") as f:
+                sectors = int(f.read())
+        except OSError:
+            continue
+        if backing.startswith(layers_dir.rstrip("/") + "/"):
+            out[name] = sectors * 512 >> 20
+    return out

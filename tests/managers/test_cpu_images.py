@@ -14,7 +14,7 @@ import time
 
 import pytest
 from _cpu_fixture import mgr  # noqa: F401
-from _cpu_helpers import action, allot
+from _cpu_helpers import action, allot, layer_loops
 
 from arl_tangram.core.actions import ActionKind
 from arl_tangram.core.resources import Resources
@@ -259,22 +259,6 @@ async def test_sessions_frozen_by_a_killed_manager_are_thawed_and_killed_at_next
             p.kill()
 
 
-def _layer_loops(layers_dir: str) -> dict[str, int]:
-    """Loop devices backed by a file of ``layers_dir``: name -> size in MiB."""
-    out = {}
-    for name in os.listdir("/sys/block"):
-        try:
-            with open(f"/sys/block/{name}/loop/backing_file") as f:
-                backing = f.read().strip()
-            with open(f"/sys/block/{name}/size") as f:
-                sectors = int(f.read())
-        except OSError:
-            continue
-        if backing.startswith(layers_dir.rstrip("/") + "/"):
-            out[name] = sectors * 512 >> 20
-    return out
-
-
 def _shmem(mgr: CpuManager, sid: str) -> int:  # noqa: F811
     """Bytes of shared memory (tmpfs pages) charged to session ``sid``'s memory cgroup."""
     slot = mgr._sessions[sid].sandbox.slot
@@ -289,11 +273,11 @@ async def test_writable_layer_is_on_the_node_disk_and_freed_with_the_session(
     assert mgr.isolation_report()["image_layer"] == "disk"
     assert mgr.layers is not None
     img = await _image(mgr, mini_rootfs)
-    before = set(_layer_loops(mgr.layers.dir))
+    before = set(layer_loops(mgr.layers.dir))
     await mgr.open_session("img-disk", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img,
                            layer_mb=48)
     try:
-        mine = [k for k, v in _layer_loops(mgr.layers.dir).items() if k not in before and v == 48]
+        mine = [k for k, v in layer_loops(mgr.layers.dir).items() if k not in before and v == 48]
         assert len(mine) == 1  # its own file system of exactly the cap (others: warm ones)
         assert mgr.layers.used_mb == 48
         shmem0 = _shmem(mgr, "img-disk")
@@ -308,9 +292,9 @@ async def test_writable_layer_is_on_the_node_disk_and_freed_with_the_session(
         await mgr.close_session("img-disk")
     assert mgr.layers.used_mb == 0
     deadline = time.monotonic() + 5
-    while mine[0] in _layer_loops(mgr.layers.dir) and time.monotonic() < deadline:
+    while mine[0] in layer_loops(mgr.layers.dir) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert mine[0] not in _layer_loops(mgr.layers.dir)  # loop device and blocks released
+    assert mine[0] not in layer_loops(mgr.layers.dir)  # loop device and blocks released
     assert not [n for n in os.listdir(mgr.layers.dir) if n.endswith(".ext4")]  # nothing named
 
 

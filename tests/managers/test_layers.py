@@ -9,22 +9,11 @@ import threading
 import time
 
 import pytest
+from _cpu_helpers import layer_loops
 
 from arl_tangram.managers.cpu.layers import LayerError, LayerStore
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mounts need root")
-
-
-def _loops(d: str) -> list[str]:
-    out = []
-    for name in os.listdir("/sys/block"):
-        try:
-            with open(f"/sys/block/{name}/loop/backing_file") as f:
-                if f.read().startswith(d + "/"):
-                    out.append(name)
-        except OSError:
-            continue
-    return out
 
 
 def test_concurrent_takes_each_get_their_own_layer_and_all_go_with_their_fds() -> None:
@@ -46,16 +35,16 @@ def test_concurrent_takes_each_get_their_own_layer_and_all_go_with_their_fds() -
     for t in threads:
         t.join()
     assert errs == [] and len(got) == 24
-    assert len(set(_loops(d))) >= 24  # (one more: the probe's ready layer)
+    assert len(layer_loops(d)) >= 24  # (one more: the probe's ready layer)
     assert st.used_mb == 24 * 16 and os.listdir(d) == []  # nothing on the host names them
     for layer in got:
         layer.close()
         st.give_back(layer.mb)
     st.close()
     deadline = time.monotonic() + 5
-    while _loops(d) and time.monotonic() < deadline:
+    while layer_loops(d) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _loops(d) == [] and st.used_mb == 0
+    assert layer_loops(d) == {} and st.used_mb == 0
 
 
 def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
