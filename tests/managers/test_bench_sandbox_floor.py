@@ -38,3 +38,24 @@ def test_isolation_floor_runs_every_step() -> None:
     assert got is not None
     isolated, bare = got
     assert isolated > 0 and bare > 0
+
+
+def _floor_cgroups() -> list[str]:
+    base = "/sys/fs/cgroup/memory" if os.path.isdir("/sys/fs/cgroup/memory") else "/sys/fs/cgroup"
+    return [d for d in os.listdir(base) if d.startswith("tangram-floor-")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, mounts and cgroups need root")
+def test_loaded_floor_measures_both_variants_and_leaves_nothing_behind() -> None:
+    pytest.importorskip("arl_tangram.managers.cpu._fastpath")
+    before_mounts = Path("/proc/self/mounts").read_text()
+    for isolate in (False, True):
+        got = bench.loaded_floor(("json",), 16, isolate=isolate)
+        assert got["cpu"] > 0 and got["rate"] > 0
+    assert not _floor_cgroups()
+    assert Path("/proc/self/mounts").read_text() == before_mounts  # every mount stayed inside
+
+
+def test_loaded_floor_raises_when_its_program_fails() -> None:
+    with pytest.raises(subprocess.CalledProcessError):  # never a figure from a broken run
+        bench.loaded_floor(("no_such_module_here",), 8, isolate=False)
