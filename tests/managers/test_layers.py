@@ -45,10 +45,12 @@ def test_concurrent_takes_each_get_their_own_layer_and_all_go_with_their_fds() -
     while layer_loops(d) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert layer_loops(d) == {} and st.used_mb == 0
+    os.rmdir(d)
 
 
 def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
-    st = LayerStore(tempfile.mkdtemp(prefix="tangram-layers-"), 16, budget_mb=40, warm=0)
+    d = tempfile.mkdtemp(prefix="tangram-layers-")
+    st = LayerStore(d, 16, budget_mb=40, warm=0)
     with pytest.raises(LayerError, match="layer_mb must be at least 4, got 2"):
         st.take(2)
     a = st.take(32)
@@ -58,6 +60,7 @@ def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
     st.give_back(a.mb)
     st.take(16).close()
     st.close()
+    os.rmdir(d)
 
 
 def test_a_layer_directory_in_memory_is_not_called_disk() -> None:
