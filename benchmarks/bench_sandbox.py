@@ -1,7 +1,9 @@
 """Benchmark of the CPU manager: latency, throughput, compile+run, test batches.
 
 Prints p50/p99 of a trivial Python action through the manager (full isolation) next to plain
-``subprocess.run([python, "-c", ...])`` measured in the same run, trivial actions per second,
+``subprocess.run([python, "-c", ...])`` measured in the same run, trivial actions per second
+with their CPU against the floors measured in the same run (a fork of a Python holding the same
+preload; the same under full load, plain and with the sandboxes' isolation but no manager),
 C++ compile+run vs plain g++, and a 50-case test batch vs 50 separate runs. Needs root.
 Run: ``.venv/bin/python benchmarks/bench_sandbox.py`` (about a minute).
 """
