@@ -222,7 +222,7 @@ try:
                     sys.stdout.flush()
                     os._exit(0)
                 got.append(pid)
-        for pid, (r, w) in zip(got, pipes):
+        for pid, (r, _) in zip(got, pipes):
             if not isinstance(pid, int):
                 sys.exit(f"fork failed: {pid}")
             os.close(r)
