@@ -193,6 +193,11 @@ try:
             with open(f"{made[-1]}/{'memory.limit_in_bytes' if v1 else 'memory.max'}", "w") as f:
                 f.write(str(256 << 20))
             slots.append(os.open(f"{made[-1]}/{'tasks' if v1 else 'cgroup.procs'}", os.O_WRONLY))
+    def action(stdout):  # what each child runs once released, in both variants
+        os.dup2(stdout, 1)
+        exec(compile("print(1)", "main.py", "exec", dont_inherit=True), {"__name__": "__main__"})
+        sys.stdout.flush()
+        os._exit(0)
     gc.freeze()
     def use():
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -207,20 +212,14 @@ try:
             if type(got) is int:  # a child, set up: its release pipe at fd 3, /dev/null at 4
                 os.read(3, 1)
                 fp.drop(wd, b"1000", 1 << 30, 1024, 65534, 10, 65534, bpf)
-                os.dup2(4, 1)
-                exec(compile("print(1)", "main.py", "exec", dont_inherit=True), {"__name__": "__main__"})
-                sys.stdout.flush()
-                os._exit(0)
+                action(4)
         else:
             got = []
             for r, _ in pipes:
                 pid = os.fork()
                 if pid == 0:
                     os.read(r, 1)
-                    os.dup2(out, 1)
-                    exec(compile("print(1)", "main.py", "exec", dont_inherit=True), {"__name__": "__main__"})
-                    sys.stdout.flush()
-                    os._exit(0)
+                    action(out)
                 got.append(pid)
         for pid, (r, _) in zip(got, pipes):
             if not isinstance(pid, int):
