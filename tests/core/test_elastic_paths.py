@@ -40,19 +40,13 @@ def _spread_warm_plain(self, key: str, rate: float) -> None:
 
 
 def _expand_plain(self) -> None:
-    """`_expand` as it was: every changed node scanned, elastic actions or not (the fast
-    path visits only the nodes that hold elastic actions)."""
-    if self.shape_keys:
-        if self._grow:
-            self._grow = set()
-        return
+    """`_expand` as a plain loop: every changed node scanned, elastic actions or not (the
+    fast path visits only the nodes that hold elastic actions)."""
     nodes = self._grow | self._dirty
     self._grow = set()
     for name in sorted(nodes) if len(nodes) > 1 else nodes:
         node = self.nodes.get(name)
         if node is None or not node.alive or name in self.reserved:
-            continue
-        if node.sessions and any(self.qlive.get(("sess", sid)) for sid in node.sessions):
             continue
         if node.running:  # (the per-node pass is shared: only which nodes are visited differs)
             self._expand_node(node)

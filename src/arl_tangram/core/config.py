@@ -81,8 +81,12 @@ class CoreConfig:
     # Time over which the peak arrival rate of a warm key is forgotten: an RL step's burst of
     # tool calls recurs every step (minutes apart), so the pool for it is kept across steps.
     peak_memory_s: float = 600.0
-    # Most warm executors per node and key that tangram asks for.
-    max_warm_per_node: int = 8
+    # Most warm executors per node and key that tangram asks for. None: two per core of the
+    # node, at least 8 -- a node runs at most one action per core at once, and a burst that
+    # takes every warm sandbox finds a second round while the first refills (with 8 on one
+    # 8-core node, tool-math cold-started 2-4 of ~890 actions where a static stack's resident
+    # sandboxes cold-start none; 16 cold-started none, measured 2026-11-26).
+    max_warm_per_node: int | None = None
     # Warm-pool keys (languages, tools) the operator names: their pools are filled from the
     # first event and keep `min_warm_per_node` whatever the arrival rate (tangram, fifo).
     warm_keys: tuple[str, ...] = ()
@@ -150,8 +154,8 @@ class CoreConfig:
             raise _bad("warm_keys", self.warm_keys, "must be a tuple of non-empty strings")
         for name in ("max_warm_per_node", "min_warm_per_node"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise _bad(name, v, "must be an integer >= 0")
+            if (v is not None or name == "min_warm_per_node") and (not isinstance(v, int) or v < 0):
+                raise _bad(name, v, "must be an integer >= 0" + (" or None" if name[1] == "a" else ""))
         for name in ("session_demand", "session_action_demand"):
             if not isinstance(getattr(self, name), Resources):
                 raise _bad(name, getattr(self, name), "must be a Resources")

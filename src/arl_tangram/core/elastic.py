@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from mypy_extensions import trait
 
+from .actions import Elasticity
 from .commands import ResizeAction, ResizeWarmPool, StartAction
 from .nodeindex import RES
 from .records import ActionRecord, NodeState
@@ -60,20 +61,22 @@ class ElasticMixin:
                 self._expand_node(node)
 
     def _expand_node(self: Core, node: NodeState) -> None:
+        """Spare capacity to the node's elastic actions below their maximum, the least
+        expected work left first (heSRPT gives the most to the shortest: Berg, Vesilo and
+        Harchol-Balter, SIGMETRICS 2020), one `elastic_step` at a time while it speeds it up."""
         step = self.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         elastic = False  # any elastic action on the node (grown to its max or not)
         for aid in node.running:
             rec = self.actions.get(aid)
-            if rec is None or rec.allotment is None:
+            if rec is None or rec.allotment is None or not rec.elastic:
                 continue
             el = rec.spec.elasticity
-            if el is None or not el.is_elastic:
-                continue
+            assert el is not None
             elastic = True
             if rec.allotment.get(el.dim) >= el.max - 1e-9:
                 continue
-            heap.append((-_gain(rec, step), rec.seq, aid))
+            heap.append((self._remaining(rec), rec.seq, aid))
         if not heap:
             if not elastic:
                 self._elastic_nodes.discard(node.name)
@@ -81,29 +84,33 @@ class ElasticMixin:
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while heap:
-            g, _, aid = heapq.heappop(heap)
+            _, _, aid = heapq.heappop(heap)
             rec = self.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             spare = node.free.get(el.dim, 0.0) - self._reserve_of(node, el.dim)
             k = rec.allotment.get(el.dim)
-            delta = min(step, el.max - k, spare)
-            if delta <= 1e-9 or g >= 0:
+            delta = min(el.max - k, spare)
+            if delta > step:
+                delta = step
+            if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
                 continue
+            self._retime(rec)
             node.take({el.dim: delta})
             rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
             changed[aid] = rec
             if k + delta < el.max - 1e-9:
-                heapq.heappush(heap, (-_gain(rec, step), rec.seq, aid))
+                heapq.heappush(heap, (self._remaining(rec), rec.seq, aid))
         if changed:
             self.index.update(node.name, node.free)
             self._emit_resizes(node, changed.values())
 
-    def _reclaim(self: Core, node: NodeState, need: Resources) -> bool:
+    def _reclaim(self: Core, node: NodeState, need: Resources, floor: float = 0.0) -> bool:
         """Make room for ``need`` on ``node`` by shrinking the elastic actions grown there
-        (never below their minimum), the least expected loss first; False, shrinking nothing,
-        when that cannot make it fit. Growth is lent, not given: a session's action that can
-        run only on this node does not queue behind a test that took its spare cores."""
+        (never below their minimum, nor below ``floor`` where their range allows), the most
+        expected work left first (the shortest keep their cores: SRPT); False, shrinking
+        nothing, when that cannot make it fit. Growth is lent, not given: a session's action
+        that can run only on this node does not queue behind a test that took its spare cores."""
         short = 0.0
         for dim, v in need.items():
             lack = v - node.free.get(dim, 0.0)
@@ -121,10 +128,10 @@ class ElasticMixin:
             el = rec.spec.elasticity if rec is not None else None
             if rec is None or el is None or el.dim != CPU or rec.allotment is None:
                 continue
-            extra = rec.allotment.get(CPU) - el.min
+            extra = rec.allotment.get(CPU) - _floor_of(el, floor)
             if extra > 1e-9:
                 spare += extra
-                heap.append((_loss(rec, min(step, extra)), rec.seq, aid))
+                heap.append((-self._remaining(rec), rec.seq, aid))
         if spare < short - 1e-9:
             return False
         heapq.heapify(heap)
@@ -135,16 +142,317 @@ class ElasticMixin:
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             k = float(rec.allotment.get(CPU))  # (floats: the same repr compiled and pure)
-            delta = float(min(step, k - el.min, short))
+            lo = _floor_of(el, floor)
+            delta = float(min(step, k - lo, short))
+            self._retime(rec)
             node.give({CPU: delta})
             rec.allotment = rec.allotment.with_amount(CPU, k - delta)
             changed[aid] = rec
             short -= delta
-            if k - delta > el.min + 1e-9:
-                heapq.heappush(heap, (_loss(rec, min(step, k - delta - el.min)), rec.seq, aid))
+            if k - delta > lo + 1e-9:
+                heapq.heappush(heap, (-self._remaining(rec), rec.seq, aid))
         self.index.update(node.name, node.free)
         self._emit_resizes(node, changed.values())
         return True
+
+    # ---- the width of an elastic action: heSRPT rounded to whole cores --------------------------
+    def _remaining(self: Core, rec: ActionRecord) -> float:
+        """Expected work left of a running action (seconds at speed 1), given the work its
+        allotments have done since it started (`done`, brought up to now): the estimator's
+        mean excess (`remaining_work`), else its estimate less that work."""
+        done = rec.done
+        if rec.allotment is not None and self.now > rec.since:
+            done += (self.now - rec.since) * rec.spec.speed(rec.allotment)
+        left = self._estimator.remaining_work(rec.ekey, rec.units, done)
+        if left is None:
+            left = rec.est - done
+        return left if left > 1e-9 else 1e-9
+
+    def _size(self: Core, rec: ActionRecord) -> float:
+        """Expected work of a queued action (seconds at speed 1): the estimator's mean, else
+        its estimate."""
+        got = self._estimator.mean_work(rec.ekey, rec.units)
+        return rec.est if got is None else got
+
+    def _retime(self: Core, rec: ActionRecord) -> None:
+        """Bring an action's `done` up to now, before its allotment changes."""
+        if rec.allotment is not None and self.now > rec.since:
+            rec.done += (self.now - rec.since) * rec.spec.speed(rec.allotment)
+        rec.since = self.now
+
+    def _overdue(self: Core, rec: ActionRecord) -> bool:
+        """Whether a queued elastic action has waited longer than its expected run at its
+        maximum: it then starts at whatever width it can get (no wait for a width is longer
+        than the run it saves)."""
+        el = rec.spec.elasticity
+        assert el is not None
+        return self.now - rec.submit_time >= self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
+
+    def _queued_elastic(self: Core) -> int:
+        """Elastic actions waiting in the shared pool's queues."""
+        n = 0
+        qlive = self.qlive
+        for key in self.shape_keys:
+            if key.elastic:
+                n += qlive.get(key, 0)
+        return n
+
+    def _plan(self: Core, rec: ActionRecord, node: NodeState, behind: int,
+              elsewhere: float = math.inf) -> tuple[float, float]:
+        """How elastic ``rec`` (a queue head) should start on ``node`` now: ``(width, floor)``,
+        width 0.0 to wait; ``floor`` is how far the node's running elastic actions may be
+        shrunk to make room for it.
+
+        The rule is heSRPT's (Berg, Vesilo and Harchol-Balter, SIGMETRICS 2020: finish jobs
+        shortest first, the most cores to the shortest; share only as far as the speedup curve
+        pays for it) rounded to whole lanes: the node's elastic capacity (its free CPU plus
+        what its elastic actions hold) is cut into L lanes of equal width; the running elastic
+        actions keep one lane each (they are not stopped), ``rec`` and the ``behind`` actions
+        queued after it (the node's share of the queue, assumed of ``rec``'s size) go, shortest
+        first, to the lane free first; each job runs at its speed at the lane's width. Of the L
+        from "no new lane" (wait: ``rec`` starts when a lane frees) to the most lanes of the
+        action's minimum, the one with the least sum of completion times wins (ties: fewer,
+        wider lanes). Waiting here is waiting for the first width free anywhere: ``rec`` may
+        start at its full width on another node ``elsewhere`` seconds from now (`_free_at`), if
+        that comes before a lane here. On 2 cores with n equal jobs waiting that is the rule
+        "sharing wins only when s(2) <= 2(n+1)/(n+2)". Decisions cost O(lanes tried x jobs),
+        no solver."""
+        el = rec.spec.elasticity
+        assert el is not None
+        free = node.free.get(CPU, 0.0)
+        held = 0.0
+        runs: list[tuple[float, Elasticity]] = []  # (work left, elasticity) of its elastic runs
+        for aid in node.running:
+            other = self.actions.get(aid)
+            if other is None or not other.elastic or other.allotment is None:
+                continue
+            oel = other.spec.elasticity
+            assert oel is not None
+            if oel.dim != CPU:
+                continue
+            held += other.allotment.get(CPU)
+            runs.append((self._remaining(other), oel))
+        cap = free + held
+        lo = el.min
+        top = el.max if el.max < cap else cap
+        if top < lo - 1e-9:
+            return 0.0, 0.0
+        n_run = len(runs)
+        most = int(cap / lo + 1e-9)
+        step = self.config.elastic_step
+        # lane counts worth trying: wait (as many lanes as runs), one more, and the widths
+        # top, top/2, top/4, ... down to the minimum
+        tries: list[int] = []
+        if n_run > 0:
+            tries.append(n_run)
+        w = top
+        while w >= lo - 1e-9:
+            lanes = int(cap / w + 1e-9)
+            if lanes > n_run and lanes not in tries:
+                tries.append(lanes)
+            w /= 2.0
+        if n_run + 1 <= most and n_run + 1 not in tries:
+            tries.append(n_run + 1)
+        tries.sort()
+        x = self._size(rec)
+        best_cost = math.inf
+        best_lanes = 0
+        best_w = 0.0
+        for lanes in tries:
+            width = cap / lanes
+            width = math.floor(width / step + 1e-9) * step if width >= step else width
+            if width < lo - 1e-9 and lanes > n_run:
+                continue  # too narrow for the action
+            ends: list[float] = [0.0] * (lanes - n_run) if lanes > n_run else []
+            cost = 0.0
+            for left, oel in runs:
+                ow = width if width < oel.max else oel.max
+                t = left / max(oel.speedup.factor(ow if ow > oel.min else oel.min), 1e-9)
+                cost += t
+                ends.append(t)
+            mine = width if width < el.max else el.max
+            run = x / max(el.speedup.factor(mine), 1e-9)
+            heapq.heapify(ends)
+            jobs = 1 + behind
+            if lanes <= n_run and elsewhere < ends[0]:  # waiting: a width frees elsewhere first
+                cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
+                jobs -= 1
+            for _ in range(jobs):
+                t = heapq.heappop(ends) + run
+                cost += t
+                heapq.heappush(ends, t)
+            if cost < best_cost - 1e-12 * cost:
+                best_cost, best_lanes, best_w = cost, lanes, mine
+        if best_lanes <= n_run:
+            return 0.0, 0.0
+        return best_w, best_w
+
+    def _free_at(self: Core, node: NodeState, width: float) -> float:
+        """Expected seconds until ``width`` CPU is free on ``node`` (as its running actions
+        end: elastic ones at their current speed, rigid ones at their estimate), inf if never
+        (sessions and other holdings stay)."""
+        have = node.free.get(CPU, 0.0)
+        if have >= width - 1e-9:
+            return 0.0
+        ends: list[tuple[float, float]] = []
+        now = self.now
+        for aid in node.running:
+            other = self.actions.get(aid)
+            if other is None or other.allotment is None:
+                continue
+            c = other.allotment.get(CPU)
+            if c <= 0.0:
+                continue
+            if other.elastic:
+                t = self._remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
+            else:
+                t = other.est - (now - (other.start_time if other.start_time is not None else now))
+                t = t if t > 0.0 else 0.0
+            ends.append((t, c))
+        ends.sort()
+        for t, c in ends:
+            have += c
+            if have >= width - 1e-9:
+                return t
+        return math.inf
+
+    def _elastic_start(self: Core, rec: ActionRecord, node: NodeState, behind: int,
+                       elsewhere: float = math.inf) -> tuple[float, float]:
+        """``(width, floor)`` at which elastic ``rec`` starts on ``node`` now (width 0.0: it
+        waits): the width `_plan` chose, as far as free CPU and what the node's elastic actions
+        hold above ``floor`` allow; where the plan says wait but the node's elastic actions
+        could not take its free CPU (at their maximum, or none), what they cannot take (an
+        idle core helps no one, and the action grows as cores free: growth is real); once
+        overdue (`_overdue`), any width from its minimum."""
+        el = rec.spec.elasticity
+        assert el is not None
+        free = node.free.get(CPU, 0.0)
+        if self._overdue(rec):
+            if free >= el.min - 1e-9:
+                return (free if free < el.max else el.max), 0.0
+            if free + self._lendable(node, 0.0) >= el.min - 1e-9:
+                return el.min, 0.0  # (`_reclaim` takes lent cores down to their minimum)
+            return 0.0, 0.0
+        width, floor = self._plan(rec, node, behind, elsewhere)
+        if width > 0.0:
+            room = free + self._lendable(node, floor)
+            if self.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
+                keep = free - self._reserve_of(node, CPU)
+                room = keep if keep > el.min else el.min
+            if room < width:
+                width = room
+            return (width if width >= el.min - 1e-9 else 0.0), floor
+        absorb = 0.0  # what the node's elastic actions below their maximum could still take
+        for aid in node.running:
+            other = self.actions.get(aid)
+            if other is None or not other.elastic or other.allotment is None:
+                continue
+            oel = other.spec.elasticity
+            assert oel is not None
+            if oel.dim == CPU:
+                absorb += oel.max - other.allotment.get(CPU)
+        left = free - absorb
+        if left >= el.min - 1e-9:
+            return (left if left < el.max else el.max), 0.0
+        if free > 1e-9:
+            self._grow.add(node.name)  # it waits for them to go wide: expansion looks here
+        return 0.0, 0.0
+
+    def _lendable(self: Core, node: NodeState, floor: float) -> float:
+        """CPU the node's elastic actions hold above ``floor`` (above their minimum where
+        that is higher, never where their range ends below ``floor``)."""
+        total = 0.0
+        for aid in node.running:
+            rec = self.actions.get(aid)
+            if rec is None or not rec.elastic or rec.allotment is None:
+                continue
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
+                extra = rec.allotment.get(CPU) - _floor_of(el, floor)
+                if extra > 0.0:
+                    total += extra
+        return total
+
+    def _place_elastic(self: Core, rec: ActionRecord) -> bool:
+        """Start a shared-pool elastic head where it gets the widest start (`_elastic_start`)
+        among the few nodes with the most free CPU that fit its other dimensions (a warm one
+        first among equals); False when every one says wait."""
+        index = self.index
+        if index._held is not None:
+            index.flush()
+        nodes, reserved = self.nodes, self.reserved
+        shape = rec.shape
+        n = self._cpu_nodes()
+        queued = self._queued_elastic() - 1  # (this head is still queued)
+        behind = 0 if queued <= 0 else min(32, -(-queued // n))
+        enough = self.config.fit_candidates
+        cands: list[NodeState] = []
+        for lvl in reversed(index.levels):
+            for name in index._buckets[lvl]:
+                if name in reserved:
+                    continue
+                node = nodes[name]
+                free = node.free
+                fits = True
+                for k, v in shape:
+                    if k != CPU and v > free.get(k, 0.0) + 1e-9:
+                        fits = False
+                        break
+                if fits:
+                    cands.append(node)
+                    if len(cands) >= enough:
+                        break
+            if len(cands) >= enough:
+                break
+        el = rec.spec.elasticity
+        assert el is not None
+        # when each candidate could start it at its full width: waiting on one node is
+        # waiting for the first of them
+        first = second = math.inf
+        first_node = ""
+        if len(cands) > 1:
+            for node in cands:
+                c = node.cap.get(CPU, 0.0)
+                t = self._free_at(node, el.max if el.max < c else c)
+                if t < first:
+                    second, first, first_node = first, t, node.name
+                elif t < second:
+                    second = t
+        best: NodeState | None = None
+        best_w = 0.0
+        best_floor = 0.0
+        best_warm = False
+        wkey = rec.wkey
+        for node in cands:
+            elsewhere = second if node.name == first_node else first
+            width, floor = self._elastic_start(rec, node, behind, elsewhere)
+            warm = node.warm.get(wkey, 0) > 0 if node.warm else False
+            if width > best_w + 1e-9 or (width > 0.0 and abs(width - best_w) <= 1e-9
+                                         and warm and not best_warm):
+                best, best_w, best_floor, best_warm = node, width, floor, warm
+        if best is None:
+            return False
+        self._start_elastic(rec, best, best_w, best_floor)
+        return True
+
+    def _start_elastic(self: Core, rec: ActionRecord, node: NodeState, width: float, floor: float) -> None:
+        """Start elastic ``rec`` on ``node`` at ``width``, shrinking the node's elastic actions
+        (not below ``floor``) for the CPU it lacks."""
+        alloc = rec.spec.allotment(width)
+        if not node.fits(alloc):
+            ok = self._reclaim(node, alloc, floor)
+            assert ok, f"{rec.spec.id}: no room for {alloc} on {node.name}"
+        self._start(rec, node, alloc, True if rec.spec.session is not None else
+                    (self._take_warm(node, rec.wkey) if node.warm else False))
+
+    def _cpu_nodes(self: Core) -> int:
+        """Alive nodes with CPU (the queue's elastic actions spread over them)."""
+        names = self._warm_names  # (the same list warm pools spread over; reset on changes)
+        if names is None:
+            names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
+            self._warm_names = names
+        return len(names) if names else 1
 
     def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
         """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
@@ -239,7 +547,7 @@ class ElasticMixin:
         if not names:
             return
         cfg = self.config
-        cap = cfg.max_warm_per_node
+        fixed = cfg.max_warm_per_node
         n = len(names)
         want = math.ceil(rate * cfg.sandbox_cold_s * 2)
         if (rate * cfg.rate_window_s >= 1.0 or key in cfg.warm_keys) and want < cfg.min_warm_per_node * n:
@@ -266,6 +574,7 @@ class ElasticMixin:
         for i in range(lo, hi):
             name = names[i]
             t = q + 1 if i < r else q
+            cap = fixed if fixed is not None else _warm_cap(self.nodes[name])
             if t > cap:
                 t = cap  # min(cap, want // n + (1 if i < want % n else 0))
             if sent.get((name, key), 0) != t:
@@ -273,13 +582,18 @@ class ElasticMixin:
                 self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
 
 
-def _loss(rec: ActionRecord, step: float) -> float:
-    """Weighted rise of expected remaining time from one ``step`` less of the elastic dim."""
-    el = rec.spec.elasticity
-    assert el is not None and rec.allotment is not None
-    k = rec.allotment.get(el.dim)
-    sp = el.speedup
-    return (rec.est / max(sp.factor(k - step), 1e-9) - rec.est / max(sp.factor(k), 1e-9)) * rec.spec.weight
+def _warm_cap(node: NodeState) -> int:
+    """Most warm executors per key on ``node`` (`CoreConfig.max_warm_per_node` None): two
+    per core, at least 8."""
+    c = int(2 * node.cap.get(CPU, 0.0))
+    return c if c > 8 else 8
+
+
+def _floor_of(el: Elasticity, floor: float) -> float:
+    """How far a reclaim may shrink an action of ``el``: ``floor`` within its range."""
+    if floor <= el.min:
+        return el.min
+    return floor if floor < el.max else el.max
 
 
 def _gain(rec: ActionRecord, step: float) -> float:

@@ -56,13 +56,15 @@ def _key_of(action: ActionSpec) -> str:
 
 
 class _Sketch:
-    """A bounded reservoir of recent values with lazily sorted quantiles."""
+    """A bounded reservoir of recent values with lazily sorted quantiles, their mean, and the
+    mean excess over a level (suffix sums of the sorted values, built on demand)."""
 
-    __slots__ = ("_sorted", "_values", "count")
+    __slots__ = ("_sorted", "_suffix", "_values", "count")
 
     def __init__(self, size: int) -> None:
         self._values: deque[float] = deque(maxlen=size)
         self._sorted: list[float] | None = None
+        self._suffix: list[float] | None = None  # _suffix[i] = sum(sorted[i:])
         self.count = 0
 
     def add(self, v: float) -> None:
@@ -73,6 +75,35 @@ class _Sketch:
         self.count += 1
         if s is not None:
             _insort(s, v)
+        self._suffix = None
+
+    def _sums(self) -> tuple[list[float], list[float]]:
+        s = self._sorted
+        if s is None:
+            s = self._sorted = sorted(self._values)
+        suf = self._suffix
+        if suf is None:
+            suf = [0.0] * (len(s) + 1)
+            acc = 0.0
+            for i in range(len(s) - 1, -1, -1):
+                acc += s[i]
+                suf[i] = acc
+            self._suffix = suf
+        return s, suf
+
+    def mean(self) -> float:
+        s, suf = self._sums()
+        return suf[0] / len(s) if s else 0.0
+
+    def excess(self, a: float) -> float:
+        """E[V - a | V > a] over the reservoir; when no value exceeds ``a``, a quarter of
+        ``a`` (it has outlived every run seen: assume it is near its end, not at it)."""
+        s, suf = self._sums()
+        i = bisect.bisect_right(s, a)
+        n = len(s) - i
+        if n <= 0:
+            return 0.25 * a
+        return suf[i] / n - a
 
     def quantile(self, q: float) -> float:
         s = self._sorted
@@ -172,6 +203,26 @@ class DurationEstimator:
         else:
             v = self.unit_quantile(key[0], key[1], q)
         return v * units
+
+    def mean_work(self, key: tuple[str, str], units: float) -> float | None:
+        """Expected work (seconds at speed 1) of an action of ``work_of`` (key, units): the
+        mean of the learned unit times x units; None before `min_samples` observations (the
+        caller keeps its quantile estimate). Sizes in the sum-of-completion-times comparisons
+        of elastic widths are means, as that objective asks, not medians."""
+        sk = self._sketches.get(key)
+        if sk is None or sk.count < self._min_samples:
+            return None
+        return sk.mean() * units
+
+    def remaining_work(self, key: tuple[str, str], units: float, done: float) -> float | None:
+        """Expected work left of an action that has done ``done`` (seconds at speed 1): the
+        mean excess of the learned unit times over what it did per unit (a run that has
+        outlived its median is likely longer than its median says: SERPT, not SRPT on a
+        stale guess); None before `min_samples` observations."""
+        sk = self._sketches.get(key)
+        if sk is None or sk.count < self._min_samples or units <= 0:
+            return None
+        return sk.excess(done / units) * units
 
     def samples(self, key: str) -> int:
         """How many observations the estimator has for ``key`` (all bases)."""

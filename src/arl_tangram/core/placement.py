@@ -43,6 +43,8 @@ class PlacementMixin:
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
         spec = rec.spec
         if type(key) is ShapeKey:
+            if rec.elastic and self._elastic:
+                return self._place_elastic(rec)  # (elastic.py: its width, then its node)
             node = self._find_node(rec)
             if node is None and (not self._elastic or (node := self._lender(rec)) is None):
                 return False
@@ -60,6 +62,16 @@ class PlacementMixin:
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
+        elif rec.elastic and self._elastic:  # its width on its session's node (elastic.py)
+            free = node.free
+            for k, v in rec.shape:
+                if k != CPU and v > free.get(k, 0.0) + 1e-9:
+                    return False
+            width, floor = self._elastic_start(rec, node, 0)
+            if width <= 0.0:
+                return False
+            self._start_elastic(rec, node, width, floor)
+            return True
         if not node.fits(alloc) and not (self._elastic and self._reclaim(node, alloc)):
             return False
         self._start(rec, node, alloc, True)
@@ -128,8 +140,9 @@ class PlacementMixin:
         out = self._out
         self._starts[aid] = len(out)
         out.append(make_start(spec, node.name, quota, warm, cause))  # StartAction(...)
-        el = spec.elasticity
-        if el is not None and el.max > el.min:  # elastic (Elasticity.is_elastic)
+        if rec.elastic:
+            rec.done = 0.0  # (its work done so far: `_remaining`)
+            rec.since = now
             self._grow.add(node.name)
             self._elastic_nodes.add(node.name)  # (elastic.py: where expansion can look)
 
@@ -139,10 +152,6 @@ class PlacementMixin:
         nodes, reserved = self.nodes, self.reserved
         shape = rec.shape
         wkey = rec.wkey if self.warm_nodes else ""
-        if self._elastic:
-            el = rec.spec.elasticity
-            if el is not None and el.max > el.min:
-                return self._roomiest(rec, wkey)
         ws = self.warm_nodes.get(wkey)
         best: NodeState | None = None
         best_w, best_left = 2, math.inf
@@ -227,36 +236,6 @@ class PlacementMixin:
         if best is None or not self._reclaim(best, need):
             return None
         return best
-
-    def _roomiest(self: Core, rec: ActionRecord, wkey: str) -> NodeState | None:
-        """An elastic action goes where it has the most room to grow (best fit would pack it
-        into a busy node's last core while other nodes sit idle): the node with the most free
-        CPU, or a warm one with as much room as the action can use (its maximum, or what the
-        roomiest node has), scanning by free CPU, most first."""
-        index = self.index
-        if index._held is not None:
-            index.flush()
-        shape, reserved, nodes = rec.shape, self.reserved, self.nodes
-        el = rec.spec.elasticity
-        top = el.max if el is not None else rec.cpu
-        first: NodeState | None = None
-        enough = int(rec.cpu * RES + 1e-9) if rec.cpu > 0 else 0  # nodeindex.level
-        for lvl in reversed(index.levels):
-            if lvl < enough:
-                break
-            for name in index._buckets[lvl]:
-                if name in reserved:
-                    continue
-                node = nodes[name]
-                if _fit_leftover(node, shape) < 0.0:
-                    continue
-                if first is None:
-                    first = node
-                    room = min(top, node.free.get(CPU, 0.0))
-                    enough = max(enough, int(room * RES + 1e-9))  # warm ones below: too small
-                if node.warm.get(wkey):
-                    return node
-        return first
 
     def _reserve_for(self: Core, rec: ActionRecord, key: Any) -> None:
         """An aged head is blocked: hold a node for it alone -- for a shared-pool action the

@@ -38,20 +38,23 @@ class ShapeKey(str):
 
     shape: tuple[tuple[str, float], ...]
     cpu: float
+    elastic: bool  # its actions are elastic (never in one queue with rigid ones)
 
 
-def _make_shape_key(items: tuple[tuple[str, float], ...]) -> ShapeKey:
+def _make_shape_key(items: tuple[tuple[str, float], ...], elastic: bool = False) -> ShapeKey:
     shape = tuple(sorted(items))
-    key = ShapeKey("shape" + repr(shape))  # (a float's repr round-trips: one text per shape)
+    # (a float's repr round-trips: one text per shape)
+    key = ShapeKey(("elastic" if elastic else "shape") + repr(shape))
     key.shape = shape
     key.cpu = dict(shape).get(CPU, 0.0)
+    key.elastic = elastic
     return key
 
 
 # demand items as stored -> their `ShapeKey`: one shared key per shape, so records do not each
 # keep a copy (fewer objects for the garbage collector to scan, and equal keys are the same
 # object)
-_SHAPES: dict[tuple[tuple[str, float], ...], ShapeKey] = {}
+_SHAPES: dict[tuple[tuple[tuple[str, float], ...], bool], ShapeKey] = {}
 # (`in` a tuple tests identity first: no enum hashing)
 _TERMINAL = (S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.REJECTED, S.NODE_LOST)
 
@@ -95,7 +98,9 @@ class ActionRecord:
         "batch",
         "charge",
         "cpu",
+        "done",
         "ekey",
+        "elastic",
         "est",
         "gen",
         "is_model",
@@ -104,6 +109,7 @@ class ActionRecord:
         "queue_key",
         "seq",
         "shape",
+        "since",
         "skey",
         "spec",
         "start_time",
@@ -131,8 +137,15 @@ class ActionRecord:
         self.partition: str | None = None  # slice / task pool of partitioned policies
         self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
         self.is_model = spec.kind in _MODEL_KINDS_T
+        el = spec.elasticity
+        # elastic (`Elasticity.is_elastic`): its own queues, a width chosen at its start
+        self.elastic = el is not None and el.max > el.min
+        # work done (seconds at speed 1) by `since`, while it runs: what is left of its
+        # estimate when the allotment of an elastic action changes (`Core._remaining`)
+        self.done = 0.0
+        self.since = 0.0
         d = spec.demand._d
-        skey = shape_key(d)
+        skey = shape_key(d, self.elastic)
         self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
         self.shape: tuple[tuple[str, float], ...] = skey.shape  # the demand's items, sorted
         self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
@@ -162,14 +175,16 @@ class ActionRecord:
         return describe_story(self.story)
 
 
-def shape_key(d: dict[str, float]) -> ShapeKey:
-    """The shared `ShapeKey` of a demand's items (one object per distinct demand)."""
+def shape_key(d: dict[str, float], elastic: bool = False) -> ShapeKey:
+    """The shared `ShapeKey` of a demand's items (one object per distinct demand; elastic
+    actions have keys of their own, so a rigid action never queues behind an elastic one that
+    waits for its width)."""
     items = tuple(d.items())
-    skey = _SHAPES.get(items)
+    skey = _SHAPES.get((items, elastic))
     if skey is None:
         if len(_SHAPES) > 4096:
             _SHAPES.clear()
-        skey = _SHAPES[items] = _make_shape_key(items)
+        skey = _SHAPES[(items, elastic)] = _make_shape_key(items, elastic)
     return skey
 
 

@@ -173,7 +173,9 @@ class SchedulingMixin:
             # blocked: no alive node outside the reservations fits the shape (work
             # conservation). With no capacity freed since (nothing dirty), a non-aged action of
             # the shape is blocked too, head or not: the queue needs no look.
-            look = not before or aged or bool(self._dirty)
+            # (An elastic head may wait by choice, not for room, and its choice depends on
+            # how many wait: its queue is always worth a look.)
+            look = not before or aged or bool(self._dirty) or (key.elastic and self._elastic)
         elif key[0] == "sess" and rec.partition is not None:
             self.part_sess.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
@@ -335,7 +337,10 @@ class SchedulingMixin:
             aged, _, key, rec = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
-                placed = rec.cpu <= limit and self._place_among(rec, local)
+                if rec.elastic and self._elastic:  # (its width decides where: elastic.py)
+                    placed = rec.cpu <= limit and self._place_elastic(rec)
+                else:
+                    placed = rec.cpu <= limit and self._place_among(rec, local)
                 if placed:  # the freed nodes have less now: keep the cheap test exact
                     local_cpu = -1.0
                     for n in local:
@@ -379,7 +384,10 @@ class SchedulingMixin:
         while heap:
             aged, _, key, rec = heapq.heappop(heap)
             placed = False
-            if rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`
+            if rec.elastic and self._elastic:  # (its width decides where: elastic.py)
+                placed = rec.cpu <= limit and self._place_elastic(rec)
+                limit = free.get(CPU, 0.0) + 1e-9
+            elif rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`
                 for k, v in rec.shape:
                     if v > free.get(k, 0.0) + 1e-9:
                         break
