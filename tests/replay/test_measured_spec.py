@@ -159,3 +159,26 @@ def test_executor_charges_dispatch_once_unstretched_by_the_allotment() -> None:
     # a resize during the dispatch: no work done yet, all of it at the new speed
     assert _finish(_run(node, _elastic(1.0), 2.0, 1.0, resize_at=0.1, resize_to=2.0)) == \
         pytest.approx(0.25 + 1.0)
+
+
+def test_a_real_runs_bound_is_taken_on_its_own_submit_times() -> None:
+    # what `tangram replay` shows beside each policy: the bound (sim.bounds) on the run's own
+    # releases, in the calibrated trace's terms. Two elastic tests of 2 s (1..2 cores, p 0.9)
+    # submitted together on 2 cores: SRPT of their least core-seconds ends them at 1 and 2 s
+    # (1.5 on average, above each alone: 1.1); submitted 10 s apart they never meet (1.1).
+    from types import SimpleNamespace
+
+    from arl_tangram.replay.predict import run_bound
+    from arl_tangram.sim.trace import Trajectory
+
+    test = SimAction(ActionKind.TEST, 2.0, Resources(cpu=1), Elasticity(1, 2, speedup=Speedup(0.9)))
+    steps = [[Trajectory("a", "x", ((0.0, test),)), Trajectory("b", "x", ((0.0, test),))]]
+    cluster = ClusterSpec((NodeSpec("n", Resources(cpu=2, memory_mb=4096)),))
+    together = SimpleNamespace(releases=[("a", 0, 0.0, "succeeded"), ("b", 0, 0.0, "succeeded")])
+    apart = SimpleNamespace(releases=[("a", 0, 0.0, "succeeded"), ("b", 0, 10.0, "succeeded")])
+    assert run_bound(cluster, steps, {}, together)["act_avg"] == pytest.approx(1.5)
+    assert run_bound(cluster, steps, {}, apart)["act_avg"] == pytest.approx(1.1)
+    # a failed action may not have run: it counts in the ACT's count, for nothing
+    failed = SimpleNamespace(releases=[("a", 0, 0.0, "succeeded"), ("b", 0, 0.0, "failed")])
+    got = run_bound(cluster, steps, {}, failed)
+    assert got["count"] == 2 and got["act_avg"] == pytest.approx(1.1 / 2)

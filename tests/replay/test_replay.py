@@ -118,6 +118,12 @@ def test_replay_end_to_end_real_sandboxes_sessions_and_models(
     # the optimum of the same run, in the calibrated spec's terms: a lower bound of the
     # prediction (a measurement can fall below it where the machine ran faster than the spec)
     assert 0 < out["optimum"]["act_avg"] <= out["predicted"]["tangram"]["act"]["avg"] + 1e-9
+    # and the bound on the run's own submit times, over the same actions as its ACT; the
+    # prediction's on the prediction's (a lower bound of it)
+    assert out["optimum"]["by_policy"]["tangram"]["count"] == rep["act"]["count"] == 5
+    assert out["optimum"]["by_policy"]["tangram"]["act_avg"] >= out["optimum"]["act_avg"] - 1e-9
+    pred = out["predicted"]["tangram"]
+    assert 0 < pred["bound"]["act_avg"] <= pred["act"]["avg"] + 1e-9
 
 
 @pytest.mark.parametrize(("step", "field"), [

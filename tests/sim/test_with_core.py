@@ -75,12 +75,14 @@ def test_cli_json_has_stable_keys_and_plot_is_written(tmp_path, capsys):
     assert set(out) == {"workload", "seed", "train_s", "load", "bound", "reports", "ratios",
                         "best_static"}
     assert out["best_static"].startswith("static-pool:")
-    assert set(out["bound"]) == {"act", "step_s", "step_avg_s"}
+    assert set(out["bound"]) == {"act", "step_s", "step_avg_s", "act_avg", "alone_act_avg", "of"}
+    assert out["bound"]["act_avg"] == min(r["bound"]["act_avg"] for r in out["reports"].values())
     rep = out["reports"]["tangram"]
     assert set(rep) == {"policy", "workload", "seed", "actions", "by_status", "act", "act_by_kind",
                         "act_by_task", "queue_avg_s", "step_s", "step_avg_s", "makespan_s",
                         "utilization", "held_idle", "capacity", "cold_starts", "warm_starts",
-                        "stalled", "stall", "setup_s", "wall_s", "events"}
+                        "stalled", "stall", "setup_s", "wall_s", "events", "bound"}
+    assert set(rep["bound"]) == {"count", "act_avg", "alone_act_avg", "srpt_act_avg"}
     assert set(rep["act"]) == {"count", "avg", "p50", "p99"}
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 

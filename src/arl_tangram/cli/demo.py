@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from ..replay.calibrate import calibrate, cluster_of, read_calibration
     from ..replay.driver import machine_cores
-    from ..replay.predict import fidelity, optimum, predict
+    from ..replay.predict import fidelity, optimum, predict, run_bound
     from ..sim.trace import dump_trace
     from ..specfile import load_cluster_yaml
 
@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(table(reports, sims, f"{args.workload}: {len(trajs)} trajectories, {n_act} "
                         f"actions, real {cluster.total_capacity().get('cpu'):g} CPU "
                         f"(measured; the simulator's prediction in parentheses)",
-                        opt=optimum(cluster, steps, cal)))
+                        opt=optimum(cluster, steps, cal),
+                        bounds={k: run_bound(cluster, steps, cal, r) for k, r in reports.items()}))
     statics = {k: r for k, r in reports.items() if k.startswith("static-pool")}
     if statics and "tangram" in reports:
         best = min(statics, key=lambda k: statics[k].act["avg"])

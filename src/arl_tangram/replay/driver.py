@@ -98,6 +98,9 @@ class ReplayReport:
     session_turns_ok: bool = True  # every session action saw the state its predecessors left
     stats: dict[str, Any] = field(default_factory=dict)  # the engine's counters at the end
     wall_s: float = 0.0
+    # per counted action: (trajectory id, its index, seconds from the run's start to its submit,
+    # status), what the bound on this run's own release times needs (`replay.predict.run_bound`)
+    releases: list[tuple[str, int, float, str]] = field(default_factory=list)
 
     @staticmethod
     def summary(xs: Sequence[float]) -> dict[str, float]:
@@ -356,11 +359,13 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
                     timeout_s=act.timeout_s, weight=act.weight,
                     payload=action_payload(act, models.get(act.model or ""), units_per_s, i,
                                            in_session))
+                submit = time.monotonic() - t0  # (a little before the engine's own submit)
                 status, act_s, out = await backend.run(spec)
                 rep.actions += 1
                 rep.by_status[status] = rep.by_status.get(status, 0) + 1
                 if status in _COUNTED and act_s is not None:
                     rep.acts.append(act_s)
+                    rep.releases.append((traj.id, i, submit, status))
                     rep.acts_by_kind.setdefault(act.kind.value, []).append(act_s)
                 if in_session and sid is not None:
                     turns[sid] = turns.get(sid, 0) + 1

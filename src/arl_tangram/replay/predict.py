@@ -92,6 +92,26 @@ def optimum(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], cal: Ma
     return float(bound(measured_trace(steps, cluster, cal), cluster, train_s).act["avg"])
 
 
+def run_bound(cluster: ClusterSpec, steps: Sequence[Sequence[Trajectory]], cal: Mapping[str, Any],
+              report: Any) -> dict[str, Any]:
+    """The bound (`sim.bounds.RunBound`) of a real run on its own release times: its counted
+    actions (``report.releases``), in the calibrated trace's terms (`measured_trace`), rigid
+    actions at their whole demand (a real slice's CFS burst uses real cores), a failed action
+    as one that may not have run (0). A measurement can fall below it where the machine ran
+    faster than its calibration said."""
+    from ..core.actions import Status
+    from ..sim.bounds import ReleaseLog
+
+    cluster = measured_cluster(cluster, cal)
+    acts = {t.id: t.steps for batch in measured_trace(steps, cluster, cal) for t in batch}
+    log = ReleaseLog(cluster)
+    for tid, i, submit, status in report.releases:
+        st = Status.__members__.get(status.upper())
+        if st is not None:
+            log.record(acts[tid][i][1], st, submit, submit, ran=False)
+    return log.bound().as_dict()
+
+
 def err(measured: float, predicted: float) -> float:
     """Relative error of the prediction: (predicted - measured) / measured."""
     if measured == 0:

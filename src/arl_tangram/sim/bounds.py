@@ -1,25 +1,57 @@
-"""The optimum every comparison is shown against: each action's lower bound, and the step's.
+"""The optimum every comparison is shown against: lower bounds on the average ACT.
 
-Invariant: a bound is what no scheduler on the same cluster could beat for that action --
-no queueing, no cold start, no model load, its best allotment:
-- a CPU action: its work at the speed of its largest useful allotment (its elastic maximum,
-  capped by the largest node's capacity in that dimension); a rigid action: its work;
-- a reward or judge action: a batch of one on a resident, idle instance (``alpha + work``);
-- any action: at most its timeout (a run ends it there).
-The step's bound replays each trajectory closed-loop with every action at its bound (its
-generation times unchanged): the longest trajectory, plus the training phase. Computed from the
-trajectories alone, never from a run.
+Two bounds, each valid on its own, and the larger of them is shown:
+
+(a) Each action alone (`action_bound`): what no scheduler on the same cluster could beat for
+    that action -- no queueing, no cold start, no model load, its best allotment:
+    - a CPU action: its work at the speed of its largest useful allotment (its elastic maximum,
+      capped by the largest node's capacity in that dimension); a rigid action: its work;
+    - a reward or judge action: a batch of one on a resident, idle instance (``alpha + work``);
+    - any action: at most its timeout (a run ends it there).
+    Computed from the trajectories alone (`bound`), it says nothing about contention.
+
+(b) Contention (`ReleaseLog`): a pool of C cores is one machine of speed C. Every action needs
+    at least its least core-seconds there, whatever allotment a scheduler gives it (`cpu_charge`:
+    an elastic action's ``work_s`` -- Speedup.factor is linear up to one unit and Amdahl past it,
+    so k / factor(k) is 1 up to one unit and grows past it; a rigid action of demand d cores,
+    ``d x work_s``), and preemptive shortest-remaining-processing-time on that one machine
+    minimises the sum of completion times for given release times (Schrage 1968), fractional
+    sharing included; so its sum of flow times lower-bounds any schedule's sum of ACT on the
+    same releases. The GPU side likewise: an instance of a model on ``devices`` GPUs serves a
+    batch of at most ``max_batch`` items in ``alpha + sum(work)``, so each item costs at least
+    ``devices x (alpha / max_batch + work)`` GPU-seconds of the pool's GPUs (`gpu_charge`).
+
+The simulator and the replay are closed loop: an action is submitted a generation time after
+its predecessor finished, so release times depend on the schedule, and a relaxation on the
+releases of an idealised run (every action at its bound) is NOT a lower bound -- a scheduler
+could delay a trajectory and so lower the contention its others meet. The sound form, used
+here, takes a run's own release (submit) times: (b) on them lower-bounds THAT run's sum of
+ACT. A run's bound (`RunBound`) is, per pool, the larger of (a) and (b) over that run's counted
+actions, summed over the pools, plus for each action that timed out its timeout (a run that
+ends an action at its timeout ran it that long; its work is out of the relaxation) and nothing
+for an action that failed without running its work. Two facts of the run enter besides the
+releases: which actions timed out or failed, and the CPU allotment of a rigid action started on
+less CPU than it demands (the simulator lets such an action run its first CFS periods' quota at
+full speed, `sim.executor.cfs_speed`, so it may cost less than ``d x work_s`` of its slice).
+
+The step's bound replays each trajectory closed-loop with every action at its bound (a) (its
+generation times unchanged): the longest trajectory, plus the training phase.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..core.actions import Status
 from ..core.cluster import ClusterSpec
+from ..core.resources import CPU, GPU
+from .executor import cfs_speed
 from .trace import SimAction, Trajectory
 
 
@@ -31,20 +63,159 @@ def action_bound(act: SimAction, cluster: ClusterSpec, largest: Mapping[str, flo
         b = (model.alpha if model is not None else 0.0) + act.work_s
     else:
         el = act.elasticity
-        if el is None or not el.is_elastic:
+        if el is None:
             b = act.work_s
-        else:
+        else:  # (a fixed width, min == max, runs at its width's speed too)
             k = min(el.max, largest.get(el.dim, el.max))
             b = act.work_s / el.speedup.factor(max(k, el.min))
     t = act.timeout_s
     return t if 0.0 < t < b else b
 
 
+def cpu_charge(act: SimAction, allotment: Mapping[str, float] | None = None) -> float:
+    """The least core-seconds any run of ``act`` to its end takes of the CPU pool.
+
+    - elastic along ``cpu`` (any width, ``min == max`` too): ``work_s`` -- the work is given at
+      one core, and k / factor(k) is 1 at and below one core (a fractional slice runs
+      proportionally slower) and grows past it (Amdahl), so no allotment does it for less (the
+      static baselines' slices can start an action below its minimum, so the minimum does not
+      raise this);
+    - elastic along another dimension: 0 (its CPU allotment does not set its speed);
+    - rigid, demand ``d`` cores: ``d x work_s``; where the run's ``allotment`` gave it a
+      fraction ``v`` of ``d``, what its slice held for as long as the simulator runs it there
+      (its first CFS periods at full speed, `cfs_speed`): ``d v work_s / cfs_speed(work_s, v)``.
+    """
+    el = act.elasticity
+    if el is not None:
+        return act.work_s if el.dim == CPU else 0.0
+    need = act.demand.get(CPU)
+    if need <= 0.0:
+        return 0.0
+    got = allotment.get(CPU, need) if allotment is not None else need
+    if got >= need:
+        return need * act.work_s
+    v = got / need
+    return got * act.work_s / cfs_speed(act.work_s, v) if v > 0.0 else 0.0
+
+
+def gpu_charge(act: SimAction, cluster: ClusterSpec) -> float:
+    """The least GPU-seconds a reward or judge action takes of the GPU pool: an instance on
+    ``devices`` GPUs runs a batch of at most ``max_batch`` items in ``alpha + sum(work)``, so
+    the batch's GPU-seconds cover ``devices x (alpha / max_batch + work)`` for each item."""
+    model = cluster.model(act.model) if act.model is not None else None
+    if model is None:
+        return 0.0
+    return model.devices * (model.alpha / model.max_batch + act.work_s)
+
+
+def srpt_flow_sum(jobs: Sequence[tuple[float, float]]) -> float:
+    """Sum of flow times (completion - release) of preemptive shortest-remaining-processing-
+    time on one machine of unit speed; ``jobs`` are (release, processing time) pairs in any
+    order. A heap of remaining times: each release preempts at most once, O(n log n)."""
+    order = sorted(jobs)
+    heap: list[tuple[float, int, float]] = []  # (remaining, index, release)
+    n, i, t, total = len(order), 0, 0.0, 0.0
+    while i < n or heap:
+        if not heap and order[i][0] > t:
+            t = order[i][0]
+        while i < n and order[i][0] <= t:
+            r, p = order[i]
+            heapq.heappush(heap, (p, i, r))
+            i += 1
+        rem, k, r = heap[0]
+        nxt = order[i][0] if i < n else math.inf
+        if t + rem <= nxt:
+            heapq.heappop(heap)
+            t += rem
+            total += t - r
+        else:  # runs until the next release, which may preempt it
+            heapq.heapreplace(heap, (rem - (nxt - t), k, r))
+            t = nxt
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class RunBound:
+    """A lower bound on one run's average ACT, on that run's own release times (module doc)."""
+
+    count: int  # counted actions of the run (succeeded, failed, timed out): the ACT's count
+    alone_s: float  # sum of (a): each action alone (timed out: its timeout; failed unrun: 0)
+    srpt_s: float  # sum of (b): SRPT per pool on the run's releases (timed out: its timeout)
+    bound_s: float  # per pool the larger of the two, summed over the pools: the bound
+
+    def _avg(self, s: float) -> float:
+        return s / self.count if self.count else 0.0
+
+    @property
+    def act_avg(self) -> float:
+        return self._avg(self.bound_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "act_avg": self.act_avg, "alone_act_avg": self._avg(self.alone_s),
+                "srpt_act_avg": self._avg(self.srpt_s)}
+
+
+_COUNTED = (Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT)
+
+
+class ReleaseLog:
+    """What a run's bound needs of each counted action, recorded as the run delivers it: its
+    release, its bound alone and its charge on its pool (CPU or GPU)."""
+
+    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools")
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self._cluster = cluster
+        cap = cluster.total_capacity()
+        self._pools = (cap.get(CPU), cap.get(GPU))  # one machine of speed C per pool
+        self._largest = largest_node(cluster)
+        self._cpu: list[tuple[float, float, float]] = []  # (release, charge, alone)
+        self._gpu: list[tuple[float, float, float]] = []
+        self._fixed = 0.0  # timeouts of the actions that timed out
+        self._count = 0
+
+    def record(self, act: SimAction, status: Status, submit: float, finish: float | None,
+               allotment: Mapping[str, float] | None = None, *, ran: bool = True) -> None:
+        """One delivered action (ignored unless counted in ACT, as `ActRecorder` counts).
+        ``ran``: a failed action did its work (the simulator: its truth ``fails``); one that
+        failed before it ran (an instance unloaded, a sandbox error) counts nothing."""
+        if status not in _COUNTED or finish is None:
+            return
+        self._count += 1
+        if status is Status.TIMED_OUT:
+            self._fixed += act.timeout_s
+            return
+        if status is Status.FAILED and not ran:
+            return
+        alone = action_bound(act, self._cluster, self._largest)
+        if act.model is not None:
+            self._gpu.append((submit, gpu_charge(act, self._cluster), alone))
+        else:
+            self._cpu.append((submit, cpu_charge(act, allotment), alone))
+
+    def bound(self) -> RunBound:
+        alone = srpt = best = self._fixed
+        for jobs, speed in zip((self._cpu, self._gpu), self._pools, strict=True):
+            a = sum(j[2] for j in jobs)
+            b = srpt_flow_sum([(r, c / speed) for r, c, _ in jobs]) if speed > 0 and jobs else 0.0
+            alone, srpt, best = alone + a, srpt + b, best + max(a, b)
+        return RunBound(self._count, alone, srpt, best)
+
+
+def largest_node(cluster: ClusterSpec) -> dict[str, float]:
+    """Per dimension, the largest capacity of one node (an elastic action's useful maximum)."""
+    largest: dict[str, float] = {}
+    for n in cluster.nodes:
+        for k, v in n.capacity.items():
+            largest[k] = max(largest.get(k, 0.0), v)
+    return largest
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     """The optimum of a run: ACT statistics of the per-action bounds and the step bound."""
 
-    act: Mapping[str, float]  # count, avg, p50, p99 of the per-action bounds (seconds)
+    act: Mapping[str, float]  # count, avg, p50, p99 of the per-action bounds (a) (seconds)
     step_s: tuple[float, ...]  # per RL step: the longest trajectory at its bounds + training
 
     @property
@@ -55,12 +226,21 @@ class Bound:
         return {"act": dict(self.act), "step_s": list(self.step_s), "step_avg_s": self.step_avg_s}
 
 
+def table_bound(opt: Bound, runs: Mapping[str, Any]) -> tuple[float, str | None]:
+    """The bound of a table of runs: the lowest of their own bounds (each run's ``bound``,
+    a `RunBound.as_dict`; stalled runs and runs without one left out), so that no run in the
+    table has an average ACT below it; with none, each action alone. (value, whose run)."""
+    found = [(r.bound["act_avg"], name) for name, r in runs.items()
+             if getattr(r, "bound", None) and not getattr(r, "stalled", False)]
+    if not found:
+        return float(opt.act["avg"]), None
+    v, name = min(found)
+    return float(v), name
+
+
 def bound(batches: Iterable[Sequence[Trajectory]], cluster: ClusterSpec, train_s: float) -> Bound:
-    """The optimum of replaying ``batches`` (one per RL step) on ``cluster``."""
-    largest: dict[str, float] = {}
-    for n in cluster.nodes:
-        for k, v in n.capacity.items():
-            largest[k] = max(largest.get(k, 0.0), v)
+    """The optimum (a) of replaying ``batches`` (one per RL step) on ``cluster``."""
+    largest = largest_node(cluster)
     acts: list[float] = []
     steps: list[float] = []
     for batch in batches:

@@ -344,6 +344,9 @@ class SimReport:
     events: int  # events the core handled
     setup_s: float = 0.0  # model loads before the first step (not in any step or ACT)
     stall: Mapping[str, Any] | None = None  # what was left when a stalled run stopped
+    # a lower bound on this run's avg ACT on its own release times (`sim.bounds.RunBound`):
+    # count, act_avg, and its two parts alone_act_avg (each action alone) and srpt_act_avg
+    bound: Mapping[str, float] | None = None
     act_samples: Any = field(default=None, repr=False, compare=False)  # numpy array, for plots
     series: Any = field(default=None, repr=False, compare=False)  # [(t, {dim: busy frac})]
 
@@ -373,6 +376,7 @@ class SimReport:
             "warm_starts": self.warm_starts,
             "stalled": self.stalled,
             "stall": dict(self.stall) if self.stall is not None else None,
+            "bound": dict(self.bound) if self.bound is not None else None,
             "setup_s": self.setup_s,
             "wall_s": self.wall_s,
             "events": self.events,
@@ -382,7 +386,8 @@ class SimReport:
 def build_report(*, policy: str, workload: str, seed: int, acts: ActRecorder, usage: UsageMeter,
                  steps: list[float], makespan: float, cold: int, warm: int, stalled: bool,
                  wall_s: float, events: int, setup_s: float = 0.0,
-                 stall: Mapping[str, Any] | None = None) -> SimReport:
+                 stall: Mapping[str, Any] | None = None,
+                 bound: Mapping[str, float] | None = None) -> SimReport:
     util, idle = usage.totals()
     q = np.frombuffer(acts.queue, dtype=np.float64) if acts.queue else np.zeros(0)
     return SimReport(
@@ -393,6 +398,6 @@ def build_report(*, policy: str, workload: str, seed: int, acts: ActRecorder, us
         queue_avg_s=float(q.mean()) if len(q) else 0.0, step_s=tuple(steps), makespan_s=makespan,
         utilization=util, held_idle=idle, capacity=dict(usage.capacity), cold_starts=cold,
         warm_starts=warm, stalled=stalled, wall_s=wall_s, events=events, setup_s=setup_s,
-        stall=stall, act_samples=np.frombuffer(acts.all, dtype=np.float64).copy(),
+        stall=stall, bound=bound, act_samples=np.frombuffer(acts.all, dtype=np.float64).copy(),
         series=usage.thinned_series(),
     )

@@ -23,10 +23,11 @@ from ..core import events as E
 from ..core.actions import ActionResult
 from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
+from .bounds import ReleaseLog
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, FLUSH, TICK, EventLoop
 from .metrics import ActRecorder, SimReport, UsageMeter, build_report
-from .trace import DEFAULT_COLD_START_S, Trajectory
+from .trace import DEFAULT_COLD_START_S, SimAction, Trajectory
 
 
 class Scheduler(Protocol):
@@ -104,6 +105,7 @@ class Simulator:
             self.loop, cluster, self.truth, self._emit, usage=self.usage,  # type: ignore[arg-type]
             session_cold_start=self.session_cold, warm_cold_start_s=self.config.warm_cold_start_s)
         self.acts = ActRecorder()
+        self.releases = ReleaseLog(cluster)  # what this run's bound needs (`sim.bounds`)
         self.live: dict[str, _Live] = {}  # trajectory id -> state
         self.owner: dict[str, tuple[_Live, str]] = {}  # action id -> (trajectory, kind)
         self.steps: list[float] = []
@@ -221,10 +223,13 @@ class Simulator:
         owner = self.owner.pop(result.id, None)
         if owner is None:
             return  # not ours (or delivered twice: the core's invariant tests catch that)
-        self.truth.pop(result.id, None)
+        act = self.truth.pop(result.id, None)
         live, kind = owner
         self._last_progress = self.loop.clock._now
         self.acts.record(result, kind, live.traj.task)
+        if isinstance(act, SimAction):  # (FAILED: only a true failure ran its work)
+            self.releases.record(act, result.status, result.submit_time, result.finish_time,
+                                 result.allotment, ran=act.fails)
         live.index += 1
         steps = live.traj.steps
         if live.index < len(steps):
@@ -281,7 +286,8 @@ class Simulator:
             steps=self.steps, makespan=max(0.0, end - start), cold=self.executor.cold_starts,
             warm=self.executor.warm_starts, stalled=self._stalled,
             wall_s=time.perf_counter() - wall, events=self.events, setup_s=setup,
-            stall=self._stall_state() if self._stalled else None)
+            stall=self._stall_state() if self._stalled else None,
+            bound=self.releases.bound().as_dict())
 
     def _stall_state(self) -> dict[str, object]:
         """What was left when the run stopped: enough to see where the work got stuck."""

