@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import base64
+import math
 
 import pytest
 
-from arl_tangram.core.actions import ActionKind, ActionSpec, Status
+from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Status
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers import cpu
 from arl_tangram.managers.cpu.languages import Language
-from arl_tangram.managers.cpu.payload import build_request, memory_bytes
+from arl_tangram.managers.cpu.payload import build_request, machine_cpus, memory_bytes, visible_cpus
 from arl_tangram.managers.cpu.result import CaseResult, RunResult, StageResult
 
 LANGS = {"python": Language("python", "main.py", None, None, "py"),
@@ -75,6 +76,24 @@ def test_request_carries_allotment_and_limits() -> None:
     assert req["files"] == {"d/a.txt": b64} and req["op"] == "run"
     half = build_request(ActionSpec(id="b", payload={"code": "1"}), Resources(cpu=0.5), LANGS, CFG)
     assert half["env"]["OMP_NUM_THREADS"] == "1" and half["limits"]["cpus"] == 0.5
+
+
+def test_code_is_shown_an_elastic_maximum_and_a_rigid_allotment() -> None:
+    def shown(el: Elasticity | None, quota: float, node: int = 4) -> float:
+        return visible_cpus(ActionSpec(id="v", elasticity=el), quota, node)
+
+    assert shown(None, 1) == 1 and shown(None, 0.5) == 0.5 and shown(None, 8) == 8  # rigid
+    assert shown(Elasticity(2, 2), 2) == 2  # min == max: rigid
+    assert shown(Elasticity(1, 3), 1) == 3 and shown(Elasticity(1, 3), 2.5) == 3
+    assert shown(Elasticity(1, 16), 1) == 4  # at most the node's cores
+    assert shown(Elasticity(1, 4, dim="gpu"), 1) == 1  # another dimension stretches
+    el = ActionSpec(id="e", payload={"code": "1"}, elasticity=Elasticity(1, 64))
+    req = build_request(el, Resources(cpu=1), LANGS, CFG)
+    n = machine_cpus()
+    assert req["quota"] == 1 and req["limits"]["cpus"] == n
+    assert req["env"]["TANGRAM_CPUS"] == str(n) and req["env"]["OMP_NUM_THREADS"] == str(n)
+    longest = max(req["run_timeout"], req["compile_timeout"])
+    assert req["limits"]["cpu_s"] == math.ceil(longest * n) + 1  # RLIMIT_CPU for n cores
 
 
 def test_memory_limit_smaller_payload_wins() -> None:

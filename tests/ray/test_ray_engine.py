@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 from _ray_helpers import OBJECT_STORE, wait_until
 
+from arl_tangram.core import commands as C
 from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.core.core import Core, CoreConfig
@@ -60,7 +61,7 @@ async def results(eng: Engine, ids: list[str], timeout: float = 120.0) -> dict:
 
 
 async def test_actions_spread_across_nodes(ray_cluster):
-    eng, _ = await make_engine()
+    eng, ex = await make_engine()
     try:
         assert len(eng.nodes) >= 3
         ids = await eng.submit([sleeper(f"spread{i}", 1.0) for i in range(12)])
@@ -72,6 +73,13 @@ async def test_actions_spread_across_nodes(ray_cluster):
         view = eng.cluster()
         assert {n["name"] for n in view["nodes"]} >= set(eng.nodes)
         assert all("ray" in n for n in view["nodes"])
+        # a resize reaches its node's agent through Ray; one for an ended action is dropped,
+        # and the stats count it once that node's info is refreshed
+        done = res[ids[0]]
+        assert isinstance(done.node, str)
+        await ex.submit([C.ResizeAction(done.id, done.node, Resources(cpu=1, memory_mb=128))])
+        await wait_until(lambda: eng.stats()["resizes"]["dropped"] == 1, 30, "the dropped resize")
+        assert eng.stats()["resizes"] == {"applied": 0, "deferred": 0, "dropped": 1}
     finally:
         await eng.aclose()
 

@@ -52,6 +52,11 @@ class EngineCollector:
         loads.add_metric(["swap"], st["model_swaps"])
         loads.add_metric(["failed"], st["model_load_failures"])
         yield loads
+        resizes = CounterMetricFamily("tangram_resizes", "Elastic resizes on the nodes, by outcome",
+                                      labels=["outcome"])
+        for outcome, n in sorted(st["resizes"].items()):
+            resizes.add_metric([outcome], n)
+        yield resizes
         shed = CounterMetricFamily("tangram_shed", "Submits refused for overload")
         shed.add_metric([], st["shed"])
         yield shed

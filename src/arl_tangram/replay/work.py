@@ -8,7 +8,9 @@ forked processes (not threads: the GIL would serialize them). The sandbox's cgro
 from the action's allotment (and changed by a resize), is what bounds the speed: on a 0.25-core
 quota the serial part runs 4x slower than on one core; on two cores the parallel part runs on
 both. ``workers`` is the most cores the action can ever use (its elasticity's maximum, at most
-the machine's cores), so a resize mid-run is felt at once without respawning anything.
+the machine's cores), which is also what the sandbox shows an elastic action as
+``os.cpu_count()`` from its start (docs/sandbox.md, "Cores"), so all of them are forked and a
+resize mid-run is felt at once without respawning anything.
 """
 
 from __future__ import annotations

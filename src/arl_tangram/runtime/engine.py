@@ -523,4 +523,15 @@ class Engine:
             "model_loads": sb.model_loads, "model_swaps": sb.model_swaps,
             "model_load_failures": sb.model_load_failures, "shed": sb.shed,
             "results_kept": len(self._results), "sessions": len(self._sessions),
+            "resizes": self._resizes(),
         }
+
+    def _resizes(self) -> dict[str, int]:
+        """The nodes' ResizeActions by outcome (`NodeHost.resizes`), summed; a Ray node's as of
+        its last info refresh."""
+        out = {"applied": 0, "deferred": 0, "dropped": 0}
+        for info in self._executor.node_info().values():
+            for k, n in (info.get("resizes") or {}).items():
+                if k in out:
+                    out[k] += int(n)
+        return out

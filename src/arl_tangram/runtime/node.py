@@ -16,6 +16,13 @@ sessions where the image already is. An image the cache lacks but whose source p
 knows (``images``, or `add_image_source`) is imported on first use, once, before the session or
 action that needs it; that session's first action (or that one-shot action) reports the
 seconds it waited for the import as ``image_import_s`` in its result.
+
+Resizes (``ResizeAction``) of a CPU action are never lost while it runs: one that comes before
+the action reaches the CPU manager (its session still opening, its image importing) becomes the
+allotment it starts with; the manager keeps one that comes before the action's sandbox is
+registered and sets it then. ``info()["resizes"]`` counts them: ``applied`` (a running
+sandbox's quota rewritten), ``deferred`` (kept until the action's sandbox registers) and
+``dropped`` (the action had ended here, or never came).
 """
 
 from __future__ import annotations
@@ -98,6 +105,10 @@ class NodeHost:
         self._eager_images = tuple(eager_images)  # of those, imported at start
         self._importing: dict[str, asyncio.Future[float]] = {}  # name -> its import in flight
         self._import_s: dict[str, float] = {}  # session -> seconds its open waited for an import
+        # CPU actions started here and not yet handed to the CPU manager -> their allotment,
+        # which a resize meanwhile replaces (`_resize`)
+        self._handing: dict[str, Resources] = {}
+        self.resizes = {"applied": 0, "deferred": 0, "dropped": 0}  # ResizeActions, by outcome
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -178,6 +189,8 @@ class NodeHost:
     def submit(self, cmd: C.Command) -> None:
         """Start executing one command; its outcome comes back through ``emit``."""
         if isinstance(cmd, C.StartAction):
+            if not cmd.action.kind.uses_model:
+                self._handing[cmd.action.id] = cmd.allotment
             self._spawn(cmd.action.id, self._start_action(cmd))
         elif isinstance(cmd, C.RunBatch):
             self._spawn(f"batch:{cmd.batch_id}", self._run_batch(cmd))
@@ -188,7 +201,7 @@ class NodeHost:
         elif isinstance(cmd, C.CancelAction):
             self._spawn(f"cancel:{cmd.action_id}", self._cancel(cmd))
         elif isinstance(cmd, C.ResizeAction):
-            self._spawn(f"resize:{cmd.action_id}", self._call(self.cpu.resize(cmd.action_id, cmd.allotment)))
+            self._spawn(f"resize:{cmd.action_id}", self._resize(cmd))
         elif isinstance(cmd, C.OpenSession):
             self._opening[cmd.session_id] = asyncio.Event()
             self._spawn(f"open:{cmd.session_id}", self._open_session(cmd))
@@ -243,10 +256,28 @@ class NodeHost:
         except Exception as exc:
             log.warning("node %s: %s", self.name, exc)
 
+    async def _resize(self, cmd: C.ResizeAction) -> None:
+        if cmd.action_id in self._handing:  # not at the CPU manager yet: it starts with this
+            self._handing[cmd.action_id] = cmd.allotment
+            outcome = "deferred"
+        else:
+            try:
+                outcome = await self.cpu.resize(cmd.action_id, cmd.allotment)
+            except Exception as exc:
+                log.warning("node %s: resize of %s: %s", self.name, cmd.action_id, exc)
+                outcome = "dropped"
+        self.resizes[outcome if outcome in self.resizes else "dropped"] += 1
+
     def _manager_for(self, action: ActionSpec) -> Any:
         return self.gpu if action.kind.uses_model else self.cpu
 
     async def _start_action(self, cmd: C.StartAction) -> None:
+        try:
+            await self._run_action(cmd)
+        finally:
+            self._handing.pop(cmd.action.id, None)  # (one that never reached the manager)
+
+    async def _run_action(self, cmd: C.StartAction) -> None:
         a = cmd.action
         opening = self._opening.get(a.session) if a.session else None
         if opening is not None:  # the session's OpenSession came in the same breath
@@ -260,7 +291,8 @@ class NodeHost:
             image = a.payload.get("image") if a.session is None else None
             if isinstance(image, str) and self.image_sources:
                 waited = await self.ensure_image(image)
-            rr = await self.cpu.run(a, cmd.allotment)
+            # handed over: from here the CPU manager takes its resizes (no await in between)
+            rr = await self.cpu.run(a, self._handing.pop(a.id, cmd.allotment))
             out = rr.to_dict()
             if waited > 0.0 and isinstance(out, dict):
                 out["image_import_s"] = round(waited, 6)
@@ -440,6 +472,7 @@ class NodeHost:
         d["languages"] = _safe(lambda: sorted(self.cpu.languages()), [])
         d["resident_models"] = _safe(lambda: _jsonable(self.gpu.resident()), []) if self.gpu else []
         d["gpu_manager"] = self.gpu is not None
+        d["resizes"] = dict(self.resizes)
         if getattr(self.cpu, "images", None) is not None:
             d["images"] = _safe(self.list_images, [])
             d["image_sources"] = dict(self.image_sources)

@@ -100,8 +100,9 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
 
 
 # The image's persistent Python worker: the same protocol as `session_worker._python_loop`
-# (a frame {"code"} on fd 3, {"rc"} back on fd 4, 4-byte big-endian length + JSON), run by the
-# image's own python3 (the sandbox init's interpreter is the host's, whose files are not there).
+# (a frame {"code"} on fd 3, with "cpus" and "env" where the action's cores changed, {"rc"} back
+# on fd 4, 4-byte big-endian length + JSON), run by the image's own python3 (the sandbox init's
+# interpreter is the host's, whose files are not there).
 PYTHON_LOOP = r"""
 import ast, builtins, json, os, sys, traceback
 def _rd(n):
@@ -116,6 +117,9 @@ g = {"__name__": "__main__", "__builtins__": builtins}
 sys.path[0:1] = [os.getcwd()]
 while True:
     req = json.loads(_rd(int.from_bytes(_rd(4), "big")))
+    if "cpus" in req:
+        os.cpu_count = (lambda n: lambda: n)(int(req["cpus"]))
+        os.environ.update(req["env"])
     rc = 0
     try:
         tree = ast.parse(req["code"], "<session>", "exec")

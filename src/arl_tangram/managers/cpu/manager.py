@@ -64,7 +64,10 @@ class CpuManager:
         self._zygote: Zygote | None = None
         self._cgroups: CgroupTree | None = None
         self._pool: WarmPool | None = None
-        self._running: dict[str, Sandbox] = {}
+        self._running: dict[str, Sandbox] = {}  # action -> its sandbox, once it has one
+        # action -> its CPU quota in cores, from `run` to its end; a resize that comes before
+        # the action's sandbox registers in `_running` waits here and is set when it registers
+        self._quota: dict[str, float] = {}
         self._cancelled: set[str] = set()
         self._sessions: dict[str, _Session] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -174,11 +177,20 @@ class CpuManager:
             mem = payload.memory_bytes(action.payload, allotment, self.config)
         except InvalidAction as e:
             return RunResult.sandbox_error(str(e))
-        if req["op"] == "session":
-            return await self._run_in_session(action, req)
-        image = action.payload.get("image") if isinstance(action.payload, dict) else None
-        if image is not None:
-            return await self._run_in_image(action, req, mem, image)
+        self._quota[action.id] = req["quota"]
+        try:
+            if req["op"] == "session":
+                return await self._run_in_session(action, req)
+            image = action.payload.get("image") if isinstance(action.payload, dict) else None
+            if image is not None:
+                return await self._run_in_image(action, req, mem, image)
+            return await self._run_pooled(action, req, mem)
+        finally:
+            self._quota.pop(action.id, None)
+
+    async def _run_pooled(self, action: ActionSpec, req: dict[str, Any], mem: int) -> RunResult:
+        """A one-shot action in a sandbox of the warm pool."""
+        assert self._pool is not None
         try:
             sb = await self._pool.take()
         except Exception as e:
@@ -193,14 +205,17 @@ class CpuManager:
 
     async def _exchange(self, action_id: str, sb: Sandbox, req: dict[str, Any],
                         mem: int) -> RunResult:
-        cpus = req["limits"]["cpus"]
+        """Run ``req`` in ``sb``, registered in `_running` for ``action_id`` (no await between):
+        its quota is the action's latest (`_quota`, resized while it waited included)."""
+        quota = self._quota.get(action_id, req["quota"])
         pod = f"{self._host}/sandbox-{sb.pid}"
         try:
-            sb.set_limits(cpus, mem)
+            sb.set_limits(quota, mem)
         except OSError as e:
             return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
-        n = len(req["cases"] or ()) + 1
-        budget = req["compile_timeout"] + req["run_timeout"] * math.ceil(n / max(cpus, 1)) + 10
+        n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
+        budget = (req["compile_timeout"] + 10
+                  + req["run_timeout"] * math.ceil(n / max(req["limits"]["cpus"], 1)))
         try:
             if sb.outs and direct.eligible(req):
                 reply = await direct.exchange(sb, req, budget, self._base_env)
@@ -233,12 +248,27 @@ class CpuManager:
             self._cancelled.add(action_id)
             sb.kill()
 
-    async def resize(self, action_id: str, allotment: Resources) -> None:
-        sb = self._running.get(action_id)
+    async def resize(self, action_id: str, allotment: Resources) -> str:
+        """Set an action's CPU quota to ``allotment``'s cpu. Returns "applied" (its sandbox's
+        cgroup rewritten), "deferred" (it has no sandbox yet: set when it gets one) or "dropped"
+        (no such action here: it ended, or never came; or its sandbox is gone)."""
         cpus = float(allotment.get("cpu", 0.0))
-        if sb is not None and sb.slot is not None and cpus > 0:
-            sb.slot.set_cpu(cpus)
-            sb.cpu = cpus
+        if not cpus > 0 or math.isinf(cpus):
+            raise ValueError(f"resize of {action_id}: allotment cpu must be a positive number, "
+                             f"got {cpus!r}")
+        if action_id not in self._quota:
+            return "dropped"
+        self._quota[action_id] = cpus
+        sb = self._running.get(action_id)
+        if sb is None:
+            return "deferred"
+        if sb.slot is None or sb.dead:
+            return "dropped"
+        try:
+            sb.set_limits(cpus, sb.memory, sb.weight)
+        except OSError:
+            return "dropped"
+        return "applied"
 
     async def _run_in_image(self, action: ActionSpec, req: dict[str, Any], mem: int,
                             name: Any) -> RunResult:
@@ -362,7 +392,9 @@ class CpuManager:
             req = overlay.image_request(req, s.image, s.python, None)
         async with s.lock:
             s.last_used = time.monotonic()
-            s.cpu = req["limits"]["cpus"]  # the action's allotment sets the session's quota
+            # the action's quota is the session's: its allotment, or a resize that came while
+            # it waited for the session (no await from here until its sandbox is registered)
+            s.cpu = self._quota.get(action.id, req["quota"])
             sw = overlay.SessionSwitch() if s.freezer is not None else None
             if s.freezer is not None and sw is not None:  # thawed with the action's quota
                 t0 = time.perf_counter()

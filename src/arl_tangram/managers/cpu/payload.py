@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
+import os
 import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.errors import InvalidAction
+from arl_tangram.core.resources import CPU
 
 from .config import CpuManagerConfig
 from .languages import ALL_LANGUAGES, Language
@@ -104,6 +107,26 @@ def memory_bytes(p: Mapping[str, Any], allotment: Mapping[str, float],
     return int(mb * (1 << 20))
 
 
+@functools.cache
+def machine_cpus() -> int:
+    """The cores this process may run on (affinity-aware): the most an action is shown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def visible_cpus(action: ActionSpec, quota: float, node_cpus: int) -> float:
+    """The cores ``action``'s code is shown (os.cpu_count(), TANGRAM_CPUS, OMP_NUM_THREADS, the
+    case runner's workers): an elastic action's maximum, at most ``node_cpus``, from its start,
+    so a later resize is used at once; a rigid one its allotment ``quota``. The cgroup quota,
+    set from the allotment and rewritten by resizes, is what throttles either."""
+    el = action.elasticity
+    if el is None or not el.is_elastic or el.dim != CPU:
+        return quota
+    return max(quota, min(el.max, float(node_cpus)))
+
+
 def env_for(cpus: float, langs: Mapping[str, Language]) -> dict[str, str]:
     dirs = []
     for lang in langs.values():
@@ -136,6 +159,8 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
                   env_cache: dict[float, dict[str, str]] | None = None) -> dict[str, Any]:
     """The sandbox request for ``action``; raises InvalidAction naming the bad field.
 
+    ``quota`` is the allotment's cores (the sandbox's cgroup quota); ``limits.cpus`` and the
+    environment carry the cores the code is shown (`visible_cpus` on this machine's cores).
     ``env_cache``: the caller's memo of `env_for` by CPU count, for one fixed ``langs``."""
     p = action.payload
     if not isinstance(p, Mapping):
@@ -151,7 +176,8 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
         why = "its toolchain is not installed here" if lang_name in ALL_LANGUAGES else "unknown"
         raise InvalidAction("payload.language", f"language {lang_name!r} unavailable: {why}; "
                             f"available: {sorted(langs)}")
-    cpus = float(allotment.get("cpu", 0.0)) or cfg.default_cpus
+    quota = float(allotment.get("cpu", 0.0)) or cfg.default_cpus
+    cpus = visible_cpus(action, quota, machine_cpus())
     run_timeout = _timeout(p, "run_timeout", min(cfg.default_run_timeout_s, action.timeout_s),
                            cfg.max_timeout_s)
     compile_timeout = _timeout(p, "compile_timeout", cfg.default_compile_timeout_s, cfg.max_timeout_s)
@@ -161,7 +187,7 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
         "op": "session" if session else "run",
         "lang": langs[lang_name].wire(), "code": code, "stdin": stdin, "files": _files(p),
         "fetch_files": fetch, "compile_timeout": compile_timeout, "run_timeout": run_timeout,
-        "env": _env(cpus, langs, env_cache), "cases": None,
+        "env": _env(cpus, langs, env_cache), "cases": None, "quota": quota,
         "stop_on_first_failure": bool(_get(p, "stop_on_first_failure", bool, False)),
         "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid,
                    "cpu_s": math.ceil(max(run_timeout, compile_timeout) * max(cpus, 1)) + 1,

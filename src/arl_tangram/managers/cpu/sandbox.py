@@ -343,6 +343,7 @@ def _session(req: dict[str, Any], sessions: dict[str, session_worker.Worker]) ->
     w = sessions.get(lang)
     if w is None:
         w = sessions[lang] = session_worker.Worker(lang, limits, req["env"])
+    w.show(limits.cpus, req["env"])
     stage, alive = session_worker.exchange(w, req["code"], req["run_timeout"], limits.output)
     if not alive:
         sessions.pop(lang, None)

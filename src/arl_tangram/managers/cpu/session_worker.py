@@ -3,7 +3,9 @@
 Invariant: a worker is an untrusted child (sandbox uid, no_new_privs, rlimits) that keeps its
 state between exchanges; the sandbox init talks to it only through pipes, enforces the wall-clock
 limit of each exchange, and on a timeout or a crash kills its process group and forgets it (the
-next exchange starts a fresh worker, and the result says the state was lost).
+next exchange starts a fresh worker, and the result says the state was lost). Each exchange's
+code is shown the cores of the action it belongs to (`Worker.show`: os.cpu_count() in Python,
+the `CPU_VARS` in the environment), which may differ from the worker's first action.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import fcntl
 import os
 import secrets
 import selectors
+import shlex
 import signal
 import sys
 import time
@@ -22,6 +25,10 @@ import traceback
 from typing import Any
 
 from . import imagebox, proc, wire
+
+# The environment that tells code its cores (`payload.env_for`); set again, in a session, for
+# each action whose cores differ from the last one's.
+CPU_VARS = ("TANGRAM_CPUS", "OMP_NUM_THREADS")
 
 _BASH_PRELUDE = (
     "__tangram_run() { local __tangram_c; __tangram_c=$(cat); eval \"$__tangram_c\" </dev/null;"
@@ -38,6 +45,8 @@ def _python_loop() -> None:
             req = wire.read_frame_fd(3)
         except EOFError:
             os._exit(0)
+        if "cpus" in req:  # this action's cores (`Worker.show`)
+            _show_cpus(int(req["cpus"]), req["env"])
         rc = 0
         try:
             tree = ast.parse(req["code"], "<session>", "exec")
@@ -60,11 +69,18 @@ def _python_loop() -> None:
         wire.write_frame_fd(4, {"rc": rc})
 
 
+def _show_cpus(n: int, env: dict[str, str]) -> None:
+    setattr(os, "cpu_count", lambda: n)  # noqa: B010  (what the code sees, as in `proc`)
+    os.environ.update(env)
+
+
 class Worker:
     """One persistent child and the pipes to it."""
 
     def __init__(self, lang: str, limits: proc.Limits, env: dict[str, str]) -> None:
         self.lang = lang
+        self.shown: tuple[int, dict[str, str]] | None = None  # the cores its code was last shown
+        self._show: tuple[int, dict[str, str]] | None = None  # ... and to show with the next send
         ctl_r, ctl_w = os.pipe()  # init -> worker (python requests / bash stdin)
         done_r, done_w = os.pipe()  # worker -> init (completion)
         out_r, out_w = os.pipe()
@@ -105,12 +121,26 @@ class Worker:
             os.write(2, f"session worker failed: {e}\n".encode())
         os._exit(127)
 
+    def show(self, cpus: float, env: dict[str, str]) -> None:
+        """Show the next exchange's code ``cpus`` cores (its action's `limits.cpus`) and those
+        of ``env``'s `CPU_VARS`; sent only where they differ from what the worker has."""
+        shown = (max(1, int(cpus + 0.999)), {k: env[k] for k in CPU_VARS if k in env})
+        self._show = None if shown == self.shown else shown
+        self.shown = shown
+
     def send(self, code: str) -> None:
+        show, self._show = self._show, None
         if self.lang == "bash":
             tag = "__TANGRAM_EOF_" + secrets.token_hex(8)
-            data = f"__tangram_run <<'{tag}'\n{code}\n{tag}\n".encode()
+            env = show[1] if show is not None else {}
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+            pre = f"export {exports}\n" if exports else ""
+            data = f"{pre}__tangram_run <<'{tag}'\n{code}\n{tag}\n".encode()
         else:
-            data = wire.encode({"code": code})
+            msg: dict[str, Any] = {"code": code}
+            if show is not None:
+                msg["cpus"], msg["env"] = show
+            data = wire.encode(msg)
         view = memoryview(data)
         while view:  # the worker reads it whole before running, so a blocking write is fine
             view = view[os.write(self.ctl, view):]
