@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 
 import pytest
 from _cpu_fixture import mgr  # noqa: F401
@@ -45,11 +47,15 @@ def spec(code: str, *, lo: float, hi: float, kind: ActionKind = ActionKind.CODE,
 
 
 @pytest.fixture(scope="module")
-def py_rootfs() -> str:
-    root = imagekit.host_rootfs(os.path.join(tempfile.mkdtemp(prefix="tangram-grow-"), "rootfs"))
-    if imagekit.add_host_python(root) is None:
-        pytest.skip("no system python3 to put in the image")
-    return root
+def py_rootfs() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="tangram-grow-")
+    try:
+        root = imagekit.host_rootfs(os.path.join(d, "rootfs"))
+        if imagekit.add_host_python(root) is None:
+            pytest.skip("no system python3 to put in the image")
+        yield root
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 async def _registered(m: CpuManager, action_id: str) -> Sandbox:
