@@ -78,9 +78,21 @@ def test_tangram_sizes_warm_pools_from_arrival_rate() -> None:
     d.tick()
     for i in range(10):
         d.at(i * 0.1).arrive(ActionSpec(f"a{i}", payload={"language": "python"}))
-    out = d.at(1.0).tick()
-    sizes = {c.node: c.size for c in of(out, cmd.ResizeWarmPool) if c.key == "python"}
-    assert sum(sizes.values()) == 20  # 10/s x 1s cold start x 2
+    d.at(1.0).tick()
+    sizes = {c.node: c.size for c in of(d.log, cmd.ResizeWarmPool) if c.key == "python"}
+    assert sum(sizes.values()) == 20  # 10/s x 1s cold start x 2 (the last target of each node)
+
+
+def test_a_burst_shorter_than_a_tick_sizes_the_pools_at_once() -> None:
+    """Ten arrivals within one cold-start time (0.5 s) ask for 2 x 10 warm sandboxes before
+    the next Tick: a pool refills in a cold-start time, a burst does not wait for it."""
+    d = Driver([cpu_node("n0", cpu=64), cpu_node("n1", cpu=64)], policy="tangram",
+               sandbox_cold_s=0.5, rate_window_s=60.0)
+    d.tick()
+    for i in range(10):
+        d.at(0.01 * i).arrive(ActionSpec(f"a{i}", payload={"language": "python"}))
+    sizes = {c.node: c.size for c in of(d.log, cmd.ResizeWarmPool) if c.key == "python"}
+    assert sum(sizes.values()) == 20
 
 
 def test_split_cpu_is_proportional_and_exact() -> None:

@@ -6,7 +6,7 @@ primary records and raises ``AssertionError`` naming the first broken invariant.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .actions import Status
 from .records import InstState
@@ -118,16 +118,42 @@ def _check_instances(core: Core) -> None:
 
 
 def _check_work_conserving(core: Core) -> None:
-    """No queued shared-pool action fits an alive, unreserved node (a pass leaves none)."""
+    """No queued shared-pool action fits an alive, unreserved node (a pass leaves none). Under
+    an elastic policy an elastic head may wait for its width (elastic.py), but no CPU idles
+    meanwhile: on every node that fits it, the free CPU is below its minimum once the node's
+    elastic actions took what they can (they grow into it), unless every such node is cold for
+    it and it waits for a node warm for it."""
     for key in core.shape_keys:
         got = core._head(key)
         if got is None:
+            continue
+        if key.elastic and core.policy.elastic:
+            _check_elastic_head(core, got[0])
             continue
         demand = got[0].spec.demand
         for node in core.nodes.values():
             if node.alive and node.name not in core.reserved:
                 _check(not node.fits(demand), "work-conserving",
                        f"{got[0].spec.id} ({demand}) fits free {node.free} of {node.name}")
+
+
+def _idle_for(core: Core, rec: Any, node: Any) -> bool:
+    """Whether ``node`` has CPU for elastic ``rec`` that its own elastic actions cannot take."""
+    el = rec.spec.elasticity
+    if not all(k == "cpu" or v <= node.free.get(k, 0.0) + 1e-9 for k, v in rec.shape):
+        return False
+    return node.free.get("cpu", 0.0) - core._absorb(node) >= el.min - 1e-9
+
+
+def _check_elastic_head(core: Core, rec: Any) -> None:
+    nodes = [n for n in core.nodes.values() if n.alive and n.name not in core.reserved]
+    idle = [n for n in nodes if _idle_for(core, rec, n)]
+    if not idle:
+        return
+    warm_elsewhere = any(n.warm.get(rec.wkey, 0) > 0 for n in nodes if n not in idle)
+    cold_here = not core._resident and all(n.warm.get(rec.wkey, 0) <= 0 for n in idle)
+    _check(warm_elsewhere and cold_here, "work-conserving",
+           f"elastic {rec.spec.id} waits while {idle[0].name} has idle CPU {idle[0].free}")
 
 
 def _check_sessions_served(core: Core) -> None:
@@ -147,6 +173,10 @@ def _check_sessions_served(core: Core) -> None:
         got = core._head(("sess", sess.id))
         node = core.nodes.get(sess.node)
         if got is None or node is None or not node.alive:
+            continue
+        if got[0].elastic and core.policy.elastic:  # it may wait for its width, not idle CPU
+            _check(not _idle_for(core, got[0], node), "session-action-waits",
+                   f"elastic {got[0].spec.id} waits while {node.name} has idle CPU {node.free}")
             continue
         _check(not node.fits(got[0].spec.demand), "session-action-waits",
                f"{got[0].spec.id} ({got[0].spec.demand}) fits free {node.free} of {node.name}")

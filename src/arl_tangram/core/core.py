@@ -147,9 +147,18 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         aging = self.aging_heap
         if aging and aging[0][0] <= now:
             self._age()
+        overdue = self._overdue_at
+        if overdue and overdue[0][0] <= now:
+            self._wake_overdue()
         dirty, touched = self._dirty, self._touched
+        if self._rewake:
+            touched.update(self._rewake)
+            self._rewake.clear()
         if dirty or touched or (self._parts_dirty and self._partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
+            if self._rewake:  # a warm pool ran dry in the pass: who waited for it looks again
+                keys, self._rewake = self._rewake, set()
+                self._pass(keys, None, -1.0)
         if self._mtouched:
             self._dispatch_models()
         if self.instances and self.shape_keys and self._dynamic_models:
@@ -229,6 +238,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if self._warm_pools and spec.session is None and not rec.is_model:
             rc, k = self.rate_counts, rec.wkey  # `self._count_arrival(rec)`, inlined
             rc[k] = rc.get(k, 0) + 1
+            self._note_burst(k)
             if k not in self.rates:  # a new key: its pools start filling now, not at a Tick
                 self.rates[k] = 1.0 / self.config.rate_window_s
                 self._spread_warm(k, 1.0 / self.config.rate_window_s)

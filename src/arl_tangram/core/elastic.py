@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from mypy_extensions import trait
 from .actions import Elasticity
 from .commands import ResizeAction, ResizeWarmPool, StartAction
 from .nodeindex import RES
+from .placement import _WARM_SCAN
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU, Resources
@@ -33,6 +35,8 @@ class ElasticMixin:
     """Part of `Core`: elastic expansion and warm pools (tangram)."""
 
     rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
+    _recent: dict[str, deque[float]]  # per warm key, arrival times within one cold-start time
+    _window_peak: dict[str, float]  # per warm key, the most of those seen (decaying)
     rate_peaks: dict[str, float]  # per warm key, the highest tick rate, decaying
     last_rate_time: float | None  # time of the last Tick that sized warm pools
     _grow: set[str]  # nodes where an elastic action started in this event
@@ -188,6 +192,16 @@ class ElasticMixin:
         assert el is not None
         return self.now - rec.submit_time >= self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
 
+    def _wake_overdue(self: Core) -> None:
+        """Queued elastic actions that became overdue (`_overdue`) since the last event: their
+        queues are worth a look (the pass may now start them narrow)."""
+        heap, now = self._overdue_at, self.now
+        while heap and heap[0][0] <= now:
+            _, seq, aid = heapq.heappop(heap)
+            rec = self.actions.get(aid)
+            if rec is not None and rec.seq == seq and rec.queue_key is not None:
+                self._touched.add(rec.queue_key)
+
     def _queued_elastic(self: Core) -> int:
         """Elastic actions waiting in the shared pool's queues."""
         n = 0
@@ -205,18 +219,17 @@ class ElasticMixin:
 
         The rule is heSRPT's (Berg, Vesilo and Harchol-Balter, SIGMETRICS 2020: finish jobs
         shortest first, the most cores to the shortest; share only as far as the speedup curve
-        pays for it) rounded to whole lanes: the node's elastic capacity (its free CPU plus
-        what its elastic actions hold) is cut into L lanes of equal width; the running elastic
-        actions keep one lane each (they are not stopped), ``rec`` and the ``behind`` actions
-        queued after it (the node's share of the queue, assumed of ``rec``'s size) go, shortest
-        first, to the lane free first; each job runs at its speed at the lane's width. Of the L
-        from "no new lane" (wait: ``rec`` starts when a lane frees) to the most lanes of the
-        action's minimum, the one with the least sum of completion times wins (ties: fewer,
-        wider lanes). Waiting here is waiting for the first width free anywhere: ``rec`` may
-        start at its full width on another node ``elsewhere`` seconds from now (`_free_at`), if
-        that comes before a lane here. On 2 cores with n equal jobs waiting that is the rule
-        "sharing wins only when s(2) <= 2(n+1)/(n+2)". Decisions cost O(lanes tried x jobs),
-        no solver."""
+        pays for it) on whole lanes: of "at most L at once" on the node's elastic capacity
+        (its free CPU plus what its elastic actions hold), from L = the elastic actions running
+        there (wait: ``rec`` starts when one ends) up to the most of ``rec``'s minimum, the L
+        with the least sum of expected completion times wins (`_fluid`; ties: fewer, wider).
+        The jobs are the running elastic actions (never stopped), ``rec`` and the ``behind``
+        actions queued after it (the node's share of the queue, taken as ``rec``'s size),
+        shortest first; those running share the capacity, each up to its maximum, and widen
+        as others end. Waiting is waiting for the first full width anywhere: ``rec`` may start
+        at its maximum on another node ``elsewhere`` seconds from now (`_free_at`), if that
+        comes before its turn here. On 2 cores with n equal jobs waiting this is "one after
+        another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs^2), no solver."""
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
@@ -237,11 +250,11 @@ class ElasticMixin:
         top = el.max if el.max < cap else cap
         if top < lo - 1e-9:
             return 0.0, 0.0
+        runs.sort(key=_first)
         n_run = len(runs)
         most = int(cap / lo + 1e-9)
-        step = self.config.elastic_step
-        # lane counts worth trying: wait (as many lanes as runs), one more, and the widths
-        # top, top/2, top/4, ... down to the minimum
+        # lane counts worth trying: wait (as many as run), one more, and as many as the widths
+        # top, top/2, top/4, ... down to the minimum allow
         tries: list[int] = []
         if n_run > 0:
             tries.append(n_run)
@@ -255,47 +268,33 @@ class ElasticMixin:
             tries.append(n_run + 1)
         tries.sort()
         x = self._size(rec)
+        jobs = runs + [(x, el)] * (1 + behind)
         best_cost = math.inf
         best_lanes = 0
-        best_w = 0.0
         for lanes in tries:
-            width = cap / lanes
-            width = math.floor(width / step + 1e-9) * step if width >= step else width
-            if width < lo - 1e-9 and lanes > n_run:
-                continue  # too narrow for the action
-            ends: list[float] = [0.0] * (lanes - n_run) if lanes > n_run else []
-            cost = 0.0
-            for left, oel in runs:
-                ow = width if width < oel.max else oel.max
-                t = left / max(oel.speedup.factor(ow if ow > oel.min else oel.min), 1e-9)
-                cost += t
-                ends.append(t)
-            mine = width if width < el.max else el.max
-            run = x / max(el.speedup.factor(mine), 1e-9)
-            heapq.heapify(ends)
-            jobs = 1 + behind
-            if lanes <= n_run and elsewhere < ends[0]:  # waiting: a width frees elsewhere first
+            cost, join = _fluid(cap, lanes, jobs, n_run)
+            if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
+                cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run)[0]
                 cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
-                jobs -= 1
-            for _ in range(jobs):
-                t = heapq.heappop(ends) + run
-                cost += t
-                heapq.heappush(ends, t)
             if cost < best_cost - 1e-12 * cost:
-                best_cost, best_lanes, best_w = cost, lanes, mine
+                best_cost, best_lanes = cost, lanes
         if best_lanes <= n_run:
             return 0.0, 0.0
-        return best_w, best_w
+        step = self.config.elastic_step
+        width = cap / best_lanes
+        if width >= step:
+            width = math.floor(width / step + 1e-9) * step
+        width = width if width < el.max else el.max
+        return width, width
 
     def _free_at(self: Core, node: NodeState, width: float) -> float:
         """Expected seconds until ``width`` CPU is free on ``node`` (as its running actions
-        end: elastic ones at their current speed, rigid ones at their estimate), inf if never
-        (sessions and other holdings stay)."""
+        end, each its expected work left at its current speed), inf if never (sessions and
+        other holdings stay)."""
         have = node.free.get(CPU, 0.0)
         if have >= width - 1e-9:
             return 0.0
         ends: list[tuple[float, float]] = []
-        now = self.now
         for aid in node.running:
             other = self.actions.get(aid)
             if other is None or other.allotment is None:
@@ -303,11 +302,7 @@ class ElasticMixin:
             c = other.allotment.get(CPU)
             if c <= 0.0:
                 continue
-            if other.elastic:
-                t = self._remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
-            else:
-                t = other.est - (now - (other.start_time if other.start_time is not None else now))
-                t = t if t > 0.0 else 0.0
+            t = self._remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
             ends.append((t, c))
         ends.sort()
         for t, c in ends:
@@ -342,7 +337,14 @@ class ElasticMixin:
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor
-        absorb = 0.0  # what the node's elastic actions below their maximum could still take
+        left = free - self._absorb(node)
+        if left >= el.min - 1e-9:
+            return (left if left < el.max else el.max), 0.0
+        return 0.0, 0.0
+
+    def _absorb(self: Core, node: NodeState) -> float:
+        """CPU the node's elastic actions below their maximum could still take."""
+        total = 0.0
         for aid in node.running:
             other = self.actions.get(aid)
             if other is None or not other.elastic or other.allotment is None:
@@ -350,13 +352,8 @@ class ElasticMixin:
             oel = other.spec.elasticity
             assert oel is not None
             if oel.dim == CPU:
-                absorb += oel.max - other.allotment.get(CPU)
-        left = free - absorb
-        if left >= el.min - 1e-9:
-            return (left if left < el.max else el.max), 0.0
-        if free > 1e-9:
-            self._grow.add(node.name)  # it waits for them to go wide: expansion looks here
-        return 0.0, 0.0
+                total += oel.max - other.allotment.get(CPU)
+        return total
 
     def _lendable(self: Core, node: NodeState, floor: float) -> float:
         """CPU the node's elastic actions hold above ``floor`` (above their minimum where
@@ -375,9 +372,30 @@ class ElasticMixin:
         return total
 
     def _place_elastic(self: Core, rec: ActionRecord) -> bool:
-        """Start a shared-pool elastic head where it gets the widest start (`_elastic_start`)
-        among the few nodes with the most free CPU that fit its other dimensions (a warm one
-        first among equals); False when every one says wait."""
+        """Start a shared-pool elastic head where `_choose_elastic` says; False when it waits
+        (then the candidates with free CPU are where expansion looks: their elastic actions
+        go wide while it waits)."""
+        best, width, floor, cands = self._choose_elastic(rec)
+        if best is None:
+            for node in cands:
+                if node.free.get(CPU, 0.0) > 1e-9:
+                    self._grow.add(node.name)
+            if width < 0.0:  # waits for a warm node: looks again when a warm pool runs dry
+                self._warm_waiters[rec.queue_key] = None
+            return False
+        self._start_elastic(rec, best, width, floor)
+        return True
+
+    def _choose_elastic(self: Core, rec: ActionRecord,
+                        ) -> tuple[NodeState | None, float, float, list[NodeState]]:
+        """Where a shared-pool elastic head starts now, and at what width: ``(node, width,
+        floor, candidates)``, node None to wait (width -1.0: for a warm node). It goes where it
+        is expected to finish first:
+        a cold start (`sandbox_cold_s`; none on a node with a warm executor for it, or where
+        sandboxes stay resident) plus its run at the width it gets there (`_elastic_start`),
+        among the few nodes with the most free CPU and the few warm for it that fit its other
+        dimensions; when that is a cold start, it waits instead for a node warm for it that is
+        expected to free its full width sooner. Decides only (`validate` asks it too)."""
         index = self.index
         if index._held is not None:
             index.flush()
@@ -390,21 +408,25 @@ class ElasticMixin:
         cands: list[NodeState] = []
         for lvl in reversed(index.levels):
             for name in index._buckets[lvl]:
-                if name in reserved:
-                    continue
-                node = nodes[name]
-                free = node.free
-                fits = True
-                for k, v in shape:
-                    if k != CPU and v > free.get(k, 0.0) + 1e-9:
-                        fits = False
-                        break
-                if fits:
-                    cands.append(node)
+                if name not in reserved and _fits_besides_cpu(nodes[name], shape):
+                    cands.append(nodes[name])
                     if len(cands) >= enough:
                         break
             if len(cands) >= enough:
                 break
+        wkey = rec.wkey
+        ws = self.warm_nodes.get(wkey) if self.warm_nodes else None
+        if ws:
+            found = 0
+            for seen, name in enumerate(ws):
+                if seen >= _WARM_SCAN or found >= enough:
+                    break
+                node = nodes[name]
+                if (node.alive and name not in reserved and node not in cands
+                        and node.free.get(CPU, 0.0) >= rec.cpu - 1e-9
+                        and _fits_besides_cpu(node, shape)):
+                    cands.append(node)
+                    found += 1
         el = rec.spec.elasticity
         assert el is not None
         # when each candidate could start it at its full width: waiting on one node is
@@ -420,21 +442,40 @@ class ElasticMixin:
                 elif t < second:
                     second = t
         best: NodeState | None = None
+        best_t = math.inf
         best_w = 0.0
         best_floor = 0.0
-        best_warm = False
-        wkey = rec.wkey
+        best_cold = False
+        x = self._size(rec)
+        cold = 0.0 if self._resident else self.config.sandbox_cold_s
         for node in cands:
             elsewhere = second if node.name == first_node else first
             width, floor = self._elastic_start(rec, node, behind, elsewhere)
+            if width <= 0.0:
+                continue
             warm = node.warm.get(wkey, 0) > 0 if node.warm else False
-            if width > best_w + 1e-9 or (width > 0.0 and abs(width - best_w) <= 1e-9
-                                         and warm and not best_warm):
-                best, best_w, best_floor, best_warm = node, width, floor, warm
+            t = (0.0 if warm else cold) + x / max(el.speedup.factor(width), 1e-9)
+            if t < best_t - 1e-12 or (t <= best_t + 1e-12 and width > best_w):
+                best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
         if best is None:
-            return False
-        self._start_elastic(rec, best, best_w, best_floor)
-        return True
+            return None, 0.0, 0.0, cands
+        if best_cold and cold > 0.0 and ws and not self._overdue(rec):
+            # cold here: a node warm for it that frees its full width soon may be sooner (a run of
+            # milliseconds does not pay a cold start to avoid a wait of milliseconds)
+            for seen, name in enumerate(ws):
+                if seen >= _WARM_SCAN:
+                    break
+                node = nodes[name]
+                if (node is best or not node.alive or name in reserved
+                        or not _fits_besides_cpu(node, shape)
+                        or node.free.get(CPU, 0.0) - self._absorb(node) >= el.min - 1e-9):
+                    continue  # (where it could start now, starting narrow and growing is sooner)
+                c = node.cap.get(CPU, 0.0)
+                top = el.max if el.max < c else c
+                t = self._free_at(node, top) + x / max(el.speedup.factor(top), 1e-9)
+                if t < best_t:  # it waits for the warm node (a finish there retries it)
+                    return None, -1.0, 0.0, cands
+        return best, best_w, best_floor, cands
 
     def _start_elastic(self: Core, rec: ActionRecord, node: NodeState, width: float, floor: float) -> None:
         """Start elastic ``rec`` on ``node`` at ``width``, shrinking the node's elastic actions
@@ -501,12 +542,34 @@ class ElasticMixin:
         if self.policy.warm_pools and rec.spec.session is None and not rec.is_model:
             k = rec.wkey
             self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
+            self._note_burst(k)
+
+    def _note_burst(self: Core, key: str) -> None:
+        """Count an arrival of warm key ``key`` in the last cold-start time (`sandbox_cold_s`);
+        keep the most seen (`_window_peak`): a burst faster than a pool refills."""
+        dq = self._recent.get(key)
+        if dq is None:
+            dq = self._recent[key] = deque()
+        now = self.now
+        dq.append(now)
+        cut = now - self.config.sandbox_cold_s
+        while dq[0] < cut:
+            dq.popleft()
+        n = float(len(dq))
+        if n > self._window_peak.get(key, 0.0):
+            self._window_peak[key] = n
+            # a burst beyond what the pools were sized for: refill toward it now, not at a Tick
+            rate = n / max(self.config.sandbox_cold_s, 1e-9)
+            if self._warm_want.get(key, 0) < math.ceil(rate * self.config.sandbox_cold_s * 2):
+                known = self.rate_peaks.get(key, 0.0)
+                self._spread_warm(key, rate if rate > known else known)
 
     def _warm_targets(self: Core) -> None:
         """Size warm pools from arrival rates: enough warm executors to absorb the arrivals of
-        two cold-start times at the recent peak rate (the highest tick's rate, decaying over
-        `rate_window_s`, or the smoothed one when higher: pools follow a burst at once and
-        shrink slowly), and at least
+        two cold-start times at the recent peak rate (the highest tick's rate, or the most
+        arrivals seen within one cold-start time -- a burst shorter than a tick -- both
+        decaying over `peak_memory_s`, or the smoothed rate when higher: pools follow a burst
+        at once and shrink slowly), and at least
         ``min_warm_per_node`` per node for every key still in use, spread over the CPU nodes."""
         last, now = self.last_rate_time, self.now
         if last is None or now <= last:
@@ -526,6 +589,12 @@ class ElasticMixin:
             if burst > peak:
                 peak = burst
             peaks[key] = peak
+            window = self._window_peak.get(key, 0.0)
+            if window > 0.0:
+                self._window_peak[key] = window * (1 - b)
+                within = window / max(self.config.sandbox_cold_s, 1e-9)  # as a rate
+                if within > peak:
+                    peak = within
             self._spread_warm(key, peak if peak > rate else rate)
 
     def _boot_warm(self: Core) -> None:
@@ -580,6 +649,65 @@ class ElasticMixin:
             if sent.get((name, key), 0) != t:
                 sent[(name, key)] = t
                 self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+
+
+def _fits_besides_cpu(node: NodeState, shape: tuple[tuple[str, float], ...]) -> bool:
+    """Whether ``node``'s free capacity fits ``shape`` in every dimension but CPU."""
+    free = node.free
+    return all(k == CPU or v <= free.get(k, 0.0) + 1e-9 for k, v in shape)
+
+
+def _first(job: tuple[float, Elasticity]) -> float:
+    return job[0]
+
+
+def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: int,
+           ) -> tuple[float, float]:
+    """``(sum of completion times, when the first queued job starts)`` of ``jobs`` (work at
+    speed 1, elasticity) on ``cap`` CPU, at most ``lanes`` at once (never fewer than the
+    first ``n_run``, which run already); the others start in order as lanes free. Those
+    running share the CPU equally, each up to its maximum, the rest to the others (water
+    filling), and run at their speedup's speed: a fluid model, times from now."""
+    left = [w for w, _ in jobs]
+    els = [e for _, e in jobs]
+    limit = lanes if lanes > n_run else n_run
+    active = list(range(min(len(jobs), limit)))
+    nxt = len(active)
+    join = 0.0 if n_run < len(active) else math.inf
+    t = cost = 0.0
+    while active:
+        # water filling: equal shares, each capped at its maximum
+        order = sorted([(els[i].max, i) for i in active])
+        room, count = cap, len(order)
+        speed: dict[int, float] = {}
+        for _, i in order:
+            share = room / count
+            w = els[i].max if els[i].max < share else share
+            speed[i] = els[i].speedup.factor(w)
+            room -= w
+            count -= 1
+        dt = math.inf
+        for i in active:
+            v = speed[i]
+            if v > 0.0 and left[i] / v < dt:
+                dt = left[i] / v
+        if dt == math.inf:
+            return math.inf, join
+        t += dt
+        still = []
+        for i in active:
+            left[i] -= dt * speed[i]
+            if left[i] <= 1e-9 * (1.0 + t):
+                cost += t
+            else:
+                still.append(i)
+        active = still
+        while len(active) < limit and nxt < len(jobs):
+            if nxt == n_run:
+                join = t
+            active.append(nxt)
+            nxt += 1
+    return cost, join
 
 
 def _warm_cap(node: NodeState) -> int:

@@ -69,6 +69,8 @@ class PlacementMixin:
                     return False
             width, floor = self._elastic_start(rec, node, 0)
             if width <= 0.0:
+                if free.get(CPU, 0.0) > 1e-9:
+                    self._grow.add(node.name)  # its elastic actions go wide while it waits
                 return False
             self._start_elastic(rec, node, width, floor)
             return True
@@ -140,9 +142,9 @@ class PlacementMixin:
         out = self._out
         self._starts[aid] = len(out)
         out.append(make_start(spec, node.name, quota, warm, cause))  # StartAction(...)
+        rec.done = 0.0  # (its work done so far: `_remaining`)
+        rec.since = now
         if rec.elastic:
-            rec.done = 0.0  # (its work done so far: `_remaining`)
-            rec.since = now
             self._grow.add(node.name)
             self._elastic_nodes.add(node.name)  # (elastic.py: where expansion can look)
 
@@ -273,6 +275,9 @@ class PlacementMixin:
             s[node.name] = None
         else:
             s.pop(node.name, None)
+            if self._warm_waiters:  # heads that wait for a warm node look again
+                self._rewake.update(self._warm_waiters)
+                self._warm_waiters.clear()
 
     def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
         """Where a session opens: only where it and one of its actions can always run (the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
@@ -52,6 +53,13 @@ class SchedulingMixin:
         self.qlive: dict[Any, int] = {}
         self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
         self.aging_heap: list[tuple[float, int, str]] = []
+        # (when, seq, id) of queued elastic actions: when each will have waited its expected run
+        # at its maximum (`_overdue`, elastic.py)
+        self._overdue_at: list[tuple[float, int, str]] = []
+        # queues whose elastic head waits for a node warm for it (`_choose_elastic`), and
+        # those to look at again because a warm pool ran dry (`_set_warm`)
+        self._warm_waiters: dict[Any, None] = {}
+        self._rewake: set[Any] = set()
         self._aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
         # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
         # among actions of the same work (`_fifo_rank`)
@@ -75,6 +83,8 @@ class SchedulingMixin:
         self.traj_slot: dict[str, str] = {}
         self.traj_node: dict[str, str] = {}
         self.rate_counts: dict[str, int] = {}
+        self._recent: dict[str, deque[float]] = {}
+        self._window_peak: dict[str, float] = {}
         self.rates: dict[str, float] = {}
         self.rate_peaks: dict[str, float] = {}
         self.last_rate_time: float | None = None
@@ -197,6 +207,11 @@ class SchedulingMixin:
                     self._touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
+        if rec.elastic and self._elastic:
+            el = spec.elasticity
+            assert el is not None
+            due = rec.submit_time + self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
+            heapq.heappush(self._overdue_at, (due, seq, spec.id))
 
     def _dequeue(self: Core, rec: ActionRecord) -> None:
         key = rec.queue_key
