@@ -132,6 +132,8 @@ async def test_metrics_and_views(api: httpx.AsyncClient) -> None:
     assert "tangram_utilization" in text and "tangram_queue_length" in text
     stats = (await api.get("/v1/stats")).json()
     assert stats["act"]["code"]["count"] == 1
+    scored = stats["estimator"]["code"]  # the scheduler's estimate at arrival, scored
+    assert scored["scored"] == 1 and 0.0 <= scored["within_2x"] <= 1.0
     cluster = (await api.get("/v1/cluster")).json()
     assert cluster["nodes"][0]["name"] == "fake"
     assert "ACT" in (await api.get("/")).text or "completion" in (await api.get("/")).text

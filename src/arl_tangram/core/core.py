@@ -328,6 +328,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             quota = rec.allotment if rec.charge is None else spec.demand  # (what it ran with)
             speed = spec.speed(quota)  # (< 1 for a rigid action on a fractional slice)
             self._estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
+            self._estimator.note_error(rec.ekey, rec.est, run_s * speed)
             if e.cpu_s is not None and run_s > 0.0 and self._by_use:
                 self._learn_use(rec.ekey[0], e.cpu_s / run_s)
         reason = e.reason

@@ -1,14 +1,20 @@
 """Online duration estimates per action kind, from work hints and history.
 
 Invariant: `predict` never returns a negative or non-finite number, and before any observation
-of a key it answers from a prior (the submitter's ``expected_s`` when given).
+of a key it answers from a prior: the submitter's ``expected_s`` when given, else what the
+kinds seen so far take (a neutral estimate, `neutral`), else a fixed prior per basis.
 
 Durations are learned as a *unit time*: the measured run time times the speed of the allotment it
 ran at (so a run on 4 cores counts as the work it did on one), divided by the work units the
-hints name. The basis is chosen from the hints: ``expected_s`` (learn the ratio of actual to
-expected), ``test_count`` (seconds per test), ``tokens`` (seconds per token), ``items``, or
-none (seconds per action). Each (key, basis) keeps a bounded reservoir of the most recent unit
-times; quantiles come from a sorted copy rebuilt lazily.
+hints name. The basis is chosen from what the submitter gives: ``expected_s`` (learn the ratio of
+actual to expected: a user's own estimate wins over every other hint), ``test_count`` (seconds per
+test; a test action's number of cases when it names none), ``tokens``, ``items``, or none
+(seconds per action). Keys go from specific to general: the kind and tag (language, tool) with
+the task and, with no hint at all, the size of the code (in doublings of 256 characters); then
+the kind and tag alone; then the neutral estimate. A key answers from its own history once it
+has `min_samples` observations, blended from the next key up before. Each key keeps a bounded
+reservoir of the most recent unit times; quantiles, means and mean excesses come from it.
+Prediction errors (actual over predicted work) are kept per kind (`errors`).
 """
 
 from __future__ import annotations
@@ -38,7 +44,18 @@ def basis_of(hints: WorkHints) -> tuple[str, float]:
 
 
 _KEYS: dict[tuple[object, str | None], str] = {}
-_WORK_KEYS: dict[tuple[str, str | None, str], tuple[str, str]] = {}
+_WORK_KEYS: dict[tuple[str, str | None, str, str, int], tuple[str, str]] = {}
+# a specific (key, basis) -> the general one it falls back to (and also teaches)
+_PARENT: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _size_class(action: ActionSpec) -> int:
+    """Doublings of 256 characters in the action's code (0 for none or short code)."""
+    p = action.payload
+    code = p.get("code") if p else None
+    if not isinstance(code, str) or len(code) < 512:
+        return 0
+    return min(16, len(code).bit_length() - 8)
 _bisect_left, _insort = bisect.bisect_left, bisect.insort
 _INF = math.inf
 
@@ -120,7 +137,11 @@ class DurationEstimator:
         self._sketches: dict[tuple[str, str], _Sketch] = {}
         self._reservoir = reservoir
         self._min_samples = min_samples
-        self._cache: dict[tuple[str, str], dict[float, float]] = {}  # (key, basis) -> q -> v
+        # (key, basis) -> q -> v, for keys answering from their own history
+        self._cache: dict[tuple[str, str], dict[float, float]] = {}
+        self._neutral: dict[str, float] = {}  # basis -> the neutral unit time (None: recompute)
+        # general key -> [predictions scored, sum of |log2(actual / predicted)|, within 2x]
+        self._errors: dict[str, list[float]] = {}
 
     def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
         """Learn from one finished run of ``action`` that took ``run_s`` at ``speed``."""
@@ -130,14 +151,29 @@ class DurationEstimator:
     @staticmethod
     def work_of(action: ActionSpec) -> tuple[tuple[str, str], float]:
         """``((estimator key, basis), units)`` of an action: what `predict_work` and
-        `observe_work` take, so a caller that keeps the action works them out only once."""
+        `observe_work` take, so a caller that keeps the action works them out only once. The
+        key is the most specific one (kind and tag, task, code size); `_PARENT` maps it to
+        the kind-and-tag key it falls back to."""
         basis, units = basis_of(action.hints)
-        mk = (action.kind._value_, action.tag, basis)
+        if basis == "none" and action.kind._value_ == "test":
+            cases = action.payload.get("cases") if action.payload else None
+            if isinstance(cases, list) and cases:
+                basis, units = "tests", float(len(cases))
+        size = _size_class(action) if basis == "none" else 0
+        mk = (action.kind._value_, action.tag, basis, action.task, size)
         key = _WORK_KEYS.get(mk)
         if key is None:  # one shared tuple per (key, basis): records keep it
             if len(_WORK_KEYS) > 4096:
                 _WORK_KEYS.clear()
-            key = _WORK_KEYS[mk] = (_key_of(action), basis)
+            general = _key_of(action)
+            name = general
+            if action.task != "default":
+                name += "@" + action.task
+            if size:
+                name += f"#L{size}"
+            key = _WORK_KEYS[mk] = (name, basis)
+            if name != general:
+                _PARENT[key] = (general, basis)
         return key, units
 
     def observe_work(self, key: tuple[str, str], units: float, run_s: float, speed: float) -> None:
@@ -147,6 +183,14 @@ class DurationEstimator:
         # max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units), without the builtin's calls
         u = run_s * (_MIN_UNIT if speed < _MIN_UNIT else speed) / units
         unit = u if u > _MIN_UNIT else _MIN_UNIT
+        self._add(key, unit)
+        parent = _PARENT.get(key)
+        if parent is not None:
+            self._add(parent, unit)
+        if self._neutral:
+            self._neutral.clear()
+
+    def _add(self, key: tuple[str, str], unit: float) -> None:
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
@@ -155,32 +199,69 @@ class DurationEstimator:
         if cached:
             cached.clear()
 
+    def neutral(self, basis: str) -> float:
+        """The unit time of an action of a kind never seen: the median over the general keys
+        of ``basis`` that have history of their own medians (each kind counts once, however
+        many of it ran), else the fixed prior. A first bash command beside a stream of Python
+        is ranked as a typical action, not behind all of them."""
+        v = self._neutral.get(basis)
+        if v is None:
+            meds = sorted(sk.quantile(0.5) for (k, b), sk in self._sketches.items()
+                          if b == basis and sk.count >= self._min_samples
+                          and (k, b) not in _PARENT)
+            v = meds[(len(meds) - 1) // 2] if meds else PRIORS[basis]
+            self._neutral[basis] = v
+        return v
+
     def unit_quantile(self, key: str, basis: str, q: float) -> float:
-        """Quantile ``q`` of the unit time of (key, basis); the prior when unseen."""
+        """Quantile ``q`` of the unit time of (key, basis); before `min_samples` of its own,
+        blended from its general key's, else the neutral estimate."""
         ck = (key, basis)
         cached = self._cache.get(ck)
-        if cached is None:
-            cached = self._cache[ck] = {}
-        else:
+        if cached is not None:
             v = cached.get(q)
             if v is not None:
                 return v
         sk = self._sketches.get(ck)
-        prior = PRIORS[basis]
-        if sk is None or sk.count == 0:
-            v = prior
-        elif sk.count < self._min_samples:
-            w = sk.count / self._min_samples  # blend toward the data as it comes
-            v = w * sk.quantile(q) + (1 - w) * prior
-        else:
+        n = sk.count if sk is not None else 0
+        if sk is not None and n >= self._min_samples:
             v = sk.quantile(q)
-        cached[q] = v
-        return v
+            if cached is None:
+                cached = self._cache[ck] = {}
+            cached[q] = v
+            return v
+        parent = _PARENT.get(ck)
+        prior = self.unit_quantile(parent[0], basis, q) if parent is not None else self.neutral(basis)
+        if sk is None or n == 0:
+            return prior
+        w = n / self._min_samples  # blend toward its own data as it comes
+        return w * sk.quantile(q) + (1 - w) * prior
+
+    def note_error(self, key: tuple[str, str], predicted: float, actual: float) -> None:
+        """Score one prediction (work at speed 1, made at arrival) against the work done."""
+        if not (predicted > 0.0 and actual > 0.0 and actual < _INF):
+            return
+        name = _PARENT.get(key, key)[0]
+        e = self._errors.get(name)
+        if e is None:
+            e = self._errors[name] = [0.0, 0.0, 0.0]
+        r = math.log2(actual / predicted)
+        e[0] += 1.0
+        e[1] += r if r >= 0.0 else -r
+        if -1.0 <= r <= 1.0:
+            e[2] += 1.0
+
+    def errors(self) -> dict[str, dict[str, float]]:
+        """Per kind (and tag): predictions scored, the mean of |log2(actual / predicted)| (1.0:
+        off by 2x on average) and the share within 2x of the actual."""
+        return {k: {"scored": int(e[0]), "mean_abs_log2": round(e[1] / e[0], 4),
+                    "within_2x": round(e[2] / e[0], 4)}
+                for k, e in sorted(self._errors.items()) if e[0] > 0}
 
     def predict(self, action: ActionSpec, q: float = 0.5, speed: float = 1.0) -> float:
         """Expected execution time (quantile ``q``) of ``action`` running at ``speed``."""
-        basis, units = basis_of(action.hints)
-        unit = self.unit_quantile(_key_of(action), basis, q)
+        key, units = self.work_of(action)
+        unit = self.unit_quantile(key[0], key[1], q)
         return unit * units / max(speed, _MIN_UNIT)
 
     def predict_work(self, key: tuple[str, str], units: float, q: float) -> float:
@@ -209,21 +290,29 @@ class DurationEstimator:
         mean of the learned unit times x units; None before `min_samples` observations (the
         caller keeps its quantile estimate). Sizes in the sum-of-completion-times comparisons
         of elastic widths are means, as that objective asks, not medians."""
+        sk = self._mature(key)
+        return None if sk is None else sk.mean() * units
+
+    def _mature(self, key: tuple[str, str]) -> _Sketch | None:
+        """The sketch of ``key``, or of its general key, with `min_samples` observations."""
         sk = self._sketches.get(key)
-        if sk is None or sk.count < self._min_samples:
-            return None
-        return sk.mean() * units
+        if sk is not None and sk.count >= self._min_samples:
+            return sk
+        parent = _PARENT.get(key)
+        sk = self._sketches.get(parent) if parent is not None else None
+        return sk if sk is not None and sk.count >= self._min_samples else None
 
     def remaining_work(self, key: tuple[str, str], units: float, done: float) -> float | None:
         """Expected work left of an action that has done ``done`` (seconds at speed 1): the
         mean excess of the learned unit times over what it did per unit (a run that has
         outlived its median is likely longer than its median says: SERPT, not SRPT on a
         stale guess); None before `min_samples` observations."""
-        sk = self._sketches.get(key)
-        if sk is None or sk.count < self._min_samples or units <= 0:
+        sk = self._mature(key)
+        if sk is None or units <= 0:
             return None
         return sk.excess(done / units) * units
 
     def samples(self, key: str) -> int:
-        """How many observations the estimator has for ``key`` (all bases)."""
+        """How many observations the estimator has for ``key`` (all bases; a general key
+        counts those of its specific ones too)."""
         return sum(sk.count for (k, _), sk in self._sketches.items() if k == key)

@@ -148,9 +148,13 @@ class SchedulingMixin:
         return rank
 
     def _aging_after(self: Core, rec: ActionRecord) -> float:
-        """How long ``rec`` may wait before it is served ahead of every non-aged action."""
+        """How long ``rec`` may wait before it is served ahead of every non-aged action:
+        `aging_relative` times its expected run, at least `aging_min_s`, at most `aging_s` and
+        half its own timeout (above `aging_min_s`): ordering never holds an action back until
+        its caller gives up (a /run_code answers 504 after its timeouts and a grace)."""
         cfg = self.config
-        return min(cfg.aging_s, max(cfg.aging_min_s, cfg.aging_relative * rec.est))
+        hi = min(cfg.aging_s, max(cfg.aging_min_s, 0.5 * rec.spec.timeout_s))
+        return min(hi, max(cfg.aging_min_s, cfg.aging_relative * rec.est))
 
     def _enqueue(self: Core, rec: ActionRecord) -> None:
         spec = rec.spec
@@ -159,8 +163,11 @@ class SchedulingMixin:
         rec.queue_key = key
         gen = rec.gen = rec.gen + 1
         seq = rec.seq
-        cfg = self.config  # _aging_after, inlined: min(aging_s, max(aging_min_s, relative * est))
+        cfg = self.config  # _aging_after, inlined (see there)
         x, lo, hi = cfg.aging_relative * rec.est, cfg.aging_min_s, cfg.aging_s
+        half = 0.5 * spec.timeout_s
+        if half < hi:
+            hi = half if half > lo else lo
         x = x if x > lo else lo  # (what the builtins return, without their calls)
         aging_after = x if x < hi else hi
         aged = self.now - rec.submit_time >= aging_after

@@ -524,7 +524,14 @@ class Engine:
             "model_load_failures": sb.model_load_failures, "shed": sb.shed,
             "results_kept": len(self._results), "sessions": len(self._sessions),
             "resizes": self._resizes(),
+            "estimator": self._estimator_errors(),
         }
+
+    def _estimator_errors(self) -> dict[str, dict[str, float]]:
+        """The core's duration estimator, scored per kind: how far its predictions at arrival
+        were from the work done (`DurationEstimator.errors`)."""
+        est = getattr(self.core, "estimator", None) if self.core is not None else None
+        return est.errors() if est is not None else {}
 
     def _resizes(self) -> dict[str, int]:
         """The nodes' ResizeActions by outcome (`NodeHost.resizes`), summed; a Ray node's as of
