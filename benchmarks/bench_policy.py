@@ -26,7 +26,7 @@ from typing import Any
 
 from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.sim.bounds import bound
-from arl_tangram.sim.runner import compare
+from arl_tangram.sim.runner import best_static, compare
 from arl_tangram.sim.simulator import SimConfig
 from arl_tangram.sim.workloads import WORKLOADS, cpu_nodes, get_workload, gpu_nodes, with_load
 
@@ -87,8 +87,13 @@ def run_case(case: Case) -> dict[str, Any]:
         ratio = r.act["avg"] / ours if ours > 0 else 1.0
         if ratio < worst:
             worst, who = ratio, name
+    best = best_static(reports)
+    tb = reports.get("trajectory-bound")
     return {"case": case.label, "tangram_act": ours, "worst_ratio": worst, "worst_of": who,
-            "x_bound": ours / run_bound if run_bound > 0 else 1.0,
+            "x_bound": ours / run_bound if run_bound > 0 else 1.0, "bound_act": run_bound,
+            "best_static": best, "best_static_ratio": reports[best].act["avg"] / ours if best else None,
+            "trajectory_bound_ratio": tb.act["avg"] / ours if tb else None,
+            "trajectory_bound_step_ratio": tb.step_avg_s / reports["tangram"].step_avg_s if tb else None,
             "stalled": [k for k, r in reports.items() if r.stalled], "wall_s": wall}
 
 
