@@ -81,11 +81,13 @@ class CoreConfig:
     # Time over which the peak arrival rate of a warm key is forgotten: an RL step's burst of
     # tool calls recurs every step (minutes apart), so the pool for it is kept across steps.
     peak_memory_s: float = 600.0
-    # Most warm executors per node and key that tangram asks for. None: two per core of the
-    # node, at least 8 -- a node runs at most one action per core at once, and a burst that
-    # takes every warm sandbox finds a second round while the first refills (with 8 on one
-    # 8-core node, tool-math cold-started 2-4 of ~890 actions where a static stack's resident
-    # sandboxes cold-start none; 16 cold-started none, measured 2026-11-26).
+    # Most warm executors per node and key that tangram asks for. None: eight per core of the
+    # node, at least 16. An idle sandbox costs ~2 MB (docs/sandbox.md: 2.2 MB PSS), so 64 on an
+    # 8-core node is ~0.13 GiB, while a burst of short actions takes a sandbox per action and a
+    # pool refills only in a cold-start time: with 8 per node, tool-math on one 8-core node
+    # cold-started 2-4 of ~890 actions; with 16 (two per core), humaneval-tests on 2 x 8 cores
+    # cold-started 75-99 of 384 tests (7x a static pool's ACT, whose sandboxes stay resident);
+    # with 64 none (measured 2026-11-26).
     max_warm_per_node: int | None = None
     # Warm-pool keys (languages, tools) the operator names: their pools are filled from the
     # first event and keep `min_warm_per_node` whatever the arrival rate (tangram, fifo).

@@ -711,10 +711,10 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
 
 
 def _warm_cap(node: NodeState) -> int:
-    """Most warm executors per key on ``node`` (`CoreConfig.max_warm_per_node` None): two
-    per core, at least 8."""
-    c = int(2 * node.cap.get(CPU, 0.0))
-    return c if c > 8 else 8
+    """Most warm executors per key on ``node`` (`CoreConfig.max_warm_per_node` None): eight
+    per core, at least 16."""
+    c = int(8 * node.cap.get(CPU, 0.0))
+    return c if c > 16 else 16
 
 
 def _floor_of(el: Elasticity, floor: float) -> float:
