@@ -20,6 +20,7 @@ from mypy_extensions import trait
 
 from .actions import Elasticity
 from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .fit import _fits_besides_cpu
 from .nodeindex import RES
 from .placement import _WARM_SCAN
 from .records import ActionRecord, NodeState
@@ -235,14 +236,8 @@ class ElasticMixin:
         free = node.free.get(CPU, 0.0)
         held = 0.0
         runs: list[tuple[float, Elasticity]] = []  # (work left, elasticity) of its elastic runs
-        for aid in node.running:
-            other = self.actions.get(aid)
-            if other is None or not other.elastic or other.allotment is None:
-                continue
-            oel = other.spec.elasticity
-            assert oel is not None
-            if oel.dim != CPU:
-                continue
+        for other, oel in self._elastic_on(node):
+            assert other.allotment is not None
             held += other.allotment.get(CPU)
             runs.append((self._remaining(other), oel))
         cap = free + held
@@ -342,23 +337,9 @@ class ElasticMixin:
             return (left if left < el.max else el.max), 0.0
         return 0.0, 0.0
 
-    def _absorb(self: Core, node: NodeState) -> float:
-        """CPU the node's elastic actions below their maximum could still take."""
-        total = 0.0
-        for aid in node.running:
-            other = self.actions.get(aid)
-            if other is None or not other.elastic or other.allotment is None:
-                continue
-            oel = other.spec.elasticity
-            assert oel is not None
-            if oel.dim == CPU:
-                total += oel.max - other.allotment.get(CPU)
-        return total
-
-    def _lendable(self: Core, node: NodeState, floor: float) -> float:
-        """CPU the node's elastic actions hold above ``floor`` (above their minimum where
-        that is higher, never where their range ends below ``floor``)."""
-        total = 0.0
+    def _elastic_on(self: Core, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
+        """The elastic actions running on ``node`` that stretch in CPU, with their elasticity."""
+        out: list[tuple[ActionRecord, Elasticity]] = []
         for aid in node.running:
             rec = self.actions.get(aid)
             if rec is None or not rec.elastic or rec.allotment is None:
@@ -366,9 +347,26 @@ class ElasticMixin:
             el = rec.spec.elasticity
             assert el is not None
             if el.dim == CPU:
-                extra = rec.allotment.get(CPU) - _floor_of(el, floor)
-                if extra > 0.0:
-                    total += extra
+                out.append((rec, el))
+        return out
+
+    def _absorb(self: Core, node: NodeState) -> float:
+        """CPU the node's elastic actions below their maximum could still take."""
+        total = 0.0
+        for rec, el in self._elastic_on(node):
+            assert rec.allotment is not None
+            total += el.max - rec.allotment.get(CPU)
+        return total
+
+    def _lendable(self: Core, node: NodeState, floor: float) -> float:
+        """CPU the node's elastic actions hold above ``floor`` (above their minimum where
+        that is higher, never where their range ends below ``floor``)."""
+        total = 0.0
+        for rec, el in self._elastic_on(node):
+            assert rec.allotment is not None
+            extra = rec.allotment.get(CPU) - _floor_of(el, floor)
+            if extra > 0.0:
+                total += extra
         return total
 
     def _place_elastic(self: Core, rec: ActionRecord) -> bool:
@@ -649,12 +647,6 @@ class ElasticMixin:
             if sent.get((name, key), 0) != t:
                 sent[(name, key)] = t
                 self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
-
-
-def _fits_besides_cpu(node: NodeState, shape: tuple[tuple[str, float], ...]) -> bool:
-    """Whether ``node``'s free capacity fits ``shape`` in every dimension but CPU."""
-    free = node.free
-    return all(k == CPU or v <= free.get(k, 0.0) + 1e-9 for k, v in shape)
 
 
 def _first(job: tuple[float, Elasticity]) -> float:

@@ -108,3 +108,10 @@ def _fit_leftover(node: NodeState, shape: tuple[tuple[str, float], ...]) -> floa
             if x > worst:
                 worst = x
     return worst
+
+
+def _fits_besides_cpu(node: NodeState, shape: tuple[tuple[str, float], ...]) -> bool:
+    """Whether ``node``'s free capacity fits ``shape`` in every dimension but CPU (an elastic
+    action's CPU stretches: elastic.py decides it)."""
+    free = node.free
+    return all(k == "cpu" or v <= free.get(k, 0.0) + 1e-9 for k, v in shape)

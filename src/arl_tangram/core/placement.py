@@ -18,7 +18,7 @@ from mypy_extensions import trait
 
 from .actions import Status
 from .build import make_start
-from .fit import _best_warm2, _fit_leftover, _scan_index2
+from .fit import _best_warm2, _fit_leftover, _fits_besides_cpu, _scan_index2
 from .nodeindex import RES
 from .records import ActionRecord, NodeState, SessionRecord, ShapeKey
 from .resources import CPU, Resources
@@ -63,13 +63,11 @@ class PlacementMixin:
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
         elif rec.elastic and self._elastic:  # its width on its session's node (elastic.py)
-            free = node.free
-            for k, v in rec.shape:
-                if k != CPU and v > free.get(k, 0.0) + 1e-9:
-                    return False
+            if not _fits_besides_cpu(node, rec.shape):
+                return False
             width, floor = self._elastic_start(rec, node, 0)
             if width <= 0.0:
-                if free.get(CPU, 0.0) > 1e-9:
+                if node.free.get(CPU, 0.0) > 1e-9:
                     self._grow.add(node.name)  # its elastic actions go wide while it waits
                 return False
             self._start_elastic(rec, node, width, floor)
