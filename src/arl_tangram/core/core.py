@@ -236,7 +236,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if self._by_use and rec.est <= self.config.short_action_s:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:
-            rc, k = self.rate_counts, rec.wkey  # `self._count_arrival(rec)`, inlined
+            rc, k = self.rate_counts, rec.wkey  # arrivals per warm key (elastic.py's pools)
             rc[k] = rc.get(k, 0) + 1
             self._note_burst(k)
             if k not in self.rates:  # a new key: its pools start filling now, not at a Tick

@@ -189,9 +189,14 @@ class ElasticMixin:
         """Whether a queued elastic action has waited longer than its expected run at its
         maximum: it then starts at whatever width it can get (no wait for a width is longer
         than the run it saves)."""
+        return self.now >= self._overdue_from(rec)
+
+    def _overdue_from(self: Core, rec: ActionRecord) -> float:
+        """When queued elastic ``rec`` becomes overdue: its submit plus its expected run at
+        its maximum."""
         el = rec.spec.elasticity
         assert el is not None
-        return self.now - rec.submit_time >= self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
+        return rec.submit_time + self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
 
     def _wake_overdue(self: Core) -> None:
         """Queued elastic actions that became overdue (`_overdue`) since the last event: their
@@ -535,12 +540,6 @@ class ElasticMixin:
             else:
                 self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
             rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
-
-    def _count_arrival(self: Core, rec: ActionRecord) -> None:
-        if self.policy.warm_pools and rec.spec.session is None and not rec.is_model:
-            k = rec.wkey
-            self.rate_counts[k] = self.rate_counts.get(k, 0) + 1
-            self._note_burst(k)
 
     def _note_burst(self: Core, key: str) -> None:
         """Count an arrival of warm key ``key`` in the last cold-start time (`sandbox_cold_s`);

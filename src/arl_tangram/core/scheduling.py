@@ -215,10 +215,7 @@ class SchedulingMixin:
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
         if rec.elastic and self._elastic:
-            el = spec.elasticity
-            assert el is not None
-            due = rec.submit_time + self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
-            heapq.heappush(self._overdue_at, (due, seq, spec.id))
+            heapq.heappush(self._overdue_at, (self._overdue_from(rec), seq, spec.id))
 
     def _dequeue(self: Core, rec: ActionRecord) -> None:
         key = rec.queue_key
