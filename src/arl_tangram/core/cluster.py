@@ -254,70 +254,73 @@ class _FieldError(ValueError):
     def __init__(self, fieldname: str, msg: str, line: int | None = None) -> None:
         super().__init__(msg)
         self.fieldname, self.line = fieldname, line
+
+
 _MODEL_KEYS = {f for f in ModelSpec.__dataclass_fields__}
 
 
 def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
     """Build a `ClusterSpec` from parsed YAML; errors name ``source:line: field``."""
-
-    def fail(line: int | None, fieldname: str, msg: str) -> SpecError:
-        return SpecError(source, line, fieldname, msg)
-
     if not isinstance(data, Mapping):
-        raise fail(1, "<root>", "a cluster spec is a mapping with 'nodes' (and optional 'models')")
+        raise SpecError(source, 1, "<root>",
+                        "a cluster spec is a mapping with 'nodes' (and optional 'models')")
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
-        raise fail(data.get("__line__"), "nodes", "must be a non-empty list")
-    nodes: list[NodeSpec] = []
-    for i, rn in enumerate(raw_nodes):
-        line = rn.get("__line__") if isinstance(rn, Mapping) else None
-        f = f"nodes[{i}]"
-        if not isinstance(rn, Mapping):
-            raise fail(line, f, "must be a mapping")
-        unknown = set(rn) - _NODE_KEYS - {"__line__"}
-        if unknown:
-            raise fail(line, f"{f}.{sorted(unknown)[0]}", "unknown field")
-        if "name" not in rn:
-            raise fail(line, f"{f}.name", "is required")
-        try:
-            cap = _resources(rn.get("capacity"), "capacity")
-            count = int(rn.get("count", 1))
-            if count < 1:
-                raise ValueError("count must be >= 1")
-            domains = tuple(tuple(int(d) for d in dom) for dom in rn.get("gpu_domains") or ())
-            labels = {str(k): str(v) for k, v in (rn.get("labels") or {}).items() if k != "__line__"}
-            speedup = (_parallel_speedup(rn["parallel_speedup"], f"{f}.parallel_speedup")
-                       if rn.get("parallel_speedup") is not None else ())
-            dispatch = (_dispatch(rn["dispatch_s"], f"{f}.dispatch_s")
-                        if rn.get("dispatch_s") is not None else {})
-            for c in range(count):
-                name = str(rn["name"]) if count == 1 else f"{rn['name']}-{c}"
-                nodes.append(NodeSpec(name, cap, str(rn.get("pool", "default")), domains, labels,
-                                      speedup, dispatch))
-        except _FieldError as exc:
-            raise fail(exc.line or line, exc.fieldname, str(exc)) from None
-        except (TypeError, ValueError) as exc:
-            raise fail(line, f, str(exc)) from None
-    models: list[ModelSpec] = []
-    for i, rm in enumerate(data.get("models") or []):
-        line = rm.get("__line__") if isinstance(rm, Mapping) else None
-        f = f"models[{i}]"
-        if not isinstance(rm, Mapping):
-            raise fail(line, f, "must be a mapping")
-        unknown = set(rm) - _MODEL_KEYS - {"__line__"}
-        if unknown:
-            raise fail(line, f"{f}.{sorted(unknown)[0]}", "unknown field")
-        if "name" not in rm:
-            raise fail(line, f"{f}.name", "is required")
-        try:
-            kw = _strip_lines(dict(rm))
-            models.append(ModelSpec(**kw))
-        except (TypeError, ValueError) as exc:
-            raise fail(line, f, str(exc)) from None
+        raise SpecError(source, data.get("__line__"), "nodes", "must be a non-empty list")
+    try:
+        nodes = [n for i, rn in enumerate(raw_nodes) for n in _parse_node(rn, f"nodes[{i}]")]
+        models = [_parse_model(rm, f"models[{i}]") for i, rm in enumerate(data.get("models") or [])]
+    except _FieldError as exc:
+        raise SpecError(source, exc.line, exc.fieldname, str(exc)) from None
     try:
         return ClusterSpec(tuple(nodes), tuple(models))
     except ValueError as exc:
-        raise fail(None, "nodes", str(exc)) from None
+        raise SpecError(source, None, "nodes", str(exc)) from None
+
+
+def _entry_line(raw: Any, where: str, keys: set[str]) -> int | None:
+    """The checks a node and a model entry share (a mapping, known fields, a name); its line."""
+    line = raw.get("__line__") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping):
+        raise _FieldError(where, "must be a mapping", line)
+    unknown = set(raw) - keys - {"__line__"}
+    if unknown:
+        raise _FieldError(f"{where}.{sorted(unknown)[0]}", "unknown field", line)
+    if "name" not in raw:
+        raise _FieldError(f"{where}.name", "is required", line)
+    return line
+
+
+def _parse_node(rn: Any, where: str) -> list[NodeSpec]:
+    """One ``nodes:`` entry: ``count`` nodes (named ``NAME-i`` when more than one)."""
+    line = _entry_line(rn, where, _NODE_KEYS)
+    try:
+        cap = _resources(rn.get("capacity"), "capacity")
+        count = int(rn.get("count", 1))
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        domains = tuple(tuple(int(d) for d in dom) for dom in rn.get("gpu_domains") or ())
+        labels = {str(k): str(v) for k, v in (rn.get("labels") or {}).items() if k != "__line__"}
+        speedup = (_parallel_speedup(rn["parallel_speedup"], f"{where}.parallel_speedup")
+                   if rn.get("parallel_speedup") is not None else ())
+        dispatch = (_dispatch(rn["dispatch_s"], f"{where}.dispatch_s")
+                    if rn.get("dispatch_s") is not None else {})
+        pool = str(rn.get("pool", "default"))
+        names = [str(rn["name"])] if count == 1 else [f"{rn['name']}-{c}" for c in range(count)]
+        return [NodeSpec(name, cap, pool, domains, labels, speedup, dispatch) for name in names]
+    except _FieldError as exc:
+        raise _FieldError(exc.fieldname, str(exc), exc.line or line) from None
+    except (TypeError, ValueError) as exc:
+        raise _FieldError(where, str(exc), line) from None
+
+
+def _parse_model(rm: Any, where: str) -> ModelSpec:
+    """One ``models:`` entry."""
+    line = _entry_line(rm, where, _MODEL_KEYS)
+    try:
+        return ModelSpec(**_strip_lines(dict(rm)))
+    except (TypeError, ValueError) as exc:
+        raise _FieldError(where, str(exc), line) from None
 
 
 def cluster_from_nodes(nodes: Sequence[NodeSpec], models: Sequence[ModelSpec] = ()) -> ClusterSpec:
