@@ -30,3 +30,11 @@ def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
     assert out.returncode == 0, f"on the pure core:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
     assert " passed" in out.stdout, out.stdout[-2000:]
     return True
+
+
+# The skip policy (issue 27): isolation skips fail on root Linux; skips are logged for .ci/run.
+from _skip_policy import (  # noqa: E402,F401
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+)
