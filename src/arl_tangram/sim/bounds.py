@@ -21,6 +21,20 @@ Two bounds, each valid on its own, and the larger of them is shown:
     batch of at most ``max_batch`` items in ``alpha + sum(work)``, so each item costs at least
     ``devices x (alpha / max_batch + work)`` GPU-seconds of the pool's GPUs (`gpu_charge`).
 
+(c) Batch starts (`batch_wait_sum`): a reward or judge action also waits for a batch to
+    start. A batch of a model on ``devices`` GPUs takes at least ``alpha``, so all the batches of
+    that model started within any window of length ``alpha`` are running together at its end:
+    at most ``m`` of them, ``m`` the instances of the model the GPU nodes can hold at once
+    (``sum over nodes of floor(gpus / devices)``, at most ``max_instances``; other models'
+    instances left out, which only loosens it). Cut time into windows of length ``alpha`` (any
+    phase); in each, at most ``m`` batch starts serve the actions released there, and an action
+    not served in its window waits at least until the window's end. The least total wait of
+    such a choice is a small dynamic program (starts at release times); each phase gives a valid bound, and the largest of a few phases is taken. An
+    action's completion is then at least its wait plus ``alpha + work``. Where arrivals are
+    sparse this is (a); where they crowd an instance's ``alpha`` it adds the wait no scheduler
+    avoids with static batches (continuous batching, which a batch of the simulator does not
+    model, would avoid it).
+
 The simulator and the replay are closed loop: an action is submitted a generation time after
 its predecessor finished, so release times depend on the schedule, and a relaxation on the
 releases of an idealised run (every action at its bound) is NOT a lower bound -- a scheduler
@@ -134,6 +148,64 @@ def srpt_flow_sum(jobs: Sequence[tuple[float, float]]) -> float:
     return total
 
 
+def _window_wait(rel: np.ndarray, end: float, m: int) -> float:
+    """Least total wait of the sorted releases ``rel`` (all before ``end``) for at most ``m``
+    batch starts placed in the window, each action served by the first start at or after its
+    release, and those after the last start waiting until ``end``.
+
+    Starts can be taken at release times (moving a start back to the latest release it serves
+    shortens every wait). ``f[c][j]``: the least wait of actions ``0..j`` with the ``c``-th start
+    at ``rel[j]``; a start at ``rel[j]`` after one at ``rel[i]`` costs the actions ``i+1..j``
+    ``sum(rel[j] - rel[l])``. O(m n^2) in numpy rows."""
+    n = len(rel)
+    if n == 0:
+        return 0.0
+    pre = np.concatenate(([0.0], np.cumsum(rel)))  # pre[k] = sum of rel[:k]
+    idx = np.arange(n)
+    # tail[j]: what the actions after a last start at rel[j] wait, until the window's end
+    tail = (n - 1 - idx) * end - (pre[n] - pre[idx + 1])
+    best = float(n * end - pre[n])  # no start at all
+    f = idx * rel - pre[idx]  # one start, at rel[j], serving actions 0..j (first c = 1)
+    best = min(best, float(np.min(f + tail)))
+    for _ in range(1, min(m, n)):
+        g = np.full(n, np.inf)
+        for j in range(1, n):
+            i = idx[:j]
+            g[j] = np.min(f[:j] + (j - i) * rel[j] - (pre[j + 1] - pre[i + 1]))
+        f = g
+        best = min(best, float(np.min(f + tail)))
+    return best
+
+
+def batch_wait_sum(releases: Sequence[float], alpha: float, m: int, phases: int = 8) -> float:
+    """A lower bound on the total time the actions released at ``releases`` wait for their
+    batch to start, on at most ``m`` concurrent instances whose batches take ``alpha`` or
+    more (bound (c) of the module doc): the largest over ``phases`` window grids."""
+    if alpha <= 0.0 or m <= 0 or not releases:
+        return 0.0
+    rel = np.sort(np.asarray(releases, dtype=float))
+    top = 0.0
+    for p in range(phases):
+        origin = rel[0] - alpha * p / phases
+        cut = np.floor((rel - origin) / alpha)
+        total = 0.0
+        for k in np.unique(cut):
+            inside = rel[cut == k]
+            total += _window_wait(inside, origin + (k + 1) * alpha, m)
+        top = max(top, total)
+    return top
+
+
+def model_slots(cluster: ClusterSpec) -> dict[str, int]:
+    """Per model, the most instances the cluster's GPU nodes can hold at once (its
+    ``max_instances`` at most), whatever else runs there."""
+    out: dict[str, int] = {}
+    for m in cluster.models:
+        fit = sum(int(n.capacity.get(GPU) // m.devices) for n in cluster.nodes)
+        out[m.name] = min(fit, m.max_instances)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RunBound:
     """A lower bound on one run's average ACT, on that run's own release times (module doc)."""
@@ -141,7 +213,8 @@ class RunBound:
     count: int  # counted actions of the run (succeeded, failed, timed out): the ACT's count
     alone_s: float  # sum of (a): each action alone (timed out: its timeout; failed unrun: 0)
     srpt_s: float  # sum of (b): SRPT per pool on the run's releases (timed out: its timeout)
-    bound_s: float  # per pool the larger of the two, summed over the pools: the bound
+    bound_s: float  # per pool the larger of the bounds, summed over the pools: the bound
+    wait_s: float = 0.0  # (c)'s least waits for a batch start, over the model actions
 
     def _avg(self, s: float) -> float:
         return s / self.count if self.count else 0.0
@@ -152,7 +225,7 @@ class RunBound:
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "act_avg": self.act_avg, "alone_act_avg": self._avg(self.alone_s),
-                "srpt_act_avg": self._avg(self.srpt_s)}
+                "srpt_act_avg": self._avg(self.srpt_s), "batch_wait_avg": self._avg(self.wait_s)}
 
 
 _COUNTED = (Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT)
@@ -162,7 +235,7 @@ class ReleaseLog:
     """What a run's bound needs of each counted action, recorded as the run delivers it: its
     release, its bound alone and its charge on its pool (CPU or GPU)."""
 
-    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools")
+    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools", "_released")
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self._cluster = cluster
@@ -171,6 +244,7 @@ class ReleaseLog:
         self._largest = largest_node(cluster)
         self._cpu: list[tuple[float, float, float]] = []  # (release, charge, alone)
         self._gpu: list[tuple[float, float, float]] = []
+        self._released: dict[str, list[float]] = {}  # model -> releases of its actions
         self._fixed = 0.0  # timeouts of the actions that timed out
         self._count = 0
 
@@ -190,16 +264,23 @@ class ReleaseLog:
         alone = action_bound(act, self._cluster, self._largest)
         if act.model is not None:
             self._gpu.append((submit, gpu_charge(act, self._cluster), alone))
+            self._released.setdefault(act.model, []).append(submit)
         else:
             self._cpu.append((submit, cpu_charge(act, allotment), alone))
 
     def bound(self) -> RunBound:
         alone = srpt = best = self._fixed
-        for jobs, speed in zip((self._cpu, self._gpu), self._pools, strict=True):
+        slots = model_slots(self._cluster)
+        wait = 0.0
+        for name, rel in self._released.items():
+            model = self._cluster.model(name)
+            if model is not None:
+                wait += batch_wait_sum(rel, model.alpha, slots.get(name, 0))
+        for jobs, speed, w in zip((self._cpu, self._gpu), self._pools, (0.0, wait), strict=True):
             a = sum(j[2] for j in jobs)
             b = srpt_flow_sum([(r, c / speed) for r, c, _ in jobs]) if speed > 0 and jobs else 0.0
-            alone, srpt, best = alone + a, srpt + b, best + max(a, b)
-        return RunBound(self._count, alone, srpt, best)
+            alone, srpt, best = alone + a, srpt + b, best + max(a + w, b)
+        return RunBound(self._count, alone, srpt, best, wait)
 
 
 def largest_node(cluster: ClusterSpec) -> dict[str, float]:
