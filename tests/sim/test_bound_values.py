@@ -1,0 +1,111 @@
+"""The optimum's VALUE on hand-computed traces (issue 27, audit B1/B3): not only "below every
+policy" (a looser bound always passes that) but exactly what the bound's definition gives --
+each action alone at its best allotment (capped by the largest node and the timeout), the step
+bound with its generation times, and the SRPT relaxation on a pool's capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, Status
+from arl_tangram.core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.sim.bounds import ReleaseLog, bound
+from arl_tangram.sim.trace import SimAction, Trajectory
+
+MEM = 32768
+
+
+def _cluster(*cpus: float, models: tuple[ModelSpec, ...] = ()) -> ClusterSpec:
+    return ClusterSpec(tuple(NodeSpec(f"n{i}", Resources(cpu=c, memory_mb=MEM))
+                             for i, c in enumerate(cpus)), models)
+
+
+def _elastic(work: float, lo: float, hi: float, p: float, timeout: float = 600.0) -> SimAction:
+    return SimAction(ActionKind.TEST, work, Resources(cpu=lo, memory_mb=256),
+                     Elasticity(lo, hi, speedup=Speedup(p)), timeout_s=timeout, cold_start_s=0.0)
+
+
+def _rigid(work: float, cpu: float = 1, timeout: float = 600.0) -> SimAction:
+    return SimAction(ActionKind.CODE, work, Resources(cpu=cpu, memory_mb=256), timeout_s=timeout,
+                     cold_start_s=0.0)
+
+
+def _one(act: SimAction, cluster: ClusterSpec) -> float:
+    b = bound([[Trajectory("t", "x", ((0.0, act),))]], cluster, train_s=0.0)
+    assert b.act["count"] == 1
+    return float(b.act["avg"])
+
+
+def test_an_elastic_action_alone_is_capped_by_the_largest_node() -> None:
+    # 8 s of perfectly parallel work (p = 1: s(k) = k), elastic to 8 cores; the largest node
+    # has 4: alone it takes 8 / 4 = 2 s, not 8 / 8 = 1 s (no node gives it 8 cores)
+    c = _cluster(2, 4)
+    assert _one(_elastic(8.0, 1, 8, 1.0), c) == pytest.approx(2.0)
+    # with a node of 8 the cap is its own maximum: 1 s; with 16, still 1 s
+    assert _one(_elastic(8.0, 1, 8, 1.0), _cluster(8)) == pytest.approx(1.0)
+    assert _one(_elastic(8.0, 1, 8, 1.0), _cluster(16, 2)) == pytest.approx(1.0)
+
+
+def test_each_action_alone_at_its_best_allotment() -> None:
+    model = ModelSpec("rm", alpha=0.5)
+    c = _cluster(2, 4, models=(model,))
+    # Amdahl p = 0.5 on 2 cores: s(2) = 1 / (0.5 + 0.25) = 4/3, so 3 s of work takes 2.25 s
+    assert _one(_elastic(3.0, 1, 2, 0.5), c) == pytest.approx(2.25)
+    # a rigid action: its work, whatever its demand
+    assert _one(_rigid(1.5, cpu=2), c) == pytest.approx(1.5)
+    # a reward action: a batch of one on a resident instance, alpha + work
+    rm = SimAction(ActionKind.REWARD, 0.25, Resources(), model="rm", cold_start_s=0.0)
+    assert _one(rm, c) == pytest.approx(0.75)
+    # never past the timeout
+    assert _one(_rigid(10.0, timeout=4.0), c) == pytest.approx(4.0)
+    # the per-action average of a run of all four: (2.25 + 1.5 + 0.75 + 4) / 4
+    trajs = [Trajectory(f"t{i}", "x", ((0.0, a),)) for i, a in
+             enumerate([_elastic(3.0, 1, 2, 0.5), _rigid(1.5, cpu=2), rm, _rigid(10.0, timeout=4.0)])]
+    b = bound([trajs], c, train_s=0.0)
+    assert b.act["count"] == 4 and b.act["avg"] == pytest.approx(8.5 / 4)
+
+
+def test_the_step_bound_adds_the_generation_times_and_training() -> None:
+    c = _cluster(2, 4)
+    # trajectory a: starts at 0.5; generates 1 s, runs the 8 s elastic action (2 s at 4 cores),
+    # generates 2 s, runs a 1.5 s rigid one: 0.5 + 1 + 2 + 2 + 1.5 = 7 s
+    a = Trajectory("a", "x", ((1.0, _elastic(8.0, 1, 8, 1.0)), (2.0, _rigid(1.5))), start=0.5)
+    # trajectory b: 4 s of generation, a 1 s action: 5 s
+    b = Trajectory("b", "x", ((4.0, _rigid(1.0)),))
+    # step 2: only b, started at 3: 8 s
+    b2 = Trajectory("b2", "x", ((4.0, _rigid(1.0)),), start=3.0, rl_step=1)
+    got = bound([[a, b], [b2]], c, train_s=3.0)
+    assert got.step_s == pytest.approx((7.0 + 3.0, 8.0 + 3.0))
+    assert got.step_avg_s == pytest.approx(10.5)
+
+
+def test_the_contention_bound_is_srpt_on_the_pools_capacity() -> None:
+    # one 2-core node: a pool of speed 2. Four rigid 1-core actions of 1 s each, released at 0:
+    # least core-seconds 1 each, 0.5 s each on the pool; SRPT ends them at 0.5, 1, 1.5, 2:
+    # sum 5 s, above the 4 s of each alone, so the bound is 5 s (1.25 s per action).
+    log = ReleaseLog(_cluster(2))
+    for _ in range(4):
+        log.record(_rigid(1.0), Status.SUCCEEDED, submit=0.0, finish=9.0)
+    rb = log.bound()
+    assert (rb.count, rb.alone_s, rb.srpt_s, rb.bound_s) == (4, pytest.approx(4.0),
+                                                             pytest.approx(5.0), pytest.approx(5.0))
+    assert rb.act_avg == pytest.approx(1.25)
+
+
+def test_srpt_serves_a_late_short_action_first_and_charges_rigid_width() -> None:
+    # pool of 2 cores. A: rigid 2 cores x 2 s = 4 core-s (2 s on the pool) at 0; B: elastic
+    # 1..2, 1 s of work = 1 core-s (0.5 s on the pool) at 1. SRPT: A runs 0..1 (1 s left), B
+    # preempts (0.5 < 1) and ends at 1.5 (flow 0.5), A ends at 2.5 (flow 2.5): 3.0 s.
+    # Alone: A 2 s, B 1 / s(2) with p = 1: 0.5 s -> 2.5 s. The bound: max(2.5, 3.0) = 3.0 s.
+    log = ReleaseLog(_cluster(2))
+    log.record(_rigid(2.0, cpu=2), Status.SUCCEEDED, submit=0.0, finish=9.0)
+    log.record(_elastic(1.0, 1, 2, 1.0), Status.SUCCEEDED, submit=1.0, finish=9.0)
+    rb = log.bound()
+    assert rb.alone_s == pytest.approx(2.5)
+    assert rb.srpt_s == pytest.approx(3.0)
+    assert rb.bound_s == pytest.approx(3.0)
+    # a timed-out action counts its timeout, outside the relaxation
+    log.record(_rigid(50.0, timeout=7.0), Status.TIMED_OUT, submit=0.0, finish=7.0)
+    rb = log.bound()
+    assert rb.count == 3 and rb.bound_s == pytest.approx(10.0)
