@@ -63,10 +63,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 def _reason(rep: pytest.TestReport) -> str:
     lr = rep.longrepr
-    if isinstance(lr, tuple) and len(lr) == 3:
-        text = str(lr[2])
-    else:
-        text = str(lr)
+    text = str(lr[2]) if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
     return text.removeprefix("Skipped: ")
 
 

@@ -129,14 +129,15 @@ class SchedulingMixin:
 
     def _fifo_rank(self: Core, rec: ActionRecord) -> int:
         """`_rank`, never below the rank of a still-queued earlier action of the same work
-        (estimator key and units): as the estimate drifts across a class boundary, actions of
-        one kind stay in arrival order instead of later ones overtaking earlier ones until
-        those age (a p99 of `aging_min_s` under sustained load of identical requests)."""
+        (estimator key and units) and weight: as the estimate drifts across a class boundary,
+        actions of one kind stay in arrival order instead of later ones overtaking earlier ones
+        until those age (a p99 of `aging_min_s` under sustained load of identical requests); a
+        heavier action still overtakes (the weight is not drift)."""
         rank = self._rank(rec)
         if rank <= _RANK_NONE or not self.policy.ordered:
             return rank
         floors = self._fifo_floor
-        group = (rec.ekey, rec.units)
+        group = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
         got = floors.get(group)
         if got is not None and got[0] > rank:
             last = self.actions.get(got[1])
