@@ -1,0 +1,176 @@
+"""Scale: what one decision of the core costs as the concurrent trajectories grow (issue 24).
+
+For each cluster (``N`` nodes x 192 cores / 768 GB, DSec's node size; a workload with models also
+gets its own GPU nodes) and each count of concurrent trajectories (one RL step of the workload,
+every trajectory at once), three measurements:
+
+1. **simulate**: `sim.runner.run_policy` under ``tangram`` as ``tangram simulate --steps 1`` runs
+   it, timed end to end: actions/s and events/s. The core is wrapped by a recorder that keeps
+   every event it is handed (and the time spent in ``handle``, so the simulator's own share is the
+   rest).
+2. **core alone**: a fresh core of the same configuration is handed the recorded events again,
+   in order. The core is deterministic in its events, so it takes the same decisions; what is
+   timed is ``Core.handle`` alone: events (decisions) per second, and p50 / p99 of one call.
+3. **memory**: the core's own memory per trajectory: ``tracemalloc`` over a second replay
+   (slower, so apart from the timing), the peak of what the core allocated, per trajectory.
+
+The last column divides the simulate actions/s of each count by that of the smallest count on
+the same cluster: how the cost of an action grows with the trajectories (the issue's goal:
+>= 0.8 from 2k to 20k). Goals (issue 24), with the compiled core: >= 20,000 decisions/s for
+the core alone, p99 of one decision <= 1 ms, simulate >= 10,000 actions/s, at 20,000 swe-agent
+trajectories on 160 x 192 cores.
+
+    .venv/bin/python benchmarks/bench_scale.py                     # 16 nodes, 2k and 6k (minutes)
+    .venv/bin/python benchmarks/bench_scale.py --nodes 16,160 --trajectories 2000,6000,20000,50000
+        [--workloads swe-agent,mixed] [--no-memory] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from arl_tangram.core import FORM
+from arl_tangram.core.cluster import ClusterSpec, NodeSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.sim.runner import make_core, run_policy
+from arl_tangram.sim.simulator import SimConfig
+from arl_tangram.sim.workloads import get_workload
+
+NODE_CPU, NODE_MEMORY_MB = 192, 786_432  # DSec's node size (issue 24)
+
+
+@dataclass
+class Recorder:
+    """Wraps a core: keeps every event it is handed and the time spent in ``handle``."""
+
+    core: Any
+    events: list[Any] = field(default_factory=list)
+    handle_s: float = 0.0
+
+    def handle(self, event: Any) -> list[Any]:
+        self.events.append(event)
+        t0 = time.perf_counter()
+        out = self.core.handle(event)
+        self.handle_s += time.perf_counter() - t0
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # the simulator may read the core's state
+        return getattr(self.core, name)
+
+
+def cluster_for(workload: str, nodes: int, trajectories: int) -> ClusterSpec:
+    """``nodes`` CPU nodes of DSec's size, plus the workload's own non-CPU nodes and models."""
+    own = get_workload(workload).cluster(trajectories)
+    cpu = tuple(NodeSpec(f"cpu-{i}", Resources(cpu=NODE_CPU, memory_mb=NODE_MEMORY_MB), pool="cpu")
+                for i in range(nodes))
+    others = tuple(n for n in own.nodes if n.pool != "cpu" and n.capacity.get("gpu") > 0)
+    return ClusterSpec(cpu + others, own.models)
+
+
+def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool) -> dict[str, Any]:
+    w = get_workload(workload)
+    cluster = cluster_for(workload, nodes, trajectories)
+    batches = lambda: w.batches(0, trajectories, 1)  # noqa: E731
+    made: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    recorders: list[Recorder] = []
+
+    def recording(*args: Any, **kw: Any) -> Recorder:
+        made.append((args, kw))
+        recorders.append(Recorder(make_core(*args, **kw)))
+        return recorders[-1]
+
+    gc.collect()
+    t0 = time.perf_counter()
+    report = run_policy(cluster, batches, "tangram", workload=workload,
+                        config=SimConfig(train_s=w.train_s), core_factory=recording)
+    wall = time.perf_counter() - t0
+    rec = recorders[0]
+    events = rec.events
+    actions = int(report.act["count"])
+
+    # the core alone, on the same events
+    args, kw = made[0]
+    core = make_core(*args, **kw)
+    lat = []
+    handle = core.handle
+    clock = time.perf_counter_ns
+    gc.collect()
+    t1 = time.perf_counter()
+    for e in events:
+        s = clock()
+        handle(e)
+        lat.append(clock() - s)
+    core_wall = time.perf_counter() - t1
+    lat.sort()
+    row = {
+        "workload": workload, "nodes": nodes, "trajectories": trajectories, "actions": actions,
+        "events": len(events), "sim_wall_s": wall, "sim_actions_per_s": actions / wall,
+        "sim_events_per_s": len(events) / wall, "sim_own_s": wall - rec.handle_s,
+        "core_decisions_per_s": len(events) / core_wall,
+        "core_p50_us": lat[len(lat) // 2] / 1e3, "core_p99_us": lat[int(0.99 * (len(lat) - 1))] / 1e3,
+        "core_max_us": lat[-1] / 1e3, "core_mean_us": statistics.fmean(lat) / 1e3,
+    }
+    del core, lat
+    if memory:
+        core = make_core(*args, **kw)
+        gc.collect()
+        tracemalloc.start()
+        for e in events:
+            core.handle(e)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        row["core_kb_per_trajectory"] = peak / 1024 / trajectories
+        del core
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", default="16", help="CPU node counts, comma-separated")
+    p.add_argument("--trajectories", default="2000,6000", help="concurrent trajectories, comma-separated")
+    p.add_argument("--workloads", default="swe-agent")
+    p.add_argument("--no-memory", action="store_true", help="skip the (slower) memory pass")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    rows = []
+    print(f"core: {FORM}", file=sys.stderr)
+    for wl in a.workloads.split(","):
+        for nodes in (int(x) for x in a.nodes.split(",")):
+            first = None
+            for n in (int(x) for x in a.trajectories.split(",")):
+                row = run_one(wl, nodes, n, memory=not a.no_memory)
+                first = first or row["sim_actions_per_s"]
+                row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first
+                rows.append(row)
+                print(f"{wl} {nodes} nodes {n} trajectories: {row['actions']} actions, "
+                      f"simulate {row['sim_actions_per_s']:,.0f} actions/s "
+                      f"(x{row['sim_actions_ratio_to_first']:.2f} of the first count), core alone "
+                      f"{row['core_decisions_per_s']:,.0f} decisions/s, p50 {row['core_p50_us']:.0f} us, "
+                      f"p99 {row['core_p99_us']:.0f} us", file=sys.stderr, flush=True)
+    if a.json:
+        print(json.dumps({"core": FORM, "rows": rows}, indent=1))
+        return 0
+    head = ("workload", "nodes", "traj", "actions", "sim s", "sim act/s", "sim own s", "core dec/s",
+            "p50 us", "p99 us", "KB/traj", "act/s vs first")
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for r in rows:
+        print(" | ".join(str(x) for x in (
+            r["workload"], r["nodes"], r["trajectories"], r["actions"], f"{r['sim_wall_s']:.1f}",
+            f"{r['sim_actions_per_s']:,.0f}", f"{r['sim_own_s']:.1f}", f"{r['core_decisions_per_s']:,.0f}",
+            f"{r['core_p50_us']:.0f}", f"{r['core_p99_us']:.0f}",
+            f"{r.get('core_kb_per_trajectory', float('nan')):.1f}", f"{r['sim_actions_ratio_to_first']:.2f}")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
