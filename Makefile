@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the scheduler core's hot modules, compiled with mypyc at install (setup.py, core/_native.py);
 # the build records the sources it compiled here, and a changed source is rebuilt before use
 NATIVE := src/arl_tangram/core/_compiled.json
-CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/_fastpath.c
+CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/zygote/_fastpath.c
 
 .PHONY: install compile demo test lint bench clean system-deps
 
@@ -53,4 +53,4 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info src/*.so src/arl_tangram/core/*.so $(NATIVE) \
-		src/arl_tangram/managers/cpu/*.so
+		src/arl_tangram/managers/cpu/*.so src/arl_tangram/managers/cpu/zygote/*.so

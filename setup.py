@@ -1,5 +1,5 @@
 """Build hook: compiles the scheduler core's hot modules with mypyc, and the CPU sandboxes'
-set-up path (``managers/cpu/_fastpath.c``, plain C against the Python API).
+set-up path (``managers/cpu/zygote/_fastpath.c``, plain C against the Python API).
 
 Everything else about the package is in ``pyproject.toml``. Which modules, and how the package
 chooses between the compiled and the pure-Python core at import: ``src/arl_tangram/core/_native.py``.
@@ -23,7 +23,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CORE = Path(__file__).resolve().parent / "src" / "arl_tangram" / "core"
-FASTPATH = "arl_tangram.managers.cpu._fastpath"
+FASTPATH = "arl_tangram.managers.cpu.zygote._fastpath"
 
 _spec = importlib.util.spec_from_file_location("_arl_tangram_native", CORE / "_native.py")
 assert _spec is not None and _spec.loader is not None
@@ -90,7 +90,7 @@ def _extensions() -> list:
 def _fastpath() -> list[Extension]:
     if os.environ.get("ARL_TANGRAM_COMPILE", "1") == "0":
         return []
-    return [Extension(FASTPATH, ["src/arl_tangram/managers/cpu/_fastpath.c"],
+    return [Extension(FASTPATH, ["src/arl_tangram/managers/cpu/zygote/_fastpath.c"],
                       extra_compile_args=["-O2"])]
 
 

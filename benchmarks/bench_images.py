@@ -42,7 +42,7 @@ from arl_tangram.managers.cpu import (  # noqa: E402
     CpuManagerConfig,
     _linux,
 )
-from arl_tangram.managers.cpu.images import ImageStore  # noqa: E402
+from arl_tangram.managers.cpu.images.store import ImageStore  # noqa: E402
 
 IMAGE = "swe"
 
@@ -146,7 +146,7 @@ async def bench_tangram(args: argparse.Namespace, layout: str, work: str) -> dic
         await asyncio.sleep(1.0)
         avail1 = _mem_available_kb()
         charged, pids = 0, []
-        from arl_tangram.managers.cpu.overlay import slot_pids
+        from arl_tangram.managers.cpu.host.overlay import slot_pids
 
         for i in range(args.idle):
             slot = m._sessions[f"i{i}"].sandbox.slot

@@ -38,9 +38,9 @@ def act(code: str, kind: ActionKind = ActionKind.CODE, **payload: object) -> Act
 
 
 def compiled_setup() -> bool:
-    """Whether the sandboxes' compiled set-up path (`managers/cpu/_fastpath.c`) is built here."""
+    """Whether the sandboxes' compiled set-up path (`managers/cpu/zygote/_fastpath.c`) is built here."""
     try:
-        importlib.import_module("arl_tangram.managers.cpu._fastpath")
+        importlib.import_module("arl_tangram.managers.cpu.zygote._fastpath")
     except ImportError:
         return False
     return True
@@ -165,7 +165,7 @@ BATCH = 8
 out = os.dup2(os.open("/dev/null", os.O_WRONLY), 100)  # (above the fds an init renumbers)
 if isolate:
     import ctypes
-    from arl_tangram.managers.cpu import _fastpath as fp
+    from arl_tangram.managers.cpu.zygote import _fastpath as fp
     libc = ctypes.CDLL(None, use_errno=True)
     def ok(rc, what):
         if rc != 0:
@@ -260,7 +260,7 @@ def loaded_floor(preload: tuple[str, ...], n: int, isolate: bool) -> dict[str, f
     procs = max(1, os.cpu_count() or 1)
     bpf = b""
     if isolate:
-        from arl_tangram.managers.cpu import seccomp
+        from arl_tangram.managers.cpu.zygote import seccomp
 
         bpf = seccomp.build_apart().bpf
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:  # (not under the /tmp bound over)

@@ -25,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from arl_tangram.managers.cpu import imagekit
+from arl_tangram.managers.cpu.images import imagekit
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

@@ -11,7 +11,7 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)  # load generator of benchmarks/be
 command -v rustc >/dev/null 2>&1 || need+=(rustc)  # CPU sandbox language tests (skipped without)
 # environment images (issue 17): the SWE example image is built from Debian's packages
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
-# and their writable layers are ext4 file systems on the node's disk (managers/cpu/layers.py)
+# and their writable layers are ext4 file systems on the node's disk (managers/cpu/images/layers.py)
 PATH="$PATH:/usr/sbin:/sbin" command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 # the sandboxes' syscall filter is built with libseccomp (through ctypes: no Python binding)
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || need+=(libseccomp2)

@@ -10,7 +10,7 @@ import pytest
 
 from arl_tangram.client import AsyncClient
 from arl_tangram.core.errors import TangramError
-from arl_tangram.managers.cpu import imagekit
+from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig, parse_service_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")

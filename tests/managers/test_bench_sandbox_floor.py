@@ -47,7 +47,7 @@ def _floor_cgroups() -> list[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, mounts and cgroups need root")
 def test_loaded_floor_measures_both_variants_and_leaves_nothing_behind() -> None:
-    pytest.importorskip("arl_tangram.managers.cpu._fastpath")
+    pytest.importorskip("arl_tangram.managers.cpu.zygote._fastpath")
     before_mounts = Path("/proc/self/mounts").read_text()
     for isolate in (False, True):
         got = bench.loaded_floor(("json",), 16, isolate=isolate)

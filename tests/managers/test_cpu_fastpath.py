@@ -1,4 +1,4 @@
-"""The compiled set-up path (`managers/cpu/_fastpath.c`) and the compact direct request: same
+"""The compiled set-up path (`managers/cpu/zygote/_fastpath.c`) and the compact direct request: same
 results, same isolation as the Python path they replace."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ async def test_general_form_still_runs_in_a_direct_sandbox(mgr: CpuManager) -> N
 @pytest.mark.asyncio(loop_scope="module")
 async def test_code_runs_as_python_main_would(mgr: CpuManager) -> None:
     # (the compiled path runs a compact action's code through the C API: same outcomes)
-    # no flag of ours reaches the code: proc.py's `from __future__ import annotations` did
+    # no flag of ours reaches the code: child.py's `from __future__ import annotations` did
     r = await mgr.run(action("def f(x: int): pass\nprint(f.__annotations__['x'] is int)"),
                       allot())
     assert r.run_result is not None and r.run_result.stdout == "True\n", r.to_dict()

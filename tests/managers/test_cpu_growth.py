@@ -20,8 +20,9 @@ from _cpu_helpers import allot
 
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
-from arl_tangram.managers.cpu import CpuManager, imagekit
-from arl_tangram.managers.cpu.pool import Sandbox
+from arl_tangram.managers.cpu import CpuManager
+from arl_tangram.managers.cpu.host.pool import Sandbox
+from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.replay.work import program
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -18,8 +18,9 @@ from _cpu_helpers import action, allot, layer_loops
 
 from arl_tangram.core.actions import ActionKind
 from arl_tangram.core.resources import Resources
-from arl_tangram.managers.cpu import CpuManager, imagekit
-from arl_tangram.managers.cpu.images import ImageError, ImageInUse
+from arl_tangram.managers.cpu import CpuManager
+from arl_tangram.managers.cpu.images import imagekit
+from arl_tangram.managers.cpu.images.store import ImageError, ImageInUse
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -15,7 +15,7 @@ from _cpu_helpers import action, allot, no_leftovers, pod_pid, work_root_left
 from arl_tangram.core.actions import ActionKind, Status
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager
-from arl_tangram.managers.cpu.pool import LEFTOVER_MAX
+from arl_tangram.managers.cpu.host.pool import LEFTOVER_MAX
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -16,7 +16,8 @@ import pytest
 from _cpu_fixture import mgr  # noqa: F401
 from _cpu_helpers import TEST_UID, action, allot
 
-from arl_tangram.managers.cpu import CpuManager, seccomp
+from arl_tangram.managers.cpu import CpuManager
+from arl_tangram.managers.cpu.zygote import seccomp
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

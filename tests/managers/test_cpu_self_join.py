@@ -19,8 +19,8 @@ from _cpu_helpers import TEST_UID, action, allot
 
 from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
-from arl_tangram.managers.cpu.cgroups import CgroupTree, Slot
-from arl_tangram.managers.cpu.pool import Sandbox
+from arl_tangram.managers.cpu.host.cgroups import CgroupTree, Slot
+from arl_tangram.managers.cpu.host.pool import Sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -11,9 +11,14 @@ from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Status
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers import cpu
-from arl_tangram.managers.cpu.languages import Language
-from arl_tangram.managers.cpu.payload import build_request, machine_cpus, memory_bytes, visible_cpus
-from arl_tangram.managers.cpu.result import CaseResult, RunResult, StageResult
+from arl_tangram.managers.cpu.host.languages import Language
+from arl_tangram.managers.cpu.host.payload import (
+    build_request,
+    machine_cpus,
+    memory_bytes,
+    visible_cpus,
+)
+from arl_tangram.managers.cpu.host.result import CaseResult, RunResult, StageResult
 
 LANGS = {"python": Language("python", "main.py", None, None, "py"),
          "cpp": Language("cpp", "main.cpp", ("/usr/bin/g++", "{file}"), ("./main",), "g++")}
@@ -143,13 +148,15 @@ def test_warm_type_cache_looks_up_what_sandbox_code_reads_of_modules() -> None:
     """The fork server pre-fills the type-attribute cache with every ``module.name`` the
     sandbox's code reads (so that no sandbox writes those entries): the names come from that
     code, and only names some module it uses has (a method name like ``append`` is not one)."""
-    from arl_tangram.managers.cpu import _linux, prepared, proc, sandbox, wire, zygote
+    from arl_tangram.managers.cpu import _linux, wire
+    from arl_tangram.managers.cpu.sandbox import child, init, prepared, proc
+    from arl_tangram.managers.cpu.zygote import server
 
-    names = zygote.warm_type_cache((zygote, sandbox, proc, _linux, wire, prepared))
+    names = server.warm_type_cache((server, init, proc, child, _linux, wire, prepared))
     assert {"mkdir", "setresuid", "F_DUPFD", "closerange", "die_with_parent", "mount",
             "read_request_fd", "raw_signal", "SIG_SETMASK"} <= names  # os, fcntl, _linux, wire
     assert "append" not in names and "items" not in names
-    assert zygote.warm_type_cache((wire,)) < names
+    assert server.warm_type_cache((wire,)) < names
 
 
 def test_fork_server_imports_no_threads_or_manager_side_modules() -> None:
@@ -159,10 +166,11 @@ def test_fork_server_imports_no_threads_or_manager_side_modules() -> None:
     import subprocess
     import sys
 
-    heavy = ("threading", "subprocess", "asyncio", "arl_tangram.managers.cpu.layers",
-             "arl_tangram.managers.cpu.manager", "arl_tangram.managers.cpu.overlay")
+    heavy = ("threading", "subprocess", "asyncio", "arl_tangram.managers.cpu.host",
+             "arl_tangram.managers.cpu.images", "arl_tangram.managers.cpu.images.layers",
+             "arl_tangram.managers.cpu.host.manager", "arl_tangram.managers.cpu.host.overlay")
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, arl_tangram.managers.cpu.zygote; "
+        [sys.executable, "-c", "import sys, arl_tangram.managers.cpu.zygote.server; "
          f"print([m for m in {heavy!r} if m in sys.modules])"],
         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

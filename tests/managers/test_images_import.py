@@ -11,8 +11,8 @@ import tarfile
 
 import pytest
 
-from arl_tangram.managers.cpu import imagekit
-from arl_tangram.managers.cpu.images import ImageError, ImageInUse, ImageStore
+from arl_tangram.managers.cpu.images import imagekit
+from arl_tangram.managers.cpu.images.store import ImageError, ImageInUse, ImageStore
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="layers keep owners and whiteouts")
 

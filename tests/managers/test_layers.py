@@ -11,7 +11,7 @@ import time
 import pytest
 from _cpu_helpers import layer_loops
 
-from arl_tangram.managers.cpu.layers import LayerError, LayerStore
+from arl_tangram.managers.cpu.images.layers import LayerError, LayerStore
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mounts need root")
 
@@ -64,7 +64,7 @@ def test_bad_sizes_and_a_spent_budget_are_refused_with_the_figures() -> None:
 
 
 def test_a_layer_directory_in_memory_is_not_called_disk() -> None:
-    from arl_tangram.managers.cpu import layers
+    from arl_tangram.managers.cpu.images import layers
 
     shm = tempfile.mkdtemp(prefix="tangram-layers-", dir="/dev/shm")
     assert layers.fs_type(shm) == "tmpfs"

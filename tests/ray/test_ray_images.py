@@ -16,7 +16,7 @@ from arl_tangram.core.actions import ActionKind, ActionSpec, Status
 from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.core.core import Core, CoreConfig
 from arl_tangram.core.resources import Resources
-from arl_tangram.managers.cpu import imagekit
+from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime import images as rt
 from arl_tangram.runtime.engine import Engine, EngineConfig
 from arl_tangram.runtime.ray_agent import make_node_host

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from arl_tangram.cli.main import main
-from arl_tangram.managers.cpu import imagekit
+from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.replay import driver
 from arl_tangram.sim.trace import load_trace, trajectory_json
 

@@ -12,7 +12,7 @@ import pytest
 
 from arl_tangram.core.actions import ActionKind, ActionSpec, Status
 from arl_tangram.core.resources import Resources
-from arl_tangram.managers.cpu import imagekit
+from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime import images as rt
 from arl_tangram.runtime.config import NodeConfig
 from arl_tangram.runtime.engine import Engine

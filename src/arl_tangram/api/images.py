@@ -16,7 +16,7 @@ from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from ..managers.cpu.images import ImageError, ImageInUse
+from ..managers.cpu.images.store import ImageError, ImageInUse
 from ..runtime import images as rt
 
 

@@ -83,7 +83,7 @@ def _table(rows: list[dict[str, Any]], node: str | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..managers.cpu.images import ImageError, ImageStore
+    from ..managers.cpu.images.store import ImageError, ImageStore
 
     cmd = getattr(args, "image_cmd", None)
     if cmd is None:

@@ -67,7 +67,7 @@ def check_against(cluster: ClusterSpec, trajectories: Sequence[Trajectory], file
 
 def _image_entry(name: Any, path: Any, source: str, line: int | None, where: str,
                  ) -> tuple[str, str]:
-    from ..managers.cpu.images import NAME_RE
+    from ..managers.cpu.images.store import NAME_RE
 
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise SpecError(source, line, f"{where}.name", f"must be an image name, got {name!r}")

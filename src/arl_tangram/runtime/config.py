@@ -226,7 +226,7 @@ class _Parser:
             raise self.fail(raw, f, str(exc)) from None
 
     def images(self, raw: Any, parent: Any) -> tuple[tuple[str, str], ...]:
-        from ..managers.cpu.images import NAME_RE
+        from ..managers.cpu.images.store import NAME_RE
 
         if raw is None:
             return ()

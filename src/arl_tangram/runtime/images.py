@@ -67,7 +67,7 @@ def _store(host: Any) -> Any:
 
 def raise_remote(err: dict[str, Any]) -> None:
     """Re-raise an image error a remote node answered with (`NodeAgent.image_op`)."""
-    from ..managers.cpu.images import ImageError, ImageInUse
+    from ..managers.cpu.images.store import ImageError, ImageInUse
 
     kind, msg = err.get("type"), str(err.get("error"))
     if kind == "ImageInUse":
@@ -85,7 +85,7 @@ async def import_image(executor: Any, path: str, name: str,
     On Ray: record the source on every node (each imports it on first use); ImageError when
     some node cannot read the path."""
     if _remote(executor):
-        from ..managers.cpu.images import check_name
+        from ..managers.cpu.images.store import check_name
 
         check_name(name)
         got = await executor.image_call("source", (name, path), node)
@@ -123,7 +123,7 @@ def list_images(executor: Any, node: str | None = None) -> dict[str, Any]:
 async def remove_image(executor: Any, name: str, node: str | None = None) -> dict[str, Any]:
     """Remove ``name`` where it is; ImageInUse (nothing removed anywhere) when any node uses
     it, ImageError when no node has it."""
-    from ..managers.cpu.images import ImageError, ImageInUse
+    from ..managers.cpu.images.store import ImageError, ImageInUse
 
     if _remote(executor):
         users = await executor.image_call("users", (name,), node)

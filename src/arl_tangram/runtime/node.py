@@ -411,7 +411,7 @@ class NodeHost:
     def add_image_source(self, name: str, path: str) -> dict[str, Any]:
         """Remember where ``name`` comes from, to import it on first use; the path must be
         readable here (ImageError otherwise)."""
-        from ..managers.cpu.images import ImageError, check_name
+        from ..managers.cpu.images.store import ImageError, check_name
 
         check_name(name)
         if not os.path.isabs(path) or not os.access(path, os.R_OK):

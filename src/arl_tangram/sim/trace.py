@@ -210,7 +210,7 @@ def _sessions(ctx: _Ctx, raw: Any) -> dict[str, SessionDef]:
         if "cold_start_s" in m:
             kw["cold_start_s"] = _number(ctx, m["cold_start_s"], f"{where}.cold_start_s")
         if m.get("image") is not None:
-            from ..managers.cpu.images import NAME_RE
+            from ..managers.cpu.images.store import NAME_RE
 
             img = m["image"]
             if not isinstance(img, str) or not NAME_RE.match(img):

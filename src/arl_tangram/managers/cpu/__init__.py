@@ -4,7 +4,7 @@ The runtime calls `CpuManager` (start, run, cancel, resize, sessions, warm pool)
 `RunResult`s in SandboxFusion's RunCodeResponse shape. See docs/sandbox.md.
 
 Invariant: importing this package imports nothing else of it; the public names load on first use.
-That keeps the fork server (``python -m arl_tangram.managers.cpu.zygote``) small: every sandbox is
+That keeps the fork server (``python -m arl_tangram.managers.cpu.zygote.server``) small: every sandbox is
 a copy-on-write fork of it, so each megabyte it does not hold is page-table and page-copy work
 saved on every action.
 """
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import CpuManagerConfig
-    from .manager import POOL_KEY, CpuManager
-    from .result import CaseResult, RunResult, StageResult
+    from .host.manager import POOL_KEY, CpuManager
+    from .host.result import CaseResult, RunResult, StageResult
 
 __all__ = ["POOL_KEY", "CaseResult", "CpuManager", "CpuManagerConfig", "RunResult", "StageResult"]
-_WHERE = {"CpuManagerConfig": "config", "CpuManager": "manager", "POOL_KEY": "manager",
-          "RunResult": "result", "StageResult": "result", "CaseResult": "result"}
+_WHERE = {"CpuManagerConfig": "config", "CpuManager": "host.manager", "POOL_KEY": "host.manager",
+          "RunResult": "host.result", "StageResult": "host.result", "CaseResult": "host.result"}
 
 
 def __getattr__(name: str) -> Any:

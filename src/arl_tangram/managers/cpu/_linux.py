@@ -1,8 +1,11 @@
 """Thin ctypes bindings to the Linux calls Python 3.11 lacks (unshare, setns, mount, pivot_root,
-prctl).
+prctl, and raw `syscall` for the new mount API).
 
 Invariant: every wrapper raises ``OSError`` with the errno and the call's arguments on failure;
-nothing here keeps state, so a forked child may use it freely.
+nothing here keeps state, so a forked child may use it freely. This is the package's one libc
+loader: every other module (`images.layers`, `host.overlay`, the fork server, sandboxes) calls
+libc through it. (The isolation probe, a program run inside a sandbox, is the one exception:
+it checks the filter with its own code, not ours.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ except OSError:  # not glibc: ask the (heavier) finder
     _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 for _name in ("unshare", "setns", "mount", "umount2", "syscall", "sethostname", "prctl"):
     getattr(_libc, _name)  # looked up once, here: not again (dlsym + objects) in every sandbox
+_libc.syscall.restype = ctypes.c_long  # (a raw system call returns a long)
+
+# System call numbers (x86_64; from 424 on, the unified table every architecture shares)
+SYS_PIVOT_ROOT = 155
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 430, 431, 432
 
 # The C signal module: its calls return plain ints, where `signal`'s wrappers convert every
 # result to an enum member (in a freshly forked interpreter that costs ~100 copy-on-write page
@@ -105,20 +115,30 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
         _check(rc, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
 
 
+def syscall(nr: int, *args: Any) -> int:
+    """``syscall(nr, *args)`` through libc (``args`` as ctypes takes them): its non-negative
+    result; OSError with the errno on failure."""
+    r = int(_libc.syscall(ctypes.c_long(nr), *args))
+    if r < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return r
+
+
 def umount2(target: str, flags: int = 0) -> None:
     _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount2({target!r})")
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
-    rc = _libc.syscall(ctypes.c_long(155), new_root.encode(), put_old.encode())  # x86_64
+    rc = _libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT), new_root.encode(), put_old.encode())
     _check(rc, f"pivot_root({new_root!r}, {put_old!r})")
 
 
 def move_mount(fd: int, target: str) -> None:
     """Attach the detached mount ``fd`` (``fsmount``, ``open_tree``) at ``target`` in the
     caller's mount namespace (``move_mount(fd, "", AT_FDCWD, target, F_EMPTY_PATH)``)."""
-    rc = _libc.syscall(ctypes.c_long(429), _int(fd), b"", ctypes.c_int(-100), target.encode(),
-                       ctypes.c_uint(0x4))  # x86_64 and the unified table; MOVE_MOUNT_F_EMPTY_PATH
+    rc = _libc.syscall(ctypes.c_long(SYS_MOVE_MOUNT), _int(fd), b"", ctypes.c_int(-100), target.encode(),
+                       ctypes.c_uint(0x4))  # MOVE_MOUNT_F_EMPTY_PATH
     _check(rc, f"move_mount({fd}, {target!r})")
 
 

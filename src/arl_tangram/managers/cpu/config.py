@@ -110,7 +110,7 @@ class CpuManagerConfig:
         both find it here."""
         if self.images_dir:
             return self.images_dir
-        from .layers import MEMORY_FS, fs_type
+        from .images.layers import MEMORY_FS, fs_type
 
         if fs_type(self.work_root) in MEMORY_FS:
             return "/var/tmp/arl-tangram/images"

@@ -20,7 +20,7 @@ from typing import Any
 
 from arl_tangram.core.errors import BrokenError, ClosedError
 
-from . import wire
+from .. import wire
 
 
 class Conn:
@@ -132,7 +132,7 @@ class Zygote:
         slot name moves itself into that slot, see `spawn`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote", str(theirs.fileno())],
+            [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote.server", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             close_fds=True, env=_zygote_env(), cwd="/")
         theirs.close()

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from . import wire
+from .. import wire
 from .pool import Sandbox
 
 _EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death

@@ -11,8 +11,8 @@ import json
 import os
 from typing import Any
 
+from ..config import CpuManagerConfig
 from .cgroups import CgroupTree
-from .config import CpuManagerConfig
 from .pool import WarmPool
 
 SYSTEM_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
@@ -54,7 +54,8 @@ print(json.dumps(r))
 async def probe(pool: WarmPool, hello: dict[str, Any], cgroups: CgroupTree,
                 cfg: CpuManagerConfig) -> dict[str, Any]:
     """Run a probe program in a fresh sandbox; returns what it saw (or an 'error')."""
-    pkg = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.abspath(__file__)  # .../arl_tangram/managers/cpu/host/isolation.py
+    pkg = here.rsplit(os.sep, 4)[0]  # the package's directory: .../arl_tangram
     hidden = [p for p in ("/root/.bashrc", "/home", pkg, cfg.work_root) if os.path.exists(p)]
     code = f"PATHS = {hidden!r}\n" + _PROBE
     req = {"op": "run", "lang": {"name": "python", "file": "main.py", "compile": None,

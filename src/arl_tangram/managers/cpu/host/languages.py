@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .zygote import sandbox_path
+from ..zygote.server import sandbox_path
 
 _SEARCH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/bin", "/usr/bin", "/bin",

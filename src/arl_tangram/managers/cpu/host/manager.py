@@ -22,11 +22,12 @@ from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
-from . import direct, isolation, languages, layers, overlay, payload
+from ..config import CpuManagerConfig
+from ..images import layers
+from ..images.layers import Layer, LayerError, LayerStore
+from ..images.store import Image, ImageError, ImageStore
+from . import direct, isolation, languages, overlay, payload
 from .cgroups import CgroupTree
-from .config import CpuManagerConfig
-from .images import Image, ImageError, ImageStore
-from .layers import Layer, LayerError, LayerStore
 from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 

@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _linux
+from ..images.layers import Layer
+from ..images.store import Image, ImageStore
 from .cgroups import CgroupTree, Slot
-from .images import Image, ImageStore
-from .layers import Layer, syscall
 from .pool import Sandbox
 
 _FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
-_SYS_OPEN_TREE = 428  # x86_64 and the unified syscall table
 _OPEN_TREE_CLONE = 1
 def open_tree_clone(path: str) -> int:
     """A detached copy of the mount at ``path`` (``open_tree(OPEN_TREE_CLONE)``), as an fd.
@@ -36,7 +36,7 @@ def open_tree_clone(path: str) -> int:
     import ctypes
 
     try:
-        return syscall(_SYS_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path),
+        return _linux.syscall(_linux.SYS_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path),
                        ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC))
     except OSError as e:
         raise OSError(e.errno, f"open_tree({path}): {e.strerror}") from None

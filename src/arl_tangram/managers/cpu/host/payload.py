@@ -20,7 +20,7 @@ from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import CPU
 
-from .config import CpuManagerConfig
+from ..config import CpuManagerConfig
 from .languages import ALL_LANGUAGES, Language
 
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"

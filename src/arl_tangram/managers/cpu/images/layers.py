@@ -31,33 +31,16 @@ import struct
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Any
+
+from .. import _linux
 
 MIN_LAYER_MB = 4  # ext4 needs a few hundred KiB of its own; below this the cap would be a lie
 
-# x86_64 and the unified syscall table (the new mount API, Linux 5.2+)
-_SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 430, 431, 432
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x2, 0x4
 _LOOP_CTL_GET_FREE, _LOOP_CONFIGURE = 0x4C82, 0x4C0A
 _LO_FLAGS_AUTOCLEAR, _LO_FLAGS_DIRECT_IO = 4, 16
-
-_libc: Any = None
-
-
-def syscall(nr: int, *args: Any) -> int:
-    """``syscall(nr, *args)`` through libc; OSError with the errno on failure."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-    r = int(_libc.syscall(ctypes.c_long(nr), *args))
-    if r < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return r
-
 
 def _loop_attach(path: str) -> int:
     """A free loop device backed by ``path`` (autoclear; direct I/O where the disk takes it, so
@@ -104,17 +87,17 @@ def _loop_configure(dev: int, backing: int) -> bool:
 
 def _fsmount_ext4(dev_fd: int) -> int:
     """The ext4 file system on loop device ``dev_fd``, mounted nowhere: a detached mount's fd."""
-    fs = syscall(_SYS_FSOPEN, b"ext4", ctypes.c_uint(_FSOPEN_CLOEXEC))
+    fs = _linux.syscall(_linux.SYS_FSOPEN, b"ext4", ctypes.c_uint(_FSOPEN_CLOEXEC))
     try:
-        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_STRING), b"source",
+        _linux.syscall(_linux.SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_STRING), b"source",
              f"/proc/self/fd/{dev_fd}".encode(), ctypes.c_int(0))
         # the file is sparse, so never-written inode tables already read as zeros: no need for
         # the kernel's background thread that would write them out
-        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_FLAG), b"noinit_itable",
+        _linux.syscall(_linux.SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_SET_FLAG), b"noinit_itable",
              None, ctypes.c_int(0))
-        syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
+        _linux.syscall(_linux.SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
              ctypes.c_int(0))
-        return syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
+        return _linux.syscall(_linux.SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
                     ctypes.c_uint(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV))
     finally:
         os.close(fs)

@@ -10,7 +10,7 @@ namespace) and the sandbox's minimal /dev, and pivots into it: the old root (the
 directories, the cache) is detached, and the fds are closed,
 so nothing of the host but what every sandbox sees (the kernel's /proc files) is reachable.
 Everything else stays as for every sandbox: the action's processes drop to the sandbox uid with
-no_new_privs and the syscall filter (`proc._child_setup`), in the same namespaces and cgroups.
+no_new_privs and the syscall filter (`child.setup`), in the same namespaces and cgroups.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import socket
 import time
 from typing import Any
 
-from . import _linux, proc
+from .. import _linux
+from . import child
 
 LAYER_DIR = "/sandbox/layer"  # the writable layer (upper + overlay work dir)
 ROOT_DIR = "/sandbox/root"  # where the image is mounted before the pivot
@@ -83,7 +84,7 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
                 os.unlink(f"{r}/{d}")
             os.mkdir(f"{r}/{d}", mode)
             os.chmod(f"{r}/{d}", mode)
-    wd = r + proc.WORKDIR
+    wd = r + child.WORKDIR
     if os.path.islink(wd) or (os.path.lexists(wd) and not os.path.isdir(wd)):
         os.unlink(wd)
     if not os.path.isdir(wd):

@@ -7,7 +7,7 @@ becomes the action itself and never serves another request. It answers each requ
 exactly one reply frame; after a one-shot action it kills every other process of its PID
 namespace before replying and exits right after, which ends the namespace (the manager also
 SIGKILLs it), so nothing the action started survives the reply. A "prepare" request forks the
-action's child in advance (`proc.prepare`), so an action costs a pipe hand-over, not a fork.
+action's child in advance (`prepared.prepare`), so an action costs a pipe hand-over, not a fork.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import signal
 import sys
 from typing import Any
 
-from . import _linux, imagebox, proc, session_worker, wire
-from .prepared import Prepared, _warm_child, prepare
+from .. import _linux, wire
+from . import child, imagebox, proc, session_worker
+from .prepared import Prepared, prepare, warm_child
 
 SANDBOX_DIR = "/sandbox"
-WORKDIR_SLASH = proc.WORKDIR + "/"
+WORKDIR_SLASH = child.WORKDIR + "/"
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
 
 
@@ -42,7 +43,7 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
         os.mkdir(path)
         os.chown(path, uid, gid)
         os.chmod(path, mode)
-    _linux.mount(f"{SANDBOX_DIR}/work", proc.WORKDIR, None, _linux.MS_BIND)
+    _linux.mount(f"{SANDBOX_DIR}/work", child.WORKDIR, None, _linux.MS_BIND)
     _linux.mount(f"{SANDBOX_DIR}/tmp", "/tmp", None, _linux.MS_BIND)
     _linux.mount("proc", "/proc", "proc", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC)
     _linux.sethostname(hostname)
@@ -56,8 +57,8 @@ def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
     sessions: dict[str, session_worker.Worker] = {}
     prepared: Prepared | None = None
     if first is None and cfg.get("direct") and cfg.get("warm_direct"):
-        _warm_child()  # at once, unasked: no "prepare" round trip for a direct sandbox
-    take = proc.FAST.direct_take if proc.FAST is not None and cfg.get("direct") else None
+        warm_child()  # at once, unasked: no "prepare" round trip for a direct sandbox
+    take = child.FAST.direct_take if child.FAST is not None and cfg.get("direct") else None
     while True:
         try:
             if first is not None:
@@ -118,24 +119,24 @@ def _run_direct(req: dict[str, Any]) -> None:
             os.lseek(fd_in, 0, os.SEEK_SET)
         else:
             fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        if proc.FAST is not None:  # the same steps as below, compiled
-            st = proc.FAST.direct_fds(fd_in)
-            proc._default_signals()
-            proc._fast_drop(limits)
+        if child.FAST is not None:  # the same steps as below, compiled
+            st = child.FAST.direct_fds(fd_in)
+            child.default_signals()
+            child.fast_drop(limits)
         else:
             dup, up = fcntl.fcntl, fcntl.F_DUPFD  # (moved up first; straight calls)
             ctl, fds = dup(3, up, 300), (dup(fd_in, up, 300), dup(4, up, 300), dup(5, up, 300))
             os.dup2(ctl, 3)
-            proc._child_detach(fds, keep=1)
+            child.detach(fds, keep=1)
             status = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 900)  # out of the code's way
             os.close(3)
-            proc._drop_privileges(limits)
+            child.drop_privileges(limits)
             st = (status, os.fstat(status).st_ino)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.write(2, f"sandbox: cannot start: {e}\n".encode())
         os._exit(127)
-    proc._exec_job(job, limits, st, framed=True)
+    child.exec_job(job, limits, st, framed=True)
 
 
 def _warm(cfg: dict[str, Any]) -> None:
@@ -166,7 +167,7 @@ def rehearse(cfg: dict[str, Any], times: int = 10) -> None:
     sample = {"op": "run", "direct": True, "lang": {"name": "python", "file": "main.py",
               "compile": None, "run": None, "inproc": True}, "code": "x = 1\n", "stdin": "",
               "files": {}, "fetch_files": [], "compile_timeout": 1.0, "run_timeout": 1.0,
-              "env": {"PATH": "/bin", "HOME": proc.WORKDIR}, "cases": None,
+              "env": {"PATH": "/bin", "HOME": child.WORKDIR}, "cases": None,
               "stop_on_first_failure": False,
               "limits": {"uid": cfg["uid"], "gid": cfg["gid"], "cpu_s": 1, "fsize": 1,
                          "nofile": 1, "output": 1, "cpus": 1.0}}
@@ -196,13 +197,13 @@ def _read_sample(frame: bytes) -> dict[str, Any]:
             os.close(w)
 
 
-def _base_limits(cfg: dict[str, Any]) -> proc.Limits:
-    return proc.Limits(uid=cfg["uid"], gid=cfg["gid"], cpu_s=1 << 24,
+def _base_limits(cfg: dict[str, Any]) -> child.Limits:
+    return child.Limits(uid=cfg["uid"], gid=cfg["gid"], cpu_s=1 << 24,
                        fsize=cfg["workdir_mb"] << 20, nofile=cfg["nofile"], output=0)
 
 
-def _limits(req: dict[str, Any]) -> proc.Limits:
-    return proc.Limits(**req["limits"])
+def _limits(req: dict[str, Any]) -> child.Limits:
+    return child.Limits(**req["limits"])
 
 
 def _write_main(path: str, code: str, uid: int, gid: int) -> None:
@@ -220,12 +221,12 @@ def _write_files(req: dict[str, Any], main_file: str, uid: int, gid: int) -> Non
     for rel, b64 in (req.get("files") or {}).items():
         files[rel] = base64.b64decode(b64)
     for rel, data in files.items():
-        path = os.path.join(proc.WORKDIR, rel)
+        path = os.path.join(child.WORKDIR, rel)
         parent = os.path.dirname(path)
         if not os.path.isdir(parent):
             os.makedirs(parent, exist_ok=True)
             d = parent
-            while d != proc.WORKDIR:
+            while d != child.WORKDIR:
                 os.chown(d, uid, gid)
                 d = os.path.dirname(d)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -255,7 +256,7 @@ def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
     env = req["env"]
     reply: dict[str, Any] = {"compile_result": None, "run_result": None, "cases": None}
     if lang.get("compile"):
-        job = proc.Job(argv=_argv(lang["compile"], main_file), env=env,
+        job = child.Job(argv=_argv(lang["compile"], main_file), env=env,
                        timeout=req["compile_timeout"])
         proc.Driver(limits, prepared=prepared).run([job])
         prepared = None
@@ -275,19 +276,19 @@ def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
 
 
 def _job(req: dict[str, Any], lang: dict[str, Any], main_file: str, stdin: str,
-         assert_src: str | None) -> proc.Job:
+         assert_src: str | None) -> child.Job:
     env, timeout = req["env"], req["run_timeout"]
     if lang.get("inproc"):
-        srcs = [(req["code"], f"{proc.WORKDIR}/{main_file}")]
+        srcs = [(req["code"], f"{child.WORKDIR}/{main_file}")]
         if assert_src is not None:
             srcs.append((assert_src, "<test>"))
-        return proc.Job(python=srcs, stdin=stdin.encode(), env=env, timeout=timeout)
-    return proc.Job(argv=_argv(lang["run"], main_file), stdin=stdin.encode(), env=env,
+        return child.Job(python=srcs, stdin=stdin.encode(), env=env, timeout=timeout)
+    return child.Job(argv=_argv(lang["run"], main_file), stdin=stdin.encode(), env=env,
                     timeout=timeout)
 
 
 def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
-               limits: proc.Limits, prepared: Prepared | None) -> list[dict[str, Any]]:
+               limits: child.Limits, prepared: Prepared | None) -> list[dict[str, Any]]:
     cases = req["cases"]
     jobs = [_job(req, lang, main_file, c.get("stdin") or "", c.get("assert")) for c in cases]
     expected = [c.get("expected_stdout") for c in cases]
@@ -317,9 +318,9 @@ def _norm(s: str) -> str:
 def _fetch(paths: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for rel in paths:
-        path = os.path.join(proc.WORKDIR, rel)
+        path = os.path.join(child.WORKDIR, rel)
         real = os.path.realpath(path)
-        if not real.startswith(proc.WORKDIR + "/"):
+        if not real.startswith(child.WORKDIR + "/"):
             continue
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

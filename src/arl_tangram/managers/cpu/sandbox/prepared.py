@@ -3,7 +3,7 @@
 Invariant: a prepared child runs only our code until its job arrives; it waits as uid 0 of the
 sandbox (so a warm sandbox holds no process of the sandbox uid), and before any of the job's code
 runs it applies the job's rlimits, drops to the sandbox uid/gid and sets no_new_privs (see
-`proc._final_drop`). What it can do in advance (fork, session, fds, OOM score, job-independent
+`child.final_drop`). What it can do in advance (fork, session, fds, OOM score, job-independent
 rlimits, groups, gid, and the copy-on-write faults of compiling and running Python) it does while
 the sandbox is warm, off the action's critical path.
 """
@@ -22,15 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .proc import (
-    Job,
-    Limits,
-    _child_detach,
-    _exec_job,
-    _final_drop,
-    _killpg,
-    _pre_drop,
-)
+from . import child
+from .child import Job, Limits
 
 
 @dataclass(slots=True)
@@ -48,7 +41,7 @@ class Prepared:
 
 
 def prepare(limits: Limits) -> Prepared:
-    """Fork a child that does the costly part of `_child_setup` now and waits for a job on fd 3.
+    """Fork a child that does the costly part of `child.setup` now and waits for a job on fd 3.
 
     It waits as root of the sandbox (only our code runs in it until then), so a warm sandbox has
     no process of the sandbox uid; when the job arrives it applies the job's rlimits and drops to
@@ -64,13 +57,13 @@ def prepare(limits: Limits) -> Prepared:
         try:
             hi = [fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (ctl_r, in_r, out_w, err_w)]
             os.dup2(hi[0], 3)
-            _child_detach((hi[1], hi[2], hi[3]), keep=1)
-            _pre_drop(limits)
-            _warm_child()
+            child.detach((hi[1], hi[2], hi[3]), keep=1)
+            child.pre_drop(limits)
+            warm_child()
             job, lim, status = _read_job(3, limits)
         except BaseException:
             os._exit(0)  # unused (the sandbox went away) or broken: the init falls back to fork
-        _exec_job(job, lim, status)
+        child.exec_job(job, lim, status)
     for fd in (ctl_r, in_r, out_w, err_w):
         os.close(fd)
     for fd in (out_r, err_r):  # room for a whole typical output: no wake-up per write
@@ -79,7 +72,7 @@ def prepare(limits: Limits) -> Prepared:
     return Prepared(pid, ctl_w, (in_w, out_r, err_r))
 
 
-def _warm_child() -> None:
+def warm_child() -> None:
     """Take now, while idle, the copy-on-write faults the job's path would take (compiling and
     running code, reading the job), so that the action itself pays only for its own code."""
     glb: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -101,7 +94,7 @@ def _read_job(fd: int, base: Limits) -> tuple[Job, Limits, tuple[int, int]]:
     if (lim.fsize, lim.nofile) != (base.fsize, base.nofile):
         resource.setrlimit(resource.RLIMIT_FSIZE, (lim.fsize, lim.fsize))
         resource.setrlimit(resource.RLIMIT_NOFILE, (lim.nofile, lim.nofile))
-    _final_drop(lim)
+    child.final_drop(lim)
     job = Job(argv=msg["argv"], python=msg["python"], env=msg["env"])
     return job, lim, (status, os.fstat(status).st_ino)
 
@@ -128,7 +121,7 @@ def _hand_over(job: Job, limits: Limits, prep: Prepared) -> tuple[int, ...] | No
         while view:  # the child reads it whole before running anything
             view = view[os.write(prep.ctl, view):]
     except OSError:
-        _killpg(prep.pid)
+        child.killpg(prep.pid)
         for fd in (prep.ctl, *prep.fds):
             os.close(fd)
         return None

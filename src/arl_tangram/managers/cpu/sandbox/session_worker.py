@@ -24,7 +24,8 @@ import time
 import traceback
 from typing import Any
 
-from . import imagebox, proc, wire
+from .. import wire
+from . import child, imagebox
 
 # The environment that tells code its cores (`payload.env_for`); set again, in a session, for
 # each action whose cores differ from the last one's.
@@ -39,7 +40,7 @@ _BASH_PRELUDE = (
 def _python_loop() -> None:
     """The Python worker: exec each request in one persistent namespace; echo a last expression."""
     glb: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    sys.path[0:1] = [proc.WORKDIR]
+    sys.path[0:1] = [child.WORKDIR]
     while True:
         try:
             req = wire.read_frame_fd(3)
@@ -77,7 +78,7 @@ def _show_cpus(n: int, env: dict[str, str]) -> None:
 class Worker:
     """One persistent child and the pipes to it."""
 
-    def __init__(self, lang: str, limits: proc.Limits, env: dict[str, str]) -> None:
+    def __init__(self, lang: str, limits: child.Limits, env: dict[str, str]) -> None:
         self.lang = lang
         self.shown: tuple[int, dict[str, str]] | None = None  # the cores its code was last shown
         self._show: tuple[int, dict[str, str]] | None = None  # ... and to show with the next send
@@ -98,19 +99,19 @@ class Worker:
             os.write(self.ctl, _BASH_PRELUDE.encode())
 
     @staticmethod
-    def _child(lang: str, limits: proc.Limits, env: dict[str, str], hi: list[int],
+    def _child(lang: str, limits: child.Limits, env: dict[str, str], hi: list[int],
                out_w: int, err_w: int) -> None:
         try:
             out_w, err_w = (fcntl.fcntl(fd, fcntl.F_DUPFD, 300) for fd in (out_w, err_w))
             if lang == "bash":
                 os.dup2(hi[0], 0)
                 os.dup2(hi[1], 3)
-                proc._child_setup(limits, (0, out_w, err_w), keep=1)
+                child.setup(limits, (0, out_w, err_w), keep=1)
                 os.execve("/bin/bash", ["/bin/bash", "--noprofile", "--norc"], env)
             null = os.open("/dev/null", os.O_RDONLY)
             os.dup2(hi[0], 3)
             os.dup2(hi[1], 4)
-            proc._child_setup(limits, (null, out_w, err_w), keep=2)
+            child.setup(limits, (null, out_w, err_w), keep=2)
             if imagebox.python:  # in an image: its own python3 runs the same loop
                 os.execve(imagebox.python, [imagebox.python, "-u", "-c", imagebox.PYTHON_LOOP],
                           env)
@@ -146,7 +147,7 @@ class Worker:
             view = view[os.write(self.ctl, view):]
 
     def kill(self) -> None:
-        proc._killpg(self.pid)
+        child.killpg(self.pid)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
         for fd in (self.ctl, self.done, self.out, self.err):

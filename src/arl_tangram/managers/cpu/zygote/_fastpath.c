@@ -6,13 +6,13 @@
  *   fork_all     zygote._fork_all's loop of forks; each child then runs init_setup and, for a
  *                direct sandbox that does not warm, direct_take (sandbox.serve's first step)
  *   init_setup   zygote._init + sandbox.become   (a new sandbox init, right after its fork)
- *   detach       proc._child_detach, fds and session part (signals stay in Python)
+ *   detach       child.detach, fds and session part (signals stay in Python)
  *   direct_fds   sandbox._run_direct's fd juggling + detach; returns (status fd, its inode)
- *   drop         the OOM score and cwd of _child_detach, then proc._pre_drop + proc._final_drop
+ *   drop         the OOM score and cwd of detach, then child.pre_drop + child.final_drop
  *                (rlimits, no groups, gid, cgroup namespace, uid, no_new_privs, seccomp filter)
  *   direct_take  the next request; a compact direct one (wire.encode_direct) is taken through
  *                sandbox._run_direct's steps (file, stdin, fds, drop), then its code is run as
- *                proc._exec_job + proc._child_python run a Python job (`run_python`: through
+ *                child.exec_job + child.exec_python run a Python job (`run_python`: through
  *                the C API, none of our Python code between the fork and the action's); it
  *                never comes back. Needs `configure` (the fork server, once).
  * Why: a fresh fork of the fork server copies every page it writes (copy-on-write); Python
@@ -197,7 +197,7 @@ static PyObject *direct_fds(PyObject *self, PyObject *args) {
 }
 
 /* drop(workdir, oom_adj, fsize, nofile, gid, cpu_s, uid, filter): the OOM score (best effort),
- * cwd, then _pre_drop and _final_drop: no core, file size, open files, no groups, the gid,
+ * cwd, then pre_drop and final_drop: no core, file size, open files, no groups, the gid,
  * parent-death signal, CPU seconds, a cgroup namespace, the uid, parent-death signal again,
  * no_new_privs, and last the seccomp program (raw BPF; None: no filter). */
 static const char *drop_c(const char *workdir, const char *oom, long long fsize,
@@ -291,7 +291,7 @@ static void cannot_start(const char *what) {  /* like `_run_direct`: report, exi
 
 /* What `direct_take` and `run_python` need, set once by the fork server (`configure`): the
  * signal module's own `signal` function and the signals whose disposition a job's process
- * resets (`proc._default_signals`), `proc._code_failed` (exit code and printing of code that
+ * resets (`child.default_signals`), `child.code_failed` (exit code and printing of code that
  * raised), the work directory with its slash ("/workdir/"), the syscall filter (raw BPF, or
  * None: none). Forks inherit them; reading them writes nothing. */
 static PyObject *signal_fn, *default_signals, *code_failed, *workdir_slash, *filter;
@@ -315,7 +315,7 @@ static PyObject *cpu_count_fn(PyObject *n, PyObject *unused) { return Py_NewRef(
 static PyMethodDef cpu_count_def = {"cpu_count", cpu_count_fn, METH_NOARGS,
                                     "the CPUs allotted to this action"};
 
-/* The exit code of the failure now raised (cleared), from `proc._code_failed(exc, tb)`, which
+/* The exit code of the failure now raised (cleared), from `child.code_failed(exc, tb)`, which
  * prints it as the interpreter would; the traceback is the code's own (no frame of ours). */
 static int failed_rc(void) {
     PyObject *type, *value, *tb;
@@ -354,7 +354,7 @@ static int call_loaded(const char *mod, const char *name, int *truth) {
 }
 
 /* run_python: a compact direct action's code, in this process (set up and unprivileged by now),
- * as proc._default_signals + proc._exec_job + proc._child_python do it for that job on the
+ * as child.default_signals + child.exec_job + child.exec_python do it for that job on the
  * Python path (sandbox._run_direct; same steps, same order: a change there must be made here
  * too): the signals' dispositions through
  * Python's own table, os.cpu_count, sys.path[0], sys.argv, the globals, compile + exec, then
@@ -411,7 +411,7 @@ static void run_python(PyObject *code, PyObject *filename, int status, unsigned 
         rc = failed_rc();
     }
     Py_DECREF(glb);
-    /* what interpreter shutdown does, only where the code set it up (see proc._exec_job) */
+    /* what interpreter shutdown does, only where the code set it up (see child.exec_job) */
     int more = 0;
     if (call_loaded("threading", "_shutdown", NULL) == 0
         && call_loaded("atexit", "_ncallbacks", &more) == 0 && more)
@@ -436,7 +436,7 @@ static void run_python(PyObject *code, PyObject *filename, int status, unsigned 
         write_all(status, frame, (size_t)len + 4);
     }
     _exit(rc);
-broken:  /* (our own step failed, not the code: like proc._exec_job, report and exit) */
+broken:  /* (our own step failed, not the code: like child.exec_job, report and exit) */
     PyErr_Clear();
     char msg[128];
     int m = snprintf(msg, sizeof msg, "sandbox: cannot start: %s\n", what);

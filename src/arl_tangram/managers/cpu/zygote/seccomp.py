@@ -9,7 +9,7 @@ The program is built once, in the fork server (`build`), by libseccomp (Debian `
 ``libseccomp.so.2``; no Python binding is needed: Debian's ``python3-seccomp`` is built for the
 system Python, not for the interpreter the service runs) and exported as raw BPF; each sandbox
 installs it with a single ``prctl(PR_SET_SECCOMP)`` as the last step of its privilege drop
-(`proc._final_drop`), after the namespace and mount set-up that needs some of these calls, and
+(`child.final_drop`), after the namespace and mount set-up that needs some of these calls, and
 before any of the action's code runs. Reference: docs/sandbox.md, "Syscall filter".
 """
 

@@ -1,6 +1,6 @@
 """The fork server: builds the sandbox's view of the system once, then forks sandboxes cheaply.
 
-Run as ``python -P -m arl_tangram.managers.cpu.zygote FD`` by the manager (as root), in ``/``;
+Run as ``python -P -m arl_tangram.managers.cpu.zygote.server FD`` by the manager (as root), in ``/``;
 its configuration comes as the first message on the control socket FD (`_receive_config`).
 Invariant: the zygote lives in a private mount namespace whose root is a read-only tmpfs holding
 read-only, nosuid bind mounts of the system directories (nothing of /root, /home, the project or
@@ -27,7 +27,9 @@ import traceback
 import types
 from typing import Any
 
-from . import _linux, prepared, proc, sandbox, seccomp, wire
+from .. import _linux, wire
+from ..sandbox import child, init, prepared, proc
+from . import seccomp
 
 _RO = _linux.MS_BIND | _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV
 _MASK_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
@@ -232,7 +234,7 @@ def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
 def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int | Exception]:
     """Fork one sandbox init per kit: its host pid, or the error. Nothing but the forks and
     the namespace switches runs in this loop (see `spawn`)."""
-    if proc.FAST is not None:  # the same loop, compiled: no Python between two forks; each
+    if child.FAST is not None:  # the same loop, compiled: no Python between two forks; each
         # child also makes `_init`'s set-up there, from arguments made here, before the forks,
         # and a direct sandbox that does not warm also reads its first request (`serve`'s
         # first step; a compact one runs there)
@@ -240,7 +242,7 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
                    cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname_b"], b"/sandbox",
                    b"/workdir") for _, theirs, pipes, net, cg in kits]
         take = bool(cfg.get("direct")) and not cfg.get("warm_direct")
-        got = proc.FAST.fork_all(len(kits), ns.home_pid, setups, take)
+        got = child.FAST.fork_all(len(kits), ns.home_pid, setups, take)
         if type(got) is not list:  # in a child, set up: its index, or its first request
             _init_serve(cfg, got if type(got) is bytes else None)
         return list(got)
@@ -290,7 +292,7 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
             os.dup2(out_w, 4)
             os.dup2(err_w, 5)
         os.closerange(6 if pipes else 4, 1 << 16)  # the control socket, namespace fds
-        sandbox.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
+        init.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
     except BaseException:
         traceback.print_exc()
         os._exit(1)
@@ -298,10 +300,10 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
 
 
 def _init_serve(cfg: dict[str, Any], first: bytes | None = None) -> None:
-    """(A sandbox init, set up.) Serve the manager on fd 3 (`sandbox.serve`), ``first`` the
+    """(A sandbox init, set up.) Serve the manager on fd 3 (`init.serve`), ``first`` the
     body of a first request already read; never returns."""
     try:
-        sandbox.serve(3, cfg, first)
+        init.serve(3, cfg, first)
     except BaseException:
         traceback.print_exc()
     os._exit(1)
@@ -425,31 +427,31 @@ def main() -> None:
         build_root(cfg["root"], cfg["ro_paths"], cfg.get("hidden_paths") or ())
         if cfg.get("syscall_filter", True):
             try:
-                proc.FILTER = seccomp.build_apart()  # (in a child: see there)
-                hello["filter"] = list(proc.FILTER.denied)
+                child.FILTER = seccomp.build_apart()  # (in a child: see there)
+                hello["filter"] = list(child.FILTER.denied)
             except OSError as e:
                 hello["filter_error"] = str(e)
         cfg["hostname_b"] = cfg["hostname"].encode()
         if cfg.get("compiled_setup", True):
-            proc.FAST = _compiled()
-        if proc.FAST is not None:  # what its compact direct path (`direct_take`) needs
-            proc.FAST.configure(_linux.raw_signal.signal, _linux.CHILD_DEFAULT_SIGNALS,
-                                proc._code_failed, sandbox.WORKDIR_SLASH.encode(),
-                                proc.filter_bpf())
-        hello["compiled_setup"] = proc.FAST is not None
+            child.FAST = _compiled()
+        if child.FAST is not None:  # what its compact direct path (`direct_take`) needs
+            child.FAST.configure(_linux.raw_signal.signal, _linux.CHILD_DEFAULT_SIGNALS,
+                                child.code_failed, init.WORKDIR_SLASH.encode(),
+                                child.filter_bpf())
+        hello["compiled_setup"] = child.FAST is not None
         hello["cgroup_join"] = bool(cfg["cg_dirs"])
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
-            proc.set_base_env(cfg["env"])
+            child.set_base_env(cfg["env"])
         _preload(cfg["preload"])
         if cfg.get("direct"):
-            sandbox.rehearse(cfg)
+            init.rehearse(cfg)
         gc.collect()
         gc.freeze()  # forked children do not touch (copy) the preloaded objects' pages for GC
         if cfg.get("share_code_ptes"):
             _linux.share_file_ptes()
         enter_root(cfg["root"])
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
-        warm_type_cache((sys.modules[__name__], sandbox, proc, _linux, wire, prepared))
+        warm_type_cache((sys.modules[__name__], init, proc, child, _linux, wire, prepared))
     except BaseException as e:
         hello = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     ctl.send(wire.encode(hello)[4:])
@@ -475,7 +477,7 @@ def _reap(ns: Namespaces, ctl: socket.socket) -> None:
 
 
 # The fork server's SIGCHLD handler (`_serve`), also held here: a sandbox that resets SIGCHLD
-# (`proc._default_signals`) then only drops a reference to it, instead of freeing the function
+# (`child.default_signals`) then only drops a reference to it, instead of freeing the function
 # and its closure (a few copy-on-write page faults in every sandbox).
 _on_sigchld: Any = None
 
