@@ -17,7 +17,6 @@ from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.core.core import Core, CoreConfig
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu.images import imagekit
-from arl_tangram.runtime import images as rt
 from arl_tangram.runtime.engine import Engine, EngineConfig
 from arl_tangram.runtime.ray_agent import make_node_host
 from arl_tangram.runtime.ray_executor import RayExecutor, RayExecutorConfig
@@ -50,10 +49,10 @@ async def test_image_imported_on_first_use_and_sessions_follow_it(ray_cluster, t
     await eng.start()
     try:
         assert len(eng.nodes) >= 2
-        got = await rt.import_image(ex, tar, "raymini")  # lazy: every node checks the path
+        got = await ex.import_image(tar, "raymini")  # lazy: every node checks the path
         assert got["lazy"] and set(got["nodes"]) == set(eng.nodes)
         assert not any(v["held"] for v in got["nodes"].values())
-        assert rt.has_image(ex, "raymini") is True
+        assert ex.has_image("raymini") is True
         assert not warm_on(eng, "image:raymini")
         s1 = await eng.open_session("ray-img-1", image="raymini")
         r1 = await eng.run(bash("r1", "cat /etc/os-release", s1))
@@ -72,17 +71,17 @@ async def test_image_imported_on_first_use_and_sessions_follow_it(ray_cluster, t
         assert r3.node != first
         await wait_until(lambda: any(n.get("images") for n in ex.node_info().values()), 10,
                          "node info with images")
-        listed = rt.list_images(ex)
+        listed = ex.list_images()
         assert [i["name"] for i in listed["nodes"][first]] == ["raymini"]
         assert listed["sources"] == {"raymini": tar}
         for s in (s1, s2, s3):
             await eng.close_session(s)
         await wait_until(lambda: [i["in_use"] for i in ex.node_info()[first].get("images", [])] == [0],
                          10, "the sessions closed on the node")
-        out = await rt.remove_image(ex, "raymini")
+        out = await ex.remove_image("raymini")
         assert out["removed"] == [first]
         await wait_until(lambda: not warm_on(eng, "image:raymini"), 10, "the removal reported")
-        await wait_until(lambda: rt.has_image(ex, "raymini") is False, 10, "node info refreshed")
+        await wait_until(lambda: ex.has_image("raymini") is False, 10, "node info refreshed")
     finally:
         await eng.aclose()
 
@@ -105,6 +104,6 @@ async def test_eager_images_are_imported_when_agents_start(ray_cluster, tmp_path
         await eng.close_session(s)
         await wait_until(lambda: [i["in_use"] for i in ex.node_info()[r.node].get("images", [])] == [0],
                          10, "the session closed on the node")
-        await rt.remove_image(ex, "rayeager")
+        await ex.remove_image("rayeager")
     finally:
         await eng.aclose()

@@ -13,7 +13,6 @@ import pytest
 from arl_tangram.core.actions import ActionKind, ActionSpec, Status
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu.images import imagekit
-from arl_tangram.runtime import images as rt
 from arl_tangram.runtime.config import NodeConfig
 from arl_tangram.runtime.engine import Engine
 from arl_tangram.runtime.local import LocalExecutor
@@ -43,7 +42,7 @@ async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(
     # n2 has twice the CPU: the plain spread opens sessions there
     ex = LocalExecutor([_node("n1", tmp_path, 2), _node("n2", tmp_path, 4)])
     async with Engine(ex) as eng:
-        await rt.import_image(ex, image_tar, "mini", node="n1")
+        await ex.import_image(image_tar, "mini", node="n1")
         await eng.run(bash("warm-up", "true"))  # (the warm report has reached the core)
         assert eng.cluster()["nodes"][0]["warm"].get("image:mini") == 1
         plain = await eng.open_session("plain")
@@ -74,8 +73,8 @@ async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(
         for s in ("plain", "img", "img2"):
             await eng.close_session(s)
         await eng.run(bash("settle", "true"))
-        out = await rt.remove_image(ex, "mini")
+        out = await ex.remove_image("mini")
         assert sorted(out["removed"]) == ["n1", "n2"]
-        await rt.remove_image(ex, "mini2")
+        await ex.remove_image("mini2")
         await eng.run(bash("settle2", "true"))
         assert all(n["warm"].get("image:mini") == 0 for n in eng.cluster()["nodes"])

@@ -16,8 +16,9 @@ from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from ..managers.cpu.images.store import ImageError, ImageInUse
-from ..runtime import images as rt
+from ..core.errors import ImageError, ImageInUse
+from ..runtime.engine import Engine
+from ..runtime.images import ImagesUnsupported
 
 
 class ImageIn(BaseModel):
@@ -33,38 +34,35 @@ def _err(status: int, detail: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def install(app: FastAPI, engine: Any) -> None:
-    def executor() -> Any:
-        return engine._executor
-
+def install(app: FastAPI, engine: Engine) -> None:
     @app.post("/v1/images", tags=["images"], status_code=201)
     async def import_image(body: ImageIn) -> Response:
         if not body.path.startswith("/"):
             return _err(400, "path: must be an absolute path on the node", "path")
         try:
-            out = await rt.import_image(executor(), body.path, body.name, body.node)
+            out = await engine.import_image(body.path, body.name, body.node)
         except ImageInUse as e:
             return _err(409, f"name: {e}", "name")
         except ImageError as e:
             return _err(400, f"path: {e}", "path")
-        except rt.ImagesUnsupported as e:
+        except ImagesUnsupported as e:
             return _err(501, str(e))
         return JSONResponse(out, status_code=201)
 
     @app.get("/v1/images", tags=["images"])
     async def list_images(node: str | None = Query(None)) -> Response:
         try:
-            return JSONResponse(rt.list_images(executor(), node))
-        except rt.ImagesUnsupported as e:
+            return JSONResponse(engine.list_images(node))
+        except ImagesUnsupported as e:
             return _err(501, str(e))
 
     @app.delete("/v1/images/{name}", tags=["images"])
     async def remove_image(name: str, node: str | None = Query(None)) -> Response:
         try:
-            return JSONResponse(await rt.remove_image(executor(), name, node))
+            return JSONResponse(await engine.remove_image(name, node))
         except ImageInUse as e:
             return _err(409, str(e), "name")
         except ImageError as e:
             return _err(404 if "no image" in str(e) else 400, str(e), "name")
-        except rt.ImagesUnsupported as e:
+        except ImagesUnsupported as e:
             return _err(501, str(e))

@@ -11,6 +11,8 @@ import ipaddress
 import json
 from typing import Any
 
+from ..core.errors import TangramError
+
 Scope = dict[str, Any]
 OPEN_PATHS = frozenset({"/", "/v1/ping", "/favicon.ico"})  # no data behind them
 
@@ -80,7 +82,9 @@ class GuardMiddleware:
         return wrapped
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(TangramError):
+    """A request body is larger than the service's limit (413)."""
+
     def __init__(self, limit: int) -> None:
         super().__init__(f"body: larger than {limit} bytes")
 

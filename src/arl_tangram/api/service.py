@@ -118,12 +118,9 @@ class Service:
             demand = Resources(body.demand) if body.demand is not None else None
         except ValueError as exc:
             raise InvalidAction("demand", str(exc)) from None
-        if body.image is not None:
-            from ..runtime.images import has_image
-
-            if has_image(self.engine._executor, body.image) is False:
-                raise InvalidAction("image", f"no image {body.image!r} on any node "
-                                    "(POST /v1/images imports one)")
+        if body.image is not None and self.engine.has_image(body.image) is False:
+            raise InvalidAction("image", f"no image {body.image!r} on any node "
+                                "(POST /v1/images imports one)")
         sid = await self.engine.open_session(body.session_id, demand=demand, ttl_s=body.ttl_s,
                                              node=body.node, image=body.image,
                                              layer_mb=body.layer_mb)

@@ -6,8 +6,22 @@
     ├── IllegalTransition         the core was asked to move an action along an edge that does
     │                             not exist; carries the action's story
     ├── ClosedError               you closed it (engine, client, session) and then used it
-    └── BrokenError               it broke under you (a sandbox, a model, a node died)
-        └── IsolationUnavailable  the sandbox cannot get an isolation feature it must have
+    ├── BrokenError               it broke under you (a sandbox, a model, a node died)
+    │   └── IsolationUnavailable  the sandbox cannot get an isolation feature it must have
+    ├── ImageError                an image cannot be imported, found or removed (says why)
+    │   └── ImageInUse            ... because sessions or actions use it
+    ├── LayerError*               a session's writable layer cannot be made (managers/cpu/images/layers.py)
+    ├── ImagesUnsupported*        the executor's nodes keep no image cache reachable (runtime/images.py)
+    ├── Overloaded*               the engine's queue is full: retry later (runtime/engine.py)
+    ├── UnknownAction*            no action has this id (runtime/engine.py; also a KeyError)
+    ├── Shed*                     an overloaded /run_code, answered 504 (api/service.py)
+    └── BodyTooLarge*             a request body over the limit, answered 413 (api/middleware.py)
+
+    * defined where it is raised, in the layer that raises it; the rest here.
+
+The HTTP status of each (api/app.py `_ERRORS`) is looked up along the class's MRO; a class
+without an entry of its own or of a base in that table is a 500 (only ImageError, ImageInUse and
+ImagesUnsupported have statuses of their own, given by the image routes: api/images.py).
 """
 
 from __future__ import annotations
@@ -53,3 +67,11 @@ class BrokenError(TangramError, RuntimeError):
 
 class IsolationUnavailable(BrokenError):
     """A required sandbox isolation feature is not available on this machine."""
+
+
+class ImageError(TangramError):
+    """An image cannot be imported, found or removed; the message says why."""
+
+
+class ImageInUse(ImageError):
+    """An image cannot be removed while sessions or actions use it."""

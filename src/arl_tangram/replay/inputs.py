@@ -67,9 +67,9 @@ def check_against(cluster: ClusterSpec, trajectories: Sequence[Trajectory], file
 
 def _image_entry(name: Any, path: Any, source: str, line: int | None, where: str,
                  ) -> tuple[str, str]:
-    from ..managers.cpu.images.store import NAME_RE
+    from ..core.images import valid_name
 
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not valid_name(name):
         raise SpecError(source, line, f"{where}.name", f"must be an image name, got {name!r}")
     if not isinstance(path, str) or not os.path.isabs(path):
         raise SpecError(source, line, f"{where}.path", f"must be an absolute path, got {path!r}")

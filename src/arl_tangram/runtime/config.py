@@ -32,6 +32,7 @@ from typing import Any
 
 from ..core.cluster import ModelSpec
 from ..core.errors import SpecError
+from ..core.images import valid_name
 from ..core.resources import Resources
 from ..specfile import read_yaml
 
@@ -226,8 +227,6 @@ class _Parser:
             raise self.fail(raw, f, str(exc)) from None
 
     def images(self, raw: Any, parent: Any) -> tuple[tuple[str, str], ...]:
-        from ..managers.cpu.images.store import NAME_RE
-
         if raw is None:
             return ()
         if not isinstance(raw, list):
@@ -239,7 +238,7 @@ class _Parser:
             if not isinstance(eager, bool):
                 raise self.fail(r, f"images[{i}].eager", f"must be true or false, got {eager!r}")
             name, path = d.get("name"), d.get("path")
-            if not isinstance(name, str) or not NAME_RE.match(name):
+            if not valid_name(name):
                 raise self.fail(r, f"images[{i}].name", f"must be an image name, got {name!r}")
             if not isinstance(path, str) or not os.path.isabs(path):
                 raise self.fail(r, f"images[{i}].path", f"must be an absolute path, got {path!r}")

@@ -29,6 +29,7 @@ from ..core import events as E
 from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.errors import ClosedError, InvalidAction, TangramError
+from ..core.images import warm_key
 from ..core.resources import Resources
 from .clock import Clock, MonotonicClock
 from .executor import Executor
@@ -460,7 +461,7 @@ class Engine:
         if image is not None:
             self._session_images[sid] = (image, layer_mb)
         # a node already holding the image is preferred (it reports "image:NAME" warm)
-        wkey = f"image:{image}" if image is not None else None
+        wkey = warm_key(image) if image is not None else None
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))
         return sid
 
@@ -477,6 +478,20 @@ class Engine:
         return session_id in self._sessions
 
     # ---- views -----------------------------------------------------------------------------
+
+    # ---- environment images: the executor's nodes (see `Executor.import_image`) ----------------
+
+    async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        return await self._executor.import_image(path, name, node)
+
+    def list_images(self, node: str | None = None) -> dict[str, Any]:
+        return self._executor.list_images(node)
+
+    async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
+        return await self._executor.remove_image(name, node)
+
+    def has_image(self, name: str) -> bool | None:
+        return self._executor.has_image(name)
 
     def cluster(self) -> dict[str, Any]:
         """Nodes with capacity, use, warm pools and resident models (JSON-ready)."""

@@ -8,6 +8,10 @@ A node it can no longer reach is reported as NodeLost; a node that joins as Node
 Implementations: `LocalExecutor` (this machine's managers, in-process) and `RayExecutor`
 (one long-lived NodeAgent actor per Ray node). Both host a `NodeHost` per node, so the code
 that runs an action is the same in both.
+
+Environment images (issue 17) are operations of the seam too (`import_image`, `list_images`,
+`remove_image`, `has_image`): an executor whose nodes keep no image cache reachable from here
+keeps the defaults, which raise `ImagesUnsupported` (``has_image``: None, "cannot tell").
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..core.actions import Status
 from ..core.cluster import NodeSpec
 from ..core.commands import Command
 from ..core.events import Event
+from .images import ImagesUnsupported
 
 Emit = Callable[[Event], None]  # called on the engine's event loop thread
 
@@ -45,6 +50,33 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Stop everything; actions still running end as CANCELLED through emit."""
+
+    # ---- environment images ------------------------------------------------------------------
+
+    async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        """Import ``path`` (read on the node) as ``name`` on every node, or on ``node``:
+        ``{"name", "nodes": {node: record}}`` (lazy executors: ``"lazy": True``, each node
+        imports on first use). ImageError on a bad archive or name; InvalidAction on an
+        unknown node."""
+        raise self._no_images()
+
+    def list_images(self, node: str | None = None) -> dict[str, Any]:
+        """``{"nodes": {node: [record with "in_use", ...]}}``, of every node or of ``node``."""
+        raise self._no_images()
+
+    async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
+        """Remove ``name`` wherever it is held (or on ``node``): ``{"name", "removed": [node]}``.
+        ImageInUse (nothing removed anywhere) while any node uses it; ImageError when no node
+        has it."""
+        raise self._no_images()
+
+    def has_image(self, name: str) -> bool | None:
+        """Whether some node holds ``name`` (or can import it on first use); None: this
+        executor cannot tell."""
+        return None
+
+    def _no_images(self) -> ImagesUnsupported:
+        return ImagesUnsupported("this executor's nodes keep no image cache reachable from here")
 
 
 def unknown_node_events(cmd: Command) -> list[Event]:

@@ -13,8 +13,10 @@ from typing import Any
 
 from ..core import commands as C
 from ..core.cluster import ModelSpec, NodeSpec
+from ..core.errors import ImageError, InvalidAction
 from .config import NodeConfig, ServiceConfig
 from .executor import Emit, Executor, unknown_node_events
+from .images import ImagesUnsupported, in_use
 from .node import NodeHost
 
 
@@ -59,11 +61,9 @@ class LocalExecutor(Executor):
         specs = await asyncio.gather(*(h.start() for h in hosts))
         self.hosts = {h.name: h for h in hosts}
         if self._images:  # the service YAML's images: on every node, before any session
-            from .images import import_image
-
             for name, path in self._images:
                 try:
-                    await import_image(self, path, name)
+                    await self.import_image(path, name)
                 except Exception as exc:
                     await self.aclose()
                     raise ValueError(f"images: {name} ({path}): {exc}") from None
@@ -84,6 +84,42 @@ class LocalExecutor(Executor):
 
     def node_info(self) -> dict[str, dict[str, Any]]:
         return {name: h.info() for name, h in self.hosts.items()}
+
+    # ---- environment images: every node's cache, at once -------------------------------------
+
+    def _image_hosts(self, node: str | None) -> list[NodeHost]:
+        if node is None:
+            return list(self.hosts.values())
+        if node not in self.hosts:
+            raise InvalidAction("node", f"unknown node {node!r}")
+        return [self.hosts[node]]
+
+    async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        out = {}
+        for h in self._image_hosts(node):
+            out[h.name] = (await h.import_image(path, name)).to_dict()
+        return {"name": name, "nodes": out}
+
+    def list_images(self, node: str | None = None) -> dict[str, Any]:
+        return {"nodes": {h.name: h.list_images() for h in self._image_hosts(node)}}
+
+    async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
+        hosts = [h for h in self._image_hosts(node) if h.has_image(name)]
+        if not hosts:
+            raise ImageError(f"no image {name!r}")
+        for h in hosts:  # refuse before touching any node
+            n = h.image_users(name)
+            if n:
+                raise in_use(name, n, h.name)
+        for h in hosts:
+            await asyncio.to_thread(h.remove_image, name)
+        return {"name": name, "removed": [h.name for h in hosts]}
+
+    def has_image(self, name: str) -> bool | None:
+        try:
+            return any(h.has_image(name) for h in self.hosts.values())
+        except ImagesUnsupported:  # (a node without a CPU manager's image cache)
+            return None
 
     async def aclose(self) -> None:
         hosts, self.hosts = list(self.hosts.values()), {}

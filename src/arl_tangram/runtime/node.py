@@ -39,6 +39,8 @@ from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
+from ..core.errors import ImageError
+from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 
 log = logging.getLogger(__name__)
@@ -399,20 +401,18 @@ class NodeHost:
         now = time.monotonic()
         with contextlib.suppress(Exception):
             for img in store.list_images():
-                self.emit(E.WarmPoolReport(now, self.name, f"image:{img.name}", 1))
+                self.emit(E.WarmPoolReport(now, self.name, warm_key(img.name), 1))
 
     async def import_image(self, path: str, name: str) -> Any:
         """Import ``path`` as ``name`` into this node's cache now; remember the source."""
         img = await asyncio.to_thread(self._store().import_path, path, name)
         self.image_sources[name] = path
-        self.emit(E.WarmPoolReport(time.monotonic(), self.name, f"image:{name}", 1))
+        self.emit(E.WarmPoolReport(time.monotonic(), self.name, warm_key(name), 1))
         return img
 
     def add_image_source(self, name: str, path: str) -> dict[str, Any]:
         """Remember where ``name`` comes from, to import it on first use; the path must be
         readable here (ImageError otherwise)."""
-        from ..managers.cpu.images.store import ImageError, check_name
-
         check_name(name)
         if not os.path.isabs(path) or not os.access(path, os.R_OK):
             raise ImageError(f"{path}: not a readable absolute path on this node")
@@ -443,6 +443,10 @@ class NodeHost:
         await asyncio.shield(fut)
         return time.monotonic() - t0
 
+    def has_image(self, name: str) -> bool:
+        """Whether this node's cache holds ``name`` (ImagesUnsupported: no cache here)."""
+        return bool(self._store().has(name))
+
     def image_users(self, name: str) -> int:
         store = self._store()
         return int(store.users(name)) if store.has(name) else 0
@@ -455,7 +459,7 @@ class NodeHost:
         if not store.has(name):
             return False
         store.remove(name)
-        self.emit(E.WarmPoolReport(time.monotonic(), self.name, f"image:{name}", 0))
+        self.emit(E.WarmPoolReport(time.monotonic(), self.name, warm_key(name), 0))
         return True
 
     def list_images(self) -> list[dict[str, Any]]:

@@ -31,9 +31,11 @@ from typing import Any
 
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.commands import Command
-from ..core.errors import BrokenError, ClosedError
+from ..core.errors import BrokenError, ClosedError, ImageError, InvalidAction
 from ..core.events import Event, NodeAdded, NodeLost
+from ..core.images import check_name
 from .executor import Emit, Executor, unknown_node_events
+from .images import in_use, raise_remote
 from .ray_agent import (
     AgentSetup,
     NodeAgent,
@@ -400,14 +402,10 @@ class RayExecutor(Executor):
     async def image_call(self, op: str, args: Sequence[Any], node: str | None = None) -> dict[str, Any]:
         """`NodeAgent.image_op` on every node that is up (or on ``node``): node -> its answer;
         the first node's error is raised (`runtime.images.raise_remote`)."""
-        from .images import raise_remote
-
         up = [n for n in self._current.values() if n.state is _State.UP]
         if node is not None:
             up = [n for n in up if n.name == node]
             if not up:
-                from ..core.errors import InvalidAction
-
                 raise InvalidAction("node", f"unknown node {node!r}")
         answers = await asyncio.gather(*(n.actor.image_op.remote(op, tuple(args)) for n in up),
                                        return_exceptions=True)
@@ -419,6 +417,44 @@ class RayExecutor(Executor):
                 raise_remote({**a, "error": f"node {n.name}: {a['error']}"})
             out[n.name] = a["ok"]
         return out
+
+    async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        """Record the source on every node (each imports it on first use); ImageError when
+        some node cannot read the path."""
+        check_name(name)
+        got = await self.image_call("source", (name, path), node)
+        if node is None:  # nodes that join later learn it too
+            self.image_sources[name] = path
+        return {"name": name, "lazy": True, "nodes": got}
+
+    def list_images(self, node: str | None = None) -> dict[str, Any]:
+        """As of the last refresh of node info (at most ``membership_interval_s`` old)."""
+        info = self.node_info()
+        if node is not None and node not in info:
+            raise InvalidAction("node", f"unknown node {node!r}")
+        return {"nodes": {n: list(d.get("images") or []) for n, d in info.items()
+                          if node is None or n == node},
+                "sources": dict(self.image_sources)}
+
+    async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
+        users = await self.image_call("users", (name,), node)
+        known = name in self.image_sources
+        for n, count in users.items():  # refuse before touching any node
+            if count:
+                raise in_use(name, count, n)
+        removed = await self.image_call("remove", (name,), node)
+        if node is None:
+            self.image_sources.pop(name, None)
+        held = sorted(n for n, ok in removed.items() if ok)
+        if not held and not known:
+            raise ImageError(f"no image {name!r}")
+        return {"name": name, "removed": held}
+
+    def has_image(self, name: str) -> bool | None:
+        if name in self.image_sources:
+            return True
+        return any(any(i.get("name") == name for i in d.get("images") or [])
+                   for d in self.node_info().values())
 
     # ---- reporting ---------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from ..core import events as E
 from ..core.actions import ActionSpec, Status
 from ..core.build import make_finished, make_started, make_warm_report
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from ..core.records import warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
 from .loop import REPORT, EventLoop
 from .metrics import BOTH_SUB, BUSY_ADD, HELD_ADD, UsageMeter
@@ -80,12 +81,6 @@ def _speed(run: _Run, allotment: Resources) -> float:
     if v < 1.0 and run.spec.elasticity is None:
         return cfs_speed(run.truth.work_s, v)
     return v
-
-
-def warm_key(spec: ActionSpec) -> str:
-    """Which warm pool an action can take an executor from (its language, else its kind)."""
-    lang = spec.payload.get("language") if spec.payload else None
-    return str(lang or spec.tag or spec.kind.value)
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from ..core import events as E
 from ..core.actions import ActionResult
 from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
+from ..core.images import warm_key
 from .bounds import ReleaseLog
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, FLUSH, TICK, EventLoop
@@ -191,7 +192,7 @@ class Simulator:
                 demand = sdef.demand if sdef else None
                 ttl = sdef.ttl_s if sdef else 3600.0
                 self.session_cold[sid] = sdef.cold_start_s if sdef else DEFAULT_COLD_START_S
-                wkey = f"image:{sdef.image}" if sdef is not None and sdef.image else None
+                wkey = warm_key(sdef.image) if sdef is not None and sdef.image else None
                 req = E.SessionRequested(now, sid, demand, ttl, None, traj.id, traj.task, wkey) \
                     if demand is not None else \
                     E.SessionRequested(now, sid, ttl_s=ttl, trajectory=traj.id, task=traj.task)

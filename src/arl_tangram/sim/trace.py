@@ -21,6 +21,7 @@ from typing import Any
 from ..core.actions import ActionKind, ActionSpec, Elasticity, Speedup, WorkHints
 from ..core.build import make_spec
 from ..core.errors import SpecError
+from ..core.images import valid_name
 from ..core.resources import Resources
 
 DEFAULT_COLD_START_S = 0.57  # docker start on SSD, arXiv 2602.15214 (see docs/workloads.md)
@@ -210,10 +211,8 @@ def _sessions(ctx: _Ctx, raw: Any) -> dict[str, SessionDef]:
         if "cold_start_s" in m:
             kw["cold_start_s"] = _number(ctx, m["cold_start_s"], f"{where}.cold_start_s")
         if m.get("image") is not None:
-            from ..managers.cpu.images.store import NAME_RE
-
             img = m["image"]
-            if not isinstance(img, str) or not NAME_RE.match(img):
+            if not valid_name(img):
                 raise ctx.fail(f"{where}.image", f"must be an image name ([A-Za-z0-9][A-Za-z0-9._:@+-]*, "
                                f"at most 128 characters), got {img!r}")
             kw["image"] = img

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 try:  # the compiled helpers (setup.py builds them; without, the same writes from Python)
-    from ..zygote import _fastpath as _FAST
+    import arl_tangram.managers.cpu.zygote._fastpath as _FAST
 except ImportError:
     _FAST = None
 

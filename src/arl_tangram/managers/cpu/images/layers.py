@@ -32,6 +32,8 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from arl_tangram.core.errors import TangramError
+
 from .. import _linux
 
 MIN_LAYER_MB = 4  # ext4 needs a few hundred KiB of its own; below this the cap would be a lie
@@ -141,7 +143,7 @@ def _mkfs() -> str | None:
     return None
 
 
-class LayerError(Exception):
+class LayerError(TangramError):
     """A layer could not be made or is over the node's budget; the message says which."""
 
 

@@ -35,19 +35,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+from arl_tangram.core.errors import ImageError, ImageInUse
+from arl_tangram.core.images import NAME_RE, check_name
+
+__all__ = ["NAME_RE", "Image", "ImageError", "ImageInUse", "ImageStore", "check_name"]
+
 _WH = ".wh."
 _OPQ = ".wh..wh..opq"
 _MEDIA_INDEX = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
-
-
-class ImageError(Exception):
-    """An image cannot be imported, found or removed; the message says why."""
-
-
-class ImageInUse(ImageError):
-    """An image cannot be removed while sessions or actions use it."""
 
 
 @dataclass(slots=True)
@@ -74,13 +70,6 @@ class Image:
                    fmt=d.get("format", ""), size=int(d.get("size", 0)),
                    imported_at=float(d.get("imported_at", 0.0)),
                    import_s=float(d.get("import_s", 0.0)))
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ImageError(f"image name {name!r} is not valid (letters, digits and ._:@+-, "
-                         "starting with a letter or digit, at most 128)")
-    return name
 
 
 class ImageStore:
