@@ -254,7 +254,7 @@ def test_actions_of_the_same_work_stay_in_arrival_order_as_the_estimate_drifts()
     d.at(10.0).finish("x0", run_s=10.0)
     d.arrive(act("blocker", kind=ActionKind.TEST))
     d.arrive(act("x1", kind=ActionKind.CODE))
-    est = d.core._estimator
+    est = d.core.estimator
     key, units = est.work_of(d.core.actions["x1"].spec)
     for _ in range(200):
         est.observe_work(key, units, 0.01, 1.0)

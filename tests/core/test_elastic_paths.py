@@ -36,14 +36,14 @@ def _spread_warm_plain(self, key: str, rate: float) -> None:
         t = min(cfg.max_warm_per_node, want // n + (1 if i < want % n else 0))
         if self.warm_sent.get((name, key), 0) != t:
             self.warm_sent[(name, key)] = t
-            self._out.append(cmd.ResizeWarmPool(name, key, t, cause=self._cause))
+            self.out.append(cmd.ResizeWarmPool(name, key, t, cause=self.cause))
 
 
 def _expand_plain(self) -> None:
     """`_expand` as a plain loop: every changed node scanned, elastic actions or not (the
     fast path visits only the nodes that hold elastic actions)."""
-    nodes = self._grow | self._dirty
-    self._grow = set()
+    nodes = self.expand_at | self.dirty
+    self.expand_at.clear()
     for name in sorted(nodes) if len(nodes) > 1 else nodes:
         node = self.nodes.get(name)
         if node is None or not node.alive or name in self.reserved:
@@ -101,11 +101,11 @@ def test_warm_spreads_and_expansion_match_the_plain_loops() -> None:
 def test_a_node_without_elastic_actions_leaves_the_expansion_set() -> None:
     d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
     d.arrive(elastic("e", 1, 4), act("a"))
-    assert d.core._elastic_nodes == {"n0"}
+    assert d.core.elastic_nodes == {"n0"}
     d.finish("e")  # the pass over n0 finds only "a" running, not elastic: dropped
-    assert d.core._elastic_nodes == set()
+    assert d.core.elastic_nodes == set()
     out = d.arrive(ActionSpec("x"), elastic("e2", 1, 4))
-    assert d.core._elastic_nodes == {"n0"}
+    assert d.core.elastic_nodes == {"n0"}
     assert [c.allotment.get(CPU) for c in of_start(out) if c.action.id == "e2"] == [4.0]
 
 

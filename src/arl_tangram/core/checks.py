@@ -152,7 +152,7 @@ def _check_elastic_head(core: Core, rec: Any) -> None:
     if not idle:
         return
     warm_elsewhere = any(n.warm.get(rec.wkey, 0) > 0 for n in nodes if n not in idle)
-    cold_here = not core._resident and all(n.warm.get(rec.wkey, 0) <= 0 for n in idle)
+    cold_here = not core.resident and all(n.warm.get(rec.wkey, 0) <= 0 for n in idle)
     _check(warm_elsewhere and cold_here, "work-conserving",
            f"elastic {rec.spec.id} waits while {idle[0].name} has idle CPU {idle[0].free}")
 

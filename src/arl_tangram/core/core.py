@@ -32,15 +32,14 @@ from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
-from .estimator import DurationEstimator
 from .modelsched import ModelMixin
 from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
 from .placement import PlacementMixin
-from .policies import POLICY_TABLE
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
 from .scheduling import SchedulingMixin
+from .state import CoreState, largest_capacity
 from .view import CoreView
 
 __all__ = ["POLICIES", "Core", "CoreConfig"]
@@ -54,7 +53,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelMixin):
+class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -64,37 +63,22 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
     _dispatch: ClassVar[dict[type, tuple[Callable[[Any, Any], None], Callable[[Any], str]]]] = {}
 
     def __init__(self, cluster: ClusterSpec, config: CoreConfig | None = None) -> None:
-        self.config = cfg = config or CoreConfig()
-        self.policy = POLICY_TABLE[cfg.policy]
-        self.cluster = cluster
-        self.models = {m.name: m for m in cluster.models}
-        self.nodes: dict[str, NodeState] = {}
-        self.index = FreeIndex()
-        self._estimator = DurationEstimator()
-        self.actions: dict[str, ActionRecord] = {}
+        cfg = config or CoreConfig()
+        CoreState.__init__(self, cluster, cfg)
         # delivered actions, newest last (at most `CoreConfig.history`): (int status, story), not
         # the record -- plain ints, floats and strings, which the garbage collector stops
         # tracking, so a long history does not make full collections come more often
         self.history: OrderedDict[str, tuple[int, tuple[object, ...]]] = OrderedDict()
-        self.sessions: dict[str, SessionRecord] = {}
         self.session_expiry: list[tuple[float, str]] = []
         self.pending_sessions: dict[str, None] = {}
-        self.now = 0.0
         self.seq = 0
         self.arrived = 0
         self.delivered = 0
         self.terminal: dict[Status, int] = {}
-        self._out: list[Command] = []
-        self._starts: dict[str, int] = {}
-        self._dirty: set[str] = set()
-        self._touched: set[Any] = set()
-        self._cause = ""
         self._init_scheduling()
         self._init_models()
         for spec in cluster.nodes:
             self._add_node(spec)
-        self._elastic = self.policy.elastic
-        self._partitioned = self.policy.partitioned is not None
         self._dynamic_models = self.policy.dynamic_models
         self._warm_pools = self.policy.warm_pools
         self._fixed = self.policy.fixed
@@ -107,36 +91,25 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
         self._sess_act: Resources = cfg.session_action_demand
-        self._resident = self.policy.resident
 
     # ---- public ---------------------------------------------------------------------------------
-    @property
-    def estimator(self) -> DurationEstimator:
-        return self._estimator
-
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
         t = type(event)
         handler: Callable[[Any, Any], None]
         if t is _FINISHED:  # the two frequent types: handler and `cause(event)` without lookups
             handler = _ON_FINISHED
-            self._cause = f"ActionFinished:{event.action_id}"  # type: ignore[attr-defined]
+            cause_s = f"ActionFinished:{event.action_id}"  # type: ignore[attr-defined]
         elif t is _ARRIVED:
             handler = _ON_ARRIVED
-            self._cause = f"ActionArrived:{event.action.id}"  # type: ignore[attr-defined]
+            cause_s = f"ActionArrived:{event.action.id}"  # type: ignore[attr-defined]
         else:
             got = self._dispatch.get(t)
             if got is None:
                 raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
             handler, cause = got
-            self._cause = cause(event)
-        now = event.time
-        if now > self.now:
-            self.now = now
-        out: list[Command] = []
-        self._out = out
-        if self._starts:
-            self._starts = {}
+            cause_s = cause(event)
+        out = self.begin(event.time, cause_s)
         if not self._booted:
             self._boot_warm()
             self._boot_models()
@@ -150,20 +123,20 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         overdue = self._overdue_at
         if overdue and overdue[0][0] <= now:
             self._wake_overdue()
-        dirty, touched = self._dirty, self._touched
+        dirty, touched = self.dirty, self.touched
         if self._rewake:
             touched.update(self._rewake)
             self._rewake.clear()
-        if dirty or touched or (self._parts_dirty and self._partitioned):
+        if dirty or touched or (self._parts_dirty and self.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if self._rewake:  # a warm pool ran dry in the pass: who waited for it looks again
                 keys, self._rewake = self._rewake, set()
                 self._pass(keys, None, -1.0)
-        if self._mtouched:
+        if self.models_touched:
             self._dispatch_models()
         if self.instances and self.shape_keys and self._dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
-        if self._elastic and (dirty or self._grow):
+        if self.elastic and (dirty or self.expand_at):
             self._expand()  # (after the pass: queued work took what freed up first)
         if dirty:
             dirty.clear()
@@ -171,7 +144,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             touched.clear()
         if self.index._held is not None:
             self.index.flush()
-        self._out = []
+        self.end()
         return out
 
     def status(self, action_id: str) -> Status | None:
@@ -215,8 +188,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         self.actions[spec.id] = rec
         arrived: tuple[object, ...] = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
         rec.story = arrived
-        if (spec.session is None and not self._partitioned and not rec.is_model
-                and self._possible.get(rec.skey)):
+        if (spec.session is None and not self.partitioned and not rec.is_model
+                and self.fits_some.get(rec.skey)):
             reason = ""  # `_impossible`'s answer, known for this shape
         else:
             reason = self._impossible(rec)
@@ -224,10 +197,10 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             rec.move(S.REJECTED, e.time, spec.id)
             self._deliver(rec, S.REJECTED, reason=reason)
             return
-        est = self._estimator
+        est = self.estimator
         rec.ekey, rec.units = ekey, units = est.work_of(spec)
         rec.est = est.predict_work(ekey, units, self.config.estimate_quantile)  # est.predict(spec, q)
-        if self._partitioned and not rec.is_model:
+        if self.partitioned and not rec.is_model:
             rec.partition = self._partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
@@ -258,7 +231,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             return spec
         k = self.config.static_k
         k = el.max if k is None else min(max(k, el.min), el.max)
-        largest = self._ref().get(el.dim, 0.0)
+        largest = self.largest().get(el.dim, 0.0)
         if largest > 0.0:
             k = max(el.min, min(k, largest))
         k = float(k)  # (the same repr compiled and pure: annotated floats are floats compiled)
@@ -267,7 +240,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
         for spec in e.actions:
-            self._cause = f"ActionArrived:{spec.id}"
+            self.recause(f"ActionArrived:{spec.id}")
             self._on_arrived(make_arrived(e.time, spec))
 
     def _charge(self, rec: ActionRecord) -> None:
@@ -308,10 +281,10 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         rec = self.actions.get(e.action_id)
         if rec is None or rec.status is not _STARTING:
             return
-        rec.move(_RUNNING, e.time, self._cause)
+        rec.move(_RUNNING, e.time, self.cause)
         rec.start_time = e.time
         if e.cold_start_s:
-            rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self._cause)
+            rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self.cause)
 
     def _on_finished(self, e: ev.ActionFinished) -> None:
         rec = self.actions.get(e.action_id)
@@ -327,8 +300,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             spec = rec.spec
             quota = rec.allotment if rec.charge is None else spec.demand  # (what it ran with)
             speed = spec.speed(quota)  # (< 1 for a rigid action on a fractional slice)
-            self._estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
-            self._estimator.note_error(rec.ekey, rec.est, run_s * speed)
+            self.estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
+            self.estimator.note_error(rec.ekey, rec.est, run_s * speed)
             if e.cpu_s is not None and run_s > 0.0 and self._by_use:
                 self._learn_use(rec.ekey[0], e.cpu_s / run_s)
         reason = e.reason
@@ -341,7 +314,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         if rec is None:
             return
         if rec.status in _ACTIVE and rec.batch is None and rec.node is not None:
-            self._out.append(CancelAction(rec.spec.id, rec.node, cause=self._cause))
+            self.out.append(CancelAction(rec.spec.id, rec.node, cause=self.cause))
         self._end(rec, S.CANCELLED, reason="cancelled by request")
 
     def _end(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
@@ -358,7 +331,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.now
-        rec.move(status, self.now, self._cause)
+        rec.move(status, self.now, self.cause)
         self._deliver(rec, status, output, reason)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
@@ -368,7 +341,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         res = make_result(aid, status, rec.submit_time, rec.start_time, self.now, rec.node,
                           rec.allotment if rec.charge is None else rec.spec.demand, output, reason,
                           rec.attempts)
-        self._out.append(make_deliver(res, self._cause))
+        self.out.append(make_deliver(res, self.cause))
         self.delivered += 1
         term = self.terminal
         term[status] = term.get(status, 0) + 1
@@ -391,7 +364,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             self._part_release(rec)
         if node.alive:  # (held: the pass that follows usually fills the node again)
             self.index.hold(node.name, node.free)
-            self._dirty.add(node.name)
+            self.dirty.add(node.name)
 
     def _requeue_or_lose(self, rec: ActionRecord, reason: str) -> None:
         """After a node loss: idempotent, session-free actions run again; the others are lost."""
@@ -399,8 +372,8 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             if rec.batch is None:
                 self._release(rec)
             rec.batch = None
-            rec.move(S.QUEUED, self.now, self._cause)
-            rec.note(self.now, f"requeued: {reason}", self._cause)
+            rec.move(S.QUEUED, self.now, self.cause)
+            rec.note(self.now, f"requeued: {reason}", self.cause)
             self._enqueue(rec)
         else:
             self._end(rec, S.NODE_LOST, reason=reason)
@@ -446,9 +419,9 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         node.sessions.add(sess.id)
         node.take(sess.demand)
         self.index.update(node.name, node.free)
-        self._out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self._cause))
+        self.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self.cause))
         heapq.heappush(self.session_expiry, (sess.last_active + sess.ttl_s, sess.id))
-        self._touched.add(("sess", sess.id))
+        self.touched.add(("sess", sess.id))
 
     def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False) -> None:
         del self.sessions[sess.id]
@@ -459,9 +432,9 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             node.give(sess.demand)
             if node.alive:
                 self.index.update(node.name, node.free)
-                self._dirty.add(node.name)
+                self.dirty.add(node.name)
         if node is not None and not lost:
-            self._out.append(CloseSession(sess.id, node.name, reason=reason, cause=self._cause))
+            self.out.append(CloseSession(sess.id, node.name, reason=reason, cause=self.cause))
         status = S.NODE_LOST if lost else S.CANCELLED
         for aid in sorted(sess.actions):
             rec = self.actions.get(aid)
@@ -495,7 +468,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
         node = NodeState(spec)
         self.nodes[spec.name] = node
         self.index.update(spec.name, node.free)
-        self._dirty.add(spec.name)
+        self.dirty.add(spec.name)
         self._node_changed()
         return node
 
@@ -549,7 +522,7 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             return self._model_impossible(spec)
         demand = spec.demand
         if spec.session is None and not self.policy.partitioned:
-            return "" if self._fits_some_node(demand, rec.skey) else self._too_big(demand)
+            return "" if self.fits_some_node(demand, rec.skey) else self._too_big(demand)
         if self.policy.partitioned and spec.session is None:
             demand = demand.with_amount("cpu", 0.0)  # partitions run it at their CPU quota
         sid = spec.session
@@ -563,12 +536,12 @@ class Core(SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelM
             return ""
         if sid is not None and sess is None:
             demand = demand + self.config.session_demand
-        if not self._fits_some_node(demand, tuple(sorted(demand._d.items()))):
+        if not self.fits_some_node(demand, tuple(sorted(demand._d.items()))):
             return self._too_big(demand)
         return ""
 
     def _too_big(self, demand: Resources) -> str:
-        return f"no node can ever satisfy demand {demand} (largest capacities {self._largest()})"
+        return f"no node can ever satisfy demand {demand} (largest capacities {largest_capacity(self.nodes.values())})"
 
 
 # (`handle`'s shortcut for the two frequent types)

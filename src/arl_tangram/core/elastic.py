@@ -40,11 +40,6 @@ class ElasticMixin:
     _window_peak: dict[str, float]  # per warm key, the most of those seen (decaying)
     rate_peaks: dict[str, float]  # per warm key, the highest tick rate, decaying
     last_rate_time: float | None  # time of the last Tick that sized warm pools
-    _grow: set[str]  # nodes where an elastic action started in this event
-    # Nodes where an elastic action started since a scan of the node last found none running
-    # (placement's `_start` adds, `_expand_node` drops): no other node runs one, so expansion
-    # skips them (with no elastic action anywhere, `_expand` does nothing at all).
-    _elastic_nodes: set[str]
     _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
     _warm_want: dict[str, int]  # warm key -> executors last spread over `_warm_names`
 
@@ -53,11 +48,11 @@ class ElasticMixin:
         one step at a time to the action whose expected completion time drops the most. It
         runs after the event's scheduling pass, so queued work has taken what it fits first:
         what is left on a node fits no queued head (work conservation) and would sit idle."""
-        live = self._elastic_nodes
+        live = self.elastic_nodes
         if not live:
             return  # no elastic action runs anywhere (and `_grow`, a subset, is empty)
-        nodes = (self._grow | self._dirty) & live  # a node off `live`: nothing to expand
-        self._grow = set()
+        nodes = (self.expand_at | self.dirty) & live  # a node off `live`: nothing to expand
+        self.expand_at.clear()
         for name in sorted(nodes) if len(nodes) > 1 else nodes:
             node = self.nodes.get(name)
             if node is None or not node.alive or name in self.reserved:
@@ -84,7 +79,7 @@ class ElasticMixin:
             heap.append((self._remaining(rec), rec.seq, aid))
         if not heap:
             if not elastic:
-                self._elastic_nodes.discard(node.name)
+                self.elastic_nodes.discard(node.name)
             return
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
@@ -168,7 +163,7 @@ class ElasticMixin:
         done = rec.done
         if rec.allotment is not None and self.now > rec.since:
             done += (self.now - rec.since) * rec.spec.speed(rec.allotment)
-        left = self._estimator.remaining_work(rec.ekey, rec.units, done)
+        left = self.estimator.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
         return left if left > 1e-9 else 1e-9
@@ -176,7 +171,7 @@ class ElasticMixin:
     def _size(self: Core, rec: ActionRecord) -> float:
         """Expected work of a queued action (seconds at speed 1): the estimator's mean, else
         its estimate."""
-        got = self._estimator.mean_work(rec.ekey, rec.units)
+        got = self.estimator.mean_work(rec.ekey, rec.units)
         return rec.est if got is None else got
 
     def _retime(self: Core, rec: ActionRecord) -> None:
@@ -206,7 +201,7 @@ class ElasticMixin:
             _, seq, aid = heapq.heappop(heap)
             rec = self.actions.get(aid)
             if rec is not None and rec.seq == seq and rec.queue_key is not None:
-                self._touched.add(rec.queue_key)
+                self.touched.add(rec.queue_key)
 
     def _queued_elastic(self: Core) -> int:
         """Elastic actions waiting in the shared pool's queues."""
@@ -382,7 +377,7 @@ class ElasticMixin:
         if best is None:
             for node in cands:
                 if node.free.get(CPU, 0.0) > 1e-9:
-                    self._grow.add(node.name)
+                    self.expand_at.add(node.name)
             if width < 0.0:  # waits for a warm node: looks again when a warm pool runs dry
                 self._warm_waiters[rec.queue_key] = None
             return False
@@ -450,7 +445,7 @@ class ElasticMixin:
         best_floor = 0.0
         best_cold = False
         x = self._size(rec)
-        cold = 0.0 if self._resident else self.config.sandbox_cold_s
+        cold = 0.0 if self.resident else self.config.sandbox_cold_s
         for node in cands:
             elsewhere = second if node.name == first_node else first
             width, floor = self._elastic_start(rec, node, behind, elsewhere)
@@ -532,14 +527,14 @@ class ElasticMixin:
     def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
         for rec in recs:
             assert rec.allotment is not None
-            i = self._starts.get(rec.spec.id)
+            i = self.start_index.get(rec.spec.id)
             if i is not None:  # not sent yet: start it bigger
-                old = self._out[i]
+                old = self.out[i]
                 assert isinstance(old, StartAction)
-                self._out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
+                self.out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
             else:
-                self._out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self._cause))
-            rec.note(self.now, f"allotment -> {rec.allotment}", self._cause)
+                self.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.cause))
+            rec.note(self.now, f"allotment -> {rec.allotment}", self.cause)
 
     def _note_burst(self: Core, key: str) -> None:
         """Count an arrival of warm key ``key`` in the last cold-start time (`sandbox_cold_s`);
@@ -645,7 +640,7 @@ class ElasticMixin:
                 t = cap  # min(cap, want // n + (1 if i < want % n else 0))
             if sent.get((name, key), 0) != t:
                 sent[(name, key)] = t
-                self._out.append(ResizeWarmPool(name, key, t, cause=self._cause))
+                self.out.append(ResizeWarmPool(name, key, t, cause=self.cause))
 
 
 def _first(job: tuple[float, Elasticity]) -> float:

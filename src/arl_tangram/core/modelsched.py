@@ -55,7 +55,6 @@ class ModelMixin:
         self.load_failures: dict[str, int] = {}
         self.static_target: dict[str, int] = {}
         self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._mtouched: set[str] = set()
         self._gpu_shape: dict[object, bool] = {}  # shared-pool queue key -> demands a GPU
         self._booted = False
         self.iseq = 0
@@ -67,12 +66,12 @@ class ModelMixin:
         if m is None:
             return f"model {spec.model!r} is not in the cluster spec"
         key = ("model", m.name)
-        if key not in self._possible:
+        if key not in self.fits_some:
             why = place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m)
-            self._possible[key] = not why
+            self.fits_some[key] = not why
             if why:
                 return why
-        if not self._possible[key]:
+        if not self.fits_some[key]:
             return place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m) or "no node"
         if not self.policy.dynamic_models and self.static_target.get(m.name, 0) == 0:
             return f"static provisioning has no instance of model {m.name} (no devices left for it)"
@@ -110,7 +109,7 @@ class ModelMixin:
         self.index.update(node.name, node.free)
         if from_host:
             self.parked[(node.name, m.name)] -= 1
-        self._out.append(LoadModel(inst.id, m.name, node.name, devices, from_host, cause=self._cause))
+        self.out.append(LoadModel(inst.id, m.name, node.name, devices, from_host, cause=self.cause))
         return inst
 
     def _drop_instance(self: Core, inst: InstanceRecord) -> None:
@@ -123,15 +122,15 @@ class ModelMixin:
             node.give(inst.holding())
             if node.alive:
                 self.index.update(node.name, node.free)
-                self._dirty.add(node.name)
-        self._mtouched.add(inst.model.name)
+                self.dirty.add(node.name)
+        self.models_touched.add(inst.model.name)
 
     def _unload(self: Core, inst: InstanceRecord, reason: str) -> None:
         self._drop_instance(inst)
         key = (inst.node, inst.model.name)
         self.parked[key] = self.parked.get(key, 0) + 1
         self.unparking[inst.id] = key
-        self._out.append(UnloadModel(inst.id, inst.node, park=True, cause=reason))
+        self.out.append(UnloadModel(inst.id, inst.node, park=True, cause=reason))
 
     # ---- static provisioning --------------------------------------------------------------------
     def _boot_models(self: Core) -> None:
@@ -177,7 +176,7 @@ class ModelMixin:
         if inst is None or inst.state is not InstState.LOADING:
             return
         name = inst.model.name
-        self._mtouched.add(name)
+        self.models_touched.add(name)
         if e.ok:
             inst.state = InstState.READY
             inst.last_used = e.time
@@ -214,7 +213,7 @@ class ModelMixin:
         if inst is not None and inst.batch is not None and inst.batch[0] == e.batch_id:
             inst.batch = None
             inst.last_used = e.time
-            self._mtouched.add(inst.model.name)
+            self.models_touched.add(inst.model.name)
         for aid in ids:
             rec = self.actions.get(aid)
             if rec is None or rec.batch != e.batch_id:
@@ -244,12 +243,13 @@ class ModelMixin:
 
     # ---- dispatch and scaling -------------------------------------------------------------------
     def _dispatch_models(self: Core) -> None:
-        if not self._mtouched:
+        if not self.models_touched:
             return
         for name, iids in self.inst_by_model.items():  # starved models may evict idle ones
             if not iids and self.qlive.get(("model", name)):
-                self._mtouched.add(name)
-        todo, self._mtouched = sorted(self._mtouched), set()
+                self.models_touched.add(name)
+        todo = sorted(self.models_touched)
+        self.models_touched.clear()
         for name in todo:
             m = self.models[name]
             for iid in sorted(self.inst_by_model.get(name, ())):
@@ -276,7 +276,7 @@ class ModelMixin:
         while len(recs) < knee and (got := self._head(key)) is not None:
             rec = got[0]
             self._dequeue(rec)
-            rec.move(S.RUNNING, self.now, self._cause)
+            rec.move(S.RUNNING, self.now, self.cause)
             rec.batch, rec.node, rec.start_time = bid, inst.node, self.now
             rec.allotment = inst.holding()
             rec.attempts += 1
@@ -284,8 +284,8 @@ class ModelMixin:
         ids = tuple(r.spec.id for r in recs)
         inst.batch = (bid, ids)
         self.batches[bid] = (inst.id, ids)
-        self._out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
-                                  cause=self._cause))
+        self.out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
+                                  cause=self.cause))
 
     def _scale_out(self: Core, m: ModelSpec) -> None:
         if not self.policy.dynamic_models:  # static: only replace failed loads
@@ -432,4 +432,4 @@ class ModelMixin:
                 self._unload(inst, f"idle {self.now - inst.last_used:.3g}s")
         for name in self.models:
             if self.qlive.get(("model", name)):
-                self._mtouched.add(name)
+                self.models_touched.add(name)

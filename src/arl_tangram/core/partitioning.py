@@ -53,7 +53,7 @@ class PartitionMixin:
                 self.part_by_node.setdefault(name, []).append(p)
                 self.part_quota[(p, name)] = quota
                 idx.update(name, {CPU: quota - self.part_used.get((p, name), 0.0)})
-            self._touched.add(("part", p))
+            self.touched.add(("part", p))
 
     def _partition_for(self: Core, spec: ActionSpec) -> str:
         if self.policy.partitioned == "trajectory":
@@ -159,9 +159,9 @@ class PartitionMixin:
         p, name, cpu = got
         self._part_use(p, name, -cpu)
         self.part_running[p] -= 1
-        self._dirty.add(name)
-        self._touched.add(("part", p))
+        self.dirty.add(name)
+        self.touched.add(("part", p))
         keys = self.part_sess.get(p)
         if keys:  # session queues of this partition wait on it too
             keys.intersection_update(self.qlive)
-            self._touched.update(keys)
+            self.touched.update(keys)

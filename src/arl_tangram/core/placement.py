@@ -37,16 +37,15 @@ _WARM_SCAN = 64
 class PlacementMixin:
     """Part of `Core`: from a queue head to a StartAction on a node; node capacity facts."""
 
-    _ref_cap: dict[str, float] | None  # largest capacity per dimension (None: recompute)
     _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
 
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
         spec = rec.spec
         if type(key) is ShapeKey:
-            if rec.elastic and self._elastic:
+            if rec.elastic and self.elastic:
                 return self._place_elastic(rec)  # (elastic.py: its width, then its node)
             node = self._find_node(rec)
-            if node is None and (not self._elastic or (node := self._lender(rec)) is None):
+            if node is None and (not self.elastic or (node := self._lender(rec)) is None):
                 return False
             self._start(rec, node, spec.demand, self._take_warm(node, rec.wkey) if node.warm else False)
             return True
@@ -62,17 +61,17 @@ class PlacementMixin:
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
-        elif rec.elastic and self._elastic:  # its width on its session's node (elastic.py)
+        elif rec.elastic and self.elastic:  # its width on its session's node (elastic.py)
             if not _fits_besides_cpu(node, rec.shape):
                 return False
             width, floor = self._elastic_start(rec, node, 0)
             if width <= 0.0:
                 if node.free.get(CPU, 0.0) > 1e-9:
-                    self._grow.add(node.name)  # its elastic actions go wide while it waits
+                    self.expand_at.add(node.name)  # its elastic actions go wide while it waits
                 return False
             self._start_elastic(rec, node, width, floor)
             return True
-        if not node.fits(alloc) and not (self._elastic and self._reclaim(node, alloc)):
+        if not node.fits(alloc) and not (self.elastic and self._reclaim(node, alloc)):
             return False
         self._start(rec, node, alloc, True)
         return True
@@ -99,7 +98,7 @@ class PlacementMixin:
         return True
 
     def _start(self: Core, rec: ActionRecord, node: NodeState, alloc: Resources, warm: bool) -> None:
-        if self._resident and rec.spec.session is None:
+        if self.resident and rec.spec.session is None:
             warm = True  # static stacks keep their sandboxes resident (policies.py)
         quota = alloc  # what the StartAction carries: the executor's limit
         if rec.charge is not None:
@@ -131,20 +130,20 @@ class PlacementMixin:
         rec.allotment = alloc
         rec.start_time = now = self.now
         rec.attempts += 1
-        cause = self._cause
+        cause = self.cause
         if rec.status is not _QUEUED:  # `rec.move(_STARTING, now, cause)`: QUEUED -> STARTING
             rec.move(_STARTING, now, cause)
         else:
             rec.story += (now, _QUEUED_V, _STARTING_V, cause)  # (statuses as ints: `move`)
             rec.status = _STARTING
-        out = self._out
-        self._starts[aid] = len(out)
+        out = self.out
+        self.start_index[aid] = len(out)
         out.append(make_start(spec, node.name, quota, warm, cause))  # StartAction(...)
         rec.done = 0.0  # (its work done so far: `_remaining`)
         rec.since = now
         if rec.elastic:
-            self._grow.add(node.name)
-            self._elastic_nodes.add(node.name)  # (elastic.py: where expansion can look)
+            self.expand_at.add(node.name)
+            self.elastic_nodes.add(node.name)  # (elastic.py: where expansion can look)
 
     def _find_node(self: Core, rec: ActionRecord) -> NodeState | None:
         """Best fit (least leftover dominant share) among the first few nodes that fit,
@@ -219,7 +218,7 @@ class PlacementMixin:
         best: NodeState | None = None
         most = 1e-9  # (a node that lends nothing cannot help)
         need = rec.charge if rec.charge is not None else rec.spec.demand
-        for name in self._elastic_nodes:
+        for name in self.elastic_nodes:
             node = self.nodes[name]
             if not node.alive or name in self.reserved:
                 continue
@@ -342,33 +341,10 @@ class PlacementMixin:
 
     # ---- capacity facts -------------------------------------------------------------------------
     def _node_changed(self: Core) -> None:
-        self._possible.clear()
-        self._shares.clear()
+        self.capacity_changed()
         self._warm_names = None
         self._warm_want.clear()
-        self._ref_cap = None
         self._parts_dirty = True
-
-    def _ref(self: Core) -> dict[str, float]:
-        if self._ref_cap is None:
-            self._ref_cap = self._largest()
-        return self._ref_cap
-
-    def _largest(self: Core) -> dict[str, float]:
-        ref: dict[str, float] = {}
-        for n in self.nodes.values():
-            if n.alive:
-                for k, v in n.cap.items():
-                    if v > ref.get(k, 0.0):
-                        ref[k] = v
-        return ref
-
-    def _fits_some_node(self: Core, demand: Resources, key: object) -> bool:
-        ok = self._possible.get(key)
-        if ok is None:
-            ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
-            self._possible[key] = ok
-        return ok
 
 
 # (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over

@@ -64,10 +64,6 @@ class SchedulingMixin:
         # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
         # among actions of the same work (`_fifo_rank`)
         self._fifo_floor: dict[Any, tuple[int, str]] = {}
-        self.reserved: dict[str, str] = {}  # node -> aged action it is held for
-        self._ref_cap: dict[str, float] | None = None
-        self._possible: dict[Any, bool] = {}
-        self._shares: dict[Any, float] = {}  # demand shape -> dominant share of `_ref()`
         # warm key -> nodes with a warm executor for it; insertion-ordered (a dict, not a set) so
         # that ties between equally good warm nodes break the same way in every process
         self.warm_nodes: dict[str, dict[str, None]] = {}
@@ -91,8 +87,6 @@ class SchedulingMixin:
         self.warm_sent: dict[tuple[str, str], int] = {}
         self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over
         self._warm_want: dict[str, int] = {}  # key -> warm executors last spread over them
-        self._grow: set[str] = set()  # nodes where elastic expansion may look
-        self._elastic_nodes: set[str] = set()  # nodes that may run an elastic action (elastic.py)
 
     # ---- queues ---------------------------------------------------------------------------------
     def _queue_key(self: Core, rec: ActionRecord) -> Any:
@@ -118,9 +112,7 @@ class SchedulingMixin:
         if rec.is_model:
             share = 0.0
         else:
-            share = self._shares.get(rec.skey)
-            if share is None:
-                share = self._shares[rec.skey] = rec.spec.demand.dominant_share(self._ref())
+            share = self.share_of(rec)
         x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
         if x <= 0.0:
             return _RANK_NONE
@@ -193,11 +185,11 @@ class SchedulingMixin:
             # the shape is blocked too, head or not: the queue needs no look.
             # (An elastic head may wait by choice, not for room, and its choice depends on
             # how many wait: its queue is always worth a look.)
-            look = not before or aged or bool(self._dirty) or (key.elastic and self._elastic)
+            look = not before or aged or bool(self.dirty) or (key.elastic and self.elastic)
         elif key[0] == "sess" and rec.partition is not None:
             self.part_sess.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
-            self._mtouched.add(key[1])
+            self.models_touched.add(key[1])
         # Every head is blocked after a pass; an entry that does not become the head cannot
         # change that, so only a new head makes its queue worth a look.
         e0 = q[0]
@@ -206,16 +198,16 @@ class SchedulingMixin:
         elif e0[1] == seq and e0[2] == gen:  # `e0 is entry`: fresh, so the head (`_head` would
             # return it). (Compared by (seq, gen), which no other entry has: compiled, a tuple
             # of fixed shape is unboxed, and the heap holds a boxed copy, never `entry` itself.)
-            self._touched.add(key)
+            self.touched.add(key)
         else:
             r0 = self.actions.get(e0[3])
             if r0 is None or r0.gen != e0[2] or r0.queue_key != key:  # stale head: `_head` pops
                 got = self._head(key)
                 if got is not None and got[1][1] == seq and got[1][2] == gen:  # (`is entry`)
-                    self._touched.add(key)
+                    self.touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
-        if rec.elastic and self._elastic:
+        if rec.elastic and self.elastic:
             heapq.heappush(self._overdue_at, (self._overdue_from(rec), seq, spec.id))
 
     def _dequeue(self: Core, rec: ActionRecord) -> None:
@@ -230,7 +222,7 @@ class SchedulingMixin:
             if type(key) is not ShapeKey and key[0] != "model":
                 # a session or partition queue holds actions of several shapes: the next
                 # head may fit where this one did not
-                self._touched.add(key)
+                self.touched.add(key)
         rec.queue_key = None
         rec.gen += 1
         if self.reserved:
@@ -260,18 +252,18 @@ class SchedulingMixin:
             heapq.heappush(self.queues[key], (_AGED, rec.seq, rec.gen, aid))
             self._aged_pushes += 1
             rec.note(now, "aged", "aging")
-            self._touched.add(key)
+            self.touched.add(key)
             if key[0] == "model":
-                self._mtouched.add(key[1])
+                self.models_touched.add(key[1])
 
     # ---- the pass -------------------------------------------------------------------------------
     def _candidates(self: Core) -> set[Any]:
         keys: set[Any] = set(self.shape_keys)
-        touched = self._touched
+        touched = self.touched
         if touched:
             keys.update(k for k in touched if k[0] != "model")
         nodes, part_by_node = self.nodes, self.part_by_node
-        for name in self._dirty:
+        for name in self.dirty:
             sessions = nodes[name].sessions
             if sessions:
                 keys.update(("sess", sid) for sid in sessions)
@@ -280,7 +272,7 @@ class SchedulingMixin:
         return keys
 
     def _schedule(self: Core) -> None:
-        dirty = self._dirty
+        dirty = self.dirty
         if self._parts_dirty and self.policy.partitioned:
             self._compute_partitions()
         if self.pending_sessions and dirty:
@@ -290,7 +282,7 @@ class SchedulingMixin:
         # free capacity grew since (dirty, or released from a reservation): look only there.
         local: list[NodeState] | None = None
         local_cpu = -1.0
-        touched = self._touched
+        touched = self.touched
         keys: Any
         if dirty:  # capacity changed: every queue may move, reservations are redone
             reserved = self.reserved
@@ -338,7 +330,7 @@ class SchedulingMixin:
         """Place queue heads of ``keys`` in priority order until every one is blocked; with
         ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
         shared-pool heads not touched by this event are only tried there."""
-        touched = self._touched
+        touched = self.touched
         head = self._head
         heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
@@ -357,7 +349,7 @@ class SchedulingMixin:
             aged, _, key, rec = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
-                if rec.elastic and self._elastic:  # (its width decides where: elastic.py)
+                if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
                     placed = rec.cpu <= limit and self._place_elastic(rec)
                 else:
                     placed = rec.cpu <= limit and self._place_among(rec, local)
@@ -404,7 +396,7 @@ class SchedulingMixin:
         while heap:
             aged, _, key, rec = heapq.heappop(heap)
             placed = False
-            if rec.elastic and self._elastic:  # (its width decides where: elastic.py)
+            if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
                 placed = rec.cpu <= limit and self._place_elastic(rec)
                 limit = free.get(CPU, 0.0) + 1e-9
             elif rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`

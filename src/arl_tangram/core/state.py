@@ -1,0 +1,121 @@
+"""What every part of the core reads: the records, the cluster, and the event in progress.
+
+Invariant: `CoreState` holds only what more than one collaborator of `Core` needs (the records
+tables, the nodes and their free index, the clock of the event, the commands it emits, the
+nodes and queues the event changed); each collaborator owns the rest of its state itself
+(`queues.Queues`, `placement.Placer`, `partitioning.Partitions`, `elastic.Elastic`,
+`warmpools.WarmPools`, `modelsched.ModelPlanner`, `sessions.Sessions`). Capacity facts (what
+could ever fit where, the largest capacity) are caches of the nodes, dropped by
+`capacity_changed` whenever a node comes or goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cluster import ClusterSpec, ModelSpec
+from .commands import Command
+from .config import CoreConfig
+from .estimator import DurationEstimator
+from .nodeindex import FreeIndex
+from .policies import POLICY_TABLE, Policy
+from .records import ActionRecord, NodeState, SessionRecord
+from .resources import Resources
+
+
+class CoreState:
+    """The core's shared records and the event in progress (see the module's docstring)."""
+
+    def __init__(self, cluster: ClusterSpec, config: CoreConfig) -> None:
+        self.config = config
+        self.policy: Policy = POLICY_TABLE[config.policy]
+        self.cluster = cluster
+        self.models: dict[str, ModelSpec] = {m.name: m for m in cluster.models}
+        self.nodes: dict[str, NodeState] = {}
+        self.index = FreeIndex()  # alive nodes by free CPU
+        self.estimator = DurationEstimator()
+        self.actions: dict[str, ActionRecord] = {}  # live actions
+        self.sessions: dict[str, SessionRecord] = {}  # open sessions and those waiting for room
+        self.now = 0.0  # the time of the latest event
+        self.out: list[Command] = []  # the commands of the event in progress
+        self.cause = ""  # the cause those commands carry
+        self.start_index: dict[str, int] = {}  # action id -> its StartAction's place in `out`
+        self.dirty: set[str] = set()  # nodes whose free capacity grew in this event
+        self.touched: set[Any] = set()  # queues whose head may have changed in this event
+        self.models_touched: set[str] = set()  # models whose queue or instances changed
+        self.expand_at: set[str] = set()  # nodes where elastic expansion may look
+        # Nodes where an elastic action started since a scan of the node last found none
+        # running (placement adds, expansion drops): no other node runs one.
+        self.elastic_nodes: set[str] = set()
+        self.reserved: dict[str, str] = {}  # node -> the aged action it is held for
+        # capacity facts, dropped by `capacity_changed`
+        self.fits_some: dict[Any, bool] = {}  # demand key -> some alive node could ever fit it
+        self.shares: dict[Any, float] = {}  # demand shape -> dominant share of `largest`
+        self._largest: dict[str, float] | None = None  # (None: recompute)
+        policy = self.policy
+        self.elastic = policy.elastic
+        self.partitioned = policy.partitioned is not None
+        self.resident = policy.resident
+
+    # ---- the event in progress ------------------------------------------------------------------
+    def begin(self, time: float, cause: str) -> list[Command]:
+        """Start an event at ``time`` (the clock never goes back): a fresh command list."""
+        if time > self.now:
+            self.now = time
+        self.cause = cause
+        out: list[Command] = []
+        self.out = out
+        if self.start_index:
+            self.start_index = {}
+        return out
+
+    def recause(self, cause: str) -> None:
+        """The cause of the commands that follow (one event that carries several actions)."""
+        self.cause = cause
+
+    def end(self) -> None:
+        """The event is done: its command list belongs to the caller now."""
+        self.out = []
+
+    # ---- capacity facts -------------------------------------------------------------------------
+    def capacity_changed(self) -> None:
+        self.fits_some.clear()
+        self.shares.clear()
+        self._largest = None
+
+    def largest(self) -> dict[str, float]:
+        """The largest capacity of an alive node, per dimension (cached)."""
+        ref = self._largest
+        if ref is None:
+            ref = self._largest = largest_capacity(self.nodes.values())
+        return ref
+
+    def share_of(self, rec: ActionRecord) -> float:
+        """The dominant share of ``rec``'s demand shape against `largest` (cached per shape)."""
+        share = self.shares.get(rec.skey)
+        if share is None:
+            share = self.shares[rec.skey] = rec.spec.demand.dominant_share(self.largest())
+        return share
+
+    def fits_some_node(self, demand: Resources, key: object) -> bool:
+        ok = self.fits_some.get(key)
+        if ok is None:
+            ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
+            self.fits_some[key] = ok
+        return ok
+
+    def expected_work(self, rec: ActionRecord) -> float:
+        """Expected work of an action (seconds at speed 1): the estimator's mean, else its
+        estimate."""
+        got = self.estimator.mean_work(rec.ekey, rec.units)
+        return rec.est if got is None else got
+
+
+def largest_capacity(nodes: Any) -> dict[str, float]:
+    ref: dict[str, float] = {}
+    for n in nodes:
+        if n.alive:
+            for k, v in n.cap.items():
+                if v > ref.get(k, 0.0):
+                    ref[k] = v
+    return ref
