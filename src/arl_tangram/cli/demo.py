@@ -22,6 +22,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ._common import (
+    act_cdf_axes,
+    cdf,
+    check_workload,
+    make_console,
+    policy_list,
+    resolve_cluster,
+    save_figure,
+)
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -83,48 +93,30 @@ def _plot(reports: dict[str, Any], sims: dict[str, Any], path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     for i, (name, r) in enumerate(reports.items()):
         color = f"C{i % 10}"
-        a = sorted(r.acts)
-        if a:
-            ax1.plot(a, [(k + 1) / len(a) for k in range(len(a))], color=color, label=name)
+        if r.acts:
+            ax1.plot(*cdf(r.acts), color=color, label=name)
         s = sims.get(name)
         if s is not None and s.act_samples is not None and len(s.act_samples):
-            b = sorted(float(x) for x in s.act_samples)
-            ax1.plot(b, [(k + 1) / len(b) for k in range(len(b))], ":", color=color, alpha=0.7)
+            ax1.plot(*cdf(s.act_samples), ":", color=color, alpha=0.7)
         if r.cpu_series:
             xs, ys = zip(*r.cpu_series, strict=True)
             ax2.plot(xs, [100 * y for y in ys], color=color, label=name)
-    ax1.set_xscale("log")
-    ax1.set_xlabel("ACT (s)")
-    ax1.set_ylabel("fraction of actions")
-    ax1.set_title("ACT CDF: measured (solid), simulator (dotted)")
-    ax1.legend(fontsize="small")
+    act_cdf_axes(ax1, "ACT CDF: measured (solid), simulator (dotted)", small_legend=True)
     ax2.set_xlabel("seconds since the step began")
     ax2.set_ylabel("CPU busy, % of the node (sandboxes' cgroups)")
     ax2.set_title("CPU utilization over time (measured)")
     ax2.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..core.errors import SpecError
-    from ..sim import runner
-    from .replay import policy_labels, replay_all, table
 
-    console = Console()
-    if not console.is_terminal:
-        console.width = 170
+    console = make_console(width=170)
     t_begin = time.perf_counter()
-    labels_arg = [x.strip() for x in args.policies.split(",")] if args.policies else None
     try:
-        for label in labels_arg or ():
-            runner.parse_policy(label)
-        from ..sim.workloads import get_workload
-
-        get_workload(args.workload)
+        labels_arg = policy_list(args.policies)
+        check_workload(args.workload)
     except KeyError as exc:
         print(f"tangram demo: {exc.args[0]}", file=sys.stderr)
         return 2
@@ -132,50 +124,76 @@ def run(args: argparse.Namespace) -> int:
         console.print("[yellow]tangram demo: sandboxes need root (namespaces, cgroups); "
                       "run it as root or in a container with CAP_SYS_ADMIN[/yellow]")
         return 1
-    from ..replay.calibrate import calibrate, cluster_of, read_calibration
     from ..replay.driver import machine_cores
-    from ..replay.predict import fidelity, optimum, predict, run_bound
-    from ..sim.trace import dump_trace
-    from ..specfile import load_cluster_yaml
 
     cores = machine_cores()
     console.rule(f"[bold]ARL-Tangram demo[/bold]: {args.workload} on this machine ({cores} cores)")
     try:
-        if args.cluster:
-            cluster, cal = load_cluster_yaml(args.cluster), read_calibration(args.cluster)
-        else:
-            console.print("[dim]measuring this machine (tangram calibrate)...[/dim]")
-            spec = calibrate(repeats=3, say=lambda m: console.print(f"[dim]  {m}[/dim]"))
-            cluster, cal = cluster_of(spec), dict(spec["calibration"])
+        cluster, cal = resolve_cluster(
+            args.cluster, lambda m: console.print(f"[dim]  {m}[/dim]"), repeats=3,
+            announce=lambda: console.print("[dim]measuring this machine (tangram calibrate)...[/dim]"))
     except SpecError as exc:
         print(f"tangram demo: {exc}", file=sys.stderr)
         return 2
-    models = [m.name for m in cluster.models]
+    steps = [_trace(args, console, cores, [m.name for m in cluster.models])]
+    reports, sims = _replay_and_predict(args, console, cluster, cal, steps, labels_arg)
+    _print_best_static(console, reports)
+    errs = _print_fidelity(console, reports, sims)
+    path = args.plot or os.path.join(tempfile.gettempdir(), "tangram-demo.png")
+    _plot(reports, sims, path)
+    console.print(f"wrote {path}; total {time.perf_counter() - t_begin:.0f} s")
+    return 0 if all(not math.isnan(e) for e in errs.values()) else 1
+
+
+def _trace(args: argparse.Namespace, console: Any, cores: int, models: list[str]) -> list[Any]:
+    """The sampled RL step (written to --trace-out if asked), said in one line."""
+    from ..sim.trace import dump_trace
+
     trajs, f = sample_trace(args.workload, cores, args.seed, args.trajectories, args.step_s, models)
     if args.trace_out:
         dump_trace(trajs, args.trace_out)
-    steps = [trajs]
     n_act = sum(len(t.steps) for t in trajs)
     console.print(f"trace: {len(trajs)} trajectories of {args.workload} (seed {args.seed}), "
                   f"{n_act} actions, times x{f:.3g} (one factor for generation and work); "
                   f"models mapped onto {', '.join(models) or 'none'}")
-    labels = labels_arg or policy_labels(cluster)
-    units = float(cal["units_per_s"])
+    return trajs
+
+
+def _replay_and_predict(args: argparse.Namespace, console: Any, cluster: Any,
+                        cal: dict[str, Any], steps: list[list[Any]],
+                        labels: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every policy replayed for real, each one's prediction, and the table of both."""
+    from ..replay.predict import optimum, predict, run_bound
+    from .replay import policy_labels, replay_all, table
+
+    trajs = steps[0]
     trace_label = args.trace_out or f"{args.workload}-seed{args.seed}"
-    reports = replay_all(cluster, steps, labels, trace=trace_label, units_per_s=units,
-                         train_s=0.0, url=None, progress=not args.no_progress)
+    reports = replay_all(cluster, steps, labels or policy_labels(cluster), trace=trace_label,
+                         units_per_s=float(cal["units_per_s"]), train_s=0.0, url=None,
+                         progress=not args.no_progress)
     sims = {k: predict(cluster, steps, k, cal, label=trace_label) for k in reports}
+    n_act = sum(len(t.steps) for t in trajs)
     console.print(table(reports, sims, f"{args.workload}: {len(trajs)} trajectories, {n_act} "
                         f"actions, real {cluster.total_capacity().get('cpu'):g} CPU "
                         f"(measured; the simulator's prediction in parentheses)",
                         opt=optimum(cluster, steps, cal),
                         bounds={k: run_bound(cluster, steps, cal, r) for k, r in reports.items()}))
+    return reports, sims
+
+
+def _print_best_static(console: Any, reports: dict[str, Any]) -> None:
     statics = {k: r for k, r in reports.items() if k.startswith("static-pool")}
     if statics and "tangram" in reports:
         best = min(statics, key=lambda k: statics[k].act["avg"])
         mine = reports["tangram"].act["avg"]
         console.print(f"best static pool: {best} (avg ACT {statics[best].act['avg']:.2f} s, "
                       f"{statics[best].act['avg'] / mine:.2f}x tangram's)" if mine > 0 else "")
+
+
+def _print_fidelity(console: Any, reports: dict[str, Any], sims: dict[str, Any]) -> dict[str, float]:
+    """The prediction's error per policy and per ratio to tangram; returns the first."""
+    from ..replay.predict import fidelity
+
     fid = fidelity(reports, sims)
     errs = {k: v["act_avg"]["error"] for k, v in fid["policies"].items()}
     rat = {k: v["act_avg"]["error"] for k, v in fid["ratios"].items()}
@@ -184,7 +202,4 @@ def run(args: argparse.Namespace) -> int:
     if rat:
         console.print("fidelity of the ratios baseline/tangram (avg ACT): " + ", ".join(
             f"{k} {100 * e:+.0f}%" for k, e in rat.items()))
-    path = args.plot or os.path.join(tempfile.gettempdir(), "tangram-demo.png")
-    _plot(reports, sims, path)
-    console.print(f"wrote {path}; total {time.perf_counter() - t_begin:.0f} s")
-    return 0 if all(not math.isnan(e) for e in errs.values()) else 1
+    return errs

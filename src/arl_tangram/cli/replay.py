@@ -9,14 +9,13 @@ with the calibrated spec, side by side).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..core.errors import SpecError
+from ._common import exit_on_bad_input, make_console, progress_bars, resolve_cluster
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,83 +49,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except SpecError as exc:
-        print(f"tangram replay: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:
-        print(f"tangram replay: {exc.args[0]}", file=sys.stderr)
-        return 2
-
-
-def resolve_cluster(path: str | None, say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
-    """(cluster spec, its calibration section); no path: measure this machine now."""
-    from ..replay.calibrate import calibrate, cluster_of, read_calibration
-    from ..specfile import load_cluster_yaml
-
-    if path:
-        return load_cluster_yaml(path), read_calibration(path)
-    say("no --cluster: calibrating this machine first (tangram calibrate --out FILE saves it)")
-    spec = calibrate(say=say)
-    return cluster_of(spec), dict(spec["calibration"])
+    return exit_on_bad_input("replay", _run, args)
 
 
 def policy_labels(cluster: Any) -> list[str]:
-    """`tangram simulate --compare`'s runs, less static-pool allotments no node could give
-    (they are static-pool:max's run again)."""
-    from ..core.resources import CPU
-    from ..sim import runner
+    """`replay.compare.policy_labels` (the runs of ``--compare``)."""
+    from ..replay.compare import policy_labels
 
-    biggest = max(n.capacity.get(CPU) for n in cluster.nodes)
-    out = []
-    for label in runner.policies():
-        parse = getattr(runner, "parse_policy", None)
-        if parse is not None:
-            _name, fixed = parse(label)
-            k = fixed.get("static_k")
-            if k is not None and k > biggest:
-                continue
-        out.append(label)
-    return out
+    return policy_labels(cluster)
 
 
 def replay_all(cluster: Any, steps: Sequence[Any], labels: Sequence[str], *, trace: str,
                units_per_s: float, train_s: float, url: str | None, progress: bool,
                on_done: Callable[[Any], None] | None = None,
                images: Mapping[str, str] | None = None) -> dict[str, Any]:
-    from ..replay.driver import replay_policy, warm_process
+    """`replay.compare.replay_all` with a progress bar per policy when ``progress``."""
+    from ..replay import compare
 
-    warm_process(cluster)
-    total = sum(len(t.steps) for b in steps for t in b)
-    reports: dict[str, Any] = {}
-    bar: Any = None
-    if progress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), transient=False)
-        bar.start()
-    try:
-        for label in labels:
-            tid = bar.add_task(label, total=total) if bar is not None else None
-            tick = (lambda n, t=tid: bar.advance(t, n)) if bar is not None else None
-            rep = asyncio.run(replay_policy(cluster, steps, label, trace=trace,
-                                            units_per_s=units_per_s, train_s=train_s, url=url,
-                                            progress=tick, images=images))
-            reports[rep.policy] = rep
-            if on_done is not None:
-                on_done(rep)
-    finally:
-        if bar is not None:
-            bar.stop()
-    return reports
+    with progress_bars(progress) as start_run:
+        return compare.replay_all(cluster, steps, labels, trace=trace, units_per_s=units_per_s,
+                                  train_s=train_s, url=url, start_run=start_run,
+                                  on_done=on_done, images=images)
 
 
 def _fmt(v: float) -> str:
@@ -158,44 +101,68 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
     from rich.table import Table
 
     t = Table(title=title)
-    cols = ["policy", "actions", "ACT avg s", "p50", "p99", "step s", "util cpu"]
-    if sims:
-        cols[2:2] = []
-        cols = ["policy", "actions", "ACT avg s (sim, err)", "p50 (sim)", "p99 (sim)",
-                "step s (sim, err)", "util cpu (sim)"]
     mine = reports.get(ours)
-    if mine is not None and len(reports) > 1:
-        cols += ["ACT x" + (" (sim)" if sims else ""), "step x" + (" (sim)" if sims else "")]
-    cols.append("other load")
-    for c in cols:
+    with_ratios = mine is not None and len(reports) > 1
+    for c in _columns(bool(sims), with_ratios):
         t.add_column(c, justify="left" if c == "policy" else "right")
     s_mine = sims.get(ours) if sims else None
     for name, r in reports.items():
         s = sims.get(name) if sims else None
-        a, st = r.act, r.step_avg_s
-        if s is not None:
-            from ..replay.predict import err
-
-            row = [name, str(r.actions),
-                   f"{_fmt(a['avg'])} ({_fmt(s.act['avg'])}, {_pct(err(a['avg'], s.act['avg']))})",
-                   f"{_fmt(a['p50'])} ({_fmt(s.act['p50'])})", f"{_fmt(a['p99'])} ({_fmt(s.act['p99'])})",
-                   f"{_fmt(st)} ({_fmt(s.step_avg_s)}, {_pct(err(st, s.step_avg_s))})",
-                   f"{100 * r.cpu_utilization:.0f}% ({100 * s.utilization.get('cpu', 0.0):.0f}%)"]
-        else:
-            row = [name, str(r.actions), _fmt(a["avg"]), _fmt(a["p50"]), _fmt(a["p99"]), _fmt(st),
-                   f"{100 * r.cpu_utilization:.0f}%"]
-        if mine is not None and len(reports) > 1:
-            ra = a["avg"] / mine.act["avg"] if mine.act["avg"] > 0 else math.inf
-            rs = st / mine.step_avg_s if mine.step_avg_s > 0 else math.inf
-            if s is not None and s_mine is not None:
-                pa = s.act["avg"] / s_mine.act["avg"] if s_mine.act["avg"] > 0 else math.inf
-                ps = s.step_avg_s / s_mine.step_avg_s if s_mine.step_avg_s > 0 else math.inf
-                row += [f"{_fmt(ra)} ({_fmt(pa)})", f"{_fmt(rs)} ({_fmt(ps)})"]
-            else:
-                row += [_fmt(ra), _fmt(rs)]
+        row = _measured_cells(name, r) if s is None else _predicted_cells(name, r, s)
+        if mine is not None and with_ratios:
+            row += _ratio_cells(r, mine, s, s_mine)
         ol = r.other_load
         row.append("?" if ol is None else f"{ol:.2f}")
         t.add_row(*row)
+    t.caption = "\n".join(_caption(reports, sims, opt, bounds, with_ratios))
+    return t
+
+
+def _columns(with_sims: bool, with_ratios: bool) -> list[str]:
+    if with_sims:
+        cols = ["policy", "actions", "ACT avg s (sim, err)", "p50 (sim)", "p99 (sim)",
+                "step s (sim, err)", "util cpu (sim)"]
+    else:
+        cols = ["policy", "actions", "ACT avg s", "p50", "p99", "step s", "util cpu"]
+    if with_ratios:
+        cols += ["ACT x" + (" (sim)" if with_sims else ""), "step x" + (" (sim)" if with_sims else "")]
+    return [*cols, "other load"]
+
+
+def _measured_cells(name: str, r: Any) -> list[str]:
+    a, st = r.act, r.step_avg_s
+    return [name, str(r.actions), _fmt(a["avg"]), _fmt(a["p50"]), _fmt(a["p99"]), _fmt(st),
+            f"{100 * r.cpu_utilization:.0f}%"]
+
+
+def _predicted_cells(name: str, r: Any, s: Any) -> list[str]:
+    """Each measured figure with the simulator's beside it (and its error, for the means)."""
+    from ..replay.predict import err
+
+    a, st = r.act, r.step_avg_s
+    return [name, str(r.actions),
+            f"{_fmt(a['avg'])} ({_fmt(s.act['avg'])}, {_pct(err(a['avg'], s.act['avg']))})",
+            f"{_fmt(a['p50'])} ({_fmt(s.act['p50'])})", f"{_fmt(a['p99'])} ({_fmt(s.act['p99'])})",
+            f"{_fmt(st)} ({_fmt(s.step_avg_s)}, {_pct(err(st, s.step_avg_s))})",
+            f"{100 * r.cpu_utilization:.0f}% ({100 * s.utilization.get('cpu', 0.0):.0f}%)"]
+
+
+def _ratio(x: float, ours: float) -> float:
+    return x / ours if ours > 0 else math.inf
+
+
+def _ratio_cells(r: Any, mine: Any, s: Any | None, s_mine: Any | None) -> list[str]:
+    """The row's ACT and step as multiples of ours (and the prediction's, with ``sims``)."""
+    ra, rs = _ratio(r.act["avg"], mine.act["avg"]), _ratio(r.step_avg_s, mine.step_avg_s)
+    if s is not None and s_mine is not None:
+        pa = _ratio(s.act["avg"], s_mine.act["avg"])
+        ps = _ratio(s.step_avg_s, s_mine.step_avg_s)
+        return [f"{_fmt(ra)} ({_fmt(pa)})", f"{_fmt(rs)} ({_fmt(ps)})"]
+    return [_fmt(ra), _fmt(rs)]
+
+
+def _caption(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, opt: float | None,
+             bounds: Mapping[str, Mapping[str, float]] | None, with_ratios: bool) -> list[str]:
     cap = []
     if bounds:
         cap.append(bound_line(reports, bounds, sims))
@@ -205,7 +172,7 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
     lost = lost_actions(reports)
     if lost:
         cap.append(lost)
-    if mine is not None and len(reports) > 1:
+    if with_ratios:
         cap.append("ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)")
     if sims:
         cap.append("(sim, err): the simulator's prediction with the calibrated spec, and its "
@@ -214,8 +181,7 @@ def table(reports: Mapping[str, Any], sims: Mapping[str, Any] | None, title: str
                "simulator's: allotted while running")
     cap.append("other load: cores busy on this machine with neither a sandbox nor the engine's "
                "process during the run (other jobs); the calibration measured it as it was then")
-    t.caption = "\n".join(cap)
-    return t
+    return cap
 
 
 def bound_line(reports: Mapping[str, Any], bounds: Mapping[str, Mapping[str, float]],
@@ -238,46 +204,14 @@ def bound_line(reports: Mapping[str, Any], bounds: Mapping[str, Mapping[str, flo
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from ..replay.predict import predict, run_bound
 
-    from ..replay.calibrate import quick_units_per_s
-    from ..replay.inputs import load_for_replay, parse_image_args, read_images, trace_images
-    from ..replay.predict import fidelity, optimum, predict, run_bound
-
-    console = Console(stderr=args.json)
-    if not console.is_terminal:
-        console.width = 160
-    if args.url and args.compare:
-        raise SpecError("--url", None, "--compare", "a running service has one policy; use --policy "
-                        "(which it must run) or replay embedded")
-    if args.policy:
-        from ..sim.runner import parse_policy
-
-        parse_policy(args.policy)  # KeyError (exit 2) on an unknown label
-    # the cluster first when it is a file: a bad trace or spec fails before any measurement
-    from ..specfile import load_cluster_yaml
-
-    images = {**(read_images(args.cluster) if args.cluster else {}),
-              **parse_image_args(getattr(args, "image", None) or [])}
-    # embedded, every session's image needs a path; a running service may hold it already
-    need = None if args.url else images
-    if args.cluster:
-        load_for_replay(args.trace, load_cluster_yaml(args.cluster), args.steps, need)
-    cluster, cal = resolve_cluster(args.cluster, lambda m: console.print(f"[dim]{m}[/dim]"))
-    steps = load_for_replay(args.trace, cluster, args.steps, need)
-    used = trace_images(steps)
-    images = {k: v for k, v in images.items() if k in used}
-    units = float(cal.get("units_per_s") or 0.0)
-    if units <= 0:
-        units = quick_units_per_s()
-        console.print(f"[dim]no calibration in the spec: work program measured here at "
-                      f"{units:.0f} units per core-second[/dim]")
+    console = make_console(stderr=args.json)
+    _check_args(args)
+    cluster, cal, steps, images = _inputs(args, console)
+    units = _units_per_s(cal, console)
     if args.predict and cal.get("cold_start_s") is None and cal.get("session_open_s") is None:
-        console.print("[yellow]--predict with a spec that has no calibration: the prediction "
-                      "takes sandbox starts and session opens from the trace's cold_start_s "
-                      "figures, which describe other machines (the first action of each "
-                      "session pays its whole cold_start_s); leave --cluster out, or give a "
-                      "`tangram calibrate --out FILE` spec, to predict this machine[/yellow]")
+        console.print(_UNCALIBRATED_PREDICT)
     labels = policy_labels(cluster) if args.compare else [args.policy]
     reports = replay_all(cluster, steps, labels, trace=args.trace, units_per_s=units,
                          train_s=args.train_s, url=args.url,
@@ -288,23 +222,94 @@ def _run(args: argparse.Namespace) -> int:
             sims[label] = predict(cluster, steps, label, cal, train_s=args.train_s, label=args.trace)
     bounds = {k: run_bound(cluster, steps, cal, r) for k, r in reports.items()}
     if args.json:
-        out: dict[str, Any] = {"trace": args.trace, "calibration": cal,
-                               "optimum": {"act_avg": optimum(cluster, steps, cal, args.train_s),
-                                           "by_policy": bounds},
-                               "reports": {k: r.as_dict() for k, r in reports.items()}}
-        if sims:
-            out["predicted"] = {k: s.as_dict() for k, s in sims.items()}
-            out["fidelity"] = fidelity(reports, sims)
-        print(json.dumps(out, indent=2, default=_json_default))
+        _print_json(args, cal, cluster, steps, reports, sims, bounds)
     else:
-        n_act = sum(len(t.steps) for b in steps for t in b)
-        console.print(table(reports, sims or None,
-                            f"{args.trace}: {n_act} actions, real "
-                            f"{cluster.total_capacity().get('cpu'):g} CPU",
-                            opt=optimum(cluster, steps, cal, args.train_s), bounds=bounds))
-        if sims:
-            _print_fidelity(console, fidelity(reports, sims))
+        _print_tables(args, console, cal, cluster, steps, reports, sims, bounds)
     return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Arguments that cannot go together, and the policy's label (`KeyError`: exit 2)."""
+    if args.url and args.compare:
+        raise SpecError("--url", None, "--compare", "a running service has one policy; use --policy "
+                        "(which it must run) or replay embedded")
+    if args.policy:
+        from ..sim.runner import parse_policy
+
+        parse_policy(args.policy)
+
+
+def _inputs(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any], Any,
+                                                             dict[str, str]]:
+    """(cluster, calibration, RL steps, the images the trace uses: name -> path). The cluster
+    first when it is a file: a bad trace or spec fails before any measurement."""
+    from ..replay.inputs import load_for_replay, parse_image_args, read_images, trace_images
+    from ..specfile import load_cluster_yaml
+
+    images = {**(read_images(args.cluster) if args.cluster else {}),
+              **parse_image_args(getattr(args, "image", None) or [])}
+    # embedded, every session's image needs a path; a running service may hold it already
+    need = None if args.url else images
+    if args.cluster:
+        load_for_replay(args.trace, load_cluster_yaml(args.cluster), args.steps, need)
+
+    def say(m: str) -> None:
+        console.print(f"[dim]{m}[/dim]")
+
+    cluster, cal = resolve_cluster(args.cluster, say, announce=lambda: say(
+        "no --cluster: calibrating this machine first (tangram calibrate --out FILE saves it)"))
+    steps = load_for_replay(args.trace, cluster, args.steps, need)
+    used = trace_images(steps)
+    return cluster, cal, steps, {k: v for k, v in images.items() if k in used}
+
+
+def _units_per_s(cal: Mapping[str, Any], console: Any) -> float:
+    """The work program's speed: the calibration's, or measured in this process now."""
+    from ..replay.calibrate import quick_units_per_s
+
+    units = float(cal.get("units_per_s") or 0.0)
+    if units <= 0:
+        units = quick_units_per_s()
+        console.print(f"[dim]no calibration in the spec: work program measured here at "
+                      f"{units:.0f} units per core-second[/dim]")
+    return units
+
+
+_UNCALIBRATED_PREDICT = (
+    "[yellow]--predict with a spec that has no calibration: the prediction "
+    "takes sandbox starts and session opens from the trace's cold_start_s "
+    "figures, which describe other machines (the first action of each "
+    "session pays its whole cold_start_s); leave --cluster out, or give a "
+    "`tangram calibrate --out FILE` spec, to predict this machine[/yellow]")
+
+
+def _print_json(args: argparse.Namespace, cal: Mapping[str, Any], cluster: Any, steps: Any,
+                reports: Mapping[str, Any], sims: Mapping[str, Any],
+                bounds: Mapping[str, Any]) -> None:
+    from ..replay.predict import fidelity, optimum
+
+    out: dict[str, Any] = {"trace": args.trace, "calibration": cal,
+                           "optimum": {"act_avg": optimum(cluster, steps, cal, args.train_s),
+                                       "by_policy": bounds},
+                           "reports": {k: r.as_dict() for k, r in reports.items()}}
+    if sims:
+        out["predicted"] = {k: s.as_dict() for k, s in sims.items()}
+        out["fidelity"] = fidelity(reports, sims)
+    print(json.dumps(out, indent=2, default=_json_default))
+
+
+def _print_tables(args: argparse.Namespace, console: Any, cal: Mapping[str, Any], cluster: Any,
+                  steps: Any, reports: Mapping[str, Any], sims: Mapping[str, Any],
+                  bounds: Mapping[str, Any]) -> None:
+    from ..replay.predict import fidelity, optimum
+
+    n_act = sum(len(t.steps) for b in steps for t in b)
+    console.print(table(reports, sims or None,
+                        f"{args.trace}: {n_act} actions, real "
+                        f"{cluster.total_capacity().get('cpu'):g} CPU",
+                        opt=optimum(cluster, steps, cal, args.train_s), bounds=bounds))
+    if sims:
+        _print_fidelity(console, fidelity(reports, sims))
 
 
 def _print_fidelity(console: Any, fid: Mapping[str, Any]) -> None:

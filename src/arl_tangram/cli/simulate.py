@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..sim.runner import (
 )
 from ..sim.simulator import SimConfig, group_by_step
 from ..sim.workloads import WORKLOADS, get_workload, with_load
+from ._common import act_cdf_axes, exit_on_bad_input, make_console, save_figure
 
 EXIT_STALLED = 3  # a run stalled: no figures are comparable
 
@@ -262,40 +262,23 @@ def plot(reports: dict[str, SimReport], path: str) -> None:
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax2.plot(xs, ys, style, label=f"{name} {dim}")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("ACT (s)")
-    ax1.set_ylabel("fraction of actions")
-    ax1.set_title("ACT CDF")
-    ax1.legend()
+    act_cdf_axes(ax1, "ACT CDF")
     ax2.set_xlabel("virtual time (s)")
     ax2.set_ylabel("busy fraction of capacity")
     ax2.set_title("utilization over time")
     ax2.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---- run ----------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except SpecError as exc:
-        print(f"tangram simulate: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:
-        print(f"tangram simulate: {exc.args[0]}", file=sys.stderr)
-        return 2
+    return exit_on_bad_input("simulate", _run, args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console(stderr=args.json)
-    if not console.is_terminal:
-        console.width = 160
+    console = make_console(stderr=args.json)
     label, cluster, base_batches, train_default = _inputs(args)
     batches = with_load(base_batches, args.load)
     train_s = args.train_s if args.train_s is not None else train_default
@@ -309,34 +292,15 @@ def _run(args: argparse.Namespace) -> int:
     kw = {"seed": args.seed, "workload": label, "config": config}
     if args.sweep:
         return _sweep(args, console, label, cluster, base_batches, config)
-    if args.compare:
-        reports = compare(cluster, batches, **kw, on_report=lambda r: console.print(
-            f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]"))
-    else:
-        reports = {args.policy: run_policy(cluster, batches, args.policy, **kw)}
+    reports = _reports(args, console, cluster, batches, kw)
     opt = bound(batches(), cluster, train_s)
     stalled = _stall_lines(reports)
-    found: list[Savings] = []
-    if args.savings and not stalled:
-        names = BASELINES if args.baseline == "all" else (args.baseline,)
-        for b in names:
-            if b == "static-pool":
-                b = best_static(reports) or "static-pool:max"
-            base = reports.get(b) or run_policy(cluster, batches, b, **kw)
-            found.append(savings(cluster, batches, base, **kw))
+    found = _savings(args, cluster, batches, reports, kw) if args.savings and not stalled else []
     if args.plot:
         plot(reports, args.plot)
         console.print(f"wrote {args.plot}")
     if args.json:
-        out: dict[str, Any] = {"workload": label, "seed": args.seed, "train_s": train_s,
-                               "load": args.load, "bound": _bound_json(opt, reports),
-                               "reports": {k: r.as_dict() for k, r in reports.items()},
-                               "best_static": best_static(reports)}
-        if "tangram" in reports and len(reports) > 1 and not stalled:
-            out["ratios"] = ratios(reports)
-        if found:
-            out["savings"] = [s.as_dict() for s in found]
-        print(json.dumps(out, indent=2, sort_keys=False, default=_json_default))
+        _print_json(args, label, train_s, opt, reports, found, stalled)
     else:
         load = f", load x{args.load:g}" if args.load != 1.0 else ""
         console.print(_table(reports, f"{label}: seed {args.seed}{load}, "
@@ -353,6 +317,42 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reports(args: argparse.Namespace, console: Any, cluster: Any, batches: Batches,
+             kw: dict[str, Any]) -> dict[str, SimReport]:
+    """--compare: every policy (a line as each ends); else the one --policy."""
+    if args.compare:
+        return compare(cluster, batches, **kw, on_report=lambda r: console.print(
+            f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]"))
+    return {args.policy: run_policy(cluster, batches, args.policy, **kw)}
+
+
+def _savings(args: argparse.Namespace, cluster: Any, batches: Batches,
+             reports: dict[str, SimReport], kw: dict[str, Any]) -> list[Savings]:
+    """--savings against --baseline (static-pool: the best static run), each baseline's run
+    taken from ``reports`` where it is there."""
+    found: list[Savings] = []
+    names = BASELINES if args.baseline == "all" else (args.baseline,)
+    for b in names:
+        if b == "static-pool":
+            b = best_static(reports) or "static-pool:max"
+        base = reports.get(b) or run_policy(cluster, batches, b, **kw)
+        found.append(savings(cluster, batches, base, **kw))
+    return found
+
+
+def _print_json(args: argparse.Namespace, label: str, train_s: float, opt: Bound,
+                reports: dict[str, SimReport], found: list[Savings], stalled: list[str]) -> None:
+    out: dict[str, Any] = {"workload": label, "seed": args.seed, "train_s": train_s,
+                           "load": args.load, "bound": _bound_json(opt, reports),
+                           "reports": {k: r.as_dict() for k, r in reports.items()},
+                           "best_static": best_static(reports)}
+    if "tangram" in reports and len(reports) > 1 and not stalled:
+        out["ratios"] = ratios(reports)
+    if found:
+        out["savings"] = [s.as_dict() for s in found]
+    print(json.dumps(out, indent=2, sort_keys=False, default=_json_default))
+
+
 def _bound_json(opt: Bound, reports: dict[str, SimReport]) -> dict[str, Any]:
     """The --json "bound": each action alone (``act``, ``step_s``, ``step_avg_s``, as before),
     and the table's bound: the lowest of the runs' own bounds (``act_avg``, run ``of``)."""
@@ -360,61 +360,28 @@ def _bound_json(opt: Bound, reports: dict[str, SimReport]) -> dict[str, Any]:
     return {**opt.as_dict(), "act_avg": lowest, "alone_act_avg": opt.act["avg"], "of": who}
 
 
+_SWEEP_BASELINES = ("trajectory-bound", "task-isolated", "fifo", "best static")
+
+
 def _sweep(args: argparse.Namespace, console: Any, label: str, cluster: Any, base: Batches,
            config: SimConfig) -> int:
     """--compare at each load factor: tangram's multiple of the optimum and each baseline's
     ratio to tangram (ACT and step), as a table, JSON and (with --plot) a figure."""
-    from rich.table import Table
-
     rows: list[dict[str, Any]] = []
     stalled: list[str] = []
     for load in args.sweep:
         batches = with_load(base, load)
         reports = compare(cluster, batches, seed=args.seed, workload=label, config=config)
-        opt = bound(batches(), cluster, config.train_s)
         lines = _stall_lines(reports)
         stalled += [f"load x{load:g}: {x}" for x in lines]
-        mine = reports["tangram"]
-        own = mine.bound["act_avg"] if mine.bound else math.nan
-        best_run = best_static(reports)
-        row: dict[str, Any] = {"load": load, "bound_act": table_bound(opt, reports)[0],
-                               "bound_alone_act": opt.act["avg"], "tangram_bound_act": own,
-                               "tangram_act": mine.act["avg"],
-                               "tangram_x_bound": mine.act["avg"] / own if own > 0 else math.nan,
-                               "best_static_act": reports[best_run].act["avg"] if best_run else math.nan,
-                               "best_static": best_static(reports), "stalled": bool(lines),
-                               "util_cpu": reports["tangram"].utilization.get("cpu", 0.0)}
-        if not lines:
-            rr = ratios(reports)
-            best = row["best_static"]
-            for b in ("trajectory-bound", "task-isolated", "fifo"):
-                row[b] = rr[b]
-            if best is not None:
-                row["best static"] = rr[best]
-        rows.append(row)
+        rows.append(_sweep_row(load, reports, bound(batches(), cluster, config.train_s), lines))
         console.print(f"[dim]load x{load:g}: done[/dim]")
-    cols = ("trajectory-bound", "task-isolated", "fifo", "best static")
+    cols = _SWEEP_BASELINES
     if args.json:
         print(json.dumps({"workload": label, "seed": args.seed, "sweep": rows}, indent=2,
                          default=_json_default))
     else:
-        t = Table(title=f"{label}: seed {args.seed}, ratios to tangram against load "
-                        "(ACT x / step x; > 1: tangram is better)")
-        for col in ("load", "tangram util cpu", "bound ACT s", "tangram ACT s", "its bound s",
-                    "tangram x bound", *cols):
-            t.add_column(col, justify="right")
-        for r in rows:
-            cells = [f"{r['load']:g}", f"{100 * r['util_cpu']:.1f}%", _fmt(r["bound_act"]),
-                     _fmt(r["tangram_act"]), _fmt(r["tangram_bound_act"]), _fmt(r["tangram_x_bound"])]
-            for c in cols:
-                v = r.get(c)
-                cells.append("STALLED" if r["stalled"] else
-                             f"{_fmt(v['act_avg'])} / {_fmt(v['step'])}" if v else "-")
-            t.add_row(*cells)
-        t.caption = ("bound ACT s: the lowest of the runs' own bounds at that load; its bound s: "
-                     "tangram's, on its own submit times (see `tangram simulate --compare`); "
-                     "tangram x bound: tangram's ACT over its own bound")
-        console.print(t)
+        console.print(_sweep_table(rows, cols, f"{label}: seed {args.seed}"))
     if args.plot:
         _plot_sweep(rows, cols, args.plot, label)
         console.print(f"wrote {args.plot}")
@@ -423,6 +390,52 @@ def _sweep(args: argparse.Namespace, console: Any, label: str, cluster: Any, bas
             console.print(f"[red]{line}")
         return EXIT_STALLED
     return 0
+
+
+def _sweep_row(load: float, reports: dict[str, SimReport], opt: Bound,
+               stalled: list[str]) -> dict[str, Any]:
+    """One load's figures: the bounds, tangram's ACT and its multiple of its own bound, the
+    best static run, and (unless a run stalled) each baseline's ratios to tangram."""
+    mine = reports["tangram"]
+    own = mine.bound["act_avg"] if mine.bound else math.nan
+    best_run = best_static(reports)
+    row: dict[str, Any] = {"load": load, "bound_act": table_bound(opt, reports)[0],
+                           "bound_alone_act": opt.act["avg"], "tangram_bound_act": own,
+                           "tangram_act": mine.act["avg"],
+                           "tangram_x_bound": mine.act["avg"] / own if own > 0 else math.nan,
+                           "best_static_act": reports[best_run].act["avg"] if best_run else math.nan,
+                           "best_static": best_static(reports), "stalled": bool(stalled),
+                           "util_cpu": reports["tangram"].utilization.get("cpu", 0.0)}
+    if not stalled:
+        rr = ratios(reports)
+        best = row["best_static"]
+        for b in ("trajectory-bound", "task-isolated", "fifo"):
+            row[b] = rr[b]
+        if best is not None:
+            row["best static"] = rr[best]
+    return row
+
+
+def _sweep_table(rows: list[dict[str, Any]], cols: Sequence[str], title: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"{title}, ratios to tangram against load "
+                    "(ACT x / step x; > 1: tangram is better)")
+    for col in ("load", "tangram util cpu", "bound ACT s", "tangram ACT s", "its bound s",
+                "tangram x bound", *cols):
+        t.add_column(col, justify="right")
+    for r in rows:
+        cells = [f"{r['load']:g}", f"{100 * r['util_cpu']:.1f}%", _fmt(r["bound_act"]),
+                 _fmt(r["tangram_act"]), _fmt(r["tangram_bound_act"]), _fmt(r["tangram_x_bound"])]
+        for c in cols:
+            v = r.get(c)
+            cells.append("STALLED" if r["stalled"] else
+                         f"{_fmt(v['act_avg'])} / {_fmt(v['step'])}" if v else "-")
+        t.add_row(*cells)
+    t.caption = ("bound ACT s: the lowest of the runs' own bounds at that load; its bound s: "
+                 "tangram's, on its own submit times (see `tangram simulate --compare`); "
+                 "tangram x bound: tangram's ACT over its own bound")
+    return t
 
 
 def _plot_sweep(rows: list[dict[str, Any]], cols: Sequence[str], path: str, label: str) -> None:
@@ -454,9 +467,7 @@ def _plot_sweep(rows: list[dict[str, Any]], cols: Sequence[str], path: str, labe
         ax.set_ylabel(f"baseline / tangram, {what}")
         ax.set_title(f"{label}: {what} ratio")
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _json_default(o: Any) -> Any:

@@ -76,101 +76,145 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+class _Runner:
+    """Runs the work program in a fresh sandbox of the CPU manager: (wall s, CPU s) of one run."""
+
+    def __init__(self, mgr: Any) -> None:
+        self.mgr = mgr
+        self.empty_s = 0.0  # median wall time of an empty program's run (`_work_rate` sets it)
+
+    async def __call__(self, units: int, cpus: float, p: float = 0.0,
+                       w: int = 1) -> tuple[float, float]:
+        a = ActionSpec(id=f"cal-{time.monotonic_ns()}", kind=ActionKind.CODE,
+                       payload={"code": program(units, p, w), "language": "python"})
+        t0 = time.perf_counter()
+        rr = await self.mgr.run(a, Resources(cpu=cpus, memory_mb=512))
+        wall = time.perf_counter() - t0
+        if rr.status != "Success":
+            raise RuntimeError(f"calibration program failed: {rr.message} "
+                               f"{rr.run_result.stderr if rr.run_result else ''}")
+        return wall, float(rr.cpu_time or 0.0)
+
+
+_PROBE_UNITS = 3000  # work units of one probe run (a fraction of a second on one core)
+
+
 async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
+    """The CPU side: the work program's speed, the quota check, the parallel speedups and the
+    sandbox and session starts, each measured through a real `CpuManager`."""
     from ..managers.cpu import CpuManager, CpuManagerConfig
 
     mgr = CpuManager(CpuManagerConfig())
     await mgr.start()
     out: dict[str, float] = {}
     try:
-        pool = mgr._pool
-        assert pool is not None
-        for _ in range(40):  # let the warm pool fill
-            if len(pool.ready) >= 2:
-                break
-            await asyncio.sleep(0.05)
-
-        async def run(units: int, cpus: float, p: float = 0.0, w: int = 1) -> tuple[float, float]:
-            a = ActionSpec(id=f"cal-{time.monotonic_ns()}", kind=ActionKind.CODE,
-                           payload={"code": program(units, p, w), "language": "python"})
-            t0 = time.perf_counter()
-            rr = await mgr.run(a, Resources(cpu=cpus, memory_mb=512))
-            wall = time.perf_counter() - t0
-            if rr.status != "Success":
-                raise RuntimeError(f"calibration program failed: {rr.message} "
-                                   f"{rr.run_result.stderr if rr.run_result else ''}")
-            return wall, float(rr.cpu_time or 0.0)
-
+        await _wait_warm(mgr, 2)
+        run = _Runner(mgr)
         await run(200, 1.0)  # first run: page faults, caches
-        probe_units = 3000
-        rates, walls0 = [], []
-        for _ in range(repeats):
-            w0, _c0 = await run(0, 1.0)
-            wall, _cpu = await run(probe_units, 1.0)
-            walls0.append(w0)
-            rates.append(probe_units / max(1e-6, wall - w0))
-        out["units_per_s"] = _median(rates)
-        say(f"work program: {out['units_per_s']:.0f} units per core-second "
-            f"(sandbox run of an empty program {1000 * _median(walls0):.1f} ms)")
-        wq, _ = await run(probe_units // 4, 0.25)
-        w1, _ = await run(probe_units // 4, 1.0)
-        out["quarter_core_slowdown"] = (wq - _median(walls0)) / max(1e-6, w1 - _median(walls0))
-        # fully parallel work (p = 1, k processes) on a k-core quota against the same work in
-        # one process on one core, paired and interleaved (the machine's speed drifts); the
-        # speedup is the ratio of the summed times (what durations average to), the pairs'
-        # ratios give its range
-        speedups: dict[int, float] = {}
-        from .driver import machine_busy_s
+        out.update(await _work_rate(run, repeats, say))
+        out.update(await _quarter_core(run))
+        out.update(await _parallel_speedups(run, repeats))
+        say(_quota_line(out, repeats))
+        out.update(await _sandbox_starts(mgr, repeats, say))
+    finally:
+        await mgr.aclose()
+    return out
 
-        m0, own0, t0, used = machine_busy_s(), _own_s(), time.perf_counter(), 0.0
-        for k in parallel_core_counts():
-            ratios, sum1, sumk = [], 0.0, 0.0
-            for _ in range(repeats):
-                wk, ck = await run(probe_units, float(k), 1.0, k)
-                w1k, c1k = await run(probe_units, 1.0)
-                used += ck + c1k
-                sum1 += max(1e-6, w1k - _median(walls0))
-                sumk += max(1e-6, wk - _median(walls0))
-                ratios.append((w1k - _median(walls0)) / max(1e-6, wk - _median(walls0)))
-            speedups[k] = min(float(k), sum1 / sumk)
-            out[f"speedup_{k}"] = speedups[k]
-            out[f"speedup_{k}_min"] = min(ratios)
-            out[f"speedup_{k}_max"] = max(ratios)
-        m1 = machine_busy_s()
-        if m0 is not None and m1 is not None and speedups:
-            out["other_load_cores"] = max(0.0, (m1 - m0) - used - (_own_s() - own0)) / (
-                time.perf_counter() - t0)
-        say(f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
+
+async def _wait_warm(mgr: Any, n: int) -> None:
+    """Up to two seconds for the manager's warm pool to hold ``n`` sandboxes."""
+    for _ in range(40):
+        if sum(mgr.warm_state().values()) >= n:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _work_rate(run: _Runner, repeats: int, say: Say) -> dict[str, float]:
+    """Units per CPU-second on a one-core quota: a probe's wall time less an empty run's,
+    paired; sets ``run.empty_s``, which the later measurements subtract."""
+    rates, walls0 = [], []
+    for _ in range(repeats):
+        w0, _c0 = await run(0, 1.0)
+        wall, _cpu = await run(_PROBE_UNITS, 1.0)
+        walls0.append(w0)
+        rates.append(_PROBE_UNITS / max(1e-6, wall - w0))
+    run.empty_s = _median(walls0)
+    units = _median(rates)
+    say(f"work program: {units:.0f} units per core-second "
+        f"(sandbox run of an empty program {1000 * run.empty_s:.1f} ms)")
+    return {"units_per_s": units}
+
+
+async def _quarter_core(run: _Runner) -> dict[str, float]:
+    """How much slower the same work runs on a 0.25-core quota than on one core (the quota check)."""
+    wq, _ = await run(_PROBE_UNITS // 4, 0.25)
+    w1, _ = await run(_PROBE_UNITS // 4, 1.0)
+    return {"quarter_core_slowdown": (wq - run.empty_s) / max(1e-6, w1 - run.empty_s)}
+
+
+async def _parallel_speedups(run: _Runner, repeats: int) -> dict[str, float]:
+    """Fully parallel work (p = 1, k processes) on a k-core quota against the same work in one
+    process on one core, paired and interleaved (the machine's speed drifts); the speedup is
+    the ratio of the summed times (what durations average to), the pairs' ratios give its range.
+    Also the cores other jobs kept busy meanwhile (``other_load_cores``), where /proc/stat reads."""
+    from .driver import machine_busy_s
+
+    out: dict[str, float] = {}
+    m0, own0, t0, used = machine_busy_s(), _own_s(), time.perf_counter(), 0.0
+    for k in parallel_core_counts():
+        ratios, sum1, sumk = [], 0.0, 0.0
+        for _ in range(repeats):
+            wk, ck = await run(_PROBE_UNITS, float(k), 1.0, k)
+            w1k, c1k = await run(_PROBE_UNITS, 1.0)
+            used += ck + c1k
+            sum1 += max(1e-6, w1k - run.empty_s)
+            sumk += max(1e-6, wk - run.empty_s)
+            ratios.append((w1k - run.empty_s) / max(1e-6, wk - run.empty_s))
+        out[f"speedup_{k}"] = min(float(k), sum1 / sumk)
+        out[f"speedup_{k}_min"] = min(ratios)
+        out[f"speedup_{k}_max"] = max(ratios)
+    m1 = machine_busy_s()
+    if m0 is not None and m1 is not None and out:
+        out["other_load_cores"] = max(0.0, (m1 - m0) - used - (_own_s() - own0)) / (
+            time.perf_counter() - t0)
+    return out
+
+
+def _quota_line(out: Mapping[str, float], repeats: int) -> str:
+    speedups = {int(k.split("_")[1]): v for k, v in out.items()
+                if k.startswith("speedup_") and k.count("_") == 1}
+    return (f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
             + ", ".join(f"fully parallel work on {k} cores {v:.2f}x faster than on one "
                         f"({repeats} pairs: {out[f'speedup_{k}_min']:.2f}-"
                         f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items())
             + (f"; other jobs kept {out['other_load_cores']:.2f} cores busy meanwhile"
                if "other_load_cores" in out else ""))
-        colds, warms, opens = [], [], []
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            sb = await pool.spawn()
-            colds.append(time.perf_counter() - t0)
-            pool.release(sb)
-            for _ in range(40):
-                if len(pool.ready) >= 1:
-                    break
-                await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            sb = await pool.take()
-            warms.append(time.perf_counter() - t0)
-            pool.release(sb)
-            t0 = time.perf_counter()
-            await mgr.open_session(f"cal-{i}", Resources(memory_mb=256), 60.0)
-            opens.append(time.perf_counter() - t0)
-            await mgr.close_session(f"cal-{i}")
-        out["cold_start_s"] = _median(colds)
-        out["warm_start_s"] = _median(warms)
-        out["session_open_s"] = _median(opens)
-        say(f"sandbox: cold start {1000 * out['cold_start_s']:.1f} ms, warm take "
-            f"{1000 * out['warm_start_s']:.2f} ms, session open {1000 * out['session_open_s']:.1f} ms")
-    finally:
-        await mgr.aclose()
+
+
+async def _sandbox_starts(mgr: Any, repeats: int, say: Say) -> dict[str, float]:
+    """A fresh sandbox's start (cold), one taken from the warm pool (warm), a session's open.
+    The manager has no public door to spawn or take one sandbox, so this reads its pool."""
+    pool = mgr._pool
+    assert pool is not None
+    colds, warms, opens = [], [], []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        sb = await pool.spawn()
+        colds.append(time.perf_counter() - t0)
+        pool.release(sb)
+        await _wait_warm(mgr, 1)
+        t0 = time.perf_counter()
+        sb = await pool.take()
+        warms.append(time.perf_counter() - t0)
+        pool.release(sb)
+        t0 = time.perf_counter()
+        await mgr.open_session(f"cal-{i}", Resources(memory_mb=256), 60.0)
+        opens.append(time.perf_counter() - t0)
+        await mgr.close_session(f"cal-{i}")
+    out = {"cold_start_s": _median(colds), "warm_start_s": _median(warms),
+           "session_open_s": _median(opens)}
+    say(f"sandbox: cold start {1000 * out['cold_start_s']:.1f} ms, warm take "
+        f"{1000 * out['warm_start_s']:.2f} ms, session open {1000 * out['session_open_s']:.1f} ms")
     return out
 
 

@@ -316,25 +316,83 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
                  progress: Progress | None = None, sample_s: float = 0.25) -> ReplayReport:
     """Replay ``steps`` (one batch of trajectories per RL step) closed-loop on ``backend``."""
     rep = ReplayReport(policy=policy, trace=trace, capacity_cpu=backend.cpu_capacity)
-    models = {m.name: m for m in cluster.models}
     wall0 = time.perf_counter()
-    t0 = time.monotonic()
-    cpu0 = backend.cpu_ns()
-    machine0, own0 = machine_busy_s(), _own_cpu_s()
-    stop = asyncio.Event()
+    meter = _CpuMeter(backend, rep, sample_s)
+    runner = _TrajectoryRunner(backend, rep, cluster, policy=policy, units_per_s=units_per_s,
+                               t0=meter.t0, progress=progress)
+    async with meter:
+        for batch in steps:
+            s0 = time.monotonic()
+            if batch:
+                await asyncio.gather(*(runner.run(t) for t in batch))
+            if train_s > 0:
+                await asyncio.sleep(train_s)
+            rep.step_s.append(time.monotonic() - s0)
+    rep.stats = backend.stats()
+    rep.wall_s = time.perf_counter() - wall0
+    return rep
 
-    async def sampler() -> None:
-        last_t, last_c = t0, cpu0
-        while not stop.is_set():
-            with_timeout = asyncio.create_task(stop.wait())
-            await asyncio.wait({with_timeout}, timeout=sample_s)
+
+class _CpuMeter:
+    """The CPU side of a report, over an ``async with`` block: every ``sample_s`` the sandboxes'
+    busy fraction of the cluster (``cpu_series``); at the end the makespan, the CPU-seconds of
+    the sandboxes, of the whole machine and of this process."""
+
+    def __init__(self, backend: _Backend, rep: ReplayReport, sample_s: float) -> None:
+        self.backend, self.rep, self.sample_s = backend, rep, sample_s
+        self.t0 = time.monotonic()
+        self.cpu0 = backend.cpu_ns()
+        self.machine0, self.own0 = machine_busy_s(), _own_cpu_s()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _CpuMeter:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        self._finish()
+
+    async def _sample(self) -> None:
+        rep, backend = self.rep, self.backend
+        last_t, last_c = self.t0, self.cpu0
+        while not self._stop.is_set():
+            with_timeout = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({with_timeout}, timeout=self.sample_s)
             with_timeout.cancel()
             now, c = time.monotonic(), backend.cpu_ns()
             if c is not None and last_c is not None and now > last_t and rep.capacity_cpu > 0:
-                rep.cpu_series.append((now - t0, (c - last_c) / 1e9 / (now - last_t) / rep.capacity_cpu))
+                rep.cpu_series.append((now - self.t0,
+                                       (c - last_c) / 1e9 / (now - last_t) / rep.capacity_cpu))
             last_t, last_c = now, c
 
-    async def one(traj: Trajectory, step0: float) -> None:
+    def _finish(self) -> None:
+        rep = self.rep
+        rep.makespan_s = time.monotonic() - self.t0
+        machine1 = machine_busy_s()
+        rep.own_cpu_seconds = _own_cpu_s() - self.own0
+        if self.machine0 is not None and machine1 is not None:
+            rep.machine_cpu_seconds = machine1 - self.machine0
+        cpu1 = self.backend.cpu_ns()
+        if self.cpu0 is not None and cpu1 is not None:
+            rep.cpu_seconds = (cpu1 - self.cpu0) / 1e9
+
+
+class _TrajectoryRunner:
+    """Runs one trajectory closed-loop on the backend (its generation waits, its actions one
+    after another, its sessions opened on first use and closed at its end) and counts each
+    delivered action into the report."""
+
+    def __init__(self, backend: _Backend, rep: ReplayReport, cluster: ClusterSpec, *,
+                 policy: str, units_per_s: float, t0: float, progress: Progress | None) -> None:
+        self.backend, self.rep, self.policy = backend, rep, policy
+        self.models = {m.name: m for m in cluster.models}
+        self.units_per_s, self.t0, self.progress = units_per_s, t0, progress
+
+    async def run(self, traj: Trajectory) -> None:
         opened: list[str] = []
         turns: dict[str, int] = {}
         try:
@@ -342,65 +400,54 @@ async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], clust
                 delay = (traj.start + gen) if i == 0 else gen
                 if delay > 0:
                     await asyncio.sleep(delay)
-                sid = None
-                if act.session is not None:
-                    sid = traj.session_id(act.session)
-                    if sid not in opened:
-                        sdef = traj.sessions.get(act.session)
-                        await backend.open_session(sid, sdef.demand if sdef else None,
-                                                   sdef.ttl_s if sdef else 3600.0,
-                                                   sdef.image if sdef else None)
-                        opened.append(sid)
+                sid = await self._session(traj, act, opened)
                 in_session = sid is not None and act.kind == ActionKind.TOOL
-                spec = ActionSpec(
-                    id=f"{policy}:{traj.id}#{i}", kind=act.kind, demand=act.demand,
-                    elasticity=act.elasticity, hints=act.hints, task=traj.task,
-                    trajectory=traj.id, session=sid, model=act.model, tag=act.tag,
-                    timeout_s=act.timeout_s, weight=act.weight,
-                    payload=action_payload(act, models.get(act.model or ""), units_per_s, i,
-                                           in_session))
-                submit = time.monotonic() - t0  # (a little before the engine's own submit)
-                status, act_s, out = await backend.run(spec)
-                rep.actions += 1
-                rep.by_status[status] = rep.by_status.get(status, 0) + 1
-                if status in _COUNTED and act_s is not None:
-                    rep.acts.append(act_s)
-                    rep.releases.append((traj.id, i, submit, status))
-                    rep.acts_by_kind.setdefault(act.kind.value, []).append(act_s)
+                submit = time.monotonic() - self.t0  # (a little before the engine's own submit)
+                status, act_s, out = await self.backend.run(self._spec(traj, i, act, sid, in_session))
+                self._count(traj, i, act, submit, status, act_s)
                 if in_session and sid is not None:
                     turns[sid] = turns.get(sid, 0) + 1
                     if f"turn {turns[sid]}" not in _stdout(out):
-                        rep.session_turns_ok = False
-                if progress is not None:
-                    progress(1)
+                        self.rep.session_turns_ok = False
+                if self.progress is not None:
+                    self.progress(1)
         finally:
             for sid in opened:
                 with contextlib.suppress(Exception):
-                    await backend.close_session(sid)
+                    await self.backend.close_session(sid)
 
-    task = asyncio.create_task(sampler())
-    try:
-        for batch in steps:
-            s0 = time.monotonic()
-            if batch:
-                await asyncio.gather(*(one(t, s0) for t in batch))
-            if train_s > 0:
-                await asyncio.sleep(train_s)
-            rep.step_s.append(time.monotonic() - s0)
-    finally:
-        stop.set()
-        await task
-    rep.makespan_s = time.monotonic() - t0
-    machine1 = machine_busy_s()
-    rep.own_cpu_seconds = _own_cpu_s() - own0
-    if machine0 is not None and machine1 is not None:
-        rep.machine_cpu_seconds = machine1 - machine0
-    cpu1 = backend.cpu_ns()
-    if cpu0 is not None and cpu1 is not None:
-        rep.cpu_seconds = (cpu1 - cpu0) / 1e9
-    rep.stats = backend.stats()
-    rep.wall_s = time.perf_counter() - wall0
-    return rep
+    async def _session(self, traj: Trajectory, act: SimAction, opened: list[str]) -> str | None:
+        """The session ``act`` runs in (opened now if this is its first use), or None."""
+        if act.session is None:
+            return None
+        sid = traj.session_id(act.session)
+        if sid not in opened:
+            sdef = traj.sessions.get(act.session)
+            await self.backend.open_session(sid, sdef.demand if sdef else None,
+                                            sdef.ttl_s if sdef else 3600.0,
+                                            sdef.image if sdef else None)
+            opened.append(sid)
+        return sid
+
+    def _spec(self, traj: Trajectory, i: int, act: SimAction, sid: str | None,
+              in_session: bool) -> ActionSpec:
+        return ActionSpec(
+            id=f"{self.policy}:{traj.id}#{i}", kind=act.kind, demand=act.demand,
+            elasticity=act.elasticity, hints=act.hints, task=traj.task,
+            trajectory=traj.id, session=sid, model=act.model, tag=act.tag,
+            timeout_s=act.timeout_s, weight=act.weight,
+            payload=action_payload(act, self.models.get(act.model or ""), self.units_per_s, i,
+                                   in_session))
+
+    def _count(self, traj: Trajectory, i: int, act: SimAction, submit: float, status: str,
+               act_s: float | None) -> None:
+        rep = self.rep
+        rep.actions += 1
+        rep.by_status[status] = rep.by_status.get(status, 0) + 1
+        if status in _COUNTED and act_s is not None:
+            rep.acts.append(act_s)
+            rep.releases.append((traj.id, i, submit, status))
+            rep.acts_by_kind.setdefault(act.kind.value, []).append(act_s)
 
 
 def machine_busy_s() -> float | None:
