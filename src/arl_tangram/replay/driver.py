@@ -37,8 +37,9 @@ from typing import Any
 
 from ..core.actions import ActionKind, ActionSpec, Status
 from ..core.cluster import ClusterSpec, ModelSpec
-from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
+from ..core.resources import CPU
 from ..sim.trace import SimAction, Trajectory
+from .backends import Backend, EmbeddedBackend, HttpBackend
 from .work import program, units_for, workers_for
 
 Progress = Callable[[int], None]  # called with the number of actions just delivered (1)
@@ -155,163 +156,13 @@ def _q(s: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-# ---- backends: the embedded engine, or a running service --------------------------------------
-
-
-class _Backend:
-    cpu_capacity: float = 0.0
-
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
-                           image: str | None = None) -> str:
-        raise NotImplementedError
-    async def close_session(self, sid: str) -> None: ...
-    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
-        raise NotImplementedError
-    def cpu_ns(self) -> int | None: return None
-    def stats(self) -> dict[str, Any]: return {}
-    async def aclose(self) -> None: ...
-
-
-class EmbeddedBackend(_Backend):
-    """The engine in this process over one `NodeHost` per node of the cluster spec."""
-
-    def __init__(self, cluster: ClusterSpec, policy: str, trajectories: int,
-                 shares: Mapping[str, float] | None, *, cpu_config: Mapping[str, Any] | None = None,
-                 tick_s: float = 0.5, images: Mapping[str, str] | None = None,
-                 core_kw: Mapping[str, Any] | None = None) -> None:
-        from ..runtime.config import NodeConfig
-        from ..runtime.engine import Engine, EngineConfig
-        from ..runtime.local import LocalExecutor
-        from ..sim.runner import make_core
-
-        nodes = []
-        for n in cluster.nodes:
-            ngpu = int(n.capacity.get(GPU))
-            gpu = None
-            if ngpu and cluster.models:
-                gpu = {"device": "auto", "cpu_devices": ngpu,
-                       "cpu_device_memory_mb": n.capacity.get(GPU_MEMORY_MB) / ngpu or 4096.0}
-            nodes.append(NodeConfig(name=n.name, pool=n.pool, capacity=n.capacity,
-                                    cpu=dict(cpu_config or {}), gpu=gpu, labels=dict(n.labels)))
-        self.cluster = cluster
-        self.cpu_capacity = cluster.total_capacity().get(CPU)
-        models = tuple(cluster.models)
-
-        def core_factory(_cfg: Any, specs: Sequence[Any]) -> Any:
-            return make_core(ClusterSpec(tuple(specs), models), policy, trajectories, shares,
-                             **dict(core_kw or {}))
-
-        self.executor = LocalExecutor(nodes, models, images=tuple((images or {}).items()))
-        self.engine = Engine(self.executor, EngineConfig(policy=policy, models=models, tick_s=tick_s),
-                             core_factory=core_factory)
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
-                           image: str | None = None) -> str:
-        return await self.engine.open_session(sid, demand=demand, ttl_s=ttl_s, image=image)
-
-    async def close_session(self, sid: str) -> None:
-        await self.engine.close_session(sid)
-
-    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
-        res = await self.engine.run(spec)
-        act = res.finish_time - res.submit_time if res.finish_time is not None else None
-        return res.status.name.lower(), act, res.output
-
-    def cpu_ns(self) -> int | None:
-        """CPU time consumed so far by every sandbox of every node (their cgroups' sum)."""
-        total = 0
-        for host in self.executor.hosts.values():
-            tree = getattr(host.cpu, "_cgroups", None)
-            if tree is None or tree.version is None:
-                return None
-            try:
-                if tree.version == "v1":
-                    with open(f"{tree.bases['cpuacct']}/cpuacct.usage") as f:
-                        total += int(f.read())
-                else:
-                    with open(f"{tree.bases['cpu']}/cpu.stat") as f:
-                        for line in f:
-                            if line.startswith("usage_usec"):
-                                total += int(line.split()[1]) * 1000
-            except OSError:
-                return None
-        return total
-
-    def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
-
-    async def aclose(self) -> None:
-        await self.engine.aclose()
-
-
-class HttpBackend(_Backend):
-    """A running `tangram serve` at ``url``, through the client SDK (its policy is its own)."""
-
-    def __init__(self, url: str, token: str | None = None,
-                 images: Mapping[str, str] | None = None) -> None:
-        from ..client import AsyncClient
-
-        self.client = AsyncClient(url, token=token) if token else AsyncClient(url)
-        self.images = dict(images or {})
-
-    async def start(self) -> None:
-        for name, path in self.images.items():  # (paths the service's nodes can read)
-            await self.client.import_image(path, name)
-        cl = await self.client.cluster()
-        self.policy = str(cl.get("policy", "?"))
-        self.cpu_capacity = sum(float(n["capacity"].get(CPU, 0.0)) for n in cl.get("nodes", []))
-
-    async def open_session(self, sid: str, demand: Resources | None, ttl_s: float,
-                           image: str | None = None) -> str:
-        body: dict[str, Any] = {"session_id": sid, "ttl_s": ttl_s}
-        if demand is not None:
-            body["demand"] = demand.as_dict()
-        if image is not None:
-            body["image"] = image
-        out = await self.client._request("POST", "/v1/sessions", json=body)
-        return str(out["session_id"])
-
-    async def close_session(self, sid: str) -> None:
-        await self.client._request("DELETE", f"/v1/sessions/{sid}")
-
-    async def run(self, spec: ActionSpec) -> tuple[str, float | None, Any]:
-        body: dict[str, Any] = {
-            "id": spec.id, "kind": spec.kind.value, "payload": dict(spec.payload),
-            "demand": spec.demand.as_dict(), "task": spec.task, "trajectory": spec.trajectory,
-            "timeout_s": min(spec.timeout_s, 3600.0), "weight": spec.weight}
-        if spec.elasticity is not None:
-            el = spec.elasticity
-            body["elasticity"] = {"min": el.min, "max": el.max, "dim": el.dim,
-                                  "parallel_fraction": el.speedup.parallel_fraction}
-        hints = {k: getattr(spec.hints, k) for k in ("expected_s", "test_count", "tokens", "items")
-                 if getattr(spec.hints, k) is not None}
-        if hints:
-            body["hints"] = hints
-        for k in ("session", "model", "tag"):
-            if getattr(spec, k) is not None:
-                body[k] = getattr(spec, k)
-        res = await self.client.run(body)
-        sub, fin = res.get("submit_time"), res.get("finish_time")
-        act = fin - sub if sub is not None and fin is not None else None
-        return str(res.get("status")), act, res.get("output")
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-
 # ---- the closed loop --------------------------------------------------------------------------
 
 
 _COUNTED = {"succeeded", "failed", "timed_out"}
 
 
-async def replay(backend: _Backend, steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
+async def replay(backend: Backend, steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
                  *, policy: str, trace: str, units_per_s: float, train_s: float = 0.0,
                  progress: Progress | None = None, sample_s: float = 0.25) -> ReplayReport:
     """Replay ``steps`` (one batch of trajectories per RL step) closed-loop on ``backend``."""
@@ -338,7 +189,7 @@ class _CpuMeter:
     busy fraction of the cluster (``cpu_series``); at the end the makespan, the CPU-seconds of
     the sandboxes, of the whole machine and of this process."""
 
-    def __init__(self, backend: _Backend, rep: ReplayReport, sample_s: float) -> None:
+    def __init__(self, backend: Backend, rep: ReplayReport, sample_s: float) -> None:
         self.backend, self.rep, self.sample_s = backend, rep, sample_s
         self.t0 = time.monotonic()
         self.cpu0 = backend.cpu_ns()
@@ -386,7 +237,7 @@ class _TrajectoryRunner:
     after another, its sessions opened on first use and closed at its end) and counts each
     delivered action into the report."""
 
-    def __init__(self, backend: _Backend, rep: ReplayReport, cluster: ClusterSpec, *,
+    def __init__(self, backend: Backend, rep: ReplayReport, cluster: ClusterSpec, *,
                  policy: str, units_per_s: float, t0: float, progress: Progress | None) -> None:
         self.backend, self.rep, self.policy = backend, rep, policy
         self.models = {m.name: m for m in cluster.models}
