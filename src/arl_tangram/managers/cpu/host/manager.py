@@ -287,18 +287,11 @@ class CpuManager:
         try:
             sb = await self._pool.spawn()
             layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
-            layer = await self._take_layer(layer_mb)
-            held_mb = layer.mb if layer is not None else 0
             try:
-                entered = await overlay.enter_image(sb, self.images, img, layer_mb,
-                                                    self.config.sandbox_uid,
-                                                    self.config.sandbox_gid, layer)
-            finally:
-                if layer is not None:
-                    layer.close()  # the sandbox holds it now, or nobody
-            if "error" in entered:
-                return RunResult.sandbox_error(f"cannot enter image {name!r}: {entered['error']}")
-            req = overlay.image_request(req, img, entered.get("python"), layer_mb)
+                held_mb, python = await self._enter_image(sb, img, layer_mb)
+            except ImageError as e:  # (the sandbox said why)
+                return RunResult.sandbox_error(str(e))
+            req = overlay.image_request(req, img, python, layer_mb)
             self._running[action.id] = sb
             return await self._exchange(action.id, sb, req, mem)
         except Exception as e:
@@ -311,6 +304,31 @@ class CpuManager:
             if held_mb and self.layers is not None:
                 self.layers.give_back(held_mb)
             self.images.release(name)
+
+    async def _enter_image(self, sb: Sandbox, img: Image, layer_mb: int) -> tuple[int, str | None]:
+        """Mount ``img`` in ``sb`` over a writable layer of ``layer_mb`` MiB (on the node's disk
+        where it has disk layers, else a tmpfs in the sandbox): the disk MiB now held (the
+        caller gives them back with the sandbox) and the image's Python (None: none). On failure
+        nothing stays held: `LayerError` past the layer budget, `ImageError` when the
+        sandbox cannot enter it."""
+        assert self.images is not None
+        layer = await self._take_layer(layer_mb)
+        held = layer.mb if layer is not None else 0
+        try:
+            try:
+                entered = await overlay.enter_image(sb, self.images, img, layer_mb,
+                                                    self.config.sandbox_uid,
+                                                    self.config.sandbox_gid, layer)
+            finally:
+                if layer is not None:
+                    layer.close()  # the sandbox holds it now, or nobody
+            if "error" in entered:
+                raise ImageError(f"cannot enter image {img.name!r}: {entered['error']}")
+        except BaseException:
+            if held and self.layers is not None:
+                self.layers.give_back(held)
+            raise
+        return held, entered.get("python")
 
     async def _take_layer(self, mb: int) -> Layer | None:
         """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
@@ -346,20 +364,9 @@ class CpuManager:
             if img is not None and self.images is not None:
                 mb = int(layer_mb or self.config.image_layer_mb)
                 try:
-                    layer = await self._take_layer(mb)
+                    s.layer_mb, s.python = await self._enter_image(sb, img, mb)
                 except LayerError as e:
                     raise ImageError(str(e)) from None
-                s.layer_mb = layer.mb if layer is not None else 0
-                try:
-                    entered = await overlay.enter_image(
-                        sb, self.images, img, mb, self.config.sandbox_uid,
-                        self.config.sandbox_gid, layer)
-                finally:
-                    if layer is not None:
-                        layer.close()  # the sandbox holds it now, or nobody
-                if "error" in entered:
-                    raise ImageError(f"cannot enter image {image!r}: {entered['error']}")
-                s.python = entered.get("python")
             if self._freezers is not None and self._freezers.available:
                 s.freezer = self._freezers.new(sb.slot)
                 if s.freezer is not None:
