@@ -43,9 +43,11 @@ demo: install
 test: install system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# ruff, mypy, and the import contracts between the rooms (pyproject.toml [tool.importlinter])
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python benchmarks/bench_core.py
