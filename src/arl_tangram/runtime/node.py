@@ -39,9 +39,10 @@ from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
-from ..core.errors import ImageError
+from ..core.errors import ClosedError, ImageError
 from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+from ..managers.base import CodeRunner, ImageCache, ModelHost
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ class NodeHost:
         models: Sequence[ModelSpec] = (),
         gpu_factories: Any = None,
         labels: Mapping[str, str] | None = None,
-        cpu_manager: Any = None,
-        gpu_manager: Any = None,
+        cpu_manager: CodeRunner | None = None,
+        gpu_manager: ModelHost | None = None,
         images: Sequence[tuple[str, str]] = (),
         eager_images: Sequence[str] = (),
     ) -> None:
@@ -95,8 +96,8 @@ class NodeHost:
         self._models = tuple(models)
         self._gpu_factories = gpu_factories
         self._labels = dict(labels or {})
-        self.cpu: Any = cpu_manager
-        self.gpu: Any = gpu_manager
+        self._cpu = cpu_manager  # (made by `start` unless given)
+        self.gpu: ModelHost | None = gpu_manager
         self.gpu_note = ""  # why there is no GPU manager, when there is none
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._opening: dict[str, asyncio.Event] = {}  # sessions whose OpenSession is in flight
@@ -114,10 +115,17 @@ class NodeHost:
 
     # ---- life ------------------------------------------------------------------------------
 
+    @property
+    def cpu(self) -> CodeRunner:
+        """The CPU manager (`start` makes one unless one was given)."""
+        if self._cpu is None:
+            raise ClosedError(f"node {self.name}: not started")
+        return self._cpu
+
     async def start(self) -> NodeSpec:
         """Start the managers and return what the node offers."""
-        if self.cpu is None:
-            self.cpu = self._make_cpu()
+        if self._cpu is None:
+            self._cpu = self._make_cpu()
         await self.cpu.start()
         if self.gpu is None and self._models and self._gpu_config is not None:
             self.gpu = self._make_gpu()
@@ -136,7 +144,7 @@ class NodeHost:
         self._spawn("warm-reporter", self._report_warm())
         return self.spec
 
-    def _make_cpu(self) -> Any:
+    def _make_cpu(self) -> CodeRunner:
         from ..managers.cpu import CpuManager, CpuManagerConfig
 
         try:
@@ -145,7 +153,7 @@ class NodeHost:
             raise ValueError(f"node {self.name}: cpu: {exc}") from None
         return CpuManager(cfg)
 
-    def _make_gpu(self) -> Any:
+    def _make_gpu(self) -> ModelHost | None:
         try:
             from ..managers.gpu import GpuManager, GpuManagerConfig
         except Exception as exc:  # the [gpu] extra is missing
@@ -181,7 +189,7 @@ class NodeHost:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for mgr in (self.gpu, self.cpu):
+        for mgr in (self.gpu, self._cpu):
             if mgr is not None:
                 with contextlib.suppress(Exception):
                     await mgr.aclose()
@@ -385,17 +393,21 @@ class NodeHost:
 
     # ---- environment images ----------------------------------------------------------------
 
-    def _store(self) -> Any:
-        store = getattr(self.cpu, "images", None)
+    def _store(self) -> ImageCache:
+        store = self._images()
         if store is None:
             from .images import ImagesUnsupported
 
             raise ImagesUnsupported(f"node {self.name}: no CPU manager with an image cache")
         return store
 
+    def _images(self) -> ImageCache | None:
+        """This node's image cache (None: no CPU manager, or one without a cache)."""
+        return getattr(self._cpu, "images", None)  # (a test double may have none)
+
     def _report_images(self) -> None:
         """Every image the cache holds, as warm state for the core."""
-        store = getattr(self.cpu, "images", None)
+        store = self._images()
         if store is None:
             return
         now = time.monotonic()
@@ -422,7 +434,7 @@ class NodeHost:
     async def ensure_image(self, name: str) -> float:
         """Seconds spent waiting for ``name`` to be imported here (0.0: it was already held,
         or no source is known and the manager reports the missing image itself)."""
-        store = getattr(self.cpu, "images", None)
+        store = self._images()
         if store is None or store.has(name):
             return 0.0
         path = self.image_sources.get(name)
@@ -474,10 +486,11 @@ class NodeHost:
         d["warm_pools"] = _safe(lambda: dict(self.cpu.warm_state()), {})
         d["isolation"] = _safe(lambda: _jsonable(self.cpu.isolation_report()), {})
         d["languages"] = _safe(lambda: sorted(self.cpu.languages()), [])
-        d["resident_models"] = _safe(lambda: _jsonable(self.gpu.resident()), []) if self.gpu else []
+        gpu = self.gpu
+        d["resident_models"] = _safe(lambda: _jsonable(gpu.resident()), []) if gpu else []
         d["gpu_manager"] = self.gpu is not None
         d["resizes"] = dict(self.resizes)
-        if getattr(self.cpu, "images", None) is not None:
+        if self._images() is not None:
             d["images"] = _safe(self.list_images, [])
             d["image_sources"] = dict(self.image_sources)
         if self.gpu_note:

@@ -1,0 +1,130 @@
+"""The seam between a node's host (`runtime.node.NodeHost`) and its resource managers.
+
+Runs in: the service process (or a Ray NodeAgent), on its event loop.
+Invariant: a NodeHost talks to its managers only through these Protocols. `CodeRunner` is what
+the CPU manager (`managers.cpu.CpuManager`: sandboxes, sessions, warm pools, images) offers;
+`ModelHost` what the GPU manager (`managers.gpu.GpuManager`: model instances, batches) offers.
+They are structural: the real managers satisfy them without naming them (mypy checks it where
+the runtime makes them), and a test double need only have the methods a test calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..core.actions import ActionSpec, Status
+    from ..core.resources import Resources
+
+
+class RunOutcome(Protocol):
+    """What a one-shot or session action produced (the CPU manager's `RunResult`)."""
+
+    @property
+    def action_status(self) -> Status:
+        """How the action ended, for the core."""
+        ...
+
+    @property
+    def cpu_time(self) -> float | None:
+        """CPU seconds the action's sandbox used (None: not measured)."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as the action's output (SandboxFusion's RunCodeResponse shape)."""
+        ...
+
+
+class ImageRecord(Protocol):
+    """One image of a node's cache (`managers.cpu.images.store.Image`)."""
+
+    name: str
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class ImageCache(Protocol):
+    """A node's cache of environment images (`managers.cpu.images.store.ImageStore`)."""
+
+    def has(self, name: str) -> bool: ...
+
+    def users(self, name: str) -> int: ...
+
+    def list_images(self) -> Sequence[ImageRecord]: ...
+
+    def import_path(self, path: str, name: str, *, replace: bool = True) -> ImageRecord: ...
+
+    def remove(self, name: str) -> ImageRecord: ...
+
+
+class CodeRunner(Protocol):
+    """Runs code actions in isolated sandboxes: one-shot, or in sessions that outlive them."""
+
+    @property
+    def images(self) -> ImageCache | None:
+        """This node's image cache (None: none here)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def run(self, action: ActionSpec, allotment: Resources) -> RunOutcome:
+        """Run one action on ``allotment``; never raises for anything the action contains."""
+        ...
+
+    async def cancel(self, action_id: str) -> None: ...
+
+    async def resize(self, action_id: str, allotment: Resources) -> str:
+        """Change a running action's allotment: "applied", "deferred" or "dropped"."""
+        ...
+
+    async def open_session(self, session_id: str, demand: Resources, ttl_s: float,
+                           image: str | None = None, layer_mb: int | None = None) -> None: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+    def set_warm_target(self, key: str, size: int) -> None: ...
+
+    def warm_state(self) -> Mapping[str, int]: ...
+
+    def isolation_report(self) -> Mapping[str, bool | str]: ...
+
+    def languages(self) -> Mapping[str, str]: ...
+
+
+class BatchResult(Protocol):
+    """What one batch on a model instance produced (the GPU manager's `BatchOutcome`)."""
+
+    @property
+    def outputs(self) -> Mapping[str, dict[str, Any]]: ...
+
+    @property
+    def failed(self) -> Mapping[str, str]: ...
+
+    @property
+    def latency_s(self) -> float: ...
+
+
+class ModelHost(Protocol):
+    """Loads, parks and swaps reward-model instances on a node's devices; scores batches."""
+
+    def node_capacity(self) -> Resources: ...
+
+    def nvlink_domains(self) -> tuple[tuple[int, ...], ...]: ...
+
+    async def load(self, instance_id: str, model: str, devices: tuple[int, ...],
+                   from_host: bool = False) -> float:
+        """Load (or swap in) an instance: the measured seconds."""
+        ...
+
+    async def unload(self, instance_id: str, park: bool = True) -> bool:
+        """Unload an instance (``park``: keep its weights in host memory); whether parked."""
+        ...
+
+    async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchResult: ...
+
+    def resident(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+    async def aclose(self) -> None: ...
