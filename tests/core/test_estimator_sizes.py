@@ -84,6 +84,6 @@ def test_ordering_never_holds_an_action_past_half_its_timeout() -> None:
     d.arrive(act("busy", hints=WorkHints(expected_s=100.0)))
     d.arrive(act("slow", hints=WorkHints(expected_s=50.0), timeout_s=4.0))
     rec = d.core.actions["slow"]
-    assert d.core._aging_after(rec) == pytest.approx(2.0)
+    assert d.core.queues.aging_after(rec) == pytest.approx(2.0)
     d.at(2.5).tick()
     assert "aged" in " ".join(d.core.story("slow"))

@@ -111,7 +111,7 @@ def test_place_among_picks_the_plain_best_fit() -> None:
         rec = ActionRecord(spec, 0.0, 1)
         core.actions[spec.id] = rec
         rec.move(Status.QUEUED, 0.0, "test")
-        core._enqueue(rec)
+        core.queues.enqueue(rec)
         wkey = rec.wkey if core.warm_nodes else ""
         fitting = [n for n in local if n.name not in core.reserved and n.fits(spec.demand)]
         want = min(fitting, key=lambda n: (0 if n.warm.get(wkey) else 1, _leftover(n, spec.demand)),

@@ -4,7 +4,7 @@
   order the demand's items were given in, and tells apart shapes that differ anywhere;
 - a queue entry's int ``rank`` orders as the float priority class it replaced (``-inf`` for no
   work, else ``2 * exponent + half-octave bit``), aged entries (``_AGED``) before all others;
-- `_enqueue`'s inlined rank equals `_rank`.
+- `Queues.enqueue`'s rank equals `Queues.rank`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from arl_tangram.core import Core, CoreConfig
 from arl_tangram.core.actions import ActionSpec, WorkHints
 from arl_tangram.core.cluster import ClusterSpec, NodeSpec
 from arl_tangram.core.events import ActionArrived
+from arl_tangram.core.queues import AGED as _AGED
 from arl_tangram.core.records import ActionRecord, ShapeKey
 from arl_tangram.core.resources import Resources
-from arl_tangram.core.scheduling import _AGED
 
 
 def _old_class(x: float) -> float:
@@ -51,7 +51,7 @@ def test_int_ranks_order_as_the_float_classes() -> None:
         rec = ActionRecord(ActionSpec(f"a{i}", demand=Resources(cpu=8, memory_mb=4096)), 0.0, i)
         rec.est = x  # share of the whole node is 1: x is the work measure itself
         recs.append(rec)
-    ranks = [core._rank(r) for r in recs]
+    ranks = [core.queues.rank(r) for r in recs]
     assert min(ranks) > _AGED
     for i in range(len(xs)):
         for j in range(len(xs)):
@@ -71,11 +71,11 @@ def test_enqueue_ranks_equal_rank() -> None:
         spec = ActionSpec(f"a{i}", demand=demand, hints=WorkHints(expected_s=rng.uniform(0.0, 3.0)))
         core.handle(ActionArrived(t, spec))
     checked = 0
-    for q in core.queues.values():
+    for q in core.queues.heaps.values():
         for rank, seq, gen, aid in q:
             rec = core.actions.get(aid)
             if rec is not None and rec.gen == gen and rank != _AGED:
-                assert rank == core._rank(rec) and seq == rec.seq
+                assert rank == core.queues.rank(rec) and seq == rec.seq
                 checked += 1
     assert checked > 100
     core.validate()

@@ -91,7 +91,7 @@ def _run(seed: int, policy: str, fill: bool) -> list[str]:
                                                aging_relative=2.0))
     if not fill:  # the reference: the general pass, which `_fill_node` shortcuts
         def general(self: Core, node: object) -> None:
-            self._pass(set(self.shape_keys), [node], node.free.get(CPU, 0.0))  # type: ignore[attr-defined]
+            self._pass(set(self.queues.shape_keys), [node], node.free.get(CPU, 0.0))  # type: ignore[attr-defined]
         core._fill_node = general.__get__(core)  # type: ignore[method-assign]
     log: list[str] = []
     running: list[str] = []

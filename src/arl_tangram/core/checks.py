@@ -72,7 +72,7 @@ def _check_actions(core: Core) -> None:
     _check(core.arrived == core.delivered + len(core.actions), "one-deliver-each",
            f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.actions)}")
     live: dict[object, int] = {}
-    entries = {(e[3], e[2], key) for key, q in core.queues.items() for e in q}
+    entries = {(e[3], e[2], key) for key, q in core.queues.heaps.items() for e in q}
     for aid, rec in core.actions.items():
         _check(not rec.status.is_finished, "live-not-finished", f"{aid} is {rec.status.name}")
         _check(rec.status is not S.PENDING, "no-pending-after-handle", aid)
@@ -90,7 +90,7 @@ def _check_actions(core: Core) -> None:
             if el is not None and rec.allotment is not None and rec.partition is None:
                 k = rec.allotment.get(el.dim)
                 _check(el.min - _EPS <= k <= el.max + _EPS, "allotment-in-range", f"{aid}: {k}")
-    _check(live == {k: v for k, v in core.qlive.items() if v}, "queue-counts", f"{live} vs {core.qlive}")
+    _check(live == {k: v for k, v in core.queues.live.items() if v}, "queue-counts", f"{live} vs {core.queues.live}")
 
 
 def _check_sessions(core: Core) -> None:
@@ -115,7 +115,7 @@ def _check_instances(core: Core) -> None:
         others = [o for o in core.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
         if inst.state is InstState.READY and inst.batch is None and core.config.max_batch_wait_s == 0:
-            _check(not core.qlive.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
+            _check(not core.queues.live.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
 
 
 def _check_work_conserving(core: Core) -> None:
@@ -124,8 +124,8 @@ def _check_work_conserving(core: Core) -> None:
     meanwhile: on every node that fits it, the free CPU is below its minimum once the node's
     elastic actions took what they can (they grow into it), unless every such node is cold for
     it and it waits for a node warm for it."""
-    for key in core.shape_keys:
-        got = core._head(key)
+    for key in core.queues.shape_keys:
+        got = core.queues.head(key)
         if got is None:
             continue
         if key.elastic and core.policy.elastic:
@@ -171,7 +171,7 @@ def _check_sessions_served(core: Core) -> None:
             _check(not any(core._session_room(n, sess.demand, act) for n in nodes),
                    "session-waits", f"{sess.id} could open on a node with room")
             continue
-        got = core._head(("sess", sess.id))
+        got = core.queues.head(("sess", sess.id))
         node = core.nodes.get(sess.node)
         if got is None or node is None or not node.alive:
             continue

@@ -33,9 +33,9 @@ from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
 from .modelsched import ModelMixin
-from .nodeindex import FreeIndex
 from .partitioning import PartitionMixin
 from .placement import PlacementMixin
+from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
 from .scheduling import SchedulingMixin
@@ -75,6 +75,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         self.arrived = 0
         self.delivered = 0
         self.terminal: dict[Status, int] = {}
+        self.queues = Queues(self)
         self._init_scheduling()
         self._init_models()
         for spec in cluster.nodes:
@@ -117,12 +118,12 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         now = self.now
         if self.session_expiry and self.session_expiry[0][0] <= now:
             self._expire_sessions()
-        aging = self.aging_heap
+        aging = self.queues.aging_heap
         if aging and aging[0][0] <= now:
-            self._age()
-        overdue = self._overdue_at
+            self.queues.age()
+        overdue = self.queues.overdue_heap
         if overdue and overdue[0][0] <= now:
-            self._wake_overdue()
+            self.queues.wake_overdue()
         dirty, touched = self.dirty, self.touched
         if self._rewake:
             touched.update(self._rewake)
@@ -134,7 +135,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
                 self._pass(keys, None, -1.0)
         if self.models_touched:
             self._dispatch_models()
-        if self.instances and self.shape_keys and self._dynamic_models:
+        if self.instances and self.queues.shape_keys and self._dynamic_models:
             self._yield_devices()  # lazy eviction of idle model instances for GPU actions
         if self.elastic and (dirty or self.expand_at):
             self._expand()  # (after the pass: queued work took what freed up first)
@@ -221,7 +222,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         else:
             rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)
         rec.status = _QUEUED  # (PENDING -> QUEUED: a legal edge, as `move` checks)
-        self._enqueue(rec)
+        self.queues.enqueue(rec)
 
     def _at_fixed(self, spec: ActionSpec) -> ActionSpec:
         """static-pool: an elastic action as a rigid one at the fixed allotment ``static_k``
@@ -321,7 +322,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         """Move a live action to a terminal status, release what it holds, deliver it."""
         st = rec.status
         if st is _QUEUED:
-            self._dequeue(rec)
+            self.queues.dequeue(rec)
         elif rec.allotment is not None and rec.batch is None and (st is _RUNNING or st is _STARTING):
             self._release(rec)
         rec.batch = None
@@ -374,7 +375,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
             rec.batch = None
             rec.move(S.QUEUED, self.now, self.cause)
             rec.note(self.now, f"requeued: {reason}", self.cause)
-            self._enqueue(rec)
+            self.queues.enqueue(rec)
         else:
             self._end(rec, S.NODE_LOST, reason=reason)
 

@@ -168,12 +168,6 @@ class ElasticMixin:
             left = rec.est - done
         return left if left > 1e-9 else 1e-9
 
-    def _size(self: Core, rec: ActionRecord) -> float:
-        """Expected work of a queued action (seconds at speed 1): the estimator's mean, else
-        its estimate."""
-        got = self.estimator.mean_work(rec.ekey, rec.units)
-        return rec.est if got is None else got
-
     def _retime(self: Core, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""
         if rec.allotment is not None and self.now > rec.since:
@@ -184,33 +178,7 @@ class ElasticMixin:
         """Whether a queued elastic action has waited longer than its expected run at its
         maximum: it then starts at whatever width it can get (no wait for a width is longer
         than the run it saves)."""
-        return self.now >= self._overdue_from(rec)
-
-    def _overdue_from(self: Core, rec: ActionRecord) -> float:
-        """When queued elastic ``rec`` becomes overdue: its submit plus its expected run at
-        its maximum."""
-        el = rec.spec.elasticity
-        assert el is not None
-        return rec.submit_time + self._size(rec) / max(el.speedup.factor(el.max), 1e-9)
-
-    def _wake_overdue(self: Core) -> None:
-        """Queued elastic actions that became overdue (`_overdue`) since the last event: their
-        queues are worth a look (the pass may now start them narrow)."""
-        heap, now = self._overdue_at, self.now
-        while heap and heap[0][0] <= now:
-            _, seq, aid = heapq.heappop(heap)
-            rec = self.actions.get(aid)
-            if rec is not None and rec.seq == seq and rec.queue_key is not None:
-                self.touched.add(rec.queue_key)
-
-    def _queued_elastic(self: Core) -> int:
-        """Elastic actions waiting in the shared pool's queues."""
-        n = 0
-        qlive = self.qlive
-        for key in self.shape_keys:
-            if key.elastic:
-                n += qlive.get(key, 0)
-        return n
+        return self.now >= self.queues.overdue_from(rec)
 
     def _plan(self: Core, rec: ActionRecord, node: NodeState, behind: int,
               elsewhere: float = math.inf) -> tuple[float, float]:
@@ -262,7 +230,7 @@ class ElasticMixin:
         if n_run + 1 <= most and n_run + 1 not in tries:
             tries.append(n_run + 1)
         tries.sort()
-        x = self._size(rec)
+        x = self.expected_work(rec)
         jobs = runs + [(x, el)] * (1 + behind)
         best_cost = math.inf
         best_lanes = 0
@@ -400,7 +368,7 @@ class ElasticMixin:
         nodes, reserved = self.nodes, self.reserved
         shape = rec.shape
         n = self._cpu_nodes()
-        queued = self._queued_elastic() - 1  # (this head is still queued)
+        queued = self.queues.queued_elastic() - 1  # (this head is still queued)
         behind = 0 if queued <= 0 else min(32, -(-queued // n))
         enough = self.config.fit_candidates
         cands: list[NodeState] = []
@@ -444,7 +412,7 @@ class ElasticMixin:
         best_w = 0.0
         best_floor = 0.0
         best_cold = False
-        x = self._size(rec)
+        x = self.expected_work(rec)
         cold = 0.0 if self.resident else self.config.sandbox_cold_s
         for node in cands:
             elsewhere = second if node.name == first_node else first

@@ -189,7 +189,7 @@ class ModelMixin:
 
     def _fail_model_queue(self: Core, name: str, reason: str) -> None:
         key = ("model", name)
-        while (got := self._head(key)) is not None:
+        while (got := self.queues.head(key)) is not None:
             self._end(got[0], S.FAILED, reason=reason)
         self.load_failures[name] = 0
 
@@ -246,7 +246,7 @@ class ModelMixin:
         if not self.models_touched:
             return
         for name, iids in self.inst_by_model.items():  # starved models may evict idle ones
-            if not iids and self.qlive.get(("model", name)):
+            if not iids and self.queues.live.get(("model", name)):
                 self.models_touched.add(name)
         todo = sorted(self.models_touched)
         self.models_touched.clear()
@@ -256,26 +256,26 @@ class ModelMixin:
                 inst = self.instances[iid]
                 if inst.state is InstState.READY and inst.batch is None:
                     self._run_batch(inst)
-            if self.qlive.get(("model", name)):
+            if self.queues.live.get(("model", name)):
                 self._scale_out(m)
 
     def _run_batch(self: Core, inst: InstanceRecord) -> None:
         m = inst.model
         key = ("model", m.name)
-        live = self.qlive.get(key, 0)
+        live = self.queues.live.get(key, 0)
         if not live:
             return
         knee = m.knee_batch
         if live < knee and self.config.max_batch_wait_s > 0:
-            head = self._head(key)
+            head = self.queues.head(key)
             if head is not None and self.now - head[0].submit_time < self.config.max_batch_wait_s:
                 return  # let the batch fill (a Tick or arrival will come back)
         self.bseq += 1
         bid = f"b{self.bseq}"
         recs: list[ActionRecord] = []
-        while len(recs) < knee and (got := self._head(key)) is not None:
+        while len(recs) < knee and (got := self.queues.head(key)) is not None:
             rec = got[0]
-            self._dequeue(rec)
+            self.queues.dequeue(rec)
             rec.move(S.RUNNING, self.now, self.cause)
             rec.batch, rec.node, rec.start_time = bid, inst.node, self.now
             rec.allotment = inst.holding()
@@ -312,7 +312,7 @@ class ModelMixin:
         devices: the expected drain time exceeds its cost, or the backlog exceeds what loading
         instances will take plus ``scale_out_batches`` knee batches per ready one. By eviction
         (another model pays with a swap-in later): only the expected drain time counts."""
-        queued = self.qlive.get(("model", m.name), 0)
+        queued = self.queues.live.get(("model", m.name), 0)
         if parked is None:  # where it would go is not known yet: parked weights anywhere?
             parked = any(k[1] == m.name and v > 0 for k, v in self.parked.items())
         cost = m.swap_s if parked else m.load_s
@@ -335,7 +335,7 @@ class ModelMixin:
             i = self.instances[iid]
             name = i.model.name
             if (name == exclude or i.state is not InstState.READY or i.batch is not None
-                    or self.qlive.get(("model", name))):
+                    or self.queues.live.get(("model", name))):
                 continue
             if not starving and self.now - i.last_used < i.model.swap_s:
                 continue
@@ -384,13 +384,13 @@ class ModelMixin:
         node once idle instances there are parked gets that node (then a new pass runs)."""
         freed = False
         gpu_shape = self._gpu_shape
-        for key in list(self.shape_keys):
+        for key in list(self.queues.shape_keys):
             needs = gpu_shape.get(key)
             if needs is None:
                 needs = gpu_shape[key] = any(d == "gpu" and v > 0 for d, v in key.shape)
             if not needs:
                 continue
-            got = self._head(key)
+            got = self.queues.head(key)
             if got is None:
                 continue
             rec = got[0]
@@ -427,9 +427,9 @@ class ModelMixin:
             if len(self.inst_by_model[inst.model.name]) <= keep:
                 continue
             if (inst.state is InstState.READY and inst.batch is None
-                    and not self.qlive.get(("model", inst.model.name))
+                    and not self.queues.live.get(("model", inst.model.name))
                     and self.now - inst.last_used >= limit):
                 self._unload(inst, f"idle {self.now - inst.last_used:.3g}s")
         for name in self.models:
-            if self.qlive.get(("model", name)):
+            if self.queues.live.get(("model", name)):
                 self.models_touched.add(name)

@@ -161,7 +161,6 @@ class PartitionMixin:
         self.part_running[p] -= 1
         self.dirty.add(name)
         self.touched.add(("part", p))
-        keys = self.part_sess.get(p)
+        keys = self.queues.session_queues_of(p)
         if keys:  # session queues of this partition wait on it too
-            keys.intersection_update(self.qlive)
             self.touched.update(keys)

@@ -103,20 +103,7 @@ class PlacementMixin:
         quota = alloc  # what the StartAction carries: the executor's limit
         if rec.charge is not None:
             alloc = rec.charge  # admitted by its measured use: the node is charged that
-        key = rec.queue_key  # `_dequeue(rec)`, inlined
-        qlive = self.qlive
-        n = qlive.get(key, 0) - 1
-        if n <= 0:
-            qlive.pop(key, None)
-            self.shape_keys.pop(key, None)
-            self.queues.pop(key, None)
-        else:
-            qlive[key] = n
-        rec.queue_key = None
-        rec.gen += 1
-        if self.reserved:
-            for name in [n for n, a in self.reserved.items() if a == rec.spec.id]:
-                del self.reserved[name]
+        self.queues.started(rec)
         used, free, cap = node.used, node.free, node.cap  # `node.take(alloc)`, inlined
         for k, v in (alloc._d if type(alloc) is Resources else alloc).items():
             u = used.get(k, 0.0) + v

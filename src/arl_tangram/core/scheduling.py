@@ -18,30 +18,20 @@ placements), never O(pending): a blocked head blocks its whole shape.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
 
-from .actions import Status
 from .nodeindex import FreeIndex
+from .queues import AGED
 from .records import ActionRecord, NodeState, ShapeKey
 from .resources import CPU
 
 if TYPE_CHECKING:
     from .core import Core
 
-S = Status
-_QUEUED = S.QUEUED  # (a module constant: cheaper than S.QUEUED)
-Entry = tuple[int, int, int, str]  # (rank, seq, gen, id)
-_SQRT_HALF = math.sqrt(0.5)
-# rank of priority class c (2 * exponent + half-octave bit, >= -2146 for any float > 0) is
-# c + _RANK0 (usual classes, -40..20, give ranks CPython keeps one object each of: -5..256);
-# an expected work of 0 ranks _RANK_NONE (first among the non-aged), an aged entry _AGED
-_RANK0 = 50
-_RANK_NONE = -3000
-_AGED = -4000
+_AGED = AGED
 
 
 @trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
@@ -49,21 +39,10 @@ class SchedulingMixin:
     """Part of `Core`: everything between a queued action and a StartAction."""
 
     def _init_scheduling(self: Core) -> None:
-        self.queues: dict[Any, list[Entry]] = {}
-        self.qlive: dict[Any, int] = {}
-        self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
-        self.aging_heap: list[tuple[float, int, str]] = []
-        # (when, seq, id) of queued elastic actions: when each will have waited its expected run
-        # at its maximum (`_overdue`, elastic.py)
-        self._overdue_at: list[tuple[float, int, str]] = []
         # queues whose elastic head waits for a node warm for it (`_choose_elastic`), and
         # those to look at again because a warm pool ran dry (`_set_warm`)
         self._warm_waiters: dict[Any, None] = {}
         self._rewake: set[Any] = set()
-        self._aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
-        # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
-        # among actions of the same work (`_fifo_rank`)
-        self._fifo_floor: dict[Any, tuple[int, str]] = {}
         # warm key -> nodes with a warm executor for it; insertion-ordered (a dict, not a set) so
         # that ties between equally good warm nodes break the same way in every process
         self.warm_nodes: dict[str, dict[str, None]] = {}
@@ -75,7 +54,6 @@ class SchedulingMixin:
         self.part_used: dict[tuple[str, str], float] = {}
         self.part_running: dict[str, int] = {}
         self.part_members: dict[str, tuple[str, str, float]] = {}
-        self.part_sess: dict[str, set[Any]] = {}  # partition -> session queues holding its actions
         self.traj_slot: dict[str, str] = {}
         self.traj_node: dict[str, str] = {}
         self.rate_counts: dict[str, int] = {}
@@ -88,177 +66,9 @@ class SchedulingMixin:
         self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over
         self._warm_want: dict[str, int] = {}  # key -> warm executors last spread over them
 
-    # ---- queues ---------------------------------------------------------------------------------
-    def _queue_key(self: Core, rec: ActionRecord) -> Any:
-        spec = rec.spec
-        if rec.is_model:
-            return ("model", spec.model)
-        if spec.session is not None:
-            return ("sess", spec.session)
-        if rec.partition is not None:
-            return ("part", rec.partition)
-        return rec.skey  # its shape's `ShapeKey`
-
-    def _rank(self: Core, rec: ActionRecord) -> int:
-        """Expected work x resources held / weight, in half-octave classes (FIFO inside one),
-        as a queue entry's rank (> `_AGED`; arrival order alone, rank 1, for unordered policies).
-
-        The classes keep actions of one kind in arrival order while their estimates drift a
-        little as the estimator learns; only a real difference in size (>= ~1.4x) reorders.
-        """
-        if not self.policy.ordered:
-            return 1
-        share: float | None
-        if rec.is_model:
-            share = 0.0
-        else:
-            share = self.share_of(rec)
-        x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
-        if x <= 0.0:
-            return _RANK_NONE
-        m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
-        return 2 * e + (m >= _SQRT_HALF) + _RANK0
-
-    def _fifo_rank(self: Core, rec: ActionRecord) -> int:
-        """`_rank`, never below the rank of a still-queued earlier action of the same work
-        (estimator key and units) and weight: as the estimate drifts across a class boundary,
-        actions of one kind stay in arrival order instead of later ones overtaking earlier ones
-        until those age (a p99 of `aging_min_s` under sustained load of identical requests); a
-        heavier action still overtakes (the weight is not drift)."""
-        rank = self._rank(rec)
-        if rank <= _RANK_NONE or not self.policy.ordered:
-            return rank
-        floors = self._fifo_floor
-        group = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
-        got = floors.get(group)
-        if got is not None and got[0] > rank:
-            last = self.actions.get(got[1])
-            if last is not None and last.status is _QUEUED:
-                rank = got[0]
-        if got is None and len(floors) >= 4096:
-            floors.clear()  # (bounded: units may take many values; a floor matters while queued)
-        floors[group] = (rank, rec.spec.id)
-        return rank
-
-    def _aging_after(self: Core, rec: ActionRecord) -> float:
-        """How long ``rec`` may wait before it is served ahead of every non-aged action:
-        `aging_relative` times its expected run, at least `aging_min_s`, at most `aging_s` and
-        half its own timeout (above `aging_min_s`): ordering never holds an action back until
-        its caller gives up (a /run_code answers 504 after its timeouts and a grace)."""
-        cfg = self.config
-        hi = min(cfg.aging_s, max(cfg.aging_min_s, 0.5 * rec.spec.timeout_s))
-        return min(hi, max(cfg.aging_min_s, cfg.aging_relative * rec.est))
-
-    def _enqueue(self: Core, rec: ActionRecord) -> None:
-        spec = rec.spec
-        shared = not rec.is_model and spec.session is None and rec.partition is None
-        key: Any = rec.skey if shared else self._queue_key(rec)
-        rec.queue_key = key
-        gen = rec.gen = rec.gen + 1
-        seq = rec.seq
-        cfg = self.config  # _aging_after, inlined (see there)
-        x, lo, hi = cfg.aging_relative * rec.est, cfg.aging_min_s, cfg.aging_s
-        half = 0.5 * spec.timeout_s
-        if half < hi:
-            hi = half if half > lo else lo
-        x = x if x > lo else lo  # (what the builtins return, without their calls)
-        aging_after = x if x < hi else hi
-        aged = self.now - rec.submit_time >= aging_after
-        if aged:
-            entry = (_AGED, seq, gen, spec.id)
-            self._aged_pushes += 1
-        else:
-            entry = (self._fifo_rank(rec), seq, gen, spec.id)
-        q = self.queues.get(key)
-        if q is None:
-            q = self.queues[key] = []
-        heapq.heappush(q, entry)
-        qlive = self.qlive
-        before = qlive.get(key, 0)
-        qlive[key] = before + 1
-        look = True
-        if shared:
-            self.shape_keys[key] = rec.cpu
-            # With a live action of this shape queued, the last pass left the queue's head
-            # blocked: no alive node outside the reservations fits the shape (work
-            # conservation). With no capacity freed since (nothing dirty), a non-aged action of
-            # the shape is blocked too, head or not: the queue needs no look.
-            # (An elastic head may wait by choice, not for room, and its choice depends on
-            # how many wait: its queue is always worth a look.)
-            look = not before or aged or bool(self.dirty) or (key.elastic and self.elastic)
-        elif key[0] == "sess" and rec.partition is not None:
-            self.part_sess.setdefault(rec.partition, set()).add(key)
-        elif key[0] == "model":
-            self.models_touched.add(key[1])
-        # Every head is blocked after a pass; an entry that does not become the head cannot
-        # change that, so only a new head makes its queue worth a look.
-        e0 = q[0]
-        if not look:
-            pass  # (see above)
-        elif e0[1] == seq and e0[2] == gen:  # `e0 is entry`: fresh, so the head (`_head` would
-            # return it). (Compared by (seq, gen), which no other entry has: compiled, a tuple
-            # of fixed shape is unboxed, and the heap holds a boxed copy, never `entry` itself.)
-            self.touched.add(key)
-        else:
-            r0 = self.actions.get(e0[3])
-            if r0 is None or r0.gen != e0[2] or r0.queue_key != key:  # stale head: `_head` pops
-                got = self._head(key)
-                if got is not None and got[1][1] == seq and got[1][2] == gen:  # (`is entry`)
-                    self.touched.add(key)
-        if not aged:
-            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
-        if rec.elastic and self.elastic:
-            heapq.heappush(self._overdue_at, (self._overdue_from(rec), seq, spec.id))
-
-    def _dequeue(self: Core, rec: ActionRecord) -> None:
-        key = rec.queue_key
-        n = self.qlive.get(key, 0) - 1
-        if n <= 0:
-            self.qlive.pop(key, None)
-            self.shape_keys.pop(key, None)
-            self.queues.pop(key, None)
-        else:
-            self.qlive[key] = n
-            if type(key) is not ShapeKey and key[0] != "model":
-                # a session or partition queue holds actions of several shapes: the next
-                # head may fit where this one did not
-                self.touched.add(key)
-        rec.queue_key = None
-        rec.gen += 1
-        if self.reserved:
-            for name in [n for n, a in self.reserved.items() if a == rec.spec.id]:
-                del self.reserved[name]
-
-    def _head(self: Core, key: Any) -> tuple[ActionRecord, Entry] | None:
-        q = self.queues.get(key)
-        actions = self.actions
-        while q:
-            e = q[0]
-            rec = actions.get(e[3])
-            if rec is not None and rec.gen == e[2] and rec.queue_key == key:
-                return rec, e
-            heapq.heappop(q)
-        return None
-
-    def _age(self: Core) -> None:
-        heap, now = self.aging_heap, self.now
-        while heap and heap[0][0] <= now:
-            _, seq, aid = heapq.heappop(heap)
-            rec = self.actions.get(aid)
-            if rec is None or rec.seq != seq or rec.status is not _QUEUED:
-                continue
-            key = rec.queue_key
-            rec.gen += 1
-            heapq.heappush(self.queues[key], (_AGED, rec.seq, rec.gen, aid))
-            self._aged_pushes += 1
-            rec.note(now, "aged", "aging")
-            self.touched.add(key)
-            if key[0] == "model":
-                self.models_touched.add(key[1])
-
     # ---- the pass -------------------------------------------------------------------------------
     def _candidates(self: Core) -> set[Any]:
-        keys: set[Any] = set(self.shape_keys)
+        keys: set[Any] = set(self.queues.shape_keys)
         touched = self.touched
         if touched:
             keys.update(k for k in touched if k[0] != "model")
@@ -292,7 +102,7 @@ class SchedulingMixin:
                 for name in freed:
                     node = self.nodes[name]
                 if not node.sessions and node.alive:
-                    if self.shape_keys:  # the common case: one node, the shared-pool queues
+                    if self.queues.shape_keys:  # the common case: one node, the shared-pool queues
                         self._fill_node(node)
                     return
                 keys = self._candidates()
@@ -331,7 +141,7 @@ class SchedulingMixin:
         ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
         shared-pool heads not touched by this event are only tried there."""
         touched = self.touched
-        head = self._head
+        head = self.queues.head
         heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
         for key in keys:
@@ -375,12 +185,12 @@ class SchedulingMixin:
         was touched: the candidates are the shared-pool queues' heads, the only node to try is
         that one (the loop below is `_schedule`'s, with what that case makes constant folded).
         """
-        head = self._head
+        head = self.queues.head
         free = node.free
         limit = free.get(CPU, 0.0) + 1e-9
         heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
-        no_aged = not self._aged_pushes
-        for key, kcpu in self.shape_keys.items():  # (no placement happens before this loop ends)
+        no_aged = not self.queues.aged_pushes
+        for key, kcpu in self.queues.shape_keys.items():  # (no placement happens before this loop ends)
             if no_aged and kcpu > limit:
                 continue  # (below, for a head that cannot be aged: all its queue has that cpu)
             got = head(key)
@@ -421,7 +231,7 @@ class SchedulingMixin:
     def _drain_one(self: Core, key: Any) -> None:
         """`_schedule`'s loop when only one queue is a candidate (no freed nodes): place its
         heads until one is blocked; a blocked, aged shared-pool head reserves a node."""
-        head = self._head
+        head = self.queues.head
         got = head(key)
         while got is not None:
             rec = got[0]

@@ -1,0 +1,283 @@
+"""The queues: one heap per queue key, their order, aging, and when an elastic head is overdue.
+
+Invariant: a QUEUED action has exactly one fresh entry, in the heap of its ``queue_key``
+(``rec.gen`` equals the entry's ``gen``); `live` counts those per key and drops a key with
+none; `shape_keys` holds exactly the shared-pool keys (`ShapeKey`) with live entries. Entries
+go stale lazily (a bumped ``gen``) and `head` pops them.
+
+Queues are heaps of ``(rank, seq, gen, id)``: ``rank`` is ``AGED`` once an action has waited
+`aging_after` (aged entries come first, oldest first), else its priority class as an int
+(`rank`). Ints, not floats, because the heaps compare entries on every push and pop; small
+ones for the usual classes, because CPython shares small int objects and a tuple comparison
+passes over identical items without comparing them. Actions of the shared pool are queued per
+*demand shape* (`ShapeKey`), so one pass costs O(shapes + placements), never O(pending): a
+blocked head blocks its whole shape.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from .actions import Status
+from .records import ActionRecord, ShapeKey
+from .state import CoreState
+
+_QUEUED = Status.QUEUED  # (a module constant: cheaper than Status.QUEUED)
+Entry = tuple[int, int, int, str]  # (rank, seq, gen, id)
+_SQRT_HALF = math.sqrt(0.5)
+# rank of priority class c (2 * exponent + half-octave bit, >= -2146 for any float > 0) is
+# c + _RANK0 (usual classes, -40..20, give ranks CPython keeps one object each of: -5..256);
+# an expected work of 0 ranks _RANK_NONE (first among the non-aged), an aged entry AGED
+_RANK0 = 50
+_RANK_NONE = -3000
+AGED = -4000
+
+
+def between(x: float, lo: float, hi: float) -> float:
+    """``min(hi, max(lo, x))`` (``hi`` wins when ``lo > hi``), without the builtins' calls."""
+    x = x if x > lo else lo
+    return x if x < hi else hi
+
+
+class Queues:
+    """Every queue of the core: shared-pool shapes, sessions, partitions, models."""
+
+    def __init__(self, st: CoreState) -> None:
+        self.st = st
+        self.heaps: dict[Any, list[Entry]] = {}  # queue key -> its heap
+        self.live: dict[Any, int] = {}  # queue key -> its fresh entries (keys with none dropped)
+        self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
+        self.aging_heap: list[tuple[float, int, str]] = []  # (when it ages, seq, id)
+        # (when, seq, id) of queued elastic actions: when each will have waited its expected
+        # run at its maximum (`overdue_from`)
+        self.overdue_heap: list[tuple[float, int, str]] = []
+        self.aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
+        # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
+        # among actions of the same work (`fifo_rank`)
+        self._fifo_floors: dict[Any, tuple[int, str]] = {}
+        # partition -> the session queues holding its actions
+        self.partition_sessions: dict[str, set[Any]] = {}
+
+    # ---- keys and order -------------------------------------------------------------------------
+    def key_of(self, rec: ActionRecord) -> Any:
+        spec = rec.spec
+        if rec.is_model:
+            return ("model", spec.model)
+        if spec.session is not None:
+            return ("sess", spec.session)
+        if rec.partition is not None:
+            return ("part", rec.partition)
+        return rec.skey  # its shape's `ShapeKey`
+
+    def rank(self, rec: ActionRecord) -> int:
+        """Expected work x resources held / weight, in half-octave classes (FIFO inside one),
+        as a queue entry's rank (> `AGED`; arrival order alone, rank 1, for unordered policies).
+
+        The classes keep actions of one kind in arrival order while their estimates drift a
+        little as the estimator learns; only a real difference in size (>= ~1.4x) reorders.
+        """
+        st = self.st
+        if not st.policy.ordered:
+            return 1
+        share = 0.0 if rec.is_model else st.share_of(rec)
+        x = rec.est * (1e-3 if share < 1e-3 else share) / rec.spec.weight  # max(share, 1e-3)
+        if x <= 0.0:
+            return _RANK_NONE
+        m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
+        return 2 * e + (m >= _SQRT_HALF) + _RANK0
+
+    def fifo_rank(self, rec: ActionRecord) -> int:
+        """`rank`, never below the rank of a still-queued earlier action of the same work
+        (estimator key and units) and weight: as the estimate drifts across a class boundary,
+        actions of one kind stay in arrival order instead of later ones overtaking earlier ones
+        until those age (a p99 of `aging_min_s` under sustained load of identical requests); a
+        heavier action still overtakes (the weight is not drift)."""
+        rank = self.rank(rec)
+        if rank <= _RANK_NONE or not self.st.policy.ordered:
+            return rank
+        floors = self._fifo_floors
+        group = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
+        got = floors.get(group)
+        if got is not None and got[0] > rank:
+            last = self.st.actions.get(got[1])
+            if last is not None and last.status is _QUEUED:
+                rank = got[0]
+        if got is None and len(floors) >= 4096:
+            floors.clear()  # (bounded: units may take many values; a floor matters while queued)
+        floors[group] = (rank, rec.spec.id)
+        return rank
+
+    def aging_after(self, rec: ActionRecord) -> float:
+        """How long ``rec`` may wait before it is served ahead of every non-aged action:
+        `aging_relative` times its expected run, at least `aging_min_s`, at most `aging_s` and
+        half its own timeout (above `aging_min_s`): ordering never holds an action back until
+        its caller gives up (a /run_code answers 504 after its timeouts and a grace)."""
+        cfg = self.st.config
+        lo, hi = cfg.aging_min_s, cfg.aging_s
+        half = 0.5 * rec.spec.timeout_s
+        if half < hi:
+            hi = half if half > lo else lo
+        return between(cfg.aging_relative * rec.est, lo, hi)
+
+    def overdue_from(self, rec: ActionRecord) -> float:
+        """When queued elastic ``rec`` becomes overdue (it then starts at whatever width it
+        can get): its submit plus its expected run at its maximum."""
+        el = rec.spec.elasticity
+        assert el is not None
+        return rec.submit_time + self.st.expected_work(rec) / max(el.speedup.factor(el.max), 1e-9)
+
+    # ---- in and out -----------------------------------------------------------------------------
+    def enqueue(self, rec: ActionRecord) -> None:
+        st = self.st
+        spec = rec.spec
+        shared = not rec.is_model and spec.session is None and rec.partition is None
+        key: Any = rec.skey if shared else self.key_of(rec)
+        rec.queue_key = key
+        gen = rec.gen = rec.gen + 1
+        seq = rec.seq
+        aging_after = self.aging_after(rec)
+        aged = st.now - rec.submit_time >= aging_after
+        if aged:
+            entry = (AGED, seq, gen, spec.id)
+            self.aged_pushes += 1
+        else:
+            entry = (self.fifo_rank(rec), seq, gen, spec.id)
+        q = self.heaps.get(key)
+        if q is None:
+            q = self.heaps[key] = []
+        heapq.heappush(q, entry)
+        live = self.live
+        before = live.get(key, 0)
+        live[key] = before + 1
+        look = True
+        if shared:
+            self.shape_keys[key] = rec.cpu
+            # With a live action of this shape queued, the last pass left the queue's head
+            # blocked: no alive node outside the reservations fits the shape (work
+            # conservation). With no capacity freed since (nothing dirty), a non-aged action of
+            # the shape is blocked too, head or not: the queue needs no look.
+            # (An elastic head may wait by choice, not for room, and its choice depends on
+            # how many wait: its queue is always worth a look.)
+            look = not before or aged or bool(st.dirty) or (key.elastic and st.elastic)
+        elif key[0] == "sess" and rec.partition is not None:
+            self.partition_sessions.setdefault(rec.partition, set()).add(key)
+        elif key[0] == "model":
+            st.models_touched.add(key[1])
+        # Every head is blocked after a pass; an entry that does not become the head cannot
+        # change that, so only a new head makes its queue worth a look.
+        if look and self._is_head(key, q, seq, gen):
+            st.touched.add(key)
+        if not aged:
+            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
+        if rec.elastic and st.elastic:
+            heapq.heappush(self.overdue_heap, (self.overdue_from(rec), seq, spec.id))
+
+    def _is_head(self, key: Any, q: list[Entry], seq: int, gen: int) -> bool:
+        """Whether the entry ``(seq, gen)`` just pushed on ``q`` is its queue's head (what
+        `head` returns), stale entries above it popped. Compared by (seq, gen), which no other
+        entry has: compiled, a tuple of fixed shape is unboxed, and the heap holds a boxed copy,
+        never the pushed tuple itself."""
+        e0 = q[0]
+        if e0[1] == seq and e0[2] == gen:
+            return True
+        r0 = self.st.actions.get(e0[3])
+        if r0 is None or r0.gen != e0[2] or r0.queue_key != key:  # a stale head: `head` pops it
+            got = self.head(key)
+            return got is not None and got[1][1] == seq and got[1][2] == gen
+        return False
+
+    def dequeue(self, rec: ActionRecord) -> None:
+        """Take a queued action off its queue (cancelled, failed, batched); a session or
+        partition queue is touched (its next head may fit where this one did not)."""
+        key = rec.queue_key
+        if self._leave(rec) and type(key) is not ShapeKey and key[0] != "model":
+            # a session or partition queue holds actions of several shapes: the next
+            # head may fit where this one did not
+            self.st.touched.add(key)
+
+    def started(self, rec: ActionRecord) -> None:
+        """Take an action that starts off its queue (the pass looks at its queue next)."""
+        self._leave(rec)
+
+    def _leave(self, rec: ActionRecord) -> bool:
+        """Off its queue, its node reservations dropped; whether its queue still has others."""
+        key = rec.queue_key
+        live = self.live
+        n = live.get(key, 0) - 1
+        if n <= 0:
+            live.pop(key, None)
+            self.shape_keys.pop(key, None)
+            self.heaps.pop(key, None)
+        else:
+            live[key] = n
+        rec.queue_key = None
+        rec.gen += 1
+        reserved = self.st.reserved
+        if reserved:
+            for name in [n for n, a in reserved.items() if a == rec.spec.id]:
+                del reserved[name]
+        return n > 0
+
+    def head(self, key: Any) -> tuple[ActionRecord, Entry] | None:
+        q = self.heaps.get(key)
+        actions = self.st.actions
+        while q:
+            e = q[0]
+            rec = actions.get(e[3])
+            if rec is not None and rec.gen == e[2] and rec.queue_key == key:
+                return rec, e
+            heapq.heappop(q)
+        return None
+
+    def count(self, key: Any) -> int:
+        """Live entries of queue ``key``."""
+        return self.live.get(key, 0)
+
+    def queued_elastic(self) -> int:
+        """Elastic actions waiting in the shared pool's queues."""
+        n = 0
+        live = self.live
+        for key in self.shape_keys:
+            if key.elastic:
+                n += live.get(key, 0)
+        return n
+
+    # ---- time -----------------------------------------------------------------------------------
+    def age(self) -> None:
+        """Actions that waited their `aging_after`: served first from now on."""
+        st = self.st
+        heap, now = self.aging_heap, st.now
+        while heap and heap[0][0] <= now:
+            _, seq, aid = heapq.heappop(heap)
+            rec = st.actions.get(aid)
+            if rec is None or rec.seq != seq or rec.status is not _QUEUED:
+                continue
+            key = rec.queue_key
+            rec.gen += 1
+            heapq.heappush(self.heaps[key], (AGED, rec.seq, rec.gen, aid))
+            self.aged_pushes += 1
+            rec.note(now, "aged", "aging")
+            st.touched.add(key)
+            if key[0] == "model":
+                st.models_touched.add(key[1])
+
+    def wake_overdue(self) -> None:
+        """Queued elastic actions that became overdue since the last event: their queues are
+        worth a look (the pass may now start them narrow)."""
+        st = self.st
+        heap, now = self.overdue_heap, st.now
+        while heap and heap[0][0] <= now:
+            _, seq, aid = heapq.heappop(heap)
+            rec = st.actions.get(aid)
+            if rec is not None and rec.seq == seq and rec.queue_key is not None:
+                st.touched.add(rec.queue_key)
+
+    def session_queues_of(self, partition: str) -> set[Any]:
+        """The session queues of ``partition`` that still hold actions."""
+        keys = self.partition_sessions.get(partition)
+        if not keys:
+            return set()
+        keys.intersection_update(self.live)
+        return keys
