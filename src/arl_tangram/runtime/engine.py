@@ -30,7 +30,9 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.errors import ClosedError, InvalidAction, TangramError
 from ..core.images import warm_key
+from ..core.protocol import Inspectable, Scheduler
 from ..core.resources import Resources
+from ..core.view import InstanceView, NodeView
 from .clock import Clock, MonotonicClock
 from .executor import Executor
 from .stats import Live, StatsBook
@@ -69,7 +71,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Any:
+def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Scheduler:
     """The production core for ``config.policy`` over ``nodes`` and ``config.models``."""
     from ..core.cluster import ClusterSpec
     from ..core.core import Core, CoreConfig
@@ -111,13 +113,13 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         clock: Clock | None = None,
-        core_factory: Callable[[EngineConfig, Sequence[NodeSpec]], Any] = make_core,
+        core_factory: Callable[[EngineConfig, Sequence[NodeSpec]], Scheduler] = make_core,
     ) -> None:
         self.config = config or EngineConfig()
         self.clock: Clock = clock or MonotonicClock()
         self._executor = executor
         self._core_factory = core_factory
-        self.core: Any = None
+        self.core: Scheduler | None = None  # made by `start` (`core_factory`)
         self.nodes: dict[str, NodeSpec] = {}
         self.started_at: float | None = None
         self.stats_book = StatsBook(self.config.act_window)
@@ -240,8 +242,10 @@ class Engine:
 
     def _handle(self, ev: E.Event) -> list[C.Command]:
         self._observe(ev)
+        core = self.core
+        assert core is not None  # (made by `start`, before the loop runs)
         try:
-            return list(self.core.handle(ev))
+            return list(core.handle(ev))
         except Exception:
             log.exception("core failed on %r", ev)
             return []
@@ -496,9 +500,11 @@ class Engine:
     def cluster(self) -> dict[str, Any]:
         """Nodes with capacity, use, warm pools and resident models (JSON-ready)."""
         info = self._executor.node_info()
-        view = self.core.view() if self.core is not None and hasattr(self.core, "view") else None
+        view = self.core.view() if isinstance(self.core, Inspectable) else None
+        node_views: Sequence[NodeView] = view.nodes if view is not None else ()
+        instance_views: Sequence[InstanceView] = view.instances if view is not None else ()
         nodes = []
-        for nv in view.nodes if view is not None else ():
+        for nv in node_views:
             cap, used = nv.capacity, nv.used
             spec = self.nodes.get(nv.name)
             nodes.append({
@@ -511,7 +517,7 @@ class Engine:
             })
         instances = [{"instance_id": i.id, "model": i.model, "node": i.node,
                       "devices": list(i.devices), "state": i.state, "queue": i.queue}
-                     for i in (view.instances if view is not None else ())]
+                     for i in instance_views]
         return {"nodes": nodes, "policy": self.config.policy,
                 "models": [m.name for m in self.config.models], "instances": instances,
                 "sessions": len(self._sessions)}
@@ -545,8 +551,7 @@ class Engine:
     def _estimator_errors(self) -> dict[str, dict[str, float]]:
         """The core's duration estimator, scored per kind: how far its predictions at arrival
         were from the work done (`DurationEstimator.errors`)."""
-        est = getattr(self.core, "estimator", None) if self.core is not None else None
-        return est.errors() if est is not None else {}
+        return self.core.estimator.errors() if isinstance(self.core, Inspectable) else {}
 
     def _resizes(self) -> dict[str, int]:
         """The nodes' ResizeActions by outcome (`NodeHost.resizes`), summed; a Ray node's as of

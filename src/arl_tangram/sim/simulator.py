@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..core import commands as C
 from ..core import events as E
@@ -24,17 +23,12 @@ from ..core.actions import ActionResult
 from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
 from ..core.images import warm_key
+from ..core.protocol import Scheduler  # what the simulator drives: the Core or a fake
 from .bounds import ReleaseLog
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, FLUSH, TICK, EventLoop
 from .metrics import ActRecorder, SimReport, UsageMeter, build_report
 from .trace import DEFAULT_COLD_START_S, SimAction, Trajectory
-
-
-class Scheduler(Protocol):
-    """What the simulator drives: the pure core (`arl_tangram.core.Core`) or a test fake."""
-
-    def handle(self, event: E.Event) -> list[C.Command]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
