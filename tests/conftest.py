@@ -2,10 +2,24 @@
 
 import os
 
+import pytest
+
 # Ray: no usage stats, and one-machine clusters on the loopback address only (Ray's
 # single-machine mode), so no test traffic leaves 127.0.0.0/8.
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+# Markers (pyproject.toml): `integration` is a test of real parts (sandboxes, models, an HTTP
+# server, Ray), so `pytest -m "not integration"` is the unit suite. `needs_root` is a test that
+# needs root (namespaces, cgroups, mounts, loop devices): it counts as integration, and is
+# skipped, saying so, where the suite does not run as root.
+def pytest_itemcollected(item):  # type: ignore[no-untyped-def]
+    if item.get_closest_marker("needs_root") is None:
+        return
+    item.add_marker(pytest.mark.integration)
+    if os.geteuid() != 0:
+        item.add_marker(pytest.mark.skip(reason="needs root (namespaces, cgroups, mounts)"))
 
 
 # Tests marked `pure_core` replace methods of `Core` to compare a shortcut with its reference

@@ -4,8 +4,6 @@ service YAML's images imported at start. Real engine, real sandboxes (embedded c
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from arl_tangram.client import AsyncClient
@@ -13,7 +11,7 @@ from arl_tangram.core.errors import TangramError
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig, parse_service_config
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")
+pytestmark = pytest.mark.needs_root
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,7 @@ def _response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@pytest.mark.needs_root
 def test_idle_connection_is_reused_past_the_old_5s_timeout() -> None:
     if os.geteuid() != 0:
         pytest.skip("tangram serve's sandboxes need root")

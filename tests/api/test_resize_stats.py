@@ -6,7 +6,6 @@ real sandboxes (httpx ASGI transport)."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import httpx
 import pytest
@@ -18,7 +17,7 @@ from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 from arl_tangram.runtime.engine import Engine
 from arl_tangram.runtime.local import LocalExecutor
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")
+pytestmark = pytest.mark.needs_root
 
 # prints the cores it is shown, then runs on past the end of "hold" (1 s)
 _GROW = "import os, time\nprint(os.cpu_count(), os.environ['TANGRAM_CPUS'])\ntime.sleep(2.5)\n"

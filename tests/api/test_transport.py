@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from arl_tangram.api.transport import CoalescingTransport, http_protocol
 
@@ -61,6 +62,7 @@ async def test_joins_head_and_body_and_flushes_lone_writes() -> None:
     assert t.writes[-1] == b"last"  # a closing connection gets nothing more
 
 
+@pytest.mark.integration
 def test_uvicorn_serves_through_it() -> None:
     import uvicorn
 

@@ -29,7 +29,7 @@ def test_fork_floor_raises_when_its_program_fails() -> None:
         bench.fork_floor(("no_such_module_here",), 2)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")
+@pytest.mark.needs_root
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                     reason="no C compiler")
 def test_isolation_floor_runs_every_step() -> None:
@@ -45,7 +45,7 @@ def _floor_cgroups() -> list[str]:
     return [d for d in os.listdir(base) if d.startswith("tangram-floor-")]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, mounts and cgroups need root")
+@pytest.mark.needs_root
 def test_loaded_floor_measures_both_variants_and_leaves_nothing_behind() -> None:
     pytest.importorskip("arl_tangram.managers.cpu.zygote._fastpath")
     before_mounts = Path("/proc/self/mounts").read_text()

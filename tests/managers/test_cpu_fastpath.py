@@ -14,6 +14,8 @@ from _cpu_helpers import TEST_UID, action, allot
 from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig, wire
 
+pytestmark = pytest.mark.integration
+
 BASE = {"PATH": "/bin", "HOME": "/workdir"}
 
 

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytestmark = pytest.mark.needs_root
+
 PROBE = r'''
 import ctypes, json, os, re, stat, sys
 PAT = re.compile(rb"TGMK" + rb"[0-9a-f]{16}")

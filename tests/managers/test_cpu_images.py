@@ -22,7 +22,7 @@ from arl_tangram.managers.cpu import CpuManager
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.managers.cpu.images.store import ImageError, ImageInUse
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.needs_root, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest.fixture(scope="module")

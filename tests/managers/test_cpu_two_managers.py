@@ -13,7 +13,7 @@ from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (namespaces, cgroups)")
+pytestmark = pytest.mark.needs_root
 
 
 async def _two() -> None:

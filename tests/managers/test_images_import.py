@@ -14,7 +14,7 @@ import pytest
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.managers.cpu.images.store import ImageError, ImageInUse, ImageStore
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="layers keep owners and whiteouts")
+needs_root = pytest.mark.needs_root  # (layers keep owners and whiteouts)
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from _cpu_helpers import layer_loops
 
 from arl_tangram.managers.cpu.images.layers import LayerError, LayerStore
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mounts need root")
+pytestmark = pytest.mark.needs_root
 
 
 def test_concurrent_takes_each_get_their_own_layer_and_all_go_with_their_fds() -> None:

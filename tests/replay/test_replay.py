@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.core.resources import Resources
 from arl_tangram.replay.work import program
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (namespaces, cgroups)")
+pytestmark = pytest.mark.needs_root
 
 
 async def _run_once(cpus: float, units: int, p: float = 0.0, workers: int = 1) -> tuple[float, float]:

@@ -7,7 +7,6 @@ tests/e2e). The simulator side (`--predict`) sees the image only as the session'
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.replay import driver
 from arl_tangram.sim.trace import load_trace, trajectory_json
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (namespaces, cgroups)")
+pytestmark = pytest.mark.needs_root
 
 TRACE = [
     {"id": "img", "task": "swe", "sessions": {"repo": {"demand": {"memory_mb": 256}, "image": "pymini"}},

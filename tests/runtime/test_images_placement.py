@@ -6,8 +6,6 @@ imports it on first use and the session's first action reports the wait (``image
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from arl_tangram.core.actions import ActionKind, ActionSpec, Status
@@ -17,7 +15,7 @@ from arl_tangram.runtime.config import NodeConfig
 from arl_tangram.runtime.engine import Engine
 from arl_tangram.runtime.local import LocalExecutor
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")
+pytestmark = pytest.mark.needs_root
 
 
 @pytest.fixture(scope="module")

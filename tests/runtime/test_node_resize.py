@@ -6,7 +6,6 @@ dropped; ``info()["resizes"]`` counts each."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -16,7 +15,7 @@ from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
 from arl_tangram.runtime.node import NodeHost
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root")
+pytestmark = pytest.mark.needs_root
 
 _SEEN = "import os, time\nprint(os.cpu_count(), os.environ['TANGRAM_CPUS'])\ntime.sleep(0.3)\n"
 
