@@ -14,7 +14,10 @@ import json
 import marshal
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 MAX_FRAME = 256 << 20
 _HDR = struct.Struct(">I")
@@ -50,11 +53,11 @@ def write_frame_fd(fd: int, msg: dict[str, Any]) -> None:
         data = data[n:]
 
 
-def encode_request(msg: dict[str, Any]) -> bytes:
+def encode_request(msg: Mapping[str, Any]) -> bytes:
     """A manager -> sandbox-init request frame (plain data: dict, list, str, int, float, None)."""
     # version 0: no string is marked interned, so the init does not look each key up in (and
     # write to) the interpreter's table of interned strings: ~5 fewer copy-on-write faults
-    body = marshal.dumps(msg, 0)
+    body = marshal.dumps(msg, 0)  # type: ignore[arg-type]  # (a dict at run time: a TypedDict)
     return _HDR.pack(len(body)) + body
 
 
@@ -65,7 +68,7 @@ DIRECT_MAGIC = b"\0TGD"
 DIRECT = struct.Struct("<4sqqqqqdIII")
 
 
-def encode_direct(req: dict[str, Any], base_env: dict[str, str] | None) -> bytes | None:
+def encode_direct(req: Mapping[str, Any], base_env: dict[str, str] | None) -> bytes | None:
     """The compact frame of a direct request (see `direct.eligible`) that has no extra files
     and runs with the sandbox's own environment (``base_env``: what the fork server holds); None
     where the request needs the general form (`encode_request`)."""

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from arl_tangram.core.errors import BrokenError, ClosedError
@@ -63,7 +64,7 @@ class Conn:
             if not fut.done():
                 fut.set_result(msg)
 
-    async def request(self, msg: dict[str, Any] | bytes,
+    async def request(self, msg: Mapping[str, Any] | bytes,
                       timeout: float | None = None) -> dict[str, Any]:
         """Send ``msg`` (a request, or a frame already encoded) and wait for the reply."""
         if self.closed:

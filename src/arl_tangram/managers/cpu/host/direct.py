@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from .. import wire
+from .payload import SandboxRequest
 from .pool import Sandbox
 
 _EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death
@@ -24,7 +25,7 @@ _EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a
 _LAZY_S = 0.02
 
 
-def eligible(req: dict[str, Any]) -> bool:
+def eligible(req: SandboxRequest) -> bool:
     """A request the direct path can run: one Python run stage, nothing to fetch after it."""
     lang = req["lang"]
     return (req["op"] == "run" and bool(lang.get("inproc")) and not lang.get("compile")
@@ -73,7 +74,7 @@ def _watch(out: _Output, err: _Output) -> None:
     err.watch()
 
 
-async def exchange(sb: Sandbox, req: dict[str, Any], budget: float,
+async def exchange(sb: Sandbox, req: SandboxRequest, budget: float,
                    base_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``req`` (see `eligible`) in ``sb``; the reply in the sandbox's wire shape.
     ``base_env``: the sandboxes' own environment (the fork server's); a request with it and no
@@ -101,7 +102,7 @@ async def exchange(sb: Sandbox, req: dict[str, Any], budget: float,
     return {"compile_result": None, "run_result": run, "cases": None, "files": {}}
 
 
-async def _wait(sb: Sandbox, req: dict[str, Any], budget: float,
+async def _wait(sb: Sandbox, req: SandboxRequest, budget: float,
                 base_env: dict[str, str] | None) -> tuple[str, int | None, float]:
     """Send the request, wait for the exit report (or the death); (status, exit code, seconds)."""
     status, rc = "Finished", None

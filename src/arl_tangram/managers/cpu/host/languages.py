@@ -12,13 +12,23 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ..zygote.server import sandbox_path
 
 _SEARCH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/bin", "/usr/bin", "/bin",
      os.path.expanduser("~/.cargo/bin"), "/usr/local/go/bin"])
+
+
+class LangWire(TypedDict):
+    """A language as a sandbox request carries it (`Language.wire`)."""
+
+    name: str  # "python", "bash", "cpp", ...
+    file: str  # the code's file name in the sandbox's work directory
+    compile: list[str] | None  # argv template of the compile stage ({file}, {stem}), or None
+    run: list[str] | None  # argv template of the run stage; None: Python in the forked child
+    inproc: bool  # run is None: the code runs in a fork of the sandbox's own interpreter
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +42,7 @@ class Language:
     description: str = ""  # toolchain and version, for `languages()`
     ro_paths: tuple[str, ...] = ()  # host directories the toolchain needs inside the sandbox
 
-    def wire(self) -> dict[str, object]:
+    def wire(self) -> LangWire:
         return {"name": self.name, "file": self.file,
                 "compile": list(self.compile) if self.compile else None,
                 "run": list(self.run) if self.run else None, "inproc": self.run is None}

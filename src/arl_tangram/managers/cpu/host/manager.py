@@ -28,6 +28,7 @@ from ..images.layers import Layer, LayerError, LayerStore
 from ..images.store import Image, ImageError, ImageStore
 from . import direct, isolation, languages, overlay, payload
 from .cgroups import CgroupTree
+from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
@@ -189,7 +190,7 @@ class CpuManager:
         finally:
             self._quota.pop(action.id, None)
 
-    async def _run_pooled(self, action: ActionSpec, req: dict[str, Any], mem: int) -> RunResult:
+    async def _run_pooled(self, action: ActionSpec, req: SandboxRequest, mem: int) -> RunResult:
         """A one-shot action in a sandbox of the warm pool."""
         assert self._pool is not None
         try:
@@ -204,7 +205,7 @@ class CpuManager:
             self._cancelled.discard(action.id)
             self._pool.release(sb)
 
-    async def _exchange(self, action_id: str, sb: Sandbox, req: dict[str, Any],
+    async def _exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
                         mem: int) -> RunResult:
         """Run ``req`` in ``sb``, registered in `_running` for ``action_id`` (no await between):
         its quota is the action's latest (`_quota`, resized while it waited included)."""
@@ -271,7 +272,7 @@ class CpuManager:
             return "dropped"
         return "applied"
 
-    async def _run_in_image(self, action: ActionSpec, req: dict[str, Any], mem: int,
+    async def _run_in_image(self, action: ActionSpec, req: SandboxRequest, mem: int,
                             name: Any) -> RunResult:
         """A one-shot action in an environment image: a fresh sandbox, the image mounted with
         a fresh writable layer, discarded with the sandbox."""
@@ -391,7 +392,7 @@ class CpuManager:
         if s.image is not None and self.images is not None:
             self.images.release(s.image.name)
 
-    async def _run_in_session(self, action: ActionSpec, req: dict[str, Any]) -> RunResult:
+    async def _run_in_session(self, action: ActionSpec, req: SandboxRequest) -> RunResult:
         sid = str(action.session)
         s = self._sessions.get(sid)
         if s is None:

@@ -23,6 +23,7 @@ from .. import _linux
 from ..images.layers import Layer
 from ..images.store import Image, ImageStore
 from .cgroups import CgroupTree, Slot
+from .payload import SandboxRequest
 from .pool import Sandbox
 
 _FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
@@ -282,17 +283,19 @@ def image_env(env: dict[str, str], img: Image) -> dict[str, str]:
     return out
 
 
-def image_request(req: dict[str, Any], img: Image, python: str | None,
-                  layer_mb: int | None) -> dict[str, Any]:
+def image_request(req: SandboxRequest, img: Image, python: str | None,
+                  layer_mb: int | None) -> SandboxRequest:
     """A one-shot or session request adjusted to run in the image: its environment, and Python
     run by the image's python3 (the init's own interpreter is the host's)."""
-    req = dict(req)
-    req["env"] = image_env(req.get("env") or {}, img)
-    req.pop("direct", None)
-    lang = dict(req.get("lang") or {})
-    if lang.get("inproc"):
-        lang.update(inproc=False, run=[python or "python3", "{file}"])
-    req["lang"] = lang
+    out = req.copy()
+    out["env"] = image_env(req["env"], img)
+    out.pop("direct", None)
+    lang = req["lang"].copy()
+    if lang["inproc"]:
+        lang["inproc"], lang["run"] = False, [python or "python3", "{file}"]
+    out["lang"] = lang
     if layer_mb:  # files may grow to the writable layer's size (RLIMIT_FSIZE)
-        req["limits"] = {**req["limits"], "fsize": int(layer_mb) << 20}
-    return req
+        limits = req["limits"].copy()
+        limits["fsize"] = int(layer_mb) << 20
+        out["limits"] = limits
+    return out

@@ -14,14 +14,14 @@ import math
 import os
 import posixpath
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import CPU
 
 from ..config import CpuManagerConfig
-from .languages import ALL_LANGUAGES, Language
+from .languages import ALL_LANGUAGES, Language, LangWire
 
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -76,11 +76,11 @@ def _files(p: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _cases(p: Mapping[str, Any], lang: str) -> list[dict[str, Any]]:
+def _cases(p: Mapping[str, Any], lang: str) -> list[CaseWire]:
     cases = _get(p, "cases", list, None)
     if not cases:
         raise InvalidAction("payload.cases", "a TEST action needs a non-empty list of cases")
-    out: list[dict[str, Any]] = []
+    out: list[CaseWire] = []
     for i, c in enumerate(cases):
         if not isinstance(c, dict):
             raise InvalidAction(f"payload.cases[{i}]", "each case must be an object")
@@ -154,9 +154,49 @@ def _env(cpus: float, langs: Mapping[str, Language],
     return dict(env)
 
 
+class LimitsWire(TypedDict):
+    """The limits every child of the sandbox runs under (`sandbox.child.Limits`)."""
+
+    uid: int  # the sandbox's unprivileged uid
+    gid: int  # ... and gid
+    cpu_s: int  # RLIMIT_CPU: CPU seconds of one child (timeouts x the cores it is shown, + 1)
+    fsize: int  # RLIMIT_FSIZE: bytes a file may grow to
+    nofile: int  # RLIMIT_NOFILE: open files
+    output: int  # bytes of stdout (and of stderr) kept per child; the rest is read and dropped
+    cpus: float  # cores the code is shown (os.cpu_count(), TANGRAM_CPUS; `visible_cpus`)
+
+
+# One test case: an ``assert`` (Python), or stdin with the expected stdout. (The functional form:
+# ``assert`` is a keyword.)
+CaseWire = TypedDict("CaseWire", {
+    "assert": str,  # Python: a statement run after the code; the case passes when it does not raise
+    "stdin": str,  # fed to the run
+    "expected_stdout": str | None,  # compared with the run's stdout (None: the exit code alone)
+}, total=False)
+
+
+class SandboxRequest(TypedDict):
+    """What the manager asks a sandbox's init to do (`build_request`); encoded by `wire`."""
+
+    op: Literal["run", "session"]  # a one-shot run, or an action in a session's worker
+    lang: LangWire  # how to compile and run the code
+    code: str  # the program's source
+    stdin: str  # fed to the run (without cases)
+    files: dict[str, str]  # path (relative to the work directory) -> base64 content, written first
+    fetch_files: list[str]  # paths whose content comes back in the reply (base64)
+    compile_timeout: float  # seconds for the compile stage
+    run_timeout: float  # seconds for each run (of each case)
+    env: dict[str, str]  # the children's environment
+    cases: list[CaseWire] | None  # a TEST action's cases, else None
+    quota: float  # the allotment's cores: the cgroup's CPU quota (resizes rewrite it)
+    stop_on_first_failure: bool  # cases: skip the rest after the first failure
+    limits: LimitsWire  # rlimits and identity of every child
+    direct: NotRequired[bool]  # (set by `direct`: the init runs it itself, no child)
+
+
 def build_request(action: ActionSpec, allotment: Mapping[str, float],
                   langs: Mapping[str, Language], cfg: CpuManagerConfig,
-                  env_cache: dict[float, dict[str, str]] | None = None) -> dict[str, Any]:
+                  env_cache: dict[float, dict[str, str]] | None = None) -> SandboxRequest:
     """The sandbox request for ``action``; raises InvalidAction naming the bad field.
 
     ``quota`` is the allotment's cores (the sandbox's cgroup quota); ``limits.cpus`` and the
@@ -183,7 +223,7 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
     compile_timeout = _timeout(p, "compile_timeout", cfg.default_compile_timeout_s, cfg.max_timeout_s)
     stdin = _get(p, "stdin", str, "")
     fetch = [_rel_path("payload.fetch_files", f) for f in _get(p, "fetch_files", list, [])]
-    req: dict[str, Any] = {
+    req: SandboxRequest = {
         "op": "session" if session else "run",
         "lang": langs[lang_name].wire(), "code": code, "stdin": stdin, "files": _files(p),
         "fetch_files": fetch, "compile_timeout": compile_timeout, "run_timeout": run_timeout,

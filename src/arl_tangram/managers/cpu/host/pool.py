@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +69,7 @@ class Sandbox:
     outs: tuple[int, ...] = ()
     exit_rc: asyncio.Future[int] | None = None
 
-    async def request(self, msg: dict[str, Any] | bytes,
+    async def request(self, msg: Mapping[str, Any] | bytes,
                       timeout: float | None = None) -> dict[str, Any]:
         return await self.conn.request(msg, timeout)
 
