@@ -16,27 +16,24 @@ from arl_tangram.core.resources import CPU
 
 
 def _spread_warm_plain(self, key: str, rate: float) -> None:
-    """`_spread_warm` as a plain loop: every node of the spread visited on every change of
+    """`WarmPools.spread` as a plain loop: every node of the spread visited on every change of
     want (the fast path visits only the nodes whose target can differ)."""
-    names = self._warm_names
-    if names is None:
-        names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
-        self._warm_names = names
+    names = self.cpu_nodes()
     if not names:
         return
-    cfg = self.config
+    cfg = self.st.config
     n = len(names)
     want = math.ceil(rate * cfg.sandbox_cold_s * 2)
     if rate * cfg.rate_window_s >= 1.0:
         want = max(want, cfg.min_warm_per_node * n)
-    if self._warm_want.get(key) == want:
+    if self.spread_want.get(key) == want:
         return
-    self._warm_want[key] = want
+    self.spread_want[key] = want
     for i, name in enumerate(names):
         t = min(cfg.max_warm_per_node, want // n + (1 if i < want % n else 0))
-        if self.warm_sent.get((name, key), 0) != t:
-            self.warm_sent[(name, key)] = t
-            self.out.append(cmd.ResizeWarmPool(name, key, t, cause=self.cause))
+        if self.sent.get((name, key), 0) != t:
+            self.sent[(name, key)] = t
+            self.st.out.append(cmd.ResizeWarmPool(name, key, t, cause=self.st.cause))
 
 
 def _expand_plain(self) -> None:
@@ -54,7 +51,7 @@ def _expand_plain(self) -> None:
 
 def _pair(nodes, **cfg):
     fast, plain = Driver(nodes, **cfg), Driver(nodes, **cfg)
-    plain.core._spread_warm = types.MethodType(_spread_warm_plain, plain.core)
+    plain.core.warm.spread = types.MethodType(_spread_warm_plain, plain.core.warm)
     plain.core._expand = types.MethodType(_expand_plain, plain.core)
     return fast, plain
 

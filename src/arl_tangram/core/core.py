@@ -41,6 +41,7 @@ from .resources import CPU, Resources
 from .scheduling import SchedulingMixin
 from .state import CoreState, largest_capacity
 from .view import CoreView
+from .warmpools import WarmPools
 
 __all__ = ["POLICIES", "Core", "CoreConfig"]
 
@@ -76,6 +77,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         self.delivered = 0
         self.terminal: dict[Status, int] = {}
         self.queues = Queues(self)
+        self.warm = WarmPools(self)
         self._init_scheduling()
         self._init_models()
         for spec in cluster.nodes:
@@ -112,7 +114,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
             cause_s = cause(event)
         out = self.begin(event.time, cause_s)
         if not self._booted:
-            self._boot_warm()
+            self.warm.boot()
             self._boot_models()
         handler(self, event)
         now = self.now
@@ -210,12 +212,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         if self._by_use and rec.est <= self.config.short_action_s:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:
-            rc, k = self.rate_counts, rec.wkey  # arrivals per warm key (elastic.py's pools)
-            rc[k] = rc.get(k, 0) + 1
-            self._note_burst(k)
-            if k not in self.rates:  # a new key: its pools start filling now, not at a Tick
-                self.rates[k] = 1.0 / self.config.rate_window_s
-                self._spread_warm(k, 1.0 / self.config.rate_window_s)
+            self.warm.arrived(rec.wkey)
         # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
         if rec.story is arrived:
             rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
@@ -473,6 +470,12 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         self._node_changed()
         return node
 
+    def _node_changed(self) -> None:
+        """A node came or went: what was derived from the set of nodes is recomputed."""
+        self.capacity_changed()
+        self.warm.nodes_changed()
+        self._parts_dirty = True
+
     def _on_node_added(self, e: ev.NodeAdded) -> None:
         old = self.nodes.get(e.node.name)
         if old is not None and old.alive:
@@ -513,7 +516,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
     def _on_tick(self, e: ev.Tick) -> None:
         self._scale_in()
         if self.policy.warm_pools:
-            self._warm_targets()
+            self.warm.targets()
 
     # ---- admission ------------------------------------------------------------------------------
     def _impossible(self, rec: ActionRecord) -> str:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from mypy_extensions import trait
 
 from .actions import Elasticity
-from .commands import ResizeAction, ResizeWarmPool, StartAction
+from .commands import ResizeAction, StartAction
 from .fit import _fits_besides_cpu
 from .nodeindex import RES
 from .placement import _WARM_SCAN
@@ -34,14 +33,6 @@ if TYPE_CHECKING:
 @trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
 class ElasticMixin:
     """Part of `Core`: elastic expansion and warm pools (tangram)."""
-
-    rate_counts: dict[str, int]  # arrivals per warm key since the last Tick
-    _recent: dict[str, deque[float]]  # per warm key, arrival times within one cold-start time
-    _window_peak: dict[str, float]  # per warm key, the most of those seen (decaying)
-    rate_peaks: dict[str, float]  # per warm key, the highest tick rate, decaying
-    last_rate_time: float | None  # time of the last Tick that sized warm pools
-    _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
-    _warm_want: dict[str, int]  # warm key -> executors last spread over `_warm_names`
 
     def _expand(self: Core) -> None:
         """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
@@ -367,7 +358,8 @@ class ElasticMixin:
             index.flush()
         nodes, reserved = self.nodes, self.reserved
         shape = rec.shape
-        n = self._cpu_nodes()
+        names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
+        n = len(names) if names else 1
         queued = self.queues.queued_elastic() - 1  # (this head is still queued)
         behind = 0 if queued <= 0 else min(32, -(-queued // n))
         enough = self.config.fit_candidates
@@ -453,14 +445,6 @@ class ElasticMixin:
         self._start(rec, node, alloc, True if rec.spec.session is not None else
                     (self._take_warm(node, rec.wkey) if node.warm else False))
 
-    def _cpu_nodes(self: Core) -> int:
-        """Alive nodes with CPU (the queue's elastic actions spread over them)."""
-        names = self._warm_names  # (the same list warm pools spread over; reset on changes)
-        if names is None:
-            names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
-            self._warm_names = names
-        return len(names) if names else 1
-
     def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
         """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
         of it, and in CPU never less than the largest minimum demand arrivals have had, so
@@ -504,111 +488,6 @@ class ElasticMixin:
                 self.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.cause))
             rec.note(self.now, f"allotment -> {rec.allotment}", self.cause)
 
-    def _note_burst(self: Core, key: str) -> None:
-        """Count an arrival of warm key ``key`` in the last cold-start time (`sandbox_cold_s`);
-        keep the most seen (`_window_peak`): a burst faster than a pool refills."""
-        dq = self._recent.get(key)
-        if dq is None:
-            dq = self._recent[key] = deque()
-        now = self.now
-        dq.append(now)
-        cut = now - self.config.sandbox_cold_s
-        while dq[0] < cut:
-            dq.popleft()
-        n = float(len(dq))
-        if n > self._window_peak.get(key, 0.0):
-            self._window_peak[key] = n
-            # a burst beyond what the pools were sized for: refill toward it now, not at a Tick
-            rate = n / max(self.config.sandbox_cold_s, 1e-9)
-            if self._warm_want.get(key, 0) < math.ceil(rate * self.config.sandbox_cold_s * 2):
-                known = self.rate_peaks.get(key, 0.0)
-                self._spread_warm(key, rate if rate > known else known)
-
-    def _warm_targets(self: Core) -> None:
-        """Size warm pools from arrival rates: enough warm executors to absorb the arrivals of
-        two cold-start times at the recent peak rate (the highest tick's rate, or the most
-        arrivals seen within one cold-start time -- a burst shorter than a tick -- both
-        decaying over `peak_memory_s`, or the smoothed rate when higher: pools follow a burst
-        at once and shrink slowly), and at least
-        ``min_warm_per_node`` per node for every key still in use, spread over the CPU nodes."""
-        last, now = self.last_rate_time, self.now
-        if last is None or now <= last:
-            self.last_rate_time = now if last is None else last
-            return
-        dt = now - last
-        self.last_rate_time = now
-        a = min(1.0, dt / self.config.rate_window_s)
-        b = min(1.0, dt / self.config.peak_memory_s)
-        counts, self.rate_counts = self.rate_counts, {}
-        peaks = self.rate_peaks
-        for key in sorted(set(counts) | set(self.rates)):
-            burst = counts.get(key, 0) / dt
-            rate = self.rates.get(key, 0.0) * (1 - a) + a * burst
-            self.rates[key] = rate
-            peak = peaks.get(key, 0.0) * (1 - b)  # the recent peak, forgotten over `peak_memory_s`
-            if burst > peak:
-                peak = burst
-            peaks[key] = peak
-            window = self._window_peak.get(key, 0.0)
-            if window > 0.0:
-                self._window_peak[key] = window * (1 - b)
-                within = window / max(self.config.sandbox_cold_s, 1e-9)  # as a rate
-                if within > peak:
-                    peak = within
-            self._spread_warm(key, peak if peak > rate else rate)
-
-    def _boot_warm(self: Core) -> None:
-        """At the first event: warm pools for the keys the operator named (`warm_keys`), as a
-        static stack provisions its sandboxes before the first action."""
-        if not self.policy.warm_pools:
-            return
-        for key in self.config.warm_keys:
-            self.rates.setdefault(key, 0.0)
-            self._spread_warm(key, 0.0)
-
-    def _spread_warm(self: Core, key: str, rate: float) -> None:
-        """Send the warm-pool targets of ``key`` for an arrival ``rate`` (per second); a
-        named key keeps at least its `warm_boot` count over the cluster."""
-        names = self._warm_names  # reset by `_node_changed`, with `_warm_want`
-        if names is None:
-            names = [n.name for n in self.nodes.values() if n.alive and n.cap.get(CPU, 0.0) > 0]
-            self._warm_names = names
-        if not names:
-            return
-        cfg = self.config
-        fixed = cfg.max_warm_per_node
-        n = len(names)
-        want = math.ceil(rate * cfg.sandbox_cold_s * 2)
-        if (rate * cfg.rate_window_s >= 1.0 or key in cfg.warm_keys) and want < cfg.min_warm_per_node * n:
-            want = cfg.min_warm_per_node * n  # a key in use (or named) keeps a floor on every node
-        boot = cfg.warm_boot
-        if boot is not None and key in cfg.warm_keys:
-            floor = boot.get(key, 0)
-            if want < floor:
-                want = floor
-        done = self._warm_want
-        old = done.get(key)
-        if old == want:
-            return  # same targets on the same nodes as last time: all sent already
-        done[key] = want
-        sent = self.warm_sent
-        q, r = divmod(want, n)
-        lo, hi = 0, n  # the nodes whose target may differ from the last spread's
-        if old is not None and old // n == q:
-            # The last spread over these same nodes (`done` is reset with `names`) sent
-            # node i its target min(cap, q + (i < old % n)); with the same q only the
-            # nodes between the two remainders can get a different target.
-            r0 = old % n
-            lo, hi = (r0, r) if r0 < r else (r, r0)
-        for i in range(lo, hi):
-            name = names[i]
-            t = q + 1 if i < r else q
-            cap = fixed if fixed is not None else _warm_cap(self.nodes[name])
-            if t > cap:
-                t = cap  # min(cap, want // n + (1 if i < want % n else 0))
-            if sent.get((name, key), 0) != t:
-                sent[(name, key)] = t
-                self.out.append(ResizeWarmPool(name, key, t, cause=self.cause))
 
 
 def _first(job: tuple[float, Elasticity]) -> float:
@@ -662,13 +541,6 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
             active.append(nxt)
             nxt += 1
     return cost, join
-
-
-def _warm_cap(node: NodeState) -> int:
-    """Most warm executors per key on ``node`` (`CoreConfig.max_warm_per_node` None): eight
-    per core, at least 16."""
-    c = int(8 * node.cap.get(CPU, 0.0))
-    return c if c > 16 else 16
 
 
 def _floor_of(el: Elasticity, floor: float) -> float:

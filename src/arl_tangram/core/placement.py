@@ -37,7 +37,6 @@ _WARM_SCAN = 64
 class PlacementMixin:
     """Part of `Core`: from a queue head to a StartAction on a node; node capacity facts."""
 
-    _warm_names: list[str] | None  # CPU nodes warm pools are spread over (None: recompute)
 
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
         spec = rec.spec
@@ -325,13 +324,6 @@ class PlacementMixin:
             if other is not None:
                 held = held + other.demand
         return held.fits_in(node.cap)
-
-    # ---- capacity facts -------------------------------------------------------------------------
-    def _node_changed(self: Core) -> None:
-        self.capacity_changed()
-        self._warm_names = None
-        self._warm_want.clear()
-        self._parts_dirty = True
 
 
 # (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over

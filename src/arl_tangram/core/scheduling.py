@@ -18,7 +18,6 @@ placements), never O(pending): a blocked head blocks its whole shape.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
@@ -56,15 +55,6 @@ class SchedulingMixin:
         self.part_members: dict[str, tuple[str, str, float]] = {}
         self.traj_slot: dict[str, str] = {}
         self.traj_node: dict[str, str] = {}
-        self.rate_counts: dict[str, int] = {}
-        self._recent: dict[str, deque[float]] = {}
-        self._window_peak: dict[str, float] = {}
-        self.rates: dict[str, float] = {}
-        self.rate_peaks: dict[str, float] = {}
-        self.last_rate_time: float | None = None
-        self.warm_sent: dict[tuple[str, str], int] = {}
-        self._warm_names: list[str] | None = None  # CPU nodes warm pools spread over
-        self._warm_want: dict[str, int] = {}  # key -> warm executors last spread over them
 
     # ---- the pass -------------------------------------------------------------------------------
     def _candidates(self: Core) -> set[Any]:
