@@ -105,16 +105,23 @@ def progress_bars(show: bool) -> Iterator[Callable[[str, int], Callable[[int], N
         bar.stop()
 
 
-def act_cdf_axes(ax: Any, title: str, *, small_legend: bool = False) -> None:
-    """The labels of an ACT CDF panel (log seconds against the fraction of actions)."""
-    ax.set_xscale("log")
-    ax.set_xlabel("ACT (s)")
-    ax.set_ylabel("fraction of actions")
+def label_axes(ax: Any, xlabel: str, ylabel: str, title: str, *, log_x: bool = False,
+               small_legend: bool = True) -> None:
+    """A panel's labels, title and legend (and a log x axis)."""
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     if small_legend:
         ax.legend(fontsize="small")
     else:
         ax.legend()
+
+
+def act_cdf_axes(ax: Any, title: str, *, small_legend: bool = False) -> None:
+    """The labels of an ACT CDF panel (log seconds against the fraction of actions)."""
+    label_axes(ax, "ACT (s)", "fraction of actions", title, log_x=True, small_legend=small_legend)
 
 
 def save_figure(fig: Any, path: str) -> None:

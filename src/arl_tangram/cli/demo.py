@@ -26,6 +26,7 @@ from ._common import (
     act_cdf_axes,
     cdf,
     check_workload,
+    label_axes,
     make_console,
     policy_list,
     resolve_cluster,
@@ -102,10 +103,8 @@ def _plot(reports: dict[str, Any], sims: dict[str, Any], path: str) -> None:
             xs, ys = zip(*r.cpu_series, strict=True)
             ax2.plot(xs, [100 * y for y in ys], color=color, label=name)
     act_cdf_axes(ax1, "ACT CDF: measured (solid), simulator (dotted)", small_legend=True)
-    ax2.set_xlabel("seconds since the step began")
-    ax2.set_ylabel("CPU busy, % of the node (sandboxes' cgroups)")
-    ax2.set_title("CPU utilization over time (measured)")
-    ax2.legend(fontsize="small")
+    label_axes(ax2, "seconds since the step began", "CPU busy, % of the node (sandboxes' cgroups)",
+               "CPU utilization over time (measured)")
     save_figure(fig, path)
 
 

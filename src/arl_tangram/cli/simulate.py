@@ -31,7 +31,7 @@ from ..sim.runner import (
 )
 from ..sim.simulator import SimConfig, group_by_step
 from ..sim.workloads import WORKLOADS, get_workload, with_load
-from ._common import act_cdf_axes, exit_on_bad_input, make_console, save_figure
+from ._common import act_cdf_axes, exit_on_bad_input, label_axes, make_console, save_figure
 
 EXIT_STALLED = 3  # a run stalled: no figures are comparable
 
@@ -263,10 +263,7 @@ def plot(reports: dict[str, SimReport], path: str) -> None:
                 xs, ys = zip(*pts, strict=True)
                 ax2.plot(xs, ys, style, label=f"{name} {dim}")
     act_cdf_axes(ax1, "ACT CDF")
-    ax2.set_xlabel("virtual time (s)")
-    ax2.set_ylabel("busy fraction of capacity")
-    ax2.set_title("utilization over time")
-    ax2.legend(fontsize="small")
+    label_axes(ax2, "virtual time (s)", "busy fraction of capacity", "utilization over time")
     save_figure(fig, path)
 
 
@@ -450,11 +447,8 @@ def _plot_sweep(rows: list[dict[str, Any]], cols: Sequence[str], path: str, labe
                              ("tangram_bound_act", "bound (tangram's submits)", "--"),
                              ("bound_act", "bound (lowest run's)", ":")):
         ax3.plot(xs, [r.get(key, math.nan) for r in rows], style, marker="o", label=name)
-    ax3.set_xscale("log")
-    ax3.set_xlabel("load (generation times divided by)")
-    ax3.set_ylabel("average ACT (s)")
-    ax3.set_title(f"{label}: average ACT and the bound")
-    ax3.legend(fontsize="small")
+    label_axes(ax3, "load (generation times divided by)", "average ACT (s)",
+               f"{label}: average ACT and the bound", log_x=True)
     for c in cols:
         ys = [r[c]["act_avg"] if r.get(c) else math.nan for r in rows]
         zs = [r[c]["step"] if r.get(c) else math.nan for r in rows]
@@ -462,11 +456,8 @@ def _plot_sweep(rows: list[dict[str, Any]], cols: Sequence[str], path: str, labe
         ax2.plot(xs, zs, marker="o", label=c)
     for ax, what in ((ax1, "average ACT"), (ax2, "RL step")):
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("load (generation times divided by)")
-        ax.set_ylabel(f"baseline / tangram, {what}")
-        ax.set_title(f"{label}: {what} ratio")
-        ax.legend(fontsize="small")
+        label_axes(ax, "load (generation times divided by)", f"baseline / tangram, {what}",
+                   f"{label}: {what} ratio", log_x=True)
     save_figure(fig, path)
 
 
