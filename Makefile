@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NATIVE := src/arl_tangram/core/_compiled.json
 CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/zygote/_fastpath.c
 
-.PHONY: install compile demo test lint bench clean system-deps
+.PHONY: install compile demo test lint bench clean system-deps mutation
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,12 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# Mutation testing (issue 27, docs/testing.md): mutmut over pyproject's [tool.mutmut] modules, in a
+# copy of HEAD; prints the score per module. Slow: not part of `make test` or `.ci/run`. Narrow a
+# run with MUTANTS='arl_tangram.api.middleware*' and MUTATION_TESTS='tests/api/test_api.py ...'.
+mutation: install
+	$(BIN)/python scripts/mutation.py $(MUTANTS) $(if $(MUTATION_TESTS),--tests $(MUTATION_TESTS))
 
 bench: install
 	$(BIN)/python benchmarks/bench_core.py
