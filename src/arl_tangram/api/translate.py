@@ -25,6 +25,7 @@ from ..core.actions import (
 )
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
+from ..managers.cpu.host import result as sandboxfusion
 from .schemas import ActionIn, RunCodeRequest
 
 # Memory a sandbox gets when the request sets no memory_limit_MB (-1).
@@ -143,34 +144,10 @@ def join_group(group_id: str, parts: Sequence[ActionResult]) -> ActionResult:
     )
 
 
-def _stage(d: Any) -> dict[str, Any] | None:
-    if not isinstance(d, Mapping):
-        return None
-    return {"status": str(d.get("status", "Error")), "execution_time": d.get("execution_time"),
-            "return_code": d.get("return_code"), "stdout": str(d.get("stdout") or ""),
-            "stderr": str(d.get("stderr") or "")}
-
-
 def run_code_response(r: ActionResult, pod: str | None = None) -> dict[str, Any]:
-    """A finished CODE action as SandboxFusion's RunCodeResponse (extras kept)."""
-    out = r.output
-    if isinstance(out, Mapping) and out.get("status") in ("Success", "Failed", "SandboxError"):
-        d = dict(out)
-        d["message"] = str(d.get("message") or "")
-        d["compile_result"] = _stage(d.get("compile_result"))
-        d["run_result"] = _stage(d.get("run_result"))
-        d["files"] = {str(k): str(v) for k, v in (d.get("files") or {}).items()}
-        d.setdefault("executor_pod_name", r.node or pod)
-        return d
-    reason = r.reason or r.status.name.lower()
-    if r.status == Status.TIMED_OUT:
-        return {"status": "Failed", "message": reason, "compile_result": None,
-                "run_result": {"status": "TimeLimitExceeded", "execution_time": None,
-                               "return_code": None, "stdout": "", "stderr": ""},
-                "executor_pod_name": r.node or pod, "files": {}}
-    return {"status": "SandboxError", "message": f"{r.status.name.lower()}: {reason}",
-            "compile_result": None, "run_result": None, "executor_pod_name": r.node or pod,
-            "files": {}}
+    """A finished CODE action as SandboxFusion's RunCodeResponse (extras kept): the shape's one
+    owner is the CPU manager's result (`managers.cpu.host.result`)."""
+    return sandboxfusion.run_code_response(r.output, r.status, r.reason, r.node or pod)
 
 
 def score_of(output: Any) -> float:

@@ -4,10 +4,15 @@ Invariant: `RunResult.to_dict()` always has SandboxFusion's keys (status, messag
 run_result, executor_pod_name, files) with its value sets; stage stdout/stderr are strings, never
 null. Our extras (memory_exceeded, output_truncated, cpu_time, peak_memory_mb, cases) are
 additional keys, so a SandboxFusion client ignores them.
+
+This module is the one owner of that shape: the CPU manager builds it once (`to_dict`), and
+``POST /run_code`` answers with it unchanged (`run_code_response`, which also gives the shape to
+an action no sandbox answered: timed out before it ran, cancelled, its node lost).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +21,7 @@ from arl_tangram.core.actions import Status
 # Run statuses (SandboxFusion RunStatus) and stage statuses (CommandRunStatus).
 SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
 FINISHED, ERROR, TIME_LIMIT = "Finished", "Error", "TimeLimitExceeded"
+RUN_STATUSES = (SUCCESS, FAILED, SANDBOX_ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +102,8 @@ class RunResult:
             return Status.TIMED_OUT
         return Status.FAILED
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, extras: bool = True) -> dict[str, Any]:
+        """SandboxFusion's RunCodeResponse; with ``extras``, our keys after its own."""
         d: dict[str, Any] = {
             "status": self.status,
             "message": self.message,
@@ -104,13 +111,36 @@ class RunResult:
             "run_result": self.run_result.to_dict() if self.run_result else None,
             "executor_pod_name": self.executor_pod_name,
             "files": dict(self.files),
+        }
+        if not extras:
+            return d
+        d.update({
             "memory_exceeded": self.memory_exceeded,
             "output_truncated": self.output_truncated,
             "cpu_time": self.cpu_time,
             "peak_memory_mb": self.peak_memory_mb,
-        }
+        })
         if self.cases is not None:
             d["cases"] = [c.to_dict() for c in self.cases]
         if self.session_switch is not None:
             d["session_switch"] = dict(self.session_switch)
         return d
+
+
+def run_code_response(output: Any, status: Status, reason: str,
+                      pod: str | None) -> dict[str, Any]:
+    """A finished CODE action as SandboxFusion's RunCodeResponse: ``output`` as the CPU manager
+    built it (`RunResult.to_dict`, extras kept; ``pod`` where it names none), else the shape of
+    an action no sandbox answered, from its ``status`` and ``reason``."""
+    if isinstance(output, Mapping) and output.get("status") in RUN_STATUSES:
+        d = dict(output)
+        for key, empty in (("message", ""), ("compile_result", None), ("run_result", None),
+                           ("files", {})):  # (what a producer other than RunResult left out)
+            d.setdefault(key, empty)
+        d.setdefault("executor_pod_name", pod)
+        return d
+    reason = reason or status.name.lower()
+    if status == Status.TIMED_OUT:
+        return RunResult(status=FAILED, message=reason, run_result=StageResult(TIME_LIMIT),
+                         executor_pod_name=pod).to_dict(extras=False)
+    return RunResult.sandbox_error(f"{status.name.lower()}: {reason}", pod).to_dict(extras=False)
