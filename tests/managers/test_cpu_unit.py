@@ -174,3 +174,16 @@ def test_fork_server_imports_no_threads_or_manager_side_modules() -> None:
          f"print([m for m in {heavy!r} if m in sys.modules])"],
         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_package_face_imports_nothing_else_of_it() -> None:
+    """Importing ``arl_tangram.managers.cpu`` loads none of its modules (the lazy face): the
+    fork server imports the package on its way to ``zygote.server``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, arl_tangram.managers.cpu; "
+         "print(sorted(m for m in sys.modules if m.startswith('arl_tangram.managers.cpu.')))"],
+        capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -4,9 +4,17 @@ The runtime calls `CpuManager` (start, run, cancel, resize, sessions, warm pool)
 `RunResult`s in SandboxFusion's RunCodeResponse shape. See docs/sandbox.md.
 
 Invariant: importing this package imports nothing else of it; the public names load on first use.
-That keeps the fork server (``python -m arl_tangram.managers.cpu.zygote.server``) small: every sandbox is
-a copy-on-write fork of it, so each megabyte it does not hold is page-table and page-copy work
-saved on every action.
+That keeps the fork server (``python -P -m arl_tangram.managers.cpu.zygote.server``) small: every
+sandbox is a copy-on-write fork of it, so each megabyte it does not hold is page-table and
+page-copy work saved on every action.
+
+Rooms, one per process (each sub-package's ``__init__`` says what it may import; `make lint`
+checks it, docs/architecture.md draws it):
+- `host/`: the manager side, in the service process (asyncio): `CpuManager` and what it drives.
+- `zygote/`: the fork server (and, copied by fork, every sandbox).
+- `sandbox/`: inside a sandbox: its init (PID 1) and the children that run the code.
+- `images/`: environment images on the node's disk (service process, worker threads).
+- `config.py`, `wire.py`, `_linux.py`: the ground floor every process shares.
 """
 
 from __future__ import annotations
