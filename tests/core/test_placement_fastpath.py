@@ -1,7 +1,7 @@
 """The hot-path placement code agrees with the plain definition of best fit.
 
-`_find_node` and `_place_among` inline `NodeState.fits` and the leftover computation (and
-unroll them for two-dimensional demands). These tests compare them, on random cluster states,
+`Placer.find_node` and `Placer.place_among` scan with `fit.best_fit` (over warm nodes, the free
+index's buckets, a few given nodes). These tests compare them, on random cluster states,
 with a direct transcription of the rule: among the candidate nodes that fit, the one with the
 smallest ``(not warm, leftover dominant share)``, the first one on ties.
 """
@@ -16,7 +16,6 @@ import pytest
 from arl_tangram.core import Core, CoreConfig
 from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.cluster import ClusterSpec, NodeSpec
-from arl_tangram.core.nodeindex import level
 from arl_tangram.core.records import ActionRecord, NodeState
 from arl_tangram.core.resources import Resources
 
@@ -31,11 +30,11 @@ def _leftover(node: NodeState, demand: Resources) -> float:
 
 
 def _reference(core: Core, rec: ActionRecord) -> NodeState | None:
-    """`_find_node` as first written: fits(), then a tuple score, strict < keeps the first."""
+    """`find_node` as first written: fits(), then a tuple score, strict < keeps the first."""
     spec, demand = rec.spec, rec.spec.demand
-    wkey = rec.wkey if core.warm_nodes else ""
+    wkey = rec.wkey if core.placer.warm_nodes else ""
     best, best_score = None, (2, math.inf)
-    ws = core.warm_nodes.get(wkey)
+    ws = core.placer.warm_nodes.get(wkey)
     if ws and len(ws) <= 64:
         found = 0
         for name in ws:
@@ -50,17 +49,16 @@ def _reference(core: Core, rec: ActionRecord) -> NodeState | None:
         if best is not None:
             return best
     found = 0
-    for lv in [x for x in core.index.levels if x >= level(demand.get("cpu"))]:
-        for name in core.index._buckets[lv]:
-            node = core.nodes[name]
-            if name in core.reserved or not node.fits(demand):
-                continue
-            score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
-            if score < best_score:
-                best, best_score = node, score
-            found += 1
-            if found >= core.config.fit_candidates:
-                return best
+    for name in core.index.from_level(demand.get("cpu")):
+        node = core.nodes[name]
+        if name in core.reserved or not node.fits(demand):
+            continue
+        score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
+        if score < best_score:
+            best, best_score = node, score
+        found += 1
+        if found >= core.config.fit_candidates:
+            return best
     del spec
     return best
 
@@ -81,7 +79,7 @@ def _random_core(rng: random.Random, dims: int) -> Core:
         node.take(take)
         core.index.update(node.name, node.free)
         if rng.random() < 0.3:
-            core._set_warm(node, "python", rng.randint(1, 3))
+            core.placer.set_warm(node, "python", rng.randint(1, 3))
         if rng.random() < 0.1:
             core.reserved[node.name] = "someone"
     return core
@@ -98,7 +96,7 @@ def test_find_node_matches_the_plain_rule(dims: int) -> None:
                 d["gpu"] = rng.choice([1, 2])
             spec = ActionSpec(f"a{trial}-{j}", demand=Resources(d), tag=rng.choice(["python", "go"]))
             rec = ActionRecord(spec, 0.0, j)
-            assert core._find_node(rec) is _reference(core, rec)
+            assert core.placer.find_node(rec) is _reference(core, rec)
 
 
 def test_place_among_picks_the_plain_best_fit() -> None:
@@ -112,11 +110,11 @@ def test_place_among_picks_the_plain_best_fit() -> None:
         core.actions[spec.id] = rec
         rec.move(Status.QUEUED, 0.0, "test")
         core.queues.enqueue(rec)
-        wkey = rec.wkey if core.warm_nodes else ""
+        wkey = rec.wkey if core.placer.warm_nodes else ""
         fitting = [n for n in local if n.name not in core.reserved and n.fits(spec.demand)]
         want = min(fitting, key=lambda n: (0 if n.warm.get(wkey) else 1, _leftover(n, spec.demand)),
                    default=None)
-        placed = core._place_among(rec, local)
+        placed = core.placer.place_among(rec, local)
         assert placed == (want is not None)
         if want is not None:
             assert rec.node == want.name

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .actions import Status
-from .fit import _fits_besides_cpu
+from .fit import fits_besides_cpu
 from .records import InstState
 from .resources import Resources
 from .view import CoreView, InstanceView, NodeView, SessionView
@@ -141,7 +141,7 @@ def _check_work_conserving(core: Core) -> None:
 def _idle_for(core: Core, rec: Any, node: Any) -> bool:
     """Whether ``node`` has CPU for elastic ``rec`` that its own elastic actions cannot take."""
     el = rec.spec.elasticity
-    if not _fits_besides_cpu(node, rec.shape):
+    if not fits_besides_cpu(node, rec.shape):
         return False
     return node.free.get("cpu", 0.0) - core._absorb(node) >= el.min - 1e-9
 

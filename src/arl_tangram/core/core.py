@@ -34,7 +34,7 @@ from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
 from .modelsched import ModelMixin
 from .partitioning import PartitionMixin
-from .placement import PlacementMixin
+from .placement import Placer
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
@@ -54,7 +54,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMixin, ModelMixin):
+class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -78,6 +78,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         self.terminal: dict[Status, int] = {}
         self.queues = Queues(self)
         self.warm = WarmPools(self)
+        self.placer = Placer(self, self.queues)
         self._init_scheduling()
         self._init_models()
         for spec in cluster.nodes:
@@ -127,14 +128,13 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         if overdue and overdue[0][0] <= now:
             self.queues.wake_overdue()
         dirty, touched = self.dirty, self.touched
-        if self._rewake:
-            touched.update(self._rewake)
-            self._rewake.clear()
+        placer = self.placer
+        if placer.rewake:
+            touched.update(placer.woken())
         if dirty or touched or (self._parts_dirty and self.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
-            if self._rewake:  # a warm pool ran dry in the pass: who waited for it looks again
-                keys, self._rewake = self._rewake, set()
-                self._pass(keys, None, -1.0)
+            if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
+                self._pass(placer.woken(), None, -1.0)
         if self.models_touched:
             self._dispatch_models()
         if self.instances and self.queues.shape_keys and self._dynamic_models:
@@ -145,8 +145,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
             dirty.clear()
         if touched:
             touched.clear()
-        if self.index._held is not None:
-            self.index.flush()
+        self.index.flush()
         self.end()
         return out
 
@@ -461,6 +460,69 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
                 continue
             self._close_session(sess, "ttl expired")
 
+    def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
+        """Where a session opens: only where it and one of its actions can always run (the
+        sessions already there, this one and the room for an action within capacity) and it
+        fits now; inside its trajectory's slice or task's pool for partitioned policies; else
+        spread: fewest sessions per core, then most free CPU. Among the candidates with room,
+        nodes warm for the session's `warm_key` (an image they hold) come first; without one
+        the spread decides and the session pays the cold cost there. None: it waits for room."""
+        rec = hint if isinstance(hint, ActionRecord) else None
+        if rec is None:  # a pending session: open it where its waiting actions can run
+            recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
+            rec = max(recs, key=_memory_then_seq, default=None)
+        act = self._sess_act if rec is None else rec.spec.demand
+        part = rec.partition if rec is not None else self._session_partition(sess)
+        if part is not None:
+            if self._parts_dirty:
+                self._compute_partitions()
+            # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
+            got = self._spread_session([self.nodes[n] for n, _ in self.partitions.get(part, ())],
+                                       sess.demand, act, self.policy.whole_slice, sess.warm_key)
+            if got is not None:
+                return got
+        return self._spread_session(list(self.nodes.values()), sess.demand, act, False,
+                                    sess.warm_key)
+
+    def _spread_session(self: Core, nodes: list[NodeState], demand: Resources, act: Resources,
+                        largest: bool, warm_key: str | None = None) -> NodeState | None:
+        """Of ``nodes`` with room for the session, one warm for ``warm_key`` first (if any
+        is); then (with ``largest``) the first in order, else the one that holds the fewest
+        sessions per core, then has the most free CPU, then the first name."""
+        best: NodeState | None = None
+        best_key = (math.inf, math.inf, 0.0, "")
+        for node in nodes:
+            if not node.alive:
+                continue
+            if not self._session_room(node, demand, act):
+                continue
+            cold = 1.0
+            if warm_key is not None and node.warm.get(warm_key, 0) > 0:
+                cold = 0.0
+            if largest:
+                if cold == 0.0 or warm_key is None:
+                    return node
+                if best is None:
+                    best = node
+                continue
+            key = (cold, (len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
+                   -node.free.get(CPU, 0.0), node.name)
+            if key < best_key:
+                best, best_key = node, key
+        return best
+
+    def _session_room(self: Core, node: NodeState, demand: Resources, act: Resources) -> bool:
+        """Whether a session of ``demand`` fits ``node`` now and, with the node's other
+        sessions, still leaves room for an action ``act`` of any of them, for good."""
+        if not node.fits(demand):
+            return False
+        held = demand + act
+        for sid in node.sessions:
+            other = self.sessions.get(sid)
+            if other is not None:
+                held = held + other.demand
+        return held.fits_in(node.cap)
+
     # ---- nodes ----------------------------------------------------------------------------------
     def _add_node(self, spec: NodeSpec) -> NodeState:
         node = NodeState(spec)
@@ -493,7 +555,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         node.alive = False
         self.index.remove(node.name)
         for key in list(node.warm):
-            self._set_warm(node, key, 0)
+            self.placer.set_warm(node, key, 0)
         reason = f"node {node.name} lost: {e.reason}"
         for aid in sorted(node.running):
             rec = self.actions.get(aid)
@@ -511,7 +573,7 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
         node = self.nodes.get(e.node)
         if node is None or not node.alive:
             return
-        self._set_warm(node, e.key, e.warm)
+        self.placer.set_warm(node, e.key, e.warm)
 
     def _on_tick(self, e: ev.Tick) -> None:
         self._scale_in()
@@ -546,6 +608,12 @@ class Core(CoreState, SchedulingMixin, PlacementMixin, PartitionMixin, ElasticMi
 
     def _too_big(self, demand: Resources) -> str:
         return f"no node can ever satisfy demand {demand} (largest capacities {largest_capacity(self.nodes.values())})"
+
+
+# (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
+# a local of a method)
+def _memory_then_seq(r: ActionRecord) -> tuple[float, int]:
+    return (r.spec.demand.get("memory_mb"), r.seq)
 
 
 # (`handle`'s shortcut for the two frequent types)

@@ -19,9 +19,8 @@ from mypy_extensions import trait
 
 from .actions import Elasticity
 from .commands import ResizeAction, StartAction
-from .fit import _fits_besides_cpu
-from .nodeindex import RES
-from .placement import _WARM_SCAN
+from .fit import fits_besides_cpu
+from .placement import WARM_SCAN
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU, Resources
@@ -95,6 +94,31 @@ class ElasticMixin:
         if changed:
             self.index.update(node.name, node.free)
             self._emit_resizes(node, changed.values())
+
+    def _lender(self: Core, rec: ActionRecord) -> NodeState | None:
+        """No node fits a shared-pool head: the node whose grown elastic actions can lend it
+        the CPU it lacks (the one with the most lent out), after they lent it; else None."""
+        best: NodeState | None = None
+        most = 1e-9  # (a node that lends nothing cannot help)
+        need = rec.charge if rec.charge is not None else rec.spec.demand
+        for name in self.elastic_nodes:
+            node = self.nodes[name]
+            if not node.alive or name in self.reserved:
+                continue
+            lent = 0.0
+            for aid in node.running:
+                other = self.actions.get(aid)
+                el = other.spec.elasticity if other is not None else None
+                if other is not None and el is not None and el.dim == CPU and other.allotment is not None:
+                    lent += other.allotment.get(CPU) - el.min
+            if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
+                continue
+            if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
+                best, most = node, lent  # a set's order differs from process to process)
+        if best is None or not self._reclaim(best, need):
+            return None
+        return best
+
 
     def _reclaim(self: Core, node: NodeState, need: Resources, floor: float = 0.0) -> bool:
         """Make room for ``need`` on ``node`` by shrinking the elastic actions grown there
@@ -338,7 +362,7 @@ class ElasticMixin:
                 if node.free.get(CPU, 0.0) > 1e-9:
                     self.expand_at.add(node.name)
             if width < 0.0:  # waits for a warm node: looks again when a warm pool runs dry
-                self._warm_waiters[rec.queue_key] = None
+                self.placer.wait_for_warm(rec.queue_key)
             return False
         self._start_elastic(rec, best, width, floor)
         return True
@@ -353,9 +377,6 @@ class ElasticMixin:
         among the few nodes with the most free CPU and the few warm for it that fit its other
         dimensions; when that is a cold start, it waits instead for a node warm for it that is
         expected to free its full width sooner. Decides only (`validate` asks it too)."""
-        index = self.index
-        if index._held is not None:
-            index.flush()
         nodes, reserved = self.nodes, self.reserved
         shape = rec.shape
         names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
@@ -364,25 +385,25 @@ class ElasticMixin:
         behind = 0 if queued <= 0 else min(32, -(-queued // n))
         enough = self.config.fit_candidates
         cands: list[NodeState] = []
-        for lvl in reversed(index.levels):
-            for name in index._buckets[lvl]:
-                if name not in reserved and _fits_besides_cpu(nodes[name], shape):
+        for bucket in self.index.buckets_down():  # the most free CPU first
+            for name in bucket:
+                if name not in reserved and fits_besides_cpu(nodes[name], shape):
                     cands.append(nodes[name])
                     if len(cands) >= enough:
                         break
             if len(cands) >= enough:
                 break
         wkey = rec.wkey
-        ws = self.warm_nodes.get(wkey) if self.warm_nodes else None
+        ws = self.placer.warm_nodes.get(wkey) if self.placer.warm_nodes else None
         if ws:
             found = 0
             for seen, name in enumerate(ws):
-                if seen >= _WARM_SCAN or found >= enough:
+                if seen >= WARM_SCAN or found >= enough:
                     break
                 node = nodes[name]
                 if (node.alive and name not in reserved and node not in cands
                         and node.free.get(CPU, 0.0) >= rec.cpu - 1e-9
-                        and _fits_besides_cpu(node, shape)):
+                        and fits_besides_cpu(node, shape)):
                     cands.append(node)
                     found += 1
         el = rec.spec.elasticity
@@ -421,11 +442,11 @@ class ElasticMixin:
             # cold here: a node warm for it that frees its full width soon may be sooner (a run of
             # milliseconds does not pay a cold start to avoid a wait of milliseconds)
             for seen, name in enumerate(ws):
-                if seen >= _WARM_SCAN:
+                if seen >= WARM_SCAN:
                     break
                 node = nodes[name]
                 if (node is best or not node.alive or name in reserved
-                        or not _fits_besides_cpu(node, shape)
+                        or not fits_besides_cpu(node, shape)
                         or node.free.get(CPU, 0.0) - self._absorb(node) >= el.min - 1e-9):
                     continue  # (where it could start now, starting narrow and growing is sooner)
                 c = node.cap.get(CPU, 0.0)
@@ -442,8 +463,8 @@ class ElasticMixin:
         if not node.fits(alloc):
             ok = self._reclaim(node, alloc, floor)
             assert ok, f"{rec.spec.id}: no room for {alloc} on {node.name}"
-        self._start(rec, node, alloc, True if rec.spec.session is not None else
-                    (self._take_warm(node, rec.wkey) if node.warm else False))
+        self.placer.start(rec, node, alloc, True if rec.spec.session is not None else
+                    (self.placer.take_warm(node, rec.wkey) if node.warm else False))
 
     def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
         """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
@@ -464,15 +485,10 @@ class ElasticMixin:
 
     def _room_elsewhere(self: Core, name: str, cpu: float) -> bool:
         """Whether an alive node other than ``name``, not reserved, has ``cpu`` free."""
-        index = self.index
-        if index._held is not None:
-            index.flush()
-        least = int(cpu * RES + 1e-9) if cpu > 0 else 0  # nodeindex.level
-        for lvl in reversed(index.levels):
-            if lvl < least:
-                return False
-            for other in index._buckets[lvl]:
-                if other != name and other not in self.reserved:
+        reserved = self.reserved
+        for bucket in self.index.buckets_down(cpu):
+            for other in bucket:
+                if other != name and other not in reserved:
                     return True
         return False
 

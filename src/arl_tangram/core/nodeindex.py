@@ -9,9 +9,9 @@ One node's bucket move may be *held* (`hold`): the core releases an action's all
 the same event, usually starts the next action on that node, which moves it back. A held node
 stays in its bucket until `flush`, which puts it where the moves it held would have put it (at
 the end of its final bucket, when any of them changed its level). Any update of another node,
-`remove`, and every read (`from_level`, `max_level`; the core flushes before it scans `levels`
-and `_buckets` itself, and at the end of each event) flush first, so what a reader sees, order
-within buckets included, is exactly what updating at once would have given.
+`remove`, and every read (`buckets_from`, `buckets_down`, `from_level`, `max_level`; the core
+flushes at the end of each event) flush first, so what a reader sees, order within buckets
+included, is exactly what updating at once would have given.
 """
 
 from __future__ import annotations
@@ -126,6 +126,32 @@ class FreeIndex:
             b = self._buckets[lvl] = {}
             bisect.insort(self.levels, lvl)
         b[name] = None
+
+    def buckets_from(self, cpu: float) -> list[dict[str, None]]:
+        """The buckets of nodes whose free cpu may cover ``cpu``, fullest (least free) first."""
+        if self._held is not None:
+            self.flush()
+        levels = self.levels
+        lvl = level(cpu)
+        if not levels or lvl > levels[-1]:
+            return []  # no node has that much free CPU
+        buckets = self._buckets
+        return [buckets[lv] for lv in levels[bisect.bisect_left(levels, lvl):]]
+
+    def buckets_down(self, cpu: float = 0.0) -> list[dict[str, None]]:
+        """The buckets of nodes whose free cpu may cover ``cpu``, emptiest (most free) first."""
+        if self._held is not None:
+            self.flush()
+        levels = self.levels
+        buckets = self._buckets
+        least = level(cpu)
+        out: list[dict[str, None]] = []
+        for i in range(len(levels) - 1, -1, -1):
+            lv = levels[i]
+            if lv < least:
+                break
+            out.append(buckets[lv])
+        return out
 
     def from_level(self, cpu: float) -> Iterator[str]:
         """Nodes whose free cpu may cover ``cpu``, fullest (least free) first."""

@@ -95,8 +95,8 @@ class PartitionMixin:
         k = self.config.fit_candidates
         out: list[str] = []
         if self.policy.whole_slice:
-            for lvl in reversed(idx.levels):
-                out.extend(idx._buckets[lvl])
+            for bucket in idx.buckets_down():
+                out.extend(bucket)
                 if len(out) >= k:
                     break
             return out[:k]
@@ -135,8 +135,8 @@ class PartitionMixin:
             traj = trajectory_of(spec)
             warm = spec.session is not None or self.traj_node.get(traj) == name
             if self.policy.partitioned != "trajectory":
-                warm = warm or self._take_warm(node, rec.wkey)
-            self._start(rec, node, alloc, warm)
+                warm = warm or self.placer.take_warm(node, rec.wkey)
+            self.placer.start(rec, node, alloc, warm)
             self.traj_node[traj] = name
             self._part_use(p, name, cpu)
             self.part_running[p] = self.part_running.get(p, 0) + 1

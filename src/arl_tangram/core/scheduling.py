@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
 
+from .fit import fits_besides_cpu
 from .nodeindex import FreeIndex
 from .queues import AGED
 from .records import ActionRecord, NodeState, ShapeKey
@@ -38,13 +39,6 @@ class SchedulingMixin:
     """Part of `Core`: everything between a queued action and a StartAction."""
 
     def _init_scheduling(self: Core) -> None:
-        # queues whose elastic head waits for a node warm for it (`_choose_elastic`), and
-        # those to look at again because a warm pool ran dry (`_set_warm`)
-        self._warm_waiters: dict[Any, None] = {}
-        self._rewake: set[Any] = set()
-        # warm key -> nodes with a warm executor for it; insertion-ordered (a dict, not a set) so
-        # that ties between equally good warm nodes break the same way in every process
-        self.warm_nodes: dict[str, dict[str, None]] = {}
         self.partitions: dict[str, list[tuple[str, float]]] = {}
         self.part_by_node: dict[str, list[str]] = {}
         self._parts_dirty = True
@@ -152,7 +146,7 @@ class SchedulingMixin:
                 if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
                     placed = rec.cpu <= limit and self._place_elastic(rec)
                 else:
-                    placed = rec.cpu <= limit and self._place_among(rec, local)
+                    placed = rec.cpu <= limit and self.placer.place_among(rec, local)
                 if placed:  # the freed nodes have less now: keep the cheap test exact
                     local_cpu = -1.0
                     for n in local:
@@ -168,7 +162,45 @@ class SchedulingMixin:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
             elif aged == _AGED:
-                self._reserve_for(rec, key)
+                self.placer.reserve_for(rec, key)
+
+    def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
+        spec = rec.spec
+        if type(key) is ShapeKey:
+            if rec.elastic and self.elastic:
+                return self._place_elastic(rec)  # (elastic.py: its width, then its node)
+            node = self.placer.find_node(rec)
+            if node is None and (not self.elastic or (node := self._lender(rec)) is None):
+                return False
+            self.placer.start(rec, node, spec.demand, self.placer.take_warm(node, rec.wkey) if node.warm else False)
+            return True
+        if key[0] == "part":
+            return self._place_in_partition(rec, None)
+        sess = self.sessions.get(key[1])
+        if sess is None or sess.node is None:
+            return False
+        if rec.partition is not None and (rec.partition, sess.node) in self.part_quota:
+            return self._place_in_partition(rec, sess.node)
+        node = self.nodes[sess.node]
+        alloc = spec.demand
+        if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
+            cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
+            alloc = alloc.with_amount(CPU, cpu)
+        elif rec.elastic and self.elastic:  # its width on its session's node (elastic.py)
+            if not fits_besides_cpu(node, rec.shape):
+                return False
+            width, floor = self._elastic_start(rec, node, 0)
+            if width <= 0.0:
+                if node.free.get(CPU, 0.0) > 1e-9:
+                    self.expand_at.add(node.name)  # its elastic actions go wide while it waits
+                return False
+            self._start_elastic(rec, node, width, floor)
+            return True
+        if not node.fits(alloc) and not (self.elastic and self._reclaim(node, alloc)):
+            return False
+        self.placer.start(rec, node, alloc, True)
+        return True
+
 
     def _fill_node(self: Core, node: NodeState) -> None:
         """`_schedule`'s pass when one alive node without sessions freed capacity and no queue
@@ -192,22 +224,17 @@ class SchedulingMixin:
             heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
             heapq.heapify(heap)
-        name, reserved = node.name, self.reserved
+        placer = self.placer
         while heap:
             aged, _, key, rec = heapq.heappop(heap)
             placed = False
             if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
                 placed = rec.cpu <= limit and self._place_elastic(rec)
                 limit = free.get(CPU, 0.0) + 1e-9
-            elif rec.cpu <= limit and name not in reserved:  # `_place_among(rec, [node])`
-                for k, v in rec.shape:
-                    if v > free.get(k, 0.0) + 1e-9:
-                        break
-                else:
-                    self._start(rec, node, rec.spec.demand,
-                                self._take_warm(node, rec.wkey) if node.warm else False)
-                    placed = True
-                    limit = free.get(CPU, 0.0) + 1e-9
+            elif rec.cpu <= limit and placer.fits_here(rec, node):
+                placer.start_warm(rec, node)
+                placed = True
+                limit = free.get(CPU, 0.0) + 1e-9
             if placed:
                 if no_aged and rec.cpu > limit:
                     continue  # its queue's next head has its cpu (the shape's): cannot fit now
@@ -216,7 +243,7 @@ class SchedulingMixin:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
             elif aged == _AGED:
-                self._reserve(rec)
+                self.placer.reserve(rec)
 
     def _drain_one(self: Core, key: Any) -> None:
         """`_schedule`'s loop when only one queue is a candidate (no freed nodes): place its
@@ -227,6 +254,6 @@ class SchedulingMixin:
             rec = got[0]
             if not self._try_place(rec, key):
                 if got[1][0] == _AGED:
-                    self._reserve_for(rec, key)
+                    self.placer.reserve_for(rec, key)
                 return
             got = head(key)
