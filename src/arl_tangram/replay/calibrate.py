@@ -256,10 +256,8 @@ async def _engine_figures(say: Say, repeats: int) -> dict[str, float]:
 
 
 async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> list[ModelSpec]:
+    """Each model's cold load, swap-in from host memory and batch latency, as its `ModelSpec`."""
     from ..managers.gpu import GpuManager, GpuManagerConfig
-    from ..managers.gpu.costs import fit_alpha_beta
-    from ..sim.trace import SimAction
-    from .driver import action_payload
 
     mgr = GpuManager(GpuManagerConfig(device="auto", cpu_devices=CPU_DEVICES), models)
     out = []
@@ -268,31 +266,13 @@ async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> lis
             # a first load pays the process's one-time costs (imports, lazy modules): not the model's
             await mgr.load(f"{m.name}-w", m.name, (0,))
             await mgr.unload(f"{m.name}-w", park=False)
-            loads, swaps, samples = [], [], []
-            for r in range(max(2, repeats)):
-                loads.append(await mgr.load(f"{m.name}-c{r}", m.name, (0,)))
-                await mgr.unload(f"{m.name}-c{r}", park=False)
-            await mgr.load(f"{m.name}-p", m.name, (0,))
-            for r in range(max(2, repeats // 2)):
-                await mgr.unload(f"{m.name}-p" if r == 0 else f"{m.name}-s{r - 1}", park=True)
-                swaps.append(await mgr.load(f"{m.name}-s{r}", m.name, (0,), from_host=True))
-            iid = f"{m.name}-s{max(2, repeats // 2) - 1}"
-            act = SimAction(ActionKind.REWARD if m.kind != "judge" else ActionKind.JUDGE, 0.0,
-                            Resources(), model=m.name)
-            for n in (1, 2, 4, 8, 16):
-                for r in range(3):
-                    specs = [ActionSpec(id=f"b{n}-{r}-{i}", kind=act.kind, model=m.name,
-                                        payload=action_payload(act, m, 1.0, i, False)) for i in range(n)]
-                    o = await mgr.run_batch(iid, specs)
-                    if o.failed:
-                        raise RuntimeError(f"model {m.name}: {next(iter(o.failed.values()))}")
-                    if r:  # the first batch of a size warms caches
-                        samples.append((n, o.latency_s))
+            loads = await _load_times(mgr, m, max(2, repeats))
+            swaps, iid = await _swap_times(mgr, m, max(2, repeats // 2))
+            alpha, beta = await _batch_latency(mgr, m, iid)
             await mgr.unload(iid, park=False)
-            fit = fit_alpha_beta(samples, 3) or (m.alpha, m.beta)
             spec = ModelSpec(m.name, m.kind, m.path, m.devices, m.memory_mb, m.dtype,
                              load_s=round(_median(loads), 5), swap_s=round(_median(swaps), 5),
-                             alpha=round(fit[0], 6), beta=round(fit[1], 6), max_batch=m.max_batch,
+                             alpha=round(alpha, 6), beta=round(beta, 6), max_batch=m.max_batch,
                              max_instances=CPU_DEVICES, host_memory_mb=m.host_memory_mb,
                              options=m.options)
             say(f"model {m.name} ({m.kind}): load {1000 * spec.load_s:.0f} ms, swap-in "
@@ -302,6 +282,49 @@ async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> lis
     finally:
         await mgr.aclose()
     return out
+
+
+async def _load_times(mgr: Any, m: ModelSpec, n: int) -> list[float]:
+    """``n`` cold loads of ``m`` (each unloaded, not parked, after)."""
+    loads = []
+    for r in range(n):
+        loads.append(await mgr.load(f"{m.name}-c{r}", m.name, (0,)))
+        await mgr.unload(f"{m.name}-c{r}", park=False)
+    return loads
+
+
+async def _swap_times(mgr: Any, m: ModelSpec, n: int) -> tuple[list[float], str]:
+    """``n`` swap-ins of ``m`` from host memory (each instance parked, then loaded back);
+    the times, and the instance left loaded."""
+    await mgr.load(f"{m.name}-p", m.name, (0,))
+    swaps = []
+    for r in range(n):
+        await mgr.unload(f"{m.name}-p" if r == 0 else f"{m.name}-s{r - 1}", park=True)
+        swaps.append(await mgr.load(f"{m.name}-s{r}", m.name, (0,), from_host=True))
+    return swaps, f"{m.name}-s{n - 1}"
+
+
+async def _batch_latency(mgr: Any, m: ModelSpec, iid: str) -> tuple[float, float]:
+    """(alpha, beta) of ``alpha + beta * batch``, least squares over batches of 1..16 on the
+    instance ``iid`` (the first batch of each size warms caches and is not counted); the
+    model's own figures if the fit fails."""
+    from ..managers.gpu.costs import fit_alpha_beta
+    from ..sim.trace import SimAction
+    from .driver import action_payload
+
+    act = SimAction(ActionKind.REWARD if m.kind != "judge" else ActionKind.JUDGE, 0.0,
+                    Resources(), model=m.name)
+    samples = []
+    for n in (1, 2, 4, 8, 16):
+        for r in range(3):
+            specs = [ActionSpec(id=f"b{n}-{r}-{i}", kind=act.kind, model=m.name,
+                                payload=action_payload(act, m, 1.0, i, False)) for i in range(n)]
+            o = await mgr.run_batch(iid, specs)
+            if o.failed:
+                raise RuntimeError(f"model {m.name}: {next(iter(o.failed.values()))}")
+            if r:
+                samples.append((n, o.latency_s))
+    return fit_alpha_beta(samples, 3) or (m.alpha, m.beta)
 
 
 def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
