@@ -210,6 +210,6 @@ def test_session_warm_key_within_partition(policy: str, kw: dict) -> None:
     d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=4)], policy=policy, **kw)
     d(ev.WarmPoolReport(0.0, "n1", "image:swe", 1))
     out = d(ev.SessionRequested(0.0, "s", trajectory="t", task="a", warm_key="image:swe"))
-    part = next(iter(d.core.partitions.values()))
+    part = next(iter(d.core.partitions.pieces.values()))
     assert [n for n, _ in part] == ["n0", "n1"]  # its slice / pool spans both nodes
     assert _opened(out) == "n1"

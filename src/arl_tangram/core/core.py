@@ -33,7 +33,7 @@ from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
 from .modelsched import ModelMixin
-from .partitioning import PartitionMixin
+from .partitioning import Partitions
 from .placement import Placer
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
@@ -54,7 +54,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin):
+class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -79,7 +79,7 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
         self.queues = Queues(self)
         self.warm = WarmPools(self)
         self.placer = Placer(self, self.queues)
-        self._init_scheduling()
+        self.partitions = Partitions(self, self.placer, self.queues)
         self._init_models()
         for spec in cluster.nodes:
             self._add_node(spec)
@@ -131,7 +131,7 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
         placer = self.placer
         if placer.rewake:
             touched.update(placer.woken())
-        if dirty or touched or (self._parts_dirty and self.partitioned):
+        if dirty or touched or (self.partitions.stale and self.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
                 self._pass(placer.woken(), None, -1.0)
@@ -203,7 +203,7 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
         rec.ekey, rec.units = ekey, units = est.work_of(spec)
         rec.est = est.predict_work(ekey, units, self.config.estimate_quantile)  # est.predict(spec, q)
         if self.partitioned and not rec.is_model:
-            rec.partition = self._partition_for(spec)
+            rec.partition = self.partitions.partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
         if rec.cpu > self._expect_cpu:
@@ -358,7 +358,7 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
         node.running.discard(aid)
         node.give(alloc)
         if rec.partition is not None:
-            self._part_release(rec)
+            self.partitions.release(rec)
         if node.alive:  # (held: the pass that follows usually fills the node again)
             self.index.hold(node.name, node.free)
             self.dirty.add(node.name)
@@ -472,12 +472,12 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
             recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
             rec = max(recs, key=_memory_then_seq, default=None)
         act = self._sess_act if rec is None else rec.spec.demand
-        part = rec.partition if rec is not None else self._session_partition(sess)
+        part = rec.partition if rec is not None else self.partitions.session_partition(sess)
         if part is not None:
-            if self._parts_dirty:
-                self._compute_partitions()
+            if self.partitions.stale:
+                self.partitions.compute()
             # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
-            got = self._spread_session([self.nodes[n] for n, _ in self.partitions.get(part, ())],
+            got = self._spread_session([self.nodes[n] for n, _ in self.partitions.pieces.get(part, ())],
                                        sess.demand, act, self.policy.whole_slice, sess.warm_key)
             if got is not None:
                 return got
@@ -536,7 +536,7 @@ class Core(CoreState, SchedulingMixin, PartitionMixin, ElasticMixin, ModelMixin)
         """A node came or went: what was derived from the set of nodes is recomputed."""
         self.capacity_changed()
         self.warm.nodes_changed()
-        self._parts_dirty = True
+        self.partitions.nodes_changed()
 
     def _on_node_added(self, e: ev.NodeAdded) -> None:
         old = self.nodes.get(e.node.name)

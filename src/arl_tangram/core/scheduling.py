@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from mypy_extensions import trait
 
 from .fit import fits_besides_cpu
-from .nodeindex import FreeIndex
 from .queues import AGED
 from .records import ActionRecord, NodeState, ShapeKey
 from .resources import CPU
@@ -38,25 +37,13 @@ _AGED = AGED
 class SchedulingMixin:
     """Part of `Core`: everything between a queued action and a StartAction."""
 
-    def _init_scheduling(self: Core) -> None:
-        self.partitions: dict[str, list[tuple[str, float]]] = {}
-        self.part_by_node: dict[str, list[str]] = {}
-        self._parts_dirty = True
-        self.part_quota: dict[tuple[str, str], float] = {}
-        self.part_index: dict[str, FreeIndex] = {}
-        self.part_used: dict[tuple[str, str], float] = {}
-        self.part_running: dict[str, int] = {}
-        self.part_members: dict[str, tuple[str, str, float]] = {}
-        self.traj_slot: dict[str, str] = {}
-        self.traj_node: dict[str, str] = {}
-
     # ---- the pass -------------------------------------------------------------------------------
     def _candidates(self: Core) -> set[Any]:
         keys: set[Any] = set(self.queues.shape_keys)
         touched = self.touched
         if touched:
             keys.update(k for k in touched if k[0] != "model")
-        nodes, part_by_node = self.nodes, self.part_by_node
+        nodes, part_by_node = self.nodes, self.partitions.by_node
         for name in self.dirty:
             sessions = nodes[name].sessions
             if sessions:
@@ -67,8 +54,8 @@ class SchedulingMixin:
 
     def _schedule(self: Core) -> None:
         dirty = self.dirty
-        if self._parts_dirty and self.policy.partitioned:
-            self._compute_partitions()
+        if self.partitions.stale and self.policy.partitioned:
+            self.partitions.compute()
         if self.pending_sessions and dirty:
             for sid in list(self.pending_sessions):
                 self._open_session(self.sessions[sid])
@@ -82,7 +69,7 @@ class SchedulingMixin:
             reserved = self.reserved
             freed = dirty | reserved.keys() if reserved else dirty
             reserved.clear()
-            if len(freed) == 1 and not touched and not self.part_by_node:
+            if len(freed) == 1 and not touched and not self.partitions.by_node:
                 for name in freed:
                     node = self.nodes[name]
                 if not node.sessions and node.alive:
@@ -175,12 +162,12 @@ class SchedulingMixin:
             self.placer.start(rec, node, spec.demand, self.placer.take_warm(node, rec.wkey) if node.warm else False)
             return True
         if key[0] == "part":
-            return self._place_in_partition(rec, None)
+            return self.partitions.place(rec, None)
         sess = self.sessions.get(key[1])
         if sess is None or sess.node is None:
             return False
-        if rec.partition is not None and (rec.partition, sess.node) in self.part_quota:
-            return self._place_in_partition(rec, sess.node)
+        if rec.partition is not None and (rec.partition, sess.node) in self.partitions.quota:
+            return self.partitions.place(rec, sess.node)
         node = self.nodes[sess.node]
         alloc = spec.demand
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
