@@ -243,7 +243,7 @@ def test_actions_submitted_together_are_scored_in_one_batch() -> None:
         d = Driver([gpu_node("g0", gpus=1)], [ModelSpec("rm", memory_mb=8000, alpha=1.0, beta=0.01)],
                    policy="tangram")
         d.tick()  # boots the model's instance
-        inst = next(iter(d.core.instances))
+        inst = next(iter(d.core.planner.instances))
         d(ev.ModelLoaded(d.t, inst, ok=True))
         specs = [reward(f"r{i}") for i in range(3)]
         if together:

@@ -127,13 +127,13 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), ok=st.booleans())
     def model_loaded(self, data, ok) -> None:
-        ids = sorted(i for i, r in self.core.instances.items() if r.state is InstState.LOADING)
+        ids = sorted(i for i, r in self.core.planner.instances.items() if r.state is InstState.LOADING)
         if ids:
             self.d(ev.ModelLoaded(self.d.t, data.draw(st.sampled_from(ids)), ok=ok, reason="test"))
 
     @rule(data=st.data())
     def batch_finished(self, data) -> None:
-        inflight = sorted((i.batch[0], i.id, i.batch[1]) for i in self.core.instances.values() if i.batch)
+        inflight = sorted((i.batch[0], i.id, i.batch[1]) for i in self.core.planner.instances.values() if i.batch)
         if inflight:
             bid, iid, ids = data.draw(st.sampled_from(inflight))
             fail = set(data.draw(st.sampled_from([(), ids[:1], ids[-1:], ids[:2]])))
@@ -168,10 +168,10 @@ class CoreMachine(RuleBasedStateMachine):
             if not self.core.actions:
                 break
             d.t += 25.0
-            for iid, inst in sorted(self.core.instances.items()):
+            for iid, inst in sorted(self.core.planner.instances.items()):
                 if inst.state is InstState.LOADING:
                     d(ev.ModelLoaded(d.t, iid))
-            for inst in sorted(self.core.instances.values(), key=lambda i: i.id):
+            for inst in sorted(self.core.planner.instances.values(), key=lambda i: i.id):
                 if inst.batch:
                     bid, ids = inst.batch
                     d(ev.BatchFinished(d.t, bid, inst.id, outputs={a: 1.0 for a in ids}))

@@ -53,7 +53,7 @@ def _check_nodes(core: Core) -> None:
     for sess in core.sessions.values():
         if sess.node is not None and core.nodes[sess.node].alive:
             add(sess.node, sess.demand)
-    for inst in core.instances.values():
+    for inst in core.planner.instances.values():
         add(inst.node, inst.holding())
     for name, node in core.nodes.items():
         if not node.alive:
@@ -85,7 +85,7 @@ def _check_actions(core: Core) -> None:
             node = core.nodes.get(rec.node or "")
             _check(node is not None and node.alive, "active-on-alive-node", f"{aid} on {rec.node}")
             if rec.batch is not None:
-                _check(rec.batch in core.batches, "batch-known", f"{aid} batch {rec.batch}")
+                _check(rec.batch in core.planner.batches, "batch-known", f"{aid} batch {rec.batch}")
             el = rec.spec.elasticity
             if el is not None and rec.allotment is not None and rec.partition is None:
                 k = rec.allotment.get(el.dim)
@@ -106,13 +106,13 @@ def _check_sessions(core: Core) -> None:
 
 
 def _check_instances(core: Core) -> None:
-    for iid, inst in core.instances.items():
+    for iid, inst in core.planner.instances.items():
         node = core.nodes[inst.node]
         _check(node.alive and iid in node.instances, "instance-on-node", iid)
         doms = node.spec.gpu_domains or (tuple(range(node.spec.gpu_count)),)
         _check(any(set(inst.devices) <= set(d) for d in doms), "one-nvlink-domain", f"{iid}: {inst.devices}")
         _check(not (set(inst.devices) & node.dev_free), "devices-held", iid)
-        others = [o for o in core.instances.values() if o.node == inst.node and o.id != iid]
+        others = [o for o in core.planner.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
         if inst.state is InstState.READY and inst.batch is None and core.config.max_batch_wait_s == 0:
             _check(not core.queues.live.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
@@ -198,7 +198,7 @@ def build_view(core: Core) -> CoreView:
             state="loading" if i.state is InstState.LOADING else ("busy" if i.batch else "ready"),
             queue=len(i.batch[1]) if i.batch else 0,
         )
-        for i in sorted(core.instances.values(), key=lambda i: i.id)
+        for i in sorted(core.planner.instances.values(), key=lambda i: i.id)
     )
     sessions = tuple(
         SessionView(id=s.id, node=s.node, demand=s.demand, actions=len(s.actions), last_active=s.last_active)
@@ -211,6 +211,6 @@ def build_view(core: Core) -> CoreView:
         if rec.status is S.QUEUED:
             k = rec.spec.kind.value
             queued[k] = queued.get(k, 0) + 1
-    parked = {f"{n}/{m}": c for (n, m), c in core.parked.items() if c > 0}
+    parked = {f"{n}/{m}": c for (n, m), c in core.planner.parked.items() if c > 0}
     return CoreView(time=core.now, policy=core.policy.name, nodes=nodes, instances=insts,
                     sessions=sessions, queued_by_kind=queued, counts=counts, parked=parked)

@@ -32,7 +32,7 @@ from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import ElasticMixin
-from .modelsched import ModelMixin
+from .modelsched import ModelPlanner
 from .partitioning import Partitions
 from .placement import Placer
 from .queues import Queues
@@ -54,7 +54,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
+class Core(CoreState, SchedulingMixin, ElasticMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -80,10 +80,9 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
         self.warm = WarmPools(self)
         self.placer = Placer(self, self.queues)
         self.partitions = Partitions(self, self.placer, self.queues)
-        self._init_models()
+        self.planner = ModelPlanner(self, self.queues)
         for spec in cluster.nodes:
             self._add_node(spec)
-        self._dynamic_models = self.policy.dynamic_models
         self._warm_pools = self.policy.warm_pools
         self._fixed = self.policy.fixed
         self._expect_cpu = 0.0  # largest minimum CPU demand of an arrived action (the reserve)
@@ -114,9 +113,10 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
             handler, cause = got
             cause_s = cause(event)
         out = self.begin(event.time, cause_s)
-        if not self._booted:
+        planner = self.planner
+        if not planner.booted:
             self.warm.boot()
-            self._boot_models()
+            planner.boot()
         handler(self, event)
         now = self.now
         if self.session_expiry and self.session_expiry[0][0] <= now:
@@ -136,9 +136,10 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
             if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
                 self._pass(placer.woken(), None, -1.0)
         if self.models_touched:
-            self._dispatch_models()
-        if self.instances and self.queues.shape_keys and self._dynamic_models:
-            self._yield_devices()  # lazy eviction of idle model instances for GPU actions
+            planner.dispatch()
+        if (planner.instances and self.queues.shape_keys and planner.dynamic
+                and planner.yield_devices()):  # idle instances evicted for GPU actions
+            self._schedule()
         if self.elastic and (dirty or self.expand_at):
             self._expand()  # (after the pass: queued work took what freed up first)
         if dirty:
@@ -543,8 +544,8 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
         if old is not None and old.alive:
             return
         self._add_node(e.node)
-        if self._booted:
-            self._static_models_on(e.node.name)
+        if self.planner.booted:
+            self.planner.provision(e.node.name)
         for sid in list(self.pending_sessions):
             self._open_session(self.sessions[sid])
 
@@ -561,13 +562,40 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
             rec = self.actions.get(aid)
             if rec is not None:
                 self._requeue_or_lose(rec, reason)
-        self._lose_instances(node, reason)
+        for rec in self.planner.lose_instances(node):
+            self._requeue_or_lose(rec, reason)
         for sid in sorted(node.sessions):
             sess = self.sessions.get(sid)
             if sess is not None:
                 self._close_session(sess, reason, lost=True)
         node.running.clear()
         self._node_changed()
+
+    # ---- models ---------------------------------------------------------------------------------
+    def _on_model_loaded(self, e: ev.ModelLoaded) -> None:
+        failed = self.planner.loaded(e)
+        if failed is not None:  # its queue fails: no instance of it could load
+            name, reason = failed
+            key = ("model", name)
+            while (got := self.queues.head(key)) is not None:
+                self._end(got[0], S.FAILED, reason=reason)
+            self.planner.failures_reset(name)
+
+    def _on_model_unloaded(self, e: ev.ModelUnloaded) -> None:
+        self.planner.unloaded(e)
+
+    def _on_batch_finished(self, e: ev.BatchFinished) -> None:
+        bid = e.batch_id
+        for aid in self.planner.batch_finished(e):
+            rec = self.actions.get(aid)
+            if rec is None or rec.batch != bid:
+                continue  # cancelled or requeued meanwhile
+            if aid in e.failed:
+                self._end(rec, S.FAILED, reason=e.failed[aid])
+            elif aid in e.outputs:
+                self._end(rec, S.SUCCEEDED, output=e.outputs[aid])
+            else:
+                self._end(rec, S.FAILED, reason=f"no result for it in batch {bid}")
 
     def _on_warm_report(self, e: ev.WarmPoolReport) -> None:
         node = self.nodes.get(e.node)
@@ -576,7 +604,7 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
         self.placer.set_warm(node, e.key, e.warm)
 
     def _on_tick(self, e: ev.Tick) -> None:
-        self._scale_in()
+        self.planner.scale_in()
         if self.policy.warm_pools:
             self.warm.targets()
 
@@ -585,7 +613,7 @@ class Core(CoreState, SchedulingMixin, ElasticMixin, ModelMixin):
         """Why no node could ever run the action (even empty), or '' when some could."""
         spec = rec.spec
         if rec.is_model:
-            return self._model_impossible(spec)
+            return self.planner.impossible(spec)
         demand = spec.demand
         if spec.session is None and not self.policy.partitioned:
             return "" if self.fits_some_node(demand, rec.skey) else self._too_big(demand)

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="misc"
 """Reward models and judges: instances, batching, routing, scaling, swap-in, failures.
 
 Invariant: every model instance holds whole devices of one node inside one NVLink domain
@@ -26,63 +25,61 @@ devices or ``max_instances`` run out) and never scale.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-from mypy_extensions import trait
 
 from .actions import ActionSpec, Status
 from .cluster import ModelSpec
 from .commands import LoadModel, RunBatch, UnloadModel
 from .events import BatchFinished, ModelLoaded, ModelUnloaded
+from .queues import Queues
 from .records import ActionRecord, InstanceRecord, InstState, NodeState
+from .state import CoreState
 from .topology import can_ever_place, choose_devices, place_on_nodes
-
-if TYPE_CHECKING:
-    from .core import Core
 
 S = Status
 
 
-@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
-class ModelMixin:
-    """Part of `Core`: model instances and batches."""
+class ModelPlanner:
+    """Model instances and their batches: loading, routing, scaling, eviction, failures."""
 
-    def _init_models(self: Core) -> None:
+    def __init__(self, st: CoreState, queues: Queues) -> None:
+        self.st = st
+        self.queues = queues
+        self.dynamic = st.policy.dynamic_models
         self.instances: dict[str, InstanceRecord] = {}
-        self.inst_by_model: dict[str, set[str]] = {m: set() for m in self.models}
-        self.parked: dict[tuple[str, str], int] = {}
+        self.by_model: dict[str, set[str]] = {m: set() for m in st.models}  # model -> instances
+        self.parked: dict[tuple[str, str], int] = {}  # (node, model) -> weights parked in host memory
         self.unparking: dict[str, tuple[str, str]] = {}  # unloaded iid -> (node, model) parked
-        self.load_failures: dict[str, int] = {}
-        self.static_target: dict[str, int] = {}
-        self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._gpu_shape: dict[object, bool] = {}  # shared-pool queue key -> demands a GPU
-        self._booted = False
-        self.iseq = 0
-        self.bseq = 0
+        self.load_failures: dict[str, int] = {}  # model -> failed loads in a row
+        self.static_target: dict[str, int] = {}  # static policies: model -> instances it keeps
+        self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}  # batch -> (instance, actions)
+        self.needs_gpu: dict[object, bool] = {}  # shared-pool queue key -> demands a GPU
+        self.booted = False  # the first event provisioned the models (`boot`)
+        self.instance_seq = 0
+        self.batch_seq = 0
 
     # ---- admission ------------------------------------------------------------------------------
-    def _model_impossible(self: Core, spec: ActionSpec) -> str:
-        m = self.models.get(spec.model or "")
+    def impossible(self, spec: ActionSpec) -> str:
+        m = self.st.models.get(spec.model or "")
         if m is None:
             return f"model {spec.model!r} is not in the cluster spec"
         key = ("model", m.name)
-        if key not in self.fits_some:
-            why = place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m)
-            self.fits_some[key] = not why
+        if key not in self.st.fits_some:
+            why = place_on_nodes([n.spec for n in self.st.nodes.values() if n.alive], m)
+            self.st.fits_some[key] = not why
             if why:
                 return why
-        if not self.fits_some[key]:
-            return place_on_nodes([n.spec for n in self.nodes.values() if n.alive], m) or "no node"
-        if not self.policy.dynamic_models and self.static_target.get(m.name, 0) == 0:
+        if not self.st.fits_some[key]:
+            return place_on_nodes([n.spec for n in self.st.nodes.values() if n.alive], m) or "no node"
+        if not self.dynamic and self.static_target.get(m.name, 0) == 0:
             return f"static provisioning has no instance of model {m.name} (no devices left for it)"
         return ""
 
     # ---- placement of instances -----------------------------------------------------------------
-    def _pick_devices(self: Core, m: ModelSpec, only: str | None = None) -> tuple[NodeState, tuple[int, ...], bool] | None:
+    def pick_devices(self, m: ModelSpec, only: str | None = None) -> tuple[NodeState, tuple[int, ...], bool] | None:
         """Where a new instance of ``m`` goes: a node with its parked weights first, else the
         node with the fewest free devices that still fits it (packing)."""
         best: tuple[tuple[int, int, str], NodeState, tuple[int, ...], bool] | None = None
-        for node in self.nodes.values():
+        for node in self.st.nodes.values():
             if not node.alive or len(node.dev_free) < m.devices or (only and node.name != only):
                 continue
             if can_ever_place(node.spec, m) is not None:
@@ -97,217 +94,214 @@ class ModelMixin:
                 best = (score, node, devs, parked)
         return None if best is None else (best[1], best[2], best[3])
 
-    def _launch(self: Core, m: ModelSpec, node: NodeState, devices: tuple[int, ...], from_host: bool) -> InstanceRecord:
-        self.iseq += 1
-        inst = InstanceRecord(f"{m.name}#{self.iseq}", m, node.name, devices)
-        inst.last_used = self.now
+    def launch(self, m: ModelSpec, node: NodeState, devices: tuple[int, ...], from_host: bool) -> InstanceRecord:
+        self.instance_seq += 1
+        inst = InstanceRecord(f"{m.name}#{self.instance_seq}", m, node.name, devices)
+        inst.last_used = self.st.now
         self.instances[inst.id] = inst
-        self.inst_by_model.setdefault(m.name, set()).add(inst.id)
+        self.by_model.setdefault(m.name, set()).add(inst.id)
         node.dev_free.difference_update(devices)
         node.instances.add(inst.id)
         node.take(inst.holding())
-        self.index.update(node.name, node.free)
+        self.st.index.update(node.name, node.free)
         if from_host:
             self.parked[(node.name, m.name)] -= 1
-        self.out.append(LoadModel(inst.id, m.name, node.name, devices, from_host, cause=self.cause))
+        self.st.out.append(LoadModel(inst.id, m.name, node.name, devices, from_host, cause=self.st.cause))
         return inst
 
-    def _drop_instance(self: Core, inst: InstanceRecord) -> None:
+    def drop_instance(self, inst: InstanceRecord) -> None:
         del self.instances[inst.id]
-        self.inst_by_model[inst.model.name].discard(inst.id)
-        node = self.nodes[inst.node]
+        self.by_model[inst.model.name].discard(inst.id)
+        node = self.st.nodes[inst.node]
         if inst.id in node.instances:
             node.instances.discard(inst.id)
             node.dev_free.update(inst.devices)
             node.give(inst.holding())
             if node.alive:
-                self.index.update(node.name, node.free)
-                self.dirty.add(node.name)
-        self.models_touched.add(inst.model.name)
+                self.st.index.update(node.name, node.free)
+                self.st.dirty.add(node.name)
+        self.st.models_touched.add(inst.model.name)
 
-    def _unload(self: Core, inst: InstanceRecord, reason: str) -> None:
-        self._drop_instance(inst)
+    def unload(self, inst: InstanceRecord, reason: str) -> None:
+        self.drop_instance(inst)
         key = (inst.node, inst.model.name)
         self.parked[key] = self.parked.get(key, 0) + 1
         self.unparking[inst.id] = key
-        self.out.append(UnloadModel(inst.id, inst.node, park=True, cause=reason))
+        self.st.out.append(UnloadModel(inst.id, inst.node, park=True, cause=reason))
 
     # ---- static provisioning --------------------------------------------------------------------
-    def _boot_models(self: Core) -> None:
-        self._booted = True
-        if not self.policy.dynamic_models:
-            self._static_models_on(None)
+    def boot(self) -> None:
+        self.booted = True
+        if not self.dynamic:
+            self.provision(None)
             return
-        for m in sorted(self.models.values(), key=lambda m: m.name):  # the warm minimum
-            for _ in range(min(self.config.model_min_instances, m.max_instances)):
-                got = self._pick_devices(m)
+        for m in sorted(self.st.models.values(), key=lambda m: m.name):  # the warm minimum
+            for _ in range(min(self.st.config.model_min_instances, m.max_instances)):
+                got = self.pick_devices(m)
                 if got is None:
                     break
-                self._launch(m, *got)
-        if self.config.model_prewarm:
-            self._fill_devices(None)
+                self.launch(m, *got)
+        if self.st.config.model_prewarm:
+            self.fill_devices(None)
 
-    def _static_models_on(self: Core, only: str | None) -> None:
+    def provision(self, only: str | None) -> None:
         """Provision a node (``only``) or the cluster: static policies load their fixed set,
         dynamic ones with ``model_prewarm`` fill the free devices (evictable later)."""
-        if not self.policy.dynamic_models or self.config.model_prewarm:
-            self._fill_devices(only)
+        if not self.dynamic or self.st.config.model_prewarm:
+            self.fill_devices(only)
 
-    def _fill_devices(self: Core, only: str | None) -> None:
+    def fill_devices(self, only: str | None) -> None:
         """Round-robin one instance per model until devices or ``max_instances`` run out."""
-        static = not self.policy.dynamic_models
-        models = sorted(self.models.values(), key=lambda m: m.name)
+        static = not self.dynamic
+        models = sorted(self.st.models.values(), key=lambda m: m.name)
         progress = True
         while progress:
             progress = False
             for m in models:
-                if len(self.inst_by_model.get(m.name, ())) >= m.max_instances:
+                if len(self.by_model.get(m.name, ())) >= m.max_instances:
                     continue
-                got = self._pick_devices(m, only)
+                got = self.pick_devices(m, only)
                 if got is not None:
-                    self._launch(m, *got)
+                    self.launch(m, *got)
                     if static:
                         self.static_target[m.name] = self.static_target.get(m.name, 0) + 1
                     progress = True
 
     # ---- events ---------------------------------------------------------------------------------
-    def _on_model_loaded(self: Core, e: ModelLoaded) -> None:
+    def loaded(self, e: ModelLoaded) -> tuple[str, str] | None:
+        """An instance finished loading (or failed to): ``(model, reason)`` when the model
+        failed `max_load_failures` times in a row and its queue is to fail, else None."""
         inst = self.instances.get(e.instance_id)
         if inst is None or inst.state is not InstState.LOADING:
-            return
+            return None
         name = inst.model.name
-        self.models_touched.add(name)
+        self.st.models_touched.add(name)
         if e.ok:
             inst.state = InstState.READY
             inst.last_used = e.time
             self.load_failures[name] = 0
-            return
-        self._drop_instance(inst)
+            return None
+        self.drop_instance(inst)
         n = self.load_failures[name] = self.load_failures.get(name, 0) + 1
-        if n >= self.config.max_load_failures:
-            self._fail_model_queue(name, f"model {name} failed to load {n} times: {e.reason}")
+        if n >= self.st.config.max_load_failures:
+            return name, f"model {name} failed to load {n} times: {e.reason}"
+        return None
 
-    def _fail_model_queue(self: Core, name: str, reason: str) -> None:
-        key = ("model", name)
-        while (got := self.queues.head(key)) is not None:
-            self._end(got[0], S.FAILED, reason=reason)
+    def failures_reset(self, name: str) -> None:
+        """The model's queue was failed: its next failure counts from one."""
         self.load_failures[name] = 0
 
-    def _on_model_unloaded(self: Core, e: ModelUnloaded) -> None:
+    def unloaded(self, e: ModelUnloaded) -> None:
         key = self.unparking.pop(e.instance_id, None)
         if key is not None and not e.parked and self.parked.get(key, 0) > 0:
             self.parked[key] -= 1
         inst = self.instances.get(e.instance_id)
         if inst is not None:  # unloaded under us (the manager evicted it)
-            self._drop_instance(inst)
+            self.drop_instance(inst)
             if e.parked:
                 k = (inst.node, inst.model.name)
                 self.parked[k] = self.parked.get(k, 0) + 1
 
-    def _on_batch_finished(self: Core, e: BatchFinished) -> None:
+    def batch_finished(self, e: BatchFinished) -> tuple[str, ...]:
+        """A batch came back: its instance is free again; the ids of its actions."""
         got = self.batches.pop(e.batch_id, None)
         if got is None:
-            return
+            return ()
         iid, ids = got
         inst = self.instances.get(iid)
         if inst is not None and inst.batch is not None and inst.batch[0] == e.batch_id:
             inst.batch = None
             inst.last_used = e.time
-            self.models_touched.add(inst.model.name)
-        for aid in ids:
-            rec = self.actions.get(aid)
-            if rec is None or rec.batch != e.batch_id:
-                continue  # cancelled or requeued meanwhile
-            if aid in e.failed:
-                self._end(rec, S.FAILED, reason=e.failed[aid])
-            elif aid in e.outputs:
-                self._end(rec, S.SUCCEEDED, output=e.outputs[aid])
-            else:
-                self._end(rec, S.FAILED, reason=f"no result for it in batch {e.batch_id}")
+            self.st.models_touched.add(inst.model.name)
+        return ids
 
-    def _lose_instances(self: Core, node: NodeState, reason: str) -> None:
+    def lose_instances(self, node: NodeState) -> list[ActionRecord]:
+        """``node`` is lost: its instances are gone; the actions of their batches in flight
+        (to requeue or lose)."""
+        lost: list[ActionRecord] = []
         for iid in sorted(node.instances):
             inst = self.instances[iid]
             if inst.batch is not None:
                 bid, ids = inst.batch
                 self.batches.pop(bid, None)
                 for aid in ids:
-                    rec = self.actions.get(aid)
+                    rec = self.st.actions.get(aid)
                     if rec is not None and rec.batch == bid:
-                        self._requeue_or_lose(rec, reason)
-            self._drop_instance(inst)
-            if not self.policy.dynamic_models:
+                        lost.append(rec)
+            self.drop_instance(inst)
+            if not self.dynamic:
                 self.static_target[inst.model.name] -= 1
         for key in [k for k in self.parked if k[0] == node.name]:
             del self.parked[key]
+        return lost
 
     # ---- dispatch and scaling -------------------------------------------------------------------
-    def _dispatch_models(self: Core) -> None:
-        if not self.models_touched:
+    def dispatch(self) -> None:
+        if not self.st.models_touched:
             return
-        for name, iids in self.inst_by_model.items():  # starved models may evict idle ones
+        for name, iids in self.by_model.items():  # starved models may evict idle ones
             if not iids and self.queues.live.get(("model", name)):
-                self.models_touched.add(name)
-        todo = sorted(self.models_touched)
-        self.models_touched.clear()
+                self.st.models_touched.add(name)
+        todo = sorted(self.st.models_touched)
+        self.st.models_touched.clear()
         for name in todo:
-            m = self.models[name]
-            for iid in sorted(self.inst_by_model.get(name, ())):
+            m = self.st.models[name]
+            for iid in sorted(self.by_model.get(name, ())):
                 inst = self.instances[iid]
                 if inst.state is InstState.READY and inst.batch is None:
-                    self._run_batch(inst)
+                    self.run_batch(inst)
             if self.queues.live.get(("model", name)):
-                self._scale_out(m)
+                self.scale_out(m)
 
-    def _run_batch(self: Core, inst: InstanceRecord) -> None:
+    def run_batch(self, inst: InstanceRecord) -> None:
         m = inst.model
         key = ("model", m.name)
         live = self.queues.live.get(key, 0)
         if not live:
             return
         knee = m.knee_batch
-        if live < knee and self.config.max_batch_wait_s > 0:
+        if live < knee and self.st.config.max_batch_wait_s > 0:
             head = self.queues.head(key)
-            if head is not None and self.now - head[0].submit_time < self.config.max_batch_wait_s:
+            if head is not None and self.st.now - head[0].submit_time < self.st.config.max_batch_wait_s:
                 return  # let the batch fill (a Tick or arrival will come back)
-        self.bseq += 1
-        bid = f"b{self.bseq}"
+        self.batch_seq += 1
+        bid = f"b{self.batch_seq}"
         recs: list[ActionRecord] = []
         while len(recs) < knee and (got := self.queues.head(key)) is not None:
             rec = got[0]
             self.queues.dequeue(rec)
-            rec.move(S.RUNNING, self.now, self.cause)
-            rec.batch, rec.node, rec.start_time = bid, inst.node, self.now
+            rec.move(S.RUNNING, self.st.now, self.st.cause)
+            rec.batch, rec.node, rec.start_time = bid, inst.node, self.st.now
             rec.allotment = inst.holding()
             rec.attempts += 1
             recs.append(rec)
         ids = tuple(r.spec.id for r in recs)
         inst.batch = (bid, ids)
         self.batches[bid] = (inst.id, ids)
-        self.out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
-                                  cause=self.cause))
+        self.st.out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
+                                  cause=self.st.cause))
 
-    def _scale_out(self: Core, m: ModelSpec) -> None:
-        if not self.policy.dynamic_models:  # static: only replace failed loads
-            while len(self.inst_by_model.get(m.name, ())) < self.static_target.get(m.name, 0):
-                got = self._pick_devices(m)
+    def scale_out(self, m: ModelSpec) -> None:
+        if not self.dynamic:  # static: only replace failed loads
+            while len(self.by_model.get(m.name, ())) < self.static_target.get(m.name, 0):
+                got = self.pick_devices(m)
                 if got is None:
                     return
-                self._launch(m, *got)
+                self.launch(m, *got)
             return
-        while len(self.inst_by_model.get(m.name, ())) < m.max_instances:
-            n = len(self.inst_by_model.get(m.name, ()))
-            got = self._pick_devices(m)
+        while len(self.by_model.get(m.name, ())) < m.max_instances:
+            n = len(self.by_model.get(m.name, ()))
+            got = self.pick_devices(m)
             if got is not None:
-                if n > 0 and not self._worth_instance(m, n, got[2], free=True):
+                if n > 0 and not self.worth_instance(m, n, got[2], free=True):
                     return
-            elif len(self.models) > 1 and (n == 0 or self._worth_instance(m, n, None, free=False)):
-                got = self._evict_for(m, starving=n == 0)
+            elif len(self.st.models) > 1 and (n == 0 or self.worth_instance(m, n, None, free=False)):
+                got = self.evict_for(m, starving=n == 0)
             if got is None:
                 return
-            self._launch(m, *got)
+            self.launch(m, *got)
 
-    def _worth_instance(self: Core, m: ModelSpec, n: int, parked: bool | None, *, free: bool) -> bool:
+    def worth_instance(self, m: ModelSpec, n: int, parked: bool | None, *, free: bool) -> bool:
         """Whether one more instance of ``m`` (which has ``n``) pays for itself. On free
         devices: the expected drain time exceeds its cost, or the backlog exceeds what loading
         instances will take plus ``scale_out_batches`` knee batches per ready one. By eviction
@@ -319,13 +313,13 @@ class ModelMixin:
         wait = math.ceil(queued / m.knee_batch) * m.batch_latency(m.knee_batch) / n
         if wait > cost or not free:
             return wait > cost
-        loading = sum(1 for i in self.inst_by_model[m.name]
+        loading = sum(1 for i in self.by_model[m.name]
                       if self.instances[i].state is InstState.LOADING)
         # loading instances will each take a batch; ready ones may queue a few more
-        absorb = m.knee_batch * (loading + self.config.scale_out_batches * (n - loading))
+        absorb = m.knee_batch * (loading + self.st.config.scale_out_batches * (n - loading))
         return queued > absorb
 
-    def _victims(self: Core, node: NodeState, exclude: str, starving: bool) -> list[InstanceRecord]:
+    def victims(self, node: NodeState, exclude: str, starving: bool) -> list[InstanceRecord]:
         """Idle instances on ``node`` that may be parked for someone else, cheapest loss first:
         of models with no queued work, more replicas first, least recently used first. Unless
         the beneficiary has no instance (``starving``), a model keeps at least one instance
@@ -337,13 +331,13 @@ class ModelMixin:
             if (name == exclude or i.state is not InstState.READY or i.batch is not None
                     or self.queues.live.get(("model", name))):
                 continue
-            if not starving and self.now - i.last_used < i.model.swap_s:
+            if not starving and self.st.now - i.last_used < i.model.swap_s:
                 continue
             out.append(i)
-        by_model = self.inst_by_model  # (no lambda over `self`: see placement's sort keys)
+        by_model = self.by_model  # (no lambda over `self`: see placement's sort keys)
         out = [i for _, _, _, i in sorted((-len(by_model[i.model.name]), i.last_used, i.id, i) for i in out)]
         if not starving:  # each model keeps one instance
-            left = {i.model.name: len(self.inst_by_model[i.model.name]) for i in out}
+            left = {i.model.name: len(self.by_model[i.model.name]) for i in out}
             kept = []
             for i in out:
                 if left[i.model.name] > 1:
@@ -352,23 +346,23 @@ class ModelMixin:
             out = kept
         return out
 
-    def _evict_for(self: Core, m: ModelSpec, *, starving: bool) -> tuple[NodeState, tuple[int, ...], bool] | None:
+    def evict_for(self, m: ModelSpec, *, starving: bool) -> tuple[NodeState, tuple[int, ...], bool] | None:
         """Park the cheapest idle instances of other models on one node so that ``m`` fits
         there (the node needing the fewest, least-used evictions); None if no node can."""
         best: tuple[tuple[int, int, float, str], NodeState, list[InstanceRecord]] | None = None
-        for node in self.nodes.values():
+        for node in self.st.nodes.values():
             if not node.alive or not node.instances or can_ever_place(node.spec, m) is not None:
                 continue
             free, gpus, chosen = set(node.dev_free), node.free.get("gpu", 0.0), []
             per = node.spec.gpu_memory_per_device
-            for v in self._victims(node, m.name, starving):
+            for v in self.victims(node, m.name, starving):
                 chosen.append(v)
                 free.update(v.devices)
                 gpus += v.model.devices
                 if gpus + 1e-9 >= m.devices and choose_devices(
                         free, node.spec.gpu_domains, m.devices, memory_free=dict.fromkeys(free, per),
                         memory_needed=m.memory_mb) is not None:
-                    lost = sum(1 for v in chosen if len(self.inst_by_model[v.model.name]) <= 1)
+                    lost = sum(1 for v in chosen if len(self.by_model[v.model.name]) <= 1)
                     score = (lost, len(chosen), max(v.last_used for v in chosen), node.name)
                     if best is None or score < best[0]:
                         best = (score, node, chosen)
@@ -376,14 +370,14 @@ class ModelMixin:
         if best is None:
             return None
         for v in best[2]:
-            self._unload(v, f"evicted for model {m.name}")
-        return self._pick_devices(m, only=best[1].name)
+            self.unload(v, f"evicted for model {m.name}")
+        return self.pick_devices(m, only=best[1].name)
 
-    def _yield_devices(self: Core) -> None:
+    def yield_devices(self) -> bool:
         """Lazy eviction for GPU actions: a shared-pool queue head that needs GPUs and fits a
         node once idle instances there are parked gets that node (then a new pass runs)."""
         freed = False
-        gpu_shape = self._gpu_shape
+        gpu_shape = self.needs_gpu
         for key in list(self.queues.shape_keys):
             needs = gpu_shape.get(key)
             if needs is None:
@@ -396,12 +390,12 @@ class ModelMixin:
             rec = got[0]
             demand = rec.spec.demand
             best: tuple[tuple[int, float, str], NodeState, list[InstanceRecord]] | None = None
-            for node in self.nodes.values():
+            for node in self.st.nodes.values():
                 if (not node.alive or not node.instances
-                        or self.reserved.get(node.name, rec.spec.id) != rec.spec.id):
+                        or self.st.reserved.get(node.name, rec.spec.id) != rec.spec.id):
                     continue
                 free, chosen = dict(node.free), []
-                for v in self._victims(node, "", True):
+                for v in self.victims(node, "", True):
                     chosen.append(v)
                     for d, x in v.holding().items():
                         free[d] = free.get(d, 0.0) + x
@@ -412,24 +406,23 @@ class ModelMixin:
                         break
             if best is not None:
                 for v in best[2]:
-                    self._unload(v, f"evicted for action {rec.spec.id}")
+                    self.unload(v, f"evicted for action {rec.spec.id}")
                 freed = True
-        if freed:
-            self._schedule()
+        return freed
 
-    def _scale_in(self: Core) -> None:
-        if not self.policy.dynamic_models:
+    def scale_in(self) -> None:
+        if not self.dynamic:
             return
-        limit = self.config.model_idle_s
-        keep = self.config.model_min_instances
+        limit = self.st.config.model_idle_s
+        keep = self.st.config.model_min_instances
         for iid in sorted(self.instances) if math.isfinite(limit) else ():
             inst = self.instances[iid]
-            if len(self.inst_by_model[inst.model.name]) <= keep:
+            if len(self.by_model[inst.model.name]) <= keep:
                 continue
             if (inst.state is InstState.READY and inst.batch is None
                     and not self.queues.live.get(("model", inst.model.name))
-                    and self.now - inst.last_used >= limit):
-                self._unload(inst, f"idle {self.now - inst.last_used:.3g}s")
-        for name in self.models:
+                    and self.st.now - inst.last_used >= limit):
+                self.unload(inst, f"idle {self.st.now - inst.last_used:.3g}s")
+        for name in self.st.models:
             if self.queues.live.get(("model", name)):
-                self.models_touched.add(name)
+                self.st.models_touched.add(name)
