@@ -69,6 +69,8 @@ def main() -> int:
     copy = _copy()
     if args.tests:
         _select_tests(copy, args.tests)
+    # (made now: a PYTHONPATH entry missing at start-up may be cached as "nothing here")
+    (copy / "mutants" / "src").mkdir(parents=True)
     env = {**os.environ, "ARL_TANGRAM_PURE": "1", "PYTHONPATH": str(copy / "mutants" / "src")}
     env.pop("TANGRAM_SKIP_LOG", None)
     print(f"mutation: mutmut in {copy}", flush=True)

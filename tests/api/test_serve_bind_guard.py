@@ -37,7 +37,8 @@ def test_every_interface_or_a_public_host_needs_a_token(
     assert "needs a token" in err and "TANGRAM_TOKEN" in err
 
 
-@pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0", "10.0.0.1"])
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0", "10.0.0.1",
+                                  "X127.0.0.1X", "local", "localhost.evil.example"])
 def test_wildcards_and_public_addresses_are_not_loopback(host: str) -> None:
     assert is_loopback(host) is False
 

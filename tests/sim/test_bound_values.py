@@ -10,7 +10,7 @@ import pytest
 from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, Status
 from arl_tangram.core.cluster import ClusterSpec, ModelSpec, NodeSpec
 from arl_tangram.core.resources import Resources
-from arl_tangram.sim.bounds import ReleaseLog, bound
+from arl_tangram.sim.bounds import Bound, ReleaseLog, bound, table_bound
 from arl_tangram.sim.trace import SimAction, Trajectory
 
 MEM = 32768
@@ -109,3 +109,49 @@ def test_srpt_serves_a_late_short_action_first_and_charges_rigid_width() -> None
     log.record(_rigid(50.0, timeout=7.0), Status.TIMED_OUT, submit=0.0, finish=7.0)
     rb = log.bound()
     assert rb.count == 3 and rb.bound_s == pytest.approx(10.0)
+
+
+class _Run:
+    """A run's report as `table_bound` reads it: its own bound, and whether it stalled."""
+
+    def __init__(self, act_avg: float | None, stalled: bool = False) -> None:
+        self.bound = None if act_avg is None else {"act_avg": act_avg}
+        self.stalled = stalled
+
+
+class _BareRun:  # a report without a `stalled` field: a finished run
+    bound = {"act_avg": 2.0}
+
+
+class _NoBoundRun:  # a report without a `bound` field at all
+    stalled = False
+
+
+def test_a_table_is_bounded_by_the_lowest_bound_of_its_finished_runs() -> None:
+    opt = Bound({"count": 2, "avg": 3.0, "p50": 3.0, "p99": 3.0}, (5.0, 7.0))
+    runs = {"a": _Run(4.0), "b": _Run(3.5), "stalled": _Run(1.0, stalled=True),
+            "none": _Run(None), "nobound": _NoBoundRun()}
+    # the lowest of the finished runs' own bounds, and whose; a stalled run never lowers it
+    assert table_bound(opt, runs) == (3.5, "b")
+    assert table_bound(opt, {**runs, "bare": _BareRun()}) == (2.0, "bare")
+    # no finished run with a bound: each action alone (the per-action average)
+    assert table_bound(opt, {k: runs[k] for k in ("stalled", "none", "nobound")}) == (3.0, None)
+    assert table_bound(opt, {}) == (3.0, None)
+
+
+def test_the_bounds_report_their_values_under_their_names() -> None:
+    opt = Bound({"count": 2, "avg": 3.0, "p50": 3.0, "p99": 3.5}, (5.0, 7.0))
+    assert opt.as_dict() == {"act": {"count": 2, "avg": 3.0, "p50": 3.0, "p99": 3.5},
+                             "step_s": [5.0, 7.0], "step_avg_s": 6.0}
+    assert Bound({"count": 0, "avg": 0.0, "p50": 0.0, "p99": 0.0}, ()).step_avg_s == 0.0
+    log = ReleaseLog(_cluster(2))
+    for _ in range(4):
+        log.record(_rigid(1.0), Status.SUCCEEDED, submit=0.0, finish=9.0)
+    d = log.bound().as_dict()
+    assert d["count"] == 4
+    assert d["act_avg"] == pytest.approx(1.25)
+    assert d["alone_act_avg"] == pytest.approx(1.0)
+    assert d["srpt_act_avg"] == pytest.approx(1.25)
+    assert d["batch_wait_avg"] == 0.0  # no model actions
+    empty = ReleaseLog(_cluster(2)).bound()
+    assert empty.count == 0 and empty.act_avg == 0.0 and empty.as_dict()["alone_act_avg"] == 0.0
