@@ -5,6 +5,7 @@ middleware alone and through the whole app (both /run_code paths)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -107,3 +108,34 @@ async def test_app_serves_the_limit_and_refuses_one_byte_more(fast: bool, chunke
     assert r.status_code == 200, r.text
     r = await _post(fast, _body(LIMIT + 1), chunked=chunked)
     assert r.status_code == 413 and "body" in r.json()["detail"], r.text
+
+
+async def test_the_middlewares_answers_are_complete_json() -> None:
+    """413 and 401 answered by the middleware itself: a JSON body with its type and exact length
+    (a client reading by content-length must get all of it), and the auth challenge on 401."""
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("the route must not be reached")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    for token, headers, status in (
+            (None, [(b"content-length", str(LIMIT + 1).encode())], 413),
+            ("s3cret", [(b"authorization", b"Bearer wrong")], 401),
+            ("s3cret", [], 401)):
+        sent.clear()
+        mw = GuardMiddleware(app, token=token, max_body_bytes=LIMIT)
+        await mw({"type": "http", "path": "/run_code", "method": "POST", "headers": headers},
+                 receive, send)
+        start, body = sent
+        assert start["type"] == "http.response.start" and start["status"] == status
+        h = dict(start["headers"])
+        assert h[b"content-type"] == b"application/json"
+        assert h[b"content-length"] == str(len(body["body"])).encode()
+        assert "detail" in json.loads(body["body"])
+        assert (h.get(b"www-authenticate") == b"Bearer") is (status == 401)

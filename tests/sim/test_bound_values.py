@@ -155,3 +155,18 @@ def test_the_bounds_report_their_values_under_their_names() -> None:
     assert d["batch_wait_avg"] == 0.0  # no model actions
     empty = ReleaseLog(_cluster(2)).bound()
     assert empty.count == 0 and empty.act_avg == 0.0 and empty.as_dict()["alone_act_avg"] == 0.0
+
+
+def test_the_per_action_summary_and_short_steps() -> None:
+    c = _cluster(4)
+    # five rigid actions of 1..5 s, one per trajectory: avg 3, p50 3, p99 4.96 (linear between
+    # the 4th and 5th of five sorted values: 4 + 0.96 x 1)
+    trajs = [Trajectory(f"t{i}", "x", ((0.0, _rigid(float(w))),)) for i, w in enumerate(range(1, 6))]
+    b = bound([trajs], c, train_s=0.0)
+    assert b.act == pytest.approx({"count": 5, "avg": 3.0, "p50": 3.0, "p99": 4.96})
+    # a step shorter than a second: its own length (0.25 s of generation + 0.5 s), nothing more
+    short = Trajectory("s", "x", ((0.25, _rigid(0.5)),))
+    assert bound([[short]], c, train_s=0.0).step_s == pytest.approx((0.75,))
+    # no action at all: zeros, and no step
+    none = bound([], c, train_s=1.0)
+    assert none.act == {"count": 0, "avg": 0.0, "p50": 0.0, "p99": 0.0} and none.step_s == ()
