@@ -1,4 +1,5 @@
-"""A real CPU manager for integration tests (skips when this machine cannot isolate)."""
+"""A real CPU manager for integration tests. Where this machine cannot isolate it skips, and on
+root Linux that skip is reported as a failure naming why (tests/_skip_policy.py, issue 27)."""
 
 from __future__ import annotations
 
