@@ -37,22 +37,23 @@ def _spread_warm_plain(self, key: str, rate: float) -> None:
 
 
 def _expand_plain(self) -> None:
-    """`_expand` as a plain loop: every changed node scanned, elastic actions or not (the
-    fast path visits only the nodes that hold elastic actions)."""
-    nodes = self.expand_at | self.dirty
-    self.expand_at.clear()
+    """`Elastic.expand` as a plain loop: every changed node scanned, elastic actions or not
+    (the fast path visits only the nodes that hold elastic actions)."""
+    st = self.st
+    nodes = st.expand_at | st.dirty
+    st.expand_at.clear()
     for name in sorted(nodes) if len(nodes) > 1 else nodes:
-        node = self.nodes.get(name)
-        if node is None or not node.alive or name in self.reserved:
+        node = st.nodes.get(name)
+        if node is None or not node.alive or name in st.reserved:
             continue
         if node.running:  # (the per-node pass is shared: only which nodes are visited differs)
-            self._expand_node(node)
+            self.expand_node(node)
 
 
 def _pair(nodes, **cfg):
     fast, plain = Driver(nodes, **cfg), Driver(nodes, **cfg)
     plain.core.warm.spread = types.MethodType(_spread_warm_plain, plain.core.warm)
-    plain.core._expand = types.MethodType(_expand_plain, plain.core)
+    plain.core.elastic.expand = types.MethodType(_expand_plain, plain.core.elastic)
     return fast, plain
 
 

@@ -143,7 +143,7 @@ def _idle_for(core: Core, rec: Any, node: Any) -> bool:
     el = rec.spec.elasticity
     if not fits_besides_cpu(node, rec.shape):
         return False
-    return node.free.get("cpu", 0.0) - core._absorb(node) >= el.min - 1e-9
+    return node.free.get("cpu", 0.0) - core.elastic.absorb(node) >= el.min - 1e-9
 
 
 def _check_elastic_head(core: Core, rec: Any) -> None:

@@ -31,7 +31,7 @@ from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
-from .elastic import ElasticMixin
+from .elastic import Elastic
 from .modelsched import ModelPlanner
 from .partitioning import Partitions
 from .placement import Placer
@@ -54,7 +54,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState, SchedulingMixin, ElasticMixin):
+class Core(CoreState, SchedulingMixin):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -80,12 +80,12 @@ class Core(CoreState, SchedulingMixin, ElasticMixin):
         self.warm = WarmPools(self)
         self.placer = Placer(self, self.queues)
         self.partitions = Partitions(self, self.placer, self.queues)
+        self.elastic = Elastic(self, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(self, self.queues)
         for spec in cluster.nodes:
             self._add_node(spec)
         self._warm_pools = self.policy.warm_pools
         self._fixed = self.policy.fixed
-        self._expect_cpu = 0.0  # largest minimum CPU demand of an arrived action (the reserve)
         self._by_use = self.policy.by_use and cfg.short_action_s > 0
         # estimator key -> CPU used over run time (cores) of its last finished actions, and
         # their mean (what `_charge` admits a short action by, with a margin)
@@ -140,8 +140,8 @@ class Core(CoreState, SchedulingMixin, ElasticMixin):
         if (planner.instances and self.queues.shape_keys and planner.dynamic
                 and planner.yield_devices()):  # idle instances evicted for GPU actions
             self._schedule()
-        if self.elastic and (dirty or self.expand_at):
-            self._expand()  # (after the pass: queued work took what freed up first)
+        if self.elastic_policy and (dirty or self.expand_at):
+            self.elastic.expand()  # (after the pass: queued work took what freed up first)
         if dirty:
             dirty.clear()
         if touched:
@@ -207,8 +207,7 @@ class Core(CoreState, SchedulingMixin, ElasticMixin):
             rec.partition = self.partitions.partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
-        if rec.cpu > self._expect_cpu:
-            self._expect_cpu = rec.cpu
+        self.elastic.arrived(rec.cpu)
         if self._by_use and rec.est <= self.config.short_action_s:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:

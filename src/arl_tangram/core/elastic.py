@@ -1,9 +1,8 @@
-# mypy: disable-error-code="misc"
 """Tangram's elasticity: spare capacity to elastic actions, warm-pool sizing.
 
 Invariant: expansion never takes a node's free capacity below its reserve in the elastic
 dimension (``reserve_fraction`` of it, and in CPU at least the largest minimum demand arrivals
-have had: `_reserve_of`), never grows an action past its ``elasticity.max``, and runs only when no
+have had: `reserve_of`), never grows an action past its ``elasticity.max``, and runs only when no
 shared-pool work is queued (pending work comes first). An allotment grown before its
 StartAction left the core is sent as a bigger StartAction, otherwise as a ResizeAction.
 """
@@ -13,52 +12,60 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-from mypy_extensions import trait
 
 from .actions import Elasticity
 from .commands import ResizeAction, StartAction
 from .fit import fits_besides_cpu
-from .placement import WARM_SCAN
+from .placement import WARM_SCAN, Placer
+from .queues import Queues
 from .records import ActionRecord, NodeState
 from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU, Resources
+from .state import CoreState
+from .warmpools import WarmPools
 
-if TYPE_CHECKING:
-    from .core import Core
 
+class Elastic:
+    """Elastic actions (tangram): the width each starts at, where, and growth into spare CPU."""
 
-@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
-class ElasticMixin:
-    """Part of `Core`: elastic expansion and warm pools (tangram)."""
+    def __init__(self, st: CoreState, queues: Queues, placer: Placer, warm: WarmPools) -> None:
+        self.st = st
+        self.queues = queues
+        self.placer = placer
+        self.warm = warm
+        self.largest_min_cpu = 0.0  # the largest minimum CPU demand an action arrived with
 
-    def _expand(self: Core) -> None:
+    def arrived(self, cpu: float) -> None:
+        """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
+        if cpu > self.largest_min_cpu:
+            self.largest_min_cpu = cpu
+
+    def expand(self) -> None:
         """Give spare capacity (beyond the reserve) to elastic actions on changed nodes,
         one step at a time to the action whose expected completion time drops the most. It
         runs after the event's scheduling pass, so queued work has taken what it fits first:
         what is left on a node fits no queued head (work conservation) and would sit idle."""
-        live = self.elastic_nodes
+        live = self.st.elastic_nodes
         if not live:
             return  # no elastic action runs anywhere (and `_grow`, a subset, is empty)
-        nodes = (self.expand_at | self.dirty) & live  # a node off `live`: nothing to expand
-        self.expand_at.clear()
+        nodes = (self.st.expand_at | self.st.dirty) & live  # a node off `live`: nothing to expand
+        self.st.expand_at.clear()
         for name in sorted(nodes) if len(nodes) > 1 else nodes:
-            node = self.nodes.get(name)
-            if node is None or not node.alive or name in self.reserved:
+            node = self.st.nodes.get(name)
+            if node is None or not node.alive or name in self.st.reserved:
                 continue
             if node.running:
-                self._expand_node(node)
+                self.expand_node(node)
 
-    def _expand_node(self: Core, node: NodeState) -> None:
+    def expand_node(self, node: NodeState) -> None:
         """Spare capacity to the node's elastic actions below their maximum, the least
         expected work left first (heSRPT gives the most to the shortest: Berg, Vesilo and
         Harchol-Balter, SIGMETRICS 2020), one `elastic_step` at a time while it speeds it up."""
-        step = self.config.elastic_step
+        step = self.st.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         elastic = False  # any elastic action on the node (grown to its max or not)
         for aid in node.running:
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             if rec is None or rec.allotment is None or not rec.elastic:
                 continue
             el = rec.spec.elasticity
@@ -66,48 +73,48 @@ class ElasticMixin:
             elastic = True
             if rec.allotment.get(el.dim) >= el.max - 1e-9:
                 continue
-            heap.append((self._remaining(rec), rec.seq, aid))
+            heap.append((self.remaining(rec), rec.seq, aid))
         if not heap:
             if not elastic:
-                self.elastic_nodes.discard(node.name)
+                self.st.elastic_nodes.discard(node.name)
             return
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while heap:
             _, _, aid = heapq.heappop(heap)
-            rec = self.actions[aid]
+            rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
-            spare = node.free.get(el.dim, 0.0) - self._reserve_of(node, el.dim)
+            spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
             k = rec.allotment.get(el.dim)
             delta = min(el.max - k, spare)
             if delta > step:
                 delta = step
             if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
                 continue
-            self._retime(rec)
+            self.retime(rec)
             node.take({el.dim: delta})
             rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
             changed[aid] = rec
             if k + delta < el.max - 1e-9:
-                heapq.heappush(heap, (self._remaining(rec), rec.seq, aid))
+                heapq.heappush(heap, (self.remaining(rec), rec.seq, aid))
         if changed:
-            self.index.update(node.name, node.free)
-            self._emit_resizes(node, changed.values())
+            self.st.index.update(node.name, node.free)
+            self.emit_resizes(node, changed.values())
 
-    def _lender(self: Core, rec: ActionRecord) -> NodeState | None:
+    def lender(self, rec: ActionRecord) -> NodeState | None:
         """No node fits a shared-pool head: the node whose grown elastic actions can lend it
         the CPU it lacks (the one with the most lent out), after they lent it; else None."""
         best: NodeState | None = None
         most = 1e-9  # (a node that lends nothing cannot help)
         need = rec.charge if rec.charge is not None else rec.spec.demand
-        for name in self.elastic_nodes:
-            node = self.nodes[name]
-            if not node.alive or name in self.reserved:
+        for name in self.st.elastic_nodes:
+            node = self.st.nodes[name]
+            if not node.alive or name in self.st.reserved:
                 continue
             lent = 0.0
             for aid in node.running:
-                other = self.actions.get(aid)
+                other = self.st.actions.get(aid)
                 el = other.spec.elasticity if other is not None else None
                 if other is not None and el is not None and el.dim == CPU and other.allotment is not None:
                     lent += other.allotment.get(CPU) - el.min
@@ -115,12 +122,12 @@ class ElasticMixin:
                 continue
             if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
                 best, most = node, lent  # a set's order differs from process to process)
-        if best is None or not self._reclaim(best, need):
+        if best is None or not self.reclaim(best, need):
             return None
         return best
 
 
-    def _reclaim(self: Core, node: NodeState, need: Resources, floor: float = 0.0) -> bool:
+    def reclaim(self, node: NodeState, need: Resources, floor: float = 0.0) -> bool:
         """Make room for ``need`` on ``node`` by shrinking the elastic actions grown there
         (never below their minimum, nor below ``floor`` where their range allows), the most
         expected work left first (the shortest keep their cores: SRPT); False, shrinking
@@ -135,67 +142,67 @@ class ElasticMixin:
                 short = lack
         if short <= 1e-9:
             return True
-        step = self.config.elastic_step
+        step = self.st.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         spare = 0.0
         for aid in node.running:
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             el = rec.spec.elasticity if rec is not None else None
             if rec is None or el is None or el.dim != CPU or rec.allotment is None:
                 continue
             extra = rec.allotment.get(CPU) - _floor_of(el, floor)
             if extra > 1e-9:
                 spare += extra
-                heap.append((-self._remaining(rec), rec.seq, aid))
+                heap.append((-self.remaining(rec), rec.seq, aid))
         if spare < short - 1e-9:
             return False
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while short > 1e-9 and heap:
             _, _, aid = heapq.heappop(heap)
-            rec = self.actions[aid]
+            rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             k = float(rec.allotment.get(CPU))  # (floats: the same repr compiled and pure)
             lo = _floor_of(el, floor)
             delta = float(min(step, k - lo, short))
-            self._retime(rec)
+            self.retime(rec)
             node.give({CPU: delta})
             rec.allotment = rec.allotment.with_amount(CPU, k - delta)
             changed[aid] = rec
             short -= delta
             if k - delta > lo + 1e-9:
-                heapq.heappush(heap, (-self._remaining(rec), rec.seq, aid))
-        self.index.update(node.name, node.free)
-        self._emit_resizes(node, changed.values())
+                heapq.heappush(heap, (-self.remaining(rec), rec.seq, aid))
+        self.st.index.update(node.name, node.free)
+        self.emit_resizes(node, changed.values())
         return True
 
     # ---- the width of an elastic action: heSRPT rounded to whole cores --------------------------
-    def _remaining(self: Core, rec: ActionRecord) -> float:
+    def remaining(self, rec: ActionRecord) -> float:
         """Expected work left of a running action (seconds at speed 1), given the work its
         allotments have done since it started (`done`, brought up to now): the estimator's
         mean excess (`remaining_work`), else its estimate less that work."""
         done = rec.done
-        if rec.allotment is not None and self.now > rec.since:
-            done += (self.now - rec.since) * rec.spec.speed(rec.allotment)
-        left = self.estimator.remaining_work(rec.ekey, rec.units, done)
+        if rec.allotment is not None and self.st.now > rec.since:
+            done += (self.st.now - rec.since) * rec.spec.speed(rec.allotment)
+        left = self.st.estimator.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
         return left if left > 1e-9 else 1e-9
 
-    def _retime(self: Core, rec: ActionRecord) -> None:
+    def retime(self, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""
-        if rec.allotment is not None and self.now > rec.since:
-            rec.done += (self.now - rec.since) * rec.spec.speed(rec.allotment)
-        rec.since = self.now
+        if rec.allotment is not None and self.st.now > rec.since:
+            rec.done += (self.st.now - rec.since) * rec.spec.speed(rec.allotment)
+        rec.since = self.st.now
 
-    def _overdue(self: Core, rec: ActionRecord) -> bool:
+    def overdue(self, rec: ActionRecord) -> bool:
         """Whether a queued elastic action has waited longer than its expected run at its
         maximum: it then starts at whatever width it can get (no wait for a width is longer
         than the run it saves)."""
-        return self.now >= self.queues.overdue_from(rec)
+        return self.st.now >= self.queues.overdue_from(rec)
 
-    def _plan(self: Core, rec: ActionRecord, node: NodeState, behind: int,
+    def plan(self, rec: ActionRecord, node: NodeState, behind: int,
               elsewhere: float = math.inf) -> tuple[float, float]:
         """How elastic ``rec`` (a queue head) should start on ``node`` now: ``(width, floor)``,
         width 0.0 to wait; ``floor`` is how far the node's running elastic actions may be
@@ -211,7 +218,7 @@ class ElasticMixin:
         actions queued after it (the node's share of the queue, taken as ``rec``'s size),
         shortest first; those running share the capacity, each up to its maximum, and widen
         as others end. Waiting is waiting for the first full width anywhere: ``rec`` may start
-        at its maximum on another node ``elsewhere`` seconds from now (`_free_at`), if that
+        at its maximum on another node ``elsewhere`` seconds from now (`free_at`), if that
         comes before its turn here. On 2 cores with n equal jobs waiting this is "one after
         another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs^2), no solver."""
         el = rec.spec.elasticity
@@ -219,10 +226,10 @@ class ElasticMixin:
         free = node.free.get(CPU, 0.0)
         held = 0.0
         runs: list[tuple[float, Elasticity]] = []  # (work left, elasticity) of its elastic runs
-        for other, oel in self._elastic_on(node):
+        for other, oel in self.elastic_on(node):
             assert other.allotment is not None
             held += other.allotment.get(CPU)
-            runs.append((self._remaining(other), oel))
+            runs.append((self.remaining(other), oel))
         cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
@@ -245,7 +252,7 @@ class ElasticMixin:
         if n_run + 1 <= most and n_run + 1 not in tries:
             tries.append(n_run + 1)
         tries.sort()
-        x = self.expected_work(rec)
+        x = self.st.expected_work(rec)
         jobs = runs + [(x, el)] * (1 + behind)
         best_cost = math.inf
         best_lanes = 0
@@ -258,14 +265,14 @@ class ElasticMixin:
                 best_cost, best_lanes = cost, lanes
         if best_lanes <= n_run:
             return 0.0, 0.0
-        step = self.config.elastic_step
+        step = self.st.config.elastic_step
         width = cap / best_lanes
         if width >= step:
             width = math.floor(width / step + 1e-9) * step
         width = width if width < el.max else el.max
         return width, width
 
-    def _free_at(self: Core, node: NodeState, width: float) -> float:
+    def free_at(self, node: NodeState, width: float) -> float:
         """Expected seconds until ``width`` CPU is free on ``node`` (as its running actions
         end, each its expected work left at its current speed), inf if never (sessions and
         other holdings stay)."""
@@ -274,13 +281,13 @@ class ElasticMixin:
             return 0.0
         ends: list[tuple[float, float]] = []
         for aid in node.running:
-            other = self.actions.get(aid)
+            other = self.st.actions.get(aid)
             if other is None or other.allotment is None:
                 continue
             c = other.allotment.get(CPU)
             if c <= 0.0:
                 continue
-            t = self._remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
+            t = self.remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
             ends.append((t, c))
         ends.sort()
         for t, c in ends:
@@ -289,42 +296,42 @@ class ElasticMixin:
                 return t
         return math.inf
 
-    def _elastic_start(self: Core, rec: ActionRecord, node: NodeState, behind: int,
+    def width_on(self, rec: ActionRecord, node: NodeState, behind: int,
                        elsewhere: float = math.inf) -> tuple[float, float]:
         """``(width, floor)`` at which elastic ``rec`` starts on ``node`` now (width 0.0: it
-        waits): the width `_plan` chose, as far as free CPU and what the node's elastic actions
+        waits): the width `plan` chose, as far as free CPU and what the node's elastic actions
         hold above ``floor`` allow; where the plan says wait but the node's elastic actions
         could not take its free CPU (at their maximum, or none), what they cannot take (an
         idle core helps no one, and the action grows as cores free: growth is real); once
-        overdue (`_overdue`), any width from its minimum."""
+        overdue (`overdue`), any width from its minimum."""
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
-        if self._overdue(rec):
+        if self.overdue(rec):
             if free >= el.min - 1e-9:
                 return (free if free < el.max else el.max), 0.0
-            if free + self._lendable(node, 0.0) >= el.min - 1e-9:
-                return el.min, 0.0  # (`_reclaim` takes lent cores down to their minimum)
+            if free + self.lendable(node, 0.0) >= el.min - 1e-9:
+                return el.min, 0.0  # (`reclaim` takes lent cores down to their minimum)
             return 0.0, 0.0
-        width, floor = self._plan(rec, node, behind, elsewhere)
+        width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
-            room = free + self._lendable(node, floor)
-            if self.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
-                keep = free - self._reserve_of(node, CPU)
+            room = free + self.lendable(node, floor)
+            if self.st.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
+                keep = free - self.reserve_of(node, CPU)
                 room = keep if keep > el.min else el.min
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor
-        left = free - self._absorb(node)
+        left = free - self.absorb(node)
         if left >= el.min - 1e-9:
             return (left if left < el.max else el.max), 0.0
         return 0.0, 0.0
 
-    def _elastic_on(self: Core, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
+    def elastic_on(self, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
         """The elastic actions running on ``node`` that stretch in CPU, with their elasticity."""
         out: list[tuple[ActionRecord, Elasticity]] = []
         for aid in node.running:
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             if rec is None or not rec.elastic or rec.allotment is None:
                 continue
             el = rec.spec.elasticity
@@ -333,59 +340,59 @@ class ElasticMixin:
                 out.append((rec, el))
         return out
 
-    def _absorb(self: Core, node: NodeState) -> float:
+    def absorb(self, node: NodeState) -> float:
         """CPU the node's elastic actions below their maximum could still take."""
         total = 0.0
-        for rec, el in self._elastic_on(node):
+        for rec, el in self.elastic_on(node):
             assert rec.allotment is not None
             total += el.max - rec.allotment.get(CPU)
         return total
 
-    def _lendable(self: Core, node: NodeState, floor: float) -> float:
+    def lendable(self, node: NodeState, floor: float) -> float:
         """CPU the node's elastic actions hold above ``floor`` (above their minimum where
         that is higher, never where their range ends below ``floor``)."""
         total = 0.0
-        for rec, el in self._elastic_on(node):
+        for rec, el in self.elastic_on(node):
             assert rec.allotment is not None
             extra = rec.allotment.get(CPU) - _floor_of(el, floor)
             if extra > 0.0:
                 total += extra
         return total
 
-    def _place_elastic(self: Core, rec: ActionRecord) -> bool:
-        """Start a shared-pool elastic head where `_choose_elastic` says; False when it waits
+    def place(self, rec: ActionRecord) -> bool:
+        """Start a shared-pool elastic head where `choose` says; False when it waits
         (then the candidates with free CPU are where expansion looks: their elastic actions
         go wide while it waits)."""
-        best, width, floor, cands = self._choose_elastic(rec)
+        best, width, floor, cands = self.choose(rec)
         if best is None:
             for node in cands:
                 if node.free.get(CPU, 0.0) > 1e-9:
-                    self.expand_at.add(node.name)
+                    self.st.expand_at.add(node.name)
             if width < 0.0:  # waits for a warm node: looks again when a warm pool runs dry
                 self.placer.wait_for_warm(rec.queue_key)
             return False
-        self._start_elastic(rec, best, width, floor)
+        self.start(rec, best, width, floor)
         return True
 
-    def _choose_elastic(self: Core, rec: ActionRecord,
+    def choose(self, rec: ActionRecord,
                         ) -> tuple[NodeState | None, float, float, list[NodeState]]:
         """Where a shared-pool elastic head starts now, and at what width: ``(node, width,
         floor, candidates)``, node None to wait (width -1.0: for a warm node). It goes where it
         is expected to finish first:
         a cold start (`sandbox_cold_s`; none on a node with a warm executor for it, or where
-        sandboxes stay resident) plus its run at the width it gets there (`_elastic_start`),
+        sandboxes stay resident) plus its run at the width it gets there (`width_on`),
         among the few nodes with the most free CPU and the few warm for it that fit its other
         dimensions; when that is a cold start, it waits instead for a node warm for it that is
         expected to free its full width sooner. Decides only (`validate` asks it too)."""
-        nodes, reserved = self.nodes, self.reserved
+        nodes, reserved = self.st.nodes, self.st.reserved
         shape = rec.shape
         names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
         n = len(names) if names else 1
         queued = self.queues.queued_elastic() - 1  # (this head is still queued)
         behind = 0 if queued <= 0 else min(32, -(-queued // n))
-        enough = self.config.fit_candidates
+        enough = self.st.config.fit_candidates
         cands: list[NodeState] = []
-        for bucket in self.index.buckets_down():  # the most free CPU first
+        for bucket in self.st.index.buckets_down():  # the most free CPU first
             for name in bucket:
                 if name not in reserved and fits_besides_cpu(nodes[name], shape):
                     cands.append(nodes[name])
@@ -415,7 +422,7 @@ class ElasticMixin:
         if len(cands) > 1:
             for node in cands:
                 c = node.cap.get(CPU, 0.0)
-                t = self._free_at(node, el.max if el.max < c else c)
+                t = self.free_at(node, el.max if el.max < c else c)
                 if t < first:
                     second, first, first_node = first, t, node.name
                 elif t < second:
@@ -425,11 +432,11 @@ class ElasticMixin:
         best_w = 0.0
         best_floor = 0.0
         best_cold = False
-        x = self.expected_work(rec)
-        cold = 0.0 if self.resident else self.config.sandbox_cold_s
+        x = self.st.expected_work(rec)
+        cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
         for node in cands:
             elsewhere = second if node.name == first_node else first
-            width, floor = self._elastic_start(rec, node, behind, elsewhere)
+            width, floor = self.width_on(rec, node, behind, elsewhere)
             if width <= 0.0:
                 continue
             warm = node.warm.get(wkey, 0) > 0 if node.warm else False
@@ -438,7 +445,7 @@ class ElasticMixin:
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
         if best is None:
             return None, 0.0, 0.0, cands
-        if best_cold and cold > 0.0 and ws and not self._overdue(rec):
+        if best_cold and cold > 0.0 and ws and not self.overdue(rec):
             # cold here: a node warm for it that frees its full width soon may be sooner (a run of
             # milliseconds does not pay a cold start to avoid a wait of milliseconds)
             for seen, name in enumerate(ws):
@@ -447,26 +454,26 @@ class ElasticMixin:
                 node = nodes[name]
                 if (node is best or not node.alive or name in reserved
                         or not fits_besides_cpu(node, shape)
-                        or node.free.get(CPU, 0.0) - self._absorb(node) >= el.min - 1e-9):
+                        or node.free.get(CPU, 0.0) - self.absorb(node) >= el.min - 1e-9):
                     continue  # (where it could start now, starting narrow and growing is sooner)
                 c = node.cap.get(CPU, 0.0)
                 top = el.max if el.max < c else c
-                t = self._free_at(node, top) + x / max(el.speedup.factor(top), 1e-9)
+                t = self.free_at(node, top) + x / max(el.speedup.factor(top), 1e-9)
                 if t < best_t:  # it waits for the warm node (a finish there retries it)
                     return None, -1.0, 0.0, cands
         return best, best_w, best_floor, cands
 
-    def _start_elastic(self: Core, rec: ActionRecord, node: NodeState, width: float, floor: float) -> None:
+    def start(self, rec: ActionRecord, node: NodeState, width: float, floor: float) -> None:
         """Start elastic ``rec`` on ``node`` at ``width``, shrinking the node's elastic actions
         (not below ``floor``) for the CPU it lacks."""
         alloc = rec.spec.allotment(width)
         if not node.fits(alloc):
-            ok = self._reclaim(node, alloc, floor)
+            ok = self.reclaim(node, alloc, floor)
             assert ok, f"{rec.spec.id}: no room for {alloc} on {node.name}"
         self.placer.start(rec, node, alloc, True if rec.spec.session is not None else
                     (self.placer.take_warm(node, rec.wkey) if node.warm else False))
 
-    def _reserve_of(self: Core, node: NodeState, dim: str) -> float:
+    def reserve_of(self, node: NodeState, dim: str) -> float:
         """What expansion leaves free on ``node`` for expected arrivals: ``reserve_fraction``
         of it, and in CPU never less than the largest minimum demand arrivals have had, so
         that the next action starts at once rather than queueing behind grown ones
@@ -474,35 +481,35 @@ class ElasticMixin:
         without sessions (whose arrivals may go anywhere) keeps none while another node has
         that much free: the reserve is the cluster's, not every node's."""
         cap = node.cap.get(dim, 0.0)
-        r = self.config.reserve_fraction * cap
+        r = self.st.config.reserve_fraction * cap
         if dim != CPU or r <= 0.0:
             return r  # (reserve_fraction=0: no reserve at all)
-        if self._expect_cpu > r:
-            r = self._expect_cpu if self._expect_cpu < cap else cap
-        if not node.sessions and self._room_elsewhere(node.name, r):
+        if self.largest_min_cpu > r:
+            r = self.largest_min_cpu if self.largest_min_cpu < cap else cap
+        if not node.sessions and self.room_elsewhere(node.name, r):
             return 0.0
         return r
 
-    def _room_elsewhere(self: Core, name: str, cpu: float) -> bool:
+    def room_elsewhere(self, name: str, cpu: float) -> bool:
         """Whether an alive node other than ``name``, not reserved, has ``cpu`` free."""
-        reserved = self.reserved
-        for bucket in self.index.buckets_down(cpu):
+        reserved = self.st.reserved
+        for bucket in self.st.index.buckets_down(cpu):
             for other in bucket:
                 if other != name and other not in reserved:
                     return True
         return False
 
-    def _emit_resizes(self: Core, node: NodeState, recs: Iterable[ActionRecord]) -> None:
+    def emit_resizes(self, node: NodeState, recs: Iterable[ActionRecord]) -> None:
         for rec in recs:
             assert rec.allotment is not None
-            i = self.start_index.get(rec.spec.id)
+            i = self.st.start_index.get(rec.spec.id)
             if i is not None:  # not sent yet: start it bigger
-                old = self.out[i]
+                old = self.st.out[i]
                 assert isinstance(old, StartAction)
-                self.out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
+                self.st.out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
             else:
-                self.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.cause))
-            rec.note(self.now, f"allotment -> {rec.allotment}", self.cause)
+                self.st.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.st.cause))
+            rec.note(self.st.now, f"allotment -> {rec.allotment}", self.st.cause)
 
 
 

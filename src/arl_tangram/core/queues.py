@@ -160,7 +160,7 @@ class Queues:
             # the shape is blocked too, head or not: the queue needs no look.
             # (An elastic head may wait by choice, not for room, and its choice depends on
             # how many wait: its queue is always worth a look.)
-            look = not before or aged or bool(st.dirty) or (key.elastic and st.elastic)
+            look = not before or aged or bool(st.dirty) or (key.elastic and st.elastic_policy)
         elif key[0] == "sess" and rec.partition is not None:
             self.partition_sessions.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
@@ -171,7 +171,7 @@ class Queues:
             st.touched.add(key)
         if not aged:
             heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
-        if rec.elastic and st.elastic:
+        if rec.elastic and st.elastic_policy:
             heapq.heappush(self.overdue_heap, (self.overdue_from(rec), seq, spec.id))
 
     def _is_head(self, key: Any, q: list[Entry], seq: int, gen: int) -> bool:

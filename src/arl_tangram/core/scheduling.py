@@ -130,8 +130,8 @@ class SchedulingMixin:
             aged, _, key, rec = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
-                if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
-                    placed = rec.cpu <= limit and self._place_elastic(rec)
+                if rec.elastic and self.elastic_policy:  # (its width decides where: elastic.py)
+                    placed = rec.cpu <= limit and self.elastic.place(rec)
                 else:
                     placed = rec.cpu <= limit and self.placer.place_among(rec, local)
                 if placed:  # the freed nodes have less now: keep the cheap test exact
@@ -154,10 +154,10 @@ class SchedulingMixin:
     def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
         spec = rec.spec
         if type(key) is ShapeKey:
-            if rec.elastic and self.elastic:
-                return self._place_elastic(rec)  # (elastic.py: its width, then its node)
+            if rec.elastic and self.elastic_policy:
+                return self.elastic.place(rec)  # (elastic.py: its width, then its node)
             node = self.placer.find_node(rec)
-            if node is None and (not self.elastic or (node := self._lender(rec)) is None):
+            if node is None and (not self.elastic_policy or (node := self.elastic.lender(rec)) is None):
                 return False
             self.placer.start(rec, node, spec.demand, self.placer.take_warm(node, rec.wkey) if node.warm else False)
             return True
@@ -173,17 +173,17 @@ class SchedulingMixin:
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
-        elif rec.elastic and self.elastic:  # its width on its session's node (elastic.py)
+        elif rec.elastic and self.elastic_policy:  # its width on its session's node (elastic.py)
             if not fits_besides_cpu(node, rec.shape):
                 return False
-            width, floor = self._elastic_start(rec, node, 0)
+            width, floor = self.elastic.width_on(rec, node, 0)
             if width <= 0.0:
                 if node.free.get(CPU, 0.0) > 1e-9:
                     self.expand_at.add(node.name)  # its elastic actions go wide while it waits
                 return False
-            self._start_elastic(rec, node, width, floor)
+            self.elastic.start(rec, node, width, floor)
             return True
-        if not node.fits(alloc) and not (self.elastic and self._reclaim(node, alloc)):
+        if not node.fits(alloc) and not (self.elastic_policy and self.elastic.reclaim(node, alloc)):
             return False
         self.placer.start(rec, node, alloc, True)
         return True
@@ -215,8 +215,8 @@ class SchedulingMixin:
         while heap:
             aged, _, key, rec = heapq.heappop(heap)
             placed = False
-            if rec.elastic and self.elastic:  # (its width decides where: elastic.py)
-                placed = rec.cpu <= limit and self._place_elastic(rec)
+            if rec.elastic and self.elastic_policy:  # (its width decides where: elastic.py)
+                placed = rec.cpu <= limit and self.elastic.place(rec)
                 limit = free.get(CPU, 0.0) + 1e-9
             elif rec.cpu <= limit and placer.fits_here(rec, node):
                 placer.start_warm(rec, node)

@@ -53,7 +53,7 @@ class CoreState:
         self.shares: dict[Any, float] = {}  # demand shape -> dominant share of `largest`
         self._largest: dict[str, float] | None = None  # (None: recompute)
         policy = self.policy
-        self.elastic = policy.elastic
+        self.elastic_policy = policy.elastic
         self.partitioned = policy.partitioned is not None
         self.resident = policy.resident
 
