@@ -107,7 +107,8 @@ async def test_app_serves_the_limit_and_refuses_one_byte_more(fast: bool, chunke
     r = await _post(fast, _body(LIMIT), chunked=chunked)
     assert r.status_code == 200, r.text
     r = await _post(fast, _body(LIMIT + 1), chunked=chunked)
-    assert r.status_code == 413 and "body" in r.json()["detail"], r.text
+    assert r.status_code == 413, r.text
+    assert r.json()["detail"] == f"body: larger than {LIMIT} bytes"
 
 
 async def test_the_middlewares_answers_are_complete_json() -> None:
@@ -124,10 +125,13 @@ async def test_the_middlewares_answers_are_complete_json() -> None:
     async def send(msg: dict[str, Any]) -> None:
         sent.append(msg)
 
-    for token, headers, status in (
-            (None, [(b"content-length", str(LIMIT + 1).encode())], 413),
-            ("s3cret", [(b"authorization", b"Bearer wrong")], 401),
-            ("s3cret", [], 401)):
+    for token, headers, status, detail in (
+            (None, [(b"content-length", str(LIMIT + 1).encode())], 413,
+             f"body: larger than {LIMIT} bytes"),
+            (None, [(b"content-length", b"12x")], 400, "content-length: not an integer"),
+            ("s3cret", [(b"authorization", b"Bearer wrong")], 401,
+             "missing or bad bearer token (Authorization)"),
+            ("s3cret", [], 401, "missing or bad bearer token (Authorization)")):
         sent.clear()
         mw = GuardMiddleware(app, token=token, max_body_bytes=LIMIT)
         await mw({"type": "http", "path": "/run_code", "method": "POST", "headers": headers},
@@ -137,5 +141,26 @@ async def test_the_middlewares_answers_are_complete_json() -> None:
         h = dict(start["headers"])
         assert h[b"content-type"] == b"application/json"
         assert h[b"content-length"] == str(len(body["body"])).encode()
-        assert "detail" in json.loads(body["body"])
+        assert json.loads(body["body"]) == {"detail": detail}
         assert (h.get(b"www-authenticate") == b"Bearer") is (status == 401)
+
+
+@pytest.mark.parametrize("kind", ["websocket", "lifespan"])
+async def test_other_scopes_pass_through_untouched(kind: str) -> None:
+    """Only HTTP requests are checked: another scope reaches the app with the very same scope,
+    receive and send, even with a token set and no credentials."""
+    seen: list[tuple[Any, Any, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((scope, receive, send))
+
+    async def receive() -> dict[str, Any]:
+        return {"type": f"{kind}.connect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        raise AssertionError(f"the middleware answered a {kind} scope: {msg}")
+
+    scope = {"type": kind, "path": "/v1/actions", "headers": []}
+    await GuardMiddleware(app, token="s3cret", max_body_bytes=1)(scope, receive, send)
+    assert len(seen) == 1
+    assert seen[0][0] is scope and seen[0][1] is receive and seen[0][2] is send
