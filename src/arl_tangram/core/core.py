@@ -38,7 +38,7 @@ from .placement import Placer
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
-from .scheduling import SchedulingMixin
+from .scheduling import Scheduler
 from .state import CoreState, largest_capacity
 from .view import CoreView
 from .warmpools import WarmPools
@@ -54,7 +54,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState, SchedulingMixin):
+class Core(CoreState):
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -82,6 +82,7 @@ class Core(CoreState, SchedulingMixin):
         self.partitions = Partitions(self, self.placer, self.queues)
         self.elastic = Elastic(self, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(self, self.queues)
+        self.scheduler = Scheduler(self, self.queues, self.placer, self.elastic, self.partitions)
         for spec in cluster.nodes:
             self._add_node(spec)
         self._warm_pools = self.policy.warm_pools
@@ -134,7 +135,7 @@ class Core(CoreState, SchedulingMixin):
         if dirty or touched or (self.partitions.stale and self.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
-                self._pass(placer.woken(), None, -1.0)
+                self.scheduler.run_pass(placer.woken(), None, -1.0)
         if self.models_touched:
             planner.dispatch()
         if (planner.instances and self.queues.shape_keys and planner.dynamic
@@ -234,6 +235,16 @@ class Core(CoreState, SchedulingMixin):
         k = float(k)  # (the same repr compiled and pure: annotated floats are floats compiled)
         fixed = Elasticity(k, k, el.dim, el.speedup)
         return replace(spec, demand=spec.demand.with_amount(el.dim, k), elasticity=fixed)
+
+    def _schedule(self) -> None:
+        """The scheduling pass, once partitions are up to date and sessions that waited for
+        room have looked again."""
+        if self.partitions.stale and self.partitioned:
+            self.partitions.compute()
+        if self.pending_sessions and self.dirty:
+            for sid in list(self.pending_sessions):
+                self._open_session(self.sessions[sid])
+        self.scheduler.schedule()
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
         for spec in e.actions:

@@ -1,7 +1,6 @@
-# mypy: disable-error-code="misc"
 """The scheduling pass: queues, ordering, aging, and which queue heads are tried where.
 
-Invariant: after `_schedule` returns, every queue's head is blocked -- no queued action of the
+Invariant: after `schedule` returns, every queue's head is blocked -- no queued action of the
 shared pool fits any alive node that is not reserved for an aged action (work conservation),
 and a partition or session queue's head does not fit where it may go.
 
@@ -18,33 +17,39 @@ placements), never O(pending): a blocked head blocks its whole shape.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mypy_extensions import trait
-
+from .elastic import Elastic
 from .fit import fits_besides_cpu
-from .queues import AGED
+from .partitioning import Partitions
+from .placement import Placer
+from .queues import AGED, Queues
 from .records import ActionRecord, NodeState, ShapeKey
 from .resources import CPU
-
-if TYPE_CHECKING:
-    from .core import Core
+from .state import CoreState
 
 _AGED = AGED
 
 
-@trait  # (a part of `Core`: mypyc compiles it into that class; see `_native.py`)
-class SchedulingMixin:
-    """Part of `Core`: everything between a queued action and a StartAction."""
+class Scheduler:
+    """The scheduling pass: which queue heads are tried where, in what order, after an event."""
+
+    def __init__(self, st: CoreState, queues: Queues, placer: Placer, elastic: Elastic,
+                 partitions: Partitions) -> None:
+        self.st = st
+        self.queues = queues
+        self.placer = placer
+        self.elastic = elastic
+        self.partitions = partitions
 
     # ---- the pass -------------------------------------------------------------------------------
-    def _candidates(self: Core) -> set[Any]:
+    def candidates(self) -> set[Any]:
         keys: set[Any] = set(self.queues.shape_keys)
-        touched = self.touched
+        touched = self.st.touched
         if touched:
             keys.update(k for k in touched if k[0] != "model")
-        nodes, part_by_node = self.nodes, self.partitions.by_node
-        for name in self.dirty:
+        nodes, part_by_node = self.st.nodes, self.partitions.by_node
+        for name in self.st.dirty:
             sessions = nodes[name].sessions
             if sessions:
                 keys.update(("sess", sid) for sid in sessions)
@@ -52,31 +57,27 @@ class SchedulingMixin:
                 keys.update(("part", p) for p in part_by_node.get(name, ()))
         return keys
 
-    def _schedule(self: Core) -> None:
-        dirty = self.dirty
-        if self.partitions.stale and self.policy.partitioned:
-            self.partitions.compute()
-        if self.pending_sessions and dirty:
-            for sid in list(self.pending_sessions):
-                self._open_session(self.sessions[sid])
+    def schedule(self) -> None:
+        st = self.st
+        dirty = st.dirty
         # Shared-pool queues that were blocked after the last pass can only fit on nodes whose
         # free capacity grew since (dirty, or released from a reservation): look only there.
         local: list[NodeState] | None = None
         local_cpu = -1.0
-        touched = self.touched
+        touched = self.st.touched
         keys: Any
         if dirty:  # capacity changed: every queue may move, reservations are redone
-            reserved = self.reserved
+            reserved = self.st.reserved
             freed = dirty | reserved.keys() if reserved else dirty
             reserved.clear()
             if len(freed) == 1 and not touched and not self.partitions.by_node:
                 for name in freed:
-                    node = self.nodes[name]
+                    node = self.st.nodes[name]
                 if not node.sessions and node.alive:
                     if self.queues.shape_keys:  # the common case: one node, the shared-pool queues
-                        self._fill_node(node)
+                        self.fill_node(node)
                     return
-                keys = self._candidates()
+                keys = self.candidates()
                 if not keys:
                     return
                 if node.alive:
@@ -85,11 +86,11 @@ class SchedulingMixin:
                 else:
                     local = []
             else:
-                keys = self._candidates()
+                keys = self.candidates()
                 if not keys:
                     return
                 if len(freed) <= 32:
-                    nodes = self.nodes
+                    nodes = self.st.nodes
                     local = [n for n in (nodes[x] for x in (sorted(freed) if len(freed) > 1 else freed))
                              if n.alive]
                     for n in local:
@@ -100,18 +101,18 @@ class SchedulingMixin:
             if len(touched) == 1:
                 for key in touched:
                     if key[0] != "model":
-                        self._drain_one(key)
+                        self.drain_one(key)
                 return
             keys = {k for k in touched if k[0] != "model"}
         else:
             return
-        self._pass(keys, local, local_cpu)
+        self.run_pass(keys, local, local_cpu)
 
-    def _pass(self: Core, keys: Any, local: list[NodeState] | None, local_cpu: float) -> None:
+    def run_pass(self, keys: Any, local: list[NodeState] | None, local_cpu: float) -> None:
         """Place queue heads of ``keys`` in priority order until every one is blocked; with
         ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
         shared-pool heads not touched by this event are only tried there."""
-        touched = self.touched
+        touched = self.st.touched
         head = self.queues.head
         heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
@@ -130,7 +131,7 @@ class SchedulingMixin:
             aged, _, key, rec = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 # cheap first test: more CPU than any freed node has cannot fit
-                if rec.elastic and self.elastic_policy:  # (its width decides where: elastic.py)
+                if rec.elastic and self.st.elastic_policy:  # (its width decides where: elastic.py)
                     placed = rec.cpu <= limit and self.elastic.place(rec)
                 else:
                     placed = rec.cpu <= limit and self.placer.place_among(rec, local)
@@ -142,7 +143,7 @@ class SchedulingMixin:
                             local_cpu = c
                     limit = local_cpu + 1e-9
             else:
-                placed = self._try_place(rec, key)
+                placed = self.try_place(rec, key)
             if placed:
                 got = head(key)
                 if got is not None:
@@ -151,48 +152,48 @@ class SchedulingMixin:
             elif aged == _AGED:
                 self.placer.reserve_for(rec, key)
 
-    def _try_place(self: Core, rec: ActionRecord, key: Any) -> bool:
+    def try_place(self, rec: ActionRecord, key: Any) -> bool:
         spec = rec.spec
         if type(key) is ShapeKey:
-            if rec.elastic and self.elastic_policy:
+            if rec.elastic and self.st.elastic_policy:
                 return self.elastic.place(rec)  # (elastic.py: its width, then its node)
             node = self.placer.find_node(rec)
-            if node is None and (not self.elastic_policy or (node := self.elastic.lender(rec)) is None):
+            if node is None and (not self.st.elastic_policy or (node := self.elastic.lender(rec)) is None):
                 return False
             self.placer.start(rec, node, spec.demand, self.placer.take_warm(node, rec.wkey) if node.warm else False)
             return True
         if key[0] == "part":
             return self.partitions.place(rec, None)
-        sess = self.sessions.get(key[1])
+        sess = self.st.sessions.get(key[1])
         if sess is None or sess.node is None:
             return False
         if rec.partition is not None and (rec.partition, sess.node) in self.partitions.quota:
             return self.partitions.place(rec, sess.node)
-        node = self.nodes[sess.node]
+        node = self.st.nodes[sess.node]
         alloc = spec.demand
         if rec.partition is not None:  # its slice moved away: the node is its slice, CPU capped
             cpu = min(spec.demand.get(CPU, 0.0), node.cap.get(CPU, 0.0))
             alloc = alloc.with_amount(CPU, cpu)
-        elif rec.elastic and self.elastic_policy:  # its width on its session's node (elastic.py)
+        elif rec.elastic and self.st.elastic_policy:  # its width on its session's node (elastic.py)
             if not fits_besides_cpu(node, rec.shape):
                 return False
             width, floor = self.elastic.width_on(rec, node, 0)
             if width <= 0.0:
                 if node.free.get(CPU, 0.0) > 1e-9:
-                    self.expand_at.add(node.name)  # its elastic actions go wide while it waits
+                    self.st.expand_at.add(node.name)  # its elastic actions go wide while it waits
                 return False
             self.elastic.start(rec, node, width, floor)
             return True
-        if not node.fits(alloc) and not (self.elastic_policy and self.elastic.reclaim(node, alloc)):
+        if not node.fits(alloc) and not (self.st.elastic_policy and self.elastic.reclaim(node, alloc)):
             return False
         self.placer.start(rec, node, alloc, True)
         return True
 
 
-    def _fill_node(self: Core, node: NodeState) -> None:
-        """`_schedule`'s pass when one alive node without sessions freed capacity and no queue
+    def fill_node(self, node: NodeState) -> None:
+        """`schedule`'s pass when one alive node without sessions freed capacity and no queue
         was touched: the candidates are the shared-pool queues' heads, the only node to try is
-        that one (the loop below is `_schedule`'s, with what that case makes constant folded).
+        that one (the loop below is `schedule`'s, with what that case makes constant folded).
         """
         head = self.queues.head
         free = node.free
@@ -215,7 +216,7 @@ class SchedulingMixin:
         while heap:
             aged, _, key, rec = heapq.heappop(heap)
             placed = False
-            if rec.elastic and self.elastic_policy:  # (its width decides where: elastic.py)
+            if rec.elastic and self.st.elastic_policy:  # (its width decides where: elastic.py)
                 placed = rec.cpu <= limit and self.elastic.place(rec)
                 limit = free.get(CPU, 0.0) + 1e-9
             elif rec.cpu <= limit and placer.fits_here(rec, node):
@@ -232,14 +233,14 @@ class SchedulingMixin:
             elif aged == _AGED:
                 self.placer.reserve(rec)
 
-    def _drain_one(self: Core, key: Any) -> None:
-        """`_schedule`'s loop when only one queue is a candidate (no freed nodes): place its
+    def drain_one(self, key: Any) -> None:
+        """`schedule`'s loop when only one queue is a candidate (no freed nodes): place its
         heads until one is blocked; a blocked, aged shared-pool head reserves a node."""
         head = self.queues.head
         got = head(key)
         while got is not None:
             rec = got[0]
-            if not self._try_place(rec, key):
+            if not self.try_place(rec, key):
                 if got[1][0] == _AGED:
                     self.placer.reserve_for(rec, key)
                 return
