@@ -170,3 +170,30 @@ def test_the_per_action_summary_and_short_steps() -> None:
     # no action at all: zeros, and no step
     none = bound([], c, train_s=1.0)
     assert none.act == {"count": 0, "avg": 0.0, "p50": 0.0, "p99": 0.0} and none.step_s == ()
+
+
+def test_each_action_charges_its_least_core_or_gpu_seconds() -> None:
+    from arl_tangram.sim.bounds import cpu_charge, gpu_charge
+
+    # elastic along cpu: its work at one core, whatever its minimum (not min x work)
+    wide = _elastic(3.0, 2, 4, 0.9)
+    assert cpu_charge(wide) == pytest.approx(3.0)
+    assert cpu_charge(wide, {"cpu": 4}) == pytest.approx(3.0)
+    # elastic along another dimension: its CPU does not set its speed
+    other = SimAction(ActionKind.CUSTOM, 3.0, Resources(cpu=1, memory_mb=256, gpu=1),
+                      Elasticity(1, 2, dim="gpu"), cold_start_s=0.0)
+    assert cpu_charge(other) == 0.0
+    # rigid: demand x work; no CPU demand: nothing; an allotment without a CPU entry: demand
+    assert cpu_charge(_rigid(2.0, cpu=2)) == pytest.approx(4.0)
+    assert cpu_charge(_rigid(2.0, cpu=2), {"memory_mb": 256}) == pytest.approx(4.0)
+    assert cpu_charge(_rigid(2.0, cpu=2), {"cpu": 2}) == pytest.approx(4.0)
+    no_cpu = SimAction(ActionKind.CODE, 2.0, Resources(memory_mb=256), cold_start_s=0.0)
+    assert cpu_charge(no_cpu) == 0.0 and cpu_charge(no_cpu, {"cpu": 0.5}) == 0.0
+    # started on no CPU at all: it held none
+    assert cpu_charge(_rigid(2.0, cpu=2), {"cpu": 0.0}) == 0.0
+    # GPU: devices x (alpha / max_batch + work) for a known model; nothing otherwise
+    c = _cluster(2, models=(ModelSpec("rm", alpha=0.5, max_batch=10, devices=2),))
+    rm = SimAction(ActionKind.REWARD, 0.25, Resources(), model="rm", cold_start_s=0.0)
+    assert gpu_charge(rm, c) == pytest.approx(2 * (0.05 + 0.25))
+    ghost = SimAction(ActionKind.REWARD, 0.25, Resources(), model="nope", cold_start_s=0.0)
+    assert gpu_charge(ghost, c) == 0.0 and gpu_charge(_rigid(1.0), c) == 0.0
