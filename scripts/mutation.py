@@ -12,8 +12,9 @@ usage: scripts/mutation.py [--tests PATH ...] [--keep] [MUTANT_GLOB ...]
 The copy keeps others' work in progress and mutmut's `mutants/` out of the checkout. The core
 runs as pure Python (ARL_TANGRAM_PURE=1: a mutated core module must be the one that runs) and
 child processes (the sandbox fork server, `tangram serve`) see the mutated sources through
-PYTHONPATH. Score = killed / (killed + survived + timeout); mutants with no test (not covered)
-are listed apart, never counted as killed.
+PYTHONPATH. A mutant is caught when its tests fail, hang past mutmut's timeout or die (a worker
+past MUTATION_MAX_RSS_MB, 3072 by default, is killed); score = caught / (caught + survived + no
+tests): a mutant no test runs counts against the score.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +56,34 @@ def _select_tests(copy: Path, tests: list[str]) -> None:
     p.write_text(text)
 
 
+# mutmut's outcomes -> ours: a mutant is caught when its tests did not pass (failed, hung past
+# mutmut's timeout, or died: a mutant that eats all memory is killed by the RSS guard)
+_KIND = {"killed": "caught", "timeout": "caught", "segfault": "caught",
+         "caught by type check": "caught", "survived": "survived", "suspicious": "survived",
+         "no tests": "no tests"}
+MAX_RSS = int(os.environ.get("MUTATION_MAX_RSS_MB", "3072")) << 20
+
+
+def _rss_guard(parent: int, stop: threading.Event) -> None:
+    """Kill a mutant worker (a child of mutmut) past MAX_RSS: an endless loop that allocates
+    would take the machine's memory before mutmut's timeout ends it."""
+    import psutil
+
+    while not stop.wait(1.0):
+        try:
+            kids = psutil.Process(parent).children()
+        except psutil.NoSuchProcess:
+            return
+        for k in kids:
+            try:
+                if k.memory_info().rss > MAX_RSS:
+                    print(f"mutation: killing {k.pid} ({' '.join(k.cmdline())[:80]}): RSS over "
+                          f"{MAX_RSS >> 20} MB", flush=True)
+                    k.kill()
+            except psutil.NoSuchProcess:
+                continue
+
+
 def _module(name: str) -> str:
     # arl_tangram.api.middleware.x_is_loopback__mutmut_3 -> arl_tangram.api.middleware
     head = name.split("__mutmut_")[0]
@@ -74,7 +104,14 @@ def main() -> int:
     env = {**os.environ, "ARL_TANGRAM_PURE": "1", "PYTHONPATH": str(copy / "mutants" / "src")}
     env.pop("TANGRAM_SKIP_LOG", None)
     print(f"mutation: mutmut in {copy}", flush=True)
-    run = subprocess.run([str(BIN / "mutmut"), "run", *args.globs], cwd=copy, env=env)
+    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *args.globs], cwd=copy, env=env)
+    stop = threading.Event()
+    guard = threading.Thread(target=_rss_guard, args=(proc.pid, stop), daemon=True)
+    guard.start()
+    try:
+        rc = proc.wait()
+    finally:
+        stop.set()
     res = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=copy, env=env,
                          capture_output=True, text=True)
     by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -87,15 +124,16 @@ def main() -> int:
         mod = _module(name)
         if args.globs and not any(_match(name, g) for g in args.globs):
             continue
-        by[mod][status] += 1
-        if status in ("survived", "timeout", "no tests", "suspicious"):
+        by[mod][_KIND.get(status, status)] += 1
+        if _KIND.get(status) in ("survived", "no tests"):
             survivors[mod].append(f"{name}: {status}")
-    print("\nmodule                                   killed survived timeout no-tests  score")
+    print("\nmodule                                   caught survived no-tests unrun  score")
     for mod in sorted(by):
         c = by[mod]
-        judged = c["killed"] + c["survived"] + c["timeout"]
-        score = c["killed"] / judged if judged else 0.0
-        print(f"{mod:40} {c['killed']:6} {c['survived']:8} {c['timeout']:7} {c['no tests']:8}"
+        judged = c["caught"] + c["survived"] + c["no tests"]
+        score = c["caught"] / judged if judged else 0.0
+        unrun = sum(v for k, v in c.items() if k not in ("caught", "survived", "no tests"))
+        print(f"{mod:40} {c['caught']:6} {c['survived']:8} {c['no tests']:8} {unrun:5}"
               f"  {score:6.1%}")
     for mod in sorted(survivors):
         print(f"\n{mod}: not killed")
@@ -105,7 +143,7 @@ def main() -> int:
         print(f"\nkept: {copy}  (cd there; {BIN}/mutmut show NAME)")
     else:
         shutil.rmtree(copy, ignore_errors=True)
-    return run.returncode
+    return rc
 
 
 def _match(name: str, glob: str) -> bool:

@@ -66,6 +66,10 @@ class CoreConfig:
     model_min_instances: int = 1
     # Longest an action may wait for its batch to fill toward the knee (0: dispatch at once).
     max_batch_wait_s: float = 0.0
+    # Spread the batch starts of a model's instances (`ModelPlanner.staggered`): an idle instance
+    # holds a batch below the knee until ``alpha / ready instances`` after the model's last
+    # start, where arrivals come faster than that (False: dispatch at once).
+    stagger_batches: bool = True
     # Consecutive failed loads of one model after which its queued actions fail.
     max_load_failures: int = 3
     # Demand held by a session opened implicitly by an action naming an unknown session.

@@ -3,7 +3,7 @@
 Invariant: every model instance holds whole devices of one node inside one NVLink domain
 (chosen by `topology.choose_devices`), at most one batch is in flight per instance, and an
 idle READY instance never coexists with queued actions of its model after a pass (unless the
-batch is deliberately held to fill, ``max_batch_wait_s``).
+batch is deliberately held: to fill, ``max_batch_wait_s``, or to spread the starts, `staggered`).
 
 Actions of a model wait in one queue per model; an instance that is ready and idle takes the
 next batch, up to the knee of the model's latency curve (`ModelSpec.knee_batch`), so routing
@@ -20,11 +20,22 @@ GPU action of the shared pool that is blocked only by idle instances gets their 
 same way. Idle instances are parked for idleness alone only after ``model_idle_s`` (default
 never). Static policies load a fixed set up front (round-robin over the models until the
 devices or ``max_instances`` run out) and never scale.
+
+Batch starts are spread (`staggered`), under every policy: a batch takes at least ``alpha``,
+and an action that arrives while every instance is busy waits for the first to finish.
+Instances that start together finish together and leave the next arrivals a long wait;
+instances whose starts lie ``alpha / n`` apart leave at most that. So an idle instance holds a
+batch below the knee until ``alpha / n`` after the model's last start (``n`` ready instances),
+where the model's arrivals come at least once per that gap (a later arrival or Tick releases
+the hold); a full batch, a single instance or sparse arrivals start at once. This is bound (c)
+of `sim/bounds.py` turned into a rule: at most ``n`` starts per ``alpha``, spread as evenly as
+the arrivals allow.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from .actions import ActionSpec, Status
 from .cluster import ModelSpec
@@ -56,6 +67,8 @@ class ModelPlanner:
         self.booted = False  # the first event provisioned the models (`boot`)
         self.instance_seq = 0
         self.batch_seq = 0
+        self.arrivals: dict[str, deque[float]] = {}  # model -> its arrival times in the window
+        self.last_start: dict[str, float] = {}  # model -> when its last batch started
 
     # ---- admission ------------------------------------------------------------------------------
     def impossible(self, spec: ActionSpec) -> str:
@@ -264,6 +277,9 @@ class ModelPlanner:
             head = self.queues.head(key)
             if head is not None and self.st.now - head[0].submit_time < self.st.config.max_batch_wait_s:
                 return  # let the batch fill (a Tick or arrival will come back)
+        if live < knee and self.staggered(m):
+            return  # spread the starts (a Tick or arrival will come back)
+        self.last_start[m.name] = self.st.now
         self.batch_seq += 1
         bid = f"b{self.batch_seq}"
         recs: list[ActionRecord] = []
@@ -280,6 +296,42 @@ class ModelPlanner:
         self.batches[bid] = (inst.id, ids)
         self.st.out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
                                   cause=self.st.cause))
+
+    def note_arrival(self, name: str, t: float) -> None:
+        """An action of model ``name`` arrived at ``t``: its arrival times over the last
+        ``rate_window_s`` (the window warm pools measure rates over) give `arrival_rate`."""
+        got = self.arrivals.get(name)
+        if got is None:
+            got = self.arrivals[name] = deque()
+        got.append(t)
+        while got[0] < t - self.st.config.rate_window_s:
+            got.popleft()
+
+    def arrival_rate(self, name: str) -> float:
+        """Arrivals per second of model ``name`` between its first and last arrival in the
+        window; 0 before two arrivals at distinct times."""
+        got = self.arrivals.get(name)
+        if not got or len(got) < 2:
+            return 0.0
+        span = got[-1] - got[0]
+        return (len(got) - 1) / span if span > 0.0 else 0.0
+
+    def staggered(self, m: ModelSpec) -> bool:
+        """Whether an idle instance of ``m`` holds its batch (below the knee) to spread the
+        starts of the model's instances (module doc): with ``n >= 2`` ready instances, the
+        model's last start less than ``alpha / n`` ago and arrivals at least once per that gap."""
+        if not self.st.config.stagger_batches or m.alpha <= 0.0:
+            return False
+        ready = 0
+        for iid in self.by_model.get(m.name, ()):
+            ready += self.instances[iid].state is InstState.READY
+        if ready < 2:
+            return False
+        gap = m.alpha / ready
+        last = self.last_start.get(m.name)
+        if last is None or self.st.now - last >= gap:
+            return False
+        return self.arrival_rate(m.name) * gap >= 1.0
 
     def scale_out(self, m: ModelSpec) -> None:
         if not self.dynamic:  # static: only replace failed loads

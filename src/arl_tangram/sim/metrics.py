@@ -345,7 +345,8 @@ class SimReport:
     setup_s: float = 0.0  # model loads before the first step (not in any step or ACT)
     stall: Mapping[str, Any] | None = None  # what was left when a stalled run stopped
     # a lower bound on this run's avg ACT on its own release times (`sim.bounds.RunBound`):
-    # count, act_avg, and its two parts alone_act_avg (each action alone) and srpt_act_avg
+    # count, act_avg, and its parts alone_act_avg (each action alone), srpt_act_avg and
+    # batch_wait_avg (the least wait for a batch start)
     bound: Mapping[str, float] | None = None
     act_samples: Any = field(default=None, repr=False, compare=False)  # numpy array, for plots
     series: Any = field(default=None, repr=False, compare=False)  # [(t, {dim: busy frac})]
