@@ -99,11 +99,11 @@ def test_warm_spreads_and_expansion_match_the_plain_loops() -> None:
 def test_a_node_without_elastic_actions_leaves_the_expansion_set() -> None:
     d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
     d.arrive(elastic("e", 1, 4), act("a"))
-    assert d.core.elastic_nodes == {"n0"}
+    assert d.core.st.elastic_nodes == {"n0"}
     d.finish("e")  # the pass over n0 finds only "a" running, not elastic: dropped
-    assert d.core.elastic_nodes == set()
+    assert d.core.st.elastic_nodes == set()
     out = d.arrive(ActionSpec("x"), elastic("e2", 1, 4))
-    assert d.core.elastic_nodes == {"n0"}
+    assert d.core.st.elastic_nodes == {"n0"}
     assert [c.allotment.get(CPU) for c in of_start(out) if c.action.id == "e2"] == [4.0]
 
 

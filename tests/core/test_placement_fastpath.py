@@ -39,7 +39,7 @@ def _reference(core: Core, rec: ActionRecord) -> NodeState | None:
         found = 0
         for name in ws:
             node = core.nodes[name]
-            if node.alive and name not in core.reserved and node.fits(demand):
+            if node.alive and name not in core.st.reserved and node.fits(demand):
                 score = (0, _leftover(node, demand))
                 if score < best_score:
                     best, best_score = node, score
@@ -49,9 +49,9 @@ def _reference(core: Core, rec: ActionRecord) -> NodeState | None:
         if best is not None:
             return best
     found = 0
-    for name in core.index.from_level(demand.get("cpu")):
+    for name in core.st.index.from_level(demand.get("cpu")):
         node = core.nodes[name]
-        if name in core.reserved or not node.fits(demand):
+        if name in core.st.reserved or not node.fits(demand):
             continue
         score = (0 if node.warm.get(wkey) else 1, _leftover(node, demand))
         if score < best_score:
@@ -77,11 +77,11 @@ def _random_core(rng: random.Random, dims: int) -> Core:
         take = {k: (rng.randint(0, int(v) // 4) * 4 if q else rng.uniform(0, v))
                 for k, v in node.cap.items()}
         node.take(take)
-        core.index.update(node.name, node.free)
+        core.st.index.update(node.name, node.free)
         if rng.random() < 0.3:
             core.placer.set_warm(node, "python", rng.randint(1, 3))
         if rng.random() < 0.1:
-            core.reserved[node.name] = "someone"
+            core.st.reserved[node.name] = "someone"
     return core
 
 
@@ -111,7 +111,7 @@ def test_place_among_picks_the_plain_best_fit() -> None:
         rec.move(Status.QUEUED, 0.0, "test")
         core.queues.enqueue(rec)
         wkey = rec.wkey if core.placer.warm_nodes else ""
-        fitting = [n for n in local if n.name not in core.reserved and n.fits(spec.demand)]
+        fitting = [n for n in local if n.name not in core.st.reserved and n.fits(spec.demand)]
         want = min(fitting, key=lambda n: (0 if n.warm.get(wkey) else 1, _leftover(n, spec.demand)),
                    default=None)
         placed = core.placer.place_among(rec, local)

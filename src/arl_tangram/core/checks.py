@@ -6,16 +6,32 @@ primary records and raises ``AssertionError`` naming the first broken invariant.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .actions import Status
+from .elastic import Elastic
 from .fit import fits_besides_cpu
-from .records import InstState
+from .modelsched import ModelPlanner
+from .queues import Queues
+from .records import InstState, NodeState
 from .resources import Resources
+from .state import CoreState
 from .view import CoreView, InstanceView, NodeView, SessionView
 
-if TYPE_CHECKING:
-    from .core import Core
+
+class Core(Protocol):
+    """What `validate` and `build_view` read of a `core.Core` (its parts, never changed here)."""
+
+    st: CoreState
+    queues: Queues
+    elastic: Elastic
+    planner: ModelPlanner
+    arrived: int
+    delivered: int
+    terminal: dict[Status, int]
+    _sess_act: Resources
+
+    def _session_room(self, node: NodeState, demand: Resources, act: Resources) -> bool: ...
 
 S = Status
 _EPS = 1e-6
@@ -36,26 +52,26 @@ def validate(core: Core) -> None:
 
 
 def _check_nodes(core: Core) -> None:
-    expect: dict[str, dict[str, float]] = {n: {} for n in core.nodes}
+    expect: dict[str, dict[str, float]] = {n: {} for n in core.st.nodes}
 
     def add(node: str, r: Resources) -> None:
         d = expect[node]
         for k, v in r.items():
             d[k] = d.get(k, 0.0) + v
 
-    for rec in core.actions.values():
+    for rec in core.st.actions.values():
         if rec.status in (S.STARTING, S.RUNNING) and rec.batch is None:
-            node = core.nodes[rec.node or ""]
+            node = core.st.nodes[rec.node or ""]
             if node.alive:
                 _check(rec.spec.id in node.running, "running-on-node", f"{rec.spec.id} not in {node.name}.running")
                 assert rec.allotment is not None
                 add(node.name, rec.allotment)
-    for sess in core.sessions.values():
-        if sess.node is not None and core.nodes[sess.node].alive:
+    for sess in core.st.sessions.values():
+        if sess.node is not None and core.st.nodes[sess.node].alive:
             add(sess.node, sess.demand)
     for inst in core.planner.instances.values():
         add(inst.node, inst.holding())
-    for name, node in core.nodes.items():
+    for name, node in core.st.nodes.items():
         if not node.alive:
             continue
         for k in set(node.used) | set(expect[name]):
@@ -63,17 +79,17 @@ def _check_nodes(core: Core) -> None:
             _check(abs(u - x) <= _EPS, "used-equals-holdings", f"{name}.{k}: used {u} vs holdings {x}")
             _check(u <= node.cap.get(k, 0.0) + _EPS, "capacity", f"{name}.{k}: {u} > {node.cap.get(k, 0.0)}")
         for aid in node.running:
-            held = core.actions.get(aid)
+            held = core.st.actions.get(aid)
             _check(held is not None and held.node == name, "running-set", f"{aid} on {name}")
-        _check(name in core.index, "index", f"alive node {name} not indexed")
+        _check(name in core.st.index, "index", f"alive node {name} not indexed")
 
 
 def _check_actions(core: Core) -> None:
-    _check(core.arrived == core.delivered + len(core.actions), "one-deliver-each",
-           f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.actions)}")
+    _check(core.arrived == core.delivered + len(core.st.actions), "one-deliver-each",
+           f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.st.actions)}")
     live: dict[object, int] = {}
     entries = {(e[3], e[2], key) for key, q in core.queues.heaps.items() for e in q}
-    for aid, rec in core.actions.items():
+    for aid, rec in core.st.actions.items():
         _check(not rec.status.is_finished, "live-not-finished", f"{aid} is {rec.status.name}")
         _check(rec.status is not S.PENDING, "no-pending-after-handle", aid)
         if rec.status is S.QUEUED:
@@ -82,7 +98,7 @@ def _check_actions(core: Core) -> None:
             _check((aid, rec.gen, rec.queue_key) in entries, "queued-entry", aid)
         else:
             _check(rec.queue_key is None, "active-not-queued", aid)
-            node = core.nodes.get(rec.node or "")
+            node = core.st.nodes.get(rec.node or "")
             _check(node is not None and node.alive, "active-on-alive-node", f"{aid} on {rec.node}")
             if rec.batch is not None:
                 _check(rec.batch in core.planner.batches, "batch-known", f"{aid} batch {rec.batch}")
@@ -94,11 +110,11 @@ def _check_actions(core: Core) -> None:
 
 
 def _check_sessions(core: Core) -> None:
-    for sid, sess in core.sessions.items():
+    for sid, sess in core.st.sessions.items():
         if sess.node is not None:
-            _check(sid in core.nodes[sess.node].sessions, "session-on-node", sid)
+            _check(sid in core.st.nodes[sess.node].sessions, "session-on-node", sid)
         for aid in sess.actions:
-            rec = core.actions.get(aid)
+            rec = core.st.actions.get(aid)
             _check(rec is not None, "session-action-live", f"{sid}: {aid}")
             assert rec is not None
             if rec.status in (S.STARTING, S.RUNNING):
@@ -107,17 +123,15 @@ def _check_sessions(core: Core) -> None:
 
 def _check_instances(core: Core) -> None:
     for iid, inst in core.planner.instances.items():
-        node = core.nodes[inst.node]
+        node = core.st.nodes[inst.node]
         _check(node.alive and iid in node.instances, "instance-on-node", iid)
         doms = node.spec.gpu_domains or (tuple(range(node.spec.gpu_count)),)
         _check(any(set(inst.devices) <= set(d) for d in doms), "one-nvlink-domain", f"{iid}: {inst.devices}")
         _check(not (set(inst.devices) & node.dev_free), "devices-held", iid)
         others = [o for o in core.planner.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
-        if inst.state is InstState.READY and inst.batch is None and core.config.max_batch_wait_s == 0:
-            live = core.queues.live.get(("model", inst.model.name), 0)
-            held = live < inst.model.knee_batch and core.planner.staggered(inst.model)
-            _check(not live or held, "idle-instance-with-queue", iid)
+        if inst.state is InstState.READY and inst.batch is None and core.st.config.max_batch_wait_s == 0:
+            _check(not core.queues.live.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
 
 
 def _check_work_conserving(core: Core) -> None:
@@ -130,12 +144,12 @@ def _check_work_conserving(core: Core) -> None:
         got = core.queues.head(key)
         if got is None:
             continue
-        if key.elastic and core.policy.elastic:
+        if key.elastic and core.st.policy.elastic:
             _check_elastic_head(core, got[0])
             continue
         demand = got[0].spec.demand
-        for node in core.nodes.values():
-            if node.alive and node.name not in core.reserved:
+        for node in core.st.nodes.values():
+            if node.alive and node.name not in core.st.reserved:
                 _check(not node.fits(demand), "work-conserving",
                        f"{got[0].spec.id} ({demand}) fits free {node.free} of {node.name}")
 
@@ -149,12 +163,12 @@ def _idle_for(core: Core, rec: Any, node: Any) -> bool:
 
 
 def _check_elastic_head(core: Core, rec: Any) -> None:
-    nodes = [n for n in core.nodes.values() if n.alive and n.name not in core.reserved]
+    nodes = [n for n in core.st.nodes.values() if n.alive and n.name not in core.st.reserved]
     idle = [n for n in nodes if _idle_for(core, rec, n)]
     if not idle:
         return
     warm_elsewhere = any(n.warm.get(rec.wkey, 0) > 0 for n in nodes if n not in idle)
-    cold_here = not core.resident and all(n.warm.get(rec.wkey, 0) <= 0 for n in idle)
+    cold_here = not core.st.resident and all(n.warm.get(rec.wkey, 0) <= 0 for n in idle)
     _check(warm_elsewhere and cold_here, "work-conserving",
            f"elastic {rec.spec.id} waits while {idle[0].name} has idle CPU {idle[0].free}")
 
@@ -162,22 +176,22 @@ def _check_elastic_head(core: Core, rec: Any) -> None:
 def _check_sessions_served(core: Core) -> None:
     """No session action waits while its session's node could run it now, and no session
     waits to open while some node has room for it and one of its actions (shared pool)."""
-    if core.policy.partitioned is not None:
+    if core.st.policy.partitioned is not None:
         return  # (a slice or pool runs its own actions, one at a time for trajectories)
-    for sess in core.sessions.values():
+    for sess in core.st.sessions.values():
         if sess.node is None:
-            nodes = [n for n in core.nodes.values() if n.alive]
-            recs = [core.actions[a] for a in sess.actions if a in core.actions]
+            nodes = [n for n in core.st.nodes.values() if n.alive]
+            recs = [core.st.actions[a] for a in sess.actions if a in core.st.actions]
             act = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq)).spec.demand \
                 if recs else core._sess_act  # (as `_session_node` chooses)
             _check(not any(core._session_room(n, sess.demand, act) for n in nodes),
                    "session-waits", f"{sess.id} could open on a node with room")
             continue
         got = core.queues.head(("sess", sess.id))
-        node = core.nodes.get(sess.node)
+        node = core.st.nodes.get(sess.node)
         if got is None or node is None or not node.alive:
             continue
-        if got[0].elastic and core.policy.elastic:  # it may wait for its width, not idle CPU
+        if got[0].elastic and core.st.policy.elastic:  # it may wait for its width, not idle CPU
             _check(not _idle_for(core, got[0], node), "session-action-waits",
                    f"elastic {got[0].spec.id} waits while {node.name} has idle CPU {node.free}")
             continue
@@ -192,7 +206,7 @@ def build_view(core: Core) -> CoreView:
             free=Resources({k: max(0.0, v) for k, v in n.free.items()}),
             running=len(n.running), alive=n.alive, warm=dict(n.warm),
         )
-        for n in core.nodes.values()
+        for n in core.st.nodes.values()
     )
     insts = tuple(
         InstanceView(
@@ -204,15 +218,15 @@ def build_view(core: Core) -> CoreView:
     )
     sessions = tuple(
         SessionView(id=s.id, node=s.node, demand=s.demand, actions=len(s.actions), last_active=s.last_active)
-        for s in sorted(core.sessions.values(), key=lambda s: s.id)
+        for s in sorted(core.st.sessions.values(), key=lambda s: s.id)
     )
     queued: dict[str, int] = {}
     counts: dict[str, int] = {st.name: n for st, n in core.terminal.items()}
-    for rec in core.actions.values():
+    for rec in core.st.actions.values():
         counts[rec.status.name] = counts.get(rec.status.name, 0) + 1
         if rec.status is S.QUEUED:
             k = rec.spec.kind.value
             queued[k] = queued.get(k, 0) + 1
     parked = {f"{n}/{m}": c for (n, m), c in core.planner.parked.items() if c > 0}
-    return CoreView(time=core.now, policy=core.policy.name, nodes=nodes, instances=insts,
+    return CoreView(time=core.st.now, policy=core.st.policy.name, nodes=nodes, instances=insts,
                     sessions=sessions, queued_by_kind=queued, counts=counts, parked=parked)

@@ -32,9 +32,11 @@ from .cluster import ClusterSpec, NodeSpec
 from .commands import CancelAction, CloseSession, Command, OpenSession
 from .config import POLICIES, CoreConfig
 from .elastic import Elastic
+from .estimator import DurationEstimator
 from .modelsched import ModelPlanner
 from .partitioning import Partitions
 from .placement import Placer
+from .policies import Policy
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
@@ -54,7 +56,7 @@ _PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story ar
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
-class Core(CoreState):
+class Core:
     """The scheduler state machine. Feed it events; execute the commands it returns."""
 
     # event type -> (handler, cause of the event): `handle`'s one lookup per event. Plain
@@ -65,7 +67,7 @@ class Core(CoreState):
 
     def __init__(self, cluster: ClusterSpec, config: CoreConfig | None = None) -> None:
         cfg = config or CoreConfig()
-        CoreState.__init__(self, cluster, cfg)
+        self.st = st = CoreState(cluster, cfg)
         # delivered actions, newest last (at most `CoreConfig.history`): (int status, story), not
         # the record -- plain ints, floats and strings, which the garbage collector stops
         # tracking, so a long history does not make full collections come more often
@@ -76,18 +78,18 @@ class Core(CoreState):
         self.arrived = 0
         self.delivered = 0
         self.terminal: dict[Status, int] = {}
-        self.queues = Queues(self)
-        self.warm = WarmPools(self)
-        self.placer = Placer(self, self.queues)
-        self.partitions = Partitions(self, self.placer, self.queues)
-        self.elastic = Elastic(self, self.queues, self.placer, self.warm)
-        self.planner = ModelPlanner(self, self.queues)
-        self.scheduler = Scheduler(self, self.queues, self.placer, self.elastic, self.partitions)
+        self.queues = Queues(st)
+        self.warm = WarmPools(st)
+        self.placer = Placer(st, self.queues)
+        self.partitions = Partitions(st, self.placer, self.queues)
+        self.elastic = Elastic(st, self.queues, self.placer, self.warm)
+        self.planner = ModelPlanner(st, self.queues)
+        self.scheduler = Scheduler(st, self.queues, self.placer, self.elastic, self.partitions)
         for spec in cluster.nodes:
             self._add_node(spec)
-        self._warm_pools = self.policy.warm_pools
-        self._fixed = self.policy.fixed
-        self._by_use = self.policy.by_use and cfg.short_action_s > 0
+        self._warm_pools = self.st.policy.warm_pools
+        self._fixed = self.st.policy.fixed
+        self._by_use = self.st.policy.by_use and cfg.short_action_s > 0
         # estimator key -> CPU used over run time (cores) of its last finished actions, and
         # their mean (what `_charge` admits a short action by, with a margin)
         self._use: dict[str, list[float]] = {}
@@ -97,6 +99,33 @@ class Core(CoreState):
         self._sess_act: Resources = cfg.session_action_demand
 
     # ---- public ---------------------------------------------------------------------------------
+    @property
+    def estimator(self) -> DurationEstimator:
+        return self.st.estimator
+
+    @property
+    def config(self) -> CoreConfig:
+        return self.st.config
+
+    @property
+    def policy(self) -> Policy:
+        return self.st.policy
+
+    @property
+    def actions(self) -> dict[str, ActionRecord]:
+        """The live actions (read them, do not change them)."""
+        return self.st.actions
+
+    @property
+    def nodes(self) -> dict[str, NodeState]:
+        """The nodes as the core tracks them (read them, do not change them)."""
+        return self.st.nodes
+
+    @property
+    def sessions(self) -> dict[str, SessionRecord]:
+        """Open sessions and those waiting for room (read them, do not change them)."""
+        return self.st.sessions
+
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
         t = type(event)
@@ -113,13 +142,13 @@ class Core(CoreState):
                 raise TypeError(f"Core.handle: unknown event type {type(event).__name__}")
             handler, cause = got
             cause_s = cause(event)
-        out = self.begin(event.time, cause_s)
+        out = self.st.begin(event.time, cause_s)
         planner = self.planner
         if not planner.booted:
             self.warm.boot()
             planner.boot()
         handler(self, event)
-        now = self.now
+        now = self.st.now
         if self.session_expiry and self.session_expiry[0][0] <= now:
             self._expire_sessions()
         aging = self.queues.aging_heap
@@ -128,38 +157,38 @@ class Core(CoreState):
         overdue = self.queues.overdue_heap
         if overdue and overdue[0][0] <= now:
             self.queues.wake_overdue()
-        dirty, touched = self.dirty, self.touched
+        dirty, touched = self.st.dirty, self.st.touched
         placer = self.placer
         if placer.rewake:
             touched.update(placer.woken())
-        if dirty or touched or (self.partitions.stale and self.partitioned):
+        if dirty or touched or (self.partitions.stale and self.st.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
                 self.scheduler.run_pass(placer.woken(), None, -1.0)
-        if self.models_touched:
+        if self.st.models_touched:
             planner.dispatch()
         if (planner.instances and self.queues.shape_keys and planner.dynamic
                 and planner.yield_devices()):  # idle instances evicted for GPU actions
             self._schedule()
-        if self.elastic_policy and (dirty or self.expand_at):
+        if self.st.elastic_policy and (dirty or self.st.expand_at):
             self.elastic.expand()  # (after the pass: queued work took what freed up first)
         if dirty:
             dirty.clear()
         if touched:
             touched.clear()
-        self.index.flush()
-        self.end()
+        self.st.index.flush()
+        self.st.end()
         return out
 
     def status(self, action_id: str) -> Status | None:
-        rec = self.actions.get(action_id)
+        rec = self.st.actions.get(action_id)
         if rec is not None:
             return rec.status
         done = self.history.get(action_id)
         return Status(done[0]) if done is not None else None
 
     def story(self, action_id: str) -> list[str]:
-        rec = self.actions.get(action_id)
+        rec = self.st.actions.get(action_id)
         if rec is not None:
             return rec.describe()
         done = self.history.get(action_id)
@@ -178,7 +207,7 @@ class Core(CoreState):
     # ---- actions --------------------------------------------------------------------------------
     def _on_arrived(self, e: ev.ActionArrived) -> None:
         spec = e.action
-        old = self.actions.get(spec.id)
+        old = self.st.actions.get(spec.id)
         if old is not None:
             old.note(e.time, "duplicate arrival ignored", spec.id)
             return
@@ -189,11 +218,11 @@ class Core(CoreState):
         self.seq += 1
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
-        self.actions[spec.id] = rec
+        self.st.actions[spec.id] = rec
         arrived: tuple[object, ...] = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
         rec.story = arrived
-        if (spec.session is None and not self.partitioned and not rec.is_model
-                and self.fits_some.get(rec.skey)):
+        if (spec.session is None and not self.st.partitioned and not rec.is_model
+                and self.st.fits_some.get(rec.skey)):
             reason = ""  # `_impossible`'s answer, known for this shape
         else:
             reason = self._impossible(rec)
@@ -201,20 +230,18 @@ class Core(CoreState):
             rec.move(S.REJECTED, e.time, spec.id)
             self._deliver(rec, S.REJECTED, reason=reason)
             return
-        est = self.estimator
+        est = self.st.estimator
         rec.ekey, rec.units = ekey, units = est.work_of(spec)
-        rec.est = est.predict_work(ekey, units, self.config.estimate_quantile)  # est.predict(spec, q)
-        if self.partitioned and not rec.is_model:
+        rec.est = est.predict_work(ekey, units, self.st.config.estimate_quantile)  # est.predict(spec, q)
+        if self.st.partitioned and not rec.is_model:
             rec.partition = self.partitions.partition_for(spec)
         if spec.session is not None and not rec.is_model:
             self._attach_session(rec)
         self.elastic.arrived(rec.cpu)
-        if self._by_use and rec.est <= self.config.short_action_s:
+        if self._by_use and rec.est <= self.st.config.short_action_s:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:
             self.warm.arrived(rec.wkey)
-        if rec.is_model and spec.model is not None:
-            self.planner.note_arrival(spec.model, e.time)
         # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
         if rec.story is arrived:
             rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
@@ -229,9 +256,9 @@ class Core(CoreState):
         el = spec.elasticity
         if el is None or not el.is_elastic or spec.kind.uses_model:
             return spec
-        k = self.config.static_k
+        k = self.st.config.static_k
         k = el.max if k is None else min(max(k, el.min), el.max)
-        largest = self.largest().get(el.dim, 0.0)
+        largest = self.st.largest().get(el.dim, 0.0)
         if largest > 0.0:
             k = max(el.min, min(k, largest))
         k = float(k)  # (the same repr compiled and pure: annotated floats are floats compiled)
@@ -241,16 +268,16 @@ class Core(CoreState):
     def _schedule(self) -> None:
         """The scheduling pass, once partitions are up to date and sessions that waited for
         room have looked again."""
-        if self.partitions.stale and self.partitioned:
+        if self.partitions.stale and self.st.partitioned:
             self.partitions.compute()
-        if self.pending_sessions and self.dirty:
+        if self.pending_sessions and self.st.dirty:
             for sid in list(self.pending_sessions):
-                self._open_session(self.sessions[sid])
+                self._open_session(self.st.sessions[sid])
         self.scheduler.schedule()
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
         for spec in e.actions:
-            self.recause(f"ActionArrived:{spec.id}")
+            self.st.recause(f"ActionArrived:{spec.id}")
             self._on_arrived(make_arrived(e.time, spec))
 
     def _charge(self, rec: ActionRecord) -> None:
@@ -288,16 +315,16 @@ class Core(CoreState):
             self._use_max[key] = sum(got) / len(got)
 
     def _on_started(self, e: ev.ActionStarted) -> None:
-        rec = self.actions.get(e.action_id)
+        rec = self.st.actions.get(e.action_id)
         if rec is None or rec.status is not _STARTING:
             return
-        rec.move(_RUNNING, e.time, self.cause)
+        rec.move(_RUNNING, e.time, self.st.cause)
         rec.start_time = e.time
         if e.cold_start_s:
-            rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self.cause)
+            rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self.st.cause)
 
     def _on_finished(self, e: ev.ActionFinished) -> None:
-        rec = self.actions.get(e.action_id)
+        rec = self.st.actions.get(e.action_id)
         if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
             return  # stale (cancelled, requeued, or unknown): ignored
         es = e.status
@@ -310,8 +337,8 @@ class Core(CoreState):
             spec = rec.spec
             quota = rec.allotment if rec.charge is None else spec.demand  # (what it ran with)
             speed = spec.speed(quota)  # (< 1 for a rigid action on a fractional slice)
-            self.estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
-            self.estimator.note_error(rec.ekey, rec.est, run_s * speed)
+            self.st.estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
+            self.st.estimator.note_error(rec.ekey, rec.est, run_s * speed)
             if e.cpu_s is not None and run_s > 0.0 and self._by_use:
                 self._learn_use(rec.ekey[0], e.cpu_s / run_s)
         reason = e.reason
@@ -320,11 +347,11 @@ class Core(CoreState):
         self._end(rec, status, e.output, reason)
 
     def _on_cancel(self, e: ev.CancelRequested) -> None:
-        rec = self.actions.get(e.action_id)
+        rec = self.st.actions.get(e.action_id)
         if rec is None:
             return
         if rec.status in _ACTIVE and rec.batch is None and rec.node is not None:
-            self.out.append(CancelAction(rec.spec.id, rec.node, cause=self.cause))
+            self.st.out.append(CancelAction(rec.spec.id, rec.node, cause=self.st.cause))
         self._end(rec, S.CANCELLED, reason="cancelled by request")
 
     def _end(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
@@ -337,33 +364,33 @@ class Core(CoreState):
         rec.batch = None
         sid = rec.spec.session
         if sid is not None:
-            sess = self.sessions.get(sid)
+            sess = self.st.sessions.get(sid)
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
-                sess.last_active = self.now
-        rec.move(status, self.now, self.cause)
+                sess.last_active = self.st.now
+        rec.move(status, self.st.now, self.st.cause)
         self._deliver(rec, status, output, reason)
 
     def _deliver(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         """Deliver a finished action (ActionResult in a Deliver, built field by field: build.py)
         and forget it, bar the history."""
         aid = rec.spec.id
-        res = make_result(aid, status, rec.submit_time, rec.start_time, self.now, rec.node,
+        res = make_result(aid, status, rec.submit_time, rec.start_time, self.st.now, rec.node,
                           rec.allotment if rec.charge is None else rec.spec.demand, output, reason,
                           rec.attempts)
-        self.out.append(make_deliver(res, self.cause))
+        self.st.out.append(make_deliver(res, self.st.cause))
         self.delivered += 1
         term = self.terminal
         term[status] = term.get(status, 0) + 1
-        del self.actions[aid]
+        del self.st.actions[aid]
         hist = self.history
         hist[aid] = (status._value_, rec.story)
-        if len(hist) > self.config.history:
+        if len(hist) > self.st.config.history:
             hist.popitem(last=False)
 
     def _release(self, rec: ActionRecord) -> None:
         """Give an active action's allotment back to its node."""
-        node = self.nodes.get(rec.node or "")
+        node = self.st.nodes.get(rec.node or "")
         alloc = rec.allotment
         aid = rec.spec.id
         if node is None or alloc is None or aid not in node.running:
@@ -373,8 +400,8 @@ class Core(CoreState):
         if rec.partition is not None:
             self.partitions.release(rec)
         if node.alive:  # (held: the pass that follows usually fills the node again)
-            self.index.hold(node.name, node.free)
-            self.dirty.add(node.name)
+            self.st.index.hold(node.name, node.free)
+            self.st.dirty.add(node.name)
 
     def _requeue_or_lose(self, rec: ActionRecord, reason: str) -> None:
         """After a node loss: idempotent, session-free actions run again; the others are lost."""
@@ -382,8 +409,8 @@ class Core(CoreState):
             if rec.batch is None:
                 self._release(rec)
             rec.batch = None
-            rec.move(S.QUEUED, self.now, self.cause)
-            rec.note(self.now, f"requeued: {reason}", self.cause)
+            rec.move(S.QUEUED, self.st.now, self.st.cause)
+            rec.note(self.st.now, f"requeued: {reason}", self.st.cause)
             self.queues.enqueue(rec)
         else:
             self._end(rec, S.NODE_LOST, reason=reason)
@@ -392,33 +419,33 @@ class Core(CoreState):
     def _attach_session(self, rec: ActionRecord) -> None:
         sid = rec.spec.session
         assert sid is not None
-        sess = self.sessions.get(sid)
+        sess = self.st.sessions.get(sid)
         if sess is None:
-            cfg = self.config
-            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.now,
+            cfg = self.st.config
+            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.st.now,
                                  rec.spec.trajectory, rec.spec.task)
-            self.sessions[sid] = sess
-            rec.note(self.now, f"opens session {sid} implicitly", rec.spec.id)
+            self.st.sessions[sid] = sess
+            rec.note(self.st.now, f"opens session {sid} implicitly", rec.spec.id)
             self._open_session(sess, hint=rec)
         elif sess.node is None:  # waiting for room: its first action may need less than assumed
             self._open_session(sess, hint=rec)
         sess.actions.add(rec.spec.id)
-        sess.last_active = self.now
+        sess.last_active = self.st.now
         d = rec.spec.demand
         if not d.fits_in(self._sess_act):  # the room kept for a session action grows to fit it
             room = self._sess_act
             self._sess_act = Resources({k: max(room.get(k), d.get(k)) for k in room + d})
 
     def _on_session_requested(self, e: ev.SessionRequested) -> None:
-        if e.session_id in self.sessions:
+        if e.session_id in self.st.sessions:
             return
         sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task,
                              e.warm_key)
-        self.sessions[e.session_id] = sess
+        self.st.sessions[e.session_id] = sess
         self._open_session(sess, pin=e.node)
 
     def _open_session(self, sess: SessionRecord, pin: str | None = None, hint: Any = None) -> None:
-        node = self.nodes.get(pin) if pin else None
+        node = self.st.nodes.get(pin) if pin else None
         if node is None or not node.alive or not node.fits(sess.demand):
             node = self._session_node(sess, hint)
         if node is None:
@@ -428,40 +455,40 @@ class Core(CoreState):
         sess.node = node.name
         node.sessions.add(sess.id)
         node.take(sess.demand)
-        self.index.update(node.name, node.free)
-        self.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self.cause))
+        self.st.index.update(node.name, node.free)
+        self.st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self.st.cause))
         heapq.heappush(self.session_expiry, (sess.last_active + sess.ttl_s, sess.id))
-        self.touched.add(("sess", sess.id))
+        self.st.touched.add(("sess", sess.id))
 
     def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False) -> None:
-        del self.sessions[sess.id]
+        del self.st.sessions[sess.id]
         self.pending_sessions.pop(sess.id, None)
-        node = self.nodes.get(sess.node) if sess.node else None
+        node = self.st.nodes.get(sess.node) if sess.node else None
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
             node.give(sess.demand)
             if node.alive:
-                self.index.update(node.name, node.free)
-                self.dirty.add(node.name)
+                self.st.index.update(node.name, node.free)
+                self.st.dirty.add(node.name)
         if node is not None and not lost:
-            self.out.append(CloseSession(sess.id, node.name, reason=reason, cause=self.cause))
+            self.st.out.append(CloseSession(sess.id, node.name, reason=reason, cause=self.st.cause))
         status = S.NODE_LOST if lost else S.CANCELLED
         for aid in sorted(sess.actions):
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             if rec is not None and (rec.status is S.QUEUED or lost):
                 self._end(rec, status, reason=f"session {sess.id} closed: {reason}")
 
     def _on_session_closed(self, e: ev.SessionClosed) -> None:
-        sess = self.sessions.get(e.session_id)
+        sess = self.st.sessions.get(e.session_id)
         if sess is not None:
             self._close_session(sess, e.reason or "closed by client")
 
     def _expire_sessions(self) -> None:
         heap = self.session_expiry
-        now = self.now
+        now = self.st.now
         while heap and heap[0][0] <= now:
             _, sid = heapq.heappop(heap)
-            sess = self.sessions.get(sid)
+            sess = self.st.sessions.get(sid)
             if sess is None or sess.node is None:
                 continue
             deadline = sess.last_active + sess.ttl_s
@@ -482,7 +509,7 @@ class Core(CoreState):
         the spread decides and the session pays the cold cost there. None: it waits for room."""
         rec = hint if isinstance(hint, ActionRecord) else None
         if rec is None:  # a pending session: open it where its waiting actions can run
-            recs = [self.actions[a] for a in sorted(sess.actions) if a in self.actions]
+            recs = [self.st.actions[a] for a in sorted(sess.actions) if a in self.st.actions]
             rec = max(recs, key=_memory_then_seq, default=None)
         act = self._sess_act if rec is None else rec.spec.demand
         part = rec.partition if rec is not None else self.partitions.session_partition(sess)
@@ -490,11 +517,11 @@ class Core(CoreState):
             if self.partitions.stale:
                 self.partitions.compute()
             # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
-            got = self._spread_session([self.nodes[n] for n, _ in self.partitions.pieces.get(part, ())],
-                                       sess.demand, act, self.policy.whole_slice, sess.warm_key)
+            got = self._spread_session([self.st.nodes[n] for n, _ in self.partitions.pieces.get(part, ())],
+                                       sess.demand, act, self.st.policy.whole_slice, sess.warm_key)
             if got is not None:
                 return got
-        return self._spread_session(list(self.nodes.values()), sess.demand, act, False,
+        return self._spread_session(list(self.st.nodes.values()), sess.demand, act, False,
                                     sess.warm_key)
 
     def _spread_session(self: Core, nodes: list[NodeState], demand: Resources, act: Resources,
@@ -531,7 +558,7 @@ class Core(CoreState):
             return False
         held = demand + act
         for sid in node.sessions:
-            other = self.sessions.get(sid)
+            other = self.st.sessions.get(sid)
             if other is not None:
                 held = held + other.demand
         return held.fits_in(node.cap)
@@ -539,45 +566,45 @@ class Core(CoreState):
     # ---- nodes ----------------------------------------------------------------------------------
     def _add_node(self, spec: NodeSpec) -> NodeState:
         node = NodeState(spec)
-        self.nodes[spec.name] = node
-        self.index.update(spec.name, node.free)
-        self.dirty.add(spec.name)
+        self.st.nodes[spec.name] = node
+        self.st.index.update(spec.name, node.free)
+        self.st.dirty.add(spec.name)
         self._node_changed()
         return node
 
     def _node_changed(self) -> None:
         """A node came or went: what was derived from the set of nodes is recomputed."""
-        self.capacity_changed()
+        self.st.capacity_changed()
         self.warm.nodes_changed()
         self.partitions.nodes_changed()
 
     def _on_node_added(self, e: ev.NodeAdded) -> None:
-        old = self.nodes.get(e.node.name)
+        old = self.st.nodes.get(e.node.name)
         if old is not None and old.alive:
             return
         self._add_node(e.node)
         if self.planner.booted:
             self.planner.provision(e.node.name)
         for sid in list(self.pending_sessions):
-            self._open_session(self.sessions[sid])
+            self._open_session(self.st.sessions[sid])
 
     def _on_node_lost(self, e: ev.NodeLost) -> None:
-        node = self.nodes.get(e.node)
+        node = self.st.nodes.get(e.node)
         if node is None or not node.alive:
             return
         node.alive = False
-        self.index.remove(node.name)
+        self.st.index.remove(node.name)
         for key in list(node.warm):
             self.placer.set_warm(node, key, 0)
         reason = f"node {node.name} lost: {e.reason}"
         for aid in sorted(node.running):
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             if rec is not None:
                 self._requeue_or_lose(rec, reason)
         for rec in self.planner.lose_instances(node):
             self._requeue_or_lose(rec, reason)
         for sid in sorted(node.sessions):
-            sess = self.sessions.get(sid)
+            sess = self.st.sessions.get(sid)
             if sess is not None:
                 self._close_session(sess, reason, lost=True)
         node.running.clear()
@@ -599,7 +626,7 @@ class Core(CoreState):
     def _on_batch_finished(self, e: ev.BatchFinished) -> None:
         bid = e.batch_id
         for aid in self.planner.batch_finished(e):
-            rec = self.actions.get(aid)
+            rec = self.st.actions.get(aid)
             if rec is None or rec.batch != bid:
                 continue  # cancelled or requeued meanwhile
             if aid in e.failed:
@@ -610,14 +637,14 @@ class Core(CoreState):
                 self._end(rec, S.FAILED, reason=f"no result for it in batch {bid}")
 
     def _on_warm_report(self, e: ev.WarmPoolReport) -> None:
-        node = self.nodes.get(e.node)
+        node = self.st.nodes.get(e.node)
         if node is None or not node.alive:
             return
         self.placer.set_warm(node, e.key, e.warm)
 
     def _on_tick(self, e: ev.Tick) -> None:
         self.planner.scale_in()
-        if self.policy.warm_pools:
+        if self.st.policy.warm_pools:
             self.warm.targets()
 
     # ---- admission ------------------------------------------------------------------------------
@@ -627,27 +654,27 @@ class Core(CoreState):
         if rec.is_model:
             return self.planner.impossible(spec)
         demand = spec.demand
-        if spec.session is None and not self.policy.partitioned:
-            return "" if self.fits_some_node(demand, rec.skey) else self._too_big(demand)
-        if self.policy.partitioned and spec.session is None:
+        if spec.session is None and not self.st.policy.partitioned:
+            return "" if self.st.fits_some_node(demand, rec.skey) else self._too_big(demand)
+        if self.st.policy.partitioned and spec.session is None:
             demand = demand.with_amount("cpu", 0.0)  # partitions run it at their CPU quota
         sid = spec.session
-        sess = self.sessions.get(sid) if sid is not None else None
+        sess = self.st.sessions.get(sid) if sid is not None else None
         if sess is not None and sess.node is not None:
-            node = self.nodes[sess.node]
+            node = self.st.nodes[sess.node]
             room = Resources(node.cap) - sess.demand
             if not demand.fits_in(room):
                 short = demand.shortfall(room)
                 return f"demand {demand} exceeds what session {sid}'s node {node.name} can offer: short {short}"
             return ""
         if sid is not None and sess is None:
-            demand = demand + self.config.session_demand
-        if not self.fits_some_node(demand, tuple(sorted(demand._d.items()))):
+            demand = demand + self.st.config.session_demand
+        if not self.st.fits_some_node(demand, tuple(sorted(demand._d.items()))):
             return self._too_big(demand)
         return ""
 
     def _too_big(self, demand: Resources) -> str:
-        return f"no node can ever satisfy demand {demand} (largest capacities {largest_capacity(self.nodes.values())})"
+        return f"no node can ever satisfy demand {demand} (largest capacities {largest_capacity(self.st.nodes.values())})"
 
 
 # (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
