@@ -17,7 +17,7 @@ from _cpu_helpers import action, allot
 
 from arl_tangram.managers.cpu import CpuManager
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.integration, pytest.mark.needs_root, pytest.mark.asyncio(loop_scope="module")]
 
 # linux/sched.h
 FLAGS = {"NEWNS": 0x00020000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000,
