@@ -131,7 +131,9 @@ def _check_instances(core: Core) -> None:
         others = [o for o in core.planner.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
         if inst.state is InstState.READY and inst.batch is None and core.st.config.max_batch_wait_s == 0:
-            _check(not core.queues.live.get(("model", inst.model.name)), "idle-instance-with-queue", iid)
+            live = core.queues.live.get(("model", inst.model.name), 0)
+            held = live < inst.model.knee_batch and core.planner.staggered(inst.model)
+            _check(not live or held, "idle-instance-with-queue", iid)
 
 
 def _check_work_conserving(core: Core) -> None:

@@ -242,6 +242,8 @@ class Core:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:
             self.warm.arrived(rec.wkey)
+        if rec.is_model and spec.model is not None:
+            self.planner.note_arrival(spec.model, e.time)
         # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
         if rec.story is arrived:
             rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
