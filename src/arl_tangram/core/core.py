@@ -49,10 +49,9 @@ __all__ = ["POLICIES", "Core", "CoreConfig"]
 
 S = Status
 _ACTIVE = (S.STARTING, S.RUNNING)
-# Enum members as module constants: reading one from its class costs more (hot paths below).
+# The statuses the hot paths compare by identity, as module constants (read once, at import).
 _QUEUED, _STARTING, _RUNNING = S.QUEUED, S.STARTING, S.RUNNING
 _SUCCEEDED, _FAILED, _REJECTED = S.SUCCEEDED, S.FAILED, S.REJECTED
-_PENDING_V, _QUEUED_V = int(S.PENDING), int(S.QUEUED)  # (statuses in a story are ints)
 _ARRIVED, _FINISHED = ev.ActionArrived, ev.ActionFinished
 
 
@@ -211,28 +210,22 @@ class Core:
         if old is not None:
             old.note(e.time, "duplicate arrival ignored", spec.id)
             return
-        if spec.id in self.history:  # (`pop(spec.id, None)` without the call on a miss)
-            del self.history[spec.id]
+        self.history.pop(spec.id, None)
         if self._fixed:
             spec = self._at_fixed(spec)
         self.seq += 1
         self.arrived += 1
         rec = ActionRecord(spec, e.time, self.seq)
         self.st.actions[spec.id] = rec
-        arrived: tuple[object, ...] = (e.time, "arrived", None, spec.id)  # rec.note(...): story was ()
-        rec.story = arrived
-        if (spec.session is None and not self.st.partitioned and not rec.is_model
-                and self.st.fits_some.get(rec.skey)):
-            reason = ""  # `_impossible`'s answer, known for this shape
-        else:
-            reason = self._impossible(rec)
+        rec.note(e.time, "arrived", spec.id)
+        reason = self._impossible(rec)
         if reason:
             rec.move(S.REJECTED, e.time, spec.id)
             self._deliver(rec, S.REJECTED, reason=reason)
             return
         est = self.st.estimator
         rec.ekey, rec.units = ekey, units = est.work_of(spec)
-        rec.est = est.predict_work(ekey, units, self.st.config.estimate_quantile)  # est.predict(spec, q)
+        rec.est = est.predict_work(ekey, units, self.st.config.estimate_quantile)
         if self.st.partitioned and not rec.is_model:
             rec.partition = self.partitions.partition_for(spec)
         if spec.session is not None and not rec.is_model:
@@ -244,12 +237,7 @@ class Core:
             self.warm.arrived(rec.wkey)
         if rec.is_model and spec.model is not None:
             self.planner.note_arrival(spec.model, e.time)
-        # rec.move(_QUEUED, e.time, spec.id), as one tuple with the arrival when nothing came between
-        if rec.story is arrived:
-            rec.story = (e.time, "arrived", None, spec.id, e.time, _PENDING_V, _QUEUED_V, spec.id)
-        else:
-            rec.story += (e.time, _PENDING_V, _QUEUED_V, spec.id)
-        rec.status = _QUEUED  # (PENDING -> QUEUED: a legal edge, as `move` checks)
+        rec.move(_QUEUED, e.time, spec.id)
         self.queues.enqueue(rec)
 
     def _at_fixed(self, spec: ActionSpec) -> ActionSpec:
@@ -330,7 +318,7 @@ class Core:
         if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
             return  # stale (cancelled, requeued, or unknown): ignored
         es = e.status
-        finished = es >= 10  # Status.is_finished (>= SUCCEEDED)
+        finished = es.is_finished
         status = es if finished and es is not _REJECTED else _FAILED
         run_s = e.run_s
         if run_s is None and rec.start_time is not None:
@@ -339,7 +327,7 @@ class Core:
             spec = rec.spec
             quota = rec.allotment if rec.charge is None else spec.demand  # (what it ran with)
             speed = spec.speed(quota)  # (< 1 for a rigid action on a fractional slice)
-            self.st.estimator.observe_work(rec.ekey, rec.units, run_s, speed)  # observe(spec, ...)
+            self.st.estimator.observe_work(rec.ekey, rec.units, run_s, speed)
             self.st.estimator.note_error(rec.ekey, rec.est, run_s * speed)
             if e.cpu_s is not None and run_s > 0.0 and self._by_use:
                 self._learn_use(rec.ekey[0], e.cpu_s / run_s)

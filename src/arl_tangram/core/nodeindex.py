@@ -48,8 +48,7 @@ class FreeIndex:
         return len(self._level)
 
     def update(self, name: str, free: dict[str, float]) -> None:
-        f = free.get(CPU, 0.0)
-        new = int(f * RES + 1e-9) if f > 0 else 0  # level(f), inlined: a hot path
+        new = level(free.get(CPU, 0.0))
         held = self._held
         if held is not None:
             if held == name:  # held on: only note the level
@@ -58,23 +57,12 @@ class FreeIndex:
                     self._held_moved = True
                 return
             self.flush()
-        lv = self._level
-        old = lv.get(name)
+        old = self._level.get(name)
         if old == new:
             return
-        buckets = self._buckets
-        if old is not None:  # `_drop(name, old)`, inlined
-            ob = buckets[old]
-            del ob[name]
-            if not ob:
-                del buckets[old]
-                del self.levels[bisect.bisect_left(self.levels, old)]
-        lv[name] = new  # `_add(name, new)`, inlined
-        b = buckets.get(new)
-        if b is None:
-            b = buckets[new] = {}
-            bisect.insort(self.levels, new)
-        b[name] = None
+        if old is not None:
+            self._drop(name, old)
+        self._add(name, new)
 
     def hold(self, name: str, free: dict[str, float]) -> None:
         """`update`, with the bucket move put off until `flush` (see the module docstring)."""
@@ -87,8 +75,7 @@ class FreeIndex:
                 self.update(name, free)
                 return
             self._held, self._held_level, self._held_moved = name, old, False
-        f = free.get(CPU, 0.0)
-        new = int(f * RES + 1e-9) if f > 0 else 0
+        new = level(free.get(CPU, 0.0))
         if new != self._held_level:
             self._held_level = new
             self._held_moved = True

@@ -105,7 +105,7 @@ class Placer:
         rec.move(_STARTING, now, cause)
         out = st.out
         st.start_index[aid] = len(out)
-        out.append(make_start(spec, name, quota, warm, cause))  # StartAction(...)
+        out.append(make_start(spec, name, quota, warm, cause))  # (StartAction, built fast: build.py)
         rec.done = 0.0  # (its work done so far: `Elastic.remaining`)
         rec.since = now
         if rec.elastic:

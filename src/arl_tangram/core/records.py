@@ -152,9 +152,7 @@ class ActionRecord:
         # what its node is charged while it runs, when less than its demand (a short action
         # admitted by its measured CPU use: the core's `_charge`); its quota stays the demand
         self.charge: Resources | None = None
-        # which warm executors it can use: `warm_key(spec)`, inlined
-        lang = spec.payload.get("language") if spec.payload else None
-        self.wkey = str(lang or spec.tag or spec.kind._value_)
+        self.wkey = warm_key(spec)  # which warm executors it can use
         # Formatted only on demand. One flat tuple: (time, from status or note, to status or None,
         # cause) per line, statuses as plain ints. Records outlive their action in the core's
         # history; a tuple of floats, ints and strings is one object the garbage collector stops
