@@ -197,3 +197,51 @@ def test_each_action_charges_its_least_core_or_gpu_seconds() -> None:
     assert gpu_charge(rm, c) == pytest.approx(2 * (0.05 + 0.25))
     ghost = SimAction(ActionKind.REWARD, 0.25, Resources(), model="nope", cold_start_s=0.0)
     assert gpu_charge(ghost, c) == 0.0 and gpu_charge(_rigid(1.0), c) == 0.0
+
+
+def test_srpt_preempts_a_job_that_started_after_an_idle_gap() -> None:
+    from arl_tangram.sim.bounds import srpt_flow_sum
+
+    # 1 s at 0 (done at 1); idle; 3 s at 2, preempted at 3 by 1 s (done at 4), resumes, done
+    # at 6: flows 1 + 1 + 4
+    assert srpt_flow_sum([(0.0, 1.0), (2.0, 3.0), (3.0, 1.0)]) == pytest.approx(6.0)
+
+
+def test_a_failed_action_counts_its_work_unless_told_it_never_ran() -> None:
+    log = ReleaseLog(_cluster(2))
+    log.record(_rigid(2.0), Status.FAILED, submit=0.0, finish=2.0)  # (ran by default)
+    log.record(_rigid(3.0), Status.FAILED, submit=0.0, finish=0.1, ran=False)
+    rb = log.bound()
+    assert rb.count == 2 and rb.alone_s == pytest.approx(2.0)
+
+
+def test_batch_starts_bound_by_hand() -> None:
+    from arl_tangram.sim.bounds import batch_wait_sum
+
+    # one instance, batches of alpha = 1 s: releases at 0 and 0.5 share a window of 1 s, where
+    # one start serves only one of them at once: the other waits 0.5 s; two instances: none
+    assert batch_wait_sum([0.0, 0.5], 1.0, 1) == pytest.approx(0.5)
+    assert batch_wait_sum([0.0, 0.5], 1.0, 2) == 0.0
+    # three releases 0.25 apart: one start (at 0.5) makes the first two wait 0.5 + 0.25; with
+    # two starts only one of them waits 0.25
+    assert batch_wait_sum([0.5, 0.0, 0.25], 1.0, 1) == pytest.approx(0.75)
+    assert batch_wait_sum([0.0, 0.25, 0.5], 1.0, 2) == pytest.approx(0.25)
+    assert batch_wait_sum([3.0, 3.5], 1.0, 1) == pytest.approx(0.5)  # only differences count
+    assert batch_wait_sum([], 1.0, 1) == 0.0
+    assert batch_wait_sum([0.0, 0.5], 0.0, 1) == 0.0 and batch_wait_sum([0.0, 0.5], 1.0, 0) == 0.0
+
+
+def test_a_run_bound_adds_each_models_batch_wait() -> None:
+    gpu = NodeSpec("g", Resources(cpu=4, memory_mb=MEM, gpu=1, gpu_memory_mb=16000))
+    models = (ModelSpec("a", alpha=1.0, max_batch=8), ModelSpec("b", alpha=1.0, max_batch=8))
+    log = ReleaseLog(ClusterSpec((gpu,), models))
+    for name in ("a", "b"):
+        for t in (0.0, 0.5):
+            log.record(SimAction(ActionKind.REWARD, 0.0, Resources(), model=name,
+                                 cold_start_s=0.0), Status.SUCCEEDED, submit=t, finish=5.0)
+    rb = log.bound()
+    # one slot per model (1 GPU, 1 device each): 0.5 s of wait for each model's pair
+    assert rb.wait_s == pytest.approx(1.0)
+    assert rb.as_dict()["batch_wait_avg"] == pytest.approx(0.25)
+    # each alone: alpha + work = 1 s; with the waits: 4 + 1 = 5 s
+    assert rb.alone_s == pytest.approx(4.0) and rb.bound_s == pytest.approx(5.0)
