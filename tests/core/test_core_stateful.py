@@ -157,7 +157,7 @@ class CoreMachine(RuleBasedStateMachine):
                 node = next(n for n in NODES if n.name == c.node)
                 assert any(set(c.devices) <= set(dom) for dom in node.gpu_domains)
             if isinstance(c, cmd.StartAction) and c.action.session is not None:
-                sess = self.core.sessions.get(c.action.session)
+                sess = self.core.st.sessions.get(c.action.session)
                 assert sess is None or sess.node == c.node
 
     def teardown(self) -> None:

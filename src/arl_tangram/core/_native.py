@@ -42,7 +42,7 @@ from types import ModuleType
 # they are pickled, built by `build.fast_constructor`, and subclassed by users.
 COMPILED = (
     "core", "scheduling", "placement", "records", "estimator", "nodeindex", "fit", "elastic",
-    "partitioning", "modelsched", "state", "queues", "warmpools",
+    "partitioning", "modelsched", "state", "queues", "warmpools", "sessions",
 )
 MANIFEST = "_compiled.json"  # {"sources": {module: sha256 of its .py}}, written by the build
 PACKAGE = __name__.rpartition(".")[0] or "arl_tangram.core"

@@ -13,8 +13,9 @@ from .elastic import Elastic
 from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
 from .queues import Queues
-from .records import InstState, NodeState
+from .records import InstState
 from .resources import Resources
+from .sessions import Sessions
 from .state import CoreState
 from .view import CoreView, InstanceView, NodeView, SessionView
 
@@ -29,9 +30,7 @@ class Core(Protocol):
     arrived: int
     delivered: int
     terminal: dict[Status, int]
-    _sess_act: Resources
-
-    def _session_room(self, node: NodeState, demand: Resources, act: Resources) -> bool: ...
+    sessions: Sessions
 
 S = Status
 _EPS = 1e-6
@@ -185,8 +184,8 @@ def _check_sessions_served(core: Core) -> None:
             nodes = [n for n in core.st.nodes.values() if n.alive]
             recs = [core.st.actions[a] for a in sess.actions if a in core.st.actions]
             act = max(recs, key=lambda r: (r.spec.demand.get("memory_mb"), r.seq)).spec.demand \
-                if recs else core._sess_act  # (as `_session_node` chooses)
-            _check(not any(core._session_room(n, sess.demand, act) for n in nodes),
+                if recs else core.sessions.action_room  # (as `Sessions.node_for` chooses)
+            _check(not any(core.sessions.room(n, sess.demand, act) for n in nodes),
                    "session-waits", f"{sess.id} could open on a node with room")
             continue
         got = core.queues.head(("sess", sess.id))

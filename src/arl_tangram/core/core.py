@@ -17,7 +17,6 @@ carry in `causes.py`; the policies as data in `policies.py`. Every policy runs t
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from .actions import ActionSpec, Elasticity, Status
 from .build import make_arrived, make_deliver, make_result
 from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
-from .commands import CancelAction, CloseSession, Command, OpenSession
+from .commands import CancelAction, Command
 from .config import POLICIES, CoreConfig
 from .elastic import Elastic
 from .estimator import DurationEstimator
@@ -41,6 +40,7 @@ from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
 from .scheduling import Scheduler
+from .sessions import Sessions
 from .state import CoreState, largest_capacity
 from .view import CoreView
 from .warmpools import WarmPools
@@ -71,8 +71,6 @@ class Core:
         # the record -- plain ints, floats and strings, which the garbage collector stops
         # tracking, so a long history does not make full collections come more often
         self.history: OrderedDict[str, tuple[int, tuple[object, ...]]] = OrderedDict()
-        self.session_expiry: list[tuple[float, str]] = []
-        self.pending_sessions: dict[str, None] = {}
         self.seq = 0
         self.arrived = 0
         self.delivered = 0
@@ -81,6 +79,7 @@ class Core:
         self.warm = WarmPools(st)
         self.placer = Placer(st, self.queues)
         self.partitions = Partitions(st, self.placer, self.queues)
+        self.sessions = Sessions(st, self.partitions)
         self.elastic = Elastic(st, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(st, self.queues)
         self.scheduler = Scheduler(st, self.queues, self.placer, self.elastic, self.partitions)
@@ -93,9 +92,6 @@ class Core:
         # their mean (what `_charge` admits a short action by, with a margin)
         self._use: dict[str, list[float]] = {}
         self._use_max: dict[str, float] = {}
-        # what one action of a session may need beyond the session: kept free of other
-        # sessions on the session's node (the largest session action seen so far)
-        self._sess_act: Resources = cfg.session_action_demand
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -120,11 +116,6 @@ class Core:
         """The nodes as the core tracks them (read them, do not change them)."""
         return self.st.nodes
 
-    @property
-    def sessions(self) -> dict[str, SessionRecord]:
-        """Open sessions and those waiting for room (read them, do not change them)."""
-        return self.st.sessions
-
     def handle(self, event: ev.Event) -> list[Command]:
         """Apply one event; return the commands the driver must execute, in order."""
         t = type(event)
@@ -148,7 +139,8 @@ class Core:
             planner.boot()
         handler(self, event)
         now = self.st.now
-        if self.session_expiry and self.session_expiry[0][0] <= now:
+        expiry = self.sessions.expiry
+        if expiry and expiry[0][0] <= now:
             self._expire_sessions()
         aging = self.queues.aging_heap
         if aging and aging[0][0] <= now:
@@ -229,7 +221,7 @@ class Core:
         if self.st.partitioned and not rec.is_model:
             rec.partition = self.partitions.partition_for(spec)
         if spec.session is not None and not rec.is_model:
-            self._attach_session(rec)
+            self.sessions.attach(rec)
         self.elastic.arrived(rec.cpu)
         if self._by_use and rec.est <= self.st.config.short_action_s:
             self._charge(rec)
@@ -260,9 +252,8 @@ class Core:
         room have looked again."""
         if self.partitions.stale and self.st.partitioned:
             self.partitions.compute()
-        if self.pending_sessions and self.st.dirty:
-            for sid in list(self.pending_sessions):
-                self._open_session(self.st.sessions[sid])
+        if self.sessions.pending and self.st.dirty:
+            self.sessions.open_pending()
         self.scheduler.schedule()
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
@@ -406,67 +397,16 @@ class Core:
             self._end(rec, S.NODE_LOST, reason=reason)
 
     # ---- sessions -------------------------------------------------------------------------------
-    def _attach_session(self, rec: ActionRecord) -> None:
-        sid = rec.spec.session
-        assert sid is not None
-        sess = self.st.sessions.get(sid)
-        if sess is None:
-            cfg = self.st.config
-            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, self.st.now,
-                                 rec.spec.trajectory, rec.spec.task)
-            self.st.sessions[sid] = sess
-            rec.note(self.st.now, f"opens session {sid} implicitly", rec.spec.id)
-            self._open_session(sess, hint=rec)
-        elif sess.node is None:  # waiting for room: its first action may need less than assumed
-            self._open_session(sess, hint=rec)
-        sess.actions.add(rec.spec.id)
-        sess.last_active = self.st.now
-        d = rec.spec.demand
-        if not d.fits_in(self._sess_act):  # the room kept for a session action grows to fit it
-            room = self._sess_act
-            self._sess_act = Resources({k: max(room.get(k), d.get(k)) for k in room + d})
-
-    def _on_session_requested(self, e: ev.SessionRequested) -> None:
-        if e.session_id in self.st.sessions:
-            return
-        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task,
-                             e.warm_key)
-        self.st.sessions[e.session_id] = sess
-        self._open_session(sess, pin=e.node)
-
-    def _open_session(self, sess: SessionRecord, pin: str | None = None, hint: Any = None) -> None:
-        node = self.st.nodes.get(pin) if pin else None
-        if node is None or not node.alive or not node.fits(sess.demand):
-            node = self._session_node(sess, hint)
-        if node is None:
-            self.pending_sessions[sess.id] = None
-            return
-        self.pending_sessions.pop(sess.id, None)
-        sess.node = node.name
-        node.sessions.add(sess.id)
-        node.take(sess.demand)
-        self.st.index.update(node.name, node.free)
-        self.st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=self.st.cause))
-        heapq.heappush(self.session_expiry, (sess.last_active + sess.ttl_s, sess.id))
-        self.st.touched.add(("sess", sess.id))
-
     def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False) -> None:
-        del self.st.sessions[sess.id]
-        self.pending_sessions.pop(sess.id, None)
-        node = self.st.nodes.get(sess.node) if sess.node else None
-        if node is not None and sess.id in node.sessions:
-            node.sessions.discard(sess.id)
-            node.give(sess.demand)
-            if node.alive:
-                self.st.index.update(node.name, node.free)
-                self.st.dirty.add(node.name)
-        if node is not None and not lost:
-            self.st.out.append(CloseSession(sess.id, node.name, reason=reason, cause=self.st.cause))
+        """Close a session; its queued actions are cancelled (all its actions lost, ``lost``)."""
         status = S.NODE_LOST if lost else S.CANCELLED
-        for aid in sorted(sess.actions):
+        for aid in self.sessions.close(sess, reason, lost):
             rec = self.st.actions.get(aid)
             if rec is not None and (rec.status is S.QUEUED or lost):
                 self._end(rec, status, reason=f"session {sess.id} closed: {reason}")
+
+    def _on_session_requested(self, e: ev.SessionRequested) -> None:
+        self.sessions.request(e)
 
     def _on_session_closed(self, e: ev.SessionClosed) -> None:
         sess = self.st.sessions.get(e.session_id)
@@ -474,84 +414,8 @@ class Core:
             self._close_session(sess, e.reason or "closed by client")
 
     def _expire_sessions(self) -> None:
-        heap = self.session_expiry
-        now = self.st.now
-        while heap and heap[0][0] <= now:
-            _, sid = heapq.heappop(heap)
-            sess = self.st.sessions.get(sid)
-            if sess is None or sess.node is None:
-                continue
-            deadline = sess.last_active + sess.ttl_s
-            if sess.actions:  # busy: look again later
-                heapq.heappush(heap, (now + sess.ttl_s, sid))
-                continue
-            if deadline > now:
-                heapq.heappush(heap, (deadline, sid))
-                continue
+        for sess in self.sessions.expired():
             self._close_session(sess, "ttl expired")
-
-    def _session_node(self: Core, sess: SessionRecord, hint: Any) -> NodeState | None:
-        """Where a session opens: only where it and one of its actions can always run (the
-        sessions already there, this one and the room for an action within capacity) and it
-        fits now; inside its trajectory's slice or task's pool for partitioned policies; else
-        spread: fewest sessions per core, then most free CPU. Among the candidates with room,
-        nodes warm for the session's `warm_key` (an image they hold) come first; without one
-        the spread decides and the session pays the cold cost there. None: it waits for room."""
-        rec = hint if isinstance(hint, ActionRecord) else None
-        if rec is None:  # a pending session: open it where its waiting actions can run
-            recs = [self.st.actions[a] for a in sorted(sess.actions) if a in self.st.actions]
-            rec = max(recs, key=_memory_then_seq, default=None)
-        act = self._sess_act if rec is None else rec.spec.demand
-        part = rec.partition if rec is not None else self.partitions.session_partition(sess)
-        if part is not None:
-            if self.partitions.stale:
-                self.partitions.compute()
-            # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
-            got = self._spread_session([self.st.nodes[n] for n, _ in self.partitions.pieces.get(part, ())],
-                                       sess.demand, act, self.st.policy.whole_slice, sess.warm_key)
-            if got is not None:
-                return got
-        return self._spread_session(list(self.st.nodes.values()), sess.demand, act, False,
-                                    sess.warm_key)
-
-    def _spread_session(self: Core, nodes: list[NodeState], demand: Resources, act: Resources,
-                        largest: bool, warm_key: str | None = None) -> NodeState | None:
-        """Of ``nodes`` with room for the session, one warm for ``warm_key`` first (if any
-        is); then (with ``largest``) the first in order, else the one that holds the fewest
-        sessions per core, then has the most free CPU, then the first name."""
-        best: NodeState | None = None
-        best_key = (math.inf, math.inf, 0.0, "")
-        for node in nodes:
-            if not node.alive:
-                continue
-            if not self._session_room(node, demand, act):
-                continue
-            cold = 1.0
-            if warm_key is not None and node.warm.get(warm_key, 0) > 0:
-                cold = 0.0
-            if largest:
-                if cold == 0.0 or warm_key is None:
-                    return node
-                if best is None:
-                    best = node
-                continue
-            key = (cold, (len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
-                   -node.free.get(CPU, 0.0), node.name)
-            if key < best_key:
-                best, best_key = node, key
-        return best
-
-    def _session_room(self: Core, node: NodeState, demand: Resources, act: Resources) -> bool:
-        """Whether a session of ``demand`` fits ``node`` now and, with the node's other
-        sessions, still leaves room for an action ``act`` of any of them, for good."""
-        if not node.fits(demand):
-            return False
-        held = demand + act
-        for sid in node.sessions:
-            other = self.st.sessions.get(sid)
-            if other is not None:
-                held = held + other.demand
-        return held.fits_in(node.cap)
 
     # ---- nodes ----------------------------------------------------------------------------------
     def _add_node(self, spec: NodeSpec) -> NodeState:
@@ -575,8 +439,7 @@ class Core:
         self._add_node(e.node)
         if self.planner.booted:
             self.planner.provision(e.node.name)
-        for sid in list(self.pending_sessions):
-            self._open_session(self.st.sessions[sid])
+        self.sessions.open_pending()
 
     def _on_node_lost(self, e: ev.NodeLost) -> None:
         node = self.st.nodes.get(e.node)
@@ -665,12 +528,6 @@ class Core:
 
     def _too_big(self, demand: Resources) -> str:
         return f"no node can ever satisfy demand {demand} (largest capacities {largest_capacity(self.st.nodes.values())})"
-
-
-# (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
-# a local of a method)
-def _memory_then_seq(r: ActionRecord) -> tuple[float, int]:
-    return (r.spec.demand.get("memory_mb"), r.seq)
 
 
 # (`handle`'s shortcut for the two frequent types)

@@ -1,0 +1,204 @@
+"""Sessions: where each opens, the room kept for its actions, and when an idle one expires.
+
+Invariant: an open session holds its demand on its node (`NodeState.sessions`, `used`) until it
+is closed; a session waiting for room is in `pending` and holds nothing; it opens only on a node
+where it, the other sessions there and one action of any of them (`action_room`, the largest a
+session's action has needed) fit the capacity for good (`room`). `expiry` holds one entry per
+open session: when it may expire, looked at again while it has live actions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from .commands import CloseSession, OpenSession
+from .events import SessionRequested
+from .partitioning import Partitions
+from .records import ActionRecord, NodeState, SessionRecord
+from .resources import CPU, Resources
+from .state import CoreState
+
+
+class Sessions:
+    """Open sessions' places on nodes, the ones waiting for room, and their TTLs."""
+
+    def __init__(self, st: CoreState, partitions: Partitions) -> None:
+        self.st = st
+        self.partitions = partitions
+        self.pending: dict[str, None] = {}  # sessions waiting for room (insertion-ordered)
+        self.expiry: list[tuple[float, str]] = []  # (when it may expire, session id)
+        # what one action of a session may need beyond the session: kept free of other
+        # sessions on the session's node (the largest session action seen so far)
+        self.action_room: Resources = st.config.session_action_demand
+
+    # ---- opening --------------------------------------------------------------------------------
+    def attach(self, rec: ActionRecord) -> None:
+        """An action naming a session arrived: the session opens implicitly if unknown (or
+        looks for room again), counts it, and the room kept for its actions grows to fit it."""
+        st = self.st
+        sid = rec.spec.session
+        assert sid is not None
+        sess = st.sessions.get(sid)
+        if sess is None:
+            cfg = st.config
+            sess = SessionRecord(sid, cfg.session_demand, cfg.session_ttl_s, st.now,
+                                 rec.spec.trajectory, rec.spec.task)
+            st.sessions[sid] = sess
+            rec.note(st.now, f"opens session {sid} implicitly", rec.spec.id)
+            self.open(sess, hint=rec)
+        elif sess.node is None:  # waiting for room: its first action may need less than assumed
+            self.open(sess, hint=rec)
+        sess.actions.add(rec.spec.id)
+        sess.last_active = st.now
+        d = rec.spec.demand
+        if not d.fits_in(self.action_room):  # the room kept for a session action grows to fit it
+            room = self.action_room
+            self.action_room = Resources({k: max(room.get(k), d.get(k)) for k in room + d})
+
+    def request(self, e: SessionRequested) -> None:
+        st = self.st
+        if e.session_id in st.sessions:
+            return
+        sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task,
+                             e.warm_key)
+        st.sessions[e.session_id] = sess
+        self.open(sess, pin=e.node)
+
+    def open(self, sess: SessionRecord, pin: str | None = None, hint: Any = None) -> None:
+        """Open ``sess`` on ``pin`` if it fits there, else where `node_for` finds room; with
+        none, it waits (`pending`)."""
+        st = self.st
+        node = st.nodes.get(pin) if pin else None
+        if node is None or not node.alive or not node.fits(sess.demand):
+            node = self.node_for(sess, hint)
+        if node is None:
+            self.pending[sess.id] = None
+            return
+        self.pending.pop(sess.id, None)
+        sess.node = node.name
+        node.sessions.add(sess.id)
+        node.take(sess.demand)
+        st.index.update(node.name, node.free)
+        st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
+        heapq.heappush(self.expiry, (sess.last_active + sess.ttl_s, sess.id))
+        st.touched.add(("sess", sess.id))
+
+    def open_pending(self) -> None:
+        """The sessions waiting for room look again."""
+        for sid in list(self.pending):
+            self.open(self.st.sessions[sid])
+
+    # ---- closing --------------------------------------------------------------------------------
+    def close(self, sess: SessionRecord, reason: str, lost: bool) -> list[str]:
+        """Close ``sess`` (its node gets its demand back; a CloseSession unless the node is
+        lost); the ids of its live actions, in order (the core ends the queued ones, or all
+        when ``lost``)."""
+        st = self.st
+        del st.sessions[sess.id]
+        self.pending.pop(sess.id, None)
+        node = st.nodes.get(sess.node) if sess.node else None
+        if node is not None and sess.id in node.sessions:
+            node.sessions.discard(sess.id)
+            node.give(sess.demand)
+            if node.alive:
+                st.index.update(node.name, node.free)
+                st.dirty.add(node.name)
+        if node is not None and not lost:
+            st.out.append(CloseSession(sess.id, node.name, reason=reason, cause=st.cause))
+        return sorted(sess.actions)
+
+    def expired(self) -> list[SessionRecord]:
+        """The open sessions whose TTL ran out with no live action, in the order they expired
+        (a busy one is looked at again a TTL later)."""
+        st = self.st
+        heap, now = self.expiry, st.now
+        out: list[SessionRecord] = []
+        seen: set[str] = set()
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            sess = st.sessions.get(sid)
+            if sess is None or sess.node is None or sid in seen:
+                continue
+            deadline = sess.last_active + sess.ttl_s
+            if sess.actions:  # busy: look again later
+                heapq.heappush(heap, (now + sess.ttl_s, sid))
+                continue
+            if deadline > now:
+                heapq.heappush(heap, (deadline, sid))
+                continue
+            seen.add(sid)
+            out.append(sess)
+        return out
+
+    # ---- where ----------------------------------------------------------------------------------
+    def node_for(self, sess: SessionRecord, hint: Any) -> NodeState | None:
+        """Where a session opens: only where it and one of its actions can always run (the
+        sessions already there, this one and the room for an action within capacity) and it
+        fits now; inside its trajectory's slice or task's pool for partitioned policies; else
+        spread: fewest sessions per core, then most free CPU. Among the candidates with room,
+        nodes warm for the session's `warm_key` (an image they hold) come first; without one
+        the spread decides and the session pays the cold cost there. None: it waits for room."""
+        st, parts = self.st, self.partitions
+        rec = hint if isinstance(hint, ActionRecord) else None
+        if rec is None:  # a pending session: open it where its waiting actions can run
+            recs = [st.actions[a] for a in sorted(sess.actions) if a in st.actions]
+            rec = max(recs, key=_memory_then_seq, default=None)
+        act = self.action_room if rec is None else rec.spec.demand
+        part = rec.partition if rec is not None else parts.session_partition(sess)
+        if part is not None:
+            if parts.stale:
+                parts.compute()
+            # a trajectory's slice: its largest piece; a task's pool: spread over its pieces
+            got = self.spread([st.nodes[n] for n, _ in parts.pieces.get(part, ())],
+                              sess.demand, act, parts.whole_slice, sess.warm_key)
+            if got is not None:
+                return got
+        return self.spread(list(st.nodes.values()), sess.demand, act, False, sess.warm_key)
+
+    def spread(self, nodes: list[NodeState], demand: Resources, act: Resources, largest: bool,
+               warm_key: str | None = None) -> NodeState | None:
+        """Of ``nodes`` with room for the session, one warm for ``warm_key`` first (if any
+        is); then (with ``largest``) the first in order, else the one that holds the fewest
+        sessions per core, then has the most free CPU, then the first name."""
+        best: NodeState | None = None
+        best_key = (math.inf, math.inf, 0.0, "")
+        for node in nodes:
+            if not node.alive:
+                continue
+            if not self.room(node, demand, act):
+                continue
+            cold = 1.0
+            if warm_key is not None and node.warm.get(warm_key, 0) > 0:
+                cold = 0.0
+            if largest:
+                if cold == 0.0 or warm_key is None:
+                    return node
+                if best is None:
+                    best = node
+                continue
+            key = (cold, (len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
+                   -node.free.get(CPU, 0.0), node.name)
+            if key < best_key:
+                best, best_key = node, key
+        return best
+
+    def room(self, node: NodeState, demand: Resources, act: Resources) -> bool:
+        """Whether a session of ``demand`` fits ``node`` now and, with the node's other
+        sessions, still leaves room for an action ``act`` of any of them, for good."""
+        if not node.fits(demand):
+            return False
+        held = demand + act
+        sessions = self.st.sessions
+        for sid in node.sessions:
+            other = sessions.get(sid)
+            if other is not None:
+                held = held + other.demand
+        return held.fits_in(node.cap)
+
+
+# (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
+# a local of a method)
+def _memory_then_seq(r: ActionRecord) -> tuple[float, int]:
+    return (r.spec.demand.get("memory_mb"), r.seq)
