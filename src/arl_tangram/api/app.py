@@ -209,12 +209,37 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     return app
 
 
+def _health(engine: Engine) -> JSONResponse:
+    nodes = {}
+    for n in engine.cluster().get("nodes", []):
+        ready = bool(n.get("alive", True)) and bool(n.get("ready", True))
+        entry: dict[str, Any] = {"ready": ready}
+        if not ready:
+            entry["reason"] = (n.get("not_ready_reason") if n.get("alive", True)
+                               else "the node is lost") or "not ready"
+        nodes[str(n.get("name"))] = entry
+    ready = bool(nodes) and all(v["ready"] for v in nodes.values())
+    body: dict[str, Any] = {"ready": ready, "nodes": nodes}
+    if not ready:
+        body["reason"] = "; ".join(f"{k}: {v['reason']}" for k, v in nodes.items()
+                                   if not v["ready"]) or "no node"
+    return JSONResponse(body, status_code=200 if ready else 503,
+                        headers=None if ready else {"retry-after": "1"})
+
+
 def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:
     html = _dashboard_html()
 
     @app.get("/v1/ping", tags=["sandbox"])
     async def ping() -> str:
         return "pong"
+
+    @app.get("/v1/health", tags=["ops"],
+             responses={503: {"description": "a node is not ready (the reason per node)"}})
+    async def health() -> Response:
+        """Readiness, apart from liveness (`/v1/ping`): 200 when every node can run actions now,
+        503 with each node's reason while one cannot (its fork server restarting, marked down)."""
+        return _health(svc.engine)
 
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"],
               responses={504: {"description": "shed: no answer within the deadline"}})

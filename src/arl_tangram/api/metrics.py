@@ -92,7 +92,20 @@ class EngineCollector:
                               labels=["node", "key"])
         m = GaugeMetricFamily("tangram_resident_models", "Model instances on the node",
                               labels=["node"])
+        ready = GaugeMetricFamily("tangram_node_ready",
+                                  "1 while the node can run actions now (readiness), else 0",
+                                  labels=["node"])
+        deaths = CounterMetricFamily("tangram_fork_server_deaths",
+                                     "Deaths of the node's sandbox fork server", labels=["node"])
+        restarts = CounterMetricFamily("tangram_fork_server_restarts",
+                                       "Restarts of the node's sandbox fork server",
+                                       labels=["node"])
         for node in cluster["nodes"]:
+            ok = bool(node.get("alive", True)) and bool(node.get("ready", True))
+            ready.add_metric([node["name"]], 1.0 if ok else 0.0)
+            h = node.get("cpu_health") or {}
+            deaths.add_metric([node["name"]], float(h.get("fork_server_deaths", 0)))
+            restarts.add_metric([node["name"]], float(h.get("fork_server_restarts", 0)))
             for res, share in node["utilization"].items():
                 u.add_metric([node["name"], res], share)
             for res, cap in node["capacity"].items():
@@ -104,6 +117,9 @@ class EngineCollector:
         yield c
         yield w
         yield m
+        yield ready
+        yield deaths
+        yield restarts
 
 
 def make_registry(engine: Engine) -> CollectorRegistry:

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.errors import TangramError
 
 Scope = dict[str, Any]
-OPEN_PATHS = frozenset({"/", "/v1/ping", "/favicon.ico"})  # no data behind them
+OPEN_PATHS = frozenset({"/", "/v1/ping", "/v1/health", "/favicon.ico"})  # no data behind them
 
 
 def is_loopback(host: str) -> bool:

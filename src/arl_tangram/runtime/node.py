@@ -480,12 +480,28 @@ class NodeHost:
 
     # ---- reporting -------------------------------------------------------------------------
 
+    def readiness(self) -> dict[str, Any]:
+        """``ready`` (this node can run actions now: liveness apart), ``not_ready_reason`` when
+        not, and the CPU manager's supervision counters (``cpu_health``)."""
+        if self._closed:
+            return {"ready": False, "not_ready_reason": "the node is closed"}
+        health = getattr(self._cpu, "health", None)
+        h = _safe(health, {}) if callable(health) else {}
+        ready = bool(h.get("ready", self._cpu is not None))
+        out: dict[str, Any] = {"ready": ready}
+        if not ready:
+            out["not_ready_reason"] = str(h.get("reason") or "the CPU manager is not running")
+        if h:
+            out["cpu_health"] = _jsonable(h)
+        return out
+
     def info(self) -> dict[str, Any]:
         """Warm pools, resident models, isolation report and languages, JSON-ready."""
         d: dict[str, Any] = {"name": self.name, "pool": self.pool}
         d["warm_pools"] = _safe(lambda: dict(self.cpu.warm_state()), {})
         d["isolation"] = _safe(lambda: _jsonable(self.cpu.isolation_report()), {})
         d["languages"] = _safe(lambda: sorted(self.cpu.languages()), [])
+        d.update(self.readiness())
         gpu = self.gpu
         d["resident_models"] = _safe(lambda: _jsonable(gpu.resident()), []) if gpu else []
         d["gpu_manager"] = self.gpu is not None

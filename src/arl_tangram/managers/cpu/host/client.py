@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -153,6 +154,8 @@ class Zygote:
         self.on_exit: Any = None  # (pid, rc) of a direct sandbox's PID 1, from the fork server
         self.on_broken: Any = None  # called once the fork server is gone
         self.adopt: Any = None  # (pid, socket, pipe read ends) -> the new sandbox, or an error
+        self.gone: str | None = None  # why it is gone (it died, or we closed it); None: up
+        self._pidfd: int | None = None  # watched on the loop: its death is noticed at once
 
     def wait_hello(self, timeout: float = 60.0) -> dict[str, Any]:
         """Blocking (run it in a thread); the first message of the fork server."""
@@ -169,6 +172,39 @@ class Zygote:
         self._loop = loop
         self.ctl.setblocking(False)
         loop.add_reader(self.ctl.fileno(), self._readable)
+        try:
+            self._pidfd = os.pidfd_open(self.proc.pid)
+        except OSError:  # (already reaped: the control socket's EOF tells)
+            self._pidfd = None
+        else:
+            loop.add_reader(self._pidfd, self._died)
+
+    def _died(self) -> None:
+        """Its pidfd fired: the fork server exited. Reaped here (no zombie), every waiter fails
+        with a reason that says it died."""
+        self._unwatch()
+        self._fail(BrokenError(f"the sandbox fork server died ({self.exit_reason()})"))
+
+    def exit_reason(self) -> str:
+        """How the fork server ended, once it has (it is reaped here); "still running" else."""
+        try:
+            rc = self.proc.wait(0) if self.proc.returncode is None else self.proc.returncode
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if rc < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-rc).name}"
+            return f"killed by signal {-rc}"
+        return f"exit status {rc}"
+
+    def _unwatch(self) -> None:
+        if self._pidfd is not None:
+            if self._loop is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(self._pidfd)
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
     def _readable(self) -> None:
         try:
@@ -178,7 +214,7 @@ class Zygote:
         except OSError:
             msg, fds = b"", []
         if not msg:
-            self._fail(BrokenError("the sandbox fork server exited"))
+            self._fail(BrokenError("the sandbox fork server died (its control socket closed)"))
             return
         try:
             reply = json.loads(msg)
@@ -204,6 +240,8 @@ class Zygote:
         fut.set_result(self.adopt(int(reply["pid"]), sock, fds[1:]))
 
     def _fail(self, e: BaseException) -> None:
+        if self.gone is None:
+            self.gone = str(e)
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self.ctl.fileno())
@@ -226,6 +264,8 @@ class Zygote:
         assert self._loop is not None, "Zygote.attach() first"
         assert 1 <= n <= 64, "the fork server makes at most 64 sandboxes per request"
         assert join is None or len(join) == n
+        if self.gone is not None:
+            return [BrokenError(self.gone)] * n
         futs = [self._loop.create_future() for _ in range(n)]
         self._waiters.extend(futs)
         msg = b'{"op":"spawn","n":%d%s%s}' % (
@@ -243,8 +283,9 @@ class Zygote:
         return [r if not isinstance(r, BaseException) or isinstance(r, Exception)
                 else BrokenError(str(r)) for r in got]
 
-    def close(self) -> None:
-        self._fail(ClosedError("the CPU manager is closed"))
+    def close(self, why: str = "the CPU manager is closed") -> None:
+        self._unwatch()
+        self._fail(ClosedError(why))
         with contextlib.suppress(OSError):
             self.ctl.close()
         with contextlib.suppress(OSError):

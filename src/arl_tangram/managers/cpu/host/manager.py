@@ -9,8 +9,10 @@ Session actions run only in their session's sandbox, which lives until closed or
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import socket
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arl_tangram.core.actions import ActionSpec
-from arl_tangram.core.errors import ClosedError, InvalidAction, IsolationUnavailable
+from arl_tangram.core.errors import BrokenError, ClosedError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
 from ..config import CpuManagerConfig
@@ -33,6 +35,17 @@ from .pool import Sandbox, WarmPool, Zygote
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
 POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
+log = logging.getLogger(__name__)
+
+# Supervision of the fork server (`CpuManager._restart_zygote`): this many deaths within the
+# window mark the node down (it then tries again every DOWN_RETRY_S); after the first death of
+# a window the restart waits RESTART_BACKOFF_S, doubled per further death, up to the cap.
+MAX_CRASHES = 5
+CRASH_WINDOW_S = 60.0
+RESTART_BACKOFF_S = 0.1
+RESTART_BACKOFF_MAX_S = 5.0
+DOWN_RETRY_S = 30.0
+TAKE_RETRIES = 3  # an action whose sandbox never came because the fork server died: asked again
 
 
 @dataclass(slots=True, eq=False)
@@ -79,6 +92,17 @@ class CpuManager:
         self.images: ImageStore | None = None  # this node's image cache (`images.py`)
         self.layers: LayerStore | None = None  # writable layers on this node's disk
         self._freezers: overlay.FreezerTree | None = None
+        # supervision of the fork server (`_restart_zygote`)
+        self._zcfg: dict[str, Any] = {}
+        self._join_dirs: list[str] = []
+        self._zgen = 0  # fork servers started so far: a sandbox of an older one died with it
+        self._crashes: collections.deque[float] = collections.deque()
+        self._restarter: asyncio.Task[None] | None = None
+        self._not_ready: str | None = None  # why the node is not ready (None: ready)
+        self.restarts = 0  # fork server restarts that came up
+        self.deaths = 0  # fork server deaths seen
+        self.max_crashes, self.crash_window_s = MAX_CRASHES, CRASH_WINDOW_S
+        self.restart_backoff_s, self.down_retry_s = RESTART_BACKOFF_S, DOWN_RETRY_S
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -99,7 +123,9 @@ class CpuManager:
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
+        self._zcfg, self._join_dirs = zcfg, list(join_dirs)
         self._zygote = Zygote(zcfg, cfg.work_root, join_dirs)
+        self._zgen = 1
         hello = await asyncio.to_thread(self._zygote.wait_hello)
         # the sandboxes' own environment: a direct request with it may go in the compact form,
         # which only the compiled set-up path reads (`wire.encode_direct`)
@@ -110,6 +136,7 @@ class CpuManager:
                               default_mem=cfg.default_memory_mb << 20,
                               self_join=bool(hello.get("cgroup_join")),
                               direct=cfg.direct_python)
+        self._pool.on_broken = self._zygote_died
         probe = await isolation.probe(self._pool, hello, self._cgroups, cfg) if hello.get("ok") \
             else None
         self._report = isolation.report(hello, probe, self._cgroups, cfg)
@@ -134,8 +161,103 @@ class CpuManager:
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
         self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
 
+    # supervision of the fork server -------------------------------------------------------------
+    def _zygote_died(self) -> None:
+        """The fork server is gone (its pidfd fired or its socket closed): the node is not ready
+        until a new one is up (`_restart_zygote`); the pool's takes wait for it meanwhile."""
+        if self._closed:
+            return
+        z = self._zygote
+        why = z.gone if z is not None and z.gone else "the sandbox fork server died"
+        self.deaths += 1
+        self._not_ready = f"{why}; restarting it"
+        log.warning("CPU manager: %s (pid %s); restarting it", why,
+                    z.proc.pid if z is not None else "?")
+        if self._restarter is None or self._restarter.done():
+            self._restarter = asyncio.create_task(self._restart_zygote(),
+                                                  name="cpu-zygote-restart")
+
+    async def _restart_zygote(self) -> None:
+        """Reap the dead fork server, start a new one (backing off on repeated deaths; after
+        `max_crashes` within `crash_window_s` the node is marked down and tried again every
+        `down_retry_s`), hand it to the pool, which refills."""
+        assert self._pool is not None
+        pool = self._pool
+        while not self._closed:
+            old = self._zygote
+            if old is not None:
+                old.on_broken = None
+                with contextlib.suppress(OSError):
+                    old.proc.kill()
+                with contextlib.suppress(Exception):  # reaped: no zombie
+                    await asyncio.to_thread(old.proc.wait, 5)
+                old.close("the sandbox fork server died")
+            now = time.monotonic()
+            self._crashes.append(now)
+            while self._crashes and self._crashes[0] < now - self.crash_window_s:
+                self._crashes.popleft()
+            n = len(self._crashes)
+            if n >= self.max_crashes:
+                why = (f"the sandbox fork server died {n} times within "
+                       f"{self.crash_window_s:g} s: node marked down")
+                self._not_ready = why
+                pool.down = why
+                pool.up.set()  # (waiting takes fail now, with the reason)
+                log.error("CPU manager: %s; trying again in %g s", why, self.down_retry_s)
+                await asyncio.sleep(self.down_retry_s)
+                self._crashes.clear()
+                if self._closed:
+                    return
+                pool.up.clear()
+                pool.down = None
+            elif n > 1:
+                await asyncio.sleep(min(self.restart_backoff_s * 2 ** (n - 2),
+                                        RESTART_BACKOFF_MAX_S))
+            if self._closed:
+                return
+            t0 = time.monotonic()
+            try:
+                z = Zygote(self._zcfg, self.config.work_root, self._join_dirs)
+            except OSError as e:
+                log.warning("CPU manager: cannot start the sandbox fork server: %s", e)
+                self._zygote = None
+                continue
+            self._zygote = z
+            hello = await asyncio.to_thread(z.wait_hello, 10.0)
+            if self._closed:
+                z.close()
+                return
+            if not hello.get("ok"):
+                log.warning("CPU manager: the new sandbox fork server failed: %s",
+                            hello.get("error"))
+                continue
+            self._zgen += 1
+            pool.attach_zygote(z)
+            pool.down = None
+            pool.up.set()
+            pool._wake.set()  # refill the warm pool
+            self.restarts += 1
+            self._not_ready = None
+            log.warning("CPU manager: sandbox fork server restarted (pid %d) in %.3f s",
+                        z.proc.pid, time.monotonic() - t0)
+            return
+
+    def health(self) -> dict[str, Any]:
+        """Readiness: ``ready`` (sandboxes can be made now), ``reason`` when not, ``down`` (gave
+        up restarting the fork server for now), deaths and restarts of the fork server."""
+        ready = not self._closed and self._pool is not None and self._not_ready is None
+        reason = ("the CPU manager is not running" if self._closed or self._pool is None
+                  else self._not_ready or "")
+        return {"ready": ready, "reason": reason,
+                "down": bool(self._pool is not None and self._pool.down),
+                "fork_server_deaths": self.deaths, "fork_server_restarts": self.restarts}
+
     async def aclose(self) -> None:
         self._closed = True
+        if self._restarter is not None:
+            self._restarter.cancel()
+            with contextlib.suppress(BaseException):
+                await self._restarter
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(BaseException):
@@ -194,16 +316,41 @@ class CpuManager:
         """A one-shot action in a sandbox of the warm pool."""
         assert self._pool is not None
         try:
-            sb = await self._pool.take()
+            sb = await self._take()
         except Exception as e:
             return RunResult.sandbox_error(f"no sandbox: {e}")
         self._running[action.id] = sb
+        gen = self._zgen
         try:
-            return await self._exchange(action.id, sb, req, mem)
+            return self._lost(await self._exchange(action.id, sb, req, mem), gen)
         finally:
             self._running.pop(action.id, None)
             self._cancelled.discard(action.id)
             self._pool.release(sb)
+
+    async def _take(self, spawn: bool = False) -> Sandbox:
+        """A sandbox from the pool (``spawn``: a new one, never a warm one). One the fork server
+        died before making is asked for again, of the restarted one (its action never ran)."""
+        assert self._pool is not None
+        for i in range(TAKE_RETRIES + 1):
+            gen = self._zgen
+            try:
+                return await (self._pool.spawn() if spawn else self._pool.take())
+            except BrokenError:
+                if i == TAKE_RETRIES or self._closed or (self._zgen == gen and self._pool.up.is_set()):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _lost(self, res: RunResult, gen: int) -> RunResult:
+        """``res`` of an action whose sandbox was made by fork server ``gen``: when that one
+        died meanwhile (and the sandbox with it) and the action did not succeed, the result
+        says so, rather than looking like the program's own crash."""
+        if res.status == SUCCESS or (gen == self._zgen and self._not_ready is None):
+            return res
+        return dataclasses.replace(res, status="SandboxError",
+                                   message="the sandbox fork server died while the action ran "
+                                           "(its sandbox died with it; the fork server is "
+                                           "restarted)")
 
     async def _exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
                         mem: int) -> RunResult:
@@ -285,8 +432,10 @@ class CpuManager:
             return RunResult.sandbox_error(f"payload.image: {e}")
         sb = None
         held_mb = 0
+        gen = self._zgen
         try:
-            sb = await self._pool.spawn()
+            sb = await self._take(spawn=True)
+            gen = self._zgen
             layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
             try:
                 held_mb, python = await self._enter_image(sb, img, layer_mb)
@@ -294,7 +443,7 @@ class CpuManager:
                 return RunResult.sandbox_error(str(e))
             req = overlay.image_request(req, img, python, layer_mb)
             self._running[action.id] = sb
-            return await self._exchange(action.id, sb, req, mem)
+            return self._lost(await self._exchange(action.id, sb, req, mem), gen)
         except Exception as e:
             return RunResult.sandbox_error(f"image {name!r}: {type(e).__name__}: {e}")
         finally:
@@ -351,7 +500,7 @@ class CpuManager:
         if image is not None and img is None:
             raise ImageError("no image cache on this node")
         try:
-            sb = await self._pool.spawn()  # never a pooled one: a session is long-lived
+            sb = await self._take(spawn=True)  # never a pooled one: a session is long-lived
         except BaseException:
             if img is not None and self.images is not None:
                 self.images.release(img.name)

@@ -131,10 +131,41 @@ class WarmPool:
         self.warm_rate_max = WARM_RATE_PER_CORE * (os.cpu_count() or 1)
         self._cg_thread = concurrent.futures.ThreadPoolExecutor(1, "tangram-cgroup")
         self.by_pid: dict[int, Sandbox] = {}  # direct sandboxes, until their exit code is in
+        # the fork server is up (set) or being restarted (clear: takes and spawns wait);
+        # ``down`` says why the node gave up restarting it (takes then fail at once)
+        self.up = asyncio.Event()
+        self.up.set()
+        self.down: str | None = None
+        self.on_broken: Any = None  # the owner's hook, called once the fork server is gone
+        self.attach_zygote(zygote)
+
+    def attach_zygote(self, zygote: Zygote) -> None:
+        """Serve spawns from ``zygote`` (at start, and each time the fork server is restarted)."""
+        self.zygote = zygote
         zygote.on_exit = self._exit_code
         zygote.adopt = self._adopt
-        zygote.on_broken = self._watch_all
+        zygote.on_broken = self._zygote_broken
         zygote.attach(self.loop)
+
+    def _zygote_broken(self) -> None:
+        """The fork server is gone: its sandboxes' ends come from their pidfds now; the warm
+        ones (its children: they die with it) are dropped; takes wait until a new one is in."""
+        if not self.closed:
+            self.up.clear()
+        self._watch_all()
+        while self.ready:
+            self.release(self.ready.popleft())
+        if self.on_broken is not None:
+            self.on_broken()
+
+    async def wait_up(self) -> None:
+        """Until the fork server is up; `BrokenError` when the node gave up restarting it."""
+        if not self.up.is_set():
+            await self.up.wait()
+        if self.closed:
+            raise ClosedError("the CPU manager is closed")
+        if self.down is not None:
+            raise BrokenError(self.down)
 
     def start(self) -> None:
         self._filler = asyncio.create_task(self._fill_loop(), name="cpu-warm-pool")
@@ -157,7 +188,9 @@ class WarmPool:
 
         Unprepared spawns are grouped: those asked for while a group is being made go together
         in the next one (one request to the fork server, one cgroup batch), so under load they
-        cost what the warm pool's batches cost; alone, one goes at once."""
+        cost what the warm pool's batches cost; alone, one goes at once. While the fork server
+        is being restarted, it waits for the new one."""
+        await self.wait_up()
         if prepare:
             got = (await self.spawn_many(1, prepare))[0]
         else:
@@ -352,6 +385,10 @@ class WarmPool:
             self._exited(sb)
 
     def _exited(self, sb: Sandbox) -> None:
+        if sb.exit_rc is not None and not sb.exit_rc.done():
+            # (a direct sandbox whose fork server died first: no exit report will come; its
+            # init was killed with the fork server, PDEATHSIG)
+            sb.exit_rc.set_result(-9)
         if sb.watched:
             self.loop.remove_reader(sb.pidfd)
             sb.watched = False
@@ -362,6 +399,7 @@ class WarmPool:
     async def take(self) -> Sandbox:
         if self.closed:
             raise ClosedError("the CPU manager is closed")
+        await self.wait_up()
         self.arrivals.append(time.monotonic())
         if 2 * len(self.ready) <= self.target():  # else refill after the action (`release`),
             self._wake.set()  # so the refill's forks do not compete with it for the CPU
@@ -463,6 +501,8 @@ class WarmPool:
         ready, wait until a batch of 4 is missing): one batch shares one cgroup-move grace
         period and disturbs one action in flight rather than one per spawn disturbing each.
         Sandboxes of batches in flight that no take waits for count as ready."""
+        if not self.up.is_set():
+            return 0  # (the fork server is being restarted: refilled once it is up)
         target = self.target()
         ready = len(self.ready) + self._filling - len(self._takers)  # (coming, not yet claimed)
         missing = target - ready
@@ -519,6 +559,7 @@ class WarmPool:
 
     async def aclose(self) -> None:
         self.closed = True
+        self.up.set()  # (takes waiting for a restart: the pool is closed)
         self._wake.set()
         if self._kick is not None:
             self._kick.cancel()
