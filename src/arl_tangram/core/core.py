@@ -86,12 +86,12 @@ class Core:
         for spec in cluster.nodes:
             self._add_node(spec)
         self._warm_pools = self.st.policy.warm_pools
-        self._fixed = self.st.policy.fixed
-        self._by_use = self.st.policy.by_use and cfg.short_action_s > 0
+        self._fixed_allotment = self.st.policy.fixed
+        self._admit_by_use = self.st.policy.by_use and cfg.short_action_s > 0
         # estimator key -> CPU used over run time (cores) of its last finished actions, and
         # their mean (what `_charge` admits a short action by, with a margin)
-        self._use: dict[str, list[float]] = {}
-        self._use_max: dict[str, float] = {}
+        self._use_samples: dict[str, list[float]] = {}
+        self._use_mean: dict[str, float] = {}
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -203,7 +203,7 @@ class Core:
             old.note(e.time, "duplicate arrival ignored", spec.id)
             return
         self.history.pop(spec.id, None)
-        if self._fixed:
+        if self._fixed_allotment:
             spec = self._at_fixed(spec)
         self.seq += 1
         self.arrived += 1
@@ -223,7 +223,7 @@ class Core:
         if spec.session is not None and not rec.is_model:
             self.sessions.attach(rec)
         self.elastic.arrived(rec.cpu)
-        if self._by_use and rec.est <= self.st.config.short_action_s:
+        if self._admit_by_use and rec.est <= self.st.config.short_action_s:
             self._charge(rec)
         if self._warm_pools and spec.session is None and not rec.is_model:
             self.warm.arrived(rec.wkey)
@@ -269,7 +269,7 @@ class Core:
         spec = rec.spec
         if spec.elasticity is not None or spec.session is not None or rec.is_model or rec.cpu <= 0:
             return
-        use = self._use_max.get(rec.ekey[0])
+        use = self._use_mean.get(rec.ekey[0])
         if use is None:
             return
         # the demand over a power of two (1/2, 1/4, 1/8 of it): few shapes, and a mean that
@@ -286,14 +286,14 @@ class Core:
 
     def _learn_use(self, key: str, cores: float) -> None:
         """Note the CPU (in cores) an action of estimator key ``key`` used while it ran."""
-        got = self._use.get(key)
+        got = self._use_samples.get(key)
         if got is None:
-            got = self._use[key] = []
+            got = self._use_samples[key] = []
         got.append(cores)
         if len(got) > 32:
             del got[0]
         if len(got) >= 4:
-            self._use_max[key] = sum(got) / len(got)
+            self._use_mean[key] = sum(got) / len(got)
 
     def _on_started(self, e: ev.ActionStarted) -> None:
         rec = self.st.actions.get(e.action_id)
@@ -320,7 +320,7 @@ class Core:
             speed = spec.speed(quota)  # (< 1 for a rigid action on a fractional slice)
             self.st.estimator.observe_work(rec.ekey, rec.units, run_s, speed)
             self.st.estimator.note_error(rec.ekey, rec.est, run_s * speed)
-            if e.cpu_s is not None and run_s > 0.0 and self._by_use:
+            if e.cpu_s is not None and run_s > 0.0 and self._admit_by_use:
                 self._learn_use(rec.ekey[0], e.cpu_s / run_s)
         reason = e.reason
         if status is _FAILED and not reason and not finished:
