@@ -1,7 +1,7 @@
 """The core's speed-ups decide exactly what the plain code they replace decides.
 
 - `build.fast_constructor` objects equal (and behave as) the dataclasses built normally;
-- the one-node pass `Scheduler.fill_node` gives the same commands as the general pass `run_pass` it
+- the one-node pass `SchedulingPass.fill_node` gives the same commands as the general pass `run_pass` it
   shortcuts, on random runs with aging, warm pools and elastic actions (command streams are
   compared whole, so any difference in order, node, allotment or cause fails);
 - `DurationEstimator.predict_work` / `observe_work` give `predict` / `observe`'s numbers.
@@ -35,7 +35,7 @@ from arl_tangram.core.events import (
     WarmPoolReport,
 )
 from arl_tangram.core.resources import CPU, Resources
-from arl_tangram.core.scheduling import Scheduler
+from arl_tangram.core.scheduling import SchedulingPass
 
 
 def test_fast_constructors_equal_the_dataclasses() -> None:
@@ -90,9 +90,9 @@ def _run(seed: int, policy: str, fill: bool) -> list[str]:
     core = Core(ClusterSpec(nodes), CoreConfig(policy=policy, aging_s=0.5, aging_min_s=0.05,
                                                aging_relative=2.0))
     if not fill:  # the reference: the general pass, which `fill_node` shortcuts
-        def general(self: Scheduler, node: object) -> None:
+        def general(self: SchedulingPass, node: object) -> None:
             self.run_pass(set(self.queues.shape_keys), [node], node.free.get(CPU, 0.0))  # type: ignore[attr-defined]
-        core.scheduler.fill_node = general.__get__(core.scheduler)  # type: ignore[method-assign]
+        core.scheduling.fill_node = general.__get__(core.scheduling)  # type: ignore[method-assign]
     log: list[str] = []
     running: list[str] = []
     t = 0.0
@@ -133,14 +133,14 @@ def _run(seed: int, policy: str, fill: bool) -> list[str]:
 def test_one_node_pass_decides_as_the_general_pass(policy: str, seed: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0
-    orig = Scheduler.fill_node
+    orig = SchedulingPass.fill_node
 
-    def counting(self: Scheduler, node: object) -> None:
+    def counting(self: SchedulingPass, node: object) -> None:
         nonlocal calls
         calls += 1
         orig(self, node)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Scheduler, "fill_node", counting)
+    monkeypatch.setattr(SchedulingPass, "fill_node", counting)
     fast = _run(seed, policy, fill=True)
     assert calls >= 10  # the shortcut was taken
     monkeypatch.undo()

@@ -9,10 +9,22 @@ Invariants (checked by `Core.validate`, see `checks.py`):
 - the scheduling pass is work-conserving: after each event no queued action of the shared pool
   fits on a node that is not reserved for an aged action.
 
-Event handlers live here; the scheduling pass in `scheduling.py`; node choice and starting in
-`placement.py`; partitions of the static baselines in `partitioning.py`; elastic expansion and
-warm pools in `elastic.py`; model instances and batching in `modelsched.py`; the causes commands
-carry in `causes.py`; the policies as data in `policies.py`. Every policy runs this same code.
+`Core` keeps the event table and the handlers, the life of an action (arrival, admission, end,
+delivery) and the history; everything else is a part that owns its state, each handed the
+shared `state.CoreState` (records, nodes, the event in progress) and the parts below it:
+
+    Queues (queues.py)        heaps, live counts, aging, FIFO floors, overdue times
+    WarmPools (warmpools.py)  arrival rates, warm-pool targets
+    Placer (placement.py)     node choice (fit.py), starts, reservations, warm executors
+    Partitions (partitioning.py)  the static baselines' slices and pools
+    Sessions (sessions.py)    where sessions open, those waiting, their TTLs
+    Elastic (elastic.py)      elastic widths and placement, expansion, lending
+    ModelPlanner (modelsched.py)  model instances, batches, scaling, eviction
+    SchedulingPass (scheduling.py)  which queue heads are tried where after an event
+
+A part never calls up: what needs the core (ending an action, another pass) comes back as a
+return value. Every policy runs this same code; the causes commands carry are in `causes.py`,
+the policies as data in `policies.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from .policies import Policy
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
-from .scheduling import Scheduler
+from .scheduling import SchedulingPass
 from .sessions import Sessions
 from .state import CoreState, largest_capacity
 from .view import CoreView
@@ -82,7 +94,7 @@ class Core:
         self.sessions = Sessions(st, self.partitions)
         self.elastic = Elastic(st, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(st, self.queues)
-        self.scheduler = Scheduler(st, self.queues, self.placer, self.elastic, self.partitions)
+        self.scheduling = SchedulingPass(st, self.queues, self.placer, self.elastic, self.partitions)
         for spec in cluster.nodes:
             self._add_node(spec)
         self._warm_pools = self.st.policy.warm_pools
@@ -155,7 +167,7 @@ class Core:
         if dirty or touched or (self.partitions.stale and self.st.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
-                self.scheduler.run_pass(placer.woken(), None, -1.0)
+                self.scheduling.run_pass(placer.woken(), None, -1.0)
         if self.st.models_touched:
             planner.dispatch()
         if (planner.instances and self.queues.shape_keys and planner.dynamic
@@ -254,7 +266,7 @@ class Core:
             self.partitions.compute()
         if self.sessions.pending and self.st.dirty:
             self.sessions.open_pending()
-        self.scheduler.schedule()
+        self.scheduling.schedule()
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
         for spec in e.actions:

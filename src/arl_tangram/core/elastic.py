@@ -1,4 +1,4 @@
-"""Tangram's elasticity: spare capacity to elastic actions, warm-pool sizing.
+"""Tangram's elasticity: the width an elastic action starts at, where, and spare capacity to it.
 
 Invariant: expansion never takes a node's free capacity below its reserve in the elastic
 dimension (``reserve_fraction`` of it, and in CPU at least the largest minimum demand arrivals

@@ -4,14 +4,11 @@ Invariant: after `schedule` returns, every queue's head is blocked -- no queued 
 shared pool fits any alive node that is not reserved for an aged action (work conservation),
 and a partition or session queue's head does not fit where it may go.
 
-Where a head goes (node choice, starting it, reservations, warm executors) is `placement.py`.
-Queues are heaps of ``(rank, seq, gen, id)``: ``rank`` is ``_AGED`` once an action has waited
-``_aging_after`` (aged entries come first, oldest first), else its priority class as an int
-(`_rank`). Ints, not floats, because the heaps compare entries on every push and pop; small
-ones for the usual classes, because CPython shares small int objects and a tuple comparison
-passes over identical items without comparing them. Entries go stale lazily (``gen``). Actions
-of the shared pool are queued per *demand shape* (`ShapeKey`), so one pass costs O(shapes +
-placements), never O(pending): a blocked head blocks its whole shape.
+The queues and their order are `queues.Queues`; where a head goes (node choice, starting it,
+reservations, warm executors) is `placement.Placer`, for an elastic head `elastic.Elastic`, in
+a partition `partitioning.Partitions`. Actions of the shared pool are queued per *demand shape*
+(`ShapeKey`), so one pass costs O(shapes + placements), never O(pending): a blocked head blocks
+its whole shape; after a finish only the freed node is tried (`fill_node`).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from .state import CoreState
 _AGED = AGED
 
 
-class Scheduler:
+class SchedulingPass:
     """The scheduling pass: which queue heads are tried where, in what order, after an event."""
 
     def __init__(self, st: CoreState, queues: Queues, placer: Placer, elastic: Elastic,
