@@ -36,7 +36,7 @@ from .schemas import (
     RunCodeResponse,
     SessionIn,
 )
-from .service import Service, Shed
+from .service import KeyReused, Service, Shed
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     UnknownAction: lambda e: _err(404, f"id: unknown action {e.args[0]!r}"),
     Overloaded: _overloaded,
     Shed: lambda e: _err(504, str(e)),
+    KeyReused: lambda e: _err(422, str(e), field="idempotency_key"),
     ClosedError: lambda e: _err(503, str(e)),
     BrokenError: lambda e: _err(502, str(e)),
     BodyTooLarge: lambda e: _err(413, str(e)),
@@ -123,6 +124,8 @@ async def _json_body(request: Request) -> Any:
         return json.loads(raw) if raw else None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidAction("body", f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidAction("body", "JSON nested too deeply") from None
 
 
 class TangramApp(FastAPI):

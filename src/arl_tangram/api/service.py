@@ -8,12 +8,15 @@ InvalidAction (400, names the field), UnknownAction (404), Overloaded / Shed (50
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections import OrderedDict
 from typing import Any
 
 from ..core.actions import ActionResult, ActionSpec, Status
-from ..core.errors import BrokenError, InvalidAction, TangramError
+from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
+from ..core.images import check_name
 from ..core.resources import Resources
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
@@ -25,12 +28,20 @@ class Shed(TangramError):
     """The request could not be answered within its deadline and was cancelled."""
 
 
+class KeyReused(TangramError):
+    """An idempotency key came again with another body (422): it would silently answer with the
+    first body's actions."""
+
+
 class Service:
     """The routes' logic over one engine."""
 
     def __init__(self, engine: Engine, config: ServiceConfig) -> None:
         self.engine, self.config = engine, config
         self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        # idempotency key -> (digest of the body it came with, when), kept as long as the
+        # engine keeps the key (`EngineConfig.idempotency_ttl_s`)
+        self._idem_bodies: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     # ---- SandboxFusion --------------------------------------------------------------------
 
@@ -69,6 +80,8 @@ class Service:
     async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None) -> dict[str, Any]:
         specs, per_request = self._specs(body)
         key = idempotency_key or body.idempotency_key
+        if key is not None:
+            self._check_key(key, body)
         got = iter(self.engine.submit_nowait(specs, idempotency_key=key))
         ids: list[str] = []
         for parts in per_request:
@@ -85,6 +98,47 @@ class Service:
             results = await asyncio.gather(*(self.get(i, body.wait_s) for i in ids))
             out["results"] = list(results)
         return out
+
+    def _check_key(self, key: str, body: ActionsIn) -> None:
+        """The same key with the same actions: the same submit again (fine); with other
+        actions: `KeyReused` (422). ``wait``/``wait_s`` are not part of what is compared."""
+        try:
+            canon = json.dumps([a.model_dump(mode="json") for a in body.actions],
+                               sort_keys=True, separators=(",", ":"), allow_nan=True)
+        except (RecursionError, TypeError, ValueError):
+            canon = repr(body.actions)
+        digest = hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()
+        now = time.monotonic()
+        ttl = float(getattr(self.engine.config, "idempotency_ttl_s", 3600.0))
+        while self._idem_bodies:
+            _k0, (_, t0) = next(iter(self._idem_bodies.items()))
+            if t0 + ttl > now and len(self._idem_bodies) <= 4 * self.config.limits.max_results:
+                break
+            self._idem_bodies.popitem(last=False)
+        seen = self._idem_bodies.get(key)
+        if seen is None:
+            self._idem_bodies[key] = (digest, now)
+        elif seen[0] != digest:
+            raise KeyReused(f"idempotency_key: {key!r} was used with another body; a retry must "
+                            "send the same actions (use a new key for new actions)")
+
+    def _check_demand(self, demand: Resources, field: str) -> None:
+        """A demand of the cluster's dimensions that some node can hold (400 else, as an
+        action's would be rejected); no check while the cluster has no node yet."""
+        nodes = self.engine.cluster().get("nodes", [])
+        if not nodes:
+            return
+        dims = sorted({k for n in nodes for k in (n.get("capacity") or {})})
+        for k in demand:
+            if k not in dims:
+                raise InvalidAction(f"{field}.{k}", f"unknown resource {k!r} (this cluster's "
+                                    f"resources: {', '.join(dims)})")
+        if not any(all(float(v) <= float((n.get("capacity") or {}).get(k, 0.0)) + 1e-9
+                       for k, v in demand.items()) for n in nodes):
+            raise InvalidAction(field, f"no node can ever satisfy demand {dict(demand.items())} "
+                                "(largest capacity: " + "; ".join(
+                                    f"{n.get('name')}: {n.get('capacity')}" for n in nodes[:4])
+                                + ")")
 
     def _remember_group(self, gid: str, parts: tuple[str, ...]) -> None:
         self._groups[gid] = parts
@@ -118,9 +172,17 @@ class Service:
             demand = Resources(body.demand) if body.demand is not None else None
         except ValueError as exc:
             raise InvalidAction("demand", str(exc)) from None
-        if body.image is not None and self.engine.has_image(body.image) is False:
-            raise InvalidAction("image", f"no image {body.image!r} on any node "
-                                "(POST /v1/images imports one)")
+        if demand is not None:
+            self._check_demand(demand, "demand")
+        if body.image is not None:
+            try:
+                check_name(body.image)
+                has = self.engine.has_image(body.image)
+            except ImageError as exc:
+                raise InvalidAction("image", str(exc)) from None
+            if has is False:
+                raise InvalidAction("image", f"no image {body.image!r} on any node "
+                                    "(POST /v1/images imports one)")
         sid = await self.engine.open_session(body.session_id, demand=demand, ttl_s=body.ttl_s,
                                              node=body.node, image=body.image,
                                              layer_mb=body.layer_mb)
@@ -208,4 +270,4 @@ class Service:
                 "usage": {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}}
 
 
-__all__ = ["Service", "Shed", "UnknownAction"]
+__all__ = ["KeyReused", "Service", "Shed", "UnknownAction"]

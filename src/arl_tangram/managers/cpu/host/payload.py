@@ -35,6 +35,18 @@ def _get(p: Mapping[str, Any], name: str, types: type | tuple[type, ...], defaul
     return v
 
 
+def _utf8(field: str, s: str) -> str:
+    """``s`` if it can go to the sandbox as UTF-8; else InvalidAction saying where it cannot (a
+    lone surrogate, which JSON's "\\ud800" can carry)."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidAction(field, f"not valid text: a lone surrogate {s[e.start]!r} at "
+                                f"index {e.start} cannot be encoded as UTF-8") from None
+    return s
+
+
 def _tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 
@@ -89,11 +101,14 @@ def _cases(p: Mapping[str, Any], lang: str) -> list[CaseWire]:
                 raise InvalidAction(f"payload.cases[{i}].assert", "assert cases need python")
             if not isinstance(c["assert"], str):
                 raise InvalidAction(f"payload.cases[{i}].assert", "must be a string")
-            out.append({"assert": c["assert"]})
+            out.append({"assert": _utf8(f"payload.cases[{i}].assert", c["assert"])})
             continue
         stdin, exp = c.get("stdin", ""), c.get("expected_stdout")
         if not isinstance(stdin, str) or (exp is not None and not isinstance(exp, str)):
             raise InvalidAction(f"payload.cases[{i}]", "stdin and expected_stdout must be strings")
+        _utf8(f"payload.cases[{i}].stdin", stdin)
+        if exp is not None:
+            _utf8(f"payload.cases[{i}].expected_stdout", exp)
         out.append({"stdin": stdin, "expected_stdout": exp})
     return out
 
@@ -208,6 +223,7 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
     code = _get(p, "code", str, None)
     if code is None:
         raise InvalidAction("payload.code", "is required (a string)")
+    _utf8("payload.code", code)
     lang_name = _get(p, "language", str, "python")
     session = action.kind == ActionKind.TOOL and action.session
     if session and lang_name not in ("python", "bash"):
@@ -221,7 +237,7 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
     run_timeout = _timeout(p, "run_timeout", min(cfg.default_run_timeout_s, action.timeout_s),
                            cfg.max_timeout_s)
     compile_timeout = _timeout(p, "compile_timeout", cfg.default_compile_timeout_s, cfg.max_timeout_s)
-    stdin = _get(p, "stdin", str, "")
+    stdin = _utf8("payload.stdin", _get(p, "stdin", str, ""))
     fetch = [_rel_path("payload.fetch_files", f) for f in _get(p, "fetch_files", list, [])]
     req: SandboxRequest = {
         "op": "session" if session else "run",
