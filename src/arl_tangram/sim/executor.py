@@ -191,7 +191,7 @@ class VirtualExecutor:
             self._release(old)
         self.runs[spec.id] = run
         loop = self.loop
-        now = loop.clock._now
+        now = loop.now
         if self.usage is not None:  # `usage.change_at(now, None, cmd.allotment, +1)`, logged
             run.ucode = self.usage.code(cmd.allotment)
             self._log_time(now)
@@ -223,7 +223,7 @@ class VirtualExecutor:
         """The run's start-up (``cold`` seconds of it) is over: it executes from now on."""
         if self.runs.get(run.spec.id) is not run or run.version != version:
             return  # stale: resized or cancelled meanwhile
-        t = self.loop.clock._now
+        t = self.loop.now
         spec = run.spec
         run.started = True
         run.since = t
@@ -258,7 +258,7 @@ class VirtualExecutor:
         runs, busy = self._busy[node_name]
         b = busy[0]
         share = self.measured[node_name].parallel_cores(b) / b if b > 1.0 else 1.0
-        now = self.loop.clock._now
+        now = self.loop.now
         for r in runs.values():
             if now > r.since:  # bring its work up to date at the old speed
                 r.remaining = max(0.0, r.remaining - (now - r.since) * r.speed)
@@ -276,7 +276,7 @@ class VirtualExecutor:
         """The run's work is done, or its time is up."""
         if self.runs.get(run.spec.id) is not run or run.version != version:
             return  # stale: resized or cancelled meanwhile
-        t = self.loop.clock._now
+        t = self.loop.now
         del self.runs[run.spec.id]
         if run.shared:
             self._share(run, -1)
@@ -361,7 +361,7 @@ class VirtualExecutor:
             pool.starting += 1
             # `self._report(d, partial(self._warm_ready, node, key, pool))`, without the partial
             # and the closure (a warm start refills its pool: most actions come here)
-            loop.push(loop.clock._now + (d if d > 0.0 else 0.0), REPORT, self._warm_ready,
+            loop.push(loop.now + (d if d > 0.0 else 0.0), REPORT, self._warm_ready,
                       (node, key, pool))
 
     def _pool_report(self, node: str, key: str, pool: _Pool, t: float) -> E.Event:
@@ -372,7 +372,7 @@ class VirtualExecutor:
         pool.starting -= 1
         if pool.ready < pool.target:
             pool.ready += 1
-        self.emit(make_warm_report(self.loop.clock._now, node, key, pool.ready))
+        self.emit(make_warm_report(self.loop.now, node, key, pool.ready))
 
     # ---- models ------------------------------------------------------------------------------
     def _load(self, cmd: C.LoadModel) -> None:
