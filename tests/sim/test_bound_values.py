@@ -245,3 +245,40 @@ def test_a_run_bound_adds_each_models_batch_wait() -> None:
     assert rb.as_dict()["batch_wait_avg"] == pytest.approx(0.25)
     # each alone: alpha + work = 1 s; with the waits: 4 + 1 = 5 s
     assert rb.alone_s == pytest.approx(4.0) and rb.bound_s == pytest.approx(5.0)
+
+
+def test_action_bound_edges() -> None:
+    c = _cluster(2, 4)
+    # a reward action naming a model the cluster does not serve: its work alone
+    ghost = SimAction(ActionKind.REWARD, 0.25, Resources(), model="nope", cold_start_s=0.0)
+    assert _one(ghost, c) == pytest.approx(0.25)
+    # elastic along a dimension no node has: its maximum (nothing caps it)
+    other = SimAction(ActionKind.CUSTOM, 4.0, Resources(cpu=1, memory_mb=256, gpu=1),
+                      Elasticity(1, 2, dim="gpu", speedup=Speedup(1.0)), cold_start_s=0.0)
+    assert _one(other, c) == pytest.approx(2.0)
+    # a timeout under a second caps too; a timeout of 0 means none
+    assert _one(_rigid(2.0, timeout=0.5), c) == pytest.approx(0.5)
+    assert _one(_rigid(2.0, timeout=0.0), c) == pytest.approx(2.0)
+    # a node smaller than one core: an elastic action from a quarter core runs at half a core
+    # there (linear below one unit): 2 s of work take 4 s
+    small = _cluster(0.5)
+    assert _one(_elastic(2.0, 0.25, 4, 1.0), small) == pytest.approx(4.0)
+
+
+def test_the_gpu_pools_contention_and_a_cluster_without_gpus() -> None:
+    # one GPU, batches of one: four 1 s reward actions at once queue behind each other:
+    # SRPT flows 1.01 x (1 + 2 + 3 + 4) = 10.1 s, above alone (4 x 1.01 s)
+    gpu = NodeSpec("g", Resources(cpu=4, memory_mb=MEM, gpu=1, gpu_memory_mb=16000))
+    c = ClusterSpec((gpu,), (ModelSpec("rm", alpha=0.01, max_batch=1),))
+    log = ReleaseLog(c)
+    for _ in range(4):
+        log.record(SimAction(ActionKind.REWARD, 1.0, Resources(), model="rm", cold_start_s=0.0),
+                   Status.SUCCEEDED, submit=0.0, finish=9.0)
+    rb = log.bound()
+    assert rb.alone_s == pytest.approx(4.04) and rb.srpt_s == pytest.approx(10.1)
+    assert rb.bound_s == pytest.approx(10.1)
+    # reward actions recorded on a cluster without GPUs: each alone, no contention term
+    cpu_only = ReleaseLog(_cluster(2, models=(ModelSpec("rm", alpha=0.5),)))
+    cpu_only.record(SimAction(ActionKind.REWARD, 1.0, Resources(), model="rm", cold_start_s=0.0),
+                    Status.SUCCEEDED, submit=0.0, finish=9.0)
+    assert cpu_only.bound().bound_s == pytest.approx(1.5)
