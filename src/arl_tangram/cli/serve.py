@@ -1,8 +1,9 @@
 """`tangram serve`: the orchestrator service over HTTP (uvicorn).
 
-Invariant: it refuses to bind a non-loopback address without a bearer token (``--token`` or
-``TANGRAM_TOKEN``), and a bad config file exits with status 2 and one line naming file:line:
-field.
+Invariant: it refuses to bind a non-loopback address without a bearer token (``--token-file``,
+``TANGRAM_TOKEN``, ``--token`` or the config's ``auth.token``) of at least `MIN_TOKEN_LEN`
+characters that are not all whitespace, and a bad config file exits with status 2 and one line
+naming file:line: field.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from typing import Any
 
 from ..runtime.config import POLICY_NAMES
 
+MIN_TOKEN_LEN = 16  # a token for a non-loopback bind has at least this many characters
+
+
+class TokenError(ValueError):
+    """The token cannot be read, or is too weak for the bind asked for."""
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the orchestrator service (HTTP API)",
@@ -28,7 +35,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="how long an idle keep-alive connection stays open (default 75, "
                    "longer than common clients' idle pools; see docs/api.md)")
     p.add_argument("--policy", choices=POLICY_NAMES, help="scheduling policy (default tangram)")
-    p.add_argument("--token", help="bearer token (default: $TANGRAM_TOKEN); required off loopback")
+    p.add_argument("--token", help="bearer token; required off loopback (at least "
+                   f"{MIN_TOKEN_LEN} characters). WARNING: a token in argv is visible to every "
+                   "local user (ps, /proc): prefer --token-file or $TANGRAM_TOKEN")
+    p.add_argument("--token-file", dest="token_file", metavar="PATH",
+                   help="read the bearer token from this file (its first line; the way to pass "
+                   "it, with $TANGRAM_TOKEN)")
     p.add_argument("--no-models", action="store_true", help="do not load the default reward model")
     p.add_argument("--ray", metavar="auto|ADDRESS",
                    help="run on a Ray cluster: one NodeAgent per Ray node (see docs/ray.md)")
@@ -46,10 +58,38 @@ def load_config(args: argparse.Namespace) -> Any:
     for name in ("host", "port", "policy", "keep_alive_s"):
         if getattr(args, name, None) is not None:
             over[name] = getattr(args, name)
-    token = args.token or os.environ.get("TANGRAM_TOKEN") or cfg.token
+    token = (args.token or _token_file(getattr(args, "token_file", None))
+             or os.environ.get("TANGRAM_TOKEN") or cfg.token)
     if token:
         over["token"] = token
     return dataclasses.replace(cfg, **over) if over else cfg
+
+
+def _token_file(path: str | None) -> str | None:
+    """The token in ``path``: its first line, without the line end and surrounding blanks."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenError(f"--token-file {path}: cannot read it: {exc}") from None
+    token = line.strip()
+    if not token:
+        raise TokenError(f"--token-file {path}: its first line is empty")
+    return token
+
+
+def weak_token(token: str | None) -> str | None:
+    """Why ``token`` cannot guard a non-loopback bind; None when it can."""
+    if not token:
+        return "needs a token"
+    if not token.strip():
+        return "needs a token that is not all whitespace"
+    if len(token.strip()) < MIN_TOKEN_LEN:
+        return (f"needs a token of at least {MIN_TOKEN_LEN} characters "
+                f"(this one has {len(token.strip())})")
+    return None
 
 
 def _ray_engine(cfg: Any, address: str) -> Any:
@@ -68,15 +108,22 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.build import build_engine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "token", None) and getattr(args, "token_file", None):
+        print("tangram serve: give --token or --token-file, not both", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args)
     except (SpecError, ValueError) as exc:
         print(f"tangram serve: {exc}", file=sys.stderr)
         return 2
-    if not is_loopback(cfg.host) and not cfg.token:
-        print(f"tangram serve: binding {cfg.host} (not loopback) needs a token: pass --token or "
-              "set TANGRAM_TOKEN", file=sys.stderr)
+    why = None if is_loopback(cfg.host) else weak_token(cfg.token)
+    if why is not None:
+        print(f"tangram serve: binding {cfg.host} (not loopback) {why}: put it in a file for "
+              "--token-file or set TANGRAM_TOKEN", file=sys.stderr)
         return 2
+    if getattr(args, "token", None):
+        print("tangram serve: warning: --token is visible to every local user (ps, /proc); "
+              "use --token-file or TANGRAM_TOKEN", file=sys.stderr)
     import uvicorn
 
     app = create_app(_ray_engine(cfg, args.ray) if getattr(args, "ray", None) else build_engine(cfg),
