@@ -166,8 +166,12 @@ class TangramApp(FastAPI):
 
 
 def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = False,
-               fast_paths: bool = True) -> FastAPI:
+               fast_paths: bool = True, any_image_path: bool = False) -> FastAPI:
     """The ASGI app over ``engine``. With ``manage_engine`` its lifespan starts and closes it.
+
+    ``any_image_path``: `POST /v1/images` imports any path the process can read, not only
+    those under ``config.image_import_dirs`` (the embedded client: its caller is this process,
+    as with `tangram image import`; never for a listening server).
 
     ``fast_paths`` serves valid ``POST /run_code`` requests in front of FastAPI's stack (same
     answers, less CPU; see `TangramApp` and `fastpath`); False leaves every request to the
@@ -190,7 +194,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     app.state.service = svc
     app.state.registry = metrics.make_registry(engine)
     _install_errors(app)
-    _routes(app, svc, config)
+    _routes(app, svc, config, any_image_path)
     jupyter.add_routes(app, svc)
 
     async def run_code(req: RunCodeRequest) -> dict[str, Any]:
@@ -230,7 +234,8 @@ def _health(engine: Engine) -> JSONResponse:
                         headers=None if ready else {"retry-after": "1"})
 
 
-def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:
+def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
+            any_image_path: bool = False) -> None:
     html = _dashboard_html()
 
     @app.get("/v1/ping", tags=["sandbox"])
@@ -283,7 +288,7 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig) -> None:
 
     from . import images as image_routes  # POST/GET/DELETE /v1/images (issue 17)
 
-    image_routes.install(app, svc.engine)
+    image_routes.install(app, svc.engine, config.image_import_dirs, any_path=any_image_path)
 
     @app.get("/v1/cluster", tags=["native"])
     async def cluster() -> Response:

@@ -4,12 +4,17 @@
   node's record (the path is read on the node: an OCI layout directory or archive, a
   docker-archive, a root file-system tarball or directory; no registry is contacted);
   400 on a bad archive (the message says why), 501 when the executor keeps no image cache here.
+  Only paths under the configured ``images.import_dirs`` (none by default, issue 25): any other
+  path -> 403, with one answer whether it exists or not (a client learns nothing of the host's
+  files). `tangram image import` on the node is not restricted.
 - ``GET /v1/images`` -> ``{"nodes": {node: [image, ...]}}`` (``in_use``: sessions/actions now).
 - ``DELETE /v1/images/{name}`` -> 200, 404 when no node has it, 409 while in use (the reason).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Query
@@ -34,11 +39,30 @@ def _err(status: int, detail: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def install(app: FastAPI, engine: Engine) -> None:
-    @app.post("/v1/images", tags=["images"], status_code=201)
+def allowed(path: str, import_dirs: Sequence[str]) -> bool:
+    """``path`` (symlinks resolved) lies under one of ``import_dirs`` (resolved too)."""
+    real = os.path.realpath(path)
+    for d in import_dirs:
+        root = os.path.realpath(d)
+        if root != "/" and (real == root or real.startswith(root.rstrip("/") + "/")):
+            return True
+    return False
+
+
+def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
+            any_path: bool = False) -> None:
+    dirs = tuple(import_dirs)
+
+    @app.post("/v1/images", tags=["images"], status_code=201,
+              responses={403: {"description": "path not under images.import_dirs"}})
     async def import_image(body: ImageIn) -> Response:
         if not body.path.startswith("/"):
             return _err(400, "path: must be an absolute path on the node", "path")
+        if not any_path and ("\x00" in body.path or not allowed(body.path, dirs)):
+            return _err(403, "path: imports over HTTP are allowed only from the directories in "
+                        "the service config's images.import_dirs "
+                        f"({'none configured' if not dirs else 'this path is not under one'}); "
+                        "`tangram image import` on the node imports any path", "path")
         try:
             out = await engine.import_image(body.path, body.name, body.node)
         except ImageInUse as e:

@@ -69,7 +69,8 @@ class AsyncClient:
             cfg = dataclasses.replace(cfg, policy=policy)
         engine = build_engine(cfg, gpu_factories=gpu_factories)
         await engine.start()
-        app = create_app(engine, cfg)
+        # (images: any path this process can read, as `tangram image import`; no listener)
+        app = create_app(engine, cfg, any_image_path=True)
         client = cls("http://tangram.embedded", transport=httpx.ASGITransport(app=app), **kw)
         client._engine = engine
         return client

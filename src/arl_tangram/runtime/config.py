@@ -105,6 +105,9 @@ class ServiceConfig:
     # Of those, the names a Ray node imports when its agent starts (``eager: true``); the
     # others a Ray node imports on first use. (The local executor imports all at start.)
     eager_images: tuple[str, ...] = ()
+    # Host directories whose files `POST /v1/images {"path"}` may import (issue 25): none by
+    # default (every path refused). YAML: ``images: {import_dirs: [...], load: [...]}``.
+    image_import_dirs: tuple[str, ...] = ()
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -226,11 +229,30 @@ class _Parser:
         except (TypeError, ValueError) as exc:
             raise self.fail(raw, f, str(exc)) from None
 
+    def image_import_dirs(self, raw: Any, parent: Any) -> tuple[str, ...]:
+        """``images.import_dirs`` when ``images`` is a mapping: absolute directories."""
+        if not isinstance(raw, Mapping):
+            return ()
+        dirs = raw.get("import_dirs")
+        if dirs is None:
+            return ()
+        if not isinstance(dirs, list):
+            raise self.fail(raw, "images.import_dirs", "must be a list of absolute directories")
+        for i, d in enumerate(dirs):
+            if not isinstance(d, str) or not os.path.isabs(d) or os.path.realpath(d) == "/":
+                raise self.fail(raw, f"images.import_dirs[{i}]",
+                                f"must be an absolute directory other than /, got {d!r}")
+        return tuple(dirs)
+
     def images(self, raw: Any, parent: Any) -> tuple[tuple[str, str], ...]:
         if raw is None:
             return ()
+        if isinstance(raw, Mapping):  # {import_dirs: [...], load: [{name, path}]}
+            d = self.mapping(raw, parent, "images", {"import_dirs", "load"})
+            return self.images(d.get("load"), raw)
         if not isinstance(raw, list):
-            raise self.fail(parent, "images", "must be a list of {name, path}")
+            raise self.fail(parent, "images", "must be a list of {name, path}, or "
+                            "{import_dirs: [...], load: [{name, path}]}")
         out = []
         for i, r in enumerate(raw):
             d = self.mapping(r, parent, f"images[{i}]", {"name", "path", "eager"})
@@ -289,6 +311,7 @@ class _Parser:
         kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
                               "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
                               "images": self.images(d.get("images"), data),
+                              "image_import_dirs": self.image_import_dirs(d.get("images"), data),
                               "eager_images": tuple(self._eager)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
