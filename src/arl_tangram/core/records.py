@@ -141,7 +141,7 @@ class ActionRecord:
         # elastic (`Elasticity.is_elastic`): its own queues, a width chosen at its start
         self.elastic = el is not None and el.max > el.min
         # work done (seconds at speed 1) by `since`, while it runs: what is left of its
-        # estimate when the allotment of an elastic action changes (`Core._remaining`)
+        # estimate when the allotment of an elastic action changes (`Elastic.remaining`)
         self.done = 0.0
         self.since = 0.0
         d = spec.demand._d
@@ -150,7 +150,7 @@ class ActionRecord:
         self.shape: tuple[tuple[str, float], ...] = skey.shape  # the demand's items, sorted
         self.cpu: float = d.get(CPU, 0.0)  # the demand's CPU (hot path of placement)
         # what its node is charged while it runs, when less than its demand (a short action
-        # admitted by its measured CPU use: the core's `_charge`); its quota stays the demand
+        # admitted by its measured CPU use: `Core._charge`); its quota stays the demand
         self.charge: Resources | None = None
         self.wkey = warm_key(spec)  # which warm executors it can use
         # Formatted only on demand. One flat tuple: (time, from status or note, to status or None,
