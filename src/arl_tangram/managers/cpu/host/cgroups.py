@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +20,8 @@ try:  # the compiled helpers (setup.py builds them; without, the same writes fro
     import arl_tangram.managers.cpu.zygote._fastpath as _FAST
 except ImportError:
     _FAST = None
+
+log = logging.getLogger(__name__)
 
 CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
 _PERIOD_US = 100_000
@@ -59,20 +63,75 @@ def _own_paths() -> dict[str, str]:
     return own
 
 
-def _remove_stale(parent: str) -> None:
-    """Remove empty ``tangram-<pid>`` trees left by managers that were killed (their pid is
-    gone); a tree with a process in it, or whose pid lives, is left alone."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            pid = name[len("tangram-"):].split(".")[0]  # tangram-<pid> or tangram-<pid>.<k>
-            if not name.startswith("tangram-") or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
-                continue
-            base = os.path.join(parent, name)
-            with contextlib.suppress(OSError):
-                for slot in os.listdir(base):
-                    if os.path.isdir(os.path.join(base, slot)):
-                        os.rmdir(os.path.join(base, slot))  # fails (EBUSY) while in use
-                os.rmdir(base)
+def _stale_trees(parent: str) -> list[str]:
+    """The ``tangram-<pid>`` trees under ``parent`` whose manager's pid is gone."""
+    try:
+        names = os.listdir(parent)
+    except OSError as e:
+        log.warning("stale cgroups: cannot list %s: %s", parent, e)
+        return []
+    out = []
+    for name in names:
+        pid = name[len("tangram-"):].split(".")[0]  # tangram-<pid> or tangram-<pid>.<k>
+        if name.startswith("tangram-") and pid.isdigit() and not name.endswith("-sessions") \
+                and not os.path.exists(f"/proc/{pid}"):
+            out.append(os.path.join(parent, name))
+    return out
+
+
+def _kill_procs(d: str) -> None:
+    """SIGKILL what is still in a dead manager's slot (its sandboxes' processes: nothing else is
+    ever put there). A frozen one dies once thawed (`overlay._thaw_stale`)."""
+    try:
+        pids = _read(f"{d}/cgroup.procs").split()
+    except OSError:
+        return
+    for p in pids:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(p), signal.SIGKILL)
+
+
+def _remove_stale(parent: str, rounds: int = 1, pause_s: float = 0.05) -> list[str]:
+    """Remove the ``tangram-<pid>`` trees left under ``parent`` by managers that were killed
+    (their pid is gone). Every slot is tried, a busy one never stops the rest: what is still in
+    it is killed and its removal tried again, up to ``rounds`` times ``pause_s`` apart. Returns
+    the directories still left (each logged at WARNING); a tree whose pid lives is left alone."""
+    trees = _stale_trees(parent)
+    todo: list[str] = []
+    for base in trees:
+        try:
+            todo += [os.path.join(base, c) for c in sorted(os.listdir(base))
+                     if os.path.isdir(os.path.join(base, c))]
+        except OSError as e:
+            log.warning("stale cgroups: cannot list %s: %s", base, e)
+    errors: dict[str, OSError] = {}
+    for r in range(max(1, rounds)):
+        left = []
+        for d in todo:
+            try:
+                os.rmdir(d)  # fails (EBUSY) while a process is in it
+                errors.pop(d, None)
+            except FileNotFoundError:
+                errors.pop(d, None)
+            except OSError as e:
+                errors[d] = e
+                _kill_procs(d)
+                left.append(d)
+        todo = left
+        if not todo:
+            break
+        if r + 1 < rounds:
+            time.sleep(pause_s)
+    for base in trees:
+        try:
+            os.rmdir(base)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            errors[base] = e
+    for d, err in errors.items():
+        log.warning("stale cgroup %s (of a dead manager) not removed yet: %s", d, err)
+    return sorted(errors)
 
 
 @dataclass(slots=True)
@@ -266,6 +325,7 @@ class CgroupTree:
         self.bases: dict[str, str] = {}
         self.problem = ""
         self._count = 0
+        self.stale_parents: list[str] = []  # where `_remove_stale` looked (`remove_stale`)
         # Its own directory: several managers in one process (the nodes of a local executor)
         # must never share slots, whose limits each writes.
         k = next(_TREES)
@@ -281,6 +341,7 @@ class CgroupTree:
         v1 = {c: m for kind, m, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
         if all(c in v1 for c in CONTROLLERS):
             for c in CONTROLLERS:
+                self.stale_parents.append(v1[c] + own.get(c, "/"))
                 _remove_stale(v1[c] + own.get(c, "/"))
                 base = os.path.join(v1[c] + own.get(c, "/"), tag)
                 os.makedirs(base, exist_ok=True)
@@ -293,6 +354,7 @@ class CgroupTree:
             avail = set(_read(f"{m}/cgroup.controllers").split())
             if {"cpu", "memory", "pids"} <= avail:
                 parent = m + own.get("", "/")
+                self.stale_parents.append(parent)
                 _remove_stale(parent)
                 _write(f"{parent}/cgroup.subtree_control", "+cpu +memory +pids")
                 base = os.path.join(parent, tag)
@@ -312,6 +374,14 @@ class CgroupTree:
         Each slot's CPU quota still caps what one action gets."""
         with contextlib.suppress(OSError):
             _write(path, str(per_task * (os.cpu_count() or 1)))
+
+    def remove_stale(self, rounds: int = 40, pause_s: float = 0.05) -> list[str]:
+        """Again (blocking: run it in a thread), once the dead managers' frozen sessions are
+        thawed (`overlay.FreezerTree`): the stale slots still left, retried ``rounds`` times."""
+        left: list[str] = []
+        for parent in self.stale_parents:
+            left += _remove_stale(parent, rounds, pause_s)
+        return left
 
     def join_dirs(self) -> list[str]:
         """cgroup v1: the base directory of each hierarchy, in the order a sandbox that moves

@@ -159,6 +159,12 @@ class CpuManager:
             "disk" if self.layers is not None and self.layers.available else
             f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
+        # a dead manager's slots its frozen sessions kept busy: free now that they are thawed
+        # (each still left is logged; a later start tries again)
+        left = await asyncio.to_thread(self._cgroups.remove_stale)
+        if left:
+            log.error("CPU manager: %d stale cgroup(s) of dead managers left: %s", len(left),
+                      ", ".join(left[:8]))
         self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
 
     # supervision of the fork server -------------------------------------------------------------
