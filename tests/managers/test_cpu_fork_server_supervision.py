@@ -16,7 +16,9 @@ import pytest
 import pytest_asyncio
 from _cpu_helpers import TEST_UID, action, allot
 
+from arl_tangram.core.actions import ActionKind
 from arl_tangram.core.errors import IsolationUnavailable
+from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
@@ -60,6 +62,9 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     assert m.health()["ready"]
     res = await m.run(action("print(1)"), allot())
     assert res.status == "Success", res
+    await m.open_session("s-old", Resources(cpu=1, memory_mb=256), 600)
+    r = await m.run(action("x = 1", kind=ActionKind.TOOL, session="s-old"), allot())
+    assert r.status == "Success", r
     old = m._zygote
     assert old is not None
     zpid = old.proc.pid
@@ -87,6 +92,13 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     for r in await asyncio.wait_for(asyncio.gather(*later), 30):
         assert r.status == "Success", r
     assert _state(zpid) is None, f"old fork server left as {_state(zpid)!r} (zombie?)"
+    # the session whose sandbox died with it says so; a new session works
+    r = await m.run(action("print(x)", kind=ActionKind.TOOL, session="s-old"), allot())
+    assert r.status == "SandboxError" and "fork server died" in r.message, r
+    await m.open_session("s-new", Resources(cpu=1, memory_mb=256), 600)
+    r = await m.run(action("y = 2; print(y)", kind=ActionKind.TOOL, session="s-new"), allot())
+    assert r.status == "Success", r
+    await m.close_session("s-new")
     # every later action succeeds; the warm pool refills
     for r in await asyncio.gather(*(m.run(action("print(2)"), allot()) for _ in range(8))):
         assert r.status == "Success", r

@@ -60,6 +60,7 @@ class _Session:
     python: str | None = None  # that image's python3
     freezer: overlay.Freezer | None = None  # frozen between actions
     layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
+    gen: int = 0  # the fork server that made its sandbox (`CpuManager._zgen`)
 
 
 def _inside(paths: list[str], ro: list[str]) -> list[str]:
@@ -513,7 +514,8 @@ class CpuManager:
             raise
         cpus = float(demand.get("cpu", 0.0)) or self.config.default_cpus
         mem = int((float(demand.get("memory_mb", 0.0)) or self.config.default_memory_mb) * (1 << 20))
-        s = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(), asyncio.Lock(), img)
+        s = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(), asyncio.Lock(), img,
+                     gen=self._zgen)
         self._sessions[session_id] = s
         try:
             sb.set_limits(cpus, mem)
@@ -583,6 +585,7 @@ class CpuManager:
                     sw.freeze_s = time.perf_counter() - t0
             if sw is not None:
                 res = dataclasses.replace(res, session_switch=sw.to_dict())
+            res = self._lost(res, s.gen)
         if s.sandbox.dead or res.status == "SandboxError":
             await self.close_session(sid)
         return res

@@ -474,11 +474,16 @@ class WarmPool:
 
     async def _recycle(self, slot: Slot) -> None:
         for i in range(2000):
-            if slot.is_empty():
+            try:
+                empty = slot.is_empty()
+            except OSError:  # (removed meanwhile: the pool is closing, or the tree went)
+                return
+            if empty:
                 self._free(slot)
                 return
             await asyncio.sleep(0.001 if i < 50 else 0.01)
-        slot.remove()  # still busy after ~20 s: leave it, never reuse
+        with contextlib.suppress(OSError):
+            slot.remove()  # still busy after ~20 s: leave it, never reuse
 
     def _free(self, slot: Slot) -> None:
         """An empty slot: back to the free list, or retired (removed; a later spawn makes a new
