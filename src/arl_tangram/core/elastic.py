@@ -47,7 +47,7 @@ class Elastic:
         what is left on a node fits no queued head (work conservation) and would sit idle."""
         live = self.st.elastic_nodes
         if not live:
-            return  # no elastic action runs anywhere (and `_grow`, a subset, is empty)
+            return  # no elastic action runs anywhere (and `expand_at` holds none of them)
         nodes = (self.st.expand_at | self.st.dirty) & live  # a node off `live`: nothing to expand
         self.st.expand_at.clear()
         for name in sorted(nodes) if len(nodes) > 1 else nodes:

@@ -25,8 +25,6 @@ from .records import ActionRecord, NodeState, ShapeKey
 from .resources import CPU
 from .state import CoreState
 
-_AGED = AGED
-
 
 class SchedulingPass:
     """The scheduling pass: which queue heads are tried where, in what order, after an event."""
@@ -118,7 +116,7 @@ class SchedulingPass:
             if got is None:
                 continue
             e = got[1]
-            if (e[0] != _AGED and local is not None and type(key) is ShapeKey and got[0].cpu > limit
+            if (e[0] != AGED and local is not None and type(key) is ShapeKey and got[0].cpu > limit
                     and key not in touched):
                 continue  # more CPU than any freed node has: still blocked (aged heads go on)
             heap.append((e[0], e[1], key, got[0]))
@@ -146,7 +144,7 @@ class SchedulingPass:
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
-            elif aged == _AGED:
+            elif aged == AGED:
                 self.placer.reserve_for(rec, key)
 
     def try_place(self, rec: ActionRecord, key: Any) -> bool:
@@ -157,7 +155,7 @@ class SchedulingPass:
             node = self.placer.find_node(rec)
             if node is None and (not self.st.elastic_policy or (node := self.elastic.lender(rec)) is None):
                 return False
-            self.placer.start(rec, node, spec.demand, self.placer.take_warm(node, rec.wkey) if node.warm else False)
+            self.placer.start_warm(rec, node)
             return True
         if key[0] == "part":
             return self.partitions.place(rec, None)
@@ -204,7 +202,7 @@ class SchedulingPass:
             if got is None:
                 continue
             rec, e = got
-            if e[0] != _AGED and rec.cpu > limit:
+            if e[0] != AGED and rec.cpu > limit:
                 continue  # more CPU than the node has: still blocked (aged heads go on)
             heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
@@ -227,7 +225,7 @@ class SchedulingPass:
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
-            elif aged == _AGED:
+            elif aged == AGED:
                 self.placer.reserve(rec)
 
     def drain_one(self, key: Any) -> None:
@@ -238,7 +236,7 @@ class SchedulingPass:
         while got is not None:
             rec = got[0]
             if not self.try_place(rec, key):
-                if got[1][0] == _AGED:
+                if got[1][0] == AGED:
                     self.placer.reserve_for(rec, key)
                 return
             got = head(key)
