@@ -14,7 +14,7 @@ from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
 from .queues import Queues
 from .records import InstState
-from .resources import Resources
+from .resources import Resources, total
 from .sessions import Sessions
 from .state import CoreState
 from .view import CoreView, InstanceView, NodeView, SessionView
@@ -109,6 +109,11 @@ def _check_actions(core: Core) -> None:
 
 
 def _check_sessions(core: Core) -> None:
+    for name, node in core.st.nodes.items():  # the running sum `Sessions.room` reads
+        want = total(core.st.sessions[sid].demand for sid in node.sessions if sid in core.st.sessions)
+        got = core.sessions.held.get(name, Resources())
+        _check(all(abs(got.get(k) - want.get(k)) < 1e-6 for k in set(got) | set(want)),
+               "session-demand-sum", f"{name}: {got} vs {want}")
     for sid, sess in core.st.sessions.items():
         if sess.node is not None:
             _check(sid in core.st.nodes[sess.node].sessions, "session-on-node", sid)

@@ -32,6 +32,10 @@ class Sessions:
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
         self.action_room: Resources = st.config.session_action_demand
+        # node -> the sum of its open sessions' demands, kept as they open and close (`room`
+        # asks it for every candidate node of every new session: summing the node's sessions
+        # each time made opening a session O(sessions on the node), the whole step quadratic)
+        self.held: dict[str, Resources] = {}
 
     # ---- opening --------------------------------------------------------------------------------
     def attach(self, rec: ActionRecord) -> None:
@@ -79,6 +83,7 @@ class Sessions:
         self.pending.pop(sess.id, None)
         sess.node = node.name
         node.sessions.add(sess.id)
+        self.held[node.name] = self.held.get(node.name, _NONE) + sess.demand
         node.take(sess.demand)
         st.index.update(node.name, node.free)
         st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
@@ -101,6 +106,10 @@ class Sessions:
         node = st.nodes.get(sess.node) if sess.node else None
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
+            if node.sessions:
+                self.held[node.name] = self.held[node.name] - sess.demand
+            else:  # the last one: back to exactly nothing (no float residue kept)
+                self.held.pop(node.name, None)
             node.give(sess.demand)
             if node.alive:
                 st.index.update(node.name, node.free)
@@ -164,10 +173,11 @@ class Sessions:
         sessions per core, then has the most free CPU, then the first name."""
         best: NodeState | None = None
         best_key = (math.inf, math.inf, 0.0, "")
+        need = demand + act
         for node in nodes:
-            if not node.alive:
+            if not node.alive or not node.fits(demand):
                 continue
-            if not self.room(node, demand, act):
+            if not (need + self.held.get(node.name, _NONE)).fits_in(node.cap):  # `room`
                 continue
             cold = 1.0
             if warm_key is not None and node.warm.get(warm_key, 0) > 0:
@@ -187,15 +197,10 @@ class Sessions:
     def room(self, node: NodeState, demand: Resources, act: Resources) -> bool:
         """Whether a session of ``demand`` fits ``node`` now and, with the node's other
         sessions, still leaves room for an action ``act`` of any of them, for good."""
-        if not node.fits(demand):
-            return False
-        held = demand + act
-        sessions = self.st.sessions
-        for sid in node.sessions:
-            other = sessions.get(sid)
-            if other is not None:
-                held = held + other.demand
-        return held.fits_in(node.cap)
+        return node.fits(demand) and (demand + act + self.held.get(node.name, _NONE)).fits_in(node.cap)
+
+
+_NONE = Resources()
 
 
 # (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
