@@ -27,8 +27,6 @@ async def _forgotten(eng: Engine, aid: str) -> None:
 
 
 async def test_keys_live_until_their_ttl_and_are_gone_after() -> None:
-    # (not at 0: the engine reads a finish time of 0.0 as "unknown", and such a result would
-    # never expire, holding back every later one -- harmless on the monotonic clock)
     clock = ManualClock(1000.0)
     ex = FakeExecutor()
     cfg = EngineConfig(tick_s=0.005)
@@ -81,5 +79,23 @@ async def test_a_short_configured_ttl_is_honoured_too() -> None:
         clock.advance(31.0)  # t = 150: the probe's result expires, and the key (at 120) before it
         await _forgotten(eng, "probe")
         assert await eng.submit(ActionSpec("c"), idempotency_key="k") == ["c"]
+    finally:
+        await eng.aclose()
+
+
+async def test_a_result_finished_at_time_zero_expires_like_any_other() -> None:
+    # a finish time of 0.0 is a time, not "unknown": such a result once never expired and held
+    # back the expiry of every later one
+    clock = ManualClock(0.0)
+    eng = Engine(FakeExecutor(), EngineConfig(tick_s=0.005, result_ttl_s=50.0), clock=clock,
+                 core_factory=core_factory)
+    await eng.start()
+    try:
+        await eng.run(ActionSpec("at-zero"))
+        clock.advance(10.0)
+        await eng.run(ActionSpec("later"))
+        clock.advance(60.0)  # both past their TTL
+        await _forgotten(eng, "at-zero")
+        await _forgotten(eng, "later")
     finally:
         await eng.aclose()

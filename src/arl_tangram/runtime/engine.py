@@ -315,7 +315,8 @@ class Engine:
         now = self.clock.now()
         while self._results:
             _aid, (res, _) = next(iter(self._results.items()))
-            if (res.finish_time or now) + self.config.result_ttl_s > now:
+            done = now if res.finish_time is None else res.finish_time  # (0.0 is a time)
+            if done + self.config.result_ttl_s > now:
                 break
             self._results.popitem(last=False)
         while self._idem:
