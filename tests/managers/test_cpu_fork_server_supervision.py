@@ -58,7 +58,7 @@ async def _until(cond: object, timeout: float) -> float:
 
 
 async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions_fail(
-        m: CpuManager) -> None:
+        m: CpuManager, caplog: pytest.LogCaptureFixture) -> None:
     assert m.health()["ready"]
     res = await m.run(action("print(1)"), allot())
     assert res.status == "Success", res
@@ -92,6 +92,9 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     for r in await asyncio.wait_for(asyncio.gather(*later), 30):
         assert r.status == "Success", r
     assert _state(zpid) is None, f"old fork server left as {_state(zpid)!r} (zombie?)"
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("killed by SIGKILL" in x and "restarting" in x for x in logged), logged
+    assert any("restarted" in x for x in logged), logged
     # the session whose sandbox died with it says so; a new session works
     r = await m.run(action("print(x)", kind=ActionKind.TOOL, session="s-old"), allot())
     assert r.status == "SandboxError" and "fork server died" in r.message, r

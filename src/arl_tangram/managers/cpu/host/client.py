@@ -185,6 +185,14 @@ class Zygote:
         self._unwatch()
         self._fail(BrokenError(f"the sandbox fork server died ({self.exit_reason()})"))
 
+    def _closed_socket(self) -> None:
+        """Its control socket closed and its pidfd did not follow (still running: a bug of its
+        own): killed, and as good as dead."""
+        if self.gone is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self._fail(BrokenError("the sandbox fork server died (its control socket closed)"))
+
     def exit_reason(self) -> str:
         """How the fork server ended, once it has (it is reaped here); "still running" else."""
         try:
@@ -213,8 +221,14 @@ class Zygote:
             return
         except OSError:
             msg, fds = b"", []
-        if not msg:
-            self._fail(BrokenError("the sandbox fork server died (its control socket closed)"))
+        if not msg:  # it is exiting: its pidfd fires next (`_died`, with how it ended)
+            if self._loop is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(self.ctl.fileno())
+            if self._pidfd is not None and self._loop is not None:
+                self._loop.call_later(0.5, self._closed_socket)
+            else:
+                self._closed_socket()
             return
         try:
             reply = json.loads(msg)
