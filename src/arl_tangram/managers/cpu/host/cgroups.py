@@ -411,15 +411,22 @@ class CgroupTree:
             while True:
                 with contextlib.suppress(OSError):
                     for entry in os.listdir(base):
-                        if os.path.isdir(os.path.join(base, entry)):
-                            with contextlib.suppress(OSError):
-                                os.rmdir(os.path.join(base, entry))
+                        d = os.path.join(base, entry)
+                        if os.path.isdir(d):
+                            try:
+                                os.rmdir(d)
+                            except FileNotFoundError:
+                                pass
+                            except OSError:
+                                _kill_procs(d)  # (a sandbox's process still dying: hurried)
                 try:
                     os.rmdir(base)
                     break
                 except FileNotFoundError:
                     break
-                except OSError:
+                except OSError as e:
                     if time.monotonic() > deadline:
+                        log.warning("cgroup %s not removed at close: %s (the next start of a "
+                                    "manager removes it)", base, e)
                         break
                     time.sleep(0.02)
