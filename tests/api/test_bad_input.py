@@ -111,3 +111,27 @@ async def test_lone_surrogate_in_code_says_why(tmp_path) -> None:
             assert r.json()["status"] == "Success", r.text
     finally:
         await eng.aclose()
+
+
+async def test_open_sessions_are_capped_with_429() -> None:
+    from arl_tangram.runtime.config import LimitsConfig
+
+    eng = Engine(FakeExecutor(cpu=2, memory_mb=4096), EngineConfig(tick_s=0.05),
+                 core_factory=core_factory)
+    await eng.start()
+    app = create_app(eng, ServiceConfig(limits=LimitsConfig(max_sessions=2)))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as c:
+            ids = []
+            for _ in range(2):
+                r = await c.post("/v1/sessions", json={"demand": {"memory_mb": 64}})
+                assert r.status_code == 201, r.text
+                ids.append(r.json()["session_id"])
+            r = await c.post("/v1/sessions", json={})
+            assert r.status_code == 429 and "max_sessions" in r.json()["detail"], r.text
+            assert r.headers["retry-after"] == "1"
+            assert (await c.delete(f"/v1/sessions/{ids[0]}")).status_code == 200
+            assert (await c.post("/v1/sessions", json={})).status_code == 201
+    finally:
+        await eng.aclose()

@@ -36,7 +36,7 @@ from .schemas import (
     RunCodeResponse,
     SessionIn,
 )
-from .service import KeyReused, Service, Shed
+from .service import KeyReused, Service, Shed, TooManySessions
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     Overloaded: _overloaded,
     Shed: lambda e: _err(504, str(e)),
     KeyReused: lambda e: _err(422, str(e), field="idempotency_key"),
+    TooManySessions: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
+                                            headers={"retry-after": "1"}),
     ClosedError: lambda e: _err(503, str(e)),
     BrokenError: lambda e: _err(502, str(e)),
     BodyTooLarge: lambda e: _err(413, str(e)),

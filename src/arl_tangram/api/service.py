@@ -33,6 +33,10 @@ class KeyReused(TangramError):
     first body's actions."""
 
 
+class TooManySessions(TangramError):
+    """The service holds `LimitsConfig.max_sessions` open sessions (429)."""
+
+
 class Service:
     """The routes' logic over one engine."""
 
@@ -172,6 +176,10 @@ class Service:
             demand = Resources(body.demand) if body.demand is not None else None
         except ValueError as exc:
             raise InvalidAction("demand", str(exc)) from None
+        cap = self.config.limits.max_sessions
+        if self.engine.session_count() >= cap:
+            raise TooManySessions(f"{cap} sessions are open (limits.max_sessions); close one "
+                                  "(DELETE /v1/sessions/{id}) or retry later")
         if demand is not None:
             self._check_demand(demand, "demand")
         if body.image is not None:
@@ -270,4 +278,4 @@ class Service:
                 "usage": {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}}
 
 
-__all__ = ["KeyReused", "Service", "Shed", "UnknownAction"]
+__all__ = ["KeyReused", "Service", "Shed", "TooManySessions", "UnknownAction"]

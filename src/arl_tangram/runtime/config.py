@@ -68,6 +68,7 @@ class LimitsConfig:
     tick_s: float = 0.5  # period of Tick events (aging, TTLs, scale-in)
     max_batch: int = 4096  # actions in one POST /v1/actions
     max_wait_s: float = 300.0  # longest long-poll a client may ask for
+    max_sessions: int = 1024  # open sessions; POST /v1/sessions beyond this gets 429
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -470,6 +470,10 @@ class Engine:
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))
         return sid
 
+    def session_count(self) -> int:
+        """Sessions open (or opening) now."""
+        return len(self._sessions)
+
     async def close_session(self, session_id: str) -> bool:
         """Close a session; False when it is not open."""
         self._check_open()
