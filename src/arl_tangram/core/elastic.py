@@ -237,26 +237,11 @@ class Elastic:
             return 0.0, 0.0
         runs.sort(key=_first)
         n_run = len(runs)
-        most = int(cap / lo + 1e-9)
-        # lane counts worth trying: wait (as many as run), one more, and as many as the widths
-        # top, top/2, top/4, ... down to the minimum allow
-        tries: list[int] = []
-        if n_run > 0:
-            tries.append(n_run)
-        w = top
-        while w >= lo - 1e-9:
-            lanes = int(cap / w + 1e-9)
-            if lanes > n_run and lanes not in tries:
-                tries.append(lanes)
-            w /= 2.0
-        if n_run + 1 <= most and n_run + 1 not in tries:
-            tries.append(n_run + 1)
-        tries.sort()
         x = self.st.expected_work(rec)
         jobs = runs + [(x, el)] * (1 + behind)
         best_cost = math.inf
         best_lanes = 0
-        for lanes in tries:
+        for lanes in _lane_tries(cap, top, lo, n_run):
             cost, join = _fluid(cap, lanes, jobs, n_run)
             if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
                 cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run)[0]
@@ -384,49 +369,14 @@ class Elastic:
         among the few nodes with the most free CPU and the few warm for it that fit its other
         dimensions; when that is a cold start, it waits instead for a node warm for it that is
         expected to free its full width sooner. Decides only (`validate` asks it too)."""
-        nodes, reserved = self.st.nodes, self.st.reserved
-        shape = rec.shape
         names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
         n = len(names) if names else 1
         queued = self.queues.queued_elastic() - 1  # (this head is still queued)
         behind = 0 if queued <= 0 else min(32, -(-queued // n))
-        enough = self.st.config.fit_candidates
-        cands: list[NodeState] = []
-        for bucket in self.st.index.buckets_down():  # the most free CPU first
-            for name in bucket:
-                if name not in reserved and fits_besides_cpu(nodes[name], shape):
-                    cands.append(nodes[name])
-                    if len(cands) >= enough:
-                        break
-            if len(cands) >= enough:
-                break
-        wkey = rec.wkey
-        ws = self.placer.warm_nodes.get(wkey) if self.placer.warm_nodes else None
-        if ws:
-            found = 0
-            for seen, name in enumerate(ws):
-                if seen >= WARM_SCAN or found >= enough:
-                    break
-                node = nodes[name]
-                if (node.alive and name not in reserved and node not in cands
-                        and node.free.get(CPU, 0.0) >= rec.cpu - 1e-9
-                        and fits_besides_cpu(node, shape)):
-                    cands.append(node)
-                    found += 1
+        cands, ws = self._candidates(rec)
         el = rec.spec.elasticity
         assert el is not None
-        # when each candidate could start it at its full width: waiting on one node is
-        # waiting for the first of them
-        first = second = math.inf
-        first_node = ""
-        if len(cands) > 1:
-            for node in cands:
-                c = node.cap.get(CPU, 0.0)
-                t = self.free_at(node, el.max if el.max < c else c)
-                if t < first:
-                    second, first, first_node = first, t, node.name
-                elif t < second:
-                    second = t
+        first, second, first_node = self._first_two_full(cands, el.max)
         best: NodeState | None = None
         best_t = math.inf
         best_w = 0.0
@@ -434,6 +384,7 @@ class Elastic:
         best_cold = False
         x = self.st.expected_work(rec)
         cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
+        wkey = rec.wkey
         for node in cands:
             elsewhere = second if node.name == first_node else first
             width, floor = self.width_on(rec, node, behind, elsewhere)
@@ -445,23 +396,79 @@ class Elastic:
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
         if best is None:
             return None, 0.0, 0.0, cands
-        if best_cold and cold > 0.0 and ws and not self.overdue(rec):
-            # cold here: a node warm for it that frees its full width soon may be sooner (a run of
-            # milliseconds does not pay a cold start to avoid a wait of milliseconds)
+        if (best_cold and cold > 0.0 and ws and not self.overdue(rec)
+                and self._warm_sooner(rec, best, ws, x, best_t)):
+            return None, -1.0, 0.0, cands  # it waits for the warm node (a finish there retries it)
+        return best, best_w, best_floor, cands
+
+    def _candidates(self, rec: ActionRecord) -> tuple[list[NodeState], dict[str, None] | None]:
+        """The nodes ``choose`` weighs for ``rec``: the few with the most free CPU that fit its
+        other dimensions, then the few warm for it with its minimum free; and the names of the
+        nodes warm for it (None: none)."""
+        nodes, reserved = self.st.nodes, self.st.reserved
+        shape = rec.shape
+        enough = self.st.config.fit_candidates
+        cands: list[NodeState] = []
+        for bucket in self.st.index.buckets_down():  # the most free CPU first
+            for name in bucket:
+                if name not in reserved and fits_besides_cpu(nodes[name], shape):
+                    cands.append(nodes[name])
+                    if len(cands) >= enough:
+                        break
+            if len(cands) >= enough:
+                break
+        ws = self.placer.warm_nodes.get(rec.wkey) if self.placer.warm_nodes else None
+        if ws:
+            found = 0
             for seen, name in enumerate(ws):
-                if seen >= WARM_SCAN:
+                if seen >= WARM_SCAN or found >= enough:
                     break
                 node = nodes[name]
-                if (node is best or not node.alive or name in reserved
-                        or not fits_besides_cpu(node, shape)
-                        or node.free.get(CPU, 0.0) - self.absorb(node) >= el.min - 1e-9):
-                    continue  # (where it could start now, starting narrow and growing is sooner)
+                if (node.alive and name not in reserved and node not in cands
+                        and node.free.get(CPU, 0.0) >= rec.cpu - 1e-9
+                        and fits_besides_cpu(node, shape)):
+                    cands.append(node)
+                    found += 1
+        return cands, ws
+
+    def _first_two_full(self, cands: list[NodeState], top: float) -> tuple[float, float, str]:
+        """When the first and the second of ``cands`` could give ``top`` cores (at most their
+        capacity), and the first's name: waiting on one node is waiting for the first of the
+        others (none with a single candidate)."""
+        first = second = math.inf
+        first_node = ""
+        if len(cands) > 1:
+            for node in cands:
                 c = node.cap.get(CPU, 0.0)
-                top = el.max if el.max < c else c
-                t = self.free_at(node, top) + x / max(el.speedup.factor(top), 1e-9)
-                if t < best_t:  # it waits for the warm node (a finish there retries it)
-                    return None, -1.0, 0.0, cands
-        return best, best_w, best_floor, cands
+                t = self.free_at(node, top if top < c else c)
+                if t < first:
+                    second, first, first_node = first, t, node.name
+                elif t < second:
+                    second = t
+        return first, second, first_node
+
+    def _warm_sooner(self, rec: ActionRecord, best: NodeState, ws: dict[str, None], x: float,
+                     best_t: float) -> bool:
+        """Whether a node warm for ``rec`` that frees its full width soon finishes it before a
+        cold start on ``best`` does (a run of milliseconds does not pay a cold start to avoid
+        a wait of milliseconds). Where it could start now, starting narrow and growing is
+        sooner: such nodes are left out."""
+        nodes, reserved = self.st.nodes, self.st.reserved
+        el = rec.spec.elasticity
+        assert el is not None
+        for seen, name in enumerate(ws):
+            if seen >= WARM_SCAN:
+                break
+            node = nodes[name]
+            if (node is best or not node.alive or name in reserved
+                    or not fits_besides_cpu(node, rec.shape)
+                    or node.free.get(CPU, 0.0) - self.absorb(node) >= el.min - 1e-9):
+                continue
+            c = node.cap.get(CPU, 0.0)
+            top = el.max if el.max < c else c
+            if self.free_at(node, top) + x / max(el.speedup.factor(top), 1e-9) < best_t:
+                return True
+        return False
 
     def start(self, rec: ActionRecord, node: NodeState, width: float, floor: float) -> None:
         """Start elastic ``rec`` on ``node`` at ``width``, shrinking the node's elastic actions
@@ -511,6 +518,25 @@ class Elastic:
                 self.st.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.st.cause))
             rec.note(self.st.now, f"allotment -> {rec.allotment}", self.st.cause)
 
+
+
+def _lane_tries(cap: float, top: float, lo: float, n_run: int) -> list[int]:
+    """The lane counts `Elastic.plan` weighs on ``cap`` cores with ``n_run`` elastic actions
+    running, ascending: wait (as many as run), one more (if the minimum ``lo`` allows), and as
+    many as the widths ``top``, ``top/2``, ``top/4``, ... down to the minimum allow."""
+    tries: list[int] = []
+    if n_run > 0:
+        tries.append(n_run)
+    w = top
+    while w >= lo - 1e-9:
+        lanes = int(cap / w + 1e-9)
+        if lanes > n_run and lanes not in tries:
+            tries.append(lanes)
+        w /= 2.0
+    if n_run + 1 <= int(cap / lo + 1e-9) and n_run + 1 not in tries:
+        tries.append(n_run + 1)
+    tries.sort()
+    return tries
 
 
 def _first(job: tuple[float, Elasticity]) -> float:
