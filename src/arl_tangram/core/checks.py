@@ -106,6 +106,9 @@ def _check_actions(core: Core) -> None:
                 k = rec.allotment.get(el.dim)
                 _check(el.min - _EPS <= k <= el.max + _EPS, "allotment-in-range", f"{aid}: {k}")
     _check(live == {k: v for k, v in core.queues.live.items() if v}, "queue-counts", f"{live} vs {core.queues.live}")
+    waiting = {k[1] for k in live if type(k) is tuple and k[0] == "sess"}
+    _check(waiting == core.queues.waiting_sessions, "waiting-sessions",
+           f"{sorted(waiting)} vs {sorted(core.queues.waiting_sessions)}")
 
 
 def _check_sessions(core: Core) -> None:

@@ -59,6 +59,9 @@ class Queues:
         self._fifo_floors: dict[Any, tuple[int, str]] = {}
         # partition -> the session queues holding its actions
         self.partition_sessions: dict[str, set[Any]] = {}
+        # sessions with queued actions: a pass after capacity freed on a node looks at its
+        # sessions among these, not at every session open there (`SchedulingPass.candidates`)
+        self.waiting_sessions: set[str] = set()
 
     # ---- keys and order -------------------------------------------------------------------------
     def key_of(self, rec: ActionRecord) -> Any:
@@ -161,8 +164,11 @@ class Queues:
             # (An elastic head may wait by choice, not for room, and its choice depends on
             # how many wait: its queue is always worth a look.)
             look = not before or aged or bool(st.dirty) or (key.elastic and st.elastic_policy)
-        elif key[0] == "sess" and rec.partition is not None:
-            self.partition_sessions.setdefault(rec.partition, set()).add(key)
+        elif key[0] == "sess":
+            if not before:
+                self.waiting_sessions.add(key[1])
+            if rec.partition is not None:
+                self.partition_sessions.setdefault(rec.partition, set()).add(key)
         elif key[0] == "model":
             st.models_touched.add(key[1])
         # Every head is blocked after a pass; an entry that does not become the head cannot
@@ -210,6 +216,8 @@ class Queues:
             live.pop(key, None)
             self.shape_keys.pop(key, None)
             self.heaps.pop(key, None)
+            if type(key) is tuple and key[0] == "sess":
+                self.waiting_sessions.discard(key[1])
         else:
             live[key] = n
         rec.queue_key = None

@@ -44,10 +44,14 @@ class SchedulingPass:
         if touched:
             keys.update(k for k in touched if k[0] != "model")
         nodes, part_by_node = self.st.nodes, self.partitions.by_node
+        waiting = self.queues.waiting_sessions
         for name in self.st.dirty:
             sessions = nodes[name].sessions
-            if sessions:
-                keys.update(("sess", sid) for sid in sessions)
+            if sessions and waiting:  # (the smaller side scanned: sessions with queued actions)
+                if len(waiting) < len(sessions):
+                    keys.update(("sess", sid) for sid in waiting if sid in sessions)
+                else:
+                    keys.update(("sess", sid) for sid in sessions if sid in waiting)
             if part_by_node:
                 keys.update(("part", p) for p in part_by_node.get(name, ()))
         return keys
