@@ -123,3 +123,19 @@ async def test_repeated_deaths_mark_the_node_down(m: CpuManager) -> None:
     r = await m.run(action("print(1)"), allot())
     assert r.status == "SandboxError" and "marked down" in r.message, r
     assert time.monotonic() - t0 < 1.0  # fails fast, with the reason
+
+
+async def test_a_sandbox_killed_from_outside_says_so(m: CpuManager) -> None:
+    """The review's 2d: a running sandbox killed with SIGKILL from outside answered `Failed`,
+    rc -9 and an empty message, like the program's own crash; the message now says why."""
+    t = asyncio.create_task(m.run(action("import time; time.sleep(20)"), allot()))
+    await _until(lambda: len(m._running) == 1, 10)
+    await asyncio.sleep(0.2)
+    (sb,) = m._running.values()
+    os.kill(sb.pid, signal.SIGKILL)
+    r = await asyncio.wait_for(t, 15)
+    assert r.status == "Failed" and r.run_result is not None, r
+    assert r.run_result.return_code == -9, r
+    assert "killed by SIGKILL" in r.message, r
+    ok = await m.run(action("print(1)"), allot())
+    assert ok.status == "Success" and ok.message == "", ok

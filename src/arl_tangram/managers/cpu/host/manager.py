@@ -621,6 +621,10 @@ def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunR
         ok, msg = run is not None and run.ok, ""
     if stats.get("memory_exceeded"):
         msg = "memory limit exceeded" + (f"; {msg}" if msg else "")
+    elif run is not None and run.status == "Finished" and run.return_code == -9:
+        # neither the run timeout nor the memory limit: killed from outside (or by itself)
+        msg = ("killed by SIGKILL, not by a limit of the sandbox (from outside it, or by the "
+               "program itself)") + (f"; {msg}" if msg else "")
     if reply.get("message"):
         msg = f"{msg}; {reply['message']}" if msg else str(reply["message"])
     return RunResult(status=SUCCESS if ok else FAILED, message=msg, compile_result=comp,
