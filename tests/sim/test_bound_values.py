@@ -5,6 +5,8 @@ bound with its generation times, and the SRPT relaxation on a pool's capacity.""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, Status
@@ -228,7 +230,30 @@ def test_batch_starts_bound_by_hand() -> None:
     assert batch_wait_sum([0.0, 0.25, 0.5], 1.0, 2) == pytest.approx(0.25)
     assert batch_wait_sum([3.0, 3.5], 1.0, 1) == pytest.approx(0.5)  # only differences count
     assert batch_wait_sum([], 1.0, 1) == 0.0
-    assert batch_wait_sum([0.0, 0.5], 0.0, 1) == 0.0 and batch_wait_sum([0.0, 0.5], 1.0, 0) == 0.0
+    assert batch_wait_sum([0.0, 0.5], 1.0, 0) == 0.0
+    with warnings.catch_warnings():  # no batch time: no wait, computed without a 0/0
+        warnings.simplefilter("error")
+        assert batch_wait_sum([0.0, 0.5], 0.0, 1) == 0.0
+        assert batch_wait_sum([0.0, 0.25, 0.5], 0.0, 1) == 0.0
+
+
+def test_batch_starts_bound_takes_the_best_of_eight_window_phases() -> None:
+    from arl_tangram.sim.bounds import batch_wait_sum
+
+    # releases 0, 0.75, 1.25, alpha = 1 s, one instance; windows of 1 s start at -theta + k,
+    # theta = p/8 of alpha (the grid through the first release, shifted back p/8):
+    # theta = 0:   [0, 1) holds 0 and 0.75: one start serves one, the other waits
+    #              min(0.75, 1 - 0.75) = 0.25; [1, 2) holds 1.25 alone: 0          -> 0.25
+    # theta = 1/8: [-1/8, 7/8) holds 0 and 0.75: min(0.75, 7/8 - 0.75) = 0.125     -> 0.125
+    # theta = 2/8: 0 alone; [3/4, 7/4) holds 0.75 and 1.25: min(0.5, 7/4 - 1.25)  -> 0.5
+    # theta = 3/8..5/8: the same pair, min(0.5, 2 - theta - 1.25) = 0.375, 0.25, 0.125
+    # theta = 6/8, 7/8: each release alone                                         -> 0
+    assert batch_wait_sum([0.0, 0.75, 1.25], 1.0, 1) == pytest.approx(0.5)
+    # one phase: only the grid through the first release
+    assert batch_wait_sum([0.0, 0.75, 1.25], 1.0, 1, phases=1) == pytest.approx(0.25)
+    # only the differences count: the same releases 10 s later (and scaled by alpha = 2 s)
+    assert batch_wait_sum([10.0, 10.75, 11.25], 1.0, 1) == pytest.approx(0.5)
+    assert batch_wait_sum([0.0, 1.5, 2.5], 2.0, 1) == pytest.approx(1.0)
 
 
 def test_a_run_bound_adds_each_models_batch_wait() -> None:
