@@ -463,6 +463,12 @@ class ModelPlanner:
         return freed
 
     def scale_in(self) -> None:
+        """On a Tick: unload instances idle past ``model_idle_s`` (dynamic policies), and let
+        every model with queued work look again (a held batch, `staggered`, starts on the first
+        event after its hold ends: the same rule under every policy)."""
+        for name in self.st.models:
+            if self.queues.live.get(("model", name)):
+                self.st.models_touched.add(name)
         if not self.dynamic:
             return
         limit = self.st.config.model_idle_s
@@ -475,6 +481,3 @@ class ModelPlanner:
                     and not self.queues.live.get(("model", inst.model.name))
                     and self.st.now - inst.last_used >= limit):
                 self.unload(inst, f"idle {self.st.now - inst.last_used:.3g}s")
-        for name in self.st.models:
-            if self.queues.live.get(("model", name)):
-                self.st.models_touched.add(name)
