@@ -2,11 +2,15 @@
 """`make mutation`: mutmut over the modules of pyproject's [tool.mutmut], in a copy of the
 committed tree (HEAD), and the score per module (issue 27; docs/testing.md).
 
-usage: scripts/mutation.py [--tests PATH ...] [--keep] [MUTANT_GLOB ...]
+usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--keep] [MUTANT_GLOB ...]
 
-  MUTANT_GLOB   mutmut's names, e.g. 'arl_tangram.api.middleware*' (default: every module)
+  MUTANT_GLOB   mutmut's names, e.g. 'arl_tangram.api.middleware*' (default: every module); a
+                name given after --tests (it starts with `arl_tangram.`) is taken as a glob
   --tests       run these test files instead of the configured selection (a quicker run of a
                 few modules; written into the copy's pyproject only)
+  --timeout-multiplier  mutmut's CPU-time limit per mutant is (tests' time + 1 s) x 2 x this
+                (mutmut's default 15: a mutant that loops costs minutes; 3 is plenty, the limit
+                is CPU time, not wall time, so a loaded machine does not shorten it)
   --keep        keep the copy (then `cd` there and `mutmut show NAME` / `mutmut browse`)
 
 The copy keeps others' work in progress and mutmut's `mutants/` out of the checkout. The core
@@ -34,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 
 
-def _copy() -> Path:
+def _copy(commit: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix="tangram-mutmut-"))
-    arch = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True,
+    arch = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True,
                           capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=arch, check=True)
     for so in (ROOT / "src/arl_tangram/managers/cpu").rglob("_fastpath*.so"):  # built, untracked
@@ -53,6 +57,16 @@ def _select_tests(copy: Path, tests: list[str]) -> None:
     text, n = re.subn(r"pytest_add_cli_args_test_selection = \[\n(?:.*\n)*?\]\n", new, text)
     if n != 1:
         raise SystemExit("pyproject.toml: no pytest_add_cli_args_test_selection to replace")
+    p.write_text(text)
+
+
+def _set_timeout(copy: Path, multiplier: float) -> None:
+    p = copy / "pyproject.toml"
+    text = p.read_text()
+    text, n = re.subn(r"^\[tool\.mutmut\]\n", f"[tool.mutmut]\ntimeout_multiplier = {multiplier}\n",
+                      text, flags=re.M)
+    if n != 1:
+        raise SystemExit("pyproject.toml: no [tool.mutmut]")
     p.write_text(text)
 
 
@@ -93,12 +107,20 @@ def _module(name: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", nargs="*", default=None)
+    ap.add_argument("--timeout-multiplier", type=float, default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("globs", nargs="*")
     args = ap.parse_args()
-    copy = _copy()
+    if args.tests:  # (`--tests a.py b.py 'arl_tangram.x*'`: the glob is not a test file)
+        args.globs += [t for t in args.tests if t.startswith("arl_tangram.")]
+        args.tests = [t for t in args.tests if not t.startswith("arl_tangram.")]
+    commit = _head()  # (others commit meanwhile: the run is of this commit, printed)
+    copy = _copy(commit)
+    print(f"mutation: commit {commit}", flush=True)
     if args.tests:
         _select_tests(copy, args.tests)
+    if args.timeout_multiplier is not None:
+        _set_timeout(copy, args.timeout_multiplier)
     # (made now: a PYTHONPATH entry missing at start-up may be cached as "nothing here")
     (copy / "mutants" / "src").mkdir(parents=True)
     env = {**os.environ, "ARL_TANGRAM_PURE": "1", "PYTHONPATH": str(copy / "mutants" / "src")}
@@ -144,6 +166,11 @@ def main() -> int:
     else:
         shutil.rmtree(copy, ignore_errors=True)
     return rc
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def _match(name: str, glob: str) -> bool:
