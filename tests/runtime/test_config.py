@@ -10,11 +10,11 @@ from arl_tangram.runtime.config import default_config, load_service_config
 
 def test_full_file(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
-    p.write_text("policy: fifo\nserver: {host: 0.0.0.0, port: 9000}\nauth: {token: t}\n"
+    p.write_text("policy: fifo\nserver: {host: 0.0.0.0, port: 9000}\nauth: {token: t0123456789abcdef}\n"
                  "limits: {max_pending: 10}\nnodes:\n  - name: n1\n    capacity: {cpu: 4}\n"
                  "    gpu: false\nmodels:\n  - {name: rm, kind: scalar, path: /x}\n")
     cfg = load_service_config(p)
-    assert cfg.policy == "fifo" and cfg.port == 9000 and cfg.token == "t"
+    assert cfg.policy == "fifo" and cfg.port == 9000 and cfg.token == "t0123456789abcdef"
     assert cfg.nodes[0].name == "n1" and cfg.nodes[0].gpu is None
     assert cfg.nodes[0].capacity["cpu"] == 4 and cfg.limits.max_pending == 10
     assert cfg.default_reward_model == "rm"

@@ -26,7 +26,7 @@ from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
 from . import jupyter, metrics
 from .fastpath import FastRunCode
-from .middleware import BodyTooLarge, GuardMiddleware
+from .middleware import TENANT_KEY, BodyTooLarge, GuardMiddleware
 from .schemas import (
     ActionIn,
     ActionsIn,
@@ -37,6 +37,7 @@ from .schemas import (
     SessionIn,
 )
 from .service import KeyReused, Service, Shed, TooManySessions
+from .tenancy import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     KeyReused: lambda e: _err(422, str(e), field="idempotency_key"),
     TooManySessions: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
                                             headers={"retry-after": "1"}),
+    QuotaExceeded: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
+                                          headers={"retry-after": "1"}),
     ClosedError: lambda e: _err(503, str(e)),
     BrokenError: lambda e: _err(502, str(e)),
     BodyTooLarge: lambda e: _err(413, str(e)),
@@ -106,10 +109,17 @@ def _install_errors(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
 
 
-async def _run_code_wire(svc: Service, req: RunCodeRequest) -> dict[str, Any]:
+def tenant_of(request: Request) -> str | None:
+    """The request's tenant (`GuardMiddleware`); None when no token is configured."""
+    t = request.scope.get(TENANT_KEY)
+    return t if isinstance(t, str) else None
+
+
+async def _run_code_wire(svc: Service, req: RunCodeRequest,
+                         tenant: str | None = None) -> dict[str, Any]:
     """/run_code's body; an overloaded engine answers 504 (shed) on this route."""
     try:
-        return await svc.run_code(req)
+        return await svc.run_code(req, tenant=tenant)
     except Overloaded as exc:
         raise Shed(str(exc)) from None
 
@@ -199,12 +209,13 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     _routes(app, svc, config, any_image_path)
     jupyter.add_routes(app, svc)
 
-    async def run_code(req: RunCodeRequest) -> dict[str, Any]:
-        return await _run_code_wire(svc, req)
+    async def run_code(req: RunCodeRequest, tenant: str | None) -> dict[str, Any]:
+        return await _run_code_wire(svc, req, tenant)
 
     if fast_paths:  # inside the guard: token and body limit are checked first
         app.add_middleware(FastRunCode, run_code=run_code, error_response=error_response)
-    app.add_middleware(GuardMiddleware, token=config.token,
+    tenants = {t.token: t.name for t in config.all_tenants()}
+    app.add_middleware(GuardMiddleware, tenants=tenants,
                        max_body_bytes=config.limits.max_body_bytes)
     if fast_paths:  # the same again, in front of FastAPI's layers (see TangramApp)
 
@@ -214,7 +225,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
         app.fast = GuardMiddleware(
             FastRunCode(full_stack, run_code=run_code, error_response=error_response,
                         outermost=True),
-            token=config.token, max_body_bytes=config.limits.max_body_bytes)
+            tenants=tenants, max_body_bytes=config.limits.max_body_bytes)
     return app
 
 
@@ -253,8 +264,8 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
 
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"],
               responses={504: {"description": "shed: no answer within the deadline"}})
-    async def run_code(req: RunCodeRequest) -> Response:
-        return JSONResponse(await _run_code_wire(svc, req))
+    async def run_code(req: RunCodeRequest, request: Request) -> Response:
+        return JSONResponse(await _run_code_wire(svc, req, tenant_of(request)))
 
     @app.post("/v1/actions", tags=["native"])
     async def submit(request: Request,
@@ -267,30 +278,35 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         else:
             opts = {k: raw.pop(k) for k in ("wait", "wait_s", "idempotency_key") if k in raw}
             body = ActionsIn.model_validate({"actions": [ActionIn.model_validate(raw)], **opts})
-        return JSONResponse(await svc.submit(body, idempotency_key=idempotency_key))
+        return JSONResponse(await svc.submit(body, idempotency_key=idempotency_key,
+                                             tenant=tenant_of(request)))
 
     @app.get("/v1/actions/{action_id}", tags=["native"])
-    async def get_action(action_id: str, wait: float = Query(0.0, ge=0)) -> Response:
-        return JSONResponse(await svc.get(action_id, wait))
+    async def get_action(request: Request, action_id: str,
+                         wait: float = Query(0.0, ge=0)) -> Response:
+        return JSONResponse(await svc.get(action_id, wait, tenant=tenant_of(request)))
 
     @app.delete("/v1/actions/{action_id}", tags=["native"])
-    async def cancel(action_id: str) -> Response:
-        return JSONResponse({"id": action_id, "cancelled": await svc.cancel(action_id)})
+    async def cancel(request: Request, action_id: str) -> Response:
+        return JSONResponse({"id": action_id,
+                             "cancelled": await svc.cancel(action_id, tenant=tenant_of(request))})
 
     @app.post("/v1/sessions", tags=["native"], status_code=201)
-    async def open_session(body: SessionIn | None = None) -> Response:
-        out = await svc.open_session(body or SessionIn.model_validate({}))
+    async def open_session(request: Request, body: SessionIn | None = None) -> Response:
+        out = await svc.open_session(body or SessionIn.model_validate({}),
+                                     tenant=tenant_of(request))
         return JSONResponse(out, status_code=201)
 
     @app.delete("/v1/sessions/{session_id}", tags=["native"])
-    async def close_session(session_id: str) -> Response:
-        if not await svc.close_session(session_id):
+    async def close_session(request: Request, session_id: str) -> Response:
+        if not await svc.close_session(session_id, tenant=tenant_of(request)):
             return JSONResponse({"detail": f"session_id: no open session {session_id!r}"}, 404)
         return JSONResponse({"session_id": session_id, "closed": True})
 
     from . import images as image_routes  # POST/GET/DELETE /v1/images (issue 17)
 
-    image_routes.install(app, svc.engine, config.image_import_dirs, any_path=any_image_path)
+    image_routes.install(app, svc.engine, config.image_import_dirs, any_path=any_image_path,
+                         tenancy=svc.tenancy)
 
     @app.get("/v1/cluster", tags=["native"])
     async def cluster() -> Response:
@@ -301,12 +317,12 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         return JSONResponse(svc.engine.stats())
 
     @app.post("/get_reward", tags=["reward"])
-    async def get_reward(body: GetRewardIn) -> Response:
-        return JSONResponse(await svc.get_reward(body))
+    async def get_reward(body: GetRewardIn, request: Request) -> Response:
+        return JSONResponse(await svc.get_reward(body, tenant=tenant_of(request)))
 
     @app.post("/classify", tags=["reward"])
-    async def classify(body: ClassifyIn) -> Response:
-        return JSONResponse(await svc.classify(body))
+    async def classify(body: ClassifyIn, request: Request) -> Response:
+        return JSONResponse(await svc.classify(body, tenant=tenant_of(request)))
 
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:

@@ -6,7 +6,8 @@ mode); the answer is byte-for-byte the one the FastAPI route gives (same JSON en
 headers, same error mapping via `error_response`). Anything else (another route, a non-JSON
 content type, a body that does not parse or validate, a mounted app) is handed, with its body
 replayed unchanged, to the FastAPI app, whose answers (422 naming the field, ...) therefore stay
-the only ones for bad input. It runs inside `GuardMiddleware`, so token and body limit apply first.
+the only ones for bad input. It runs inside `GuardMiddleware`, so token and body limit apply first
+(and the request's tenant, from the scope, goes with it to `Service.run_code`).
 
 With ``outermost`` it stands in front of FastAPI altogether (`app.TangramApp`): then it also
 does what Starlette's ServerErrorMiddleware would do for it, a plain-text 500 for an exception
@@ -23,13 +24,13 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import PlainTextResponse
 
-from .middleware import BodyTooLarge
+from .middleware import TENANT_KEY, BodyTooLarge
 from .schemas import RunCodeRequest
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-RunCode = Callable[[RunCodeRequest], Awaitable[dict[str, Any]]]
+RunCode = Callable[[RunCodeRequest, "str | None"], Awaitable[dict[str, Any]]]  # (req, tenant)
 ErrorResponse = Callable[[BaseException], Any]  # an exception -> a starlette Response, or None
 
 _JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8",
@@ -69,7 +70,7 @@ class FastRunCode:
             await self._hand_on(scope, _replay(raw, receive), send)
             return
         try:
-            out = await self.run_code(req)
+            out = await self.run_code(req, scope.get(TENANT_KEY))
         except Exception as exc:
             resp = self.error_response(exc)
             if resp is None:

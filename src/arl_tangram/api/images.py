@@ -9,6 +9,10 @@
   files). `tangram image import` on the node is not restricted.
 - ``GET /v1/images`` -> ``{"nodes": {node: [image, ...]}}`` (``in_use``: sessions/actions now).
 - ``DELETE /v1/images/{name}`` -> 200, 404 when no node has it, 409 while in use (the reason).
+
+With tenants (`api.tenancy`), an image imported by a tenant is its own: listed, used and removed
+by that tenant only (another tenant gets 404); shared images (config, `tangram image import`, the
+``default`` tenant's) are listed for all and removed by ``default`` only (403 for the others).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from ..core.errors import ImageError, ImageInUse
 from ..runtime.engine import Engine
 from ..runtime.images import ImagesUnsupported
+from .middleware import TENANT_KEY
+from .tenancy import Tenancy
 
 
 class ImageIn(BaseModel):
@@ -49,13 +55,18 @@ def allowed(path: str, import_dirs: Sequence[str]) -> bool:
     return False
 
 
+def _tenant(request: Request) -> str | None:
+    t = request.scope.get(TENANT_KEY)
+    return t if isinstance(t, str) else None
+
+
 def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
-            any_path: bool = False) -> None:
+            any_path: bool = False, tenancy: Tenancy | None = None) -> None:
     dirs = tuple(import_dirs)
 
     @app.post("/v1/images", tags=["images"], status_code=201,
               responses={403: {"description": "path not under images.import_dirs"}})
-    async def import_image(body: ImageIn) -> Response:
+    async def import_image(body: ImageIn, request: Request) -> Response:
         if not body.path.startswith("/"):
             return _err(400, "path: must be an absolute path on the node", "path")
         if not any_path and ("\x00" in body.path or not allowed(body.path, dirs)):
@@ -63,27 +74,49 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
                         "the service config's images.import_dirs "
                         f"({'none configured' if not dirs else 'this path is not under one'}); "
                         "`tangram image import` on the node imports any path", "path")
+        tenant = _tenant(request)
+        name = body.name
+        if tenancy is not None and tenant is not None:
+            try:
+                name = tenancy.image_for_import(tenant, body.name)
+            except ValueError as e:
+                return _err(400, f"name: {e}", "name")
         try:
-            out = await engine.import_image(body.path, body.name, body.node)
+            out = await engine.import_image(body.path, name, body.node)
         except ImageInUse as e:
             return _err(409, f"name: {e}", "name")
         except ImageError as e:
             return _err(400, f"path: {e}", "path")
         except ImagesUnsupported as e:
             return _err(501, str(e))
+        if name != body.name:  # the tenant's own namespace: shown as it named it
+            out = {**out, "name": body.name}
         return JSONResponse(out, status_code=201)
 
     @app.get("/v1/images", tags=["images"])
-    async def list_images(node: str | None = Query(None)) -> Response:
+    async def list_images(request: Request, node: str | None = Query(None)) -> Response:
         try:
-            return JSONResponse(engine.list_images(node))
+            listing = engine.list_images(node)
+            if tenancy is not None:
+                listing = tenancy.images_view(_tenant(request), listing)
+            return JSONResponse(listing)
         except ImagesUnsupported as e:
             return _err(501, str(e))
 
     @app.delete("/v1/images/{name}", tags=["images"])
-    async def remove_image(name: str, node: str | None = Query(None)) -> Response:
+    async def remove_image(request: Request, name: str,
+                           node: str | None = Query(None)) -> Response:
+        stored = name
+        if tenancy is not None:
+            try:
+                stored = tenancy.image_for_remove(_tenant(request), name)
+            except LookupError as e:
+                return _err(404, str(e), "name")
+            except PermissionError as e:
+                return _err(403, str(e), "name")
         try:
-            return JSONResponse(await engine.remove_image(name, node))
+            out = await engine.remove_image(stored, node)
+            return JSONResponse({**out, "name": name} if stored != name else out)
         except ImageInUse as e:
             return _err(409, str(e), "name")
         except ImageError as e:

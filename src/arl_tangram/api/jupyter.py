@@ -14,12 +14,13 @@ import json
 from importlib import resources
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from ..runtime.engine import Overloaded
 from . import jupyter_driver as D
+from .middleware import TENANT_KEY
 from .schemas import CommandRunResult, CommandRunStatus, RunCodeRequest
 from .service import Service, Shed
 
@@ -97,16 +98,17 @@ def from_run_code(body: dict[str, Any], n_cells: int) -> dict[str, Any]:
     return out
 
 
-async def run_jupyter(svc: Service, req: RunJupyterRequest) -> dict[str, Any]:
-    return from_run_code(await svc.run_code(to_run_code(req)), len(req.cells))
+async def run_jupyter(svc: Service, req: RunJupyterRequest,
+                      tenant: str | None = None) -> dict[str, Any]:
+    return from_run_code(await svc.run_code(to_run_code(req), tenant=tenant), len(req.cells))
 
 
 def add_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/run_jupyter", response_model=RunJupyterResponse, tags=["sandbox"],
               responses={504: {"description": "shed: no answer within the deadline"}})
-    async def run_jupyter_route(req: RunJupyterRequest) -> Response:
+    async def run_jupyter_route(req: RunJupyterRequest, request: Request) -> Response:
         try:
-            body = await run_jupyter(svc, req)
+            body = await run_jupyter(svc, req, request.scope.get(TENANT_KEY))
         except Overloaded as exc:
             raise Shed(str(exc)) from None
         return JSONResponse(body)

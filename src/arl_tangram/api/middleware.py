@@ -1,7 +1,10 @@
 """ASGI middleware: bearer-token auth and request body size limit (pure ASGI, no buffering).
 
 Invariant: a request either passes both checks untouched or is answered here with 401 / 413 and
-never reaches a route. The token is compared in constant time.
+never reaches a route. A request that passes carries its tenant's name in the ASGI scope
+(`TENANT_KEY`; absent when no token is configured): the tenant whose token it presented, found by
+comparing it with every tenant's token in constant time (no early exit, so the time taken tells
+nothing of which token or how much of one matched).
 """
 
 from __future__ import annotations
@@ -9,11 +12,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import TangramError
+from ..runtime.config import DEFAULT_TENANT
 
 Scope = dict[str, Any]
+TENANT_KEY = "tangram.tenant"  # scope key: the name of the request's tenant
 OPEN_PATHS = frozenset({"/", "/v1/ping", "/v1/health", "/favicon.ico"})  # no data behind them
 
 
@@ -38,18 +44,28 @@ async def _send_json(send: Any, status: int, body: dict[str, Any],
 class GuardMiddleware:
     """Rejects requests without the bearer token (when one is set) or with oversized bodies."""
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
-        self.app, self.token, self.max_body = app, token, max_body_bytes
-        self._expected = f"Bearer {token}".encode() if token else b""
+    def __init__(self, app: Any, *, token: str | None = None, max_body_bytes: int,
+                 tenants: Mapping[str, str] | None = None) -> None:
+        """``tenants``: token -> tenant name; ``token`` alone is tenant ``default``."""
+        self.app, self.max_body = app, max_body_bytes
+        toks = dict(tenants or {})
+        if token and token not in toks:
+            toks[token] = DEFAULT_TENANT
+        self.token = token or (next(iter(toks)) if toks else None)  # (auth is on)
+        self._expected = [(f"Bearer {t}".encode(), name) for t, name in toks.items()]
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.token and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-            await _send_json(send, 401, {"detail": "missing or bad bearer token (Authorization)"},
-                             [(b"www-authenticate", b"Bearer")])
-            return
+        if self._expected:
+            tenant = self._tenant(scope)
+            if tenant is not None:
+                scope[TENANT_KEY] = tenant
+            elif scope["path"] not in OPEN_PATHS:
+                await _send_json(send, 401, {"detail": "missing or bad bearer token "
+                                             "(Authorization)"}, [(b"www-authenticate", b"Bearer")])
+                return
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -62,9 +78,14 @@ class GuardMiddleware:
                 return
         await self.app(scope, self._limited(receive, send), send)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _tenant(self, scope: Scope) -> str | None:
+        """The tenant whose token the request carries; every token compared, none skipped."""
         got = _header(scope, b"authorization") or b""
-        return hmac.compare_digest(got, self._expected)
+        found = None
+        for expected, name in self._expected:
+            if hmac.compare_digest(got, expected):
+                found = name
+        return found
 
     def _limited(self, receive: Any, send: Any) -> Any:
         seen = 0

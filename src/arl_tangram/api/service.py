@@ -2,7 +2,11 @@
 
 Invariant: a method here either returns the wire body of its route or raises one of
 InvalidAction (400, names the field), UnknownAction (404), Overloaded / Shed (504 on /run_code,
-503 elsewhere), BrokenError (502: the backend failed on valid input). Nothing else escapes.
+503 elsewhere), BrokenError (502: the backend failed on valid input), TooManySessions /
+QuotaExceeded (429). Nothing else escapes.
+
+``tenant`` (the name `GuardMiddleware` put in the request's scope; None without auth) scopes
+every id: what one tenant created is unknown to another (`api.tenancy`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
 from .schemas import ActionsIn, ClassifyIn, GetRewardIn, RunCodeRequest, SessionIn
+from .tenancy import QuotaExceeded, Tenancy
 
 
 class Shed(TangramError):
@@ -46,12 +51,18 @@ class Service:
         # idempotency key -> (digest of the body it came with, when), kept as long as the
         # engine keeps the key (`EngineConfig.idempotency_ttl_s`)
         self._idem_bodies: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.tenancy = Tenancy(engine, config)
 
     # ---- SandboxFusion --------------------------------------------------------------------
 
-    async def run_code(self, req: RunCodeRequest, *, session: str | None = None) -> dict[str, Any]:
+    async def run_code(self, req: RunCodeRequest, *, session: str | None = None,
+                       tenant: str | None = None) -> dict[str, Any]:
         spec = T.run_code_action(req, session=session)
+        if tenant is not None:
+            self.tenancy.admit(tenant, (spec,))
         self.engine.submit_nowait(spec)
+        if tenant is not None:
+            self.tenancy.started(tenant, (spec,))
         deadline = req.compile_timeout + req.run_timeout + self.config.limits.shed_grace_s
         res = await self.engine.result(spec.id, wait=deadline)
         if res is None:
@@ -62,31 +73,54 @@ class Service:
 
     # ---- native ---------------------------------------------------------------------------
 
-    def _specs(self, body: ActionsIn) -> tuple[list[ActionSpec], list[list[ActionSpec]]]:
+    def _specs(self, body: ActionsIn, tenant: str | None = None
+               ) -> tuple[list[ActionSpec], list[list[ActionSpec]]]:
         if len(body.actions) > self.config.limits.max_batch:
             raise InvalidAction("actions", f"at most {self.config.limits.max_batch} per request")
         per_request: list[list[ActionSpec]] = []
         for i, a in enumerate(body.actions):
             parts = T.native_actions(a, f"actions[{i}]", self.config.default_reward_model)
             for p in parts:
-                self._check_model(p, f"actions[{i}].model")
+                self._check_model(p, f"actions[{i}].model", tenant)
+                if tenant is not None:
+                    self._own_image(p, f"actions[{i}].payload.image", tenant)
             per_request.append(parts)
         return [p for parts in per_request for p in parts], per_request
 
-    def _check_model(self, spec: ActionSpec, where: str) -> None:
+    def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> None:
+        """An action's ``payload.image`` as the tenant means it (its own, or a shared one)."""
+        payload = spec.payload
+        img = payload.get("image") if isinstance(payload, dict) else None
+        if not isinstance(img, str) or not isinstance(payload, dict):
+            return
+        stored = self.tenancy.image_for_use(tenant, img)
+        if stored is None:
+            raise InvalidAction(where, f"no image {img!r} on any node")
+        payload["image"] = stored
+
+    def _check_model(self, spec: ActionSpec, where: str, tenant: str | None = None) -> None:
         if spec.model is not None and self.config.model(spec.model) is None:
             names = ", ".join(m.name for m in self.config.models) or "none configured"
             raise InvalidAction(where, f"unknown model {spec.model!r} (models: {names})")
-        if spec.session is not None and not self.engine.has_session(spec.session):
+        if spec.session is not None and (not self.engine.has_session(spec.session) or
+                                         not self.tenancy.session_visible(tenant, spec.session)):
             raise InvalidAction(where.rsplit(".", 1)[0] + ".session",
                                 f"session {spec.session!r} is not open")
 
-    async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None) -> dict[str, Any]:
-        specs, per_request = self._specs(body)
-        key = idempotency_key or body.idempotency_key
+    async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None,
+                     tenant: str | None = None) -> dict[str, Any]:
+        specs, per_request = self._specs(body, tenant)
+        key = self.tenancy.idempotency_key(tenant, idempotency_key or body.idempotency_key)
         if key is not None:
             self._check_key(key, body)
-        got = iter(self.engine.submit_nowait(specs, idempotency_key=key))
+        if tenant is not None:
+            self.tenancy.admit(tenant, specs)
+        submitted = self.engine.submit_nowait(specs, idempotency_key=key)
+        if tenant is not None:
+            self.tenancy.own(tenant, submitted)
+            self.tenancy.started(tenant, [s for s, i in zip(specs, submitted, strict=True)
+                                          if s.id == i])
+        got = iter(submitted)
         ids: list[str] = []
         for parts in per_request:
             part_ids = tuple(next(got) for _ in parts)
@@ -96,10 +130,13 @@ class Service:
             model = parts[0].model or ""
             gid = part_ids[0][: len(part_ids[0]) - len(model) - 1]  # "<gid>.<model>"
             self._remember_group(gid, part_ids)
+            if tenant is not None:
+                self.tenancy.own(tenant, (gid,))
             ids.append(gid)
         out: dict[str, Any] = {"ids": ids}
         if body.wait:
-            results = await asyncio.gather(*(self.get(i, body.wait_s) for i in ids))
+            results = await asyncio.gather(*(self.get(i, body.wait_s, tenant=tenant)
+                                             for i in ids))
             out["results"] = list(results)
         return out
 
@@ -158,7 +195,9 @@ class Service:
             return None
         return T.join_group(action_id, [g for g in got if g is not None])
 
-    async def get(self, action_id: str, wait: float = 0.0) -> dict[str, Any]:
+    async def get(self, action_id: str, wait: float = 0.0, *,
+                  tenant: str | None = None) -> dict[str, Any]:
+        self.tenancy.check_action(tenant, action_id)
         wait = min(max(wait, 0.0), self.config.limits.max_wait_s)
         res = await self.result(action_id, wait)
         if res is not None:
@@ -166,12 +205,13 @@ class Service:
         parts = self._groups.get(action_id, (action_id,))
         return T.pending_dict(action_id, min(self.engine.status(p) for p in parts))
 
-    async def cancel(self, action_id: str) -> bool:
+    async def cancel(self, action_id: str, *, tenant: str | None = None) -> bool:
+        self.tenancy.check_action(tenant, action_id)
         parts = self._groups.get(action_id, (action_id,))
         done = [await self.engine.cancel(p) for p in parts]
         return any(done)
 
-    async def open_session(self, body: SessionIn) -> dict[str, Any]:
+    async def open_session(self, body: SessionIn, *, tenant: str | None = None) -> dict[str, Any]:
         try:
             demand = Resources(body.demand) if body.demand is not None else None
         except ValueError as exc:
@@ -180,23 +220,32 @@ class Service:
         if self.engine.session_count() >= cap:
             raise TooManySessions(f"{cap} sessions are open (limits.max_sessions); close one "
                                   "(DELETE /v1/sessions/{id}) or retry later")
+        if tenant is not None:
+            self.tenancy.admit_session(tenant)
         if demand is not None:
             self._check_demand(demand, "demand")
         if body.image is not None:
             try:
                 check_name(body.image)
-                has = self.engine.has_image(body.image)
+                image = self.tenancy.image_for_use(tenant, body.image)
+                has = self.engine.has_image(image) if image is not None else False
             except ImageError as exc:
                 raise InvalidAction("image", str(exc)) from None
             if has is False:
                 raise InvalidAction("image", f"no image {body.image!r} on any node "
                                     "(POST /v1/images imports one)")
+        else:
+            image = None
         sid = await self.engine.open_session(body.session_id, demand=demand, ttl_s=body.ttl_s,
-                                             node=body.node, image=body.image,
+                                             node=body.node, image=image,
                                              layer_mb=body.layer_mb)
+        if tenant is not None:
+            self.tenancy.own_session(tenant, sid)
         return {"session_id": sid}
 
-    async def close_session(self, session_id: str) -> bool:
+    async def close_session(self, session_id: str, *, tenant: str | None = None) -> bool:
+        if not self.tenancy.session_visible(tenant, session_id):
+            return False
         return await self.engine.close_session(session_id)
 
     # ---- reward compat --------------------------------------------------------------------
@@ -213,11 +262,16 @@ class Service:
                 raise InvalidAction(field, f"unknown model {n!r} (models: {known})")
         return names
 
-    async def score(self, payloads: list[dict[str, Any]], models: list[str]) -> list[list[Any]]:
+    async def score(self, payloads: list[dict[str, Any]], models: list[str], *,
+                    tenant: str | None = None) -> list[list[Any]]:
         """Score each payload with each model; outputs per payload, in model order."""
         groups = T.reward_actions(payloads, models)
         flat = [s for g in groups for s in g]
+        if tenant is not None:
+            self.tenancy.admit(tenant, flat)
         self.engine.submit_nowait(flat)
+        if tenant is not None:
+            self.tenancy.started(tenant, flat)
         results = await asyncio.gather(*(self.engine.result(s.id) for s in flat))
         bad = [r for r in results if r is None or r.status != Status.SUCCEEDED]
         if bad:
@@ -227,7 +281,7 @@ class Service:
         it = iter(results)
         return [[next(it).output for _ in g] for g in groups]  # type: ignore[union-attr]
 
-    async def get_reward(self, body: GetRewardIn) -> dict[str, Any]:
+    async def get_reward(self, body: GetRewardIn, *, tenant: str | None = None) -> dict[str, Any]:
         models = self._models(body.model, "model")
         n = len(body.query)
         for name in ("prompts", "labels"):
@@ -247,7 +301,7 @@ class Service:
             if body.labels is not None:
                 p["reference"] = body.labels[i]
             payloads.append(p)
-        outs = await self.score(payloads, models)
+        outs = await self.score(payloads, models, tenant=tenant)
         per_model = [[T.score_of(o) for o in row] for row in outs]
         rewards = [sum(row) / len(row) for row in per_model]
         body_out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
@@ -256,7 +310,7 @@ class Service:
                                            for j, m in enumerate(models)}
         return body_out
 
-    async def classify(self, body: ClassifyIn) -> dict[str, Any]:
+    async def classify(self, body: ClassifyIn, *, tenant: str | None = None) -> dict[str, Any]:
         (model,) = self._models(body.model, "model")
         spec = self.config.model(model)
         if spec is not None and spec.kind == "similarity":
@@ -265,7 +319,7 @@ class Service:
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs:
             raise InvalidAction("input", "must not be empty")
-        outs = await self.score([{"query": t} for t in inputs], [model])
+        outs = await self.score([{"query": t} for t in inputs], [model], tenant=tenant)
         data = []
         for i, (o,) in enumerate(outs):
             probs = o.get("probs") if isinstance(o, dict) else None
@@ -278,4 +332,4 @@ class Service:
                 "usage": {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}}
 
 
-__all__ = ["KeyReused", "Service", "Shed", "TooManySessions", "UnknownAction"]
+__all__ = ["KeyReused", "QuotaExceeded", "Service", "Shed", "TooManySessions", "UnknownAction"]

@@ -15,9 +15,10 @@ import os
 import sys
 from typing import Any
 
-from ..runtime.config import POLICY_NAMES
+from ..runtime.config import MIN_TOKEN_LEN, POLICY_NAMES, read_token_file
+from ..runtime.config import weak_token as weak_token
 
-MIN_TOKEN_LEN = 16  # a token for a non-loopback bind has at least this many characters
+__all__ = ["MIN_TOKEN_LEN", "TokenError", "add_parser", "load_config", "run", "weak_token"]
 
 
 class TokenError(ValueError):
@@ -70,26 +71,9 @@ def _token_file(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            line = f.readline()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenError(f"--token-file {path}: cannot read it: {exc}") from None
-    token = line.strip()
-    if not token:
-        raise TokenError(f"--token-file {path}: its first line is empty")
-    return token
-
-
-def weak_token(token: str | None) -> str | None:
-    """Why ``token`` cannot guard a non-loopback bind; None when it can."""
-    if not token:
-        return "needs a token"
-    if not token.strip():
-        return "needs a token that is not all whitespace"
-    if len(token.strip()) < MIN_TOKEN_LEN:
-        return (f"needs a token of at least {MIN_TOKEN_LEN} characters "
-                f"(this one has {len(token.strip())})")
-    return None
+        return read_token_file(path)
+    except ValueError as exc:
+        raise TokenError(f"--token-file {path}: {str(exc).split(': ', 1)[1]}") from None
 
 
 def _ray_engine(cfg: Any, address: str) -> Any:
@@ -116,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     except (SpecError, ValueError) as exc:
         print(f"tangram serve: {exc}", file=sys.stderr)
         return 2
-    why = None if is_loopback(cfg.host) else weak_token(cfg.token)
+    why = (None if is_loopback(cfg.host) or (cfg.tenants and not cfg.token)
+           else weak_token(cfg.token))
     if why is not None:
         print(f"tangram serve: binding {cfg.host} (not loopback) {why}: put it in a file for "
               "--token-file or set TANGRAM_TOKEN", file=sys.stderr)

@@ -9,7 +9,10 @@ Layout of the file (every key optional)::
 
     policy: tangram               # tangram | fifo | task-isolated | trajectory-bound
     server: {host: 127.0.0.1, port: 8080, keep_alive_s: 75}
-    auth: {token: "...", token_env: TANGRAM_TOKEN}
+    auth: {token_env: TANGRAM_TOKEN}   # or token: "...", or token_file: /path (first line)
+    tenants:                      # named tokens, each with its quotas (see TenantConfig)
+      - {name: alice, token_file: /etc/tangram/alice, max_sessions: 64,
+         max_concurrent_actions: 256, cpu_share: 0.5}
     limits: {max_body_bytes: 8388608, max_pending: 100000, result_ttl_s: 600, ...}
     default_reward_model: minilm
     nodes:
@@ -25,6 +28,7 @@ Layout of the file (every key optional)::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -37,6 +41,9 @@ from ..core.resources import Resources
 from ..specfile import read_yaml
 
 POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
+MIN_TOKEN_LEN = 16  # a token read from a config file, or guarding a public bind, has this many
+TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+DEFAULT_TENANT = "default"  # the tenant of the single ``auth.token`` / ``--token``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +84,64 @@ class LimitsConfig:
                 raise ValueError(f"{f.name} must be a positive number, got {v!r}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantConfig:
+    """One named API token and its quotas (issue 25). What a tenant creates (sessions, actions,
+    images imported over HTTP) is its own: another tenant's requests get 404 for it.
+
+    Quotas (None: no cap of its own; the service-wide limits still hold):
+    ``max_sessions``: its open sessions; ``max_concurrent_actions``: its actions submitted and
+    not yet finished; ``cpu_share``: the fraction of the cluster's CPUs its unfinished actions
+    may demand at once (a submit beyond a cap gets 429)."""
+
+    name: str
+    token: str = field(repr=False)
+    max_sessions: int | None = None
+    max_concurrent_actions: int | None = None
+    cpu_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not TENANT_NAME_RE.match(self.name):
+            raise ValueError(f"name must match {TENANT_NAME_RE.pattern}, got {self.name!r}")
+        if not isinstance(self.token, str) or not self.token.strip():
+            raise ValueError("token must be a non-blank string")
+        for k in ("max_sessions", "max_concurrent_actions"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"{k} must be a positive integer, got {v!r}")
+        c = self.cpu_share
+        if c is not None and (not isinstance(c, int | float) or isinstance(c, bool)
+                              or not 0 < c <= 1):
+            raise ValueError(f"cpu_share must be in (0, 1], got {c!r}")
+
+
+def weak_token(token: str | None) -> str | None:
+    """Why ``token`` is too weak to guard anything (None when it is not): fewer than
+    `MIN_TOKEN_LEN` characters, or all whitespace."""
+    if not token:
+        return "needs a token"
+    if not token.strip():
+        return "needs a token that is not all whitespace"
+    if len(token.strip()) < MIN_TOKEN_LEN:
+        return (f"needs a token of at least {MIN_TOKEN_LEN} characters "
+                f"(this one has {len(token.strip())})")
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path``: its first line without the line end and surrounding blanks
+    (ValueError saying why when it cannot be read or is empty)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"token file {path}: cannot read it: {exc}") from None
+    token = line.strip()
+    if not token:
+        raise ValueError(f"token file {path}: its first line is empty")
+    return token
+
+
 DEFAULT_KEEP_ALIVE_S = 75.0  # see ServiceConfig.keep_alive_s
 
 
@@ -96,7 +161,9 @@ class ServiceConfig:
     # next request on that connection ("Server disconnected without sending a response").
     # 75 s as nginx's default; uvicorn's own default is 5 s.
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
-    token: str | None = None  # bearer token; required when host is not loopback
+    token: str | None = field(default=None, repr=False)  # the single bearer token (tenant
+    # DEFAULT_TENANT, no quotas of its own); a token or tenants are required off loopback
+    tenants: tuple[TenantConfig, ...] = ()  # named tokens with quotas (issue 25)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Scheduler knobs: `CoreConfig` fields other than ``policy`` (e.g. ``warm_keys``,
     # ``short_action_s``, ``aging_s``), validated by building that CoreConfig.
@@ -124,12 +191,28 @@ class ServiceConfig:
         if (not isinstance(self.keep_alive_s, int | float) or isinstance(self.keep_alive_s, bool)
                 or not self.keep_alive_s > 0):
             raise ValueError(f"keep_alive_s must be a positive number, got {self.keep_alive_s!r}")
+        tnames = [t.name for t in self.tenants] + ([DEFAULT_TENANT] if self.token else [])
+        if len(set(tnames)) != len(tnames):
+            raise ValueError(f"tenants must have unique names (the single token is tenant "
+                             f"{DEFAULT_TENANT!r}), got {tnames}")
+        toks = [t.token for t in self.tenants] + ([self.token] if self.token else [])
+        if len(set(toks)) != len(toks):
+            raise ValueError("tenants must have distinct tokens (two have the same)")
         mnames = {m.name for m in self.models}
         if self.default_reward_model and self.default_reward_model not in mnames:
             raise ValueError(f"default_reward_model {self.default_reward_model!r} is not a model")
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def all_tenants(self) -> tuple[TenantConfig, ...]:
+        """Every token the service takes: ``tenants`` and the single ``token`` (as tenant
+        `DEFAULT_TENANT`, without quotas). Empty: no auth (loopback only)."""
+        legacy = (TenantConfig(name=DEFAULT_TENANT, token=self.token),) if self.token else ()
+        return (*self.tenants, *legacy)
+
+    def tenant(self, name: str | None) -> TenantConfig | None:
+        return next((t for t in self.all_tenants() if t.name == name), None)
 
 
 # ---- the embedded default ----------------------------------------------------------------------
@@ -270,6 +353,53 @@ class _Parser:
                 self._eager.append(name)
         return tuple(out)
 
+    def strong(self, token: str, raw: Any, fieldname: str) -> str:
+        why = weak_token(token)
+        if why is not None:
+            raise self.fail(raw, fieldname, why)
+        return token
+
+    def token(self, d: Mapping[str, Any], raw: Any, where: str) -> str | None:
+        """``token`` or ``token_file`` of a mapping (not both), at least `MIN_TOKEN_LEN` long."""
+        tok, path = d.get("token"), d.get("token_file")
+        if tok is not None and path is not None:
+            raise self.fail(raw, f"{where}.token_file", "give token or token_file, not both")
+        if path is not None:
+            if not isinstance(path, str) or not os.path.isabs(path):
+                raise self.fail(raw, f"{where}.token_file", f"must be an absolute path, got {path!r}")
+            try:
+                tok = read_token_file(path)
+            except ValueError as exc:
+                raise self.fail(raw, f"{where}.token_file", str(exc)) from None
+            return self.strong(tok, raw, f"{where}.token_file")
+        if tok is None:
+            return None
+        if not isinstance(tok, str):
+            raise self.fail(raw, f"{where}.token", "must be a string")
+        return self.strong(tok, raw, f"{where}.token")
+
+    def tenants(self, raw: Any, parent: Any) -> tuple[TenantConfig, ...]:
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise self.fail(parent, "tenants", "must be a list of {name, token | token_file, "
+                            "max_sessions, max_concurrent_actions, cpu_share}")
+        names = {f.name for f in fields(TenantConfig)} | {"token_file"}
+        out = []
+        for i, r in enumerate(raw):
+            f = f"tenants[{i}]"
+            d = _plain(self.mapping(r, parent, f, names))
+            tok = self.token(d, r, f)
+            if tok is None:
+                raise self.fail(r, f"{f}.token", "a tenant needs token or token_file")
+            d.pop("token_file", None)
+            d["token"] = tok
+            try:
+                out.append(TenantConfig(**d))
+            except (TypeError, ValueError) as exc:
+                raise self.fail(r, f, str(exc)) from None
+        return tuple(out)
+
     def scheduler(self, raw: Any, parent: Any, policy: Any) -> dict[str, Any]:
         from ..core.config import POLICIES, CoreConfig
 
@@ -288,10 +418,10 @@ class _Parser:
 
     def parse(self, data: Any) -> ServiceConfig:
         top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model",
-               "scheduler", "images"}
+               "scheduler", "images", "tenants"}
         d = self.mapping(data, data, "<root>", top)
         server = self.mapping(d.get("server"), data, "server", {"host", "port", "keep_alive_s"})
-        auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env"})
+        auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env", "token_file"})
         lim_names = {f.name for f in fields(LimitsConfig)}
         limits_raw = self.mapping(d.get("limits"), data, "limits", lim_names)
         try:
@@ -306,14 +436,17 @@ class _Parser:
         if not isinstance(raw_models, list):
             raise self.fail(data, "models", "must be a list")
         models = tuple(self.model(r, i, data) for i, r in enumerate(raw_models))
-        token = auth.get("token")
+        token = self.token(auth, d.get("auth"), "auth")
         if token is None and auth.get("token_env"):
             token = os.environ.get(str(auth["token_env"]))
+            if token is not None:
+                self.strong(token, d.get("auth"), "auth.token_env")
         kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
                               "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
                               "images": self.images(d.get("images"), data),
                               "image_import_dirs": self.image_import_dirs(d.get("images"), data),
-                              "eager_images": tuple(self._eager)}
+                              "eager_images": tuple(self._eager),
+                              "tenants": self.tenants(d.get("tenants"), data)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
                          ("default_reward_model", d.get("default_reward_model"))):

@@ -1,0 +1,250 @@
+"""Tenants (issue 25): who owns which action, session and image, and each tenant's quotas.
+
+A tenant is a named API token (`runtime.config.TenantConfig`; the single ``auth.token`` is the
+tenant ``default``); `GuardMiddleware` puts the name of the request's tenant in the ASGI scope and
+`Service` passes it here. ``tenant=None`` (no token configured: loopback) sees everything, as
+before tenants existed.
+
+Invariants:
+- an action or session is visible (result, cancel, close, use) only to the tenant that created it;
+  to any other it is unknown: the same answer (404, or "not open") as an id never used;
+- a tenant's images imported over HTTP live in its own namespace: stored as ``<tenant>+<name>``
+  on the nodes (so the ownership survives a restart of the service), shown and used by the tenant
+  as ``<name>``; images without a tenant's prefix (the config's ``images:``, `tangram image
+  import`, the ``default`` tenant's imports) are shared: every tenant sees and uses them, only
+  ``default`` (or no auth) removes them;
+- a submit or session open beyond one of the tenant's quotas raises `QuotaExceeded` (429) and
+  changes nothing.
+
+Ids a client chooses (an action's ``id``, a ``session_id``) are one namespace: one taken by
+another tenant is refused as taken; ids the service generates are random (128 bits).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..core.actions import ActionSpec
+from ..core.errors import TangramError
+from ..runtime.config import DEFAULT_TENANT, ServiceConfig, TenantConfig
+from ..runtime.engine import Engine, UnknownAction
+
+IMAGE_SEP = "+"  # <tenant>+<image name>: a tenant's own image on the nodes
+
+
+class QuotaExceeded(TangramError):
+    """A tenant's request would exceed one of its quotas (429)."""
+
+
+class Tenancy:
+    """Ownership and quotas over one engine (see the module invariants)."""
+
+    def __init__(self, engine: Engine, config: ServiceConfig) -> None:
+        self.engine = engine
+        self.tenants: dict[str, TenantConfig] = {t.name: t for t in config.all_tenants()}
+        # the prefixes that mark a tenant's own image (every tenant but `default`)
+        self._prefixes = tuple(f"{n}{IMAGE_SEP}" for n in self.tenants if n != DEFAULT_TENANT)
+        # action id (and group id) -> tenant, as long as the engine can still know the id
+        self._actions: OrderedDict[str, str] = OrderedDict()
+        self._bound = config.limits.max_pending + config.limits.max_results
+        # tenant -> its unfinished actions (id -> CPUs demanded); only for tenants with a cap
+        self._live: dict[str, dict[str, float]] = {}
+        self._sessions: dict[str, str] = {}  # session id -> tenant
+        self._session_sets: dict[str, set[str]] = {}  # tenant -> its session ids
+
+    # ---- actions ----------------------------------------------------------------------------
+
+    def admit(self, tenant: str | None, specs: Sequence[ActionSpec]) -> None:
+        """Raise `QuotaExceeded` when ``specs`` would take ``tenant`` past its action quotas."""
+        t = self.tenants.get(tenant) if tenant is not None else None
+        if t is None or (t.max_concurrent_actions is None and t.cpu_share is None):
+            return
+        live = self._live.setdefault(t.name, {})
+        cpu = sum(_cpu(s) for s in specs)
+        why = self._over(t, live, len(specs), cpu)
+        if why is not None:
+            self._prune(live)
+            why = self._over(t, live, len(specs), cpu)
+        if why is not None:
+            raise QuotaExceeded(f"tenant {t.name!r}: {why}; retry when some of its actions "
+                                "have finished")
+
+    def _over(self, t: TenantConfig, live: dict[str, float], n: int, cpu: float) -> str | None:
+        cap = t.max_concurrent_actions
+        if cap is not None and len(live) + n > cap:
+            return (f"{len(live)} actions unfinished, {n} more would pass its "
+                    f"max_concurrent_actions={cap}")
+        if t.cpu_share is not None and cpu > 0:
+            total = sum(float(n_.capacity.get("cpu", 0.0)) for n_ in self.engine.nodes.values())
+            allowed = t.cpu_share * total
+            held = sum(live.values())
+            if held + cpu > allowed + 1e-9:
+                return (f"its unfinished actions demand {held:g} CPUs, {cpu:g} more would pass "
+                        f"its cpu_share={t.cpu_share:g} of the cluster's {total:g} "
+                        f"({allowed:g} CPUs)")
+        return None
+
+    def _prune(self, live: dict[str, float]) -> None:
+        for aid in list(live):
+            try:
+                done = self.engine.peek(aid) is not None
+            except UnknownAction:
+                done = True
+            if done:
+                del live[aid]
+
+    def started(self, tenant: str, specs: Iterable[ActionSpec]) -> None:
+        """``specs`` (just submitted) count against ``tenant``'s caps until they finish."""
+        live = self._live.get(tenant)
+        if live is not None:
+            for s in specs:
+                live[s.id] = _cpu(s)
+
+    def own(self, tenant: str | None, ids: Iterable[str]) -> None:
+        """``ids`` (just submitted) belong to ``tenant``: no other tenant sees them."""
+        if tenant is None:
+            return
+        acts = self._actions
+        for aid in ids:
+            acts[aid] = tenant
+            acts.move_to_end(aid)
+        while len(acts) > self._bound:
+            aid, owner = acts.popitem(last=False)
+            if self._known(aid):  # still live (long-running): keep it, newest end
+                acts[aid] = owner
+                break
+
+    def _known(self, aid: str) -> bool:
+        try:
+            return self.engine.peek(aid) is None  # unfinished
+        except UnknownAction:
+            return False
+
+    def check_action(self, tenant: str | None, action_id: str) -> None:
+        """UnknownAction (404) unless ``tenant`` owns ``action_id`` (or there is no auth)."""
+        if tenant is not None and self._actions.get(action_id) != tenant:
+            raise UnknownAction(action_id)
+
+    def idempotency_key(self, tenant: str | None, key: str | None) -> str | None:
+        """Keys are per tenant: the same key from two tenants names two submits."""
+        if key is None or tenant is None:
+            return key
+        return f"{tenant}\x1f{key}"
+
+    # ---- sessions ---------------------------------------------------------------------------
+
+    def admit_session(self, tenant: str | None) -> None:
+        t = self.tenants.get(tenant) if tenant is not None else None
+        if t is None or t.max_sessions is None:
+            return
+        mine = self._session_sets.get(t.name, set())
+        if len(mine) >= t.max_sessions:
+            self._prune_sessions(t.name)
+            mine = self._session_sets.get(t.name, set())
+        if len(mine) >= t.max_sessions:
+            raise QuotaExceeded(f"tenant {t.name!r}: {len(mine)} sessions open (its "
+                                f"max_sessions={t.max_sessions}); close one (DELETE "
+                                "/v1/sessions/{id}) or retry later")
+
+    def _prune_sessions(self, tenant: str) -> None:
+        mine = self._session_sets.get(tenant, set())
+        for sid in [s for s in mine if not self.engine.has_session(s)]:
+            mine.discard(sid)
+            if self._sessions.get(sid) == tenant:
+                del self._sessions[sid]
+
+    def own_session(self, tenant: str | None, session_id: str) -> None:
+        if tenant is None:
+            return
+        self._sessions[session_id] = tenant
+        self._session_sets.setdefault(tenant, set()).add(session_id)
+        if len(self._sessions) > 2 * max(1024, self.engine.session_count()):
+            for name in list(self._session_sets):
+                self._prune_sessions(name)
+
+    def session_visible(self, tenant: str | None, session_id: str) -> bool:
+        return tenant is None or self._sessions.get(session_id) == tenant
+
+    # ---- images -----------------------------------------------------------------------------
+
+    def _prefix(self, tenant: str | None) -> str:
+        if tenant is None or tenant == DEFAULT_TENANT:
+            return ""
+        return f"{tenant}{IMAGE_SEP}"
+
+    def _shared(self, stored: str) -> bool:
+        return not stored.startswith(self._prefixes)
+
+    def image_for_import(self, tenant: str | None, name: str) -> str:
+        """The stored name of ``tenant``'s image ``name`` (ValueError: a name it cannot take)."""
+        if tenant is None:
+            return name
+        p = self._prefix(tenant)
+        if not p and not self._shared(name):
+            raise ValueError(f"image names starting with a tenant's name and {IMAGE_SEP!r} are "
+                             "that tenant's")
+        return p + name
+
+    def image_for_use(self, tenant: str | None, name: str) -> str | None:
+        """The stored image ``name`` means for ``tenant``: its own, else a shared one of that
+        name; None when it names another tenant's (as if there were no such image)."""
+        if tenant is None:
+            return name
+        p = self._prefix(tenant)
+        if not p:
+            return name if self._shared(name) else None
+        own = p + name
+        if self.engine.has_image(own) or not self._shared(name):
+            return own
+        return name
+
+    def image_for_remove(self, tenant: str | None, name: str) -> str:
+        """The stored name ``tenant`` removes as ``name``: LookupError when it sees no such
+        image (404), PermissionError for a shared image and a tenant other than default (403)."""
+        if tenant is None:
+            return name
+        p = self._prefix(tenant)
+        if not p:
+            if not self._shared(name):
+                raise LookupError(f"no image {name!r}")
+            return name
+        own = p + name
+        if not self.engine.has_image(own):
+            if self._shared(name) and self.engine.has_image(name):
+                raise PermissionError(f"image {name!r} is shared (the operator's): only the "
+                                      f"{DEFAULT_TENANT!r} tenant removes it")
+            raise LookupError(f"no image {name!r}")
+        return own
+
+    def shown_image(self, tenant: str | None, stored: str) -> str | None:
+        """How ``tenant`` sees the stored image ``stored``; None: not at all."""
+        if tenant is None:
+            return stored
+        p = self._prefix(tenant)
+        if p and stored.startswith(p):
+            return stored[len(p):]
+        return stored if self._shared(stored) else None
+
+    def images_view(self, tenant: str | None, listing: dict[str, Any]) -> dict[str, Any]:
+        """``Engine.list_images``'s answer as ``tenant`` sees it (others' images left out,
+        its own named without the prefix)."""
+        if tenant is None:
+            return listing
+        nodes: dict[str, Any] = {}
+        for node, recs in (listing.get("nodes") or {}).items():
+            out = []
+            for r in recs:
+                shown = self.shown_image(tenant, str(r.get("name", "")))
+                if shown is not None:
+                    out.append({**r, "name": shown})
+            nodes[node] = out
+        return {**listing, "nodes": nodes}
+
+
+def _cpu(spec: ActionSpec) -> float:
+    return float(spec.demand.get("cpu", 0.0))
+
+
+__all__ = ["IMAGE_SEP", "QuotaExceeded", "Tenancy"]
