@@ -102,6 +102,14 @@ class CpuManagerConfig:
     layers_dir: str = ""
     layer_budget_mb: int = 0
     layers_warm: int = 2
+    # Image sandboxes run as the image's own user (OCI `User`, root when unset) inside a user
+    # namespace (issue 26): one per node, mapping uids and gids 0..`image_id_count`-1 inside to
+    # `image_id_base`.. on the host (inside root is host uid `image_id_base`, with no capability
+    # over the host), the image's layers idmapped into it. Off, or where the kernel has no
+    # idmapped mounts, image sandboxes run as `sandbox_uid` as before (the report says why).
+    image_userns: bool = True
+    image_id_base: int = 1 << 30
+    image_id_count: int = 65536
 
     def image_cache_dir(self) -> str:
         """The image cache: `images_dir`, else ``work_root/images``, unless `work_root` is in
@@ -135,6 +143,17 @@ class CpuManagerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive (non-root) id, got {v!r}")
+        if not (isinstance(self.image_id_count, int) and 1 <= self.image_id_count <= 1 << 24):
+            raise ValueError(f"image_id_count must be an integer in 1..2**24, got "
+                             f"{self.image_id_count!r}")
+        if not isinstance(self.image_id_base, int) or isinstance(self.image_id_base, bool) \
+                or self.image_id_base < 65536 \
+                or self.image_id_base + self.image_id_count > (1 << 32) - 2 \
+                or any(self.image_id_base <= v < self.image_id_base + self.image_id_count
+                       for v in (self.sandbox_uid, self.sandbox_gid)):
+            raise ValueError("image_id_base must be >= 65536, leave room for image_id_count "
+                             "ids below 2**32-2, and not hold sandbox_uid/gid, got "
+                             f"{self.image_id_base!r}")
         if self.warm_min < 0:
             raise ValueError(f"warm_min must be >= 0, got {self.warm_min!r}")
         if self.warm_max < self.warm_min:

@@ -28,7 +28,7 @@ from ..config import CpuManagerConfig
 from ..images import layers
 from ..images.layers import Layer, LayerError, LayerStore
 from ..images.store import Image, ImageError, ImageStore
-from . import direct, isolation, languages, overlay, payload
+from . import direct, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool, Zygote
@@ -57,7 +57,7 @@ class _Session:
     last_used: float
     lock: asyncio.Lock
     image: Image | None = None  # the environment image it runs in (issue 17)
-    python: str | None = None  # that image's python3
+    inside: overlay.Inside | None = None  # that image's python3, user, cwd (as its init said)
     freezer: overlay.Freezer | None = None  # frozen between actions
     layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
     gen: int = 0  # the fork server that made its sandbox (`CpuManager._zgen`)
@@ -92,6 +92,8 @@ class CpuManager:
         self._env: dict[float, dict[str, str]] = {}  # sandbox environment by CPU count
         self.images: ImageStore | None = None  # this node's image cache (`images.py`)
         self.layers: LayerStore | None = None  # writable layers on this node's disk
+        # image sandboxes' user namespace (issue 26; None: they run as the sandbox uid)
+        self.userns: userns.UserNamespace | None = None
         self._freezers: overlay.FreezerTree | None = None
         # supervision of the fork server (`_restart_zygote`)
         self._zcfg: dict[str, Any] = {}
@@ -156,6 +158,7 @@ class CpuManager:
             self.layers = await asyncio.to_thread(
                 LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
                 cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
+        self._report["image_user"] = await asyncio.to_thread(self._make_userns)
         self._report["image_layer"] = (
             "disk" if self.layers is not None and self.layers.available else
             f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
@@ -167,6 +170,32 @@ class CpuManager:
             log.error("CPU manager: %d stale cgroup(s) of dead managers left: %s", len(left),
                       ", ".join(left[:8]))
         self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
+
+    def _make_userns(self) -> str:
+        """The node's user namespace for image sandboxes (`userns.py`), checked against the
+        image cache's file system (idmapped mounts); what the isolation report says."""
+        cfg = self.config
+        if not cfg.image_userns:
+            return f"sandbox uid {cfg.sandbox_uid} (image_userns=False)"
+        assert self.images is not None
+        try:
+            ns = userns.make(cfg.image_id_base, cfg.image_id_count)
+        except OSError as e:
+            return f"sandbox uid {cfg.sandbox_uid} (no user namespace: {e})"
+        path = self.images.layers_dir  # (or, before the first import, its nearest parent)
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        try:
+            fd = overlay.open_tree_clone(path)
+            try:
+                ns.idmap(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            ns.close()
+            return f"sandbox uid {cfg.sandbox_uid} (no idmapped mount of the image cache: {e})"
+        self.userns = ns
+        return ns.describe()
 
     # supervision of the fork server -------------------------------------------------------------
     def _zygote_died(self) -> None:
@@ -279,6 +308,9 @@ class CpuManager:
             self._freezers.close()
         if self.layers is not None:
             self.layers.close()
+        if self.userns is not None:
+            self.userns.close()
+            self.userns = None
         if self._cgroups is not None:
             self._cgroups.close()
 
@@ -445,10 +477,10 @@ class CpuManager:
             gen = self._zgen
             layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
             try:
-                held_mb, python = await self._enter_image(sb, img, layer_mb)
+                held_mb, inside = await self._enter_image(sb, img, layer_mb)
             except ImageError as e:  # (the sandbox said why)
                 return RunResult.sandbox_error(str(e))
-            req = overlay.image_request(req, img, python, layer_mb)
+            req = overlay.image_request(req, img, inside, layer_mb)
             self._running[action.id] = sb
             return self._lost(await self._exchange(action.id, sb, req, mem), gen)
         except Exception as e:
@@ -462,10 +494,12 @@ class CpuManager:
                 self.layers.give_back(held_mb)
             self.images.release(name)
 
-    async def _enter_image(self, sb: Sandbox, img: Image, layer_mb: int) -> tuple[int, str | None]:
+    async def _enter_image(self, sb: Sandbox, img: Image,
+                           layer_mb: int) -> tuple[int, overlay.Inside]:
         """Mount ``img`` in ``sb`` over a writable layer of ``layer_mb`` MiB (on the node's disk
-        where it has disk layers, else a tmpfs in the sandbox): the disk MiB now held (the
-        caller gives them back with the sandbox) and the image's Python (None: none). On failure
+        where it has disk layers, else a tmpfs in the sandbox), as the image's user in the
+        node's user namespace where it has one (`userns.py`): the disk MiB now held (the
+        caller gives them back with the sandbox) and what the init reported. On failure
         nothing stays held: `LayerError` past the layer budget, `ImageError` when the
         sandbox cannot enter it."""
         assert self.images is not None
@@ -475,7 +509,8 @@ class CpuManager:
             try:
                 entered = await overlay.enter_image(sb, self.images, img, layer_mb,
                                                     self.config.sandbox_uid,
-                                                    self.config.sandbox_gid, layer)
+                                                    self.config.sandbox_gid, layer,
+                                                    userns=self.userns)
             finally:
                 if layer is not None:
                     layer.close()  # the sandbox holds it now, or nobody
@@ -485,7 +520,7 @@ class CpuManager:
             if held and self.layers is not None:
                 self.layers.give_back(held)
             raise
-        return held, entered.get("python")
+        return held, overlay.Inside.of(entered)
 
     async def _take_layer(self, mb: int) -> Layer | None:
         """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
@@ -522,7 +557,7 @@ class CpuManager:
             if img is not None and self.images is not None:
                 mb = int(layer_mb or self.config.image_layer_mb)
                 try:
-                    s.layer_mb, s.python = await self._enter_image(sb, img, mb)
+                    s.layer_mb, s.inside = await self._enter_image(sb, img, mb)
                 except LayerError as e:
                     raise ImageError(str(e)) from None
             if self._freezers is not None and self._freezers.available:
@@ -555,7 +590,7 @@ class CpuManager:
         if s is None:
             return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
         if s.image is not None:
-            req = overlay.image_request(req, s.image, s.python, None)
+            req = overlay.image_request(req, s.image, s.inside, None)
         async with s.lock:
             s.last_used = time.monotonic()
             # the action's quota is the session's: its allotment, or a resize that came while

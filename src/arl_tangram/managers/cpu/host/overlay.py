@@ -25,6 +25,7 @@ from ..images.store import Image, ImageStore
 from .cgroups import CgroupTree, Slot
 from .payload import SandboxRequest
 from .pool import Sandbox
+from .userns import UserNamespace
 
 _FROZEN_WAIT_S = 0.5  # at most this long for a v1 FREEZING state to become FROZEN
 _OPEN_TREE_CLONE = 1
@@ -243,19 +244,50 @@ def slot_pids(slot: Slot | None) -> list[int]:
         return []
 
 
+@dataclass(slots=True, frozen=True)
+class Inside:
+    """What a sandbox's init reported on entering an image: the image's python3, and where the
+    node's user namespace was lent, the image's user (ids as seen inside) and its home."""
+
+    python: str | None = None
+    uid: int | None = None  # None: the sandbox uid (no user namespace)
+    gid: int | None = None
+    home: str | None = None
+    cwd: str = "/workdir"  # the image's WorkingDir (every child's cwd), or the work directory
+
+    @staticmethod
+    def of(reply: dict[str, Any]) -> Inside:
+        userns = bool(reply.get("userns"))
+        return Inside(python=reply.get("python"),
+                      uid=int(reply["uid"]) if userns else None,
+                      gid=int(reply["gid"]) if userns else None,
+                      home=str(reply["home"]) if userns and reply.get("home") else None,
+                      cwd=str(reply.get("cwd") or "/workdir"))
+
+
 async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int, uid: int,
                       gid: int, layer: Layer | None = None,
-                      timeout: float = 30.0) -> dict[str, Any]:
+                      timeout: float = 30.0, userns: UserNamespace | None = None,
+                      ) -> dict[str, Any]:
     """Have ``sb``'s init mount ``img`` with a writable layer of ``layer_mb`` MiB and pivot into
-    it; its reply (``{"ok", "enter_s", "python"}`` or ``{"error"}``). The writable layer is
-    ``layer`` (a detached mount on the node's disk, `layers.py`), lent to the init beside the
-    cache's fd, or without one a tmpfs of ``layer_mb`` MiB that the init mounts itself."""
+    it; its reply (``{"ok", "enter_s", "python", "uid", ...}``, `Inside.of`, or ``{"error"}``).
+    The writable layer is ``layer`` (a detached mount on the node's disk, `layers.py`), lent to
+    the init beside the cache's fd, or without one a tmpfs of ``layer_mb`` MiB that the init
+    mounts itself. With ``userns`` (the node's, `userns.py`) the cache's copy is idmapped
+    through it and its fd lent last: the init joins it as the image's user's root."""
     fd = open_tree_clone(store.layers_dir)
     fds = [fd] if layer is None else [fd, layer.fd]
     try:
+        if userns is not None:
+            userns.idmap(fd)
+            fds.append(userns.fd)
+        cfg = img.config
         msg = {"op": "image", "layers": [os.path.basename(p) for p in store.layer_paths(img)],
                "layer_mb": int(layer_mb), "uid": uid, "gid": gid,
-               "layer": "memory" if layer is None else "disk"}
+               "layer": "memory" if layer is None else "disk",
+               "config": {k: cfg[k] for k in ("User", "WorkingDir", "Entrypoint", "Cmd")
+                          if k in cfg},
+               "userns": {"base": userns.base, "count": userns.count} if userns else None}
         fut = asyncio.ensure_future(sb.request(msg, timeout))
         await asyncio.sleep(0)  # the frame goes out first; the init then reads the fd
         if fut.done():
@@ -272,10 +304,13 @@ async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int,
         os.close(fd)
 
 
-def image_env(env: dict[str, str], img: Image) -> dict[str, str]:
-    """The sandbox's environment with the image's own ``Env`` (its PATH first) over it."""
+def image_env(env: dict[str, str], img: Image, home: str | None = None) -> dict[str, str]:
+    """The sandbox's environment with the image's own ``Env`` (its PATH first) over it; with
+    ``home`` (the image's user's, from its /etc/passwd), HOME is that unless ``Env`` sets it."""
     out = dict(env)
     out["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    if home:
+        out["HOME"] = home
     for kv in img.config.get("Env") or ():
         k, sep, v = str(kv).partition("=")
         if sep and not k.startswith("TANGRAM_"):
@@ -283,19 +318,40 @@ def image_env(env: dict[str, str], img: Image) -> dict[str, str]:
     return out
 
 
-def image_request(req: SandboxRequest, img: Image, python: str | None,
+def _in_workdir(arg: str) -> str:
+    """An argv template's file argument (``{file}``, ``{stem}``, ``./main``) by its absolute
+    path in the work directory: the action's cwd is the image's WorkingDir."""
+    if arg.startswith("./"):
+        arg = arg[2:]
+    elif not arg.startswith(("{file}", "{stem}")):
+        return arg
+    return "/workdir/" + arg
+
+
+def image_request(req: SandboxRequest, img: Image, inside: Inside | None,
                   layer_mb: int | None) -> SandboxRequest:
-    """A one-shot or session request adjusted to run in the image: its environment, and Python
-    run by the image's python3 (the init's own interpreter is the host's)."""
+    """A one-shot or session request adjusted to run in the image: its environment, Python run
+    by the image's python3 (the init's own interpreter is the host's), as the image's user
+    where the sandbox runs in the node's user namespace, and the files of a one-shot action
+    named by their path in /workdir where the cwd is the image's WorkingDir."""
+    inside = inside or Inside()
     out = req.copy()
-    out["env"] = image_env(req["env"], img)
+    out["env"] = image_env(req["env"], img, inside.home)
     out.pop("direct", None)
     lang = req["lang"].copy()
     if lang["inproc"]:
-        lang["inproc"], lang["run"] = False, [python or "python3", "{file}"]
+        lang["inproc"], lang["run"] = False, [inside.python or "python3", "{file}"]
+    if inside.cwd != "/workdir":
+        if lang["compile"]:
+            lang["compile"] = [_in_workdir(a) for a in lang["compile"]]
+        if lang["run"]:
+            lang["run"] = [_in_workdir(a) for a in lang["run"]]
     out["lang"] = lang
-    if layer_mb:  # files may grow to the writable layer's size (RLIMIT_FSIZE)
+    if layer_mb or inside.uid is not None:
         limits = req["limits"].copy()
-        limits["fsize"] = int(layer_mb) << 20
+        if layer_mb:  # files may grow to the writable layer's size (RLIMIT_FSIZE)
+            limits["fsize"] = int(layer_mb) << 20
+        if inside.uid is not None and inside.gid is not None:  # the image's user
+            limits["uid"], limits["gid"] = inside.uid, inside.gid
         out["limits"] = limits
     return out

@@ -27,6 +27,9 @@ from typing import Any
 from .. import _linux
 
 WORKDIR = "/workdir"
+# Where every child starts: the work directory, or in an image its ``WorkingDir`` (set by the
+# init in `imagebox.enter`, before it forks any child).
+CWD = WORKDIR
 # The environment the fork server installed in itself (`set_base_env`), hence the one every
 # sandbox starts with: a job whose environment is this one needs no change to `os.environ`.
 BASE_ENV: dict[str, str] | None = None
@@ -107,8 +110,9 @@ def filter_bpf() -> bytes | None:
 
 def fast_drop(limits: Limits) -> None:
     """(`FAST` only.) The OOM score and cwd of `detach`, then `drop_privileges`, in C."""
-    FAST.drop(b"/workdir", b"1000", limits.fsize, limits.nofile, limits.gid, limits.cpu_s,
-              limits.uid, FILTER.bpf if FILTER is not None else None)
+    FAST.drop(b"/workdir" if CWD is WORKDIR else CWD.encode(), b"1000", limits.fsize,
+              limits.nofile, limits.gid, limits.cpu_s, limits.uid,
+              FILTER.bpf if FILTER is not None else None)
 
 
 def detach(fds: tuple[int, int, int], keep: int) -> None:
@@ -120,7 +124,7 @@ def detach(fds: tuple[int, int, int], keep: int) -> None:
     os.closerange(3 + keep, 1 << 16)
     default_signals()
     _linux.write_proc("/proc/self/oom_score_adj", b"1000")
-    os.chdir(WORKDIR)
+    os.chdir(CWD)
 
 
 def drop_privileges(limits: Limits) -> None:

@@ -107,6 +107,8 @@ class Worker:
                 os.dup2(hi[0], 0)
                 os.dup2(hi[1], 3)
                 child.setup(limits, (0, out_w, err_w), keep=1)
+                if imagebox.SHELL:  # the image's Entrypoint + Cmd, which start a shell
+                    os.execvpe(imagebox.SHELL[0], imagebox.SHELL, env)
                 os.execve("/bin/bash", ["/bin/bash", "--noprofile", "--norc"], env)
             null = os.open("/dev/null", os.O_RDONLY)
             os.dup2(hi[0], 3)
