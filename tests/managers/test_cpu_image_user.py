@@ -125,7 +125,7 @@ async def no_leftovers(within_s: float = 3.0, but: int = 0) -> list[int]:
 
 async def test_root_inside_edits_root_owned_files_and_is_unprivileged_outside(
         mgr: CpuManager, layout: tuple[str, str]) -> None:
-    assert mgr.isolation_report()["image_user"].startswith("userns"), mgr.isolation_report()
+    assert str(mgr.isolation_report()["image_user"]).startswith("userns"), mgr.isolation_report()
     img = _import(mgr, layout, "plain", {})
     await mgr.open_session("root", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
     try:
@@ -284,3 +284,20 @@ print("nnp:", [l.split()[1] for l in open("/proc/self/status") if l.startswith("
     finally:
         host.kill()
         host.wait()
+
+
+async def test_without_the_user_namespace_images_run_as_the_sandbox_uid(
+        layout: tuple[str, str]) -> None:
+    m = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-imguser-off-"),
+                                    warm_min=0, warm_max=2, image_userns=False,
+                                    sandbox_uid=BASE - 7, sandbox_gid=BASE - 7))
+    await m.start()
+    try:
+        assert m.isolation_report()["image_user"] == \
+            f"sandbox uid {BASE - 7} (image_userns=False)"
+        img = _import(m, layout, "plain", {"WorkingDir": "/testbed"})
+        await m.open_session("off", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
+        r = await sh(m, "off", "id -u; pwd; echo y >> /testbed/repo.py || echo denied")
+        assert out(r).split() == [str(BASE - 7), "/testbed", "denied"], r.to_dict()
+    finally:
+        await m.aclose()
