@@ -135,3 +135,20 @@ async def test_open_sessions_are_capped_with_429() -> None:
             assert (await c.post("/v1/sessions", json={})).status_code == 201
     finally:
         await eng.aclose()
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/run_code", {"code": "print(1)", "memory_limit_MB": False}, "memory_limit_MB"),
+    ("/run_code", {"code": "print(1)", "run_timeout": True}, "run_timeout"),
+    ("/run_jupyter", {"cells": [], "cell_timeout": False}, "cell_timeout"),
+    ("/v1/sessions", {"demand": {"cpu": True}}, "demand.cpu"),
+    ("/v1/sessions", {"ttl_s": True}, "ttl_s"),
+    ("/v1/actions", {"kind": "custom", "timeout_s": True}, "timeout_s"),
+])
+async def test_a_boolean_is_not_a_number(api: httpx.AsyncClient, path: str, body: dict,
+                                         field: str) -> None:
+    """schemathesis's ST201: ``true``/``false`` were taken as 1/0 (pydantic's lax mode) for
+    timeouts, memory limits and demands; now 422 naming the field, on the fast path too."""
+    r = await api.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["message"] and "boolean" in r.json()["message"], r.text

@@ -189,3 +189,43 @@ def test_public_bind_with_tenants_alone(tmp_path: Path, monkeypatch: pytest.Monk
     serve.add_parser(ap.add_subparsers(dest="command"))
     args = ap.parse_args(["serve", "--config", str(p), "--host", "0.0.0.0", "--no-models"])
     assert serve.run(args) == 0 and calls[0]["host"] == "0.0.0.0"
+
+
+class _ImageExecutor(FakeExecutor):
+    """FakeExecutor with an (empty) image cache that checks names as the CPU manager's does."""
+
+    def has_image(self, name: str) -> bool:
+        from arl_tangram.core.images import check_name
+
+        check_name(name)
+        return False
+
+    def list_images(self, node: str | None = None) -> dict[str, Any]:
+        return {"nodes": {"fake": []}}
+
+
+async def test_invalid_image_names_from_a_tenant_are_4xx() -> None:
+    """schemathesis found these (500s): a tenant's DELETE /v1/images/{invalid name}, and an
+    invalid ``payload.image`` or session ``image``, went to the node's name check unguarded."""
+    cfg = ServiceConfig(tenants=(TenantConfig(name="alice", token=A),))
+    eng = Engine(_ImageExecutor(), EngineConfig(tick_s=0.05), core_factory=core_factory)
+    await eng.start()
+    app = create_app(eng, cfg)
+    h = {"authorization": f"Bearer {A}"}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as c:
+            from urllib.parse import quote
+
+            for bad in ("\U000575a3\x06Í»¾v", "@x", "-x"):
+                r = await c.delete(f"/v1/images/{quote(bad)}", headers=h)
+                assert r.status_code == 400 and "not valid" in r.json()["detail"], r.text
+                r = await c.post("/v1/sessions", headers=h, json={"image": bad})
+                assert r.status_code == 400 and r.json()["field"] == "image", r.text
+                r = await c.post("/v1/actions", headers=h, json={
+                    "kind": "custom", "payload": {"image": bad}, "wait": True})
+                assert r.status_code == 200, r.text  # the node's answer is the action's result
+            r = await c.delete("/v1/images/fine", headers=h)
+            assert r.status_code == 404, r.text
+    finally:
+        await eng.aclose()

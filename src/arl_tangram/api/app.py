@@ -201,7 +201,8 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
                 await engine.aclose(grace_s=2.0)
 
     app = TangramApp(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
-                     description="Action-level external-resource orchestration for agentic RL.")
+                     description="Action-level external-resource orchestration for agentic RL.",
+                     responses=_COMMON_RESPONSES)
     svc = Service(engine, config)
     app.state.service = svc
     app.state.registry = metrics.make_registry(engine)
@@ -227,6 +228,21 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
                         outermost=True),
             tenants=tenants, max_body_bytes=config.limits.max_body_bytes)
     return app
+
+
+def _doc(text: str) -> dict[str, Any]:
+    return {"description": text}
+
+
+# Statuses any route may answer (documented in the OpenAPI schema: docs/api.md's table)
+_COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _doc("bad input: the detail names the field"),
+    401: _doc("missing or bad bearer token (when a token is configured)"),
+    413: _doc("body larger than limits.max_body_bytes"),
+}
+_BUSY: dict[int | str, dict[str, Any]] = {429: _doc("a quota reached (limits.max_sessions, or the tenant's)"),
+         503: _doc("overloaded (limits.max_pending), or the engine is closed")}
+_UNKNOWN: dict[int | str, dict[str, Any]] = {404: _doc("unknown id (or another tenant's)")}
 
 
 def _health(engine: Engine) -> JSONResponse:
@@ -263,11 +279,11 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         return _health(svc.engine)
 
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"],
-              responses={504: {"description": "shed: no answer within the deadline"}})
+              responses={**_BUSY, 504: {"description": "shed: no answer within the deadline"}})
     async def run_code(req: RunCodeRequest, request: Request) -> Response:
         return JSONResponse(await _run_code_wire(svc, req, tenant_of(request)))
 
-    @app.post("/v1/actions", tags=["native"])
+    @app.post("/v1/actions", tags=["native"], responses=_BUSY)
     async def submit(request: Request,
                      idempotency_key: str | None = Header(None, max_length=200)) -> Response:
         raw = await _json_body(request)
@@ -281,23 +297,23 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         return JSONResponse(await svc.submit(body, idempotency_key=idempotency_key,
                                              tenant=tenant_of(request)))
 
-    @app.get("/v1/actions/{action_id}", tags=["native"])
+    @app.get("/v1/actions/{action_id}", tags=["native"], responses=_UNKNOWN)
     async def get_action(request: Request, action_id: str,
                          wait: float = Query(0.0, ge=0)) -> Response:
         return JSONResponse(await svc.get(action_id, wait, tenant=tenant_of(request)))
 
-    @app.delete("/v1/actions/{action_id}", tags=["native"])
+    @app.delete("/v1/actions/{action_id}", tags=["native"], responses={**_UNKNOWN, **_BUSY})
     async def cancel(request: Request, action_id: str) -> Response:
         return JSONResponse({"id": action_id,
                              "cancelled": await svc.cancel(action_id, tenant=tenant_of(request))})
 
-    @app.post("/v1/sessions", tags=["native"], status_code=201)
+    @app.post("/v1/sessions", tags=["native"], status_code=201, responses=_BUSY)
     async def open_session(request: Request, body: SessionIn | None = None) -> Response:
         out = await svc.open_session(body or SessionIn.model_validate({}),
                                      tenant=tenant_of(request))
         return JSONResponse(out, status_code=201)
 
-    @app.delete("/v1/sessions/{session_id}", tags=["native"])
+    @app.delete("/v1/sessions/{session_id}", tags=["native"], responses={**_UNKNOWN, **_BUSY})
     async def close_session(request: Request, session_id: str) -> Response:
         if not await svc.close_session(session_id, tenant=tenant_of(request)):
             return JSONResponse({"detail": f"session_id: no open session {session_id!r}"}, 404)
@@ -316,15 +332,19 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     async def stats() -> Response:
         return JSONResponse(svc.engine.stats())
 
-    @app.post("/get_reward", tags=["reward"])
+    @app.post("/get_reward", tags=["reward"],
+              responses={**_BUSY, 502: _doc("the model failed to score")})
     async def get_reward(body: GetRewardIn, request: Request) -> Response:
         return JSONResponse(await svc.get_reward(body, tenant=tenant_of(request)))
 
-    @app.post("/classify", tags=["reward"])
+    @app.post("/classify", tags=["reward"],
+              responses={**_BUSY, 502: _doc("the model failed to score")})
     async def classify(body: ClassifyIn, request: Request) -> Response:
         return JSONResponse(await svc.classify(body, tenant=tenant_of(request)))
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=Response, responses={
+        200: {"description": "Prometheus text format",
+              "content": {metrics.CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         return Response(metrics.render(app.state.registry), media_type=metrics.CONTENT_TYPE)
 

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from ..core.errors import ImageError, ImageInUse
+from ..core.images import NAME_RULE, valid_name
 from ..runtime.engine import Engine
 from ..runtime.images import ImagesUnsupported
 from .middleware import TENANT_KEY
@@ -65,7 +66,9 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
     dirs = tuple(import_dirs)
 
     @app.post("/v1/images", tags=["images"], status_code=201,
-              responses={403: {"description": "path not under images.import_dirs"}})
+              responses={403: {"description": "path not under images.import_dirs"},
+                         409: {"description": "an image of that name is in use"},
+                         501: {"description": "this executor keeps no image cache"}})
     async def import_image(body: ImageIn, request: Request) -> Response:
         if not body.path.startswith("/"):
             return _err(400, "path: must be an absolute path on the node", "path")
@@ -93,7 +96,8 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
             out = {**out, "name": body.name}
         return JSONResponse(out, status_code=201)
 
-    @app.get("/v1/images", tags=["images"])
+    @app.get("/v1/images", tags=["images"],
+             responses={501: {"description": "this executor keeps no image cache"}})
     async def list_images(request: Request, node: str | None = Query(None)) -> Response:
         try:
             listing = engine.list_images(node)
@@ -103,10 +107,16 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
         except ImagesUnsupported as e:
             return _err(501, str(e))
 
-    @app.delete("/v1/images/{name}", tags=["images"])
+    @app.delete("/v1/images/{name}", tags=["images"], responses={
+        403: {"description": "a shared image, and a tenant other than default"},
+        404: {"description": "no such image (or another tenant's)"},
+        409: {"description": "in use (the reason)"},
+        501: {"description": "this executor keeps no image cache"}})
     async def remove_image(request: Request, name: str,
                            node: str | None = Query(None)) -> Response:
         stored = name
+        if not valid_name(name):
+            return _err(400, f"name: image name {name!r} is not valid ({NAME_RULE})", "name")
         if tenancy is not None:
             try:
                 stored = tenancy.image_for_remove(_tenant(request), name)

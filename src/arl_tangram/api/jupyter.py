@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from ..runtime.engine import Overloaded
 from . import jupyter_driver as D
 from .middleware import TENANT_KEY
-from .schemas import CommandRunResult, CommandRunStatus, RunCodeRequest
+from .schemas import CommandRunResult, CommandRunStatus, Num, RunCodeRequest
 from .service import Service, Shed
 
 # Characters of stdout (and of stderr) kept per cell; more sets ``truncated`` on the cell.
@@ -32,8 +32,8 @@ class RunJupyterRequest(BaseModel):
     """SandboxFusion's RunJupyterRequest."""
 
     cells: list[str] = Field(..., max_length=1000, description="code cells, run in order")
-    cell_timeout: float = Field(0, ge=0, le=3600, description="limit per cell in s; 0: none")
-    total_timeout: float = Field(45, gt=0, le=3600, description="limit for all cells in s")
+    cell_timeout: Num = Field(0, ge=0, le=3600, description="limit per cell in s; 0: none")
+    total_timeout: Num = Field(45, gt=0, le=3600, description="limit for all cells in s")
     kernel: Literal["python3"] = Field("python3", description="the kernel (python3 only)")
     files: dict[str, str] = Field(default_factory=dict, description="path -> base64")
     fetch_files: list[str] = Field(default_factory=list, description="paths to return")
@@ -105,7 +105,9 @@ async def run_jupyter(svc: Service, req: RunJupyterRequest,
 
 def add_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/run_jupyter", response_model=RunJupyterResponse, tags=["sandbox"],
-              responses={504: {"description": "shed: no answer within the deadline"}})
+              responses={429: {"description": "the tenant's quota reached"},
+                         503: {"description": "overloaded"},
+                         504: {"description": "shed: no answer within the deadline"}})
     async def run_jupyter_route(req: RunJupyterRequest, request: Request) -> Response:
         try:
             body = await run_jupyter(svc, req, request.scope.get(TENANT_KEY))

@@ -3,15 +3,26 @@
 Invariant: every request model forbids nothing it does not need to (unknown keys are ignored
 the way SandboxFusion's pydantic models ignore them) but validates every field it reads, so a
 bad request fails with 422 naming the field before it reaches the engine. SandboxFusion's names,
-defaults and enums are kept exactly.
+defaults and enums are kept exactly. A number field takes a JSON number (or a numeric string, as
+pydantic's lax mode does), never a boolean (`Num`, `Int`: ``true`` is not 1 s or 1 MB).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    return v
+
+
+Num = Annotated[float, BeforeValidator(_not_bool)]  # a float field that refuses true/false
+Int = Annotated[int, BeforeValidator(_not_bool)]
 
 # SandboxFusion's Language literal (sandbox/runners/types.py).
 SF_LANGUAGES = (
@@ -41,9 +52,9 @@ class CommandRunStatus(enum.StrEnum):
 class RunCodeRequest(BaseModel):
     """SandboxFusion's RunCodeRequest (a missing ``language`` means python)."""
 
-    compile_timeout: float = Field(10, gt=0, le=3600, description="compile timeout (s)")
-    run_timeout: float = Field(10, gt=0, le=3600, description="run timeout (s)")
-    memory_limit_MB: int = Field(-1, ge=-1, description="memory limit in MB; -1: the default")
+    compile_timeout: Num = Field(10, gt=0, le=3600, description="compile timeout (s)")
+    run_timeout: Num = Field(10, gt=0, le=3600, description="run timeout (s)")
+    memory_limit_MB: Int = Field(-1, ge=-1, description="memory limit in MB; -1: the default")
     code: str = Field(..., description="the code to run")
     stdin: str | None = Field(None, description="optional string passed on stdin")
     language: Language = Field("python", description="language or execution mode")
@@ -78,17 +89,17 @@ Kind = Literal["code", "test", "tool", "reward", "judge", "custom"]
 
 
 class ElasticityIn(BaseModel):
-    min: float = Field(1.0, gt=0)
-    max: float = Field(1.0, gt=0)
+    min: Num = Field(1.0, gt=0)
+    max: Num = Field(1.0, gt=0)
     dim: str = "cpu"
-    parallel_fraction: float = Field(0.0, ge=0, le=1)
+    parallel_fraction: Num = Field(0.0, ge=0, le=1)
 
 
 class HintsIn(BaseModel):
-    expected_s: float | None = Field(None, ge=0)
-    test_count: int | None = Field(None, ge=0)
-    tokens: int | None = Field(None, ge=0)
-    items: int | None = Field(None, ge=0)
+    expected_s: Num | None = Field(None, ge=0)
+    test_count: Int | None = Field(None, ge=0)
+    tokens: Int | None = Field(None, ge=0)
+    items: Int | None = Field(None, ge=0)
 
 
 class ActionIn(BaseModel):
@@ -97,7 +108,7 @@ class ActionIn(BaseModel):
     id: str | None = Field(None, min_length=1, max_length=200)
     kind: Kind = "code"
     payload: dict[str, Any] = Field(default_factory=dict)
-    demand: dict[str, float] | None = None
+    demand: dict[str, Num] | None = None
     elasticity: ElasticityIn | None = None
     hints: HintsIn | None = None
     task: str = Field("default", max_length=200)
@@ -106,8 +117,8 @@ class ActionIn(BaseModel):
     model: str | None = Field(None, max_length=200)
     models: list[str] | None = Field(None, min_length=1, max_length=64)
     tag: str | None = Field(None, max_length=200)
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    weight: float = Field(1.0, gt=0)
+    timeout_s: Num = Field(60.0, gt=0, le=3600)
+    weight: Num = Field(1.0, gt=0)
     idempotent: bool = True
 
 
@@ -116,7 +127,7 @@ class ActionsIn(BaseModel):
 
     actions: list[ActionIn] = Field(..., min_length=1)
     wait: bool = False
-    wait_s: float = Field(60.0, gt=0)
+    wait_s: Num = Field(60.0, gt=0)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
 
@@ -137,11 +148,11 @@ class ActionOut(BaseModel):
 
 class SessionIn(BaseModel):
     session_id: str | None = Field(None, min_length=1, max_length=200)
-    demand: dict[str, float] | None = None
-    ttl_s: float = Field(600.0, gt=0, le=86400)
+    demand: dict[str, Num] | None = None
+    ttl_s: Num = Field(600.0, gt=0, le=86400)
     node: str | None = None
     image: str | None = Field(None, min_length=1, max_length=128)  # an image on the node
-    layer_mb: int | None = Field(None, gt=0, le=1 << 20)  # its writable layer's size cap
+    layer_mb: Int | None = Field(None, gt=0, le=1 << 20)  # its writable layer's size cap
 
 
 # ---- reward compat ------------------------------------------------------------------------------

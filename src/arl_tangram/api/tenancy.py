@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.actions import ActionSpec
-from ..core.errors import TangramError
+from ..core.errors import ImageError, TangramError
 from ..runtime.config import DEFAULT_TENANT, ServiceConfig, TenantConfig
 from ..runtime.engine import Engine, UnknownAction
 
@@ -169,6 +169,13 @@ class Tenancy:
 
     # ---- images -----------------------------------------------------------------------------
 
+    def _has(self, stored: str) -> bool:
+        """Some node holds ``stored`` (False for a name that is not valid, too)."""
+        try:
+            return bool(self.engine.has_image(stored))
+        except ImageError:
+            return False
+
     def _prefix(self, tenant: str | None) -> str:
         if tenant is None or tenant == DEFAULT_TENANT:
             return ""
@@ -196,7 +203,7 @@ class Tenancy:
         if not p:
             return name if self._shared(name) else None
         own = p + name
-        if self.engine.has_image(own) or not self._shared(name):
+        if self._has(own) or not self._shared(name):
             return own
         return name
 
@@ -211,8 +218,8 @@ class Tenancy:
                 raise LookupError(f"no image {name!r}")
             return name
         own = p + name
-        if not self.engine.has_image(own):
-            if self._shared(name) and self.engine.has_image(name):
+        if not self._has(own):
+            if self._shared(name) and self._has(name):
                 raise PermissionError(f"image {name!r} is shared (the operator's): only the "
                                       f"{DEFAULT_TENANT!r} tenant removes it")
             raise LookupError(f"no image {name!r}")
