@@ -285,7 +285,7 @@ async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int,
         msg = {"op": "image", "layers": [os.path.basename(p) for p in store.layer_paths(img)],
                "layer_mb": int(layer_mb), "uid": uid, "gid": gid,
                "layer": "memory" if layer is None else "disk",
-               "config": {k: cfg[k] for k in ("User", "WorkingDir", "Entrypoint", "Cmd")
+               "config": {k: cfg[k] for k in ("User", "WorkingDir", "Entrypoint", "Cmd", "Env")
                           if k in cfg},
                "userns": {"base": userns.base, "count": userns.count} if userns else None}
         fut = asyncio.ensure_future(sb.request(msg, timeout))

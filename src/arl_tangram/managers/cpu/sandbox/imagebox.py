@@ -36,7 +36,7 @@ from . import child
 
 LAYER_DIR = "/sandbox/layer"  # the writable layer (upper + overlay work dir)
 ROOT_DIR = "/sandbox/root"  # where the image is mounted before the pivot
-# python3 of the image: its session worker (a persistent interpreter) and one-shot runs
+# python3 of the image (after those on its Env PATH): its session worker and one-shot runs
 PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3")
 python: str | None = None  # set once the sandbox is in an image (`enter`)
 # a bash session's shell: the image's Entrypoint + Cmd where they start a shell (`shell_argv`)
@@ -108,6 +108,16 @@ def resolve_user(spec: str, passwd: str, group: str) -> tuple[int, int, str]:
                 raise ValueError(f"User {spec!r}: no group {grp!r} in the image's /etc/group")
             gid = int(g[2])
     return uid, gid, home
+
+
+def _on_path(config: dict[str, Any]) -> list[str]:
+    """``python3`` in each directory of the image's own ``PATH`` (its ``Env``), first to last:
+    the interpreter a shell of the image would run (a virtual environment's, say)."""
+    for kv in config.get("Env") or ():
+        k, _, v = str(kv).partition("=")
+        if k == "PATH":
+            return [os.path.join(d, "python3") for d in v.split(":") if d.startswith("/")]
+    return []
 
 
 def shell_argv(config: dict[str, Any]) -> list[str] | None:
@@ -217,7 +227,7 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
             cwd = wd
     child.CWD = cwd
     SHELL = shell_argv(config)
-    python = next((p for p in PYTHONS if os.access(p, os.X_OK)), None)
+    python = next((p for p in (*_on_path(config), *PYTHONS) if os.access(p, os.X_OK)), None)
     return {"ok": True, "enter_s": round(time.perf_counter() - t0, 6), "python": python,
             "uid": uid, "gid": gid, "home": home, "cwd": cwd, "shell": SHELL,
             "userns": bool(ns)}
