@@ -2,10 +2,11 @@
 
 A `NodeSpec` is a machine: a capacity vector and, when it has GPUs, the NVLink domains that
 group its device indices (a multi-GPU model instance must sit inside one domain). Two optional
-measured figures describe how the machine really executes, for the simulator's virtual executor
-only (the core never reads them): ``parallel_speedup`` (how much faster fully parallel work runs
-on k cores than on one, e.g. ``{2: 1.6}``; absent: ideal, k) and ``dispatch_s`` (the runtime's
-fixed cost of one action on the node, per action kind, not stretched by the allotment). A `ModelSpec`
+measured figures describe how the machine really executes: ``parallel_speedup`` (how much faster
+fully parallel work runs on k cores than on one, e.g. ``{2: 1.6}``; absent: ideal, k), which the
+simulator's virtual executor applies and tangram's elastic widths weigh (`core.elastic`), and
+``dispatch_s`` (the runtime's fixed cost of one action on the node, per action kind, not
+stretched by the allotment), for the simulator only. A `ModelSpec`
 describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
 batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
 

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable
 
 from .actions import Elasticity
+from .cluster import NodeSpec
 from .commands import ResizeAction, StartAction
 from .fit import fits_besides_cpu
 from .placement import WARM_SCAN, Placer
@@ -92,6 +93,8 @@ class Elastic:
                 delta = step
             if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
                 continue
+            if node.spec.parallel_speedup and self.node_gain(node, rec, delta) <= 0.0:
+                continue  # the node's measured speedup: everyone there slows more than it gains
             self.retime(rec)
             node.take({el.dim: delta})
             rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
@@ -101,6 +104,31 @@ class Elastic:
         if changed:
             self.st.index.update(node.name, node.free)
             self.emit_resizes(node, changed.values())
+
+    def node_gain(self, node: NodeState, rec: ActionRecord, delta: float) -> float:
+        """On a node with a measured ``parallel_speedup``: the weighted drop of expected
+        remaining time, over every action running there, from ``delta`` more CPU to ``rec``.
+        Its cores then deliver less each (`_efficiency`), so the others slow down while
+        ``rec`` speeds up; where the node hardly gains from a second busy core, growth loses."""
+        el = rec.spec.elasticity
+        assert el is not None and rec.allotment is not None
+        busy = node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0)
+        e0 = _efficiency(node.spec, busy)
+        e1 = _efficiency(node.spec, busy + delta)
+        k = rec.allotment.get(el.dim)
+        left = self.remaining(rec)
+        sp = el.speedup
+        gain = left * (1.0 / max(sp.factor(k) * e0, 1e-9)
+                       - 1.0 / max(sp.factor(k + delta) * e1, 1e-9)) * rec.spec.weight
+        if e1 >= e0:
+            return gain
+        for aid in node.running:
+            other = self.st.actions.get(aid)
+            if other is None or other is rec or other.allotment is None or other.allotment.get(CPU) <= 0.0:
+                continue
+            t = self.remaining(other) / max(other.spec.speed(other.allotment) * e0, 1e-9)
+            gain -= t * (e0 / e1 - 1.0) * other.spec.weight
+        return gain
 
     def lender(self, rec: ActionRecord) -> NodeState | None:
         """No node fits a shared-pool head: the node whose grown elastic actions can lend it
@@ -235,6 +263,10 @@ class Elastic:
         top = el.max if el.max < cap else cap
         if top < lo - 1e-9:
             return 0.0, 0.0
+        measured = node.spec if node.spec.parallel_speedup else None
+        base = node.cap.get(CPU, 0.0) - cap  # CPU held there by others than its elastic actions
+        if measured is not None:
+            top = _useful(el, measured, base, top)
         runs.sort(key=_first)
         n_run = len(runs)
         x = self.st.expected_work(rec)
@@ -242,9 +274,9 @@ class Elastic:
         best_cost = math.inf
         best_lanes = 0
         for lanes in _lane_tries(cap, top, lo, n_run):
-            cost, join = _fluid(cap, lanes, jobs, n_run)
+            cost, join = _fluid(cap, lanes, jobs, n_run, measured, base)
             if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
-                cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run)[0]
+                cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run, measured, base)[0]
                 cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
             if cost < best_cost - 1e-12 * cost:
                 best_cost, best_lanes = cost, lanes
@@ -254,7 +286,7 @@ class Elastic:
         width = cap / best_lanes
         if width >= step:
             width = math.floor(width / step + 1e-9) * step
-        width = width if width < el.max else el.max
+        width = width if width < top else top
         return width, width
 
     def free_at(self, node: NodeState, width: float) -> float:
@@ -292,9 +324,12 @@ class Elastic:
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
+        widest = el.max
+        if node.spec.parallel_speedup:
+            widest = _useful(el, node.spec, node.cap.get(CPU, 0.0) - free - self.lendable(node, 0.0), el.max)
         if self.overdue(rec):
             if free >= el.min - 1e-9:
-                return (free if free < el.max else el.max), 0.0
+                return (free if free < widest else widest), 0.0
             if free + self.lendable(node, 0.0) >= el.min - 1e-9:
                 return el.min, 0.0  # (`reclaim` takes lent cores down to their minimum)
             return 0.0, 0.0
@@ -309,7 +344,7 @@ class Elastic:
             return (width if width >= el.min - 1e-9 else 0.0), floor
         left = free - self.absorb(node)
         if left >= el.min - 1e-9:
-            return (left if left < el.max else el.max), 0.0
+            return (left if left < widest else widest), 0.0
         return 0.0, 0.0
 
     def elastic_on(self, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
@@ -391,7 +426,10 @@ class Elastic:
             if width <= 0.0:
                 continue
             warm = node.warm.get(wkey, 0) > 0 if node.warm else False
-            t = (0.0 if warm else cold) + x / max(el.speedup.factor(width), 1e-9)
+            speed = el.speedup.factor(width)
+            if node.spec.parallel_speedup:  # what its cores deliver once it runs there
+                speed *= _efficiency(node.spec, node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0) + width)
+            t = (0.0 if warm else cold) + x / max(speed, 1e-9)
             if t < best_t - 1e-12 or (t <= best_t + 1e-12 and width > best_w):
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
         if best is None:
@@ -544,14 +582,25 @@ def _first(job: tuple[float, Elasticity]) -> float:
 
 
 def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: int,
-           ) -> tuple[float, float]:
+           measured: NodeSpec | None = None, base: float = 0.0) -> tuple[float, float]:
     """``(sum of completion times, when the first queued job starts)`` of ``jobs`` (work at
     speed 1, elasticity) on ``cap`` CPU, at most ``lanes`` at once (never fewer than the
     first ``n_run``, which run already); the others start in order as lanes free. Those
     running share the CPU equally, each up to its maximum, the rest to the others (water
-    filling), and run at their speedup's speed: a fluid model, times from now."""
+    filling), and run at their speedup's speed: a fluid model, times from now. On a node
+    with a ``measured`` parallel speedup (``base`` cores held there by others), each job's
+    maximum is its useful width there (`_useful`) and every speed is scaled by what the
+    node's busy cores deliver (`_efficiency`)."""
     left = [w for w, _ in jobs]
     els = [e for _, e in jobs]
+    tops = [e.max for e in els]
+    if measured is not None:
+        seen: dict[int, float] = {}
+        for i, e in enumerate(els):
+            got = seen.get(id(e))
+            if got is None:
+                got = seen[id(e)] = _useful(e, measured, base, e.max)
+            tops[i] = got
     limit = lanes if lanes > n_run else n_run
     active = list(range(min(len(jobs), limit)))
     nxt = len(active)
@@ -559,15 +608,19 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
     t = cost = 0.0
     while active:
         # water filling: equal shares, each capped at its maximum
-        order = sorted([(els[i].max, i) for i in active])
+        order = sorted([(tops[i], i) for i in active])
         room, count = cap, len(order)
         speed: dict[int, float] = {}
         for _, i in order:
             share = room / count
-            w = els[i].max if els[i].max < share else share
+            w = tops[i] if tops[i] < share else share
             speed[i] = els[i].speedup.factor(w)
             room -= w
             count -= 1
+        if measured is not None:
+            eff = _efficiency(measured, base + cap - room)
+            for i in active:
+                speed[i] *= eff
         dt = math.inf
         for i in active:
             v = speed[i]
@@ -609,3 +662,29 @@ def _gain(rec: ActionRecord, step: float) -> float:
     now_t = work / max(sp.factor(k), 1e-9)
     next_t = work / max(sp.factor(min(el.max, k + step)), 1e-9)
     return (now_t - next_t) * rec.spec.weight
+
+
+def _efficiency(spec: NodeSpec, busy: float) -> float:
+    """What each allotted core of a node delivers while ``busy`` cores are allotted there:
+    its measured ``parallel_speedup`` over ``busy`` (`NodeSpec.parallel_cores`); 1.0 up to one
+    busy core or where nothing was measured."""
+    if busy <= 1.0 or not spec.parallel_speedup:
+        return 1.0
+    return spec.parallel_cores(busy) / busy
+
+
+def _useful(el: Elasticity, spec: NodeSpec, base: float, top: float) -> float:
+    """The widest allotment of ``el`` up to ``top`` worth its cores on ``spec`` (``base``
+    cores held there by others): whole cores from its minimum while the action's speedup
+    times the node's efficiency (`_efficiency`) still grows. Where a second busy core adds
+    little (hyperthreads, a loaded machine), an elastic action is better off narrow."""
+    best = el.min
+    best_v = el.speedup.factor(best) * _efficiency(spec, base + best)
+    w = math.floor(best) + 1.0
+    while w <= top + 1e-9:
+        v = el.speedup.factor(w) * _efficiency(spec, base + w)
+        if v <= best_v * (1.0 + 1e-9):
+            break
+        best, best_v = w, v
+        w += 1.0
+    return best

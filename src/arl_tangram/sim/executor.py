@@ -14,7 +14,8 @@ trajectory or pool slot for its whole life) and costs nothing; a rigid action on
 it demands runs proportionally slower (`ActionSpec.speed`), as under a CFS quota.
 
 Two measured figures of a node (`NodeSpec`, written by `tangram calibrate`) make the truth the
-machine's rather than ideal; the core never sees them, as it never sees the truth:
+machine's rather than ideal (the core sees ``parallel_speedup`` too, as a measured figure of
+its spec, for elastic widths: docs/core.md; it never sees the work an action really takes):
 - ``parallel_speedup``: the node is a processor shared by its running actions. While the CPU
   allotments of the actions executing on it sum to ``B`` cores, it delivers only
   `NodeSpec.parallel_cores` ``(B)`` of them (what fully parallel work measured on ``B`` cores),
