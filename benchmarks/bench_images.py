@@ -141,7 +141,7 @@ async def bench_tangram(args: argparse.Namespace, layout: str, work: str) -> dic
         avail0 = _mem_available_kb()
         for i in range(args.idle):
             await m.open_session(f"i{i}", dem, 600, image=IMAGE)
-            r = await m.run(*tool(f"i{i}", "cd /workdir/repo && x=1", 1))
+            r = await m.run(*tool(f"i{i}", "cd /testbed && x=1", 1))
             assert r.status == "Success", r
         await asyncio.sleep(1.0)
         avail1 = _mem_available_kb()

@@ -1,5 +1,6 @@
-"""A scripted SWE agent (issue 17): one session in the SWE example image, where it inspects
-the repository, runs the failing test, applies a patch and runs the tests again.
+"""A scripted SWE agent (issues 17, 26): one session in the SWE example image, as root inside,
+where it inspects the repository (/testbed, root's), installs it into the image's environment
+(/opt/testbed, root's) with pip, runs the failing test, applies a patch and runs the tests again.
 
 ``python examples/swe_agent.py [--url http://127.0.0.1:8080]`` (default: an embedded service
 on this machine). It imports the image built by examples/swe_image.py if the service lacks it,
@@ -43,14 +44,20 @@ def run_agent(client: Client, image: str = IMAGE, say: Any = print) -> list[dict
                 say(f"    {line}")
             return step
 
-        act("cd /workdir/repo && git log --oneline && ls")  # inspect (the cwd persists)
+        # inspect: root inside (a user namespace: uid 0 is an unprivileged host uid), the
+        # repository and the environment root's, as in SWE-bench's images; the cwd is the
+        # image's WorkingDir, /testbed
+        act("id -u && cat /proc/self/uid_map && stat -c '%U %a %n' . /opt/testbed && pwd && "
+            "git log --oneline && ls")
         act("cat calc.py && grep -n 'def test' test_calc.py")
-        test = "python3 -m pytest -q > /tmp/pytest.out 2>&1; rc=$?; tail -{} /tmp/pytest.out; (exit $rc)"
+        # install the repository into the image's environment (/opt/testbed, root's), offline
+        act("pip install -q --no-index --no-build-isolation -e . 2>&1 | tail -3; "
+            "python -c 'import calc, sys; print(sys.prefix, calc.__file__)'")
+        test = "python -m pytest -q > /tmp/pytest.out 2>&1; rc=$?; tail -{} /tmp/pytest.out; (exit $rc)"
         act(test.format(5))  # fails: 1 test
-        act("git apply <<'PATCH'\n" + swe_image.FIX + "PATCH\ngit diff --stat")
+        act("git apply <<'PATCH'\n" + swe_image.FIX + "PATCH\ngit diff --stat")  # edits /testbed
         act(test.format(3))  # passes
-        act("import sys; sys.path.insert(0, '/workdir/repo'); import calc; calc.mean([])",
-            "python")
+        act("import calc, sys; (sys.prefix, calc.mean([]))", "python")  # the env's python3
         act("git diff | head -20 && git status --short")
     return steps
 
@@ -69,10 +76,11 @@ def main() -> int:
         client = Client.embedded(default_config(with_models=False))
     with client:
         have = client.images()["nodes"]
-        if not all(any(i["name"] == IMAGE for i in rows) for rows in have.values()):
+        if not all(any(i["name"] == IMAGE and i.get("source") == layout for i in rows)
+                   for rows in have.values()):  # (none, or an older build of the recipe)
             client.import_image(layout, IMAGE)
         steps = run_agent(client)
-    ok = steps[2]["rc"] != 0 and steps[4]["rc"] == 0
+    ok = steps[3]["rc"] != 0 and steps[5]["rc"] == 0
     print("tests fail before the patch and pass after it" if ok else "UNEXPECTED outcome")
     return 0 if ok else 1
 

@@ -1,12 +1,16 @@
-"""Build the SWE example image (issue 17) from Debian's packages, once per machine.
+"""Build the SWE example image (issues 17, 26) from Debian's packages, once per machine.
 
-``python examples/swe_image.py [--cache DIR]`` prints the path of an OCI image layout with two
-layers:
-1. Debian bookworm ``minbase`` + python3, python3-pytest and git, made by ``mmdebstrap``
-   (installed by scripts/system-deps.sh; needs Debian's package mirror), without /dev nodes;
-2. a small repository at /workdir/repo (a package ``calc`` whose ``mean`` of an empty list
-   raises ZeroDivisionError, and a test that expects 0.0), committed with git, files writable
-   by any uid (sessions run unprivileged), ``safe.directory = *`` in /etc/gitconfig.
+``python examples/swe_image.py [--cache DIR]`` prints the path of an OCI image layout shaped like
+SWE-bench's images (no ``USER``: everything is root's, and sessions run as root inside their
+user namespace, docs/sandbox.md "The image's own user"), with two layers:
+1. Debian bookworm ``minbase`` + python3, python3-venv, python3-pytest, python3-wheel and git,
+   made by ``mmdebstrap`` (installed by scripts/system-deps.sh; needs Debian's package mirror),
+   without /dev nodes, and the task's environment at /opt/testbed: a virtual environment
+   (``python3 -m venv --system-site-packages``, so Debian's pytest is in it), root's;
+2. a small repository at /testbed, root's, 0755/0644 (a package ``calc`` whose ``mean`` of an
+   empty list raises ZeroDivisionError, a test that expects 0.0, and a ``pyproject.toml``, so
+   ``pip install -e .`` installs it into /opt/testbed), committed with git.
+The config: ``WorkingDir`` /testbed, ``PATH`` with /opt/testbed/bin first, ``Cmd`` /bin/bash.
 
 The result is cached under ``--cache`` (default /var/cache/arl-tangram/images) by a hash of
 this recipe, so later calls return at once; a build goes to a temporary directory beside it
@@ -29,7 +33,9 @@ from arl_tangram.managers.cpu.images import imagekit
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("python3", "python3-pytest", "git")
+PACKAGES = ("python3", "python3-venv", "python3-pytest", "python3-wheel", "git")
+ENV = "/opt/testbed"  # the task's environment, as SWE-bench's /opt/miniconda3/envs/testbed
+REPO = "/testbed"
 DEFAULT_CACHE = "/var/cache/arl-tangram/images"
 
 CALC = '''"""A tiny statistics module (the SWE example's repository)."""
@@ -80,18 +86,30 @@ FIX = '''--- a/calc.py
  def median(xs):
 '''
 
-RECIPE = repr((SUITE, PACKAGES, CALC, TESTS, "v1"))
+PYPROJECT = '''[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "calc"
+version = "0.1.0"
+
+[tool.setuptools]
+py-modules = ["calc"]
+'''
+
+RECIPE = repr((SUITE, PACKAGES, CALC, TESTS, PYPROJECT, ENV, REPO, "v2"))
 
 
 def _repo_layer(work: str) -> str:
     top = os.path.join(work, "repo-layer")
-    repo = os.path.join(top, "workdir", "repo")
+    repo = top + REPO
     os.makedirs(repo)
     os.makedirs(os.path.join(top, "etc"))
     with open(os.path.join(top, "etc", "gitconfig"), "w") as f:
-        f.write("[safe]\n\tdirectory = *\n[user]\n\tname = agent\n\temail = agent@example.com\n")
-    for name, text in (("calc.py", CALC), ("test_calc.py", TESTS),
-                       ("README.md", "calc: mean and median.\n")):
+        f.write("[user]\n\tname = agent\n\temail = agent@example.com\n")
+    for name, text in (("calc.py", CALC), ("test_calc.py", TESTS), ("pyproject.toml", PYPROJECT),
+                       ("README.md", "calc: mean and median.\n"), (".gitignore", "*.egg-info/\n")):
         with open(os.path.join(repo, name), "w") as f:
             f.write(text)
     env = {**os.environ, "GIT_AUTHOR_NAME": "example", "GIT_AUTHOR_EMAIL": "e@example.com",
@@ -100,10 +118,12 @@ def _repo_layer(work: str) -> str:
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "."],
                 ["git", "commit", "-q", "-m", "calc: mean and median"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True)
-    for d, _dirs, files in os.walk(os.path.join(top, "workdir")):  # any sandbox uid may write
-        os.chmod(d, 0o777)
+    for d, _dirs, files in os.walk(top):  # root's, as in SWE-bench's images
+        os.chown(d, 0, 0)
+        os.chmod(d, 0o755)
         for n in files:
-            os.chmod(os.path.join(d, n), 0o666)
+            os.chown(os.path.join(d, n), 0, 0)
+            os.chmod(os.path.join(d, n), 0o644)
     return imagekit.pack_layer(top, os.path.join(work, "repo.tar"))
 
 
@@ -122,12 +142,16 @@ def build(cache: str = DEFAULT_CACHE, say=print) -> str:  # type: ignore[no-unty
         say(f"swe image: mmdebstrap {SUITE} minbase + {' '.join(PACKAGES)} ...")
         subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
                         "--include=" + ",".join(PACKAGES), "--skip=output/dev",
-                        "--aptopt=Acquire::Retries \"3\"", SUITE, base, MIRROR], check=True)
+                        "--aptopt=Acquire::Retries \"3\"",
+                        f"--customize-hook=chroot \"$1\" python3 -m venv "
+                        f"--system-site-packages {ENV}",
+                        SUITE, base, MIRROR], check=True)
         layout = os.path.join(work, "oci")
         imagekit.write_oci_layout(layout, [base, _repo_layer(work)],
-                                  {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                                           "/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
-                                   "WorkingDir": "/workdir/repo"}, ref="swe-example")
+                                  {"Env": [f"PATH={ENV}/bin:/usr/local/sbin:/usr/local/bin:"
+                                           "/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
+                                   "WorkingDir": REPO, "Cmd": ["/bin/bash"]},
+                                  ref="swe-example")
         os.rename(layout, out)
         say(f"swe image: {out}")
         return out

@@ -1,6 +1,8 @@
-"""The SWE example (issue 17, item 6): the Debian-built image (examples/swe_image.py, built
-once per machine and cached under /var/cache/arl-tangram/images) and the scripted agent
-(examples/swe_agent.py) in ONE session of it: inspect, failing test, patch, passing tests."""
+"""The SWE example (issue 17 item 6, issue 26 item 5): the Debian-built image
+(examples/swe_image.py, built once per machine and cached under /var/cache/arl-tangram/images;
+/testbed and /opt/testbed root's) and the scripted agent (examples/swe_agent.py) in ONE session
+of it, as root inside: inspect, pip install into /opt/testbed, failing test, patch, passing
+tests."""
 
 from __future__ import annotations
 
@@ -39,13 +41,19 @@ def test_scripted_agent_fixes_the_repository_in_one_session(tmp_path, swe_layout
         rec = out["nodes"]["local"]
         assert rec["format"] == "oci-dir" and len(rec["layers"]) == 2
         steps = swe_agent.run_agent(c, say=lambda m: None)
-    log, show, before, patch, after, py, diff = steps
-    assert log["rc"] == 0 and "calc.py" in log["stdout"] and "calc: mean" in log["stdout"]
+    who, show, pip, before, patch, after, py, diff = steps
+    assert who["rc"] == 0, who
+    lines = who["stdout"].splitlines()
+    assert lines[0] == "0"  # root inside ...
+    assert lines[1].split()[:2] == ["0", str(1 << 30)]  # ... which is an unprivileged host uid
+    assert lines[2:5] == ["root 755 .", "root 755 /opt/testbed", "/testbed"], who
+    assert "calc: mean" in who["stdout"] and "calc.py" in who["stdout"]
     assert "def mean" in show["stdout"]
+    assert pip["rc"] == 0 and pip["stdout"].strip().endswith("/opt/testbed /testbed/calc.py"), pip
     assert before["rc"] == 1 and "1 failed, 2 passed" in before["stdout"]
     assert patch["rc"] == 0 and "1 file changed" in patch["stdout"]
     assert after["rc"] == 0 and "3 passed" in after["stdout"]  # the patch persisted
-    assert py["rc"] == 0 and py["stdout"].strip() == "0.0"  # the image's python3 sees it too
+    assert py["rc"] == 0 and py["stdout"].strip() == "('/opt/testbed', 0.0)", py  # the env's python
     assert " M calc.py" in diff["stdout"]
     for s in steps:  # each action thawed with its quota and frozen again
         assert s["session_switch"] is not None and s["session_switch"]["frozen"]
