@@ -1,9 +1,14 @@
-"""Work per decision stays flat as sessions grow (issue 24): counted in operations, not time.
+"""Work per decision stays flat as sessions and nodes grow (issue 24): counted in operations, not
+time.
 
-The pure core runs in a subprocess under a profile hook that counts Python function calls; the
+The pure core runs in a subprocess under a profile hook that counts Python function calls. The
 calls to open one more session are compared with 200 and with 1,600 sessions already open on the
-same nodes. Summing every open session's demand per candidate node (as `Sessions.room` once did)
-makes the second figure ~8x the first; a running sum keeps them about equal."""
+same nodes: summing every open session's demand per candidate node (as `Sessions.room` once did)
+makes the second figure ~8x the first; a running sum keeps them about equal. Then the calls of
+one session's open, and of a session action's arrival and end, on 16 and on 128 nodes (each with
+sessions and running actions): a scan of every node per new session (as `Sessions.spread` over
+the whole cluster once was) makes the opens ~8x; the index of nodes in spread order
+(`Sessions.ranks`) keeps them about equal."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from arl_tangram.core.core import Core
 from arl_tangram.core.config import CoreConfig
 from arl_tangram.core import events as ev
 from arl_tangram.core.resources import Resources
+from arl_tangram.core.actions import ActionSpec
 
 def calls_per_open(before, probes=20):
     nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=192, memory_mb=786432)) for i in range(4))
@@ -38,15 +44,57 @@ def calls_per_open(before, probes=20):
     sys.setprofile(None)
     return count[0] / probes
 
-print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
+def calls_on_nodes(n, probes=20):
+    nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=192, memory_mb=786432)) for i in range(n))
+    core = Core(ClusterSpec(nodes), CoreConfig(policy="tangram"))
+    t = 0.0
+    for i in range(4 * n):  # sessions everywhere, each with a running action
+        t += 0.001
+        core.handle(ev.ActionArrived(t, ActionSpec(f"w{i}", demand=Resources(cpu=1, memory_mb=256),
+                                                   session=f"s{i}")))
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call":
+            count[0] += 1
+    opens = actions = 0
+    for i in range(probes):
+        t += 0.001
+        sys.setprofile(hook)
+        core.handle(ev.SessionRequested(t, f"p{i}", Resources(memory_mb=64)))
+        sys.setprofile(None)
+        opens, count[0] = opens + count[0], 0
+        sys.setprofile(hook)  # an action of an open session arrives, starts, ends
+        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=256),
+                                                   session=f"s{(7 * i) % (4 * n)}")))
+        core.handle(ev.ActionFinished(t + 0.0005, f"q{i}"))
+        sys.setprofile(None)
+        actions, count[0] = actions + count[0], 0
+    return opens / probes, actions / probes
+
+if sys.argv[1] == "sessions":
+    print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
+else:
+    print(json.dumps([calls_on_nodes(16), calls_on_nodes(128)]))
 """
 
 
-def test_opening_a_session_costs_the_same_with_eight_times_the_sessions_open() -> None:
+def _probe(what: str) -> list:
     env = dict(os.environ, ARL_TANGRAM_PURE="1")
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                         check=True, timeout=300)
-    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", PROBE, what], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_opening_a_session_costs_the_same_with_eight_times_the_sessions_open() -> None:
+    small, large = _probe("sessions")
     assert small > 0
     # linear work in the open sessions would be ~8x; allow what does not grow with them
     assert large < 1.5 * small, (small, large)
+
+
+def test_a_session_open_and_an_action_cost_the_same_on_eight_times_the_nodes() -> None:
+    (open_small, act_small), (open_large, act_large) = _probe("nodes")
+    assert open_small > 0 and act_small > 0
+    # linear work in the nodes would be ~8x; allow what does not grow with them
+    assert open_large < 1.5 * open_small, (open_small, open_large)
+    assert act_large < 1.5 * act_small, (act_small, act_large)

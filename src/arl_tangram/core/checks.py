@@ -117,6 +117,16 @@ def _check_sessions(core: Core) -> None:
         got = core.sessions.held.get(name, Resources())
         _check(all(abs(got.get(k) - want.get(k)) < 1e-6 for k in set(got) | set(want)),
                "session-demand-sum", f"{name}: {got} vs {want}")
+    ranks = core.sessions.ranks
+    if ranks is not None:  # the order `Sessions.spread_all` walks: every alive node, as it is now
+        entries = set(ranks.heap)
+        for name in core.st.nodes:
+            if name in ranks.dirty:
+                continue
+            rank = core.sessions.rank(name)
+            _check(ranks.rank.get(name) == rank, "spread-rank", f"{name}: {ranks.rank.get(name)} vs {rank}")
+            if rank is not None:
+                _check((rank[0], rank[1], name) in entries, "spread-heap", name)
     for sid, sess in core.st.sessions.items():
         if sess.node is not None:
             _check(sid in core.st.nodes[sess.node].sessions, "session-on-node", sid)

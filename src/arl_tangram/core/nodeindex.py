@@ -12,12 +12,17 @@ the end of its final bucket, when any of them changed its level). Any update of 
 `remove`, and every read (`buckets_from`, `buckets_down`, `from_level`, `max_level`; the core
 flushes at the end of each event) flush first, so what a reader sees, order within buckets
 included, is exactly what updating at once would have given.
+
+`SpreadIndex` (attached as `FreeIndex.spread` once sessions need it) keeps the same nodes in
+`Sessions.spread`'s order (sessions per core, then most free CPU), so a session finds its node
+without a scan of every node; the `FreeIndex` touches it at every change of a node's free capacity.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import heapq
+from collections.abc import Callable, Iterator
 
 from .resources import CPU
 
@@ -31,7 +36,7 @@ def level(free_cpu: float) -> int:
 class FreeIndex:
     """Buckets of node names keyed by their free-cpu level."""
 
-    __slots__ = ("_buckets", "_held", "_held_level", "_held_moved", "_level", "levels")
+    __slots__ = ("_buckets", "_held", "_held_level", "_held_moved", "_level", "levels", "spread")
 
     def __init__(self) -> None:
         self._buckets: dict[int, dict[str, None]] = {}  # insertion-ordered sets
@@ -40,6 +45,8 @@ class FreeIndex:
         self._held: str | None = None  # the node whose move is held (`hold`), if any
         self._held_level = 0  # its level as of the last update
         self._held_moved = False  # whether an update it held changed its level
+        # the same nodes in the order sessions are spread over them, touched at every update
+        self.spread: SpreadIndex | None = None
 
     def __contains__(self, name: str) -> bool:
         return name in self._level
@@ -47,7 +54,13 @@ class FreeIndex:
     def __len__(self) -> int:
         return len(self._level)
 
+    def names(self) -> list[str]:
+        return list(self._level)
+
     def update(self, name: str, free: dict[str, float]) -> None:
+        spread = self.spread
+        if spread is not None:
+            spread.dirty[name] = None
         new = level(free.get(CPU, 0.0))
         held = self._held
         if held is not None:
@@ -66,6 +79,9 @@ class FreeIndex:
 
     def hold(self, name: str, free: dict[str, float]) -> None:
         """`update`, with the bucket move put off until `flush` (see the module docstring)."""
+        spread = self.spread
+        if spread is not None:
+            spread.dirty[name] = None
         held = self._held
         if held != name:
             if held is not None:
@@ -93,6 +109,9 @@ class FreeIndex:
         self._add(name, self._held_level)
 
     def remove(self, name: str) -> None:
+        spread = self.spread
+        if spread is not None:
+            spread.dirty[name] = None
         if self._held is not None:
             self.flush()
         old = self._level.pop(name, None)
@@ -156,3 +175,69 @@ class FreeIndex:
         if self._held is not None:
             self.flush()
         return self.levels[-1] if self.levels else -1
+
+
+
+class SpreadIndex:
+    """The indexed nodes in the order of a rank (`Sessions.spread`: sessions per core with one
+    more, then most free CPU, then the name), kept lazily: a change only marks the node
+    (`touch`; the `FreeIndex` it is attached to touches every node whose free capacity
+    changes); `refresh` gives the marked ones their rank now. ``rank_of`` says a node's rank
+    (None: not a candidate, e.g. lost).
+
+    Invariant after `refresh`: `rank` holds every candidate's rank as it is now, and `heap`
+    holds an entry ``(*rank, name)`` for each (others are stale: their rank differs from
+    `rank`'s, or the node is gone; they are dropped when met, or all at once when the heap
+    outgrows the nodes, `_compact`)."""
+
+    __slots__ = ("dirty", "heap", "rank", "rank_of")
+
+    def __init__(self, rank_of: Callable[[str], tuple[float, float] | None]) -> None:
+        self.rank_of = rank_of
+        self.dirty: dict[str, None] = {}  # nodes whose rank may have changed since `refresh`
+        self.rank: dict[str, tuple[float, float]] = {}
+        self.heap: list[tuple[float, float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def touch(self, name: str) -> None:
+        self.dirty[name] = None
+
+    def refresh(self) -> None:
+        dirty = self.dirty
+        if not dirty:
+            return
+        rank, heap, rank_of = self.rank, self.heap, self.rank_of
+        for name in dirty:
+            new = rank_of(name)
+            if new is None:
+                rank.pop(name, None)
+            elif rank.get(name) != new:
+                rank[name] = new
+                heapq.heappush(heap, (new[0], new[1], name))
+        dirty.clear()
+        if len(heap) > 2 * len(rank) + 64:
+            self._compact()
+
+    def pop(self) -> str | None:
+        """The best ranked node (taken off the heap: `push_back` it), None when none is left;
+        stale entries met on the way are dropped. Call `refresh` first."""
+        heap, rank = self.heap, self.rank
+        while heap:
+            a, b, name = heapq.heappop(heap)
+            got = rank.get(name)
+            if got is not None and got[0] == a and got[1] == b:
+                return name
+        return None
+
+    def push_back(self, names: list[str]) -> None:
+        """Put back what `pop` took (at the ranks they have)."""
+        rank, heap = self.rank, self.heap
+        for name in names:
+            r = rank[name]
+            heapq.heappush(heap, (r[0], r[1], name))
+
+    def _compact(self) -> None:
+        heap = self.heap = [(r[0], r[1], name) for name, r in self.rank.items()]
+        heapq.heapify(heap)

@@ -4,7 +4,10 @@ Invariant: an open session holds its demand on its node (`NodeState.sessions`, `
 is closed; a session waiting for room is in `pending` and holds nothing; it opens only on a node
 where it, the other sessions there and one action of any of them (`action_room`, the largest a
 session's action has needed) fit the capacity for good (`room`). `expiry` holds one entry per
-open session: when it may expire, looked at again while it has live actions.
+open session: when it may expire, looked at again while it has live actions. `ranks` (built at
+the first session placed over the whole cluster) keeps the alive nodes in `spread`'s order
+(sessions per core, then most free CPU), so a session's node is found without a scan of every
+node.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from .commands import CloseSession, OpenSession
 from .events import SessionRequested
+from .nodeindex import SpreadIndex
 from .partitioning import Partitions
 from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, Resources
@@ -36,6 +40,10 @@ class Sessions:
         # asks it for every candidate node of every new session: summing the node's sessions
         # each time made opening a session O(sessions on the node), the whole step quadratic)
         self.held: dict[str, Resources] = {}
+        # the alive nodes in `spread`'s order (`rank`), what `spread_all` walks: None until
+        # first needed; then touched by `st.index`, to which it is attached, at every change
+        # of a node's free capacity, including those of `open` and `close`
+        self.ranks: SpreadIndex | None = None
 
     # ---- opening --------------------------------------------------------------------------------
     def attach(self, rec: ActionRecord) -> None:
@@ -85,7 +93,7 @@ class Sessions:
         node.sessions.add(sess.id)
         self.held[node.name] = self.held.get(node.name, _NONE) + sess.demand
         node.take(sess.demand)
-        st.index.update(node.name, node.free)
+        st.index.update(node.name, node.free)  # (touches `ranks`: the node's sessions changed)
         st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
         heapq.heappush(self.expiry, (sess.last_active + sess.ttl_s, sess.id))
         st.touched.add(("sess", sess.id))
@@ -112,7 +120,7 @@ class Sessions:
                 self.held.pop(node.name, None)
             node.give(sess.demand)
             if node.alive:
-                st.index.update(node.name, node.free)
+                st.index.update(node.name, node.free)  # (touches `ranks`, as in `open`)
                 st.dirty.add(node.name)
         if node is not None and not lost:
             st.out.append(CloseSession(sess.id, node.name, reason=reason, cause=st.cause))
@@ -164,7 +172,54 @@ class Sessions:
                               sess.demand, act, parts.whole_slice, sess.warm_key)
             if got is not None:
                 return got
-        return self.spread(list(st.nodes.values()), sess.demand, act, False, sess.warm_key)
+        return self.spread_all(sess.demand, act, sess.warm_key)
+
+    def spread_all(self, demand: Resources, act: Resources, warm_key: str | None) -> NodeState | None:
+        """`spread` over every node (the same choice), through `ranks`: the nodes warm for
+        ``warm_key`` first (`Placer.warm_nodes`), then every node in rank order, the first
+        with room; past `_TRIES` nodes without room, `spread` over them all."""
+        st = self.st
+        nodes = st.nodes
+        if warm_key is not None:
+            warm = self.partitions.placer.warm_nodes.get(warm_key)
+            if warm:
+                hot = self.spread([nodes[n] for n in warm], demand, act, False, warm_key)
+                if hot is not None and hot.warm.get(warm_key, 0) > 0:
+                    return hot
+        ranks = self.ranks
+        if ranks is None:
+            ranks = self.ranks = SpreadIndex(self.rank)
+            for name in st.index.names():
+                ranks.touch(name)
+            st.index.spread = ranks
+        ranks.refresh()
+        need = demand + act
+        held = self.held
+        got: NodeState | None = None
+        tried: list[str] = []
+        while True:
+            top = ranks.pop()
+            if top is None:
+                break
+            tried.append(top)
+            node = nodes[top]
+            if node.fits(demand) and (need + held.get(top, _NONE)).fits_in(node.cap):  # `room`
+                got = node
+                break
+            if len(tried) >= _TRIES:  # full nodes ahead: a scan costs less than the heap
+                got = self.spread(list(nodes.values()), demand, act, False)
+                break
+        ranks.push_back(tried)
+        return got
+
+    def rank(self, name: str) -> tuple[float, float] | None:
+        """A node's place in `spread`'s order, the name aside: its sessions per core with one
+        more opened, then its free CPU, negated (None: a node lost or gone)."""
+        node = self.st.nodes.get(name)
+        if node is None or not node.alive:
+            return None
+        return ((len(node.sessions) + 1) / max(node.cap.get(CPU, 0.0), 1e-9),
+                -node.free.get(CPU, 0.0))
 
     def spread(self, nodes: list[NodeState], demand: Resources, act: Resources, largest: bool,
                warm_key: str | None = None) -> NodeState | None:
@@ -201,6 +256,7 @@ class Sessions:
 
 
 _NONE = Resources()
+_TRIES = 16  # nodes `spread_all` tries in rank order before it scans them all
 
 
 # (sort keys as module functions, not lambdas: mypyc 2.4 crashes on a lambda that closes over
