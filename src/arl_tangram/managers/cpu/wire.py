@@ -75,7 +75,7 @@ def encode_direct(req: Mapping[str, Any], base_env: dict[str, str] | None) -> by
     lang, lim = req["lang"], req["limits"]
     name = str(lang["file"])
     if (req.get("files") or "/" in name or not name or lang["name"] == "java"
-            or base_env is None or req["env"] != base_env):
+            or base_env is None or req["env"] != base_env or req.get("tmpfs_mb")):
         return None
     try:
         nm, code, stdin = name.encode(), req["code"].encode(), (req.get("stdin") or "").encode()

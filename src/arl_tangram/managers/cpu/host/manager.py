@@ -360,6 +360,9 @@ class CpuManager:
             return RunResult.sandbox_error(f"no sandbox: {e}")
         self._running[action.id] = sb
         gen = self._zgen
+        tmp = payload.tmpfs_mb(mem, self.config)
+        if tmp < self.config.workdir_max_mb:  # (a small memory limit: see `payload.tmpfs_mb`)
+            req = {**req, "tmpfs_mb": tmp}
         try:
             return self._lost(await self._exchange(action.id, sb, req, mem), gen)
         finally:
@@ -591,6 +594,8 @@ class CpuManager:
             return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
         if s.image is not None:
             req = overlay.image_request(req, s.image, s.inside, None)
+        elif payload.tmpfs_mb(s.memory, self.config) < self.config.workdir_max_mb:
+            req = {**req, "tmpfs_mb": payload.tmpfs_mb(s.memory, self.config)}
         async with s.lock:
             s.last_used = time.monotonic()
             # the action's quota is the session's: its allotment, or a resize that came while

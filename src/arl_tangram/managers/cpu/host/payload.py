@@ -122,6 +122,15 @@ def memory_bytes(p: Mapping[str, Any], allotment: Mapping[str, float],
     return int(mb * (1 << 20))
 
 
+def tmpfs_mb(mem_bytes: int, cfg: CpuManagerConfig) -> int:
+    """The size cap of a sandbox's /workdir + /tmp (one tmpfs) under a memory limit of
+    ``mem_bytes``: at most half of it, and at most `CpuManagerConfig.workdir_max_mb`. A tmpfs's
+    pages are charged to the memory cgroup of whoever writes them, so a cap above the limit
+    turned a full /tmp into "memory limit exceeded" (after seconds) instead of ENOSPC; at half,
+    a full /tmp answers ENOSPC while the program still has the other half."""
+    return max(1, min(cfg.workdir_max_mb, (mem_bytes >> 20) // 2))
+
+
 @functools.cache
 def machine_cpus() -> int:
     """The cores this process may run on (affinity-aware): the most an action is shown."""
@@ -207,6 +216,9 @@ class SandboxRequest(TypedDict):
     stop_on_first_failure: bool  # cases: skip the rest after the first failure
     limits: LimitsWire  # rlimits and identity of every child
     direct: NotRequired[bool]  # (set by `direct`: the init runs it itself, no child)
+    # the sandbox's /workdir + /tmp tmpfs shrunk to this many MiB before the action (the init
+    # remounts it), set when the memory limit is too small for `workdir_max_mb` (`tmpfs_mb`)
+    tmpfs_mb: NotRequired[int]
 
 
 def build_request(action: ActionSpec, allotment: Mapping[str, float],

@@ -27,6 +27,11 @@ from . import child, imagebox, proc, session_worker
 from .prepared import Prepared, prepare, warm_child
 
 SANDBOX_DIR = "/sandbox"
+# A sandbox's /workdir + /tmp is one tmpfs (`become`): its size cap in MiB, and at most this many
+# inodes per MiB (an empty file still costs ~1 KiB of kernel memory, charged to the sandbox's
+# memory cgroup: 100k empty files took 93 MB; capped, a file flood answers ENOSPC)
+INODES_PER_MB = 256
+_tmpfs_mb = [0]  # the size it was last remounted to (`_fit_tmpfs`); 0: as mounted
 WORKDIR_SLASH = child.WORKDIR + "/"
 _JAVA_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)")
 
@@ -37,7 +42,7 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
     `_fastpath.init_setup` (C) makes the same calls where the extension is built: a change
     here must be made there too (or the fork server told to skip it, see `zygote._init`)."""
     _linux.mount("tmpfs", SANDBOX_DIR, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV,
-                 f"size={workdir_mb}m,mode=0755")
+                 f"size={workdir_mb}m,nr_inodes={workdir_mb * INODES_PER_MB},mode=0755")
     for name, mode in (("work", 0o700), ("tmp", 0o1777)):
         path = f"{SANDBOX_DIR}/{name}"
         os.mkdir(path)
@@ -49,6 +54,19 @@ def become(workdir_mb: int, uid: int, gid: int, hostname: str) -> None:
     _linux.sethostname(hostname)
     # (needs CAP_SYS_RESOURCE; children get 1000 anyway, so the OOM killer picks them)
     _linux.write_proc("/proc/self/oom_score_adj", b"-1000")
+
+
+def _fit_tmpfs(req: dict[str, Any]) -> None:
+    """Shrink the sandbox's tmpfs to the request's ``tmpfs_mb`` (set by the manager when the
+    action's memory limit is too small for the size it was mounted with: `payload.tmpfs_mb`),
+    before anything is written to it. The init is still root in its mount namespace here."""
+    mb = req.get("tmpfs_mb")
+    if not mb or mb == _tmpfs_mb[0]:
+        return
+    _linux.mount("tmpfs", SANDBOX_DIR, "tmpfs",
+                 _linux.MS_REMOUNT | _linux.MS_NOSUID | _linux.MS_NODEV,
+                 f"size={int(mb)}m,nr_inodes={int(mb) * INODES_PER_MB}")
+    _tmpfs_mb[0] = int(mb)
 
 
 def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
@@ -107,6 +125,7 @@ def _run_direct(req: dict[str, Any]) -> None:
     PID 1 exits, the kernel kills everything left in its PID namespace. Never returns."""
     try:
         limits, lang = _limits(req), req["lang"]
+        _fit_tmpfs(req)
         main_file = _main_file(lang, req["code"])
         if req.get("files") or "/" in main_file:
             _write_files(req, main_file, limits.uid, limits.gid)
@@ -251,6 +270,7 @@ def _argv(template: list[str], main_file: str) -> list[str]:
 
 def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
     limits, lang = _limits(req), req["lang"]
+    _fit_tmpfs(req)
     main_file = _main_file(lang, req["code"])
     _write_files(req, main_file, limits.uid, limits.gid)
     env = req["env"]
@@ -340,6 +360,7 @@ def _fetch(paths: Any) -> dict[str, str]:
 
 def _session(req: dict[str, Any], sessions: dict[str, session_worker.Worker]) -> dict[str, Any]:
     lang, limits = req["lang"]["name"], _limits(req)
+    _fit_tmpfs(req)
     note = ""
     w = sessions.get(lang)
     if w is None:

@@ -121,7 +121,8 @@ static PyObject *init_setup(PyObject *self, PyObject *args) {
     }
     close_from(out_w >= 0 ? 6 : 4);  /* the control socket, namespace fds */
     /* sandbox.become: the per-sandbox mounts in the fresh mount namespace */
-    snprintf(buf, sizeof buf, "size=%dm,mode=0755", mb);
+    /* (INODES_PER_MB = 256, as sandbox.init has it) */
+    snprintf(buf, sizeof buf, "size=%dm,nr_inodes=%d,mode=0755", mb, mb * 256);
     if (mount("tmpfs", sbdir, "tmpfs", MS_NOSUID | MS_NODEV, buf) != 0)
         return oserror("mount(tmpfs, sandbox dir)");
     static const char *names[2] = {"work", "tmp"};
