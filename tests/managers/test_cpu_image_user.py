@@ -252,6 +252,11 @@ try_("sethostname", lambda: sc("sethostname", b"x", 1))
 try_("ptrace", lambda: sc("ptrace", 16, 1, None, None))
 try_("kill host {host.pid}", lambda: os.kill({host.pid}, signal.SIGKILL))
 try_("chroot", lambda: os.chroot("/tmp"))
+import socket
+try_("raw socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+try_("connect out", lambda: socket.create_connection(("1.1.1.1", 53), timeout=1))
+try_("lo down", lambda: sc("ioctl", socket.socket().fileno(), 0x8914,  # SIOCSIFFLAGS
+                           ctypes.create_string_buffer(b"lo" + bytes(38))))
 shutil.copy("/usr/bin/id", "/tmp/id"); os.chmod("/tmp/id", 0o4755)
 print("setuid:", subprocess.run(["/tmp/id", "-u"], capture_output=True, text=True,
                                 user=65534).stdout.strip(),
@@ -265,7 +270,8 @@ print("nnp:", [l.split()[1] for l in open("/proc/self/status") if l.startswith("
         for what in ("write /proc/sysrq-trigger", "write /proc/sys/kernel/hostname",
                      "write /proc/sys/vm/drop_caches", "write /proc/1/oom_score_adj",
                      "read /proc/kcore", "read /proc/1/mem", "mount", "unshare", "sethostname",
-                     "ptrace", f"kill host {host.pid}", "chroot"):
+                     "ptrace", f"kill host {host.pid}", "chroot", "raw socket", "connect out",
+                     "lo down"):
             assert f"{what} denied" in got, (what, got)
         assert "setuid: 65534 0o4755" in got, got  # nosuid + no_new_privs: the bit does nothing
         assert "nnp: ['1']" in got, got

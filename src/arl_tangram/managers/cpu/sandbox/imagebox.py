@@ -13,12 +13,12 @@ Everything else stays as for every sandbox: the action's processes drop to their
 no_new_privs and the syscall filter (`child.setup`), in the same namespaces and cgroups.
 
 With the node's user namespace (issue 26; the manager lends its fd last, and the layers fd is
-then idmapped through it, `host/userns.py`) the init resolves the image's ``User`` in the
-image's own /etc/passwd and /etc/group, and once the image is mounted and pivoted into, joins
-that namespace as its root (host uid ``base``, no capability over the host: every namespace of
-the sandbox belongs to the host's): from then on the init and everything it forks are host
-uids of the node's range, and the action's processes drop to the image's user instead of the
-sandbox uid. The image's ``WorkingDir`` becomes the cwd of every child (`child.CWD`), and a
+then idmapped through it, `host/userns.py`) the init, once the image is mounted and pivoted
+into, joins that namespace as its root (host uid ``base``, no capability over the host: every
+namespace of the sandbox belongs to the host's): from then on the init and everything it forks
+are host uids of the node's range. It resolves the image's ``User`` in the image's own
+/etc/passwd and /etc/group (read as inside root), and the action's processes drop to that user
+instead of the sandbox uid. The image's ``WorkingDir`` becomes the cwd of every child (`child.CWD`), and a
 shell named by its ``Entrypoint``/``Cmd`` the shell of a bash session (`SHELL`).
 """
 
@@ -193,7 +193,15 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
         _linux.umount2(".", _linux.MNT_DETACH)
         os.chdir("/")  # from here on, every path is the image's
         home, config = None, req.get("config") or {}
-        if ns:
+        if ns:  # root of the node's user namespace, and nothing of the host's from now on
+            _linux.setns(ns_fd, _linux.CLONE_NEWUSER)
+            os.setgroups([])
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+            _linux.die_with_parent()  # (cleared by the uid change)
+            # inside root may signal this PID 1 now: only a handler's signal would reach it
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            # read as inside root (a link of the image's to a host root's file: not readable)
             user = str(config.get("User") or "")
             uid, gid, home = resolve_user(user, _read_small("/etc/passwd"),
                                           _read_small("/etc/group"))
@@ -205,15 +213,7 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
             os.unlink(wd)
         if not os.path.isdir(wd):
             os.mkdir(wd, 0o755)
-        os.chown(wd, base + uid, base + gid)  # (the top directory only: a metadata copy-up)
-        if ns:  # root of the node's user namespace, and nothing of the host's from now on
-            _linux.setns(ns_fd, _linux.CLONE_NEWUSER)
-            os.setgroups([])
-            os.setresgid(0, 0, 0)
-            os.setresuid(0, 0, 0)
-            _linux.die_with_parent()  # (cleared by the uid change)
-            # inside root may signal this PID 1 now: only a handler's signal would reach it
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os.chown(wd, uid, gid)  # (the top directory only: a metadata copy-up)
     finally:
         if ns_fd >= 0:
             os.close(ns_fd)
