@@ -33,6 +33,47 @@ def test_window_wait_is_the_least_over_every_choice_of_starts() -> None:
         assert _window_wait(np.asarray(rel), 8.0, m) == pytest.approx(_brute(rel, 8.0, m))
 
 
+def _brute_together(rel: list[float], works: list[float], end: float, m: int) -> float:
+    """Every choice of at most m starts and of a start (at or after its release) or none for
+    each action; a start serving n actions costs them (n - 1) x the n smallest works."""
+    small = sorted(works)
+    best = float("inf")
+    for k in range(min(m, len(rel)) + 1):
+        for starts in itertools.combinations(rel, k):
+            choices = [[s for s in starts if s >= r] + [None] for r in rel]
+            for pick in itertools.product(*choices):
+                cost = sum((end if s is None else s) - r for s, r in zip(pick, rel, strict=True))
+                for s in starts:
+                    n = sum(1 for x in pick if x == s)
+                    cost += (n - 1) * sum(small[:n]) if n else 0.0
+                best = min(best, cost)
+    return best
+
+
+def test_window_wait_with_works_is_the_least_over_every_choice_of_starts_and_actions() -> None:
+    rng = random.Random(11)
+    for _ in range(150):
+        n = rng.randint(1, 5)
+        rel = sorted(rng.uniform(0.0, 8.0) for _ in range(n))
+        works = [rng.uniform(0.0, 3.0) for _ in range(n)]
+        m = rng.randint(1, 3)
+        got = _window_wait(np.asarray(rel), 8.0, m, np.asarray(works))
+        assert got == pytest.approx(_brute_together(rel, works, 8.0, m))
+
+
+def test_hand_computed_waits_with_the_others_work() -> None:
+    # two actions at once on one instance: one batch serves both, each waits for the other's
+    # work (3 + 1 = 4), less than one of them waiting for the window's end (8 s)
+    assert batch_wait_sum([5.0, 5.0], 8.0, 1, phases=1, works=[1.0, 3.0]) == pytest.approx(4.0)
+    # two instances: each its own batch, nothing to wait for
+    assert batch_wait_sum([5.0, 5.0], 8.0, 2, phases=1, works=[1.0, 3.0]) == 0.0
+    # works follow their releases when these come unsorted: the window [0, 8) holds the
+    # actions of works 0.1 and 0.2 (one start at 0.5: waits 0.5 + 0.2 + 0.1), [8, 16) the one
+    # of work 10 alone (nothing)
+    assert batch_wait_sum([8.5, 0.0, 0.5], 8.0, 1, phases=1,
+                          works=[10.0, 0.1, 0.2]) == pytest.approx(0.8)
+
+
 def test_hand_computed_waits() -> None:
     # one instance, batches of 8 s, eight actions a second apart: the best single start in the
     # window is at t=3 (waits 3+2+1+0), the other four wait for the window's end (4+3+2+1)

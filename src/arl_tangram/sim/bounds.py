@@ -30,7 +30,11 @@ Two bounds, each valid on its own, and the larger of them is shown:
     phase); in each, at most ``m`` batch starts serve the actions released there, and an action
     not served in its window waits at least until the window's end. The least total wait of
     such a choice is a small dynamic program (starts at release times); each phase gives a valid bound, and the largest of a few phases is taken. An
-    action's completion is then at least its wait plus ``alpha + work``. Where arrivals are
+    action's completion is then at least its wait plus ``alpha + work``, plus the work of the
+    others in its batch (a batch of n takes ``alpha`` plus all n works, for each of its n): a
+    start that serves n of a window's actions costs them at least ``(n - 1)`` times the sum of
+    the window's n smallest works, which depends only on n, so the program stays exact (two
+    actions swapped between starts change no wait). Where arrivals are
     sparse this is (a); where they crowd an instance's ``alpha`` it adds the wait no scheduler
     avoids with static batches (continuous batching, which a batch of the simulator does not
     model, would avoid it).
@@ -148,10 +152,12 @@ def srpt_flow_sum(jobs: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def _window_wait(rel: np.ndarray, end: float, m: int) -> float:
+def _window_wait(rel: np.ndarray, end: float, m: int, works: np.ndarray | None = None) -> float:
     """Least total wait of the sorted releases ``rel`` (all before ``end``) for at most ``m``
     batch starts placed in the window, each action served by the first start at or after its
-    release, and those after the last start waiting until ``end``.
+    release, and those after the last start waiting until ``end``. With ``works`` (the
+    window's actions' works, any order), a start serving n of them also costs ``(n - 1)``
+    times the sum of the n smallest (each waits for the others' work in its batch).
 
     Starts can be taken at release times (moving a start back to the latest release it serves
     shortens every wait). ``f[c][j]``: the least wait of actions ``0..j`` with the ``c``-th start
@@ -162,36 +168,46 @@ def _window_wait(rel: np.ndarray, end: float, m: int) -> float:
         return 0.0
     pre = np.concatenate(([0.0], np.cumsum(rel)))  # pre[k] = sum of rel[:k]
     idx = np.arange(n)
+    # together[k]: what k actions served by one start cost each other (0 without works)
+    together = np.zeros(n + 1)
+    if works is not None:
+        together[1:] = np.arange(n) * np.cumsum(np.sort(works))
     # tail[j]: what the actions after a last start at rel[j] wait, until the window's end
     tail = (n - 1 - idx) * end - (pre[n] - pre[idx + 1])
     best = float(n * end - pre[n])  # no start at all
-    f = idx * rel - pre[idx]  # one start, at rel[j], serving actions 0..j (first c = 1)
+    f = idx * rel - pre[idx] + together[idx + 1]  # one start, at rel[j], serving actions 0..j
     best = min(best, float(np.min(f + tail)))
     for _ in range(1, min(m, n)):
         g = np.full(n, np.inf)
         for j in range(1, n):
             i = idx[:j]
-            g[j] = np.min(f[:j] + (j - i) * rel[j] - (pre[j + 1] - pre[i + 1]))
+            g[j] = np.min(f[:j] + (j - i) * rel[j] - (pre[j + 1] - pre[i + 1]) + together[j - i])
         f = g
         best = min(best, float(np.min(f + tail)))
     return best
 
 
-def batch_wait_sum(releases: Sequence[float], alpha: float, m: int, phases: int = 8) -> float:
+def batch_wait_sum(releases: Sequence[float], alpha: float, m: int, phases: int = 8,
+                   works: Sequence[float] | None = None) -> float:
     """A lower bound on the total time the actions released at ``releases`` wait for their
     batch to start, on at most ``m`` concurrent instances whose batches take ``alpha`` or
-    more (bound (c) of the module doc): the largest over ``phases`` window grids."""
+    more (bound (c) of the module doc): the largest over ``phases`` window grids. With
+    ``works`` (each action's, in the order of ``releases``), the wait for the others' work in
+    one's batch counts too."""
     if alpha <= 0.0 or m <= 0 or not releases:
         return 0.0
-    rel = np.sort(np.asarray(releases, dtype=float))
+    order = np.argsort(np.asarray(releases, dtype=float), kind="stable")
+    rel = np.asarray(releases, dtype=float)[order]
+    wk = np.asarray(works, dtype=float)[order] if works is not None else None
     top = 0.0
     for p in range(phases):
         origin = rel[0] - alpha * p / phases
         cut = np.floor((rel - origin) / alpha)
         total = 0.0
         for k in np.unique(cut):
-            inside = rel[cut == k]
-            total += _window_wait(inside, origin + (k + 1) * alpha, m)
+            sel = cut == k
+            total += _window_wait(rel[sel], origin + (k + 1) * alpha, m,
+                                  wk[sel] if wk is not None else None)
         top = max(top, total)
     return top
 
@@ -235,7 +251,8 @@ class ReleaseLog:
     """What a run's bound needs of each counted action, recorded as the run delivers it: its
     release, its bound alone and its charge on its pool (CPU or GPU)."""
 
-    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools", "_released")
+    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools", "_released",
+                 "_works")
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self._cluster = cluster
@@ -245,6 +262,7 @@ class ReleaseLog:
         self._cpu: list[tuple[float, float, float]] = []  # (release, charge, alone)
         self._gpu: list[tuple[float, float, float]] = []
         self._released: dict[str, list[float]] = {}  # model -> releases of its actions
+        self._works: dict[str, list[float]] = {}  # model -> their works (same order)
         self._fixed = 0.0  # timeouts of the actions that timed out
         self._count = 0
 
@@ -265,6 +283,7 @@ class ReleaseLog:
         if act.model is not None:
             self._gpu.append((submit, gpu_charge(act, self._cluster), alone))
             self._released.setdefault(act.model, []).append(submit)
+            self._works.setdefault(act.model, []).append(act.work_s)
         else:
             self._cpu.append((submit, cpu_charge(act, allotment), alone))
 
@@ -275,7 +294,8 @@ class ReleaseLog:
         for name, rel in self._released.items():
             model = self._cluster.model(name)
             if model is not None:
-                wait += batch_wait_sum(rel, model.alpha, slots.get(name, 0))
+                wait += batch_wait_sum(rel, model.alpha, slots.get(name, 0),
+                                       works=self._works[name])
         for jobs, speed, w in zip((self._cpu, self._gpu), self._pools, (0.0, wait), strict=True):
             a = sum(j[2] for j in jobs)
             b = srpt_flow_sum([(r, c / speed) for r, c, _ in jobs]) if speed > 0 and jobs else 0.0
