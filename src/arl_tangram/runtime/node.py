@@ -308,6 +308,11 @@ class NodeHost:
                 out["image_import_s"] = round(waited, 6)
             self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
                                        out, _reason(out), time.monotonic() - t0, rr.cpu_time))
+            if a.session and not self.cpu.has_session(a.session):
+                # the manager closed it (its sandbox died): the core and the engine learn it
+                # now, rather than routing the next action to a session that is gone
+                self.emit(E.SessionClosed(time.monotonic(), a.session,
+                                          f"closed by node {self.name}: {_reason(out)}"))
         except asyncio.CancelledError:
             self.emit(E.ActionFinished(time.monotonic(), a.id, Status.CANCELLED, None,
                                        "node shut down", time.monotonic() - t0))

@@ -628,6 +628,10 @@ class CpuManager:
             res = self._lost(res, s.gen)
         if s.sandbox.dead or res.status == "SandboxError":
             await self.close_session(sid)
+            if res.status == "SandboxError" and "session" not in res.message:
+                res = dataclasses.replace(res, message=f"the session's sandbox ended "
+                                          f"({res.message}); session {sid!r} is closed, its "
+                                          "state lost: open a new one")
         return res
 
     async def _reap_sessions(self) -> None:
@@ -640,6 +644,9 @@ class CpuManager:
 
     def session_ids(self) -> list[str]:
         return sorted(self._sessions)
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
 
 
 def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunResult:
