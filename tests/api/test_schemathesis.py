@@ -75,7 +75,8 @@ def test_schemathesis_all_checks_no_5xx(tmp_path: Path) -> None:
              "-H", f"Authorization: Bearer {TOKEN}", "--checks", "all",
              "--max-examples", str(MAX_EXAMPLES), "--workers", "2", "--request-timeout", "60",
              "--report", "har", "--report-dir", str(reports), "--no-color"],
-            capture_output=True, text=True, timeout=240)
+            capture_output=True, text=True, timeout=240,
+            cwd=tmp_path)  # (its cache of crashes goes there, not into the checkout)
         out = st.stdout + st.stderr
         print(out[-6000:])  # the findings of the other checks, for the log
         (har,) = glob.glob(str(reports / "har-*.json"))
