@@ -18,8 +18,10 @@ not favour one of them:
 Needs root (sandboxes). Prints, per trace and policy, the measured average ACT of each round,
 their median, the median over tangram's, and the simulator's prediction for tangram: with a
 fresh calibration, the CPU figures are measured again before every round (this VM's speed,
-above all the two cores' parallel speedup, moves within minutes) and each round's tangram run
-is predicted at its own round's figures; the error quoted is the median over the rounds.
+above all the two cores' parallel speedup, moves within minutes): every policy of the round runs
+on them (tangram's elastic widths weigh the node's measured parallel speedup, docs/core.md; the
+baselines' fixed rules do not read it) and each round's tangram run is predicted at them; the
+error quoted is the median over the rounds.
 """
 
 from __future__ import annotations
@@ -113,10 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         errors: list[float] = []  # per round: tangram's prediction at this round's calibration
         for r in range(args.rounds):
             order = labels[r % len(labels):] + labels[:r % len(labels)]
+            run_on = cluster
             if "tangram" in labels and not args.cluster:
                 here, here_cal = recalibrated()
+                run_on = here  # every policy this round runs on this round's figures
             for label in order:
-                rep: Any = asyncio.run(replay_policy(cluster, steps, label, trace=name,
+                rep: Any = asyncio.run(replay_policy(run_on, steps, label, trace=name,
                                                      units_per_s=units, train_s=0.0, url=None))
                 acts[label].append(rep.act["avg"])
                 print(f"{name} round {r + 1} {label:<18} ACT avg {rep.act['avg']:.4f} s", flush=True)
