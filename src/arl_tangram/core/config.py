@@ -72,6 +72,10 @@ class CoreConfig:
     stagger_batches: bool = True
     # Consecutive failed loads of one model after which its queued actions fail.
     max_load_failures: int = 3
+    # Times an action of a batch whose instance died mid-batch (an unsolicited ModelUnloaded)
+    # is queued again before it fails with the reason: a batch that died produced no score, so
+    # running it again scores nothing twice; the bound stops a batch that kills every worker.
+    model_worker_retries: int = 1
     # Demand held by a session opened implicitly by an action naming an unknown session.
     session_demand: Resources = Resources(memory_mb=256)  # noqa: RUF009 - immutable
     # Room kept on a session's node, beyond what its sessions hold, for one of their actions
@@ -150,6 +154,8 @@ class CoreConfig:
                 raise _bad(name, v, "must be an integer >= 1")
         if not isinstance(self.model_prewarm, bool):
             raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
+        if not isinstance(self.model_worker_retries, int) or self.model_worker_retries < 0:
+            raise _bad("model_worker_retries", self.model_worker_retries, "must be an integer >= 0")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:
             raise _bad("model_min_instances", self.model_min_instances, "must be an integer >= 0")
         if self.warm_boot is not None:

@@ -486,7 +486,19 @@ class Core:
             self.planner.failures_reset(name)
 
     def _on_model_unloaded(self, e: ev.ModelUnloaded) -> None:
-        self.planner.unloaded(e)
+        lost = self.planner.unloaded(e)
+        if not lost:
+            return
+        reason = e.reason or f"model instance {e.instance_id} was unloaded mid-batch"
+        retries = self.st.config.model_worker_retries
+        for rec in lost:  # its batch produced no score: run it again (bounded), or fail it
+            if rec.attempts <= retries and rec.spec.idempotent:
+                rec.batch = None
+                rec.move(S.QUEUED, self.st.now, self.st.cause)
+                rec.note(self.st.now, f"requeued: {reason}", self.st.cause)
+                self.queues.enqueue(rec)
+            else:
+                self._end(rec, S.FAILED, reason=f"{reason} (tried {rec.attempts} times)")
 
     def _on_batch_finished(self, e: ev.BatchFinished) -> None:
         bid = e.batch_id

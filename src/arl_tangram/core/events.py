@@ -98,6 +98,10 @@ class ModelLoaded(Event):
 class ModelUnloaded(Event):
     instance_id: str
     parked: bool = False  # weights kept in host memory for a fast swap-in
+    # set when no UnloadModel asked for it: the instance died (its worker crashed). The core
+    # drops it, requeues its batch in flight once (`CoreConfig.model_worker_retries`), and
+    # loads a replacement.
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,16 +204,41 @@ class ModelPlanner:
         """The model's queue was failed: its next failure counts from one."""
         self.load_failures[name] = 0
 
-    def unloaded(self, e: ModelUnloaded) -> None:
+    def unloaded(self, e: ModelUnloaded) -> list[ActionRecord]:
+        """An instance was unloaded. One the core did not unload ended under it (evicted by its
+        manager, or dead: ``e.reason``): it is dropped; a dead one is replaced at once (where
+        devices allow) and the actions of its batch in flight are returned (to requeue or fail)."""
         key = self.unparking.pop(e.instance_id, None)
         if key is not None and not e.parked and self.parked.get(key, 0) > 0:
             self.parked[key] -= 1
         inst = self.instances.get(e.instance_id)
-        if inst is not None:  # unloaded under us (the manager evicted it)
-            self.drop_instance(inst)
-            if e.parked:
-                k = (inst.node, inst.model.name)
-                self.parked[k] = self.parked.get(k, 0) + 1
+        if inst is None:
+            return []
+        lost = self.batch_lost(inst)
+        self.drop_instance(inst)
+        if e.parked:
+            k = (inst.node, inst.model.name)
+            self.parked[k] = self.parked.get(k, 0) + 1
+        if e.reason and self.st.nodes[inst.node].alive:  # died: what it served is loaded again
+            m = inst.model
+            got = self.pick_devices(m)
+            if got is not None and len(self.by_model.get(m.name, ())) < m.max_instances:
+                self.launch(m, *got)
+        return lost
+
+    def batch_lost(self, inst: InstanceRecord) -> list[ActionRecord]:
+        """The actions of ``inst``'s batch in flight, which will never be scored by it."""
+        if inst.batch is None:
+            return []
+        bid, ids = inst.batch
+        inst.batch = None
+        self.batches.pop(bid, None)
+        lost = []
+        for aid in ids:
+            rec = self.st.actions.get(aid)
+            if rec is not None and rec.batch == bid:
+                lost.append(rec)
+        return lost
 
     def batch_finished(self, e: BatchFinished) -> tuple[str, ...]:
         """A batch came back: its instance is free again; the ids of its actions."""
@@ -234,13 +259,7 @@ class ModelPlanner:
         lost: list[ActionRecord] = []
         for iid in sorted(node.instances):
             inst = self.instances[iid]
-            if inst.batch is not None:
-                bid, ids = inst.batch
-                self.batches.pop(bid, None)
-                for aid in ids:
-                    rec = self.st.actions.get(aid)
-                    if rec is not None and rec.batch == bid:
-                        lost.append(rec)
+            lost.extend(self.batch_lost(inst))
             self.drop_instance(inst)
             if not self.dynamic:
                 self.static_target[inst.model.name] -= 1

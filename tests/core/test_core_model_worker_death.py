@@ -1,0 +1,88 @@
+"""The core when a model instance dies under it (issue 25: supervision of model workers): an
+unsolicited ``ModelUnloaded`` with a reason drops the instance, requeues its batch in flight once
+(``model_worker_retries``), fails it the next time, and loads a replacement at once."""
+
+from __future__ import annotations
+
+import pytest
+from core_helpers import Driver, gpu_node, of, reward
+
+from arl_tangram.core import commands as cmd
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import Status
+from arl_tangram.core.cluster import ModelSpec
+from arl_tangram.core.config import CoreConfig
+
+RM = ModelSpec("rm", memory_mb=8000, alpha=0.04, beta=0.01, max_batch=16, max_instances=1,
+               load_s=10.0, swap_s=1.0)
+DIED = "the worker of model instance X died mid-batch: WorkerKilled"
+
+
+def _started(d: Driver, *aids: str) -> tuple[cmd.LoadModel, cmd.RunBatch]:
+    (ld,) = of(d.arrive(*[reward(a) for a in aids]), cmd.LoadModel)
+    (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
+    return ld, b
+
+
+@pytest.mark.parametrize("policy", ["tangram", "fifo", "static-pool"])
+def test_dead_instance_requeues_its_batch_once_and_is_replaced(policy: str) -> None:
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy=policy, model_prewarm=False)
+    ld, b = _started(d, "a", "b")
+    out = d(ev.ModelUnloaded(2.0, ld.instance_id, False, DIED))
+    assert not of(out, cmd.Deliver)  # nothing lost: both wait for the replacement
+    assert d.status("a") is Status.QUEUED and d.status("b") is Status.QUEUED
+    (ld2,) = of(out, cmd.LoadModel)  # loaded again at once, on the devices the dead one freed
+    assert ld2.instance_id != ld.instance_id and ld2.devices == ld.devices
+    assert not of(out, cmd.UnloadModel)  # (the node dropped it already)
+    # the dead batch's late BatchFinished (its failure) changes nothing
+    late = d(ev.BatchFinished(2.1, b.batch_id, ld.instance_id, failed={"a": DIED, "b": DIED}))
+    assert not of(late, cmd.Deliver)
+    (b2,) = of(d(ev.ModelLoaded(3.0, ld2.instance_id)), cmd.RunBatch)
+    assert sorted(a.id for a in b2.actions) == ["a", "b"]
+    out = d(ev.BatchFinished(4.0, b2.batch_id, ld2.instance_id, outputs={"a": 1.0, "b": 2.0}))
+    res = {c.result.id: c.result for c in of(out, cmd.Deliver)}
+    assert res["a"].status is Status.SUCCEEDED and res["a"].output == 1.0
+    assert res["a"].attempts == 2 and res["b"].attempts == 2  # each scored once, run twice
+    assert [i.id for i in d.core.view().instances] == [ld2.instance_id]
+
+
+def test_second_death_of_the_same_batch_fails_it_with_the_reason() -> None:
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_prewarm=False)
+    ld, _ = _started(d, "a")
+    (ld2,) = of(d(ev.ModelUnloaded(2.0, ld.instance_id, False, DIED)), cmd.LoadModel)
+    of(d(ev.ModelLoaded(3.0, ld2.instance_id)), cmd.RunBatch)
+    out = d(ev.ModelUnloaded(4.0, ld2.instance_id, False, DIED))
+    (dl,) = of(out, cmd.Deliver)
+    assert dl.result.status is Status.FAILED
+    assert "died mid-batch" in dl.result.reason and "tried 2 times" in dl.result.reason
+    assert len(of(out, cmd.LoadModel)) == 1  # still replaced: the next actions are served
+
+
+def test_no_retry_configured_and_non_idempotent_fail_at_once() -> None:
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_prewarm=False,
+               model_worker_retries=0)
+    ld, _ = _started(d, "a")
+    (dl,) = of(d(ev.ModelUnloaded(2.0, ld.instance_id, False, DIED)), cmd.Deliver)
+    assert dl.result.status is Status.FAILED and DIED in dl.result.reason
+    d2 = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_prewarm=False)
+    (ld,) = of(d2.arrive(reward("n", idempotent=False)), cmd.LoadModel)
+    of(d2(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
+    (dl,) = of(d2(ev.ModelUnloaded(2.0, ld.instance_id, False, DIED)), cmd.Deliver)
+    assert dl.result.status is Status.FAILED
+
+
+def test_idle_instance_death_is_replaced_and_an_asked_unload_is_not() -> None:
+    d = Driver([gpu_node("g0", gpus=2)], [RM], policy="tangram", model_prewarm=False)
+    (ld,) = of(d.tick(), cmd.LoadModel)  # the warm minimum
+    d(ev.ModelLoaded(1.0, ld.instance_id))
+    (ld2,) = of(d(ev.ModelUnloaded(2.0, ld.instance_id, False, DIED)), cmd.LoadModel)
+    assert ld2.model == "rm"
+    d(ev.ModelLoaded(3.0, ld2.instance_id))
+    # a ModelUnloaded without a reason for an instance the core did not unload (its manager
+    # evicted it) is dropped, not replaced: only a death is
+    assert not of(d(ev.ModelUnloaded(4.0, ld2.instance_id, True)), cmd.LoadModel)
+
+
+def test_config_validates_retries() -> None:
+    with pytest.raises(ValueError, match="model_worker_retries"):
+        CoreConfig(model_worker_retries=-1)
