@@ -100,8 +100,13 @@ class EngineCollector:
         restarts = CounterMetricFamily("tangram_fork_server_restarts",
                                        "Restarts of the node's sandbox fork server",
                                        labels=["node"])
+        mdeaths = CounterMetricFamily("tangram_model_worker_deaths",
+                                      "Model instances on the node whose worker died mid-batch",
+                                      labels=["node"])
         for node in cluster["nodes"]:
             ok = bool(node.get("alive", True)) and bool(node.get("ready", True))
+            gh = node.get("gpu_health") or {}
+            mdeaths.add_metric([node["name"]], float(gh.get("model_worker_deaths", 0)))
             ready.add_metric([node["name"]], 1.0 if ok else 0.0)
             h = node.get("cpu_health") or {}
             deaths.add_metric([node["name"]], float(h.get("fork_server_deaths", 0)))
@@ -120,6 +125,7 @@ class EngineCollector:
         yield ready
         yield deaths
         yield restarts
+        yield mdeaths
 
 
 def make_registry(engine: Engine) -> CollectorRegistry:

@@ -132,6 +132,10 @@ class Engine:
         # sessions opened in an environment image: (image, layer_mb), until their OpenSession
         self._session_images: dict[str, tuple[str, int | None]] = {}
         self._instances: dict[str, dict[str, Any]] = {}
+        # models whose last ready instance died (an unsolicited ModelUnloaded): model -> the
+        # death's node, reason and engine time, until an instance of it is loaded again
+        self._models_down: dict[str, dict[str, Any]] = {}
+        self.model_recoveries: list[float] = []  # seconds from each such death to the reload
         self._queue: asyncio.Queue[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,11 +272,33 @@ class Engine:
                 sb.model_loads += not ev.from_host
                 if inst is not None:
                     inst["state"] = "loaded"
+                    self._model_up(str(inst["model"]), ev.time)
         elif isinstance(ev, E.ModelUnloaded):
-            self._instances.pop(ev.instance_id, None)
+            inst = self._instances.pop(ev.instance_id, None)
+            if ev.reason and inst is not None:
+                self._model_died(inst, ev.reason, ev.time)
         elif isinstance(ev, E.SessionClosed):
             self._sessions.pop(ev.session_id, None)
             self._session_nodes.pop(ev.session_id, None)
+
+    def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
+        """An instance died under the core (its worker): while its model has no other loaded
+        instance, the model is down and its node reports itself not ready."""
+        model = str(inst["model"])
+        log.warning("model %s: instance %s on node %s died: %s", model, inst.get("instance_id"),
+                    inst.get("node"), reason)
+        if model in self._models_down:
+            return
+        if any(i["model"] == model and i["state"] == "loaded" for i in self._instances.values()):
+            return
+        self._models_down[model] = {"node": inst.get("node"), "reason": reason, "since": now}
+
+    def _model_up(self, model: str, now: float) -> None:
+        down = self._models_down.pop(model, None)
+        if down is not None:
+            took = now - float(down["since"])
+            self.model_recoveries.append(took)
+            log.warning("model %s: ready again %.3f s after its instance died", model, took)
 
     def _take(self, cmd: C.Command) -> bool:
         """Handle what the engine itself executes (Deliver); note what the others hold."""
@@ -509,6 +535,9 @@ class Engine:
         node_views: Sequence[NodeView] = view.nodes if view is not None else ()
         instance_views: Sequence[InstanceView] = view.instances if view is not None else ()
         nodes = []
+        now = self.clock.now()
+        down = {m: {**d, "down_s": round(now - float(d["since"]), 3)}
+                for m, d in self._models_down.items()}
         for nv in node_views:
             cap, used = nv.capacity, nv.used
             spec = self.nodes.get(nv.name)
@@ -520,11 +549,20 @@ class Engine:
                 "gpu_domains": [list(d) for d in spec.gpu_domains] if spec else [],
                 **{k: v for k, v in info.get(nv.name, {}).items() if k not in ("name", "pool")},
             })
+            dead_here = sorted(m for m, d in down.items() if d["node"] == nv.name)
+            if dead_here and nodes[-1].get("ready", True):  # a model's worker died here
+                m = dead_here[0]
+                nodes[-1]["ready"] = False
+                nodes[-1]["not_ready_reason"] = (
+                    f"model {m} has no instance up: {down[m]['reason']} ({down[m]['down_s']} s "
+                    "ago; reloading)")
         instances = [{"instance_id": i.id, "model": i.model, "node": i.node,
                       "devices": list(i.devices), "state": i.state, "queue": i.queue}
                      for i in instance_views]
         return {"nodes": nodes, "policy": self.config.policy,
                 "models": [m.name for m in self.config.models], "instances": instances,
+                "models_down": {m: {k: v for k, v in d.items() if k != "since"}
+                                for m, d in down.items()},
                 "sessions": len(self._sessions)}
 
     def stats(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Invariant: for every command it accepts, a NodeHost emits exactly the events the executor
 contract promises (one ActionStarted then one ActionFinished per StartAction, one BatchFinished
 per RunBatch, one ModelLoaded per LoadModel, one ModelUnloaded per UnloadModel); a failure of a
-manager becomes a failed outcome event, never an exception out of `submit`. Event times are this
+manager becomes a failed outcome event, never an exception out of `submit`. One event comes
+unasked: a ModelUnloaded with a ``reason`` when an instance's worker died (the GPU manager's
+``on_worker_death``), emitted before the BatchFinished of the batch it died in. Event times are this
 host's ``time.monotonic()``; the engine re-stamps them on its own clock when they arrive.
 
 A NodeHost holds no global state and assumes only that it runs inside one asyncio loop, so the
@@ -129,6 +131,8 @@ class NodeHost:
         await self.cpu.start()
         if self.gpu is None and self._models and self._gpu_config is not None:
             self.gpu = self._make_gpu()
+        if self.gpu is not None and hasattr(self.gpu, "on_worker_death"):
+            setattr(self.gpu, "on_worker_death", self._model_worker_died)  # noqa: B010
         if self.gpu is not None and hasattr(self.gpu, "start"):
             await self.gpu.start()
         self.spec = self._node_spec()
@@ -338,6 +342,12 @@ class NodeHost:
             failed = dict.fromkeys(ids, f"{type(exc).__name__}: {exc}")
             self.emit(E.BatchFinished(time.monotonic(), cmd.batch_id, cmd.instance_id, {}, failed))
 
+    def _model_worker_died(self, instance_id: str, reason: str) -> None:
+        """The GPU manager dropped an instance whose worker died: the scheduler learns it first
+        (an unsolicited ModelUnloaded with the reason: it requeues the batch and loads a
+        replacement), then the batch call fails (its BatchFinished comes after)."""
+        self.emit(E.ModelUnloaded(time.monotonic(), instance_id, False, reason))
+
     async def _load(self, cmd: C.LoadModel) -> None:
         try:
             if self.gpu is None:
@@ -498,6 +508,9 @@ class NodeHost:
             out["not_ready_reason"] = str(h.get("reason") or "the CPU manager is not running")
         if h:
             out["cpu_health"] = _jsonable(h)
+        ghealth = getattr(self.gpu, "health", None)
+        if callable(ghealth):
+            out["gpu_health"] = _jsonable(_safe(ghealth, {}))
         return out
 
     def info(self) -> dict[str, Any]:

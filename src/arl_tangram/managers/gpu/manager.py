@@ -13,16 +13,29 @@ CPU tensors); ``load(from_host=True)`` moves it back (a host->device copy) inste
 constructing it from disk. On CPU-backed devices, device and host memory are the same RAM: a
 parked model is an already-built model object, and swap-in skips disk reading, deserialization
 and construction -- it moves no bytes.
+
+Supervision (issue 25): an instance's worker is a thread of this process, not a process of its
+own, so there is no worker to ``kill -9``; what can die is the worker thread's batch call. A batch
+whose worker is stopped (an exception that is not an ``Exception``: `WorkerKilled`, SystemExit,
+...), whose device reports a sticky error (a CUDA error other than out-of-memory: the instance's
+state can no longer be trusted), or whose worker thread has ended, ends the INSTANCE: it is
+removed (its devices free at once), ``on_worker_death(instance_id, reason)`` is called before the
+batch call raises `ModelWorkerDied`, and the node host reports it to the scheduler (an unsolicited
+``ModelUnloaded`` with the reason), which requeues the batch once and loads a replacement. Any
+other model error fails only that batch's actions and keeps the instance, as before.
+`crash_worker` stops a worker mid-batch (fault injection for tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +53,42 @@ from .costs import CostTracker
 from .devices import discover, torch_device
 from .scoring import Factory, Scorer, cold_load, texts_for
 
+log = logging.getLogger(__name__)
+
+
+class WorkerKilled(BaseException):
+    """Raised inside a worker thread by `GpuManager.crash_worker`: the thread is stopped where it
+    is, as a crash would stop it (a BaseException, so the model code's ``except Exception``
+    cannot swallow it)."""
+
+
+class ModelWorkerDied(BrokenError):
+    """The instance's worker died mid-batch: the instance is gone (``reason`` says why)."""
+
+    def __init__(self, instance_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.instance_id, self.reason = instance_id, reason
+
+
+# Device errors after which an instance's state cannot be trusted (sticky CUDA errors). An
+# out-of-memory error is the batch's own: the instance stays.
+_STICKY = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
+           "uncorrectable ECC error")
+
+
+def _kills_worker(exc: BaseException) -> bool:
+    if not isinstance(exc, Exception) or isinstance(exc, _WorkerStopped):
+        return True
+    if type(exc).__name__ == "AcceleratorError":  # (torch >= 2.8: a CUDA error)
+        return True
+    msg = str(exc)
+    return "out of memory" not in msg and any(m in msg for m in _STICKY)
+
+
+class _WorkerStopped(Exception):
+    """A BaseException that stopped the worker thread, carried out of it as an Exception (a
+    SystemExit or KeyboardInterrupt must never reach the event loop)."""
+
 
 @dataclass(eq=False)
 class _Instance:
@@ -54,10 +103,13 @@ class _Instance:
     from_host: bool = False  # the last load was a swap-in of parked weights
     load_s: float | None = None
     host_mb: float = 0.0  # bytes of its weights, in MB
+    worker: threading.Thread | None = None  # its worker thread (set when the thread starts)
+    batch_thread: int | None = None  # ident of the worker thread while a batch runs on it
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _set_threads(n: int) -> None:
+def _init_worker(inst: _Instance, n: int) -> None:
+    inst.worker = threading.current_thread()
     torch.set_num_threads(n)  # OpenMP: applies to this worker thread's parallel regions
 
 
@@ -89,6 +141,11 @@ class GpuManager:
         self._costs = {name: CostTracker(spec) for name, spec in self._specs.items()}
         self._batcher = DynamicBatcher(self.run_batch, self._knee, self.config.batch_wait_ms / 1000)
         self._closed = False
+        # supervision: called (instance id, reason) when an instance's worker dies, before the
+        # batch call that saw it raises (the node host tells the scheduler)
+        self.on_worker_death: Callable[[str, str], None] | None = None
+        self.worker_deaths = 0
+        self.last_worker_death: str = ""
 
     # ---- node description ----------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
@@ -144,7 +201,7 @@ class GpuManager:
         self._instances[instance_id] = inst
         parked = self._take_parked(instance_id, model) if from_host else None
         budget = self.config.threads_per_device * len(devices)
-        inst.executor = ThreadPoolExecutor(1, f"gpu-{instance_id}", _set_threads, (budget,))
+        inst.executor = ThreadPoolExecutor(1, f"gpu-{instance_id}", _init_worker, (inst, budget))
         loop = asyncio.get_running_loop()
         try:
             scorer, seconds = await loop.run_in_executor(
@@ -245,10 +302,16 @@ class GpuManager:
             good.append(a)
         if not good:
             return BatchOutcome({}, failed, 0.0, 0)
+        if inst.worker is not None and not inst.worker.is_alive():
+            self._worker_died(inst, "its worker thread had ended")
         loop = asyncio.get_running_loop()
         try:
             outs, latency = await loop.run_in_executor(inst.executor, self._score_sync, inst, good)
-        except Exception as exc:  # the model itself failed: every action of the batch did
+        except (Exception, WorkerKilled) as exc:
+            if _kills_worker(exc):
+                cause = exc.__cause__ if isinstance(exc, _WorkerStopped) else exc
+                self._worker_died(inst, f"{type(cause).__name__}: {cause}".rstrip(": "))
+            # the model itself failed: every action of the batch did; the instance stays
             reason = f"model {inst.spec.name} failed: {type(exc).__name__}: {exc}"
             failed.update({a.id: reason for a in good})
             return BatchOutcome({}, failed, 0.0, 0)
@@ -261,10 +324,60 @@ class GpuManager:
         self, inst: _Instance, actions: list[ActionSpec]
     ) -> tuple[list[dict[str, Any]], float]:
         assert inst.scorer is not None
-        with self._device_locks(inst.devices):
-            t0 = time.perf_counter()
-            outs = inst.scorer.score([a.payload for a in actions])
-            return outs, time.perf_counter() - t0
+        inst.batch_thread = threading.get_ident()
+        try:
+            with self._device_locks(inst.devices):
+                t0 = time.perf_counter()
+                outs = inst.scorer.score([a.payload for a in actions])
+                return outs, time.perf_counter() - t0
+        except Exception:
+            raise
+        except BaseException as exc:  # the worker was stopped: carried out as an Exception
+            raise _WorkerStopped(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            inst.batch_thread = None
+
+    def _worker_died(self, inst: _Instance, cause: str) -> None:
+        """The instance's worker died: drop the instance (its devices free now), tell the
+        ``on_worker_death`` hook, raise `ModelWorkerDied`."""
+        iid = inst.id
+        reason = (f"the worker of model instance {iid} ({inst.spec.name}) died mid-batch: "
+                  f"{cause}")
+        if self._instances.get(iid) is inst:
+            del self._instances[iid]
+            self._book(inst, -1)
+        self._batcher.drop(iid, reason)
+        if inst.executor is not None:
+            inst.executor.shutdown(wait=False)
+        inst.executor, inst.scorer, inst.state = None, None, "dead"
+        self.worker_deaths += 1
+        self.last_worker_death = reason
+        log.warning("%s; instance dropped", reason)
+        hook = self.on_worker_death
+        if hook is not None:
+            try:
+                hook(iid, reason)
+            except Exception:
+                log.exception("on_worker_death hook failed for %s", iid)
+        self._free_memory()
+        raise ModelWorkerDied(iid, reason)
+
+    def crash_worker(self, instance_id: str) -> bool:
+        """Fault injection (tests, benchmarks/bench_faults.py): stop the worker thread of
+        ``instance_id`` where it is, mid-batch, with an asynchronous `WorkerKilled` -- what a
+        crash of the thread does. False when it is not running a batch now."""
+        inst = self._instances.get(instance_id)
+        tid = inst.batch_thread if inst is not None else None
+        if tid is None:
+            return False
+        n = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                       ctypes.py_object(WorkerKilled))
+        return bool(n == 1)
+
+    def health(self) -> dict[str, Any]:
+        """Supervision counters: worker deaths and the last one's reason."""
+        return {"model_worker_deaths": self.worker_deaths,
+                "last_model_worker_death": self.last_worker_death}
 
     async def submit(self, instance_id: str, action: ActionSpec) -> dict[str, Any]:
         """Score one action through the dynamic batcher (merges concurrent submits)."""
