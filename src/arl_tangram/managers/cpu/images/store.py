@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -37,7 +38,7 @@ from typing import IO, Any
 from arl_tangram.core.errors import ImageError, ImageInUse
 from arl_tangram.core.images import NAME_RE, check_name
 
-from . import archives, extract
+from . import archives, extract, transfer
 
 __all__ = ["NAME_RE", "Image", "ImageError", "ImageInUse", "ImageStore", "check_name"]
 
@@ -53,11 +54,13 @@ class Image:
     size: int  # bytes of its unpacked layers
     imported_at: float = field(default_factory=time.time)
     import_s: float = 0.0
+    layer_sizes: list[int] = field(default_factory=list)  # bytes of each layer, as ``layers``
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "digest": self.digest, "layers": list(self.layers),
                 "config": self.config, "source": self.source, "format": self.fmt,
-                "size": self.size, "imported_at": self.imported_at, "import_s": self.import_s}
+                "size": self.size, "imported_at": self.imported_at, "import_s": self.import_s,
+                "layer_sizes": list(self.layer_sizes)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Image:
@@ -65,7 +68,8 @@ class Image:
                    config=dict(d.get("config") or {}), source=d.get("source", ""),
                    fmt=d.get("format", ""), size=int(d.get("size", 0)),
                    imported_at=float(d.get("imported_at", 0.0)),
-                   import_s=float(d.get("import_s", 0.0)))
+                   import_s=float(d.get("import_s", 0.0)),
+                   layer_sizes=[int(x) for x in d.get("layer_sizes") or ()])
 
 
 class ImageStore:
@@ -202,20 +206,55 @@ class ImageStore:
         fmt, (layers, config) = archives.read(path, self)
         digest = "sha256:" + hashlib.sha256(
             json.dumps([layers, config], sort_keys=True).encode()).hexdigest()
-        size = sum(_du(self.layer_path(k)) for k in layers)
+        sizes = [_du(self.layer_path(k)) for k in layers]
         img = Image(name=name, digest=digest, layers=layers, config=config, source=path,
-                    fmt=fmt, size=size, import_s=round(time.perf_counter() - t0, 6))
+                    fmt=fmt, size=sum(sizes), import_s=round(time.perf_counter() - t0, 6),
+                    layer_sizes=sizes)
+        self._write_record(img)
+        return img
+
+    def _write_record(self, img: Image) -> None:
+        """Record ``img`` (its layers are in the cache), replacing an unused older version."""
         with self._lock:
-            self._check_unused(name, "it cannot be replaced now")
-            old = self.get(name) if self.has(name) else None
-            tmp = self._record(name) + ".tmp"
+            self._check_unused(img.name, "it cannot be replaced now")
+            missing = [k for k in img.layers if not self.has_layer(k)]
+            if missing:  # (removed meanwhile with the last image that used it)
+                raise ImageError(f"image {img.name!r}: layer(s) {', '.join(missing)} missing")
+            old = self.get(img.name) if self.has(img.name) else None
+            tmp = self._record(img.name) + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(img.to_dict(), f)
-            os.replace(tmp, self._record(name))
+            os.replace(tmp, self._record(img.name))
             if old is not None:  # layers only the replaced version used
                 keep = {k for other in self.list_images() for k in other.layers}
                 for k in set(old.layers) - keep:
                     self._rmtree(self.layer_path(k))
+
+    # ---- between nodes (issue 26): `transfer` moves the layers, this records the image --------
+    def open_layer(self, key: str, chunk_bytes: int = transfer.CHUNK_BYTES) -> transfer.LayerStream:
+        """Layer ``key`` as a tar stream read in chunks (the sending side of a pull)."""
+        return transfer.LayerStream(self.layer_path(check_layer_key(key)), chunk_bytes)
+
+    def new_spool(self) -> transfer.LayerSpool:
+        """Where the chunks of one layer a peer sends are written (the receiving side)."""
+        self._ensure()
+        return transfer.LayerSpool(self.tmp_dir)
+
+    def finish_layer(self, spool: transfer.LayerSpool, key: str, digest: str, where: str) -> None:
+        """Unpack a whole spooled layer to ``layers/<key>`` (its stream digest checked)."""
+        spool.finish(self.tmp_dir, self.layer_path(check_layer_key(key)), digest, where)
+
+    def add_pulled(self, record: dict[str, Any], source: str, pull_s: float) -> Image:
+        """Record an image a peer described (``record``: its `Image.to_dict`) once every
+        layer it names is in this cache."""
+        img = Image.from_dict(record)
+        check_name(img.name)
+        for k in img.layers:
+            check_layer_key(k)
+        img.source, img.imported_at, img.import_s = source, time.time(), round(pull_s, 6)
+        if len(img.layer_sizes) != len(img.layers):
+            img.layer_sizes = [_du(self.layer_path(k)) for k in img.layers]
+        self._write_record(img)
         return img
 
     # ---- the layer sink of the archive readers ----------------------------------------------
@@ -225,6 +264,17 @@ class ImageStore:
     def unpack_layer(self, f: IO[bytes], key: str, where: str, expect: str | None = None) -> None:
         """Unpack the layer tar stream ``f`` (gzip/bzip2/xz or plain) to ``layers/<key>``."""
         extract.unpack(f, self.tmp_dir, self.layer_path(key), where, expect)
+
+
+_LAYER_KEY = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+def check_layer_key(key: str) -> str:
+    """``key`` when it is a layer key (``sha256-<64 hex>``: a peer names layers too), else
+    ImageError."""
+    if not isinstance(key, str) or not _LAYER_KEY.fullmatch(key):
+        raise ImageError(f"not a layer key: {key!r}")
+    return key
 
 
 def _du(path: str) -> int:
