@@ -57,6 +57,23 @@ class ImageCache(Protocol):
 
     def remove(self, name: str) -> ImageRecord: ...
 
+    # between nodes (issue 26): the sending side (`get`, `open_layer`) and the receiving side
+    def get(self, name: str) -> ImageRecord: ...
+
+    def has_layer(self, key: str) -> bool: ...
+
+    def open_layer(self, key: str, chunk_bytes: int = ...) -> Any:
+        """Layer ``key`` as a stream of chunks (`images.transfer.LayerStream`)."""
+        ...
+
+    def new_spool(self) -> Any:
+        """Where one received layer's chunks are written (`images.transfer.LayerSpool`)."""
+        ...
+
+    def finish_layer(self, spool: Any, key: str, digest: str, where: str) -> None: ...
+
+    def add_pulled(self, record: dict[str, Any], source: str, pull_s: float) -> ImageRecord: ...
+
 
 class CodeRunner(Protocol):
     """Runs code actions in isolated sandboxes: one-shot, or in sessions that outlive them."""

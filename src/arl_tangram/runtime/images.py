@@ -9,18 +9,24 @@ the core's `OpenSession` (`ImageOpenSession`, a subclass, so everything that han
 list / remove are operations of the `Executor` seam (`runtime.executor`):
 - a local executor imports at once on every node (or the one named), so the core's choice of
   node finds the image there (`LocalExecutor`);
-- on Ray, an import records the image's source path on every node's agent (a path every node
-  can read: a shared file system); a node imports it on first use, and reports it held from
-  then on (`RayExecutor`).
+- on Ray, an import reads the path on one node (the one named, else the driver's node, else
+  the first that can read it); every other node learns which nodes hold the image (its
+  *peers*) and, on first use, pulls the layers it lacks from one of them, content-addressed by
+  layer (`NodeHost.pull_image`, over an `ImagePeer`), and reports it held from then on
+  (`RayExecutor`). No shared file system is needed.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import commands as C
 from ..core.errors import ImageError, ImageInUse, InvalidAction, TangramError
+
+if TYPE_CHECKING:
+    from .node import NodeHost
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,50 @@ def raise_remote(err: dict[str, Any]) -> None:
     if kind == "InvalidAction":
         raise InvalidAction("name", msg)
     raise ImageError(msg)
+
+
+class ImagePeer(abc.ABC):
+    """Another node's image cache, as a node pulling an image from it sees it: the image's
+    record, and each layer as a stream of chunks (``b""`` at the end), whose sha256 and size
+    `close_layer` reports. `HostPeer` is one in this process; on Ray, `ray_agent.RayPeer`
+    calls the peer's NodeAgent (chunks travel as Ray objects)."""
+
+    name: str  # the peer node's name
+
+    @abc.abstractmethod
+    async def manifest(self, image: str) -> dict[str, Any]:
+        """The image's record (`Image.to_dict`); ImageError when the peer lacks it."""
+
+    @abc.abstractmethod
+    async def open_layer(self, key: str, chunk_bytes: int) -> str:
+        """Start sending layer ``key`` in chunks of ``chunk_bytes``: a stream id."""
+
+    @abc.abstractmethod
+    async def next_chunk(self, stream: str) -> bytes:
+        """The stream's next chunk; ``b""`` once it is whole."""
+
+    @abc.abstractmethod
+    async def close_layer(self, stream: str) -> dict[str, Any]:
+        """End the stream: ``{"digest": "sha256:...", "bytes": n}`` of what was sent."""
+
+
+class HostPeer(ImagePeer):
+    """A `NodeHost` of this process as a peer (local executors, tests)."""
+
+    def __init__(self, host: NodeHost) -> None:
+        self.host, self.name = host, host.name
+
+    async def manifest(self, image: str) -> dict[str, Any]:
+        return self.host.image_manifest(image)
+
+    async def open_layer(self, key: str, chunk_bytes: int) -> str:
+        return await self.host.open_layer_stream(key, chunk_bytes)
+
+    async def next_chunk(self, stream: str) -> bytes:
+        return await self.host.next_layer_chunk(stream)
+
+    async def close_layer(self, stream: str) -> dict[str, Any]:
+        return await self.host.close_layer_stream(stream)
 
 
 def in_use(name: str, count: int, node: str) -> ImageInUse:

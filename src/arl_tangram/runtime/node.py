@@ -14,10 +14,15 @@ for the driver to collect).
 
 Environment images (issue 17): the host reports every image its cache holds as warm state
 (``WarmPoolReport(node, "image:NAME", 1)``; 0 once removed), so the core opens an image's
-sessions where the image already is. An image the cache lacks but whose source path the host
-knows (``images``, or `add_image_source`) is imported on first use, once, before the session or
-action that needs it; that session's first action (or that one-shot action) reports the
-seconds it waited for the import as ``image_import_s`` in its result.
+sessions where the image already is. An image the cache lacks is fetched on first use, once,
+before the session or action that needs it: pulled from a peer node that holds it
+(``image_peers``, `set_image_peers`: only the layers this cache lacks travel, in chunks, see
+`pull_image`), else imported from its source path when the host knows one (``images``, or
+`add_image_source`). That session's first action (or that one-shot action) reports the seconds
+it waited as ``image_import_s`` in its result, and for a pull what travelled as
+``image_pull`` (``from``, ``s``, ``layers_sent``, ``layers_had``, ``bytes``). A pull in flight
+and the last ones are in ``info()["image_transfers"]`` (so in /v1/cluster), with a log line at
+its start and end; what this node sent its peers is ``info()["image_served"]``.
 
 Resizes (``ResizeAction``) of a CPU action are never lost while it runs: one that comes before
 the action reaches the CPU manager (its session still opening, its image importing) becomes the
@@ -31,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import commands as C
 from ..core import events as E
@@ -45,6 +52,9 @@ from ..core.errors import ClosedError, ImageError
 from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 from ..managers.base import CodeRunner, ImageCache, ModelHost
+
+if TYPE_CHECKING:
+    from .images import ImagePeer
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +118,18 @@ class NodeHost:
         self.warm_report_s = 0.05  # how often warm sandboxes are counted and reported on change
         self.image_sources: dict[str, str] = dict(images)  # name -> a path this node can read
         self._eager_images = tuple(eager_images)  # of those, imported at start
-        self._importing: dict[str, asyncio.Future[float]] = {}  # name -> its import in flight
-        self._import_s: dict[str, float] = {}  # session -> seconds its open waited for an import
+        self._importing: dict[str, asyncio.Future[dict[str, Any] | None]] = {}  # name -> fetch
+        # session -> what its open waited for (``image_import_s``, ``image_pull``), for its
+        # first action's result
+        self._image_note: dict[str, dict[str, Any]] = {}
+        # images between nodes (issue 26): who holds an image this node may lack, chunk size
+        self.image_peers: dict[str, list[ImagePeer]] = {}
+        self.image_chunk_bytes = 64 << 20
+        self.transfers: dict[str, dict[str, Any]] = {}  # image -> its last pull's progress
+        self.served = {"layers": 0, "bytes": 0}  # what peers pulled from this node
+        self._layer_pulls: dict[str, asyncio.Future[bool]] = {}  # layer key -> its pull
+        self._streams: dict[str, list[Any]] = {}  # stream id -> [LayerStream, last use]
+        self._stream_ids = itertools.count(1)
         # CPU actions started here and not yet handed to the CPU manager -> their allotment,
         # which a resize meanwhile replaces (`_resize`)
         self._handing: dict[str, Resources] = {}
@@ -193,6 +213,9 @@ class NodeHost:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for sid in list(self._streams):
+            with contextlib.suppress(Exception):
+                await self.close_layer_stream(sid)
         for mgr in (self.gpu, self._cpu):
             if mgr is not None:
                 with contextlib.suppress(Exception):
@@ -296,20 +319,20 @@ class NodeHost:
         opening = self._opening.get(a.session) if a.session else None
         if opening is not None:  # the session's OpenSession came in the same breath
             await opening.wait()
-        waited = self._import_s.pop(a.session, 0.0) if a.session and self._import_s else 0.0
+        note = self._image_note.pop(a.session, {}) if a.session and self._image_note else {}
         self.emit(E.ActionStarted(time.monotonic(), a.id, self.name))
         t0 = time.monotonic()
         try:
             if a.kind.uses_model:
                 raise RuntimeError(f"{a.kind.value} actions run in batches (RunBatch), not alone")
             image = a.payload.get("image") if a.session is None else None
-            if isinstance(image, str) and self.image_sources:
-                waited = await self.ensure_image(image)
+            if isinstance(image, str) and (self.image_sources or self.image_peers):
+                note = await self.ensure_image(image)
             # handed over: from here the CPU manager takes its resizes (no await in between)
             rr = await self.cpu.run(a, self._handing.pop(a.id, cmd.allotment))
             out = rr.to_dict()
-            if waited > 0.0 and isinstance(out, dict):
-                out["image_import_s"] = round(waited, 6)
+            if note and isinstance(out, dict):
+                out.update(note)
             self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
                                        out, _reason(out), time.monotonic() - t0, rr.cpu_time))
             if a.session and not self.cpu.has_session(a.session):
@@ -383,9 +406,9 @@ class NodeHost:
         try:
             image = getattr(cmd, "image", None)  # (`runtime.images.ImageOpenSession`)
             if image is not None:
-                waited = await self.ensure_image(image)
-                if waited > 0.0:
-                    self._import_s[cmd.session_id] = waited
+                note = await self.ensure_image(image)
+                if note:
+                    self._image_note[cmd.session_id] = note
             if image is None:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
             else:
@@ -403,7 +426,7 @@ class NodeHost:
         opening = self._opening.get(cmd.session_id)
         if opening is not None:
             await opening.wait()
-        self._import_s.pop(cmd.session_id, None)
+        self._image_note.pop(cmd.session_id, None)
         await self._call(self.cpu.close_session(cmd.session_id))
 
     # ---- environment images ----------------------------------------------------------------
@@ -446,29 +469,194 @@ class NodeHost:
         self.image_sources[name] = path
         return {"path": path, "held": bool(self._store().has(name)), "lazy": True}
 
-    async def ensure_image(self, name: str) -> float:
-        """Seconds spent waiting for ``name`` to be imported here (0.0: it was already held,
-        or no source is known and the manager reports the missing image itself)."""
+    async def ensure_image(self, name: str) -> dict[str, Any]:
+        """Fetch ``name`` here unless the cache holds it; what the first action that needed it
+        reports: ``{}`` when it was held (or nothing is known of it here: the manager reports
+        the missing image itself), else ``image_import_s`` (seconds waited) and, when it was
+        pulled from a peer, ``image_pull``. A second user arriving meanwhile waits for the same
+        fetch."""
         store = self._images()
         if store is None or store.has(name):
-            return 0.0
-        path = self.image_sources.get(name)
-        if path is None:
-            return 0.0
+            return {}
+        if not self.image_peers.get(name) and name not in self.image_sources:
+            return {}
         t0 = time.monotonic()
         fut = self._importing.get(name)
-        if fut is None:  # the first user imports; later ones wait for the same import
+        if fut is None:  # the first user fetches; later ones wait for the same fetch
             fut = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(_retrieved)
             self._importing[name] = fut
             try:
-                await self.import_image(path, name)
-                fut.set_result(time.monotonic() - t0)
+                fut.set_result(await self._fetch(name))
             except Exception as exc:
                 fut.set_exception(exc)
             finally:
                 self._importing.pop(name, None)
-        await asyncio.shield(fut)
-        return time.monotonic() - t0
+        pulled = await asyncio.shield(fut)
+        out: dict[str, Any] = {"image_import_s": round(time.monotonic() - t0, 6)}
+        if pulled:
+            out["image_pull"] = pulled
+        return out
+
+    async def _fetch(self, name: str) -> dict[str, Any] | None:
+        """Pull ``name`` from a peer (its stats), else import it from its path (None)."""
+        path = self.image_sources.get(name)
+        if self.image_peers.get(name):
+            try:
+                return await self.pull_image(name)
+            except Exception as exc:
+                if path is None or not os.access(path, os.R_OK):
+                    raise
+                log.warning("%s; importing it from %s instead", exc, path)
+        if path is None:
+            raise ImageError(f"node {self.name}: no source of image {name!r}")
+        await self.import_image(path, name)
+        return None
+
+    # ---- images between nodes (issue 26, item 3) ---------------------------------------------
+
+    def set_image_peers(self, name: str, peers: Sequence[ImagePeer]) -> dict[str, Any]:
+        """The nodes known to hold ``name``: a first use here pulls it from one of them."""
+        check_name(name)
+        mine = [p for p in peers if p.name != self.name]
+        if mine:
+            self.image_peers[name] = mine
+        else:
+            self.image_peers.pop(name, None)
+        store = self._images()
+        return {"held": bool(store is not None and store.has(name)),
+                "peers": [p.name for p in mine]}
+
+    async def pull_image(self, name: str) -> dict[str, Any]:
+        """Pull ``name`` from one of its peers (in random order, the next on failure): only
+        the layers this cache lacks travel. Returns ``{"from", "s", "layers_sent",
+        "layers_had", "bytes"}``; ImageError naming every peer's failure otherwise."""
+        store = self._store()
+        peers = list(self.image_peers.get(name) or ())
+        if not peers:
+            raise ImageError(f"node {self.name}: no node is known to hold image {name!r}")
+        random.shuffle(peers)  # spread the pulls of many nodes over the holders
+        errors = []
+        for peer in peers:
+            try:
+                return await self._pull_from(peer, name, store)
+            except Exception as exc:
+                log.warning("node %s: pulling image %s from node %s failed: %s",
+                            self.name, name, peer.name, exc)
+                errors.append(f"from node {peer.name}: {exc}")
+        raise ImageError(f"node {self.name}: image {name!r} could not be pulled: "
+                         + "; ".join(errors))
+
+    async def _pull_from(self, peer: ImagePeer, name: str, store: ImageCache) -> dict[str, Any]:
+        t0 = time.monotonic()
+        rec = await peer.manifest(name)
+        layers = [str(k) for k in rec.get("layers") or ()]
+        sizes = [int(x) for x in rec.get("layer_sizes") or ()]
+        size_of = dict(zip(layers, sizes, strict=False))
+        missing = [k for k in dict.fromkeys(layers) if not store.has_layer(k)]
+        prog: dict[str, Any] = {
+            "image": name, "state": "pulling", "from": peer.name, "layers": len(layers),
+            "layers_had": len(layers) - len(missing), "layers_sent": 0, "bytes": 0,
+            "bytes_expected": sum(size_of.get(k, 0) for k in missing),
+            "started_at": round(time.time(), 3), "s": 0.0}
+        self.transfers.pop(name, None)
+        self.transfers[name] = prog
+        while len(self.transfers) > 32:
+            del self.transfers[next(iter(self.transfers))]
+        log.info("node %s: pulling image %s from node %s: %d of %d layers missing "
+                 "(%.1f MiB unpacked)", self.name, name, peer.name, len(missing), len(layers),
+                 prog["bytes_expected"] / 2**20)
+        try:
+            for k in missing:
+                if await self._pull_layer(peer, k, prog):
+                    prog["layers_sent"] += 1
+                else:  # another pull here fetched it meanwhile
+                    prog["layers_had"] += 1
+            await asyncio.to_thread(store.add_pulled, rec, f"node {peer.name}",
+                                    time.monotonic() - t0)
+        except Exception as exc:
+            prog.update(state="failed", error=str(exc), s=round(time.monotonic() - t0, 6))
+            raise
+        prog.update(state="done", s=round(time.monotonic() - t0, 6))
+        log.info("node %s: pulled image %s from node %s in %.2f s: %d layer(s), %d bytes sent, "
+                 "%d layer(s) already here", self.name, name, peer.name, prog["s"],
+                 prog["layers_sent"], prog["bytes"], prog["layers_had"])
+        self.emit(E.WarmPoolReport(time.monotonic(), self.name, warm_key(name), 1))
+        return {k: prog[k] for k in ("from", "s", "layers_sent", "layers_had", "bytes")}
+
+    async def _pull_layer(self, peer: ImagePeer, key: str, prog: dict[str, Any]) -> bool:
+        """Layer ``key`` from ``peer`` into the cache; False when another pull here fetched
+        it meanwhile (one fetch per layer at a time)."""
+        fut = self._layer_pulls.get(key)
+        if fut is not None:
+            await asyncio.shield(fut)
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieved)
+        self._layer_pulls[key] = fut
+        try:
+            await self._receive_layer(peer, key, prog)
+            fut.set_result(True)
+            return True
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else ImageError(repr(exc)))
+            raise
+        finally:
+            self._layer_pulls.pop(key, None)
+
+    async def _receive_layer(self, peer: ImagePeer, key: str, prog: dict[str, Any]) -> None:
+        store = self._store()
+        spool = await asyncio.to_thread(store.new_spool)
+        sid: str | None = None
+        try:
+            sid = await peer.open_layer(key, self.image_chunk_bytes)
+            while chunk := await peer.next_chunk(sid):
+                await asyncio.to_thread(spool.write, chunk)
+                prog["bytes"] += len(chunk)
+            end, sid = await peer.close_layer(sid), None
+            await asyncio.to_thread(store.finish_layer, spool, key, str(end.get("digest")),
+                                    f"node {peer.name}: layer {key}")
+        finally:
+            spool.discard()
+            if sid is not None:
+                with contextlib.suppress(Exception):
+                    await peer.close_layer(sid)
+
+    # (the sending side: a peer pulling from this node)
+    def image_manifest(self, name: str) -> dict[str, Any]:
+        """The record of ``name`` in this cache (ImageError: not held here)."""
+        return dict(self._store().get(name).to_dict())
+
+    async def open_layer_stream(self, key: str, chunk_bytes: int) -> str:
+        """Start sending layer ``key`` (a stream id); streams idle for 5 minutes are closed."""
+        now = time.monotonic()
+        for old in [s for s, (_, t) in self._streams.items() if now - t > 300.0]:
+            await self.close_layer_stream(old)
+        stream = await asyncio.to_thread(self._store().open_layer, key, int(chunk_bytes))
+        sid = f"{key[7:19]}-{next(self._stream_ids)}"
+        self._streams[sid] = [stream, now]
+        return sid
+
+    async def next_layer_chunk(self, sid: str) -> bytes:
+        """The stream's next chunk (``b""``: it is whole)."""
+        entry = self._streams.get(sid)
+        if entry is None:
+            raise ImageError(f"node {self.name}: no layer stream {sid!r} (closed or idle)")
+        entry[1] = time.monotonic()
+        chunk: bytes = await asyncio.to_thread(entry[0].next)
+        self.served["bytes"] += len(chunk)
+        return chunk
+
+    async def close_layer_stream(self, sid: str) -> dict[str, Any]:
+        """End a stream: ``{"digest", "bytes"}`` of what it sent."""
+        entry = self._streams.pop(sid, None)
+        if entry is None:
+            raise ImageError(f"node {self.name}: no layer stream {sid!r} (closed or idle)")
+        stream = entry[0]
+        await asyncio.to_thread(stream.close)
+        if stream.done:
+            self.served["layers"] += 1
+        return {"digest": stream.digest, "bytes": stream.size}
 
     def has_image(self, name: str) -> bool:
         """Whether this node's cache holds ``name`` (ImagesUnsupported: no cache here)."""
@@ -482,6 +670,7 @@ class NodeHost:
         """Remove ``name`` from the cache and forget its source; False when not held here.
         ImageInUse while a session or action uses it."""
         self.image_sources.pop(name, None)
+        self.image_peers.pop(name, None)
         store = self._store()
         if not store.has(name):
             return False
@@ -527,9 +716,18 @@ class NodeHost:
         if self._images() is not None:
             d["images"] = _safe(self.list_images, [])
             d["image_sources"] = dict(self.image_sources)
+            d["image_peers"] = {n: [p.name for p in ps] for n, ps in self.image_peers.items()}
+            d["image_transfers"] = [dict(t) for t in self.transfers.values()]
+            d["image_served"] = dict(self.served)
         if self.gpu_note:
             d["gpu_note"] = self.gpu_note
         return d
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """(a fetch's failure is re-raised to whoever awaits it; none may be left unread)"""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _reason(out: Any) -> str:
