@@ -36,6 +36,7 @@ from ..core.cluster import ModelSpec, NodeSpec
 from ..core.commands import Command, StartAction
 from ..core.events import ActionFinished, ActionStarted, Event
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+from .images import ImagePeer
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ class AgentSetup:
     # start for the names in ``eager_images``
     images: tuple[tuple[str, str], ...] = ()
     eager_images: tuple[str, ...] = ()
+    # images other nodes hold: (name, ((node name, its NodeAgent handle), ...)); a first use
+    # here pulls the layers this node lacks from one of them, in chunks of image_chunk_bytes
+    image_peers: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    image_chunk_bytes: int = 64 << 20
     host_factory: Callable[[AgentSetup, Callable[[Event], None]], Host] | None = None  # None: NodeHost
 
 
@@ -87,11 +92,41 @@ def make_node_host(setup: AgentSetup, emit: Callable[[Event], None]) -> Host:
     # Several Ray nodes may share one machine (ray.cluster_utils.Cluster, or nodes packed on a
     # big host): give each node's CPU manager its own state directory unless one is configured.
     cpu.setdefault("work_root", os.path.join(tempfile.gettempdir(), "tangram-cpu", f"ray-{setup.name.replace('~', '-')}"))
-    return NodeHost(
+    host = NodeHost(
         setup.name, emit=emit, pool=setup.pool, capacity=setup.capacity,
         cpu_config=cpu, gpu_config=setup.gpu, models=setup.models,
         labels=setup.labels, images=setup.images, eager_images=setup.eager_images,
     )
+    host.image_chunk_bytes = int(setup.image_chunk_bytes)
+    for name, pairs in setup.image_peers:
+        host.image_peers[name] = [RayPeer(n, h) for n, h in pairs if n != setup.name]
+    return host
+
+
+class RayPeer(ImagePeer):
+    """Another node's agent as an image peer (`runtime.images.ImagePeer`): a layer travels
+    as the return values of ``layer_chunk`` calls, Ray objects of at most one chunk each, from
+    the peer's object store to this node's; one call in flight per stream."""
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name, self.handle = name, handle
+
+    async def manifest(self, image: str) -> dict[str, Any]:
+        from .images import raise_remote
+
+        got = await self.handle.image_op.remote("manifest", (image,))
+        if "error" in got:
+            raise_remote({**got, "error": f"node {self.name}: {got['error']}"})
+        return dict(got["ok"])
+
+    async def open_layer(self, key: str, chunk_bytes: int) -> str:
+        return str(await self.handle.layer_open.remote(key, int(chunk_bytes)))
+
+    async def next_chunk(self, stream: str) -> bytes:
+        return bytes(await self.handle.layer_chunk.remote(stream))
+
+    async def close_layer(self, stream: str) -> dict[str, Any]:
+        return dict(await self.handle.layer_close.remote(stream))
 
 
 class NodeAgent:
@@ -158,7 +193,10 @@ class NodeAgent:
     async def image_op(self, op: str, args: Sequence[Any]) -> dict[str, Any]:
         """An environment-image operation on this node's host: ``source`` (name, path: import
         on first use), ``import`` (path, name: now), ``users`` (name), ``remove`` (name),
-        ``list``. Answers ``{"ok": value}`` or ``{"error": message, "type": class name}``."""
+        ``list``; between nodes: ``readable`` (path: can this node read it), ``peers`` (name,
+        ((node, agent handle), ...): who holds it), ``pull`` (name: fetch it now), ``manifest``
+        (name: its record). Answers ``{"ok": value}`` or ``{"error": message, "type": class
+        name}``."""
         host: Any = self._host
         try:
             if host is None or not hasattr(host, "add_image_source"):
@@ -175,11 +213,44 @@ class NodeAgent:
                 value = host.remove_image(*args)
             elif op == "list":
                 value = host.list_images()
+            elif op == "readable":
+                path = str(args[0])
+                value = os.path.isabs(path) and os.access(path, os.R_OK)
+            elif op == "peers":
+                name, pairs = args
+                value = host.set_image_peers(name, [RayPeer(n, h) for n, h in pairs])
+            elif op == "pull":
+                value = await host.ensure_image(*args)
+                if not host.has_image(*args):
+                    from ..core.errors import ImageError
+
+                    raise ImageError(f"node {self._setup.name}: no source or peer of image "
+                                     f"{args[0]!r}")
+            elif op == "manifest":
+                value = host.image_manifest(*args)
             else:
                 raise ValueError(f"unknown image operation {op!r}")
             return {"ok": value}
         except Exception as exc:
             return {"error": str(exc), "type": type(exc).__name__}
+
+    # a layer of this node's image cache, in chunks, to a peer pulling it (`RayPeer`)
+    async def layer_open(self, key: str, chunk_bytes: int) -> str:
+        return str(await self._image_host().open_layer_stream(key, chunk_bytes))
+
+    async def layer_chunk(self, stream: str) -> bytes:
+        return bytes(await self._image_host().next_layer_chunk(stream))
+
+    async def layer_close(self, stream: str) -> dict[str, Any]:
+        return dict(await self._image_host().close_layer_stream(stream))
+
+    def _image_host(self) -> Any:
+        host: Any = self._host
+        if host is None or not hasattr(host, "open_layer_stream"):
+            from .images import ImagesUnsupported
+
+            raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
+        return host
 
     async def shutdown(self) -> list[Event]:
         """Close the host (running actions end CANCELLED) and return every undelivered event."""
@@ -296,6 +367,7 @@ __all__ = [
     "EchoHost",
     "Host",
     "NodeAgent",
+    "RayPeer",
     "capacity_from_ray",
     "domains_from_ray",
     "make_node_host",

@@ -72,6 +72,7 @@ class RayExecutorConfig:
     # ``eager_images``
     images: tuple[tuple[str, str], ...] = ()
     eager_images: tuple[str, ...] = ()
+    image_chunk_bytes: int = 64 << 20  # a layer pulled between nodes travels in pieces this big
 
     def __post_init__(self) -> None:
         for name in ("membership_interval_s", "poll_wait_s", "agent_start_timeout_s"):
@@ -84,6 +85,8 @@ class RayExecutorConfig:
             raise ValueError(f"max_agent_restarts must be >= 0, got {self.max_agent_restarts}")
         if not self.address:
             raise ValueError("address must be a non-empty string (e.g. 'auto')")
+        if not isinstance(self.image_chunk_bytes, int) or self.image_chunk_bytes < 1 << 16:
+            raise ValueError(f"image_chunk_bytes must be an int >= 65536, got {self.image_chunk_bytes!r}")
 
 
 class _State(enum.IntEnum):
@@ -133,6 +136,9 @@ class RayExecutor(Executor):
         self._closed = False
         self.dropped_commands = 0  # commands for nodes that were lost or unknown
         self.image_sources: dict[str, str] = dict(self.config.images)  # name -> shared path
+        # name -> the nodes known to hold it (an import's node, and nodes that pulled it, as
+        # their info says); every node is told them, to pull from on first use
+        self.image_holders: dict[str, set[str]] = {}
 
     @classmethod
     def from_service_config(cls, cfg: Any, *, address: str = "auto", **kw: Any) -> RayExecutor:
@@ -299,6 +305,8 @@ class RayExecutor(Executor):
                 labels=labels, cpu=self.config.cpu, gpu=self.config.gpu, models=self._models,
                 images=tuple(self.image_sources.items()),
                 eager_images=tuple(n for n in self.config.eager_images if n in self.image_sources),
+                image_peers=tuple((n, self._holder_pairs(n)) for n in self.image_holders),
+                image_chunk_bytes=self.config.image_chunk_bytes,
                 host_factory=self._host_factory,
             )
         except ValueError as exc:
@@ -396,6 +404,23 @@ class RayExecutor(Executor):
         for node, res in zip(up, done, strict=True):
             if isinstance(res, dict):
                 node.info = res
+        self._learn_holders(up)
+
+    def _learn_holders(self, up: Sequence[_Node]) -> None:
+        """Nodes whose info lists an image they were not known to hold (they pulled it, or
+        imported it from its source path on their own, as the YAML's ``images:`` are): every
+        node is told, so later first uses pull from them, spread over them."""
+        grown = set()
+        for node in up:
+            for rec in node.info.get("images") or ():
+                name = rec.get("name") if isinstance(rec, dict) else None
+                known = name in self.image_holders or name in self.image_sources
+                if isinstance(name, str) and known \
+                        and node.name not in self.image_holders.setdefault(name, set()):
+                    self.image_holders[name].add(node.name)
+                    grown.add(name)
+        for name in grown:
+            self._background(self._push_peers(name))
 
     # ---- environment images ------------------------------------------------------------------
 
@@ -419,13 +444,73 @@ class RayExecutor(Executor):
         return out
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
-        """Record the source on every node (each imports it on first use); ImageError when
-        some node cannot read the path."""
+        """Import ``path`` as ``name`` on one node now: ``node``, else the driver's own node
+        when it can read the path, else the first node that can (ImageError: none can). Every
+        other node is told which nodes hold it and pulls it from one of them on first use
+        (`replicate_image`: now); no shared file system is needed."""
         check_name(name)
-        got = await self.image_call("source", (name, path), node)
+        target = node if node is not None else await self._reader_of(path)
+        got = await self.image_call("import", (path, name), target)
+        self.image_holders[name] = {target} | self._holding_same(name, got[target])
+        await self._push_peers(name)
         if node is None:  # nodes that join later learn it too
             self.image_sources[name] = path
-        return {"name": name, "lazy": True, "nodes": got}
+        return {"name": name, "lazy": True, "nodes": got, "imported_on": target,
+                "holders": sorted(self.image_holders[name])}
+
+    async def replicate_image(self, name: str, node: str | None = None) -> dict[str, Any]:
+        """Pull ``name`` now onto every node that lacks it (or onto ``node``), from the nodes
+        holding it: ``{"name", "nodes": {node: {"image_import_s", "image_pull"}}}``."""
+        check_name(name)
+        if not self.image_holders.get(name):
+            raise ImageError(f"no node is known to hold image {name!r}")
+        up = [n.name for n in self._current.values() if n.state is _State.UP
+              and n.name not in self.image_holders[name] and (node is None or n.name == node)]
+        answers = await asyncio.gather(*(self.image_call("pull", (name,), n) for n in up))
+        got = {k: v for a in answers for k, v in a.items()}
+        self.image_holders[name].update(got)
+        if got:
+            await self._push_peers(name)
+        return {"name": name, "nodes": got}
+
+    async def _reader_of(self, path: str) -> str:
+        """The node to import ``path`` on: the driver's own, else the first that can read it."""
+        import ray
+
+        readable = await self.image_call("readable", (path,))
+        nodes = sorted(n for n, ok in readable.items() if ok)
+        if not nodes:
+            raise ImageError(f"{path}: no node can read it (as an absolute path)")
+        with contextlib.suppress(Exception):
+            here = ray.get_runtime_context().get_node_id()
+            for n in nodes:
+                if self._nodes[n].ray_node_id == here:
+                    return n
+        return nodes[0]
+
+    def _holding_same(self, name: str, record: Mapping[str, Any]) -> set[str]:
+        """Nodes whose last info lists ``name`` with the same digest as ``record``."""
+        digest = record.get("digest")
+        return {n for n, d in self.node_info().items()
+                if any(i.get("name") == name and i.get("digest") == digest
+                       for i in d.get("images") or ())}
+
+    def _holder_pairs(self, name: str) -> tuple[tuple[str, Any], ...]:
+        """(node, agent handle) of the live nodes known to hold ``name``."""
+        holders = self.image_holders.get(name) or set()
+        return tuple((n.name, n.actor) for n in self._current.values()
+                     if n.state is _State.UP and n.name in holders)
+
+    async def _push_peers(self, name: str) -> None:
+        """Tell every live node which nodes hold ``name`` (a node lacking it pulls from them)."""
+        pairs = self._holder_pairs(name)
+        up = [n for n in self._current.values() if n.state is _State.UP]
+        answers = await asyncio.gather(*(n.actor.image_op.remote("peers", (name, pairs))
+                                         for n in up), return_exceptions=True)
+        for n, a in zip(up, answers, strict=True):
+            if isinstance(a, BaseException) or "error" in a:
+                log.warning("node %s: could not be told the holders of image %s: %s",
+                            n.name, name, a if isinstance(a, BaseException) else a["error"])
 
     def list_images(self, node: str | None = None) -> dict[str, Any]:
         """As of the last refresh of node info (at most ``membership_interval_s`` old)."""
@@ -434,7 +519,10 @@ class RayExecutor(Executor):
             raise InvalidAction("node", f"unknown node {node!r}")
         return {"nodes": {n: list(d.get("images") or []) for n, d in info.items()
                           if node is None or n == node},
-                "sources": dict(self.image_sources)}
+                "sources": dict(self.image_sources),
+                "holders": {k: sorted(v) for k, v in self.image_holders.items()},
+                "transfers": {n: list(d.get("image_transfers") or []) for n, d in info.items()
+                              if (node is None or n == node) and d.get("image_transfers")}}
 
     async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
         users = await self.image_call("users", (name,), node)
@@ -445,13 +533,17 @@ class RayExecutor(Executor):
         removed = await self.image_call("remove", (name,), node)
         if node is None:
             self.image_sources.pop(name, None)
+            self.image_holders.pop(name, None)
+        elif name in self.image_holders:
+            self.image_holders[name].discard(node)
+            await self._push_peers(name)
         held = sorted(n for n, ok in removed.items() if ok)
         if not held and not known:
             raise ImageError(f"no image {name!r}")
         return {"name": name, "removed": held}
 
     def has_image(self, name: str) -> bool | None:
-        if name in self.image_sources:
+        if name in self.image_sources or self.image_holders.get(name):
             return True
         return any(any(i.get("name") == name for i in d.get("images") or [])
                    for d in self.node_info().values())
