@@ -4,7 +4,8 @@ is removed right after, so no other node can read its source. A session placed o
 pulls it from the first, layer by layer, in chunks that travel as Ray objects; its first action
 reports the pull (``image_pull``: from where, how long, layers and bytes sent) and the wait
 (``image_import_s``), and the node's info shows the transfer (as /v1/cluster does). A second
-image sharing the base layer sends only its own top layer. `replicate_image` pulls an image onto
+image sharing the base layer sends only its own top layer. A source only the driver reads is
+sent to one node (`upload_image`) and pulled from there. `replicate_image` pulls an image onto
 every node that lacks it at once."""
 
 from __future__ import annotations
@@ -101,18 +102,31 @@ async def test_an_image_imported_on_one_node_serves_sessions_on_others(ray_clust
         assert ex.list_images()["transfers"][b] == done
         await wait_until(lambda: ex.list_images()["holders"].get("xfer-one") == [a, b], 10,
                          "b known to hold the image")
-        # eagerly: every other node pulls it now (from a or b)
+        # a source only the driver can read: sent to c as an archive, imported there; b, which
+        # has the base layer, pulls only the top one from c
+        src = image_dirs(base_tar, "three")
+        up = await ex.upload_image(src, "xfer-three", node=c)
+        assert up["uploaded"] and up["imported_on"] == c and up["holders"] == [c]
+        shutil.rmtree(os.path.dirname(src))
+        sid = await eng.open_session("xfer-three-b", image="xfer-three", node=b)
+        sessions.append(sid)
+        r = await eng.run(bash("xfer-three-r", "cat /etc/which", sid))
+        assert r.status is Status.SUCCEEDED and r.output["run_result"]["stdout"] == "three"
+        assert r.output["image_pull"]["from"] == c
+        assert (r.output["image_pull"]["layers_sent"], r.output["image_pull"]["layers_had"]) == (1, 1)
+        # eagerly: every other node pulls it now (from a or b); c has the base layer already
         rep = await ex.replicate_image("xfer-one")
         assert set(rep["nodes"]) == set(nodes) - {a, b}
         assert rep["nodes"][c]["image_pull"]["from"] in (a, b)
-        assert rep["nodes"][c]["image_pull"]["layers_sent"] == 2
+        assert (rep["nodes"][c]["image_pull"]["layers_sent"],
+                rep["nodes"][c]["image_pull"]["layers_had"]) == (1, 1)
         assert sorted(ex.list_images()["holders"]["xfer-one"]) == nodes
         for s in sessions:
             await eng.close_session(s)
         sessions.clear()
         await wait_until(lambda: all(i["in_use"] == 0 for i in ex.node_info()[b].get("images", [])),
                          10, "the sessions closed on b")
-        for name in ("xfer-one", "xfer-two"):
+        for name in ("xfer-one", "xfer-two", "xfer-three"):
             await ex.remove_image(name)
         assert "xfer-one" not in ex.list_images()["holders"]
     finally:

@@ -139,6 +139,7 @@ class NodeAgent:
         self._host: Host | None = None
         self._closed = False
         self._accepted = 0  # commands accepted so far (diagnostics)
+        self._uploads: dict[str, Any] = {}  # upload id -> its spool (`upload_open`)
 
     def _signal(self) -> asyncio.Event:
         if self._wake is None:
@@ -233,6 +234,29 @@ class NodeAgent:
             return {"ok": value}
         except Exception as exc:
             return {"error": str(exc), "type": type(exc).__name__}
+
+    # an archive the driver sends in chunks (`RayExecutor.upload_image`), imported here
+    async def upload_open(self) -> str:
+        spool = await asyncio.to_thread(self._image_host()._store().new_spool)
+        sid = os.path.basename(spool.path)
+        self._uploads[sid] = spool
+        return sid
+
+    async def upload_chunk(self, sid: str, data: bytes) -> int:
+        spool = self._uploads[sid]
+        await asyncio.to_thread(spool.write, data)
+        return int(spool.size)
+
+    async def upload_import(self, sid: str, name: str) -> dict[str, Any]:
+        """Import the sent archive as ``name``: ``{"ok": record}`` or ``{"error", "type"}``."""
+        spool = self._uploads.pop(sid)
+        try:
+            spool.close()
+            return {"ok": (await self._image_host().import_image(spool.path, name)).to_dict()}
+        except Exception as exc:
+            return {"error": str(exc), "type": type(exc).__name__}
+        finally:
+            spool.discard()
 
     # a layer of this node's image cache, in chunks, to a peer pulling it (`RayPeer`)
     async def layer_open(self, key: str, chunk_bytes: int) -> str:

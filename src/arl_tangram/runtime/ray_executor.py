@@ -14,6 +14,10 @@ Invariants:
   ``poll`` per node, in batches.
 - An agent that dies on a node that is still alive is replaced under a new node name
   (``<ray node id>~<k>``), at most ``max_agent_restarts`` times per Ray node.
+- An agent that answers nothing (no poll, no info) for ``agent_timeout_s`` -- hung, or its
+  process stopped, which Ray does not notice -- is lost the same way (NodeLost, its actor
+  killed, a new incarnation started); from ``2 x poll_wait_s + 1`` s of silence its node shows
+  not ready in `node_info` (so in /v1/cluster and /v1/health) with the reason.
 
 Membership is Ray's: ``ray.nodes()`` is read every ``membership_interval_s``; nothing else.
 """
@@ -24,6 +28,10 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
+import shutil
+import tarfile
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +74,7 @@ class RayExecutorConfig:
     max_events_per_poll: int = 10_000  # largest batch of events one poll returns
     agent_start_timeout_s: float = 120.0  # an agent that has not started its host by then is dropped
     max_agent_restarts: int = 3  # replacements of a dead agent on a still-alive Ray node
+    agent_timeout_s: float = 30.0  # an agent silent this long (no poll, no info answered) is lost
     shutdown_ray: bool = False  # call ray.shutdown() in aclose (only if this executor called ray.init)
     # environment images (issue 17): (name, path every node can read); a node imports one the
     # first time a session or action there needs it, or at its agent's start if named in
@@ -75,7 +84,8 @@ class RayExecutorConfig:
     image_chunk_bytes: int = 64 << 20  # a layer pulled between nodes travels in pieces this big
 
     def __post_init__(self) -> None:
-        for name in ("membership_interval_s", "poll_wait_s", "agent_start_timeout_s"):
+        for name in ("membership_interval_s", "poll_wait_s", "agent_start_timeout_s",
+                     "agent_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
@@ -108,6 +118,7 @@ class _Node:
     sending: bool = False
     pump: asyncio.Task[None] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    answered: float = 0.0  # time.monotonic() of the agent's last answer (a poll, an info)
     ray: dict[str, Any] = field(default_factory=dict)  # address, resources, labels as Ray says
 
 
@@ -264,6 +275,7 @@ class RayExecutor(Executor):
                 return
             if node.state is not _State.UP:
                 return  # late results of a lost node are dropped: the core already settled them
+            node.answered = time.monotonic()
             for e in events:
                 self._deliver(e)
 
@@ -343,6 +355,7 @@ class RayExecutor(Executor):
         if node.state is not _State.STARTING or self._closed:
             return
         node.spec, node.state = spec, _State.UP
+        node.answered = time.monotonic()
         node.pump = self._background(self._pump(node))
         if announce:
             self._deliver(NodeAdded(time.monotonic(), spec))
@@ -378,6 +391,17 @@ class RayExecutor(Executor):
                 continue
             self._reconcile(raw)
             await self._refresh_info()
+            self._lose_silent()
+
+    def _silent_s(self, node: _Node) -> float:
+        return time.monotonic() - node.answered
+
+    def _lose_silent(self) -> None:
+        """Agents that answered nothing for ``agent_timeout_s`` are lost (and replaced)."""
+        for node in list(self._current.values()):
+            if node.state is _State.UP and self._silent_s(node) > self.config.agent_timeout_s:
+                self._lose(node, f"node lost: its agent has not answered for "
+                                 f"{self._silent_s(node):.1f} s")
 
     def _reconcile(self, raw: Sequence[Mapping[str, Any]]) -> None:
         alive = {n["NodeID"] for n in raw if n.get("Alive")}
@@ -399,11 +423,14 @@ class RayExecutor(Executor):
         up = [n for n in self._current.values() if n.state is _State.UP]
         if not up:
             return
-        refs = [n.actor.info.remote() for n in up]
-        done = await asyncio.gather(*refs, return_exceptions=True)
+        wait = max(1.0, self.config.membership_interval_s)  # a hung agent must not stall this
+        done = await asyncio.gather(*(asyncio.wait_for(n.actor.info.remote(), wait) for n in up),
+                                    return_exceptions=True)
+        now = time.monotonic()
         for node, res in zip(up, done, strict=True):
             if isinstance(res, dict):
                 node.info = res
+                node.answered = now
         self._learn_holders(up)
 
     def _learn_holders(self, up: Sequence[_Node]) -> None:
@@ -445,15 +472,57 @@ class RayExecutor(Executor):
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
         """Import ``path`` as ``name`` on one node now: ``node``, else the driver's own node
-        when it can read the path, else the first node that can (ImageError: none can). Every
-        other node is told which nodes hold it and pulls it from one of them on first use
+        when it can read the path, else the first node that can, else (only this driver can
+        read it) the archive is sent to a node (`upload_image`); ImageError when none can.
+        Every other node is told which nodes hold it and pulls it from one of them on first use
         (`replicate_image`: now); no shared file system is needed."""
         check_name(name)
         target = node if node is not None else await self._reader_of(path)
+        if target is None:
+            return await self.upload_image(path, name)
         got = await self.image_call("import", (path, name), target)
+        return await self._imported(name, path, target, got, record_source=node is None)
+
+    async def upload_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        """Send ``path``, read here on the driver (a directory is sent as a tar of it), to
+        ``node`` (default: the first live node by name) in chunks of ``image_chunk_bytes``,
+        and import it there; the others pull it from there as after `import_image`."""
+        check_name(name)
+        up = sorted(n.name for n in self._current.values() if n.state is _State.UP)
+        target = node if node is not None else (up[0] if up else None)
+        if target is None or target not in up:
+            raise InvalidAction("node", f"unknown node {target!r}")
+        if not os.access(path, os.R_OK):
+            raise ImageError(f"{path}: not readable here (the driver)")
+        actor, chunk = self._nodes[target].actor, self.config.image_chunk_bytes
+        tmp = None
+        try:
+            src = path
+            if os.path.isdir(path):
+                tmp = tempfile.mkdtemp(prefix="tangram-upload-")
+                src = await asyncio.to_thread(_tar_dir, path, os.path.join(tmp, "dir.tar"))
+            sid = await actor.upload_open.remote()
+            with open(src, "rb") as f:
+                while data := await asyncio.to_thread(f.read, chunk):
+                    await actor.upload_chunk.remote(sid, data)
+            got = {target: await actor.upload_import.remote(sid, name)}
+        finally:
+            if tmp is not None:
+                await asyncio.to_thread(shutil.rmtree, tmp, True)
+        if "error" in got[target]:
+            raise_remote({**got[target], "error": f"node {target}: {got[target]['error']}"})
+        got = {target: got[target]["ok"]}
+        out = await self._imported(name, path, target, got, record_source=False)
+        out["uploaded"] = True
+        return out
+
+    async def _imported(self, name: str, path: str, target: str, got: dict[str, Any], *,
+                        record_source: bool) -> dict[str, Any]:
+        """``name`` is held on ``target`` now: every node learns it (and, with
+        ``record_source``, agents that join later get the path too)."""
         self.image_holders[name] = {target} | self._holding_same(name, got[target])
         await self._push_peers(name)
-        if node is None:  # nodes that join later learn it too
+        if record_source:  # nodes that join later learn it too
             self.image_sources[name] = path
         return {"name": name, "lazy": True, "nodes": got, "imported_on": target,
                 "holders": sorted(self.image_holders[name])}
@@ -473,14 +542,17 @@ class RayExecutor(Executor):
             await self._push_peers(name)
         return {"name": name, "nodes": got}
 
-    async def _reader_of(self, path: str) -> str:
-        """The node to import ``path`` on: the driver's own, else the first that can read it."""
+    async def _reader_of(self, path: str) -> str | None:
+        """The node to import ``path`` on: the driver's own, else the first that can read it;
+        None when only the driver can (ImageError: nobody can)."""
         import ray
 
         readable = await self.image_call("readable", (path,))
         nodes = sorted(n for n, ok in readable.items() if ok)
         if not nodes:
-            raise ImageError(f"{path}: no node can read it (as an absolute path)")
+            if os.path.isabs(path) and os.access(path, os.R_OK):
+                return None
+            raise ImageError(f"{path}: no node can read it (as an absolute path), nor the driver")
         with contextlib.suppress(Exception):
             here = ray.get_runtime_context().get_node_id()
             for n in nodes:
@@ -557,12 +629,24 @@ class RayExecutor(Executor):
                 continue
             d = dict(node.info)
             d["ray"] = {"node_id": node.ray_node_id, **node.ray}
+            silent = self._silent_s(node)
+            if silent > 2 * self.config.poll_wait_s + 1.0:
+                d["ready"] = False
+                d["not_ready_reason"] = (f"its agent has not answered for {silent:.1f} s "
+                                         f"(lost after {self.config.agent_timeout_s:g} s)")
             out[node.name] = d
         return out
 
     def nodes_up(self) -> list[str]:
         """Names of the nodes announced and not lost."""
         return [n.name for n in self._nodes.values() if n.state is _State.UP]
+
+
+def _tar_dir(src: str, out: str) -> str:
+    """A plain tar of the directory ``src``'s contents (symlinks kept as links)."""
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tf:
+        tf.add(src, arcname=".")
+    return out
 
 
 __all__ = ["RayExecutor", "RayExecutorConfig"]

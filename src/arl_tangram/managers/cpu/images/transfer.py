@@ -187,6 +187,10 @@ class LayerSpool:
         finally:
             self.discard()
 
+    def close(self) -> None:
+        """All written (the file is whole on disk)."""
+        self._f.close()
+
     def discard(self) -> None:
         with contextlib.suppress(OSError):
             self._f.close()
