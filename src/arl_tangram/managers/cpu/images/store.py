@@ -15,8 +15,10 @@ Layers are kept ready for overlayfs: an OCI whiteout ``.wh.NAME`` becomes the ov
 (a 0/0 character device ``NAME``) and ``.wh..wh..opq`` the ``trusted.overlay.opaque`` xattr of
 its directory, so stacking the layers as overlay lower directories applies them.
 
-Here: the store (import, list, acquire/release, remove). The archive readers are `archives`,
-the safe extractor `extract`; the image-name rule is `core.images`.
+Here: the store (import, list, acquire/release, remove; between nodes: a layer out as a stream,
+a layer in from a spool, a pulled image's record once all its layers are here). The archive
+readers are `archives`, the safe extractor `extract`, a layer's transfer `transfer`; the
+image-name rule is `core.images`.
 """
 
 from __future__ import annotations
