@@ -6,11 +6,13 @@ and `max_results` kept exactly."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from fakes import FakeExecutor, core_factory
 
-from arl_tangram.core.actions import ActionSpec
+from arl_tangram.core import commands as C
+from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import Resources
 from arl_tangram.runtime.clock import ManualClock
@@ -126,5 +128,48 @@ async def test_exactly_max_results_are_kept() -> None:
         for i in (0, 1):
             with pytest.raises(UnknownAction):
                 eng.peek(f"a{i}")
+    finally:
+        await eng.aclose()
+
+
+@pytest.mark.parametrize("name", ["tick_s", "result_ttl_s", "idempotency_ttl_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_periods_must_be_positive(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be > 0, got {value}$"):
+        EngineConfig(**{name: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["max_results", "max_pending", "act_window"])
+def test_bounds_must_be_at_least_one(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be >= 1, got 0$"):
+        EngineConfig(**{name: 0})  # type: ignore[arg-type]
+    assert getattr(EngineConfig(**{name: 1}), name) == 1  # type: ignore[arg-type]
+
+
+class _TwiceCore:
+    """The real core, but every Deliver it emits is emitted twice (the second one FAILED): a
+    scheduler that answers a cancel racing a finish with both."""
+
+    def __init__(self, config: object, nodes: object) -> None:
+        self.core = core_factory(config, nodes)
+
+    def handle(self, ev: object) -> list[C.Command]:
+        out = list(self.core.handle(ev))
+        again = [C.Deliver(dataclasses.replace(c.result, status=Status.FAILED))
+                 for c in out if isinstance(c, C.Deliver)]
+        return out + again
+
+
+async def test_a_second_delivery_of_an_action_is_ignored() -> None:
+    ex = FakeExecutor(cpu=2)
+    eng = Engine(ex, EngineConfig(tick_s=0.005), core_factory=_TwiceCore)  # type: ignore[arg-type]
+    await eng.start()
+    try:
+        for i in range(3):
+            res = await asyncio.wait_for(eng.run(spec(i)), 5.0)
+            assert res.status is Status.SUCCEEDED  # the first result stands
+        await asyncio.sleep(0.05)
+        assert [eng.peek(f"a{i}").status for i in range(3)] == [Status.SUCCEEDED] * 3  # type: ignore[union-attr]
+        assert eng.stats()["finished"]["code"] == {"succeeded": 3}
     finally:
         await eng.aclose()
