@@ -246,18 +246,25 @@ _UNKNOWN: dict[int | str, dict[str, Any]] = {404: _doc("unknown id (or another t
 
 
 def _health(engine: Engine) -> JSONResponse:
+    """Ready while there is a node and every node not lost can run actions now. A lost node
+    (Ray: its machine or agent died; the scheduler places nothing there, and a replacement
+    agent joins under a new name) is listed, not ready, but does not hold the service down."""
     nodes = {}
     for n in engine.cluster().get("nodes", []):
-        ready = bool(n.get("alive", True)) and bool(n.get("ready", True))
+        alive = bool(n.get("alive", True))
+        ready = alive and bool(n.get("ready", True))
         entry: dict[str, Any] = {"ready": ready}
+        if not alive:
+            entry["lost"] = True
         if not ready:
-            entry["reason"] = (n.get("not_ready_reason") if n.get("alive", True)
+            entry["reason"] = (n.get("not_ready_reason") if alive
                                else "the node is lost") or "not ready"
         nodes[str(n.get("name"))] = entry
-    ready = bool(nodes) and all(v["ready"] for v in nodes.values())
+    live = {k: v for k, v in nodes.items() if not v.get("lost")}
+    ready = bool(live) and all(v["ready"] for v in live.values())
     body: dict[str, Any] = {"ready": ready, "nodes": nodes}
     if not ready:
-        body["reason"] = "; ".join(f"{k}: {v['reason']}" for k, v in nodes.items()
+        body["reason"] = "; ".join(f"{k}: {v['reason']}" for k, v in live.items()
                                    if not v["ready"]) or "no node"
     return JSONResponse(body, status_code=200 if ready else 503,
                         headers=None if ready else {"retry-after": "1"})
