@@ -1,4 +1,5 @@
-"""Fault recovery of a real `tangram serve`: its sandbox fork server killed (SIGKILL) under load.
+"""Fault recovery of a real `tangram serve`: its sandbox fork server killed (SIGKILL) under load,
+or (``--case model-worker``) a reward-model instance's worker stopped mid-batch.
 
 N clients (default 8; the issue's acceptance runs 32) post `/run_code` continuously on their own
 keep-alive connections. After ``--warmup`` seconds the fork server (`tangram-zygote`, the
@@ -14,8 +15,20 @@ run goes on for ``--after`` seconds past the moment the node is ready again. Pri
     .venv/bin/python benchmarks/bench_faults.py                # 8 clients
     .venv/bin/python benchmarks/bench_faults.py --clients 32   # the acceptance figure
 
+``--case model-worker``: the service (this script, ``--serve-models``, in a child process: the
+engine and `create_app` under uvicorn, as `tangram serve` runs them) serves a tiny reward model
+built from a config (`build_tiny_models`) on one CPU-backed device, so ONE instance; N clients
+post one reward action each (``POST /v1/actions``, ``wait``) continuously. After ``--warmup``
+seconds SIGUSR1 makes the service stop that instance's worker thread mid-batch
+(`GpuManager.crash_worker`: instances are threads of the service, there is no worker process
+to kill). Printed as above, plus the actions of the dead batch that were requeued and scored
+on the replacement (``attempts`` 2), and the death counted in `/v1/cluster`.
+
+    .venv/bin/python benchmarks/bench_faults.py --case model-worker --clients 32
+
 Needs root (real sandboxes). Exit status 1 when a request after recovery failed, the node was not
-ready again within 2 s, or the old fork server was left a zombie.
+ready again within 2 s, or the old fork server was left a zombie (or, for a model worker, no
+worker was stopped).
 """
 
 from __future__ import annotations
@@ -96,7 +109,13 @@ def main() -> int:
     ap.add_argument("--url", help="an already running service (its fork server must be a child "
                                   "of --pid); default: start `tangram serve --no-models`")
     ap.add_argument("--pid", type=int, help="with --url: the service's pid")
+    ap.add_argument("--case", choices=("fork-server", "model-worker"), default="fork-server",
+                    help="what dies: the sandbox fork server (SIGKILL), or a model instance's "
+                         "worker mid-batch")
+    ap.add_argument("--serve-models", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_models:
+        return serve_models(args.serve_models)
 
     proc = None
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115  (the service's stderr, read at the end)
@@ -106,9 +125,10 @@ def main() -> int:
         spid = args.pid
     else:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "arl_tangram.cli.main", "serve",
-                                 "--no-models", "--port", str(port), "--log-level", "warning"],
-                                stdout=subprocess.DEVNULL, stderr=log)
+        cmd = ([sys.executable, "-m", "arl_tangram.cli.main", "serve", "--no-models", "--port",
+                str(port), "--log-level", "warning"] if args.case == "fork-server" else
+               [sys.executable, os.path.abspath(__file__), "--serve-models", str(port)])
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         spid = proc.pid
     try:
         deadline = time.monotonic() + 120
@@ -124,6 +144,8 @@ def main() -> int:
                 return 2
             time.sleep(0.2)
         assert spid is not None, "--pid is needed with --url"
+        if args.case == "model-worker":
+            return run_models(args, port, spid, log.name)
         return run(args, port, spid, log.name)
     finally:
         if proc is not None:
@@ -223,6 +245,167 @@ def run(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
     for ln in log_lines[:4]:
         print(f"  log: {ln}")
     ok = not failed_after and ready_s <= 2.0 and not zombie
+    return 0 if ok else 1
+
+
+# ---- a model instance's worker stopped mid-batch ------------------------------------------------
+
+
+def serve_models(port: int) -> int:
+    """The service for ``--case model-worker``: tiny-rm on one CPU-backed device; SIGUSR1 stops
+    its instance's worker at the next batch (`GpuManager.crash_worker`)."""
+    import asyncio
+
+    import uvicorn
+
+    from arl_tangram.api.app import create_app
+    from arl_tangram.api.transport import http_protocol
+    from arl_tangram.managers.gpu import build_tiny_models, tiny_model_specs
+    from arl_tangram.runtime.build import build_engine
+    from arl_tangram.runtime.config import NodeConfig, ServiceConfig
+
+    paths = build_tiny_models(tempfile.mkdtemp(prefix="bench-faults-models-"))
+    spec = next(s for s in tiny_model_specs(paths) if s.name == "tiny-rm")
+    cfg = ServiceConfig(nodes=(NodeConfig(gpu={"device": "cpu", "cpu_devices": 1}),),
+                        models=(spec,), port=port)
+    eng = build_engine(cfg)
+    app = create_app(eng, cfg, manage_engine=True)
+
+    async def crash() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            for host in eng._executor.hosts.values():  # type: ignore[attr-defined]
+                gpu = host.gpu
+                for iid in list(gpu.resident() if gpu is not None else ()):
+                    if gpu.crash_worker(iid):
+                        print(f"bench: stopped the worker of {iid} mid-batch", file=sys.stderr,
+                              flush=True)
+                        return
+            await asyncio.sleep(0.0005)
+        print("bench: no batch ran within 10 s: nothing stopped", file=sys.stderr, flush=True)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, lambda: loop.create_task(crash()))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                               log_level="warning", access_log=False,
+                                               http=http_protocol()))
+        await server.serve()
+
+    asyncio.run(main())
+    return 0
+
+
+def _model_deaths(port: int) -> int:
+    nodes = get(port, "/v1/cluster")[1].get("nodes", [])
+    return sum(int((n.get("gpu_health") or {}).get("model_worker_deaths", 0)) for n in nodes)
+
+
+def run_models(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
+    deadline = time.monotonic() + 120  # the instance loaded (prewarm)
+    while not [i for i in get(port, "/v1/cluster")[1].get("instances", [])
+               if i.get("state") == "ready"]:
+        if time.monotonic() > deadline:
+            print("no model instance became ready", file=sys.stderr)
+            return 2
+        time.sleep(0.1)
+    events: list[tuple[float, str, int]] = []  # (submit time, outcome, attempts)
+    lock = threading.Lock()
+    stop = threading.Event()
+    seq = iter(range(10**9))
+
+    def worker() -> None:
+        conn: http.client.HTTPConnection | None = None
+        while not stop.is_set():
+            t0 = time.monotonic()
+            body = json.dumps({"kind": "reward", "model": "tiny-rm", "wait": True, "wait_s": 60,
+                               "payload": {"query": f"What is 2 + {next(seq)}?"}}).encode()
+            attempts = 0
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=70)
+                conn.request("POST", "/v1/actions", body, {"content-type": "application/json"})
+                r = conn.getresponse()
+                data = r.read()
+                if r.status == 200:
+                    (res,) = json.loads(data)["results"]
+                    attempts = int(res.get("attempts") or 0)
+                    k = "ok" if res.get("status") == "succeeded" else \
+                        f"{res.get('status')}: {(res.get('reason') or '')[:90]}"
+                else:
+                    k = f"http {r.status}: {data[:90]!r}"
+            except Exception as e:  # (every outcome is tallied)
+                k = f"{type(e).__name__}: {str(e)[:60]}"
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.05)
+            with lock:
+                events.append((t0, k, attempts))
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    time.sleep(args.warmup)
+    t_kill = time.monotonic()
+    os.kill(spid, signal.SIGUSR1)
+    seen_down = died = False
+    t_ready = None
+    while time.monotonic() - t_kill < 30:
+        # (a probe's 503 window may fall between two probes: a 200 asked after the death was
+        # counted is after the recovery too)
+        died = died or _model_deaths(port) > 0
+        try:
+            code = get(port, "/v1/health")[0]
+        except OSError:
+            code = 0
+        if code != 200:
+            seen_down = True
+        elif seen_down or died:
+            t_ready = time.monotonic()
+            break
+        time.sleep(0.005)
+    if t_ready is None:
+        stop.set()
+        print("not ready again within 30 s", file=sys.stderr)
+        return 1
+    time.sleep(args.after)
+    stop.set()
+    for t in threads:
+        t.join(70)
+    _, cluster = get(port, "/v1/cluster")
+    health = [n.get("gpu_health", {}) for n in cluster.get("nodes", [])]
+    with open(log_path) as f:
+        reload_s = [ln.split("ready again ", 1)[1].split(" s", 1)[0] for ln in f
+                    if "ready again" in ln]
+    with open(log_path) as f:
+        log_lines = [ln.rstrip() for ln in f if "bench:" in ln or "died" in ln
+                     or "ready again" in ln]
+    stopped = any("bench: stopped" in ln for ln in log_lines)
+
+    before = [k for t0, k, _ in events if t0 < t_kill]
+    during = [k for t0, k, _ in events if t_kill <= t0 < t_ready]
+    after = [k for t0, k, _ in events if t0 >= t_ready]
+    inflight = [k for t0, k, _ in events if t0 < t_ready and k != "ok"]
+    requeued = [k for _, k, n in events if n >= 2]
+    failed_after = [k for k in after if k != "ok"]
+    ready_s = t_ready - t_kill
+    print("case                          model-worker (tiny-rm, one instance, CPU)")
+    print(f"clients                       {args.clients}")
+    print(f"requests before the stop      {len(before)} ({before.count('ok')} ok)")
+    print(f"requests stop..ready          {len(during)} ({during.count('ok')} ok)")
+    print(f"in-flight failures            {len(inflight)}")
+    print(f"requeued, scored once after   {len(requeued)} ({requeued.count('ok')} ok)")
+    print(f"seconds until ready           {ready_s:.3f}  (503 seen: {seen_down}; "
+          f"death -> replacement loaded, the service's log: {', '.join(reload_s) or '-'} s)")
+    print(f"requests after recovery       {len(after)}")
+    print(f"failures after recovery       {len(failed_after)}")
+    print(f"model worker health           {json.dumps(health)}")
+    for k, n in collections.Counter(inflight + failed_after).most_common(5):
+        print(f"  {n:6d} x {k}")
+    for ln in log_lines[:4]:
+        print(f"  log: {ln[:200]}")
+    ok = stopped and not failed_after and ready_s <= 2.0
     return 0 if ok else 1
 
 
