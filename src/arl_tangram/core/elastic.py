@@ -9,6 +9,7 @@ StartAction left the core is sent as a bigger StartAction, otherwise as a Resize
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable
@@ -601,46 +602,56 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
             if got is None:
                 got = seen[id(e)] = _useful(e, measured, base, e.max)
             tops[i] = got
+    pfs = [e.speedup.parallel_fraction for e in els]  # (`Speedup.factor`, inlined below)
     limit = lanes if lanes > n_run else n_run
-    active = list(range(min(len(jobs), limit)))
-    nxt = len(active)
-    join = 0.0 if n_run < len(active) else math.inf
+    n = len(jobs)
+    # the running jobs as (maximum, index), kept in that order as jobs end (filtered) and
+    # start (inserted): the water filling's order without a sort per step
+    order = sorted([(tops[i], i) for i in range(min(n, limit))])
+    nxt = len(order)
+    join = 0.0 if n_run < nxt else math.inf
+    speed = [0.0] * n
     t = cost = 0.0
-    while active:
+    while order:
         # water filling: equal shares, each capped at its maximum
-        order = sorted([(tops[i], i) for i in active])
         room, count = cap, len(order)
-        speed: dict[int, float] = {}
-        for _, i in order:
+        for top, i in order:
             share = room / count
-            w = tops[i] if tops[i] < share else share
-            speed[i] = els[i].speedup.factor(w)
+            w = top if top < share else share
+            if w <= 0:  # `els[i].speedup.factor(w)`
+                speed[i] = 0.0
+            elif w <= 1.0:
+                speed[i] = w
+            else:
+                p = pfs[i]
+                speed[i] = 1.0 / ((1.0 - p) + p / w)
             room -= w
             count -= 1
         if measured is not None:
             eff = _efficiency(measured, base + cap - room)
-            for i in active:
+            for _, i in order:
                 speed[i] *= eff
         dt = math.inf
-        for i in active:
+        for _, i in order:
             v = speed[i]
             if v > 0.0 and left[i] / v < dt:
                 dt = left[i] / v
         if dt == math.inf:
             return math.inf, join
         t += dt
-        still = []
-        for i in active:
+        still: list[tuple[float, int]] = []
+        for job in order:
+            i = job[1]
             left[i] -= dt * speed[i]
             if left[i] <= 1e-9 * (1.0 + t):
                 cost += t
             else:
-                still.append(i)
-        active = still
-        while len(active) < limit and nxt < len(jobs):
+                still.append(job)
+        order = still
+        while len(order) < limit and nxt < n:
             if nxt == n_run:
                 join = t
-            active.append(nxt)
+            bisect.insort(order, (tops[nxt], nxt))
             nxt += 1
     return cost, join
 
