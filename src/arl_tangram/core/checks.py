@@ -67,7 +67,7 @@ def _check_nodes(core: Core) -> None:
                 add(node.name, rec.allotment)
     for sess in core.st.sessions.values():
         if sess.node is not None and core.st.nodes[sess.node].alive:
-            add(sess.node, sess.demand)
+            add(sess.node, sess.charge)
     for inst in core.planner.instances.values():
         add(inst.node, inst.holding())
     for name, node in core.st.nodes.items():
@@ -113,10 +113,14 @@ def _check_actions(core: Core) -> None:
 
 def _check_sessions(core: Core) -> None:
     for name, node in core.st.nodes.items():  # the running sum `Sessions.room` reads
-        want = total(core.st.sessions[sid].demand for sid in node.sessions if sid in core.st.sessions)
+        want = total(core.st.sessions[sid].charge for sid in node.sessions if sid in core.st.sessions)
         got = core.sessions.held.get(name, Resources())
         _check(all(abs(got.get(k) - want.get(k)) < 1e-6 for k in set(got) | set(want)),
                "session-demand-sum", f"{name}: {got} vs {want}")
+        caps = sum(core.st.sessions[sid].demand.get("memory_mb") for sid in node.sessions
+                   if sid in core.st.sessions)  # the sum `Sessions.caps_fit` reads
+        _check(abs(core.sessions.caps.get(name, 0.0) - caps) < 1e-6, "session-caps-sum",
+               f"{name}: {core.sessions.caps.get(name, 0.0)} vs {caps}")
     ranks = core.sessions.ranks
     if ranks is not None:  # the order `Sessions.spread_all` walks: every alive node, as it is now
         entries = set(ranks.heap)
@@ -128,6 +132,8 @@ def _check_sessions(core: Core) -> None:
             if rank is not None:
                 _check((rank[0], rank[1], name) in entries, "spread-heap", name)
     for sid, sess in core.st.sessions.items():
+        _check(sess.charge.fits_in(sess.demand), "session-charge-within-demand",
+               f"{sid}: {sess.charge} vs {sess.demand}")
         if sess.node is not None:
             _check(sid in core.st.nodes[sess.node].sessions, "session-on-node", sid)
         for aid in sess.actions:

@@ -59,6 +59,13 @@ class CloseSession(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class EvictSession(CloseSession):
+    """A `CloseSession` because the session's node ran short of memory (`MemoryReport`,
+    `sessionmem`): executed as one (its state is lost); the driver counts it and tells the
+    session's next action ``reason``."""
+
+
+@dataclass(frozen=True, slots=True)
 class LoadModel(Command):
     instance_id: str
     model: str

@@ -84,6 +84,21 @@ class CoreConfig:
     session_action_demand: Resources = Resources(cpu=1, memory_mb=1024)  # noqa: RUF009 - immutable
     # Time-to-live of an implicitly opened session (closed after this long without an action).
     session_ttl_s: float = 600.0
+    # Memory that follows use (issue 26, docs/core.md "Session memory"): once its node has
+    # reported a session's measured memory (`MemoryReport`), the session is charged
+    # max(its recent peak x `session_memory_headroom`, `session_memory_floor_mb`), at most its
+    # demand, instead of its demand's memory_mb (before the first report: its demand). Its
+    # cgroup's memory.max stays its demand, so it can still burst to it.
+    session_memory_headroom: float = 1.5
+    session_memory_floor_mb: float = 64.0
+    # A node admits a new session only while the memory its open sessions demand (their caps),
+    # with the new one, is at most this many times its memory (>= 1; 1: no overcommit).
+    session_memory_overcommit: float = 3.0
+    # A node whose measured memory (its sessions' and other sandboxes' use now) exceeds this
+    # fraction of its memory is short: its idle sessions (no action starting or running) are
+    # evicted, largest use first, until the rest is under it; one with an action running is
+    # never evicted. 1.0: only past the whole memory.
+    memory_high_watermark: float = 0.9
     # Window over which arrival rates are measured for warm-pool targets.
     rate_window_s: float = 60.0
     # Time over which the peak arrival rate of a warm key is forgotten: an RL step's burst of
@@ -146,6 +161,12 @@ class CoreConfig:
         for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches",
                      "short_action_s"):
             self._check_range(name, getattr(self, name), 0.0, math.inf)
+        self._check_range("session_memory_headroom", self.session_memory_headroom, 1.0, math.inf)
+        self._check_range("session_memory_floor_mb", self.session_memory_floor_mb, 0.0, math.inf)
+        self._check_range("session_memory_overcommit", self.session_memory_overcommit, 1.0,
+                          math.inf)
+        self._check_range("memory_high_watermark", self.memory_high_watermark, 0.0, 1.0,
+                          low_open=True)
         for name in ("session_ttl_s", "rate_window_s", "peak_memory_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
         for name in ("max_load_failures", "history", "fit_candidates"):

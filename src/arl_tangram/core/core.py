@@ -52,6 +52,7 @@ from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
 from .scheduling import SchedulingPass
+from .sessionmem import SessionMemory
 from .sessions import Sessions
 from .state import CoreState, largest_capacity
 from .view import CoreView
@@ -92,6 +93,7 @@ class Core:
         self.placer = Placer(st, self.queues)
         self.partitions = Partitions(st, self.placer, self.queues)
         self.sessions = Sessions(st, self.partitions)
+        self.memory = SessionMemory(st, self.sessions)  # charges by measured use (`MemoryReport`)
         self.elastic = Elastic(st, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(st, self.queues)
         self.scheduling = SchedulingPass(st, self.queues, self.placer, self.elastic, self.partitions)
@@ -409,16 +411,24 @@ class Core:
             self._end(rec, S.NODE_LOST, reason=reason)
 
     # ---- sessions -------------------------------------------------------------------------------
-    def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False) -> None:
-        """Close a session; its queued actions are cancelled (all its actions lost, ``lost``)."""
-        status = S.NODE_LOST if lost else S.CANCELLED
-        for aid in self.sessions.close(sess, reason, lost):
+    def _close_session(self, sess: SessionRecord, reason: str, *, lost: bool = False,
+                       evicted: bool = False) -> None:
+        """Close a session; its queued actions are cancelled (all its actions lost, ``lost``;
+        failed, ``evicted``)."""
+        status = S.NODE_LOST if lost else S.FAILED if evicted else S.CANCELLED
+        for aid in self.sessions.close(sess, reason, lost, evicted):
             rec = self.st.actions.get(aid)
             if rec is not None and (rec.status is S.QUEUED or lost):
                 self._end(rec, status, reason=f"session {sess.id} closed: {reason}")
 
     def _on_session_requested(self, e: ev.SessionRequested) -> None:
+        if self.memory.evicted:
+            self.memory.evicted.pop(e.session_id, None)  # (the id opened again)
         self.sessions.request(e)
+
+    def _on_memory_report(self, e: ev.MemoryReport) -> None:
+        for sess, reason in self.memory.report(e):
+            self._close_session(sess, reason, evicted=True)
 
     def _on_session_closed(self, e: ev.SessionClosed) -> None:
         sess = self.st.sessions.get(e.session_id)
@@ -531,6 +541,10 @@ class Core:
         if rec.is_model:
             return self.planner.impossible(spec)
         demand = spec.demand
+        if spec.session is not None and self.memory.evicted and spec.session not in self.st.sessions:
+            gone = self.memory.evicted.get(spec.session)
+            if gone:
+                return gone
         if spec.session is None and not self.st.policy.partitioned:
             return "" if self.st.fits_some_node(demand, rec.skey) else self._too_big(demand)
         if self.st.policy.partitioned and spec.session is None:
@@ -567,6 +581,7 @@ Core._dispatch.update({
         (ev.CancelRequested, Core._on_cancel),
         (ev.SessionRequested, Core._on_session_requested),
         (ev.SessionClosed, Core._on_session_closed),
+        (ev.MemoryReport, Core._on_memory_report),
         (ev.NodeAdded, Core._on_node_added),
         (ev.NodeLost, Core._on_node_lost),
         (ev.ModelLoaded, Core._on_model_loaded),

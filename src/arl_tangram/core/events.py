@@ -75,6 +75,21 @@ class SessionClosed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryReport(Event):
+    """A node's measured memory (issue 26: memory that follows use), reported by its host
+    every ~0.5 s: each open session's use now and its highest over the host's recent window
+    (its cgroup's memory.current and memory.peak), and what the node's other sandboxes use.
+    The core charges each session by its recent peak (`CoreConfig.session_memory_headroom`)
+    instead of its demand, and evicts idle sessions when the node runs short
+    (`CoreConfig.memory_high_watermark`). The simulator sends none."""
+
+    node: str
+    current_mb: Mapping[str, float] = field(default_factory=dict)  # session id -> use now (MB)
+    peak_mb: Mapping[str, float] = field(default_factory=dict)  # session id -> recent peak (MB)
+    other_mb: float = 0.0  # the node's sandboxes that are no session's (one-shot, warm), now
+
+
+@dataclass(frozen=True, slots=True)
 class NodeAdded(Event):
     node: NodeSpec
 

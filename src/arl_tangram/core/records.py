@@ -257,8 +257,8 @@ class NodeState:
 class SessionRecord:
     """An open (or waiting to open) session."""
 
-    __slots__ = ("actions", "demand", "id", "last_active", "node", "task", "trajectory", "ttl_s",
-                 "warm_key")
+    __slots__ = ("actions", "charge", "demand", "id", "last_active", "node", "peak_mb", "task",
+                 "trajectory", "ttl_s", "warm_key")
 
     def __init__(self, sid: str, demand: Resources, ttl_s: float, time: float,
                  trajectory: str | None = None, task: str | None = None,
@@ -272,6 +272,10 @@ class SessionRecord:
         self.node: str | None = None  # None until it is opened on a node
         self.last_active = time
         self.actions: set[str] = set()  # live actions naming it
+        # what its node is charged while it is open: its demand, or once its node reported its
+        # measured memory, that memory_mb by use (`sessionmem.SessionMemory`)
+        self.charge = demand
+        self.peak_mb = -1.0  # its recent peak memory as last reported (MB; -1: no report yet)
 
 
 class InstState(enum.IntEnum):

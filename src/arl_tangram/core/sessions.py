@@ -16,12 +16,12 @@ import heapq
 import math
 from typing import Any
 
-from .commands import CloseSession, OpenSession
+from .commands import CloseSession, EvictSession, OpenSession
 from .events import SessionRequested
 from .nodeindex import SpreadIndex
 from .partitioning import Partitions
 from .records import ActionRecord, NodeState, SessionRecord
-from .resources import CPU, Resources
+from .resources import CPU, MEMORY_MB, Resources
 from .state import CoreState
 
 
@@ -44,6 +44,11 @@ class Sessions:
         # first needed; then touched by `st.index`, to which it is attached, at every change
         # of a node's free capacity, including those of `open` and `close`
         self.ranks: SpreadIndex | None = None
+        # node -> the memory_mb its open sessions demand (their caps: `held` sums their charges,
+        # which measured use lowers, `sessionmem`); a node takes a new session only while this
+        # stays within `CoreConfig.session_memory_overcommit` x its memory (`caps_fit`)
+        self.caps: dict[str, float] = {}
+        self.overcommit = st.config.session_memory_overcommit
 
     # ---- opening --------------------------------------------------------------------------------
     def attach(self, rec: ActionRecord) -> None:
@@ -83,7 +88,8 @@ class Sessions:
         none, it waits (`pending`)."""
         st = self.st
         node = st.nodes.get(pin) if pin else None
-        if node is None or not node.alive or not node.fits(sess.demand):
+        if node is None or not node.alive or not node.fits(sess.demand) \
+                or not self.caps_fit(node, sess.demand):
             node = self.node_for(sess, hint)
         if node is None:
             self.pending[sess.id] = None
@@ -91,8 +97,9 @@ class Sessions:
         self.pending.pop(sess.id, None)
         sess.node = node.name
         node.sessions.add(sess.id)
-        self.held[node.name] = self.held.get(node.name, _NONE) + sess.demand
-        node.take(sess.demand)
+        self.held[node.name] = self.held.get(node.name, _NONE) + sess.charge
+        self.caps[node.name] = self.caps.get(node.name, 0.0) + sess.demand.get(MEMORY_MB)
+        node.take(sess.charge)
         st.index.update(node.name, node.free)  # (touches `ranks`: the node's sessions changed)
         st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
         heapq.heappush(self.expiry, (sess.last_active + sess.ttl_s, sess.id))
@@ -104,8 +111,8 @@ class Sessions:
             self.open(self.st.sessions[sid])
 
     # ---- closing --------------------------------------------------------------------------------
-    def close(self, sess: SessionRecord, reason: str, lost: bool) -> list[str]:
-        """Close ``sess`` (its node gets its demand back; a CloseSession unless the node is
+    def close(self, sess: SessionRecord, reason: str, lost: bool, evicted: bool = False) -> list[str]:
+        """Close ``sess`` (its node gets its charge back; a CloseSession unless the node is
         lost); the ids of its live actions, in order (the core ends the queued ones, or all
         when ``lost``)."""
         st = self.st
@@ -115,15 +122,18 @@ class Sessions:
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
             if node.sessions:
-                self.held[node.name] = self.held[node.name] - sess.demand
+                self.held[node.name] = self.held[node.name] - sess.charge
+                self.caps[node.name] -= sess.demand.get(MEMORY_MB)
             else:  # the last one: back to exactly nothing (no float residue kept)
                 self.held.pop(node.name, None)
-            node.give(sess.demand)
+                self.caps.pop(node.name, None)
+            node.give(sess.charge)
             if node.alive:
                 st.index.update(node.name, node.free)  # (touches `ranks`, as in `open`)
                 st.dirty.add(node.name)
         if node is not None and not lost:
-            st.out.append(CloseSession(sess.id, node.name, reason=reason, cause=st.cause))
+            close = EvictSession if evicted else CloseSession
+            st.out.append(close(sess.id, node.name, reason=reason, cause=st.cause))
         return sorted(sess.actions)
 
     def expired(self) -> list[SessionRecord]:
@@ -203,7 +213,8 @@ class Sessions:
                 break
             tried.append(top)
             node = nodes[top]
-            if node.fits(demand) and (need + held.get(top, _NONE)).fits_in(node.cap):  # `room`
+            if node.fits(demand) and (need + held.get(top, _NONE)).fits_in(node.cap) \
+                    and self.caps_fit(node, demand):  # `room`
                 got = node
                 break
             if len(tried) >= _TRIES:  # full nodes ahead: a scan costs less than the heap
@@ -234,6 +245,8 @@ class Sessions:
                 continue
             if not (need + self.held.get(node.name, _NONE)).fits_in(node.cap):  # `room`
                 continue
+            if not self.caps_fit(node, demand):
+                continue
             cold = 1.0
             if warm_key is not None and node.warm.get(warm_key, 0) > 0:
                 cold = 0.0
@@ -252,7 +265,16 @@ class Sessions:
     def room(self, node: NodeState, demand: Resources, act: Resources) -> bool:
         """Whether a session of ``demand`` fits ``node`` now and, with the node's other
         sessions, still leaves room for an action ``act`` of any of them, for good."""
-        return node.fits(demand) and (demand + act + self.held.get(node.name, _NONE)).fits_in(node.cap)
+        return node.fits(demand) and (demand + act + self.held.get(node.name, _NONE)).fits_in(node.cap) \
+            and self.caps_fit(node, demand)
+
+    def caps_fit(self, node: NodeState, demand: Resources) -> bool:
+        """Whether the memory the sessions on ``node`` demand, with ``demand``, stays within the
+        overcommit bound (always, while every session is charged its demand: `room` then
+        asks more)."""
+        mem = demand.get(MEMORY_MB)
+        return mem <= 0.0 or \
+            self.caps.get(node.name, 0.0) + mem <= self.overcommit * node.cap.get(MEMORY_MB, 0.0) + 1e-6
 
 
 _NONE = Resources()
