@@ -9,8 +9,10 @@ batch and keeps the instance."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -72,6 +74,7 @@ async def test_worker_killed_mid_batch_drops_the_instance_and_a_new_one_loads(rm
         assert not mgr.crash_worker("i0")  # no batch running: nothing to stop
         spin = Spin()
         _hook(mgr, "i0", spin)
+        model = weakref.ref(mgr._instances["i0"].scorer.model)  # type: ignore[union-attr]
         batch = asyncio.create_task(mgr.run_batch("i0", _actions("a")))
         assert await asyncio.to_thread(spin.entered.wait, 30)
         assert mgr.crash_worker("i0")
@@ -83,6 +86,8 @@ async def test_worker_killed_mid_batch_drops_the_instance_and_a_new_one_loads(rm
         # the hook was told once, after the instance was gone, before the batch call raised
         assert deaths == [("i0", got.value.reason, False)]
         assert "i0" not in mgr.resident() and mgr.memory_free()[0] == pytest.approx(4096.0)
+        gc.collect()
+        assert model() is None  # nothing (the dead worker's frames) keeps its weights alive
         assert mgr.health() == {"model_worker_deaths": 1, "last_model_worker_death": got.value.reason}
         with pytest.raises(Exception, match="not loaded"):
             await mgr.run_batch("i0", _actions("b"))

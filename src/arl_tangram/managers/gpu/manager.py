@@ -34,6 +34,7 @@ import gc
 import logging
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +84,19 @@ def _kills_worker(exc: BaseException) -> bool:
         return True
     msg = str(exc)
     return "out of memory" not in msg and any(m in msg for m in _STICKY)
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the frames of ``exc``'s tracebacks (and of its causes): a dead worker's frames
+    hold its model and batch tensors, which must be freed with the instance."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+            e.__traceback__ = None
+        e = e.__cause__ or e.__context__
 
 
 class _WorkerStopped(Exception):
@@ -305,16 +319,20 @@ class GpuManager:
         if inst.worker is not None and not inst.worker.is_alive():
             self._worker_died(inst, "its worker thread had ended")
         loop = asyncio.get_running_loop()
+        died = ""
         try:
             outs, latency = await loop.run_in_executor(inst.executor, self._score_sync, inst, good)
         except (Exception, WorkerKilled) as exc:
-            if _kills_worker(exc):
-                cause = exc.__cause__ if isinstance(exc, _WorkerStopped) else exc
-                self._worker_died(inst, f"{type(cause).__name__}: {cause}".rstrip(": "))
-            # the model itself failed: every action of the batch did; the instance stays
-            reason = f"model {inst.spec.name} failed: {type(exc).__name__}: {exc}"
-            failed.update({a.id: reason for a in good})
-            return BatchOutcome({}, failed, 0.0, 0)
+            if not _kills_worker(exc):
+                # the model itself failed: every action of the batch did; the instance stays
+                reason = f"model {inst.spec.name} failed: {type(exc).__name__}: {exc}"
+                failed.update({a.id: reason for a in good})
+                return BatchOutcome({}, failed, 0.0, 0)
+            cause = exc.__cause__ if isinstance(exc, _WorkerStopped) else exc
+            died = f"{type(cause).__name__}: {cause}".rstrip(": ") or type(cause).__name__
+            _release_frames(exc)  # (they hold the dead model's tensors)
+        if died:
+            self._worker_died(inst, died)
         self._costs[inst.spec.name].add_batch(len(good), latency)
         return BatchOutcome(
             {a.id: o for a, o in zip(good, outs, strict=True)}, failed, latency, len(good)
