@@ -86,3 +86,39 @@ def test_idle_instance_death_is_replaced_and_an_asked_unload_is_not() -> None:
 def test_config_validates_retries() -> None:
     with pytest.raises(ValueError, match="model_worker_retries"):
         CoreConfig(model_worker_retries=-1)
+
+
+def test_a_model_whose_instances_keep_dying_fails_its_queue_and_reloads_on_the_next_arrival() -> None:
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_prewarm=False,
+               max_load_failures=3, model_worker_retries=5)
+    ld, _ = _started(d, "a", "b")
+    for death in range(1, 4):
+        out = d(ev.ModelUnloaded(1.0 + death, ld.instance_id, False, DIED))
+        if death < 3:  # replaced, and the batch requeued
+            assert not of(out, cmd.Deliver)
+            (ld,) = of(out, cmd.LoadModel)
+            of(d(ev.ModelLoaded(1.5 + death, ld.instance_id)), cmd.RunBatch)
+    # the third death with no batch scored between: no replacement, its queue fails
+    assert not of(out, cmd.LoadModel)
+    assert {i: d.result(i).status for i in "ab"} == {"a": Status.FAILED, "b": Status.FAILED}
+    assert d.result("a").reason == f"model rm: 3 instances died with no batch scored between: {DIED}"
+    assert d.core.view().instances == ()
+    (ld,) = of(d.arrive(reward("c")), cmd.LoadModel)  # the next arrival loads it again
+    (b,) = of(d(ev.ModelLoaded(9.0, ld.instance_id)), cmd.RunBatch)
+    (dl,) = of(d(ev.BatchFinished(10.0, b.batch_id, ld.instance_id, outputs={"c": 1.0})),
+               cmd.Deliver)
+    assert dl.result.status is Status.SUCCEEDED
+
+
+def test_a_scored_batch_resets_the_count_of_deaths() -> None:
+    d = Driver([gpu_node("g0", gpus=1)], [RM], policy="tangram", model_prewarm=False,
+               max_load_failures=2)
+    ld, b = _started(d, "a")
+    d(ev.BatchFinished(1.5, b.batch_id, ld.instance_id, outputs={"a": 1.0}))
+    for t in (2.0, 4.0):
+        (b,) = of(d.arrive(reward(f"x{t}")), cmd.RunBatch)
+        out = d(ev.ModelUnloaded(t, ld.instance_id, False, DIED))
+        (ld,) = of(out, cmd.LoadModel)  # one death since the last score: replaced
+        (b,) = of(d(ev.ModelLoaded(t + 0.5, ld.instance_id)), cmd.RunBatch)
+        d(ev.BatchFinished(t + 1.0, b.batch_id, ld.instance_id, outputs={f"x{t}": 1.0}))
+        assert d.result(f"x{t}").status is Status.SUCCEEDED

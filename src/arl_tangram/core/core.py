@@ -496,9 +496,15 @@ class Core:
             self.planner.failures_reset(name)
 
     def _on_model_unloaded(self, e: ev.ModelUnloaded) -> None:
-        lost = self.planner.unloaded(e)
-        if not lost:
-            return
+        lost, given_up, why = self.planner.unloaded(e)
+        if lost:
+            self._requeue_batch(lost, e)
+        if given_up:  # its instances keep dying: its queue fails, the next arrival loads again
+            key = ("model", given_up)
+            while (got := self.queues.head(key)) is not None:
+                self._end(got[0], S.FAILED, reason=why)
+
+    def _requeue_batch(self, lost: list[ActionRecord], e: ev.ModelUnloaded) -> None:
         reason = e.reason or f"model instance {e.instance_id} was unloaded mid-batch"
         retries = self.st.config.model_worker_retries
         for rec in lost:  # its batch produced no score: run it again (bounded), or fail it

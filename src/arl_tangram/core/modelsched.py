@@ -61,6 +61,7 @@ class ModelPlanner:
         self.parked: dict[tuple[str, str], int] = {}  # (node, model) -> weights parked in host memory
         self.unparking: dict[str, tuple[str, str]] = {}  # unloaded iid -> (node, model) parked
         self.load_failures: dict[str, int] = {}  # model -> failed loads in a row
+        self.worker_deaths: dict[str, int] = {}  # model -> instance deaths since its last score
         self.static_target: dict[str, int] = {}  # static policies: model -> instances it keeps
         self.batches: dict[str, tuple[str, tuple[str, ...]]] = {}  # batch -> (instance, actions)
         self.needs_gpu: dict[object, bool] = {}  # shared-pool queue key -> demands a GPU
@@ -204,27 +205,37 @@ class ModelPlanner:
         """The model's queue was failed: its next failure counts from one."""
         self.load_failures[name] = 0
 
-    def unloaded(self, e: ModelUnloaded) -> list[ActionRecord]:
+    def unloaded(self, e: ModelUnloaded) -> tuple[list[ActionRecord], str, str]:
         """An instance was unloaded. One the core did not unload ended under it (evicted by its
         manager, or dead: ``e.reason``): it is dropped; a dead one is replaced at once (where
-        devices allow) and the actions of its batch in flight are returned (to requeue or fail)."""
+        devices allow) and the actions of its batch in flight are returned (to requeue or fail).
+        After `max_load_failures` deaths of the model's instances with no batch scored between
+        them, no replacement: the model and the reason are returned too, for its queue to fail
+        (the next arrival loads it again), so a model whose instances all die does not reload in
+        a loop. Returns (lost actions, model given up or "", reason)."""
         key = self.unparking.pop(e.instance_id, None)
         if key is not None and not e.parked and self.parked.get(key, 0) > 0:
             self.parked[key] -= 1
         inst = self.instances.get(e.instance_id)
         if inst is None:
-            return []
+            return [], "", ""
         lost = self.batch_lost(inst)
         self.drop_instance(inst)
         if e.parked:
             k = (inst.node, inst.model.name)
             self.parked[k] = self.parked.get(k, 0) + 1
-        if e.reason and self.st.nodes[inst.node].alive:  # died: what it served is loaded again
-            m = inst.model
+        if not e.reason:
+            return lost, "", ""
+        m = inst.model
+        n = self.worker_deaths[m.name] = self.worker_deaths.get(m.name, 0) + 1
+        if n >= self.st.config.max_load_failures:
+            self.worker_deaths[m.name] = 0
+            return lost, m.name, f"model {m.name}: {n} instances died with no batch scored between: {e.reason}"
+        if self.st.nodes[inst.node].alive:  # died: what it served is loaded again
             got = self.pick_devices(m)
             if got is not None and len(self.by_model.get(m.name, ())) < m.max_instances:
                 self.launch(m, *got)
-        return lost
+        return lost, "", ""
 
     def batch_lost(self, inst: InstanceRecord) -> list[ActionRecord]:
         """The actions of ``inst``'s batch in flight, which will never be scored by it."""
@@ -247,6 +258,8 @@ class ModelPlanner:
             return ()
         iid, ids = got
         inst = self.instances.get(iid)
+        if inst is not None and e.outputs:
+            self.worker_deaths[inst.model.name] = 0
         if inst is not None and inst.batch is not None and inst.batch[0] == e.batch_id:
             inst.batch = None
             inst.last_used = e.time
