@@ -60,6 +60,10 @@ class EngineCollector:
         shed = CounterMetricFamily("tangram_shed", "Submits refused for overload")
         shed.add_metric([], st["shed"])
         yield shed
+        evicted = CounterMetricFamily("tangram_session_evictions",
+                                      "Sessions evicted: their node ran short of memory")
+        evicted.add_metric([], st.get("session_evictions", 0))
+        yield evicted
 
     def _actions(self, st: dict[str, Any]) -> Iterator[Metric]:
         sub = CounterMetricFamily("tangram_actions_submitted", "Actions submitted", labels=["kind"])

@@ -104,8 +104,10 @@ class Service:
             raise InvalidAction(where, f"unknown model {spec.model!r} (models: {names})")
         if spec.session is not None and (not self.engine.has_session(spec.session) or
                                          not self.tenancy.session_visible(tenant, spec.session)):
+            gone = self.engine.session_gone(spec.session) \
+                if self.tenancy.session_visible(tenant, spec.session) else None
             raise InvalidAction(where.rsplit(".", 1)[0] + ".session",
-                                f"session {spec.session!r} is not open")
+                                gone or f"session {spec.session!r} is not open")
 
     async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None,
                      tenant: str | None = None) -> dict[str, Any]:

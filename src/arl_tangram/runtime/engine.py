@@ -131,6 +131,9 @@ class Engine:
         self._session_nodes: dict[str, str] = {}
         # sessions opened in an environment image: (image, layer_mb), until their OpenSession
         self._session_images: dict[str, tuple[str, int | None]] = {}
+        # sessions evicted because their node ran short of memory (issue 26) -> why, for the
+        # next action naming one (oldest forgotten past `max_results`)
+        self._evicted: OrderedDict[str, str] = OrderedDict()
         self._instances: dict[str, dict[str, Any]] = {}
         # models whose last ready instance died (an unsolicited ModelUnloaded): model -> the
         # death's node, reason and engine time, until an instance of it is loaded again
@@ -323,6 +326,15 @@ class Engine:
         elif isinstance(cmd, C.OpenSession):
             self._session_nodes[cmd.session_id] = cmd.node
             self._sessions[cmd.session_id] = cmd.demand
+            self._evicted.pop(cmd.session_id, None)
+        elif isinstance(cmd, C.EvictSession):  # (executed as a CloseSession by its node)
+            self._sessions.pop(cmd.session_id, None)
+            self._session_nodes.pop(cmd.session_id, None)
+            self._evicted[cmd.session_id] = cmd.reason
+            while len(self._evicted) > self.config.max_results:
+                self._evicted.popitem(last=False)
+            self.stats_book.session_evictions += 1
+            log.warning("%s", cmd.reason)
         return False
 
     def _deliver(self, result: ActionResult) -> None:
@@ -512,6 +524,11 @@ class Engine:
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def session_gone(self, session_id: str) -> str | None:
+        """Why a session that is not open is gone, where the engine knows (it was evicted:
+        its node ran short of memory); None otherwise."""
+        return None if session_id in self._sessions else self._evicted.get(session_id)
+
     # ---- views -----------------------------------------------------------------------------
 
     # ---- environment images: the executor's nodes (see `Executor.import_image`) ----------------
@@ -586,6 +603,7 @@ class Engine:
             "warm_hits": sb.warm_hits, "warm_misses": sb.warm_misses,
             "model_loads": sb.model_loads, "model_swaps": sb.model_swaps,
             "model_load_failures": sb.model_load_failures, "shed": sb.shed,
+            "session_evictions": sb.session_evictions,
             "results_kept": len(self._results), "sessions": len(self._sessions),
             "resizes": self._resizes(),
             "estimator": self._estimator_errors(),

@@ -35,6 +35,7 @@ sandbox's quota rewritten), ``deferred`` (kept until the action's sandbox regist
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -116,6 +117,12 @@ class NodeHost:
         self._closed = False
         self.spec: NodeSpec | None = None
         self.warm_report_s = 0.05  # how often warm sandboxes are counted and reported on change
+        # memory that follows use (issue 26): every `memory_report_s` the open sessions' memory
+        # is read (their cgroups' memory.current and memory.peak) and reported to the core
+        # (MemoryReport) with each one's highest over the last `memory_window_s`
+        self.memory_report_s = 0.5
+        self.memory_window_s = 10.0
+        self.memory_last: dict[str, Any] = {}  # the last report, for info()
         self.image_sources: dict[str, str] = dict(images)  # name -> a path this node can read
         self._eager_images = tuple(eager_images)  # of those, imported at start
         self._importing: dict[str, asyncio.Future[dict[str, Any] | None]] = {}  # name -> fetch
@@ -166,6 +173,8 @@ class NodeHost:
                 raise ValueError(f"node {self.name}: images: {name} ({path}): {exc}") from None
         self._report_images()
         self._spawn("warm-reporter", self._report_warm())
+        if callable(getattr(self.cpu, "memory_use", None)):
+            self._spawn("memory-reporter", self._report_memory())
         return self.spec
 
     def _make_cpu(self) -> CodeRunner:
@@ -272,6 +281,38 @@ class NodeHost:
                     self.emit(E.WarmPoolReport(now, self.name, key, n))
                 last = n
             await asyncio.sleep(self.warm_report_s)
+
+    async def _report_memory(self) -> None:
+        """Tell the core what each open session's sandbox uses (MemoryReport), every
+        `memory_report_s` while a session is open: its memory now and its highest over the
+        last `memory_window_s` (the peak between two samples from its cgroup's memory.peak, so
+        a burst between them counts), and what the other sandboxes use now."""
+        window: dict[str, collections.deque[tuple[float, float]]] = {}
+        mb = float(1 << 20)
+        while not self._closed:
+            await asyncio.sleep(self.memory_report_s)
+            try:
+                use, other = self.cpu.memory_use()  # type: ignore[attr-defined]
+            except Exception as exc:  # (a manager that cannot tell: nothing reported)
+                log.warning("node %s: memory use unreadable: %s; not reported", self.name, exc)
+                return
+            now = time.monotonic()
+            for sid in [s for s in window if s not in use]:
+                del window[sid]
+            if not use:
+                continue
+            current: dict[str, float] = {}
+            peak: dict[str, float] = {}
+            for sid, (cur, top) in use.items():
+                w = window.setdefault(sid, collections.deque())
+                w.append((now, top / mb))
+                while w and w[0][0] < now - self.memory_window_s:
+                    w.popleft()
+                current[sid] = round(cur / mb, 3)
+                peak[sid] = round(max(p for _, p in w), 3)
+            self.memory_last = {"sessions_mb": round(sum(current.values()), 1),
+                                "other_mb": round(other / mb, 1)}
+            self.emit(E.MemoryReport(now, self.name, current, peak, round(other / mb, 3)))
 
     def _spawn(self, key: str, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -713,6 +754,8 @@ class NodeHost:
         d["resident_models"] = _safe(lambda: _jsonable(gpu.resident()), []) if gpu else []
         d["gpu_manager"] = self.gpu is not None
         d["resizes"] = dict(self.resizes)
+        if self.memory_last:
+            d["memory_use"] = dict(self.memory_last)
         if self._images() is not None:
             d["images"] = _safe(self.list_images, [])
             d["image_sources"] = dict(self.image_sources)

@@ -84,6 +84,7 @@ class StatsBook:
         self.model_swaps = 0  # swap-ins of parked weights that succeeded
         self.model_load_failures = 0
         self.shed = 0  # submits refused for overload
+        self.session_evictions = 0  # sessions evicted: their node ran short of memory (issue 26)
 
     def on_finished(self, spec_kind: str, result: ActionResult) -> None:
         self.finished[(spec_kind, result.status.name.lower())] += 1

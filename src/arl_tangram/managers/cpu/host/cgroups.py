@@ -255,6 +255,28 @@ class Slot:
         path = f"{d}/memory.usage_in_bytes" if self.version == "v1" else f"{d}/memory.current"
         return int(self._get(path))
 
+    def memory_sample(self) -> tuple[int, int]:
+        """(bytes charged now, the most charged since the last sample): what the node host
+        reports of a session (issue 26, `events.MemoryReport`). v2 reads the peak on a
+        memory.peak fd of its own, reset at each sample (Linux >= 6.12 resets per open file,
+        so the per-action peak of `reset_stats` is not disturbed); where it cannot be reset
+        (v1, older kernels), the peak is what is charged now."""
+        cur = self.charged_bytes()
+        if self.version != "v2" or self.peak_sticky:
+            return cur, cur
+        fd = self._fds.get("rw:sample-peak")
+        try:
+            if fd is None:  # first sample: from now on (a new fd reads the lifetime peak)
+                fd = os.open(f"{self.dirs['memory']}/memory.peak", os.O_RDWR | os.O_CLOEXEC)
+                self._fds["rw:sample-peak"] = fd
+                peak = cur
+            else:
+                peak = int(os.pread(fd, 64, 0))
+            os.pwrite(fd, b"reset\n", 0)
+        except (OSError, ValueError):
+            return cur, cur
+        return cur, max(cur, peak)
+
     def _cpu_ns(self) -> int:
         if self.version == "v1":
             return int(self._get(f"{self.dirs['cpuacct']}/cpuacct.usage"))
@@ -391,6 +413,17 @@ class CgroupTree:
         if self.version != "v1":
             return []
         return sorted(set(self.bases.values()))
+
+    def memory_bytes(self) -> int:
+        """Memory charged to all of this manager's sandboxes now (0 where unreadable)."""
+        base = self.bases.get("memory")
+        if base is None:
+            return 0
+        name = "memory.usage_in_bytes" if self.version == "v1" else "memory.current"
+        try:
+            return int(_read(f"{base}/{name}"))
+        except (OSError, ValueError):
+            return 0
 
     def new_slot(self) -> Slot:
         if self.version is None:
