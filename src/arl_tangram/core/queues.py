@@ -226,6 +226,9 @@ class Queues:
         if reserved:
             for name in [n for n, a in reserved.items() if a == rec.spec.id]:
                 del reserved[name]
+                # (open to others again: the pass looks there, even when nothing else changed --
+                # a cancelled aged head left a held core idle until the next event)
+                self.st.dirty.add(name)
         return n > 0
 
     def head(self, key: Any) -> tuple[ActionRecord, Entry] | None:
