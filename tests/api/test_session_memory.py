@@ -72,7 +72,9 @@ async def test_sessions_whose_caps_exceed_the_node_all_open_and_burst_in_turns(t
             await asyncio.sleep(1.5)  # (a report after the last burst)
             charges = [core.st.sessions[s].charge.get("memory_mb") for s in sids]
             assert all(0 < ch < 512 for ch in charges), charges  # charged by use, not by cap
-            assert all(core.st.sessions[s].peak_mb > 0 for s in sids)
+            # the bursts were seen (the peak between two samples, not only the use at them)
+            assert max(core.st.sessions[s].peak_mb for s in sids) >= 150, \
+                [core.st.sessions[s].peak_mb for s in sids]
             st = (await c.get("/v1/stats")).json()
             assert st["session_evictions"] == 0, st
             (node,) = (await c.get("/v1/cluster")).json()["nodes"]

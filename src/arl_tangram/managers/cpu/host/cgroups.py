@@ -158,6 +158,7 @@ class Slot:
     # a move into the slot failed part-way (some hierarchies hold the process, others not):
     # `is_empty` then reads every hierarchy's cgroup.procs, not the pids counter alone
     partial: bool = False
+    sampled_peak: int = -1  # the peak `memory_sample` read last (where it cannot reset it)
     _fds: dict[str, int] = field(default_factory=dict)  # "w:path"/"r:path" -> open fd
 
     def _put(self, path: str, value: str) -> None:
@@ -257,25 +258,31 @@ class Slot:
 
     def memory_sample(self) -> tuple[int, int]:
         """(bytes charged now, the most charged since the last sample): what the node host
-        reports of a session (issue 26, `events.MemoryReport`). v2 reads the peak on a
-        memory.peak fd of its own, reset at each sample (Linux >= 6.12 resets per open file,
-        so the per-action peak of `reset_stats` is not disturbed); where it cannot be reset
-        (v1, older kernels), the peak is what is charged now."""
+        reports of a session (issue 26, `events.MemoryReport`), so that a burst between two
+        samples counts. v2 (Linux >= 6.12) reads the peak on a memory.peak fd of its own, reset
+        at each sample (resets are per open file: the per-action peak of `reset_stats` is not
+        disturbed). Elsewhere (v1's memory.max_usage_in_bytes, reset at each action's start, or
+        a v2 peak that cannot be reset) the peak is read, never reset: when it changed since
+        the last sample it was reached since then; else the peak is what is charged now."""
         cur = self.charged_bytes()
-        if self.version != "v2" or self.peak_sticky:
-            return cur, cur
-        fd = self._fds.get("rw:sample-peak")
+        d = self.dirs["memory"]
         try:
-            if fd is None:  # first sample: from now on (a new fd reads the lifetime peak)
-                fd = os.open(f"{self.dirs['memory']}/memory.peak", os.O_RDWR | os.O_CLOEXEC)
-                self._fds["rw:sample-peak"] = fd
-                peak = cur
-            else:
-                peak = int(os.pread(fd, 64, 0))
-            os.pwrite(fd, b"reset\n", 0)
+            if self.version == "v2" and not self.peak_sticky:
+                fd = self._fds.get("rw:sample-peak")
+                if fd is None:  # first sample: from now on (a new fd reads the lifetime peak)
+                    fd = os.open(f"{d}/memory.peak", os.O_RDWR | os.O_CLOEXEC)
+                    self._fds["rw:sample-peak"] = fd
+                    peak = cur
+                else:
+                    peak = int(os.pread(fd, 64, 0))
+                os.pwrite(fd, b"reset\n", 0)
+                return cur, max(cur, peak)
+            top = int(self._get(f"{d}/memory.max_usage_in_bytes" if self.version == "v1"
+                                else f"{d}/memory.peak"))
         except (OSError, ValueError):
             return cur, cur
-        return cur, max(cur, peak)
+        last, self.sampled_peak = self.sampled_peak, top
+        return cur, max(cur, top) if last >= 0 and top != last else cur
 
     def _cpu_ns(self) -> int:
         if self.version == "v1":
