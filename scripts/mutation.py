@@ -11,6 +11,11 @@ usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--keep] 
   --timeout-multiplier  mutmut's CPU-time limit per mutant is (tests' time + 1 s) x 2 x this
                 (mutmut's default 15: a mutant that loops costs minutes; 3 is plenty, the limit
                 is CPU time, not wall time, so a loaded machine does not shorten it)
+  --every-test GLOB ...  run the mutants matching these globs against every selected test, not
+                only the tests mutmut saw call their function: mutmut records calls in the test
+                process only, and the fork server (which builds the syscall filter) and the
+                sandbox are child processes that run the mutant unseen (they inherit mutmut's
+                MUTANT_UNDER_TEST and our PYTHONPATH)
   --keep        keep the copy (then `cd` there and `mutmut show NAME` / `mutmut browse`)
 
 The copy keeps others' work in progress and mutmut's `mutants/` out of the checkout. The core
@@ -108,12 +113,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", nargs="*", default=None)
     ap.add_argument("--timeout-multiplier", type=float, default=None)
+    ap.add_argument("--every-test", nargs="*", default=[])
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("globs", nargs="*")
     args = ap.parse_args()
     if args.tests:  # (`--tests a.py b.py 'arl_tangram.x*'`: the glob is not a test file)
         args.globs += [t for t in args.tests if t.startswith("arl_tangram.")]
         args.tests = [t for t in args.tests if not t.startswith("arl_tangram.")]
+    if args.every_test:
+        args.globs += [g for g in args.every_test if g not in args.globs]
     commit = _head()  # (others commit meanwhile: the run is of this commit, printed)
     copy = _copy(commit)
     print(f"mutation: commit {commit}", flush=True)
@@ -126,23 +134,14 @@ def main() -> int:
     env = {**os.environ, "ARL_TANGRAM_PURE": "1", "PYTHONPATH": str(copy / "mutants" / "src")}
     env.pop("TANGRAM_SKIP_LOG", None)
     print(f"mutation: mutmut in {copy}", flush=True)
-    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *args.globs], cwd=copy, env=env)
-    stop = threading.Event()
-    guard = threading.Thread(target=_rss_guard, args=(proc.pid, stop), daemon=True)
-    guard.start()
-    try:
-        rc = proc.wait()
-    finally:
-        stop.set()
-    res = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=copy, env=env,
-                         capture_output=True, text=True)
+    if args.every_test:  # mutants and stats first (no mutant is named so), then the mapping
+        _mutmut_run(copy, env, ["__no_mutant__"])
+        _every_test(copy, env, args.every_test)
+    rc = _mutmut_run(copy, env, args.globs)
+    results = _results(copy, env)
     by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     survivors: dict[str, list[str]] = collections.defaultdict(list)
-    for line in res.stdout.splitlines():
-        m = re.match(r"^\s*([\w.]+__mutmut_\d+): (.+)$", line)
-        if not m:
-            continue
-        name, status = m.group(1), m.group(2).strip()
+    for name, status in results.items():
         mod = _module(name)
         if args.globs and not any(_match(name, g) for g in args.globs):
             continue
@@ -166,6 +165,45 @@ def main() -> int:
     else:
         shutil.rmtree(copy, ignore_errors=True)
     return rc
+
+
+def _mutmut_run(copy: Path, env: dict[str, str], names: list[str]) -> int:
+    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *names], cwd=copy, env=env)
+    stop = threading.Event()
+    guard = threading.Thread(target=_rss_guard, args=(proc.pid, stop), daemon=True)
+    guard.start()
+    try:
+        return proc.wait()
+    finally:
+        stop.set()
+
+
+def _results(copy: Path, env: dict[str, str]) -> dict[str, str]:
+    res = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=copy, env=env,
+                         capture_output=True, text=True, check=True)
+    out = {}
+    for line in res.stdout.splitlines():
+        m = re.match(r"^\s*([\w.\u01c1]+__mutmut_\d+): (.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _every_test(copy: Path, env: dict[str, str], globs: list[str]) -> None:
+    """Map every function with a mutant matching ``globs`` to every selected test, in the
+    stats mutmut saved (it reuses them on the next run of the same configuration)."""
+    import json
+
+    path = copy / "mutants" / "mutmut-stats.json"
+    stats = json.loads(path.read_text())
+    every = sorted(stats["duration_by_test"])
+    funcs = {n.partition("__mutmut_")[0] for n in _results(copy, env)
+             if any(_match(n, g) for g in globs)}
+    for f in funcs:
+        stats["tests_by_mangled_function_name"][f] = every
+    path.write_text(json.dumps(stats))
+    print(f"mutation: {len(funcs)} functions run against all {len(every)} selected tests",
+          flush=True)
 
 
 def _head() -> str:
