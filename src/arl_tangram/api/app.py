@@ -216,8 +216,9 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     if fast_paths:  # inside the guard: token and body limit are checked first
         app.add_middleware(FastRunCode, run_code=run_code, error_response=error_response)
     tenants = {t.token: t.name for t in config.all_tenants()}
+    uploads = [("PUT", "/v1/images/", config.image_max_upload_bytes)]  # archives in the body
     app.add_middleware(GuardMiddleware, tenants=tenants,
-                       max_body_bytes=config.limits.max_body_bytes)
+                       max_body_bytes=config.limits.max_body_bytes, uploads=uploads)
     if fast_paths:  # the same again, in front of FastAPI's layers (see TangramApp)
 
         async def full_stack(scope: Any, receive: Any, send: Any) -> None:
@@ -226,7 +227,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
         app.fast = GuardMiddleware(
             FastRunCode(full_stack, run_code=run_code, error_response=error_response,
                         outermost=True),
-            tenants=tenants, max_body_bytes=config.limits.max_body_bytes)
+            tenants=tenants, max_body_bytes=config.limits.max_body_bytes, uploads=uploads)
     return app
 
 
@@ -329,7 +330,7 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     from . import images as image_routes  # POST/GET/DELETE /v1/images (issue 17)
 
     image_routes.install(app, svc.engine, config.image_import_dirs, any_path=any_image_path,
-                         tenancy=svc.tenancy)
+                         tenancy=svc.tenancy, upload_dir=config.image_upload_dir)
 
     @app.get("/v1/cluster", tags=["native"])
     async def cluster() -> Response:

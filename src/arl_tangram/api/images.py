@@ -7,6 +7,12 @@
   Only paths under the configured ``images.import_dirs`` (none by default, issue 25): any other
   path -> 403, with one answer whether it exists or not (a client learns nothing of the host's
   files). `tangram image import` on the node is not restricted.
+- ``PUT /v1/images/{name}?node=`` with the archive itself as the body (any of the formats above
+  but a directory; ``application/octet-stream``): streamed to a file under ``images.upload_dir``
+  (the system's temp directory by default), imported from there, the file removed after; the
+  body is capped by ``images.max_upload_mb`` (16 GiB by default: 413 past it, counted as it
+  streams, chunked too), not by ``limits.max_body_bytes``. -> 201 as ``POST``; 400 on an empty
+  body or a bad archive.
 - ``GET /v1/images`` -> ``{"nodes": {node: [image, ...]}}`` (``in_use``: sessions/actions now).
 - ``DELETE /v1/images/{name}`` -> 200, 404 when no node has it, 409 while in use (the reason).
 
@@ -18,6 +24,8 @@ by that tenant only (another tenant gets 404); shared images (config, `tangram i
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,8 +70,33 @@ def _tenant(request: Request) -> str | None:
 
 
 def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
-            any_path: bool = False, tenancy: Tenancy | None = None) -> None:
+            any_path: bool = False, tenancy: Tenancy | None = None,
+            upload_dir: str | None = None) -> None:
     dirs = tuple(import_dirs)
+
+    async def _import(path: str, asked: str, node: str | None, request: Request,
+                      source: str | None = None) -> Response:
+        """Import ``path`` as the request's tenant's ``asked`` (201 with each node's record;
+        ``source``: what the records show it came from, instead of ``path``)."""
+        tenant = _tenant(request)
+        name = asked
+        if tenancy is not None and tenant is not None:
+            try:
+                name = tenancy.image_for_import(tenant, asked)
+            except ValueError as e:
+                return _err(400, f"name: {e}", "name")
+        try:
+            out = await engine.import_image(path, name, node)
+        except ImageInUse as e:
+            return _err(409, f"name: {e}", "name")
+        except ImagesUnsupported as e:
+            return _err(501, str(e))
+        if name != asked:  # the tenant's own namespace: shown as it named it
+            out = {**out, "name": asked}
+        if source is not None:
+            out = {**out, "nodes": {n: ({**r, "source": source} if isinstance(r, dict) else r)
+                                    for n, r in out.get("nodes", {}).items()}}
+        return JSONResponse(out, status_code=201)
 
     @app.post("/v1/images", tags=["images"], status_code=201,
               responses={403: {"description": "path not under images.import_dirs"},
@@ -77,24 +110,40 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
                         "the service config's images.import_dirs "
                         f"({'none configured' if not dirs else 'this path is not under one'}); "
                         "`tangram image import` on the node imports any path", "path")
-        tenant = _tenant(request)
-        name = body.name
-        if tenancy is not None and tenant is not None:
-            try:
-                name = tenancy.image_for_import(tenant, body.name)
-            except ValueError as e:
-                return _err(400, f"name: {e}", "name")
         try:
-            out = await engine.import_image(body.path, name, body.node)
-        except ImageInUse as e:
-            return _err(409, f"name: {e}", "name")
+            return await _import(body.path, body.name, body.node, request)
         except ImageError as e:
             return _err(400, f"path: {e}", "path")
-        except ImagesUnsupported as e:
-            return _err(501, str(e))
-        if name != body.name:  # the tenant's own namespace: shown as it named it
-            out = {**out, "name": body.name}
-        return JSONResponse(out, status_code=201)
+
+    @app.put("/v1/images/{name}", tags=["images"], status_code=201,
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+             responses={409: {"description": "an image of that name is in use"},
+                        413: {"description": "archive larger than images.max_upload_mb"},
+                        501: {"description": "this executor keeps no image cache"}})
+    async def upload_image(name: str, request: Request,
+                           node: str | None = Query(None)) -> Response:
+        """Import the image archive sent as the request body (module doc)."""
+        if not valid_name(name):
+            return _err(400, f"name: {name!r} is not a valid image name ({NAME_RULE})", "name")
+        spool = tempfile.mkdtemp(prefix="tangram-upload-", dir=upload_dir)
+        try:
+            path = os.path.join(spool, "image.tar")
+            size = 0
+            with open(path, "wb") as f:
+                async for chunk in request.stream():
+                    if chunk:
+                        f.write(chunk)
+                        size += len(chunk)
+            if size == 0:
+                return _err(400, "body: empty (send the image archive as the request body)")
+            try:
+                resp = await _import(path, name, node, request, source="upload")
+            except ImageError as e:  # (its text names the spool file: say "body" instead)
+                return _err(400, f"body: {str(e).replace(path, 'the archive')}")
+            return resp
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
 
     @app.get("/v1/images", tags=["images"],
              responses={501: {"description": "this executor keeps no image cache"}})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.errors import TangramError
@@ -45,9 +45,13 @@ class GuardMiddleware:
     """Rejects requests without the bearer token (when one is set) or with oversized bodies."""
 
     def __init__(self, app: Any, *, token: str | None = None, max_body_bytes: int,
-                 tenants: Mapping[str, str] | None = None) -> None:
-        """``tenants``: token -> tenant name; ``token`` alone is tenant ``default``."""
+                 tenants: Mapping[str, str] | None = None,
+                 uploads: Sequence[tuple[str, str, int]] = ()) -> None:
+        """``tenants``: token -> tenant name; ``token`` alone is tenant ``default``.
+        ``uploads``: ``(method, path prefix, limit)`` of the routes whose bodies are files
+        (image archives) with a limit of their own instead of ``max_body_bytes``."""
         self.app, self.max_body = app, max_body_bytes
+        self.uploads = tuple(uploads)
         toks = dict(tenants or {})
         if token and token not in toks:
             toks[token] = DEFAULT_TENANT
@@ -66,6 +70,11 @@ class GuardMiddleware:
                 await _send_json(send, 401, {"detail": "missing or bad bearer token "
                                              "(Authorization)"}, [(b"www-authenticate", b"Bearer")])
                 return
+        limit = self.max_body
+        for method, prefix, cap in self.uploads:
+            if scope["method"] == method and scope["path"].startswith(prefix):
+                limit = cap
+                break
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -73,10 +82,10 @@ class GuardMiddleware:
             except ValueError:
                 await _send_json(send, 400, {"detail": "content-length: not an integer"})
                 return
-            if n > self.max_body:
-                await _send_json(send, 413, {"detail": f"body: larger than {self.max_body} bytes"})
+            if n > limit:
+                await _send_json(send, 413, {"detail": f"body: larger than {limit} bytes"})
                 return
-        await self.app(scope, self._limited(receive, send), send)
+        await self.app(scope, self._limited(receive, limit), send)
 
     def _tenant(self, scope: Scope) -> str | None:
         """The tenant whose token the request carries; every token compared, none skipped."""
@@ -87,9 +96,8 @@ class GuardMiddleware:
                 found = name
         return found
 
-    def _limited(self, receive: Any, send: Any) -> Any:
+    def _limited(self, receive: Any, limit: int) -> Any:
         seen = 0
-        limit = self.max_body
 
         async def wrapped() -> dict[str, Any]:
             nonlocal seen

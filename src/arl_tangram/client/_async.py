@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import tarfile
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -249,6 +252,36 @@ class AsyncClient:
         return await self._request("POST", "/v1/images",
                                    json={"path": path, "name": name, "node": node})
 
+    async def upload_image(self, path: str, name: str, node: str | None = None,
+                           chunk_bytes: int = 1 << 20) -> dict[str, Any]:
+        """Send an image archive from this machine (`PUT /v1/images/{name}`): for a service
+        whose nodes cannot read ``path``. A file is streamed as it is; a directory (a root file
+        system or an OCI layout) is packed into a plain tar first. Not retried (a stream is
+        not replayed); the service caps the size (``images.max_upload_mb``)."""
+        if self._closed:
+            raise ClosedError("the client is closed")
+        with contextlib.ExitStack() as stack:
+            if os.path.isdir(path):
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tangram-pack-"))
+                packed = os.path.join(tmp, "image.tar")
+                await asyncio.to_thread(_pack_dir, path, packed)
+                path = packed
+            f = stack.enter_context(open(path, "rb"))  # (read in a thread below)
+
+            async def body() -> AsyncIterator[bytes]:
+                while chunk := await asyncio.to_thread(f.read, chunk_bytes):
+                    yield chunk
+
+            params = {"node": node} if node else None
+            try:
+                r = await self._http.put(f"/v1/images/{name}", content=body(), params=params,
+                                         headers={"content-type": "application/octet-stream"})
+            except httpx.TransportError as exc:
+                raise BrokenError(f"PUT /v1/images/{name}: {exc!r}") from exc
+        if r.status_code >= 400:
+            raise _error(r)
+        return dict(r.json())
+
     async def images(self) -> dict[str, Any]:
         return await self._request("GET", "/v1/images")
 
@@ -290,3 +323,11 @@ def _error(r: httpx.Response) -> TangramError:
     if r.status_code in (400, 422):
         return InvalidAction(str(field or "request"), str(detail))
     return ApiError(r.status_code, detail)
+
+
+def _pack_dir(src: str, dst: str) -> None:
+    """``src``'s tree as a plain tar at ``dst``, its entries relative to ``src`` (numeric
+    owners kept: an image's files keep theirs)."""
+    with tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as tf:
+        for entry in sorted(os.listdir(src)):
+            tf.add(os.path.join(src, entry), arcname=entry)

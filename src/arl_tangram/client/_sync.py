@@ -108,6 +108,9 @@ class Client:
     def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
         return self._lt.run(self._ac.import_image(path, name, node))
 
+    def upload_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
+        return self._lt.run(self._ac.upload_image(path, name, node))
+
     def images(self) -> dict[str, Any]:
         return self._lt.run(self._ac.images())
 

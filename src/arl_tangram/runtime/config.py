@@ -176,6 +176,11 @@ class ServiceConfig:
     # Host directories whose files `POST /v1/images {"path"}` may import (issue 25): none by
     # default (every path refused). YAML: ``images: {import_dirs: [...], load: [...]}``.
     image_import_dirs: tuple[str, ...] = ()
+    # `PUT /v1/images/{name}` (an archive in the request body, issue 25): its size cap, and the
+    # directory its body is spooled to before the import (None: the system's temp directory).
+    # YAML: ``images: {max_upload_mb: 16384, upload_dir: /var/tmp}``.
+    image_max_upload_bytes: int = 16 * 1024**3
+    image_upload_dir: str | None = None
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -328,11 +333,29 @@ class _Parser:
                                 f"must be an absolute directory other than /, got {d!r}")
         return tuple(dirs)
 
+    def image_upload(self, raw: Any) -> dict[str, Any]:
+        """``images.max_upload_mb`` and ``images.upload_dir`` when ``images`` is a mapping."""
+        if not isinstance(raw, Mapping):
+            return {}
+        out: dict[str, Any] = {}
+        mb = raw.get("max_upload_mb")
+        if mb is not None:
+            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+                raise self.fail(raw, "images.max_upload_mb", f"must be an integer >= 1, got {mb!r}")
+            out["image_max_upload_bytes"] = mb * 1024 * 1024
+        d = raw.get("upload_dir")
+        if d is not None:
+            if not isinstance(d, str) or not os.path.isabs(d):
+                raise self.fail(raw, "images.upload_dir", f"must be an absolute directory, got {d!r}")
+            out["image_upload_dir"] = d
+        return out
+
     def images(self, raw: Any, parent: Any) -> tuple[tuple[str, str], ...]:
         if raw is None:
             return ()
         if isinstance(raw, Mapping):  # {import_dirs: [...], load: [{name, path}]}
-            d = self.mapping(raw, parent, "images", {"import_dirs", "load"})
+            d = self.mapping(raw, parent, "images",
+                             {"import_dirs", "load", "max_upload_mb", "upload_dir"})
             return self.images(d.get("load"), raw)
         if not isinstance(raw, list):
             raise self.fail(parent, "images", "must be a list of {name, path}, or "
@@ -445,6 +468,7 @@ class _Parser:
                               "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
                               "images": self.images(d.get("images"), data),
                               "image_import_dirs": self.image_import_dirs(d.get("images"), data),
+                              **self.image_upload(d.get("images")),
                               "eager_images": tuple(self._eager),
                               "tenants": self.tenants(d.get("tenants"), data)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
