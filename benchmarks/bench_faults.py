@@ -26,6 +26,15 @@ on the replacement (``attempts`` 2), and the death counted in `/v1/cluster`.
 
     .venv/bin/python benchmarks/bench_faults.py --case model-worker --clients 32
 
+``--case session-worker``: every client opens its own session (`POST /v1/sessions`) and runs
+bash turns in it (``sleep 0.05; echo ok``, ``wait``) continuously. After ``--warmup`` seconds
+every session's bash worker (the `/bin/bash --noprofile --norc` processes among the service's
+descendants) is killed with SIGKILL at once. Printed as above: the turns in flight fail saying
+the session process ended, the node never stops being ready (the first 200 after the kill), and
+every turn after it succeeds on a fresh worker of the same session (its state lost, as said).
+
+    .venv/bin/python benchmarks/bench_faults.py --case session-worker --clients 32
+
 Needs root (real sandboxes). Exit status 1 when a request after recovery failed, the node was not
 ready again within 2 s, or the old fork server was left a zombie (or, for a model worker, no
 worker was stopped).
@@ -109,7 +118,8 @@ def main() -> int:
     ap.add_argument("--url", help="an already running service (its fork server must be a child "
                                   "of --pid); default: start `tangram serve --no-models`")
     ap.add_argument("--pid", type=int, help="with --url: the service's pid")
-    ap.add_argument("--case", choices=("fork-server", "model-worker"), default="fork-server",
+    ap.add_argument("--case", choices=("fork-server", "model-worker", "session-worker"),
+                    default="fork-server",
                     help="what dies: the sandbox fork server (SIGKILL), or a model instance's "
                          "worker mid-batch")
     ap.add_argument("--serve-models", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -126,7 +136,7 @@ def main() -> int:
     else:
         port = free_port()
         cmd = ([sys.executable, "-m", "arl_tangram.cli.main", "serve", "--no-models", "--port",
-                str(port), "--log-level", "warning"] if args.case == "fork-server" else
+                str(port), "--log-level", "warning"] if args.case != "model-worker" else
                [sys.executable, os.path.abspath(__file__), "--serve-models", str(port)])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         spid = proc.pid
@@ -146,6 +156,8 @@ def main() -> int:
         assert spid is not None, "--pid is needed with --url"
         if args.case == "model-worker":
             return run_models(args, port, spid, log.name)
+        if args.case == "session-worker":
+            return run_sessions(args, port, spid)
         return run(args, port, spid, log.name)
     finally:
         if proc is not None:
@@ -245,6 +257,126 @@ def run(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
     for ln in log_lines[:4]:
         print(f"  log: {ln}")
     ok = not failed_after and ready_s <= 2.0 and not zombie
+    return 0 if ok else 1
+
+
+# ---- every session's worker killed mid-turn ------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for c in children(todo.pop()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def bash_workers(spid: int) -> list[int]:
+    """The service's session bash workers: its descendants running `bash --noprofile --norc`."""
+    out = []
+    for p in descendants(spid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if f.read() == b"/bin/bash\0--noprofile\0--norc\0":
+                    out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def run_sessions(args: argparse.Namespace, port: int, spid: int) -> int:
+    events: list[tuple[float, str]] = []  # (submit time, outcome)
+    lock = threading.Lock()
+    stop = threading.Event()
+    opened = threading.Barrier(args.clients + 1)
+
+    def post(conn: http.client.HTTPConnection, path: str, body: dict) -> tuple[int, dict]:
+        conn.request("POST", path, json.dumps(body).encode(), {"content-type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        try:
+            return r.status, json.loads(data)
+        except ValueError:
+            return r.status, {"detail": data[:90].decode("utf-8", "replace")}
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        code, got = post(conn, "/v1/sessions", {})
+        opened.wait()
+        if code != 201:
+            with lock:
+                events.append((time.monotonic(), f"session not opened: http {code}"))
+            return
+        turn = {"kind": "tool", "session": got["session_id"], "wait": True,
+                "payload": {"code": "sleep 0.05; echo ok", "language": "bash"}}
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                code, got = post(conn, "/v1/actions", turn)
+                res = (got.get("results") or [{}])[0]
+                out = ((res.get("output") or {}).get("run_result") or {}).get("stdout")
+                k = ("ok" if code == 200 and res.get("status") == "succeeded" and out == "ok\n"
+                     else f"http {code} {res.get('status')}: {(res.get('reason') or got.get('detail') or '')[:70]}")
+            except Exception as e:  # (every outcome is tallied)
+                k = f"{type(e).__name__}: {str(e)[:60]}"
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                time.sleep(0.05)
+            with lock:
+                events.append((t0, k))
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    opened.wait()
+    time.sleep(args.warmup)
+    victims = bash_workers(spid)
+    if not victims:
+        stop.set()
+        print("no session worker found among the service's descendants", file=sys.stderr)
+        return 2
+    t_kill = time.monotonic()
+    for p in victims:
+        os.kill(p, signal.SIGKILL)
+    t_ready = None
+    down = 0
+    while time.monotonic() - t_kill < 30:
+        try:
+            code = get(port, "/v1/health")[0]
+        except OSError:
+            code = 0
+        if code == 200:
+            t_ready = time.monotonic()
+            break
+        down += 1
+        time.sleep(0.01)
+    if t_ready is None:
+        stop.set()
+        print("not ready again within 30 s", file=sys.stderr)
+        return 1
+    time.sleep(args.after)
+    stop.set()
+    for t in threads:
+        t.join(70)
+    during = [k for t0, k in events if t0 < t_kill + 0.001]  # submitted before the kill
+    inflight = [k for k in during if k != "ok"]
+    after = [k for t0, k in events if t0 >= t_kill + 0.5]  # well after: fresh workers
+    failed_after = [k for k in after if k != "ok"]
+    between = [k for t0, k in events if t_kill + 0.001 <= t0 < t_kill + 0.5 and k != "ok"]
+    _, stats = get(port, "/v1/stats")
+    print(f"clients (sessions)            {args.clients}")
+    print(f"session workers killed        {len(victims)}")
+    print(f"turns submitted before kill   {len(during)} ({during.count('ok')} ok)")
+    print(f"in-flight failures            {len(inflight)}")
+    print(f"health answers not 200        {down}  (ready {t_ready - t_kill:.3f} s after the kill)")
+    print(f"failures in the next 0.5 s    {len(between)}  (turns that reached a killed worker)")
+    print(f"turns after                   {len(after)}")
+    print(f"failures after                {len(failed_after)}")
+    print(f"sessions open at the end      {stats.get('sessions')}")
+    for k, n in collections.Counter(inflight + between + failed_after).most_common(5):
+        print(f"  {n:6d} x {k}")
+    ok = not failed_after and down == 0 and len(inflight) + len(between) <= len(victims)
     return 0 if ok else 1
 
 
