@@ -139,3 +139,97 @@ def test_kill_9_with_a_frozen_session_then_start_leaves_nothing(tmp_path) -> Non
             if dirpath.count("/") > 6:
                 dirnames[:] = []
     assert left == [], left
+
+
+_IMAGE_CHILD = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, {tests!r})
+    from _cpu_helpers import action, allot
+    from arl_tangram.core.actions import ActionKind
+    from arl_tangram.core.resources import Resources
+    from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+
+    async def main():
+        m = CpuManager(CpuManagerConfig(work_root={root!r}, sandbox_uid={uid}, sandbox_gid={uid},
+                                        image_id_base={base}, warm_min=1, warm_max=2,
+                                        layers_dir={root!r} + "/layers",
+                                        images_dir={root!r} + "/images"))
+        await m.start()
+        m.images.import_path({tar!r}, "mini")
+        await m.open_session("s", Resources(cpu=1, memory_mb=256), 600, image="mini")
+        r = await m.run(action("head -c 3000000 /dev/zero > /srv/f; echo done",
+                               kind=ActionKind.TOOL, session="s", language="bash"), allot())
+        print(r.status, flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+""")
+
+
+def _loop_backing_files() -> list[str]:
+    out = []
+    for dev in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{dev}/loop/backing_file") as f:
+                out.append(f.read().strip())
+        except OSError:
+            pass
+    return out
+
+
+def test_kill_9_with_an_image_session_then_start_leaves_no_mount_loop_or_layer(tmp_path) -> None:
+    """Issue 25's acceptance: a manager killed with an image session open (its processes in the
+    node's user namespace, its writable layer an ext4 on a loop device, an overlay mount) leaves,
+    after the next start, no process, cgroup, mount, loop device or layer file of it."""
+    from arl_tangram.managers.cpu.images import imagekit
+
+    uid, base = TEST_UID + 2, (1 << 30) + (1 << 20)  # (ids no other test uses)
+    img = imagekit.pack_layer(imagekit.host_rootfs(str(tmp_path / "rootfs")),
+                              str(tmp_path / "mini.tar.gz"), gzip_it=True)
+    root = tempfile.mkdtemp(prefix="tangram-cpu-test-")
+    code = _IMAGE_CHILD.format(tests=os.path.dirname(__file__), root=root, uid=uid, base=base,
+                               tar=img)
+    loops_before = set(_loop_backing_files())
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline() if child.stdout else ""
+        assert "Success" in line, f"the child manager could not run an image session: {line!r}"
+        time.sleep(0.3)
+        assert procs_of_uid(base) or procs_of_uid(uid), "the session's processes should be there"
+        assert set(_loop_backing_files()) - loops_before, "its layer should be on a loop device"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    dead = child.pid
+
+    import asyncio
+
+    async def start_and_stop() -> None:
+        m = CpuManager(CpuManagerConfig(work_root=root, sandbox_uid=uid, sandbox_gid=uid,
+                                        image_id_base=base, warm_min=1, warm_max=2,
+                                        layers_dir=root + "/layers", images_dir=root + "/images"))
+        await m.start()
+        await m.aclose()
+
+    asyncio.run(start_and_stop())
+    deadline = time.monotonic() + 5
+    while (procs_of_uid(base) or procs_of_uid(uid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert procs_of_uid(base) == [] and procs_of_uid(uid) == [], "session processes outlived it"
+    deadline = time.monotonic() + 5  # (a loop device clears once its last mount is gone)
+    while set(_loop_backing_files()) - loops_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(_loop_backing_files()) - loops_before == set(), _loop_backing_files()
+    with open("/proc/self/mountinfo") as f:
+        mounts = [ln for ln in f if root in ln or "tangram-layer" in ln]
+    assert mounts == [], mounts
+    layers = [n for n in os.listdir(os.path.join(root, "layers")) if n.startswith(f"{dead}-")]
+    assert layers == [], layers  # (the dead manager's layer files: `layers.LayerPool`)
+    left = []
+    for kind, mnt, _opts in cgroups._mounts():
+        if kind == "cgroup":
+            for dirpath, dirnames, _ in os.walk(mnt):
+                left += [os.path.join(dirpath, d) for d in dirnames if d.startswith(f"tangram-{dead}")]
+                if dirpath.count("/") > 6:
+                    dirnames[:] = []
+    assert left == [], left
