@@ -66,13 +66,21 @@ class Elastic:
         step = self.st.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         elastic = False  # any elastic action on the node (grown to its max or not)
+        actions = self.st.actions
+        reserve = -1.0  # the node's CPU reserve (`reserve_of`), once an action asks
         for aid in node.running:
-            rec = self.st.actions.get(aid)
+            rec = actions.get(aid)
             if rec is None or rec.allotment is None or not rec.elastic:
                 continue
             el = rec.spec.elasticity
             assert el is not None
             elastic = True
+            if el.dim == CPU:
+                if reserve < 0.0:
+                    reserve = self.reserve_of(node, CPU)
+                if node.free.get(CPU, 0.0) - reserve <= 1e-9:
+                    continue  # no spare CPU: its turn below would give it nothing (a full
+                    # node's expansion looks at each action, not at its expected work left)
             if rec.allotment.get(el.dim) >= el.max - 1e-9:
                 continue
             heap.append((self.remaining(rec), rec.seq, aid))
