@@ -152,3 +152,18 @@ async def test_a_boolean_is_not_a_number(api: httpx.AsyncClient, path: str, body
     r = await api.post(path, json=body)
     assert r.status_code == 422, r.text
     assert field in r.json()["message"] and "boolean" in r.json()["message"], r.text
+
+
+async def test_an_action_demand_outside_the_clusters_dimensions_is_400(api: httpx.AsyncClient
+                                                                      ) -> None:
+    """As a session's: a made-up resource name is refused (before, it was accepted and showed
+    in the node's `used`), naming the field and the cluster's resources; the known ones pass."""
+    r = await api.post("/v1/actions", json={"actions": [
+        {"kind": "code", "payload": {"code": "print(1)"}},
+        {"kind": "code", "payload": {"code": "print(1)"}, "demand": {"cpu": 1, "unicorns": 2}}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "actions[1].demand.unicorns", r.text
+    assert "unknown resource 'unicorns'" in r.json()["detail"] and "cpu" in r.json()["detail"]
+    r = await api.post("/v1/actions", json={"kind": "code", "payload": {"code": "print(1)"},
+                                            "demand": {"cpu": 1, "memory_mb": 128}})
+    assert r.status_code == 200, r.text

@@ -52,6 +52,7 @@ class Service:
         # engine keeps the key (`EngineConfig.idempotency_ttl_s`)
         self._idem_bodies: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.tenancy = Tenancy(engine, config)
+        self._dims: frozenset[str] = frozenset()  # the cluster's resources (`_check_dims`)
 
     # ---- SandboxFusion --------------------------------------------------------------------
 
@@ -81,6 +82,7 @@ class Service:
         for i, a in enumerate(body.actions):
             parts = T.native_actions(a, f"actions[{i}]", self.config.default_reward_model)
             for p in parts:
+                self._check_dims(p.demand, f"actions[{i}].demand")
                 self._check_model(p, f"actions[{i}].model", tenant)
                 if tenant is not None:
                     self._own_image(p, f"actions[{i}].payload.image", tenant)
@@ -164,6 +166,19 @@ class Service:
         elif seen[0] != digest:
             raise KeyReused(f"idempotency_key: {key!r} was used with another body; a retry must "
                             "send the same actions (use a new key for new actions)")
+
+    def _check_dims(self, demand: Resources, field: str) -> None:
+        """Every key of ``demand`` a resource of the cluster's nodes (400 naming it else). The
+        dimensions are read from the cluster again only when a key is not among those last
+        seen (nodes may join), so a submit pays a set lookup per key."""
+        for k in demand:
+            if k in self._dims:
+                continue
+            self._dims = frozenset(d for n in self.engine.cluster().get("nodes", [])
+                                   for d in (n.get("capacity") or {}))
+            if k not in self._dims and self._dims:
+                raise InvalidAction(f"{field}.{k}", f"unknown resource {k!r} (this cluster's "
+                                    f"resources: {', '.join(sorted(self._dims))})")
 
     def _check_demand(self, demand: Resources, field: str) -> None:
         """A demand of the cluster's dimensions that some node can hold (400 else, as an
