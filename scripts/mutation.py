@@ -21,7 +21,8 @@ usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--keep] 
 The copy keeps others' work in progress and mutmut's `mutants/` out of the checkout. The core
 runs as pure Python (ARL_TANGRAM_PURE=1: a mutated core module must be the one that runs) and
 child processes (the sandbox fork server, `tangram serve`) see the mutated sources through
-PYTHONPATH. A mutant is caught when its tests fail, hang past mutmut's timeout or die (a worker
+PYTHONPATH; the fork server, whose environment is scrubbed, also gets mutmut's MUTANT_UNDER_TEST
+(a wrapper appended to the copy's client.py), or it would run the original code. A mutant is caught when its tests fail, hang past mutmut's timeout or die (a worker
 past MUTATION_MAX_RSS_MB, 3072 by default, is killed); score = caught / (caught + survived + no
 tests): a mutant no test runs counts against the score.
 """
@@ -53,6 +54,30 @@ def _copy(commit: str) -> Path:
         if dst.parent.is_dir():
             shutil.copy2(so, dst)
     return work
+
+
+# Appended to the copy's client.py: the fork server gets a scrubbed environment (`_zygote_env`),
+# without mutmut's MUTANT_UNDER_TEST, so it (and every sandbox, its fork) would run the original
+# code: the syscall filter it builds and installs would never be a mutant.
+_ZYGOTE_ENV_PATCH = """
+
+_mutation_orig_zygote_env = _zygote_env
+
+
+def _zygote_env() -> dict[str, str]:  # (scripts/mutation.py, in its copy only)
+    env = _mutation_orig_zygote_env()
+    if "MUTANT_UNDER_TEST" in os.environ:
+        env["MUTANT_UNDER_TEST"] = os.environ["MUTANT_UNDER_TEST"]
+    return env
+"""
+
+
+def _pass_mutant_to_fork_server(copy: Path) -> None:
+    p = copy / "src/arl_tangram/managers/cpu/host/client.py"
+    text = p.read_text()
+    if "def _zygote_env() -> dict[str, str]:" not in text or "\nimport os\n" not in text:
+        raise SystemExit(f"{p}: no _zygote_env to wrap (the fork server would not run mutants)")
+    p.write_text(text + _ZYGOTE_ENV_PATCH)
 
 
 def _select_tests(copy: Path, tests: list[str]) -> None:
@@ -124,6 +149,7 @@ def main() -> int:
         args.globs += [g for g in args.every_test if g not in args.globs]
     commit = _head()  # (others commit meanwhile: the run is of this commit, printed)
     copy = _copy(commit)
+    _pass_mutant_to_fork_server(copy)
     print(f"mutation: commit {commit}", flush=True)
     if args.tests:
         _select_tests(copy, args.tests)
