@@ -48,6 +48,25 @@ def validate(core: Core) -> None:
     _check_instances(core)
     _check_work_conserving(core)
     _check_sessions_served(core)
+    _check_elastic_sets(core)
+
+
+def _check_elastic_sets(core: Core) -> None:
+    """What `Elastic.expand_node` walks instead of every running action: each elastic action
+    running below its maximum is in its node's `Placer.growable`, and each elastic action
+    running is in its node's `Placer.elastic_started`."""
+    placer = core.elastic.placer
+    for name, node in core.st.nodes.items():
+        growable = placer.growable.get(name, {})
+        started = placer.elastic_started.get(name, {})
+        for aid in node.running:
+            rec = core.st.actions.get(aid)
+            el = rec.spec.elasticity if rec is not None else None
+            if rec is None or el is None or rec.allotment is None or not rec.elastic:
+                continue
+            _check(aid in started, "elastic-started", f"{aid} on {name}")
+            if rec.allotment.get(el.dim) < el.max - 1e-9:
+                _check(aid in growable, "elastic-growable", f"{aid} on {name}")
 
 
 def _check_nodes(core: Core) -> None:

@@ -65,16 +65,21 @@ class Elastic:
         Harchol-Balter, SIGMETRICS 2020), one `elastic_step` at a time while it speeds it up."""
         step = self.st.config.elastic_step
         heap: list[tuple[float, int, str]] = []
-        elastic = False  # any elastic action on the node (grown to its max or not)
         actions = self.st.actions
+        running = node.running
+        growable = self.placer.growable.get(node.name)
         reserve = -1.0  # the node's CPU reserve (`reserve_of`), once an action asks
-        for aid in node.running:
+        # the node's elastic actions below their maximum: all of them are in `growable`
+        # (placement adds each start, `reclaim` each shrink); the others met there leave it
+        # (a superset's order: the heap's keys decide, as over `node.running`)
+        gone: list[str] = []
+        for aid in growable if growable else ():
             rec = actions.get(aid)
-            if rec is None or rec.allotment is None or not rec.elastic:
+            if rec is None or aid not in running or rec.allotment is None or not rec.elastic:
+                gone.append(aid)
                 continue
             el = rec.spec.elasticity
             assert el is not None
-            elastic = True
             if el.dim == CPU:
                 if reserve < 0.0:
                     reserve = self.reserve_of(node, CPU)
@@ -82,10 +87,14 @@ class Elastic:
                     continue  # no spare CPU: its turn below would give it nothing (a full
                     # node's expansion looks at each action, not at its expected work left)
             if rec.allotment.get(el.dim) >= el.max - 1e-9:
+                gone.append(aid)
                 continue
             heap.append((self.remaining(rec), rec.seq, aid))
+        if growable:
+            for aid in gone:
+                del growable[aid]
         if not heap:
-            if not elastic:
+            if not self.any_elastic(node):
                 self.st.elastic_nodes.discard(node.name)
             return
         heapq.heapify(heap)
@@ -113,6 +122,26 @@ class Elastic:
         if changed:
             self.st.index.update(node.name, node.free)
             self.emit_resizes(node, changed.values())
+
+    def any_elastic(self, node: NodeState) -> bool:
+        """Whether an elastic action runs on ``node`` (the ones met first in
+        `Placer.elastic_started` that no longer run there leave it)."""
+        started = self.placer.elastic_started.get(node.name)
+        if not started:
+            return False
+        actions, running = self.st.actions, node.running
+        gone: list[str] = []
+        found = False
+        for aid in started:
+            rec = actions.get(aid)
+            if rec is None or aid not in running or rec.allotment is None or not rec.elastic:
+                gone.append(aid)
+            else:
+                found = True
+                break
+        for aid in gone:
+            del started[aid]
+        return found
 
     def node_gain(self, node: NodeState, rec: ActionRecord, delta: float) -> float:
         """On a node with a measured ``parallel_speedup``: the weighted drop of expected
@@ -206,6 +235,7 @@ class Elastic:
             self.retime(rec)
             node.give({CPU: delta})
             rec.allotment = rec.allotment.with_amount(CPU, k - delta)
+            self.placer.may_grow(node.name, aid)
             changed[aid] = rec
             short -= delta
             if k - delta > lo + 1e-9:

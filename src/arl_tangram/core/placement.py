@@ -39,6 +39,14 @@ class Placer:
         # look at again because a warm pool ran dry (`set_warm`)
         self.warm_waiters: dict[Any, None] = {}
         self.rewake: set[Any] = set()
+        # node -> the elastic actions started (or shrunk) there, which may be below their
+        # maximum: a superset of those, pruned as `Elastic.expand_node` meets the others (the
+        # ones that ended, moved or reached their maximum), so expansion looks at the actions
+        # that may grow, not at every action running there
+        self.growable: dict[str, dict[str, None]] = {}
+        # node -> the elastic actions started there: a superset of those running, pruned
+        # from the oldest (`Elastic.any_elastic`) and whole once it outgrows what runs there
+        self.elastic_started: dict[str, dict[str, None]] = {}
 
     # ---- where ----------------------------------------------------------------------------------
     def find_node(self, rec: ActionRecord) -> NodeState | None:
@@ -111,6 +119,21 @@ class Placer:
         if rec.elastic:
             st.expand_at.add(name)
             st.elastic_nodes.add(name)  # (elastic.py: where expansion can look)
+            self.may_grow(name, aid)
+            started = self.elastic_started.get(name)
+            if started is None:
+                started = self.elastic_started[name] = {}
+            started[aid] = None
+            if len(started) > 2 * len(node.running) + 16:  # ended ones pile up: drop them
+                running = node.running
+                self.elastic_started[name] = {a: None for a in started if a in running}
+
+    def may_grow(self, node: str, aid: str) -> None:
+        """Action ``aid`` runs elastic on ``node`` and may be below its maximum (`growable`)."""
+        g = self.growable.get(node)
+        if g is None:
+            g = self.growable[node] = {}
+        g[aid] = None
 
     # ---- reservations ---------------------------------------------------------------------------
     def reserve_for(self, rec: ActionRecord, key: Any) -> None:
