@@ -69,6 +69,10 @@ class Elastic:
         running = node.running
         growable = self.placer.growable.get(node.name)
         reserve = -1.0  # the node's CPU reserve (`reserve_of`), once an action asks
+        if growable and not self.placer.other_dims:
+            reserve = self.reserve_of(node, CPU)
+            if node.free.get(CPU, 0.0) - reserve <= 1e-9:
+                growable = None  # no spare CPU: no turn below would give anything
         # the node's elastic actions below their maximum: all of them are in `growable`
         # (placement adds each start, `reclaim` each shrink); the others met there leave it
         # (a superset's order: the heap's keys decide, as over `node.running`)
@@ -90,7 +94,7 @@ class Elastic:
                 gone.append(aid)
                 continue
             heap.append((self.remaining(rec), rec.seq, aid))
-        if growable:
+        if gone and growable:
             for aid in gone:
                 del growable[aid]
         if not heap:

@@ -17,7 +17,7 @@ from .build import make_start
 from .fit import UNBOUNDED, best_fit, leftover
 from .queues import Queues
 from .records import ActionRecord, NodeState, ShapeKey
-from .resources import Resources
+from .resources import CPU, Resources
 from .state import CoreState
 
 _STARTING = Status.STARTING  # (a module constant: cheaper than Status.STARTING)
@@ -47,6 +47,7 @@ class Placer:
         # node -> the elastic actions started there: a superset of those running, pruned
         # from the oldest (`Elastic.any_elastic`) and whole once it outgrows what runs there
         self.elastic_started: dict[str, dict[str, None]] = {}
+        self.other_dims = False  # whether an elastic action stretching other than CPU started
 
     # ---- where ----------------------------------------------------------------------------------
     def find_node(self, rec: ActionRecord) -> NodeState | None:
@@ -117,6 +118,9 @@ class Placer:
         rec.done = 0.0  # (its work done so far: `Elastic.remaining`)
         rec.since = now
         if rec.elastic:
+            el = spec.elasticity
+            if el is not None and el.dim != CPU:
+                self.other_dims = True
             st.expand_at.add(name)
             st.elastic_nodes.add(name)  # (elastic.py: where expansion can look)
             self.may_grow(name, aid)
@@ -134,6 +138,9 @@ class Placer:
         if g is None:
             g = self.growable[node] = {}
         g[aid] = None
+        running = self.st.nodes[node].running
+        if len(g) > 2 * len(running) + 16:  # (a full node's are not pruned by expansion)
+            self.growable[node] = {a: None for a in g if a in running}
 
     # ---- reservations ---------------------------------------------------------------------------
     def reserve_for(self, rec: ActionRecord, key: Any) -> None:
