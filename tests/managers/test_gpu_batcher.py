@@ -103,3 +103,47 @@ async def test_a_closed_batcher_refuses_new_requests() -> None:
     await b.aclose()
     with pytest.raises(ClosedError, match=r"^the GPU manager's batcher is closed$"):
         await b.submit("i", _act("a"))
+
+
+async def test_a_batch_never_exceeds_the_instances_knee() -> None:
+    run = _Run(delay=0.05)
+    b = DynamicBatcher(run, lambda _: 1, 0.0)
+    try:
+        got = await asyncio.wait_for(asyncio.gather(*(b.submit("i", _act(x)) for x in "abc")), 5.0)
+        assert got == [{"score": 1}] * 3
+        assert run.batches == [["a"], ["b"], ["c"]] and b.batch_sizes == [1, 1, 1]
+    finally:
+        await _close(b)
+
+
+async def _one_running_one_queued(b: DynamicBatcher) -> tuple[asyncio.Future, asyncio.Future]:
+    running = asyncio.ensure_future(b.submit("i", _act("a")))
+    await asyncio.sleep(0.05)  # `a` runs (0.5 s); with a knee of 1, `b` waits in the queue
+    queued = asyncio.ensure_future(b.submit("i", _act("b")))
+    await asyncio.sleep(0.01)
+    return running, queued
+
+
+async def test_dropping_an_instance_fails_its_queued_requests_and_a_new_one_starts_afresh() -> None:
+    b = DynamicBatcher(_Run(delay=0.5), lambda _: 1, 0.0)
+    try:
+        running, queued = await _one_running_one_queued(b)
+        other = asyncio.ensure_future(b.submit("j", _act("cc")))  # another instance: untouched
+        b.drop("i", "instance i was unloaded")
+        with pytest.raises(BrokenError, match=r"^instance i was unloaded$"):
+            await asyncio.wait_for(queued, 5.0)
+        running.cancel()
+        assert await asyncio.wait_for(other, 5.0) == {"score": 2}
+        # the instance id is free again: a request for it is served by a new loop
+        assert await asyncio.wait_for(b.submit("i", _act("ddd")), 5.0) == {"score": 3}
+    finally:
+        await _close(b)
+
+
+async def test_closing_fails_queued_requests_saying_so() -> None:
+    b = DynamicBatcher(_Run(delay=0.5), lambda _: 1, 0.0)
+    running, queued = await _one_running_one_queued(b)
+    await b.aclose()
+    with pytest.raises(BrokenError, match=r"^the GPU manager was closed$"):
+        await asyncio.wait_for(queued, 5.0)
+    running.cancel()
