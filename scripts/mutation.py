@@ -72,12 +72,28 @@ def _zygote_env() -> dict[str, str]:  # (scripts/mutation.py, in its copy only)
 """
 
 
+# Appended to the copy's zygote/__init__.py (imported first by `python -m ...zygote.server`): the
+# fork server then clears its environment (`_forget_start` empties posix.environ, which is also
+# os.environ's store), so mutmut's trampolines must get the mutant's name process-locally.
+_ZYGOTE_PIN_PATCH = """
+
+import os as _mutation_os  # (scripts/mutation.py, in its copy only)
+
+if "MUTANT_UNDER_TEST" in _mutation_os.environ:
+    from mutmut.mutation.trampoline import set_mutant_under_test as _mutation_set
+
+    _mutation_set(_mutation_os.environ["MUTANT_UNDER_TEST"])
+"""
+
+
 def _pass_mutant_to_fork_server(copy: Path) -> None:
     p = copy / "src/arl_tangram/managers/cpu/host/client.py"
     text = p.read_text()
     if "def _zygote_env() -> dict[str, str]:" not in text or "\nimport os\n" not in text:
         raise SystemExit(f"{p}: no _zygote_env to wrap (the fork server would not run mutants)")
     p.write_text(text + _ZYGOTE_ENV_PATCH)
+    z = copy / "src/arl_tangram/managers/cpu/zygote/__init__.py"
+    z.write_text(z.read_text() + _ZYGOTE_PIN_PATCH)
 
 
 def _select_tests(copy: Path, tests: list[str]) -> None:
