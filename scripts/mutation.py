@@ -79,7 +79,7 @@ _ZYGOTE_PIN_PATCH = """
 
 import os as _mutation_os  # (scripts/mutation.py, in its copy only)
 
-if "MUTANT_UNDER_TEST" in _mutation_os.environ:
+if "__mutmut_" in _mutation_os.environ.get("MUTANT_UNDER_TEST", ""):  # (a mutant, not "stats")
     from mutmut.mutation.trampoline import set_mutant_under_test as _mutation_set
 
     _mutation_set(_mutation_os.environ["MUTANT_UNDER_TEST"])
