@@ -15,7 +15,13 @@ prints, from one run:
   installs both): container run of /bin/true, exec into a running container, pause + resume,
   and memory per idle container, measured in this run. crun gets the image read-only (one
   shared read-only overlay of the layers, tmpfs /tmp): no per-container writable layer, which
-  favours it.
+  favours it;
+- ``--bursts N`` (issue 26, memory that follows use): N sessions of the image with a 512 MB cap
+  each, through the engine (the core's admission), on a node given a third of the caps' sum as
+  its memory (by caps, fewer than a third of them would open); each runs pytest-like bursts
+  (touching 150-200 MB for a moment, then freeing it), two at a time, in turns. Printed: how
+  many opened against how many the caps allow, the bursts that failed, the evictions, and the
+  sessions' largest charge (what the node counted for them) against their caps.
 """
 
 from __future__ import annotations
@@ -86,6 +92,78 @@ def tool(sid: str, code: str, cpu: float) -> tuple[ActionSpec, Resources]:
     return (ActionSpec(id=f"b{_n}", kind=ActionKind.TOOL, session=sid,
                        payload={"code": code, "language": "bash"}),
             Resources(cpu=cpu, memory_mb=256))
+
+
+async def bench_bursts(n: int, layout: str, work: str, cap_mb: int = 512) -> int:
+    """``--bursts``: n image sessions of ``cap_mb`` each on a node of a third of their caps."""
+    import httpx
+
+    from arl_tangram.api.app import create_app
+    from arl_tangram.runtime.build import build_engine
+    from arl_tangram.runtime.config import NodeConfig, ServiceConfig
+
+    node_mb = -(-n * cap_mb // 3)  # (rounded up: the caps fit 3x its memory exactly)
+    room_mb = 1024  # (the room a session's action keeps on its node, `session_action_demand`)
+    by_caps = max(0, (node_mb - room_mb) // cap_mb)
+    cfg = ServiceConfig(nodes=(NodeConfig(capacity=Resources(cpu=2, memory_mb=node_mb), gpu=None,
+                                          cpu={"work_root": work, "warm_min": 1,
+                                               "images_dir": os.path.join(work, "images"),
+                                               "image_layer_mb": 64}),),
+                        scheduler={"session_memory_overcommit": 3.0})
+    eng = build_engine(cfg)
+    await eng.start()
+    app = create_app(eng, cfg, any_image_path=True)
+    burst = "python3 -c \"b = b'x' * ({mb} << 20); del b; print('ok')\""
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                                     timeout=300) as c:
+            r = await c.post("/v1/images", json={"path": layout, "name": IMAGE})
+            assert r.status_code == 201, r.text
+            t = time.perf_counter()
+            sids = []
+            for _ in range(n):
+                r = await c.post("/v1/sessions", json={"image": IMAGE,
+                                                       "demand": {"memory_mb": cap_mb}})
+                assert r.status_code == 201, r.text
+                sids.append(r.json()["session_id"])
+
+            def opened() -> int:
+                st = eng.core.st.sessions  # type: ignore[attr-defined]
+                return sum(1 for s in sids if s in st and st[s].node is not None)
+
+            while opened() < n and time.perf_counter() - t < 120:
+                await asyncio.sleep(0.1)
+            print(f"sessions: {n} of {cap_mb} MB caps ({n * cap_mb} MB) on a node of {node_mb} MB "
+                  f"(by caps {by_caps} would open); open: {opened()} after "
+                  f"{time.perf_counter() - t:.1f} s")
+            failed, done = [], 0
+            for rnd in range(2):
+                for i in range(0, n, 2):
+                    got = await asyncio.gather(*(
+                        c.post("/v1/actions", json={
+                            "kind": "tool", "session": s, "wait": True, "timeout_s": 120,
+                            "payload": {"code": burst.format(mb=150 + 50 * rnd),
+                                        "language": "bash"}}) for s in sids[i:i + 2]))
+                    for r in got:
+                        res = r.json()["results"][0] if r.status_code == 200 else {}
+                        out = ((res.get("output") or {}).get("run_result") or {}).get("stdout")
+                        done += 1
+                        if res.get("status") != "succeeded" or out != "ok\n":
+                            failed.append(r.text[:200])
+            await asyncio.sleep(1.5)  # (a memory report after the last burst)
+            st = eng.core.st.sessions  # type: ignore[attr-defined]
+            charges = [st[s].charge.get("memory_mb") for s in sids if s in st]
+            peaks = [st[s].peak_mb for s in sids if s in st]
+            stats = (await c.get("/v1/stats")).json()
+            print(f"bursts (150-200 MB each, two at a time): {done}, failed {len(failed)}; "
+                  f"evictions {stats.get('session_evictions')}; after them, each session charged "
+                  f"{min(charges):.0f}-{max(charges):.0f} MB of its {cap_mb} MB cap (its "
+                  f"measured peak {min(peaks):.0f}-{max(peaks):.0f} MB)")
+            for f in failed[:3]:
+                print(f"  failed: {f}")
+            return 0 if not failed and opened() == n else 1
+    finally:
+        await eng.aclose()
 
 
 async def bench_tangram(args: argparse.Namespace, layout: str, work: str) -> dict[str, Any]:
@@ -309,6 +387,8 @@ async def main() -> int:
     ap.add_argument("--crun-runs", type=int, default=20)
     ap.add_argument("--podman-runs", type=int, default=5)
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--bursts", type=int, default=0, metavar="N",
+                    help="only the memory-by-use run, with N sessions (module doc)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (sandboxes, overlay mounts)", file=sys.stderr)
@@ -318,6 +398,11 @@ async def main() -> int:
     layout = swe_image.build(say=lambda m: print(m, file=sys.stderr))
     print(f"load average at start: {os.getloadavg()[0]:.2f}; cores: {os.cpu_count()}")
     work = tempfile.mkdtemp(prefix="bench-images-")
+    if args.bursts:
+        try:
+            return await bench_bursts(args.bursts, layout, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     try:
         r = await bench_tangram(args, layout, work)
         print(f"test image: {layout}")
