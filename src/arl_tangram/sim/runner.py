@@ -10,6 +10,7 @@ on; the baseline keeps the full cluster.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,14 +163,22 @@ def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int
     """Simulate ``batches`` on ``cluster`` under ``policy`` (a label of `policies()`).
     ``core_factory`` is called as `make_core` is: ``(cluster, policy, n, shares, warm_keys=)``."""
     parse_policy(policy)  # a bad label fails before anything runs
-    first = list(shares_from) if shares_from is not None else list(next(iter(batches()), []))
+    source: Iterable[Sequence[Trajectory]]
+    if shares_from is not None:
+        first = list(shares_from)
+        source = batches()
+    else:  # the first batch, sampled once: measured, then run (not sampled again for the run)
+        it = iter(batches())
+        head = next(it, None)
+        first = list(head) if head is not None else []
+        source = it if head is None else itertools.chain((first,), it)
     n = max(1, sum(1 for t in first if uses_cpu(t)))
     shares = measured_task_shares(first, cluster) if first else {}
     core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first),
                                        warm_boot=warm_boot(first))
     sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
                     reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
-    return sim.run(batches())
+    return sim.run(source)
 
 
 def compare(cluster: ClusterSpec, batches: Batches, *, seed: int = 0, workload: str = "?",
