@@ -78,6 +78,12 @@ SWE_SESSION = SessionDef(
     cold_start_s=3.0,  # assumption: 0.57 s docker start (arXiv 2602.15214) + env activation
 )
 
+# (immutable, so shared by every action: built once, not per action of 20k trajectories)
+_SWE_TEST_DEMAND = Resources(cpu=1, memory_mb=1024)
+_SWE_TEST_EL = Elasticity(1, 4, speedup=Speedup(0.6))  # assumption: pytest-xdist, partly serial
+_SWE_TOOL_DEMAND = Resources(cpu=1, memory_mb=256)
+_SWE_FINAL_EL = Elasticity(1, 8, speedup=Speedup(0.7))
+
 
 def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
     # Turns per trajectory: SWE-Bench Pro trajectories of frontier models have medians of 29-78
@@ -91,20 +97,19 @@ def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
             tests = round(lognormal(rng, 20, 1.0, 1, 500))
             work = lognormal(rng, 8.0, 1.0, 0.5, 600)  # assumption: pytest on a few test files
             act = SimAction(
-                ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024),
-                Elasticity(1, 4, speedup=Speedup(0.6)),  # assumption: pytest-xdist, partly serial
+                ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
                 WorkHints(test_count=tests), session="repo", tag="pytest", timeout_s=900.0,
                 cold_start_s=DOCKER_COLD_S)
         else:  # shell commands: ls/cat/grep/edit are sub-second, a tail of installs/builds
             work = lognormal(rng, 0.4, 1.2, 0.02, 120)  # assumption
-            act = SimAction(ActionKind.TOOL, work, Resources(cpu=1, memory_mb=256),
+            act = SimAction(ActionKind.TOOL, work, _SWE_TOOL_DEMAND,
                             session="repo", tag="bash", timeout_s=300.0, cold_start_s=DOCKER_COLD_S)
         steps.append((gen, act))
     # Final evaluation: FAIL_TO_PASS + PASS_TO_PASS tests of the instance (SWE-bench harness).
     tests = round(lognormal(rng, 50, 1.0, 1, 2000))  # assumption: tens to hundreds of tests
     work = lognormal(rng, 20.0, 1.0, 1.0, 1200)  # assumption
-    final = SimAction(ActionKind.TEST, work, Resources(cpu=1, memory_mb=1024),
-                      Elasticity(1, 8, speedup=Speedup(0.7)), WorkHints(test_count=tests),
+    final = SimAction(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
+                      WorkHints(test_count=tests),
                       session="repo", tag="pytest", timeout_s=1800.0, cold_start_s=DOCKER_COLD_S)
     steps.append((gen_seconds(rng, 100, 0.5, 500), final))
     return Trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0, {"repo": SWE_SESSION}, step)
