@@ -2,7 +2,8 @@
 """`make mutation`: mutmut over the modules of pyproject's [tool.mutmut], in a copy of the
 committed tree (HEAD), and the score per module (issue 27; docs/testing.md).
 
-usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--keep] [MUTANT_GLOB ...]
+usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--max-children N] [--keep]
+                           [MUTANT_GLOB ...]
 
   MUTANT_GLOB   mutmut's names, e.g. 'arl_tangram.api.middleware*' (default: every module); a
                 name given after --tests (it starts with `arl_tangram.`) is taken as a glob
@@ -11,6 +12,7 @@ usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--keep] 
   --timeout-multiplier  mutmut's CPU-time limit per mutant is (tests' time + 1 s) x 2 x this
                 (mutmut's default 15: a mutant that loops costs minutes; 3 is plenty, the limit
                 is CPU time, not wall time, so a loaded machine does not shorten it)
+  --max-children N  mutmut's parallel workers (its default: one per CPU); 1 on a shared machine
   --every-test GLOB ...  run the mutants matching these globs against every selected test, not
                 only the tests mutmut saw call their function: mutmut records calls in the test
                 process only, and the fork server (which builds the syscall filter) and the
@@ -154,6 +156,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", nargs="*", default=None)
     ap.add_argument("--timeout-multiplier", type=float, default=None)
+    ap.add_argument("--max-children", type=int, default=None)
     ap.add_argument("--every-test", nargs="*", default=[])
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("globs", nargs="*")
@@ -177,9 +180,9 @@ def main() -> int:
     env.pop("TANGRAM_SKIP_LOG", None)
     print(f"mutation: mutmut in {copy}", flush=True)
     if args.every_test:  # mutants and stats first (no mutant is named so), then the mapping
-        _mutmut_run(copy, env, ["__no_mutant__"])
+        _mutmut_run(copy, env, ["__no_mutant__"], args.max_children)
         _every_test(copy, env, args.every_test)
-    rc = _mutmut_run(copy, env, args.globs)
+    rc = _mutmut_run(copy, env, args.globs, args.max_children)
     results = _results(copy, env)
     by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     survivors: dict[str, list[str]] = collections.defaultdict(list)
@@ -209,8 +212,10 @@ def main() -> int:
     return rc
 
 
-def _mutmut_run(copy: Path, env: dict[str, str], names: list[str]) -> int:
-    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *names], cwd=copy, env=env)
+def _mutmut_run(copy: Path, env: dict[str, str], names: list[str],
+                max_children: int | None = None) -> int:
+    workers = [] if max_children is None else ["--max-children", str(max_children)]
+    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *workers, *names], cwd=copy, env=env)
     stop = threading.Event()
     guard = threading.Thread(target=_rss_guard, args=(proc.pid, stop), daemon=True)
     guard.start()
