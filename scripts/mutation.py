@@ -2,16 +2,20 @@
 """`make mutation`: mutmut over the modules of pyproject's [tool.mutmut], in a copy of the
 committed tree (HEAD), and the score per module (issue 27; docs/testing.md).
 
-usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--max-children N] [--keep]
-                           [MUTANT_GLOB ...]
+usage: scripts/mutation.py [--tests PATH ...] [--timeout-multiplier X] [--timeout-constant S]
+                           [--max-children N] [--keep] [MUTANT_GLOB ...]
 
   MUTANT_GLOB   mutmut's names, e.g. 'arl_tangram.api.middleware*' (default: every module); a
                 name given after --tests (it starts with `arl_tangram.`) is taken as a glob
   --tests       run these test files instead of the configured selection (a quicker run of a
                 few modules; written into the copy's pyproject only)
   --timeout-multiplier  mutmut's CPU-time limit per mutant is (tests' time + 1 s) x 2 x this
-                (mutmut's default 15: a mutant that loops costs minutes; 3 is plenty, the limit
-                is CPU time, not wall time, so a loaded machine does not shorten it)
+                and its wall-clock limit (tests' time + 1 s) x this (mutmut's default 15: a
+                mutant that loops costs minutes)
+  --timeout-constant S  the "+ 1 s" above (mutmut's timeout_constant). The tests' time leaves
+                out fixture set-up (a CPU manager's start, models built per module): give tests
+                with such fixtures 10 or more, or set-up past the wall-clock limit on a loaded
+                machine reads as a "timeout", i.e. caught
   --max-children N  mutmut's parallel workers (its default: one per CPU); 1 on a shared machine
   --every-test GLOB ...  run the mutants matching these globs against every selected test, not
                 only the tests mutmut saw call their function: mutmut records calls in the test
@@ -24,7 +28,9 @@ The copy keeps others' work in progress and mutmut's `mutants/` out of the check
 runs as pure Python (ARL_TANGRAM_PURE=1: a mutated core module must be the one that runs) and
 child processes (the sandbox fork server, `tangram serve`) see the mutated sources through
 PYTHONPATH; the fork server, whose environment is scrubbed, also gets mutmut's MUTANT_UNDER_TEST
-(a wrapper appended to the copy's client.py), or it would run the original code. A mutant is caught when its tests fail, hang past mutmut's timeout or die (a worker
+(a wrapper appended to the copy's client.py), or it would run the original code, and mutmut's
+workers keep RLIMIT_CPU's hard limit unlimited (`_MUTMUT`: else no sandbox could start). A mutant
+is caught when its tests fail, hang past mutmut's timeout or die (a worker
 past MUTATION_MAX_RSS_MB, 3072 by default, is killed); score = caught / (caught + survived + no
 tests): a mutant no test runs counts against the score.
 """
@@ -108,11 +114,12 @@ def _select_tests(copy: Path, tests: list[str]) -> None:
     p.write_text(text)
 
 
-def _set_timeout(copy: Path, multiplier: float) -> None:
+def _set_timeout(copy: Path, multiplier: float | None, constant: float | None) -> None:
     p = copy / "pyproject.toml"
     text = p.read_text()
-    text, n = re.subn(r"^\[tool\.mutmut\]\n", f"[tool.mutmut]\ntimeout_multiplier = {multiplier}\n",
-                      text, flags=re.M)
+    keys = "".join(f"{k} = {v}\n" for k, v in (("timeout_multiplier", multiplier),
+                                               ("timeout_constant", constant)) if v is not None)
+    text, n = re.subn(r"^\[tool\.mutmut\]\n", f"[tool.mutmut]\n{keys}", text, flags=re.M)
     if n != 1:
         raise SystemExit("pyproject.toml: no [tool.mutmut]")
     p.write_text(text)
@@ -157,6 +164,7 @@ def main() -> int:
     ap.add_argument("--tests", nargs="*", default=None)
     ap.add_argument("--timeout-multiplier", type=float, default=None)
     ap.add_argument("--max-children", type=int, default=None)
+    ap.add_argument("--timeout-constant", type=float, default=None)
     ap.add_argument("--every-test", nargs="*", default=[])
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("globs", nargs="*")
@@ -172,8 +180,8 @@ def main() -> int:
     print(f"mutation: commit {commit}", flush=True)
     if args.tests:
         _select_tests(copy, args.tests)
-    if args.timeout_multiplier is not None:
-        _set_timeout(copy, args.timeout_multiplier)
+    if args.timeout_multiplier is not None or args.timeout_constant is not None:
+        _set_timeout(copy, args.timeout_multiplier, args.timeout_constant)
     # (made now: a PYTHONPATH entry missing at start-up may be cached as "nothing here")
     (copy / "mutants" / "src").mkdir(parents=True)
     env = {**os.environ, "ARL_TANGRAM_PURE": "1", "PYTHONPATH": str(copy / "mutants" / "src")}
@@ -212,10 +220,39 @@ def main() -> int:
     return rc
 
 
+# mutmut, with one change: its worker limits its CPU time with RLIMIT_CPU's soft limit only. It
+# sets soft and *hard* ((tests' time + timeout_constant) x 2 x multiplier: a few seconds for a
+# quick test), the fork server and every sandbox inherit that hard limit, and a sandbox child may
+# not raise its soft limit to the job's `cpu_s` (10 s for the start-up probe, timeouts x cores + 1
+# for an action) above it, nor can the fork server lift it (no CAP_SYS_RESOURCE in a container):
+# "sandbox: cannot start", every sandbox test failed and every mutant read as caught. SIGXCPU at
+# the soft limit still ends a looping worker (and mutmut's wall-clock timer sends it too).
+_MUTMUT = """
+import resource, sys
+import mutmut.workers.isolation as iso
+from mutmut.__main__ import cli
+
+class _Resource:
+    def __getattr__(self, name):
+        return getattr(resource, name)
+
+    @staticmethod
+    def setrlimit(which, limits):
+        if which == resource.RLIMIT_CPU:
+            limits = (limits[0], resource.getrlimit(which)[1])
+        resource.setrlimit(which, limits)
+
+iso.resource = _Resource()
+sys.argv[0] = "mutmut"
+sys.exit(cli())
+"""
+
+
 def _mutmut_run(copy: Path, env: dict[str, str], names: list[str],
                 max_children: int | None = None) -> int:
     workers = [] if max_children is None else ["--max-children", str(max_children)]
-    proc = subprocess.Popen([str(BIN / "mutmut"), "run", *workers, *names], cwd=copy, env=env)
+    proc = subprocess.Popen([str(BIN / "python"), "-c", _MUTMUT, "run", *workers, *names], cwd=copy,
+                            env=env)
     stop = threading.Event()
     guard = threading.Thread(target=_rss_guard, args=(proc.pid, stop), daemon=True)
     guard.start()
