@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -269,6 +270,10 @@ def test_no_cpu_in_the_allotment_means_the_default() -> None:
     cfg = CpuManagerConfig(work_root="/tmp/x", default_cpus=3.0)
     r = req({"code": "x"}, cpu=0.0, cfg=cfg)
     assert r["quota"] == 3.0 and r["limits"]["cpus"] == 3.0 and r["env"]["TANGRAM_CPUS"] == "3"
+    allotments: list[Mapping[str, float]] = [Resources(memory_mb=300), {}]
+    for alloc in allotments:  # (an allotment without cores at all)
+        r = dict(pl.build_request(ActionSpec(id="a", payload={"code": "x"}), alloc, LANGS, cfg))
+        assert r["quota"] == 3.0 and r["limits"]["cpus"] == 3.0
 
 
 def test_an_elastic_action_is_shown_its_maximum_from_the_start() -> None:
@@ -289,6 +294,7 @@ def test_memory_comes_from_the_allotment_capped_by_the_payload() -> None:
     assert mb({}, 300) == 300 and mb({}, 0) == 512  # none allotted: the default
     assert mb({"memory_limit_MB": 100}, 300) == 100 and mb({"memory_limit_MB": 900}, 300) == 300
     assert mb({"memory_limit_MB": 100.5}, 300) == 100.5
+    assert mb({"memory_limit_MB": 1}, 300) == 1 and mb({"memory_limit_MB": 0.5}, 300) == 0.5
     assert mb({"memory_limit_MB": 0}, 300) == 300 and mb({"memory_limit_MB": -1}, 300) == 300
     assert mb({"memory_limit_MB": None}, 300) == 300
     assert pl.memory_bytes({}, {}, CFG) == 512 << 20
@@ -337,6 +343,23 @@ def test_the_environment_memo_gives_copies_and_stays_bounded() -> None:
         assert len(cache) <= 64
     assert len(cache) == 64 and 2.0 not in cache and 2.69 in cache  # the oldest went first
     assert pl._env(1.0, LANGS, None) == pl.env_for(1.0, LANGS)  # no memo
+
+
+def test_the_environment_memo_builds_each_core_count_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[float] = []
+    real = pl.env_for
+
+    def counting(cpus: float, langs: Any) -> dict[str, str]:
+        built.append(cpus)
+        return real(cpus, langs)
+
+    monkeypatch.setattr(pl, "env_for", counting)
+    cache: dict[float, dict[str, str]] = {}
+    envs = [pl._env(c, LANGS, cache) for c in (2.0, 1.0, 2.0, 2.0, 1.0)]
+    assert built == [2.0, 1.0] and envs[2] == envs[0] == real(2.0, LANGS)
+    pl._env(2.0, LANGS, None)
+    assert built == [2.0, 1.0, 2.0]  # (without a memo: built every time)
     env_cache: dict[float, dict[str, str]] = {}
     r = pl.build_request(ActionSpec(id="a", payload={"code": "x"}), Resources(cpu=2.0), LANGS,
                          CFG, env_cache)
