@@ -103,3 +103,36 @@ def test_tool_math_draws_what_the_plain_samplers_draw():
             got = [(g, a.work_s) for g, a in t.steps]
             assert got == want and [type(x) for p in got for x in p] == [type(x) for p in want for x in p]
     assert rng.random() == ref.random()
+
+
+def test_swe_agent_fast_constructors_build_what_the_keyword_forms_build():
+    from arl_tangram.core.actions import WorkHints
+    from arl_tangram.sim.trace import SimAction, Trajectory
+    from arl_tangram.sim.workloads import (
+        _SWE_FINAL_EL,
+        _SWE_TEST_DEMAND,
+        _SWE_TEST_EL,
+        _SWE_TOOL_DEMAND,
+        DOCKER_COLD_S,
+        SWE_SESSION,
+    )
+
+    for t in [t for b in get_workload("swe-agent").batches(3, 20, 1) for t in b]:
+        steps = []
+        for i, (gen, a) in enumerate(t.steps):
+            if i == len(t.steps) - 1:
+                ref = SimAction(ActionKind.TEST, a.work_s, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
+                                WorkHints(test_count=a.hints.test_count), session="repo",
+                                tag="pytest", timeout_s=1800.0, cold_start_s=DOCKER_COLD_S)
+            elif a.kind is ActionKind.TEST:
+                ref = SimAction(ActionKind.TEST, a.work_s, _SWE_TEST_DEMAND, _SWE_TEST_EL,
+                                WorkHints(test_count=a.hints.test_count), session="repo",
+                                tag="pytest", timeout_s=900.0, cold_start_s=DOCKER_COLD_S)
+            else:
+                ref = SimAction(ActionKind.TOOL, a.work_s, _SWE_TOOL_DEMAND, session="repo",
+                                tag="bash", timeout_s=300.0, cold_start_s=DOCKER_COLD_S)
+            steps.append((gen, ref))
+        want = Trajectory(t.id, "swe-agent", tuple(steps), 0.0, {"repo": SWE_SESSION}, t.rl_step)
+        assert type(t) is Trajectory and t == want and repr(t) == repr(want)
+        assert all(type(a) is SimAction and type(a.hints) is WorkHints for _g, a in t.steps)
+        assert {a.kind for _g, a in t.steps} <= {ActionKind.TEST, ActionKind.TOOL}

@@ -559,10 +559,13 @@ class Core:
         sess = self.st.sessions.get(sid) if sid is not None else None
         if sess is not None and sess.node is not None:
             node = self.st.nodes[sess.node]
-            room = Resources(node.cap) - sess.demand
-            if not demand.fits_in(room):
-                short = demand.shortfall(room)
-                return f"demand {demand} exceeds what session {sid}'s node {node.name} can offer: short {short}"
+            cap, held = node.cap, sess.demand._d
+            for k, v in demand._d.items():  # `demand.fits_in(Resources(cap) - held)`, unallocated
+                r = cap.get(k, 0.0) - held.get(k, 0.0)
+                if v > (r if r > 1e-9 else 0.0) + 1e-9:
+                    room = Resources(cap) - sess.demand
+                    short = demand.shortfall(room)
+                    return f"demand {demand} exceeds what session {sid}'s node {node.name} can offer: short {short}"
             return ""
         if sid is not None and sess is None:
             demand = demand + self.st.config.session_demand

@@ -310,19 +310,14 @@ class Elastic:
         base = node.cap.get(CPU, 0.0) - cap  # CPU held there by others than its elastic actions
         if measured is not None:
             top = _useful(el, measured, base, top)
-        runs.sort(key=_first)
         n_run = len(runs)
         x = self.st.expected_work(rec)
-        jobs = runs + [(x, el)] * (1 + behind)
-        best_cost = math.inf
-        best_lanes = 0
-        for lanes in _lane_tries(cap, top, lo, n_run):
-            cost, join = _fluid(cap, lanes, jobs, n_run, measured, base)
-            if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
-                cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run, measured, base)[0]
-                cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
-            if cost < best_cost - 1e-12 * cost:
-                best_cost, best_lanes = cost, lanes
+        best_lanes = -1
+        if behind == 0 and measured is None and elsewhere == math.inf:
+            best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el)
+        if best_lanes < 0:
+            runs.sort(key=_first)
+            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base)
         if best_lanes <= n_run:
             return 0.0, 0.0
         step = self.st.config.elastic_step
@@ -618,6 +613,80 @@ def _lane_tries(cap: float, top: float, lo: float, n_run: int) -> list[int]:
         tries.append(n_run + 1)
     tries.sort()
     return tries
+
+
+def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elasticity]], x: float,
+                el: Elasticity, behind: int, elsewhere: float, measured: NodeSpec | None,
+                base: float) -> int:
+    """`Elastic.plan`'s choice: of the lane counts `_lane_tries` gives, the one with the least
+    sum of completion times (`_fluid`) of ``runs`` (running, sorted by work left), the job of
+    work ``x`` and the ``behind`` like it queued after it; ties to fewer lanes. A count at or
+    below ``len(runs)`` is waiting."""
+    n_run = len(runs)
+    jobs = runs + [(x, el)] * (1 + behind)
+    best_cost = math.inf
+    best_lanes = 0
+    n_jobs = len(jobs)
+    done_all = -1.0  # the cost with every job at once: the same for every lanes >= n_jobs
+    for lanes in _lane_tries(cap, top, lo, n_run):
+        if lanes >= n_jobs and done_all >= 0.0:
+            continue  # (it would tie with the fewer lanes already weighed, which win ties)
+        cost, join = _fluid(cap, lanes, jobs, n_run, measured, base)
+        if lanes >= n_jobs:
+            done_all = cost
+        if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
+            cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run, measured, base)[0]
+            cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
+        if cost < best_cost - 1e-12 * cost:
+            best_cost, best_lanes = cost, lanes
+    return best_lanes
+
+
+def _speed_at(w: float, p: float) -> float:
+    """`Speedup.factor` of parallel fraction ``p`` at ``w`` (as `_fluid` inlines it)."""
+    if w <= 0.0:
+        return 0.0
+    if w <= 1.0:
+        return w
+    return 1.0 / ((1.0 - p) + p / w)
+
+
+def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float, Elasticity]],
+                      x: float, el: Elasticity) -> int:
+    """`_best_lanes` without `_fluid`, where it is sure (else -1): no one queued behind, no
+    measured speedup, and the node's elastic capacity ``cap`` holds every job at its maximum
+    at once. Then every lane count above the running ones runs every job at its maximum from
+    now (the least sum there is: the first such count wins), and waiting costs exactly the
+    delay until the first running job ends; that delay must clear `_fluid`'s tolerances
+    (1e-9 of work per job) by a wide margin, or the exact path decides."""
+    if lo <= 0.0 or not 0.0 <= x < math.inf:
+        return -1
+    total = el.max
+    slowest = _speed_at(el.max, el.speedup.parallel_fraction)
+    if slowest <= 0.0:
+        return -1
+    cost = x / slowest
+    first_end = math.inf
+    for left, oel in runs:
+        total += oel.max
+        s = _speed_at(oel.max, oel.speedup.parallel_fraction)
+        if s <= 0.0 or not 0.0 <= left < math.inf:
+            return -1
+        d = left / s
+        cost += d
+        if d < first_end:
+            first_end = d
+        if s < slowest:
+            slowest = s
+    if total > cap * (1.0 - 1e-9):
+        return -1
+    n_run = len(runs)
+    if n_run and not first_end > 1e-6 * (n_run + 1) * (1.0 + cost + first_end) / min(1.0, slowest):
+        return -1
+    for lanes in _lane_tries(cap, top, lo, n_run):
+        if lanes > n_run:
+            return lanes
+    return -1
 
 
 def _first(job: tuple[float, Elasticity]) -> float:

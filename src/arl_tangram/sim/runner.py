@@ -109,6 +109,13 @@ def measured_task_shares(batch: Sequence[Trajectory], cluster: ClusterSpec) -> d
     return out or {t.task: 1.0 for t in batch}
 
 
+def _reads_shares(policy: str) -> bool:
+    """Whether the policy's core cuts CPU by task (`CoreConfig.task_shares`): task-isolated."""
+    from ..core.policies import POLICY_TABLE
+
+    return POLICY_TABLE[parse_policy(policy)[0]].partitioned == "task"
+
+
 def _reserved(policy: str, cluster: ClusterSpec, n: int, shares: Mapping[str, float],
               ) -> Callable[[Iterable[Trajectory]], Mapping[str, float]] | None:
     """What a static policy holds for live owners, whether they run something or not (CPU):
@@ -173,7 +180,8 @@ def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int
         first = list(head) if head is not None else []
         source = it if head is None else itertools.chain((first,), it)
     n = max(1, sum(1 for t in first if uses_cpu(t)))
-    shares = measured_task_shares(first, cluster) if first else {}
+    # each task's measured demand: what task-isolated's pools are cut by (only it reads them)
+    shares = measured_task_shares(first, cluster) if first and _reads_shares(policy) else {}
     core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first),
                                        warm_boot=warm_boot(first))
     sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,

@@ -70,6 +70,18 @@ def gpu_nodes(prefix: str, count: int) -> list[NodeSpec]:
     return [NodeSpec(f"{prefix}-{i}", GPU_NODE, pool="gpu", gpu_domains=GPU_DOMAINS) for i in range(count)]
 
 
+NO_HINTS = WorkHints()  # the default hints, shared (immutable): a tool call tells nothing more
+# Fast constructors (core.build) for the actions and trajectories of swe-agent and tool-math, which
+# sample the most actions: every field positional, in declaration order.
+# SimAction(kind, work_s, demand, elasticity, hints, session, model, tag, timeout_s, weight,
+#           cold_start_s, fails); tests/sim/test_workloads.py holds it equal to the keyword form
+_make_action = fast_constructor(SimAction)
+# Trajectory(id, task, steps, start, sessions, rl_step)
+_make_trajectory = fast_constructor(Trajectory)
+# WorkHints(expected_s, test_count, tokens, items)
+_make_hints = fast_constructor(WorkHints)
+
+
 # ---- swe-agent: stateful multi-turn coding in a session ---------------------------------------------
 SWE_CORES_PER_TRAJ = 2.0  # assumption: one 2-core container per rollout, as SWE-Gym/OpenHands run
 SWE_SESSION = SessionDef(
@@ -96,23 +108,28 @@ def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
         if rng.random() < 0.15:  # assumption: ~15% of turns run tests / a reproduction script
             tests = round(lognormal(rng, 20, 1.0, 1, 500))
             work = lognormal(rng, 8.0, 1.0, 0.5, 600)  # assumption: pytest on a few test files
-            act = SimAction(
-                ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
-                WorkHints(test_count=tests), session="repo", tag="pytest", timeout_s=900.0,
-                cold_start_s=DOCKER_COLD_S)
+            # SimAction(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
+            #           WorkHints(test_count=tests), session="repo", tag="pytest", timeout_s=900.0,
+            #           cold_start_s=DOCKER_COLD_S), built fast (held equal by test_workloads.py)
+            act = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
+                               _make_hints(None, tests, None, None), "repo", None, "pytest", 900.0,
+                               1.0, DOCKER_COLD_S, False)
         else:  # shell commands: ls/cat/grep/edit are sub-second, a tail of installs/builds
             work = lognormal(rng, 0.4, 1.2, 0.02, 120)  # assumption
-            act = SimAction(ActionKind.TOOL, work, _SWE_TOOL_DEMAND,
-                            session="repo", tag="bash", timeout_s=300.0, cold_start_s=DOCKER_COLD_S)
+            # SimAction(ActionKind.TOOL, work, _SWE_TOOL_DEMAND, session="repo", tag="bash",
+            #           timeout_s=300.0, cold_start_s=DOCKER_COLD_S), built fast
+            act = _make_action(ActionKind.TOOL, work, _SWE_TOOL_DEMAND, None, NO_HINTS, "repo",
+                               None, "bash", 300.0, 1.0, DOCKER_COLD_S, False)
         steps.append((gen, act))
     # Final evaluation: FAIL_TO_PASS + PASS_TO_PASS tests of the instance (SWE-bench harness).
     tests = round(lognormal(rng, 50, 1.0, 1, 2000))  # assumption: tens to hundreds of tests
     work = lognormal(rng, 20.0, 1.0, 1.0, 1200)  # assumption
-    final = SimAction(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
-                      WorkHints(test_count=tests),
-                      session="repo", tag="pytest", timeout_s=1800.0, cold_start_s=DOCKER_COLD_S)
+    final = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
+                         _make_hints(None, tests, None, None), "repo", None, "pytest", 1800.0, 1.0,
+                         DOCKER_COLD_S, False)
     steps.append((gen_seconds(rng, 100, 0.5, 500), final))
-    return Trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0, {"repo": SWE_SESSION}, step)
+    return _make_trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0,
+                            {"repo": SWE_SESSION}, step)
 
 
 # ---- code-rl: single-turn code with unit tests ------------------------------------------------------
@@ -145,14 +162,6 @@ def _code(rng: random.Random, step: int, index: int, task: str, prefix: str, tok
 # ---- tool-math: python tool calls during reasoning --------------------------------------------------
 MATH_CORES_PER_TRAJ = 1.0  # assumption: one 1-core interpreter sandbox per rollout
 MATH_DEMAND = Resources(cpu=1, memory_mb=512)  # of every tool call (immutable, so shared)
-NO_HINTS = WorkHints()  # the default hints, shared (immutable): a tool call tells nothing more
-# Fast constructors (core.build) for the actions and trajectories of tool-math, which samples the
-# most actions per second of simulation: every field positional, in declaration order.
-# SimAction(kind, work_s, demand, elasticity, hints, session, model, tag, timeout_s, weight,
-#           cold_start_s, fails); tests/sim/test_workloads.py holds it equal to the keyword form
-_make_action = fast_constructor(SimAction)
-# Trajectory(id, task, steps, start, sessions, rl_step)
-_make_trajectory = fast_constructor(Trajectory)
 
 
 def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
