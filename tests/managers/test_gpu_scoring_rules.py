@@ -254,3 +254,38 @@ def test_a_classifier_scores_its_positive_label(paths: dict[str, str]) -> None:
     assert last["probs"] == first["probs"] and len(last["probs"]) == 2
     assert abs(last["probs"][0] - last["probs"][1]) > 1e-4  # (the two labels tell apart)
     assert last["score"] == last["probs"][1] and first["score"] == first["probs"][0]
+
+
+class _Judge(torch.nn.Module):
+    """A causal LM stand-in whose logits at a position are the one-hot of the token there."""
+
+    VOCAB = 12
+
+    def __init__(self, shape: str) -> None:
+        super().__init__()
+        self.shape = shape
+        self.head = torch.nn.Linear(4, self.VOCAB)
+        if shape == "inner-without-head":
+            self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(input_ids, self.VOCAB).float())
+
+    def get_output_embeddings(self) -> torch.nn.Module | None:
+        return None if self.shape == "inner-without-head" else self.head
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base_model" and self.shape != "no-base-model":  # (a transformers model's)
+            return self if self.shape == "is-its-own-base" else self.inner
+        return super().__getattr__(name)
+
+
+@pytest.mark.parametrize("shape", ["no-base-model", "is-its-own-base", "inner-without-head"])
+def test_a_judge_without_an_inner_model_and_head_reads_its_full_logits(shape: str) -> None:
+    s = sc.Scorer(ModelSpec("j", kind="judge"), _Judge(shape), SimpleNamespace(), max_length=8,
+                  max_tokens=64)
+    batch = {"input_ids": torch.tensor([[5, 6, 0, 0], [7, 8, 9, 1]]),
+             "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])}
+    out = s._forward(batch)
+    assert out.argmax(-1).tolist() == [6, 1]  # each row's last real token, padding skipped
+    assert out.shape == (2, _Judge.VOCAB)
