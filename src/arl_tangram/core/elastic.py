@@ -373,10 +373,11 @@ class Elastic:
             return 0.0, 0.0
         width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
-            room = free + self.lendable(node, floor)
             if self.st.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
                 keep = free - self.reserve_of(node, CPU)
                 room = keep if keep > el.min else el.min
+            else:  # free CPU, and what the node's elastic actions lend (looked at where needed)
+                room = free if free >= width else free + self.lendable(node, floor)
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor

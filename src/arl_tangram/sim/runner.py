@@ -18,7 +18,7 @@ from typing import Any
 from ..core.cluster import ClusterSpec
 from ..core.resources import CPU
 from .metrics import SimReport
-from .simulator import Scheduler, SimConfig, Simulator
+from .simulator import Scheduler, SimConfig, Simulator, gc_tuned
 from .trace import Trajectory
 
 Batches = Callable[[], Iterable[Sequence[Trajectory]]]  # a fresh, identical replay each call
@@ -170,23 +170,24 @@ def run_policy(cluster: ClusterSpec, batches: Batches, policy: str, *, seed: int
     """Simulate ``batches`` on ``cluster`` under ``policy`` (a label of `policies()`).
     ``core_factory`` is called as `make_core` is: ``(cluster, policy, n, shares, warm_keys=)``."""
     parse_policy(policy)  # a bad label fails before anything runs
-    source: Iterable[Sequence[Trajectory]]
-    if shares_from is not None:
-        first = list(shares_from)
-        source = batches()
-    else:  # the first batch, sampled once: measured, then run (not sampled again for the run)
-        it = iter(batches())
-        head = next(it, None)
-        first = list(head) if head is not None else []
-        source = it if head is None else itertools.chain((first,), it)
-    n = max(1, sum(1 for t in first if uses_cpu(t)))
-    # each task's measured demand: what task-isolated's pools are cut by (only it reads them)
-    shares = measured_task_shares(first, cluster) if first and _reads_shares(policy) else {}
-    core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first),
-                                       warm_boot=warm_boot(first))
-    sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
-                    reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
-    return sim.run(source)
+    with gc_tuned((config or SimConfig()).gc_tuning):  # (sampling the first batch too)
+        source: Iterable[Sequence[Trajectory]]
+        if shares_from is not None:
+            first = list(shares_from)
+            source = batches()
+        else:  # the first batch, sampled once: measured, then run (not sampled again for the run)
+            it = iter(batches())
+            head = next(it, None)
+            first = list(head) if head is not None else []
+            source = it if head is None else itertools.chain((first,), it)
+        n = max(1, sum(1 for t in first if uses_cpu(t)))
+        # each task's measured demand: what task-isolated's pools are cut by (only it reads them)
+        shares = measured_task_shares(first, cluster) if first and _reads_shares(policy) else {}
+        core = (core_factory or make_core)(cluster, policy, n, shares, warm_keys=warm_keys(first),
+                                           warm_boot=warm_boot(first))
+        sim = Simulator(cluster, core, config, policy=policy, workload=workload, seed=seed,
+                        reserved=_reserved(parse_policy(policy)[0], cluster, n, shares))
+        return sim.run(source)
 
 
 def compare(cluster: ClusterSpec, batches: Batches, *, seed: int = 0, workload: str = "?",
