@@ -289,3 +289,45 @@ def test_a_judge_without_an_inner_model_and_head_reads_its_full_logits(shape: st
     out = s._forward(batch)
     assert out.argmax(-1).tolist() == [6, 1]  # each row's last real token, padding skipped
     assert out.shape == (2, _Judge.VOCAB)
+
+
+def _adds_a_bos(tok: Any) -> int:
+    """Make ``tok`` add a BOS (its eos token) before every text, as Llama-style tokenizers do."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = tok.eos_token
+    bos_id = int(tok.convert_tokens_to_ids(bos))
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, bos_id)])
+    assert tok("x")["input_ids"][0] == bos_id and tok("x", add_special_tokens=False)[
+        "input_ids"][0] != bos_id
+    return bos_id
+
+
+def test_a_judge_whose_tokenizer_adds_a_bos_is_scored_on_the_words(paths: dict[str, str]) -> None:
+    model, tok = sc.cold_load(ModelSpec("j", kind="judge", path=paths["judge"]), None, CPU)
+    _adds_a_bos(tok)
+    s = sc.Scorer(ModelSpec("j", kind="judge"), model, tok, max_length=64, max_tokens=4096)
+    words = [tok.encode(w, add_special_tokens=False)[0] for w in (" Yes", " No")]
+    assert list(s.yes_no_ids()) == words  # (not the BOS, for both: "the same id")
+
+
+def test_a_chat_judge_adds_nothing_to_its_chat_text(paths: dict[str, str]) -> None:
+    model, tok = sc.cold_load(ModelSpec("j", kind="judge", path=paths["judge"]), None, CPU)
+    bos = _adds_a_bos(tok)
+    tok.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    spec = ModelSpec("j", kind="judge", options={"chat_template": True, "template": "{query}"})
+    by_len: dict[int, list[str]] = {}
+    for q in ("a b", "a c", "b a", "c a", "b c", "c b", "x y", "y x", "a", "b", "c"):
+        by_len.setdefault(len(tok(f"<{q}>", add_special_tokens=False)["input_ids"]), []).append(q)
+    n, pair = next((n, qs[:2]) for n, qs in sorted(by_len.items()) if len(qs) >= 2)
+    s = sc.Scorer(spec, model, tok, max_length=64, max_tokens=2 * n)  # two rows fit exactly
+    seen: list[list[list[int]]] = []
+    h = model.base_model.register_forward_pre_hook(  # (the judge runs its inner model)
+        lambda _m, a, kw: seen.append(kw["input_ids"].tolist()), with_kwargs=True)
+    try:
+        s.score([{"query": q} for q in pair])
+    finally:
+        h.remove()
+    assert seen == [[tok(f"<{q}>", add_special_tokens=False)["input_ids"] for q in pair]]
+    assert all(row[0] != bos for row in seen[0])
