@@ -46,8 +46,8 @@ def _cfg(root: str, *, reduced: bool) -> CpuManagerConfig:
 async def test_host_paths_a_sandbox_can_see_are_named_and_refused() -> None:
     if os.geteuid() != 0:
         pytest.fail("sandboxes need root (namespaces, cgroups)")
-    exposed = _exposed()
-    assert "/home" in exposed and PKG in exposed, (exposed, "this test needs them on the host")
+    exposed = _exposed()  # (the package too, unless this copy of it lies under /tmp)
+    assert "/home" in exposed, (exposed, "this test needs /home on the host")
     root = tempfile.mkdtemp(prefix="tangram-probe-test-")
     try:
         m = CpuManager(_cfg(root, reduced=False))
