@@ -53,10 +53,11 @@ BIN = ROOT / ".venv" / "bin"
 
 
 def _copy(commit: str) -> Path:
-    # (not under /tmp, which a sandbox replaces with its own: a test that binds the package's
-    # directory into a sandbox at its own path, test_isolation_probe.py, needs it elsewhere)
-    work = Path(tempfile.mkdtemp(prefix="tangram-mutmut-",
-                                 dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    # (TMPDIR, else /var/tmp, not /tmp: a sandbox replaces /tmp with its own, and a test that
+    # binds the package's directory into a sandbox at its own path, test_isolation_probe.py,
+    # needs it elsewhere)
+    base = os.environ.get("TMPDIR") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
+    work = Path(tempfile.mkdtemp(prefix="tangram-mutmut-", dir=base))
     arch = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True,
                           capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=arch, check=True)
