@@ -8,7 +8,8 @@ makes the second figure ~8x the first; a running sum keeps them about equal. The
 one session's open, and of a session action's arrival and end, on 16 and on 128 nodes (each with
 sessions and running actions): a scan of every node per new session (as `Sessions.spread` over
 the whole cluster once was) makes the opens ~8x; the index of nodes in spread order
-(`Sessions.ranks`) keeps them about equal."""
+(`Sessions.ranks`) keeps them about equal. Last, an arrival and an end with 200 and with 1,600
+actions queued: a scan of the queue per event would make the second ~8x."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def calls_per_open(before, probes=20):
         core.handle(ev.SessionRequested(t, f"s{i}", Resources(memory_mb=64)))
     count = [0]
     def hook(frame, event, arg):
-        if event == "call":
+        if event == "call" or event == "c_call":
             count[0] += 1
     sys.setprofile(hook)
     for i in range(probes):
@@ -54,7 +55,7 @@ def calls_on_nodes(n, probes=20):
                                                    session=f"s{i}")))
     count = [0]
     def hook(frame, event, arg):
-        if event == "call":
+        if event == "call" or event == "c_call":
             count[0] += 1
     opens = actions = 0
     for i in range(probes):
@@ -71,8 +72,32 @@ def calls_on_nodes(n, probes=20):
         actions, count[0] = actions + count[0], 0
     return opens / probes, actions / probes
 
+def calls_with_queued(queued, probes=20):
+    # 4 nodes of 8 cores busy with long actions; ``queued`` more wait in the shared pool (a few
+    # shapes, as a workload has); then actions arrive (and queue) and running ones end (and the
+    # head of a queue starts in their place)
+    nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=8, memory_mb=65536)) for i in range(4))
+    core = Core(ClusterSpec(nodes), CoreConfig(policy="tangram"))
+    t = 0.0
+    for i in range(32 + queued):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, ActionSpec(f"w{i}", demand=Resources(cpu=1, memory_mb=256 * (1 + i % 3)))))
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" or event == "c_call":
+            count[0] += 1
+    sys.setprofile(hook)
+    for i in range(probes):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, ActionSpec(f"p{i}", demand=Resources(cpu=1, memory_mb=256))))
+        core.handle(ev.ActionFinished(t + 0.0005, f"w{i}"))
+    sys.setprofile(None)
+    return count[0] / probes
+
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
+elif sys.argv[1] == "queued":
+    print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
 else:
     print(json.dumps([calls_on_nodes(16), calls_on_nodes(128)]))
 """
@@ -98,3 +123,10 @@ def test_a_session_open_and_an_action_cost_the_same_on_eight_times_the_nodes() -
     # linear work in the nodes would be ~8x; allow what does not grow with them
     assert open_large < 1.5 * open_small, (open_small, open_large)
     assert act_large < 1.5 * act_small, (act_small, act_large)
+
+
+def test_an_arrival_and_an_end_cost_the_same_with_eight_times_the_actions_queued() -> None:
+    small, large = _probe("queued")
+    assert small > 0
+    # a scan of the queued actions per event would be ~8x; a heap per queue grows as its log
+    assert large < 1.5 * small, (small, large)
