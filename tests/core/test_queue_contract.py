@@ -13,13 +13,16 @@ checked where a whole run would hide it:
   its new entry only;
 - `rank` orders by expected work x max(dominant share, 1e-3) / weight in half-octave classes
   (models: share 0), zero work first, FIFO floors bounded;
-- `age` and `wake_overdue` act at exactly their time, and an aged action's story says so.
+- an action ages at exactly its time, and its story says so; `wake_overdue` acts at exactly
+  an elastic action's overdue time.
 """
 
 from __future__ import annotations
 
 import math
 import random
+
+from core_helpers import Driver, act, cpu_node, starts
 
 from arl_tangram.core import Core, CoreConfig
 from arl_tangram.core.actions import (
@@ -279,27 +282,19 @@ def test_fifo_floors_stay_bounded() -> None:
 
 # ---- time ---------------------------------------------------------------------------------------
 def test_an_action_ages_at_exactly_its_time_and_its_story_says_so() -> None:
-    core = _core(aging_s=10.0, aging_min_s=10.0)
-    a = _queue(core, "a", 1.0, 1000)
-    _queue(core, "b", 0.01, 1001)
-    key = a.queue_key
-    core.st.now = 9.999
-    core.queues.age()
-    assert _head(core, key) == "b"
-    core.st.now = 10.0
-    core.queues.age()
-    assert _head(core, key) == "a"  # aged: ahead of the smaller b
-    assert any(line == "t=10 aged (cause aging)" for line in core.story("a"))
-
-
-def test_an_aged_model_action_tells_the_planner() -> None:
-    core = _core(aging_s=10.0, aging_min_s=10.0)
-    _queue(core, "m", 1.0, 1000, kind=ActionKind.REWARD, model="rm", demand=Resources(),
-           hints=WorkHints(tokens=100))
-    core.st.models_touched.clear()
-    core.st.now = 10.0
-    core.queues.age()
-    assert "rm" in core.st.models_touched
+    """One core, busy; a (expected 1 s) waits from t=0, b (0.01 s, ranked first) from t=5, with
+    an aging time of 10 s: an event at 9.999 ages nothing, the core freed at exactly 10 goes to
+    a, aged then; b is not aged before its own time."""
+    d = Driver([cpu_node("n0", cpu=1, mem=256)], policy="tangram", aging_s=10.0, aging_min_s=10.0)
+    d.arrive(act("x", hints=WorkHints(expected_s=1000)))
+    d.arrive(act("a", hints=WorkHints(expected_s=1)))
+    d.at(5).arrive(act("b", hints=WorkHints(expected_s=0.01)))
+    d.at(9.999).tick()
+    assert not any("aged" in line for line in d.core.story("a") + d.core.story("b"))
+    out = d.at(10.0).finish("x")
+    assert list(starts(out)) == ["a"]
+    assert "t=10 aged (cause aging)" in d.core.story("a")
+    assert not any("aged" in line for line in d.core.story("b"))
 
 
 def test_an_elastic_action_is_overdue_at_its_run_at_its_maximum() -> None:
