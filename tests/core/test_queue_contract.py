@@ -275,9 +275,22 @@ def test_an_action_with_no_expected_work_goes_first_even_behind_its_kind() -> No
 
 def test_fifo_floors_stay_bounded() -> None:
     core = _core()
-    for i in range(4100):  # as many kinds of work (units) as that: the table restarts
+    for i in range(4097):  # one kind of work (units) more than the table holds: it restarts
         _queue(core, f"a{i}", 1.0 + i % 7, 10 + i)
     assert len(core.queues._fifo_floors) <= 4096
+
+
+def test_a_full_floor_table_keeps_its_floors_until_a_new_kind_arrives() -> None:
+    """With 4096 kinds of work floored, one more action of a known kind keeps every floor: an
+    earlier action still queued still holds back a later one of its kind whose estimate
+    drifted down."""
+    core = _core()
+    _queue(core, "a", 16.0, 1, units=0.5, session="s9")
+    for i in range(1, 4096):  # 4095 more kinds: the table is full
+        _queue(core, f"f{i}", 1.0, 10 + i, units=float(i))
+    _queue(core, "again", 1.0, 9000, units=1.0)  # a known kind
+    _queue(core, "b", 1.0, 9001, units=0.5, session="s9")  # a's kind, a smaller estimate
+    assert _head(core, ("sess", "s9")) == "a"
 
 
 # ---- time ---------------------------------------------------------------------------------------
