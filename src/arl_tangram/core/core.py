@@ -151,14 +151,18 @@ class Core:
         if not planner.booted:
             self.warm.boot()
             planner.boot()
+        queues = self.queues
+        if queues.aging_new:  # (left by an event that raised)
+            queues.park_aging()
         handler(self, event)
         now = self.st.now
         expiry = self.sessions.expiry
         if expiry and expiry[0][0] <= now:
             self._expire_sessions()
-        aging = self.queues.aging_heap
+        aging = queues.aging_heap
         if aging and aging[0][0] <= now:
-            self.queues.age()
+            queues.age()
+        queues.aging_through = now
         overdue = self.queues.overdue_heap
         if overdue and overdue[0][0] <= now:
             self.queues.wake_overdue()
@@ -181,6 +185,8 @@ class Core:
             dirty.clear()
         if touched:
             touched.clear()
+        if queues.aging_new:
+            queues.park_aging()
         self.st.index.flush()
         self.st.end()
         return out

@@ -50,6 +50,11 @@ class Queues:
         self.live: dict[Any, int] = {}  # queue key -> its fresh entries (keys with none dropped)
         self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
         self.aging_heap: list[tuple[float, int, str]] = []  # (when it ages, seq, id)
+        # The entries of this event's enqueues, pushed at its end for those still queued
+        # (`park_aging`): most actions start in the event they arrive in, and an entry pushed
+        # for each would wait on the heap for its time only to be popped as stale.
+        self.aging_new: list[tuple[float, int, str]] = []
+        self.aging_through = -math.inf  # the time up to which the aging heap has been popped
         # (when, seq, id) of queued elastic actions: when each will have waited its expected
         # run at its maximum (`overdue_from`)
         self.overdue_heap: list[tuple[float, int, str]] = []
@@ -175,8 +180,18 @@ class Queues:
         # change that, so only a new head makes its queue worth a look.
         if look and self._is_head(key, q, seq, gen):
             st.touched.add(key)
+        parked = rec.aging_parked
+        if parked is not None:  # its entries the heap would still hold: back on it
+            rec.aging_parked = None
+            for due in parked:
+                if due > self.aging_through:
+                    heapq.heappush(self.aging_heap, (due, seq, spec.id))
         if not aged:
-            heapq.heappush(self.aging_heap, (rec.submit_time + aging_after, seq, spec.id))
+            due = rec.submit_time + aging_after
+            if due > st.now:
+                self.aging_new.append((due, seq, spec.id))
+            else:  # (rounding: due already, this event's aging step must see it)
+                heapq.heappush(self.aging_heap, (due, seq, spec.id))
         if rec.elastic and st.elastic_policy:
             heapq.heappush(self.overdue_heap, (self.overdue_from(rec), seq, spec.id))
 
@@ -273,6 +288,26 @@ class Queues:
             st.touched.add(key)
             if key[0] == "model":
                 st.models_touched.add(key[1])
+
+    def park_aging(self) -> None:
+        """End of an event: this event's aging entries go on the heap for the actions still
+        queued; one that started keeps its due time on its record (`aging_parked`), for a
+        requeue. The heap pops in the same order and ages the same actions as if every entry
+        had been pushed at its enqueue: an entry of an action that is not queued is skipped
+        when popped, and one that would have been popped before its action's requeue (due at
+        or before `aging_through`) is not put back."""
+        actions = self.st.actions
+        heap = self.aging_heap
+        for entry in self.aging_new:
+            rec = actions.get(entry[2])
+            if rec is None or rec.seq != entry[1]:
+                continue  # gone: its entry would be skipped
+            if rec.status is _QUEUED:
+                heapq.heappush(heap, entry)
+            else:
+                parked = rec.aging_parked
+                rec.aging_parked = (entry[0],) if parked is None else (*parked, entry[0])
+        self.aging_new.clear()
 
     def wake_overdue(self) -> None:
         """Queued elastic actions that became overdue since the last event: their queues are

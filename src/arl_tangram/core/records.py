@@ -93,6 +93,7 @@ class ActionRecord:
     """Everything the core tracks about one arrived action."""
 
     __slots__ = (
+        "aging_parked",
         "allotment",
         "attempts",
         "batch",
@@ -136,6 +137,9 @@ class ActionRecord:
         self.batch: str | None = None  # batch id while in a RunBatch
         self.partition: str | None = None  # slice / task pool of partitioned policies
         self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
+        # when its aging entries would have come due, kept off the aging heap while it is not
+        # queued (`Queues.park_aging`); a requeue puts back those still due
+        self.aging_parked: tuple[float, ...] | None = None
         self.is_model = spec.kind in _MODEL_KINDS_T
         el = spec.elasticity
         # elastic (`Elasticity.is_elastic`): its own queues, a width chosen at its start
