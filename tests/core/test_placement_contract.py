@@ -32,9 +32,10 @@ def _small(aid: str) -> ActionSpec:
 
 
 def _held_scene() -> tuple[Driver, list[str]]:
-    """n0 (2 cores, 512 MB) full of two small actions; n1 (2 cores, 256 MB: it can never hold
-    `big`) with one, a core free but no memory. `big` (2 cores, 512 MB) queued at t=1, aged at
-    t=11; `s1` queued at t=12. Returns the driver and the actions on n0."""
+    """n0 (2 cores, 512 MB) runs two small actions, n1 (2 cores, 256 MB: it can never hold
+    `big`) one, with a core free but no memory. `big` (2 cores, 512 MB) queued at t=1; one of
+    n0's actions ends at t=5 (a core free there, not enough for `big`). Returns the driver and
+    the action left on n0."""
     d = Driver([NodeSpec("n0", Resources(cpu=2, memory_mb=512), pool="cpu"),
                 NodeSpec("n1", Resources(cpu=2, memory_mb=256), pool="cpu")],
                policy="tangram", aging_s=10.0, aging_min_s=10.0)
@@ -42,25 +43,41 @@ def _held_scene() -> tuple[Driver, list[str]]:
     on_n0 = sorted(a for a, s in starts(out).items() if s.node == "n0")
     assert len(on_n0) == 2 and len(starts(out)) == 3
     d.at(1).arrive(act("big", cpu=2, mem=512, hints=WorkHints(expected_s=1)))
-    d.at(12).arrive(act("s1", cpu=1, mem=256, hints=WorkHints(expected_s=1)))
-    assert d.status("big") is Status.QUEUED and d.status("s1") is Status.QUEUED
-    return d, on_n0
+    d.at(5).finish(on_n0[0])
+    assert d.status("big") is Status.QUEUED
+    return d, on_n0[1:]
 
 
 def test_an_aged_blocked_action_holds_a_node_that_can_hold_it() -> None:
-    d, on_n0 = _held_scene()
-    out = d.at(13).finish(on_n0[0])  # a core of n0 frees: held for big, not for s1
+    """At t=12 `big` has aged; `s1` arrives and would fit n0's free core, but the pass that
+    finds `big` blocked holds n0 for it first."""
+    d, left = _held_scene()
+    out = d.at(12).arrive(act("s1", cpu=1, mem=256, hints=WorkHints(expected_s=1)))
     assert not starts(out) and d.status("s1") is Status.QUEUED
-    out = d.at(14).finish(on_n0[1])
+    out = d.at(13).finish(left[0])
     assert starts(out)["big"].node == "n0" and d.status("s1") is Status.QUEUED
 
 
 def test_the_hold_ends_when_the_aged_action_is_cancelled() -> None:
-    d, on_n0 = _held_scene()
-    d.at(13).finish(on_n0[0])
+    d, left = _held_scene()
+    d.at(12).arrive(act("s1", cpu=1, mem=256, hints=WorkHints(expected_s=1)))
     assert d.status("s1") is Status.QUEUED
     out = d.at(14)(ev.CancelRequested(14.0, "big"))
     assert starts(out)["s1"].node == "n0"  # at once, not at the next event
+
+
+def test_an_aged_action_of_a_session_without_a_node_holds_nothing() -> None:
+    """A session waiting for room (no node yet) whose action has aged: nothing is held for it,
+    and both start once room frees."""
+    d = Driver([cpu_node("n0", cpu=1, mem=256)], policy="tangram", aging_s=10.0, aging_min_s=10.0)
+    d.arrive(_small("x"))
+    d(ev.SessionRequested(0.0, "s", demand=Resources(memory_mb=256)))
+    d.at(1).arrive(act("a", cpu=1, mem=0, session="s", hints=WorkHints(expected_s=1)))
+    assert d.status("a") is Status.QUEUED
+    d.at(12).tick()  # aged, still blocked
+    assert not d.core.st.reserved
+    out = d.at(13).finish("x")
+    assert d.status("a") in (Status.STARTING, Status.RUNNING) or "a" in starts(out)
 
 
 def test_an_exact_fit_starts() -> None:
