@@ -59,7 +59,7 @@ def test_an_aged_blocked_action_holds_a_node_that_can_hold_it() -> None:
 
 
 def test_the_hold_ends_when_the_aged_action_is_cancelled() -> None:
-    d, left = _held_scene()
+    d, _left = _held_scene()
     d.at(12).arrive(act("s1", cpu=1, mem=256, hints=WorkHints(expected_s=1)))
     assert d.status("s1") is Status.QUEUED
     out = d.at(14)(ev.CancelRequested(14.0, "big"))
@@ -182,3 +182,23 @@ def test_many_elastic_actions_ended_on_a_node_leave_its_running_ones_tracked() -
         d.at(t).finish(f"s{i}")
     assert d.status("long") in (Status.STARTING, Status.RUNNING)
     assert "long" in d.core.placer.elastic_started["n0"]
+
+
+def test_a_full_node_working_through_elastic_actions_keeps_its_growable_ones_tracked() -> None:
+    """A backlog of 60 elastic actions on one 2-core node, always full: each finish starts the
+    next, so expansion never walks the node's growable actions, and the ended ones pile up there
+    until they are dropped; `validate` (after each event) checks every running one below its
+    maximum is still tracked."""
+    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram")
+    out = d.arrive(*(elastic(f"e{i}", lo=1, hi=4, hints=WorkHints(expected_s=5)) for i in range(60)))
+    running = set(starts(out))
+    t = 0.0
+    done = 0
+    while running:
+        t += 1.0
+        aid = min(running)
+        out = d.at(t).finish(aid)
+        done += 1
+        running = {a for a in running | set(starts(out))
+                   if d.status(a) in (Status.STARTING, Status.RUNNING)}
+    assert done == 60
