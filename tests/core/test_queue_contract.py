@@ -104,6 +104,7 @@ def test_a_head_under_a_stale_entry_is_found() -> None:
 
 def test_an_action_queued_again_twice_keeps_only_its_last_entry() -> None:
     core = _core()
+    _queue(core, "z", 2.0 ** 20, 10, session="s1")  # (keeps the queue, and a's old entries)
     a = _queue(core, "a", 1.0, 11, session="s1")
     for est in (2.0 ** 6, 2.0 ** 12):
         core.queues.dequeue(a)
