@@ -55,7 +55,6 @@ class GuardMiddleware:
         toks = dict(tenants or {})
         if token and token not in toks:
             toks[token] = DEFAULT_TENANT
-        self.token = token or (next(iter(toks)) if toks else None)  # (auth is on)
         self._expected = [(f"Bearer {t}".encode(), name) for t, name in toks.items()]
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
