@@ -106,9 +106,31 @@ class Sessions:
         st.touched.add(("sess", sess.id))
 
     def open_pending(self) -> None:
-        """The sessions waiting for room look again."""
+        """The sessions waiting for room look again. Once one of a shape finds none (its
+        demand, its largest waiting action's, its image; outside partitions), the others of
+        that shape are not looked at again in this pass: opening only takes room, so they
+        would find none either (issue 24: with thousands waiting, each looked over the nodes
+        at every event)."""
+        st = self.st
+        full: set[tuple[Resources, Resources, str | None]] = set()
         for sid in list(self.pending):
-            self.open(self.st.sessions[sid])
+            sess = st.sessions[sid]
+            rec = self._largest_waiting(sess)
+            shape = None
+            if (rec.partition if rec is not None else self.partitions.session_partition(sess)) is None:
+                shape = (sess.demand, self.action_room if rec is None else rec.spec.demand, sess.warm_key)
+                if shape in full:
+                    continue
+            self.open(sess)
+            if sess.node is None and shape is not None:
+                full.add(shape)
+
+    def _largest_waiting(self, sess: SessionRecord) -> ActionRecord | None:
+        """The waiting action of ``sess`` whose room a node must have: the most memory, then
+        the first to arrive (None: none waits)."""
+        st = self.st
+        recs = [st.actions[a] for a in sorted(sess.actions) if a in st.actions]
+        return max(recs, key=_memory_then_seq, default=None)
 
     # ---- closing --------------------------------------------------------------------------------
     def close(self, sess: SessionRecord, reason: str, lost: bool, evicted: bool = False) -> list[str]:
@@ -170,8 +192,7 @@ class Sessions:
         st, parts = self.st, self.partitions
         rec = hint if isinstance(hint, ActionRecord) else None
         if rec is None:  # a pending session: open it where its waiting actions can run
-            recs = [st.actions[a] for a in sorted(sess.actions) if a in st.actions]
-            rec = max(recs, key=_memory_then_seq, default=None)
+            rec = self._largest_waiting(sess)
         act = self.action_room if rec is None else rec.spec.demand
         part = rec.partition if rec is not None else parts.session_partition(sess)
         if part is not None:
