@@ -78,6 +78,14 @@ async def test_bad_uploads_say_what_is_wrong_and_leave_nothing(tmp_path: Path,
         assert r.status_code == 413, r.text
         r = await http.put("/v1/images/atcap", content=b"x" * (1024 * 1024))  # at the cap: read
         assert r.status_code == 400 and "tar" in r.text, r.text  # (refused as an archive)
+        # the upload cap is the PUT's alone: another method under /v1/images/ keeps the JSON
+        # routes' limit (65,536 bytes here), declared or chunked
+        over = b"{" + b" " * 65536 + b"}"
+        for method in ("POST", "DELETE", "GET"):
+            r = await http.request(method, "/v1/images/junk", content=over)
+            assert r.status_code == 413 and "65536" in r.text, (method, r.text)
+        r = await http.post("/v1/images", content=over)
+        assert r.status_code == 413, r.text
         assert os.listdir(tmp_path / "spool") == []
         assert (await c.images())["nodes"]["local"] == []
         if size <= 1024 * 1024:
