@@ -257,10 +257,6 @@ class Queues:
             heapq.heappop(q)
         return None
 
-    def count(self, key: Any) -> int:
-        """Live entries of queue ``key``."""
-        return self.live.get(key, 0)
-
     def queued_elastic(self) -> int:
         """Elastic actions waiting in the shared pool's queues."""
         n = 0
