@@ -104,7 +104,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              'return host == "localhost"', "return True", ("tests/api/test_serve_bind_guard.py",
                                                           "tests/api/test_cli_serve.py")),
     Mutation("I1", "api", "Idempotency-Key header ignored",
-             "key = idempotency_key or body.idempotency_key", "key = body.idempotency_key",
+             "(tenant, idempotency_key or body.idempotency_key)", "(tenant, body.idempotency_key)",
              ("tests/api/test_api.py",)),
     Mutation("I2", "runtime", "idempotency keys expire after result_ttl_s",
              "if t + self.config.idempotency_ttl_s > now:", "if t + self.config.result_ttl_s > now:",
