@@ -27,6 +27,19 @@ from arl_tangram.core import events as ev
 from arl_tangram.core.resources import Resources
 from arl_tangram.core.actions import ActionSpec
 
+def calls(fn):
+    # Python and builtin calls made while fn() runs
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" or event == "c_call":
+            count[0] += 1
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
 def calls_per_open(before, probes=20):
     nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=192, memory_mb=786432)) for i in range(4))
     core = Core(ClusterSpec(nodes), CoreConfig(policy="tangram"))
@@ -34,16 +47,10 @@ def calls_per_open(before, probes=20):
     for i in range(before):
         t += 0.001
         core.handle(ev.SessionRequested(t, f"s{i}", Resources(memory_mb=64)))
-    count = [0]
-    def hook(frame, event, arg):
-        if event == "call" or event == "c_call":
-            count[0] += 1
-    sys.setprofile(hook)
-    for i in range(probes):
-        t += 0.001
-        core.handle(ev.SessionRequested(t, f"p{i}", Resources(memory_mb=64)))
-    sys.setprofile(None)
-    return count[0] / probes
+    def opens():
+        for i in range(probes):
+            core.handle(ev.SessionRequested(t + 0.001 * (i + 1), f"p{i}", Resources(memory_mb=64)))
+    return calls(opens) / probes
 
 def calls_on_nodes(n, probes=20):
     nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=192, memory_mb=786432)) for i in range(n))
@@ -53,23 +60,15 @@ def calls_on_nodes(n, probes=20):
         t += 0.001
         core.handle(ev.ActionArrived(t, ActionSpec(f"w{i}", demand=Resources(cpu=1, memory_mb=256),
                                                    session=f"s{i}")))
-    count = [0]
-    def hook(frame, event, arg):
-        if event == "call" or event == "c_call":
-            count[0] += 1
     opens = actions = 0
     for i in range(probes):
         t += 0.001
-        sys.setprofile(hook)
-        core.handle(ev.SessionRequested(t, f"p{i}", Resources(memory_mb=64)))
-        sys.setprofile(None)
-        opens, count[0] = opens + count[0], 0
-        sys.setprofile(hook)  # an action of an open session arrives, starts, ends
-        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=256),
-                                                   session=f"s{(7 * i) % (4 * n)}")))
-        core.handle(ev.ActionFinished(t + 0.0005, f"q{i}"))
-        sys.setprofile(None)
-        actions, count[0] = actions + count[0], 0
+        opens += calls(lambda: core.handle(ev.SessionRequested(t, f"p{i}", Resources(memory_mb=64))))
+        def action():  # an action of an open session arrives, starts, ends
+            core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=256),
+                                                       session=f"s{(7 * i) % (4 * n)}")))
+            core.handle(ev.ActionFinished(t + 0.0005, f"q{i}"))
+        actions += calls(action)
     return opens / probes, actions / probes
 
 def calls_with_queued(queued, probes=20):
@@ -82,17 +81,12 @@ def calls_with_queued(queued, probes=20):
     for i in range(32 + queued):
         t += 0.001
         core.handle(ev.ActionArrived(t, ActionSpec(f"w{i}", demand=Resources(cpu=1, memory_mb=256 * (1 + i % 3)))))
-    count = [0]
-    def hook(frame, event, arg):
-        if event == "call" or event == "c_call":
-            count[0] += 1
-    sys.setprofile(hook)
-    for i in range(probes):
-        t += 0.001
-        core.handle(ev.ActionArrived(t, ActionSpec(f"p{i}", demand=Resources(cpu=1, memory_mb=256))))
-        core.handle(ev.ActionFinished(t + 0.0005, f"w{i}"))
-    sys.setprofile(None)
-    return count[0] / probes
+    def events():
+        for i in range(probes):
+            u = t + 0.001 * (i + 1)
+            core.handle(ev.ActionArrived(u, ActionSpec(f"p{i}", demand=Resources(cpu=1, memory_mb=256))))
+            core.handle(ev.ActionFinished(u + 0.0005, f"w{i}"))
+    return calls(events) / probes
 
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
