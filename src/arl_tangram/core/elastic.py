@@ -643,15 +643,6 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
     return best_lanes
 
 
-def _speed_at(w: float, p: float) -> float:
-    """`Speedup.factor` of parallel fraction ``p`` at ``w`` (as `_fluid` inlines it)."""
-    if w <= 0.0:
-        return 0.0
-    if w <= 1.0:
-        return w
-    return 1.0 / ((1.0 - p) + p / w)
-
-
 def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float, Elasticity]],
                       x: float, el: Elasticity) -> int:
     """`_best_lanes` without `_fluid`, where it is sure (else -1): no one queued behind, no
@@ -663,14 +654,14 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
     if lo <= 0.0 or not 0.0 <= x < math.inf:
         return -1
     total = el.max
-    slowest = _speed_at(el.max, el.speedup.parallel_fraction)
+    slowest = el.speedup.factor(el.max)
     if slowest <= 0.0:
         return -1
     cost = x / slowest
     first_end = math.inf
     for left, oel in runs:
         total += oel.max
-        s = _speed_at(oel.max, oel.speedup.parallel_fraction)
+        s = oel.speedup.factor(oel.max)
         if s <= 0.0 or not 0.0 <= left < math.inf:
             return -1
         d = left / s
