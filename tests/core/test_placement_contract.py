@@ -181,7 +181,7 @@ def test_many_elastic_actions_ended_on_a_node_leave_its_running_ones_tracked() -
         t += 0.5
         d.at(t).finish(f"s{i}")
     assert d.status("long") in (Status.STARTING, Status.RUNNING)
-    assert "long" in d.core.placer.elastic_started["n0"]
+    assert list(d.core.st.nodes["n0"].elastic) == ["long"]
 
 
 def test_a_full_node_working_through_elastic_actions_keeps_its_growable_ones_tracked() -> None:

@@ -53,20 +53,23 @@ def validate(core: Core) -> None:
 
 def _check_elastic_sets(core: Core) -> None:
     """What `Elastic.expand_node` walks instead of every running action: each elastic action
-    running below its maximum is in its node's `Placer.growable`, and each elastic action
-    running is in its node's `Placer.elastic_started`."""
+    running below its maximum is in its node's `Placer.growable`, and the elastic actions
+    running on a node are exactly its `NodeState.elastic`."""
     placer = core.elastic.placer
     for name, node in core.st.nodes.items():
         growable = placer.growable.get(name, {})
-        started = placer.elastic_started.get(name, {})
+        running_elastic: list[str] = []
         for aid in node.running:
             rec = core.st.actions.get(aid)
             el = rec.spec.elasticity if rec is not None else None
             if rec is None or el is None or rec.allotment is None or not rec.elastic:
                 continue
-            _check(aid in started, "elastic-started", f"{aid} on {name}")
+            running_elastic.append(aid)
+            _check(node.elastic.get(aid) is rec, "elastic-registry", f"{aid} on {name}")
             if rec.allotment.get(el.dim) < el.max - 1e-9:
                 _check(aid in growable, "elastic-growable", f"{aid} on {name}")
+        _check(len(running_elastic) == len(node.elastic), "elastic-registry",
+               f"{name}: {sorted(node.elastic)} registered, {sorted(running_elastic)} run")
 
 
 def _check_nodes(core: Core) -> None:

@@ -397,6 +397,8 @@ class Core:
         if node is None or alloc is None or aid not in node.running:
             return
         node.running.discard(aid)
+        if rec.elastic:
+            node.elastic.pop(aid, None)
         node.give(alloc)
         if rec.partition is not None:
             self.partitions.release(rec)
@@ -489,6 +491,7 @@ class Core:
             if sess is not None:
                 self._close_session(sess, reason, lost=True)
         node.running.clear()
+        node.elastic.clear()
         self._node_changed()
 
     # ---- models ---------------------------------------------------------------------------------

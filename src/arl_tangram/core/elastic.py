@@ -128,24 +128,8 @@ class Elastic:
             self.emit_resizes(node, changed.values())
 
     def any_elastic(self, node: NodeState) -> bool:
-        """Whether an elastic action runs on ``node`` (the ones met first in
-        `Placer.elastic_started` that no longer run there leave it)."""
-        started = self.placer.elastic_started.get(node.name)
-        if not started:
-            return False
-        actions, running = self.st.actions, node.running
-        gone: list[str] = []
-        found = False
-        for aid in started:
-            rec = actions.get(aid)
-            if rec is None or aid not in running or rec.allotment is None or not rec.elastic:
-                gone.append(aid)
-            else:
-                found = True
-                break
-        for aid in gone:
-            del started[aid]
-        return found
+        """Whether an elastic action runs on ``node``."""
+        return bool(node.elastic)
 
     def node_gain(self, node: NodeState, rec: ActionRecord, delta: float) -> float:
         """On a node with a measured ``parallel_speedup``: the weighted drop of expected
@@ -389,10 +373,7 @@ class Elastic:
     def elastic_on(self, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
         """The elastic actions running on ``node`` that stretch in CPU, with their elasticity."""
         out: list[tuple[ActionRecord, Elasticity]] = []
-        for aid in node.running:
-            rec = self.st.actions.get(aid)
-            if rec is None or not rec.elastic or rec.allotment is None:
-                continue
+        for rec in node.elastic.values():
             el = rec.spec.elasticity
             assert el is not None
             if el.dim == CPU:

@@ -44,9 +44,6 @@ class Placer:
         # ones that ended, moved or reached their maximum), so expansion looks at the actions
         # that may grow, not at every action running there
         self.growable: dict[str, dict[str, None]] = {}
-        # node -> the elastic actions started there: a superset of those running, pruned
-        # from the oldest (`Elastic.any_elastic`) and whole once it outgrows what runs there
-        self.elastic_started: dict[str, dict[str, None]] = {}
         self.other_dims = False  # whether an elastic action stretching other than CPU started
 
     # ---- where ----------------------------------------------------------------------------------
@@ -124,13 +121,7 @@ class Placer:
             st.expand_at.add(name)
             st.elastic_nodes.add(name)  # (elastic.py: where expansion can look)
             self.may_grow(name, aid)
-            started = self.elastic_started.get(name)
-            if started is None:
-                started = self.elastic_started[name] = {}
-            started[aid] = None
-            if len(started) > 2 * len(node.running) + 16:  # ended ones pile up: drop them
-                running = node.running
-                self.elastic_started[name] = {a: None for a in started if a in running}
+            node.elastic[aid] = rec  # (until `Core._release`)
 
     def may_grow(self, node: str, aid: str) -> None:
         """Action ``aid`` runs elastic on ``node`` and may be below its maximum (`growable`)."""

@@ -207,6 +207,7 @@ class NodeState:
         "alive",
         "cap",
         "dev_free",
+        "elastic",
         "free",
         "instances",
         "name",
@@ -225,6 +226,9 @@ class NodeState:
         self.free: dict[str, float] = dict(self.cap)
         self.alive = True
         self.running: set[str] = set()  # action ids holding an allotment here
+        # the elastic ones among them, in start order: what `Elastic.plan` weighs, without a
+        # look-up of every action running here (checks.py: exactly those)
+        self.elastic: dict[str, ActionRecord] = {}
         self.sessions: set[str] = set()
         self.instances: set[str] = set()
         self.dev_free: set[int] = set(range(spec.gpu_count))
