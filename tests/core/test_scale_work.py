@@ -9,7 +9,10 @@ one session's open, and of a session action's arrival and end, on 16 and on 128 
 sessions and running actions): a scan of every node per new session (as `Sessions.spread` over
 the whole cluster once was) makes the opens ~8x; the index of nodes in spread order
 (`Sessions.ranks`) keeps them about equal. Last, an arrival and an end with 200 and with 1,600
-actions queued: a scan of the queue per event would make the second ~8x."""
+actions queued: a scan of the queue per event would make the second ~8x. And a session's close
+(which frees room) with 200 and with 1,600 sessions waiting for room: a walk over the waiting
+ones at each pass would make the second ~8x; their groups by shape (`Sessions._groups`) do
+not."""
 
 from __future__ import annotations
 
@@ -88,8 +91,26 @@ def calls_with_queued(queued, probes=20):
             core.handle(ev.ActionFinished(u + 0.0005, f"w{i}"))
     return calls(events) / probes
 
+def calls_with_waiting(waiting, probes=20):
+    # 4 nodes full of open sessions (by memory); ``waiting`` more wait for room, in two shapes;
+    # then open ones close, one at a time: each close frees room and the waiting ones look again
+    nodes = tuple(NodeSpec(f"n{i}", Resources(cpu=192, memory_mb=65536)) for i in range(4))
+    core = Core(ClusterSpec(nodes), CoreConfig(policy="tangram"))
+    t = 0.0
+    for i in range(240 + waiting):
+        t += 0.001
+        core.handle(ev.SessionRequested(t, f"s{i}", Resources(memory_mb=1024 * (1 + i % 2))))
+    assert len(core.sessions.pending) >= waiting, len(core.sessions.pending)
+    core.handle(ev.SessionClosed(t, "s1"))  # (the first pass files each waiting one: once each)
+    def closes():
+        for i in range(probes):
+            core.handle(ev.SessionClosed(t + 0.001 * (i + 1), f"s{2 * i}"))
+    return calls(closes) / probes
+
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
+elif sys.argv[1] == "waiting":
+    print(json.dumps([calls_with_waiting(200), calls_with_waiting(1600)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
 else:
@@ -123,4 +144,11 @@ def test_an_arrival_and_an_end_cost_the_same_with_eight_times_the_actions_queued
     small, large = _probe("queued")
     assert small > 0
     # a scan of the queued actions per event would be ~8x; a heap per queue grows as its log
+    assert large < 1.5 * small, (small, large)
+
+
+def test_a_close_costs_the_same_with_eight_times_the_sessions_waiting_for_room() -> None:
+    small, large = _probe("waiting")
+    assert small > 0
+    # a walk over the waiting sessions at each pass would be ~8x; the groups by shape are not
     assert large < 1.5 * small, (small, large)

@@ -49,6 +49,28 @@ def validate(core: Core) -> None:
     _check_work_conserving(core)
     _check_sessions_served(core)
     _check_elastic_sets(core)
+    _check_waiting_sessions(core)
+
+
+def _check_waiting_sessions(core: Core) -> None:
+    """Each session waiting for room is in the group of its shape, once (where no policy
+    partitions the cluster; `Sessions.open_pending` tries the groups' first ones)."""
+    sessions = core.sessions
+    if core.st.partitioned:
+        return
+    live = [e for shape, heap in sessions._groups.items() for e in heap
+            if sessions._entry.get(e[2]) == (shape, e[1])]
+    place_of = {e[2]: e[0] for e in live}
+    _check(len(live) == len(place_of), "waiting-once", f"{sorted(e[2] for e in live)}")
+    for sid, place in sessions.pending.items():
+        _check(sid in core.st.sessions and core.st.sessions[sid].node is None, "waiting-session", sid)
+        if sid in sessions._stale or sessions._room is not sessions.action_room:
+            continue  # (its shape is worked out at the next pass)
+        got = sessions._entry.get(sid)
+        _check(got is not None and got[0] == sessions._shape(core.st.sessions[sid]), "waiting-shape", sid)
+        _check(place_of.get(sid) == place, "waiting-place", sid)
+    for sid in sessions._entry:
+        _check(sid in sessions.pending, "waiting-gone", sid)
 
 
 def _check_elastic_sets(core: Core) -> None:

@@ -369,6 +369,8 @@ class Core:
             if sess is not None:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.st.now
+                if sess.node is None:
+                    self.sessions.changed(sess)
         rec.move(status, self.st.now, self.st.cause)
         self._deliver(rec, status, output, reason)
 

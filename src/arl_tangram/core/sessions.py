@@ -1,7 +1,9 @@
 """Sessions: where each opens, the room kept for its actions, and when an idle one expires.
 
 Invariant: an open session holds its demand on its node (`NodeState.sessions`, `used`) until it
-is closed; a session waiting for room is in `pending` and holds nothing; it opens only on a node
+is closed; a session waiting for room is in `pending` (with its place in the wait) and holds
+nothing, and, where no policy partitions the cluster, in one group of its shape (`_groups`); it
+opens only on a node
 where it, the other sessions there and one action of any of them (`action_room`, the largest a
 session's action has needed) fit the capacity for good (`room`). `expiry` holds one entry per
 open session: when it may expire, looked at again while it has live actions. `ranks` (built at
@@ -24,6 +26,10 @@ from .records import ActionRecord, NodeState, SessionRecord
 from .resources import CPU, MEMORY_MB, Resources
 from .state import CoreState
 
+# a waiting session's shape (`Sessions._shape`): its demand, its largest waiting action's demand
+# (or `action_room`), its warm key
+Shape = tuple[Resources, Resources, "str | None"]
+
 
 class Sessions:
     """Open sessions' places on nodes, the ones waiting for room, and their TTLs."""
@@ -31,7 +37,21 @@ class Sessions:
     def __init__(self, st: CoreState, partitions: Partitions) -> None:
         self.st = st
         self.partitions = partitions
-        self.pending: dict[str, None] = {}  # sessions waiting for room (insertion-ordered)
+        self.pending: dict[str, int] = {}  # sessions waiting for room -> their place in the wait
+        self._place = 0  # places given so far
+        # Where no policy partitions the cluster: the waiting sessions by shape (`_shape`),
+        # each group a heap of (place, version, id), so a pass tries the first of each shape
+        # in the order of the wait instead of walking every waiting session (issue 24); an
+        # entry is live while `_entry` holds its shape and version (stale ones are dropped as
+        # they surface, and the heap is rebuilt once they outnumber the live ones).
+        self._groups: dict[Shape, list[tuple[int, int, str]]] = {}
+        self._live: dict[Shape, int] = {}  # shape -> live entries in its heap
+        self._entry: dict[str, tuple[Shape, int]] = {}  # session id -> (shape, version)
+        self._version = 0
+        # sessions whose shape is to be worked out again at the next pass (they began to wait,
+        # or their actions changed); all of them when `action_room` grew (`_room` is older)
+        self._stale: dict[str, None] = {}
+        self._room = st.config.session_action_demand  # (`action_room` as it starts)
         self.expiry: list[tuple[float, str]] = []  # (when it may expire, session id)
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
@@ -69,6 +89,8 @@ class Sessions:
             self.open(sess, hint=rec)
         sess.actions.add(rec.spec.id)
         sess.last_active = st.now
+        if sess.node is None:
+            self.changed(sess)
         d = rec.spec.demand
         if not d.fits_in(self.action_room):  # the room kept for a session action grows to fit it
             room = self.action_room
@@ -92,9 +114,13 @@ class Sessions:
                 or not self.caps_fit(node, sess.demand):
             node = self.node_for(sess, hint)
         if node is None:
-            self.pending[sess.id] = None
+            if sess.id not in self.pending:
+                self._place += 1
+                self.pending[sess.id] = self._place
+                self._stale[sess.id] = None
             return
-        self.pending.pop(sess.id, None)
+        if self.pending.pop(sess.id, None) is not None:
+            self._unwait(sess.id)
         sess.node = node.name
         node.sessions.add(sess.id)
         self.held[node.name] = self.held.get(node.name, _NONE) + sess.charge
@@ -106,13 +132,48 @@ class Sessions:
         st.touched.add(("sess", sess.id))
 
     def open_pending(self) -> None:
-        """The sessions waiting for room look again. Once one of a shape finds none (its
-        demand, its largest waiting action's, its image; outside partitions), the others of
-        that shape are not looked at again in this pass: opening only takes room, so they
-        would find none either (issue 24: with thousands waiting, each looked over the nodes
-        at every event)."""
+        """The sessions waiting for room look again, in the order they began to wait. Once one
+        of a shape finds none (`_shape`: its demand, its largest waiting action's, its image;
+        outside partitions), the others of that shape are not looked at again in this pass:
+        opening only takes room, so they would find none either. Where no policy partitions
+        the cluster the pass takes the first of each shape from `_groups`, O((shapes +
+        opened) log shapes); else it walks them all (issue 24: with thousands waiting, each
+        looked over the nodes at every event)."""
+        if self.st.partitioned:
+            self._open_pending_walk()
+            return
+        stale = self._stale
+        if self._room is not self.action_room:  # the shape of one with no action waiting moves
+            self._room = self.action_room
+            stale = self._stale = dict.fromkeys(self.pending)
+        for sid in stale:
+            if sid in self.pending:
+                self._reshape(sid)
+        stale.clear()
+        groups = self._groups
+        heads: list[tuple[int, str, Shape]] = []
+        for shape in list(groups):
+            top = self._first(shape)
+            if top is not None:
+                heads.append((top[0], top[2], shape))
+        heapq.heapify(heads)  # (places are unique: the shapes are never compared)
+        sessions = self.st.sessions
+        while heads:
+            _, sid, shape = heapq.heappop(heads)
+            sess = sessions[sid]
+            self.open(sess)
+            if sess.node is None:
+                continue  # no room for its shape: the rest of it waits for the next pass
+            top = self._first(shape)
+            if top is not None:
+                heapq.heappush(heads, (top[0], top[2], shape))
+
+    def _open_pending_walk(self) -> None:
+        """`open_pending` under a partitioning policy: every waiting session in order, bar
+        those of a shape that found no room in this pass (a session in a slice or pool has
+        no shape: each looks for itself)."""
         st = self.st
-        full: set[tuple[Resources, Resources, str | None]] = set()
+        full: set[Shape] = set()
         for sid in list(self.pending):
             sess = st.sessions[sid]
             rec = self._largest_waiting(sess)
@@ -124,6 +185,61 @@ class Sessions:
             self.open(sess)
             if sess.node is None and shape is not None:
                 full.add(shape)
+
+    def changed(self, sess: SessionRecord) -> None:
+        """``sess`` gained or lost an action: while it waits, its shape is looked at again at
+        the next pass."""
+        if sess.id in self.pending:
+            self._stale[sess.id] = None
+
+    def _shape(self, sess: SessionRecord) -> Shape:
+        """What decides whether a waiting session (no partition) finds room: its demand, the
+        room its largest waiting action needs (else `action_room`), its image."""
+        rec = self._largest_waiting(sess)
+        return (sess.demand, self.action_room if rec is None else rec.spec.demand, sess.warm_key)
+
+    def _reshape(self, sid: str) -> None:
+        shape = self._shape(self.st.sessions[sid])
+        old = self._entry.get(sid)
+        if old is not None:
+            if old[0] == shape:
+                return
+            self._live[old[0]] -= 1
+        self._version += 1
+        heap = self._groups.get(shape)
+        if heap is None:
+            heap = self._groups[shape] = []
+            self._live[shape] = 0
+        heapq.heappush(heap, (self.pending[sid], self._version, sid))
+        self._entry[sid] = (shape, self._version)
+        live = self._live[shape] = self._live[shape] + 1
+        if len(heap) > 2 * live + 16:  # stale entries pile up: keep the live ones
+            entry = self._entry
+            kept = [e for e in heap if entry.get(e[2]) == (shape, e[1])]
+            heapq.heapify(kept)
+            self._groups[shape] = kept
+
+    def _unwait(self, sid: str) -> None:
+        """``sid`` no longer waits (opened or closed): its entry goes stale."""
+        self._stale.pop(sid, None)
+        old = self._entry.pop(sid, None)
+        if old is not None:
+            self._live[old[0]] -= 1
+
+    def _first(self, shape: Shape) -> tuple[int, int, str] | None:
+        """The live entry of ``shape``'s group that waited longest (stale ones above it
+        dropped; the group too, once empty)."""
+        heap = self._groups[shape]
+        entry = self._entry
+        while heap:
+            top = heap[0]
+            got = entry.get(top[2])
+            if got is not None and got[1] == top[1]:
+                return top
+            heapq.heappop(heap)
+        del self._groups[shape]
+        del self._live[shape]
+        return None
 
     def _largest_waiting(self, sess: SessionRecord) -> ActionRecord | None:
         """The waiting action of ``sess`` whose room a node must have: the most memory, then
@@ -139,7 +255,8 @@ class Sessions:
         when ``lost``)."""
         st = self.st
         del st.sessions[sess.id]
-        self.pending.pop(sess.id, None)
+        if self.pending.pop(sess.id, None) is not None:
+            self._unwait(sess.id)
         node = st.nodes.get(sess.node) if sess.node else None
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
