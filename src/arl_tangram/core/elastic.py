@@ -167,10 +167,9 @@ class Elastic:
             if not node.alive or name in self.st.reserved:
                 continue
             lent = 0.0
-            for aid in node.running:
-                other = self.st.actions.get(aid)
-                el = other.spec.elasticity if other is not None else None
-                if other is not None and el is not None and el.dim == CPU and other.allotment is not None:
+            for other in node.elastic.values():  # (a fixed width, max = min, lends nothing)
+                el = other.spec.elasticity
+                if el is not None and el.dim == CPU and other.allotment is not None:
                     lent += other.allotment.get(CPU) - el.min
             if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
                 continue
@@ -199,10 +198,9 @@ class Elastic:
         step = self.st.config.elastic_step
         heap: list[tuple[float, int, str]] = []
         spare = 0.0
-        for aid in node.running:
-            rec = self.st.actions.get(aid)
-            el = rec.spec.elasticity if rec is not None else None
-            if rec is None or el is None or el.dim != CPU or rec.allotment is None:
+        for aid, rec in node.elastic.items():  # (the heap's keys decide the order)
+            el = rec.spec.elasticity
+            if el is None or el.dim != CPU or rec.allotment is None:
                 continue
             extra = rec.allotment.get(CPU) - _floor_of(el, floor)
             if extra > 1e-9:
