@@ -3,13 +3,12 @@
 Invariant: an open session holds its demand on its node (`NodeState.sessions`, `used`) until it
 is closed; a session waiting for room is in `pending` (with its place in the wait) and holds
 nothing, and, where no policy partitions the cluster, in one group of its shape (`_groups`); it
-opens only on a node
-where it, the other sessions there and one action of any of them (`action_room`, the largest a
-session's action has needed) fit the capacity for good (`room`). `expiry` holds one entry per
-open session: when it may expire, looked at again while it has live actions. `ranks` (built at
-the first session placed over the whole cluster) keeps the alive nodes in `spread`'s order
-(sessions per core, then most free CPU), so a session's node is found without a scan of every
-node.
+opens only on a node where it, the other sessions there and one action of any of them
+(`action_room`, the largest a session's action has needed) fit the capacity for good (`room`).
+`expiry` holds one entry per open session: when it may expire, looked at again while it has
+live actions. `ranks` (built at the first session placed over the whole cluster) keeps the alive
+nodes in `spread`'s order (sessions per core, then most free CPU), so a session's node is found
+without a scan of every node.
 """
 
 from __future__ import annotations
