@@ -205,6 +205,9 @@ def test_config_errors_name_field_and_value() -> None:
         CoreConfig(trajectories=0)
     with pytest.raises(ValueError, match="reserve_fraction"):
         CoreConfig(reserve_fraction=1.0)
+    with pytest.raises(ValueError, match=r"aging_min_s: must be <= aging_s \(0\.2\), got 0\.5"):
+        CoreConfig(aging_s=0.2)  # (the default aging_min_s, 0.5: the aging rule has no range)
+    assert CoreConfig(aging_s=0.5).aging_min_s == 0.5
 
 
 def test_view_reports_state() -> None:

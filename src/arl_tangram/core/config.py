@@ -156,6 +156,8 @@ class CoreConfig:
         self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)
         self._check_range("aging_relative", self.aging_relative, 0.0, math.inf, low_open=True)
         self._check_range("aging_min_s", self.aging_min_s, 0.0, math.inf)
+        if self.aging_min_s > self.aging_s:  # (the rule "at least aging_min_s, at most aging_s")
+            raise _bad("aging_min_s", self.aging_min_s, f"must be <= aging_s ({self.aging_s!r})")
         self._check_range("reserve_fraction", self.reserve_fraction, 0.0, 1.0, high_open=True)
         self._check_range("estimate_quantile", self.estimate_quantile, 0.0, 1.0)
         for name in ("sandbox_cold_s", "model_idle_s", "max_batch_wait_s", "scale_out_batches",
