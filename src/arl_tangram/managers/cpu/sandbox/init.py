@@ -100,8 +100,10 @@ def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
                 reply = _session(req, sessions)
             elif op == "image":  # enter an environment image (issue 17; `imagebox.enter`)
                 reply = imagebox.enter(req, fd)
-            else:
+            elif op == "run":
                 reply = _run(req, prepared)
+            else:  # (answered, then gone like a one-shot: nothing guessed from a bad request)
+                reply = {"error": f"unknown op {op!r}: expected run, prepare, session or image"}
         except Exception as e:  # a bug or a hostile workdir: report, never die silently
             reply = {"error": f"{type(e).__name__}: {e}"}
         if op not in ("prepare", "session", "image"):
