@@ -75,8 +75,9 @@ def _check_waiting_sessions(core: Core) -> None:
 
 def _check_elastic_sets(core: Core) -> None:
     """What `Elastic.expand_node` walks instead of every running action: each elastic action
-    running below its maximum is in its node's `Placer.growable`, and the elastic actions
-    running on a node are exactly its `NodeState.elastic`."""
+    running below its maximum is in its node's `Placer.growable`, the elastic actions running
+    on a node are exactly its `NodeState.elastic`, and each one's `width` and `rate` follow its
+    allotment (`ActionRecord.allot`)."""
     placer = core.elastic.placer
     for name, node in core.st.nodes.items():
         growable = placer.growable.get(name, {})
@@ -88,6 +89,9 @@ def _check_elastic_sets(core: Core) -> None:
                 continue
             running_elastic.append(aid)
             _check(node.elastic.get(aid) is rec, "elastic-registry", f"{aid} on {name}")
+            _check(rec.width == rec.allotment.get(el.dim)
+                   and rec.rate in (-1.0, rec.spec.speed(rec.allotment)), "allotment-derived",
+                   f"{aid}: width {rec.width}, rate {rec.rate} at {rec.allotment}")
             if rec.allotment.get(el.dim) < el.max - 1e-9:
                 _check(aid in growable, "elastic-growable", f"{aid} on {name}")
         _check(len(running_elastic) == len(node.elastic), "elastic-registry",

@@ -119,7 +119,7 @@ class Elastic:
                 continue  # the node's measured speedup: everyone there slows more than it gains
             self.retime(rec)
             node.take({el.dim: delta})
-            rec.allotment = rec.allotment.with_amount(el.dim, k + delta)
+            rec.allot(rec.allotment.with_amount(el.dim, k + delta))
             changed[aid] = rec
             if k + delta < el.max - 1e-9:
                 heapq.heappush(heap, (self.remaining(rec), rec.seq, aid))
@@ -152,7 +152,7 @@ class Elastic:
             other = self.st.actions.get(aid)
             if other is None or other is rec or other.allotment is None or other.allotment.get(CPU) <= 0.0:
                 continue
-            t = self.remaining(other) / max(other.spec.speed(other.allotment) * e0, 1e-9)
+            t = self.remaining(other) / max(other.speed() * e0, 1e-9)
             gain -= t * (e0 / e1 - 1.0) * other.spec.weight
         return gain
 
@@ -220,7 +220,7 @@ class Elastic:
             delta = float(min(step, k - lo, short))
             self.retime(rec)
             node.give({CPU: delta})
-            rec.allotment = rec.allotment.with_amount(CPU, k - delta)
+            rec.allot(rec.allotment.with_amount(CPU, k - delta))
             self.placer.may_grow(node.name, aid)
             changed[aid] = rec
             short -= delta
@@ -237,7 +237,7 @@ class Elastic:
         mean excess (`remaining_work`), else its estimate less that work."""
         done = rec.done
         if rec.allotment is not None and self.st.now > rec.since:
-            done += (self.st.now - rec.since) * rec.spec.speed(rec.allotment)
+            done += (self.st.now - rec.since) * rec.speed()
         left = self.st.estimator.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
@@ -246,7 +246,7 @@ class Elastic:
     def retime(self, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""
         if rec.allotment is not None and self.st.now > rec.since:
-            rec.done += (self.st.now - rec.since) * rec.spec.speed(rec.allotment)
+            rec.done += (self.st.now - rec.since) * rec.speed()
         rec.since = self.st.now
 
     def overdue(self, rec: ActionRecord) -> bool:
@@ -279,10 +279,12 @@ class Elastic:
         free = node.free.get(CPU, 0.0)
         held = 0.0
         runs: list[tuple[float, Elasticity]] = []  # (work left, elasticity) of its elastic runs
-        for other, oel in self.elastic_on(node):
-            assert other.allotment is not None
-            held += other.allotment.get(CPU)
-            runs.append((self.remaining(other), oel))
+        for other in node.elastic.values():  # (`elastic_on`, without its list)
+            oel = other.spec.elasticity
+            assert oel is not None
+            if oel.dim == CPU:
+                held += other.width
+                runs.append((self.remaining(other), oel))
         cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
@@ -324,7 +326,7 @@ class Elastic:
             c = other.allotment.get(CPU)
             if c <= 0.0:
                 continue
-            t = self.remaining(other) / max(other.spec.speed(other.allotment), 1e-9)
+            t = self.remaining(other) / max(other.speed(), 1e-9)
             ends.append((t, c))
         ends.sort()
         for t, c in ends:

@@ -320,7 +320,7 @@ class ModelPlanner:
             self.queues.dequeue(rec)
             rec.move(S.RUNNING, self.st.now, self.st.cause)
             rec.batch, rec.node, rec.start_time = bid, inst.node, self.st.now
-            rec.allotment = inst.holding()
+            rec.allot(inst.holding())
             rec.attempts += 1
             recs.append(rec)
         ids = tuple(r.spec.id for r in recs)

@@ -104,7 +104,7 @@ class Placer:
         node.running.add(aid)
         st.index.update(name, node.free)
         rec.node = name
-        rec.allotment = alloc
+        rec.allot(alloc)
         rec.start_time = now = st.now
         rec.attempts += 1
         cause = st.cause

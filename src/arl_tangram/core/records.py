@@ -108,6 +108,7 @@ class ActionRecord:
         "node",
         "partition",
         "queue_key",
+        "rate",
         "seq",
         "shape",
         "since",
@@ -118,6 +119,7 @@ class ActionRecord:
         "story",
         "submit_time",
         "units",
+        "width",
         "wkey",
     )
 
@@ -148,6 +150,11 @@ class ActionRecord:
         # estimate when the allotment of an elastic action changes (`Elastic.remaining`)
         self.done = 0.0
         self.since = 0.0
+        # what follows from the allotment (`allot`): its speed (`speed`; -1.0 until asked) and,
+        # for an elastic action, its width in the elastic dimension (the lane rule reads both
+        # for every elastic action on a node, without the allotment's mapping)
+        self.rate = -1.0
+        self.width = 0.0
         d = spec.demand._d
         skey = shape_key(d, self.elastic)
         self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
@@ -162,6 +169,23 @@ class ActionRecord:
         # history; a tuple of floats, ints and strings is one object the garbage collector stops
         # tracking, where a list of lines (or enum members in it) would be rescanned for good.
         self.story: tuple[object, ...] = ()
+
+    def allot(self, alloc: Resources) -> None:
+        """Its allotment is now ``alloc`` (the only way it changes)."""
+        self.allotment = alloc
+        self.rate = -1.0
+        if self.elastic:
+            el = self.spec.elasticity
+            assert el is not None
+            self.width = alloc.get(el.dim)
+
+    def speed(self) -> float:
+        """Its speed at its allotment (`ActionSpec.speed`), kept until the allotment changes."""
+        r = self.rate
+        if r < 0.0:
+            assert self.allotment is not None
+            r = self.rate = self.spec.speed(self.allotment)
+        return r
 
     def move(self, dst: Status, time: float, cause: str) -> None:
         src = self.status
