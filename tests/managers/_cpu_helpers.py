@@ -40,6 +40,25 @@ def procs_of_uid(uid: int) -> list[int]:
     return out
 
 
+def describe_procs(pids: list[int]) -> list[str]:
+    """Each process as ``pid (name) state S ppid P: cmdline``, for a failure message (one that
+    ended meanwhile reads ``pid: gone``)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fb:
+                cmd = fb.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            out.append(f"{pid}: gone")
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        out.append(f"{pid} ({name}) state {state} ppid {ppid}: {cmd[:200]}")
+    return out
+
+
 async def no_leftovers(uid: int = TEST_UID, within_s: float = 3.0) -> list[int]:
     """Processes of the sandbox uid still alive after ``within_s`` (should be none)."""
     left: list[int] = []

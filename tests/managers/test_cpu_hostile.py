@@ -11,7 +11,7 @@ import socket
 
 import pytest
 from _cpu_fixture import OUTPUT_CAP, mgr  # noqa: F401
-from _cpu_helpers import action, allot, no_leftovers, pod_pid, work_root_left
+from _cpu_helpers import action, allot, describe_procs, no_leftovers, pod_pid, work_root_left
 
 from arl_tangram.core.actions import ActionKind, Status
 from arl_tangram.core.resources import Resources
@@ -24,7 +24,8 @@ os.environ.setdefault("TANGRAM_TEST_SECRET", "s3cret")  # a "token" of the servi
 
 async def contained(mgr: CpuManager, r: RunResult) -> None:
     """The common aftermath check of every attack."""
-    assert await no_leftovers() == [], "sandbox processes outlived the action"
+    left = await no_leftovers()
+    assert left == [], f"sandbox processes outlived the action: {describe_procs(left)}"
     if r.executor_pod_name:
         pid = pod_pid(r)
         for _ in range(40):
