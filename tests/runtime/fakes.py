@@ -1,4 +1,5 @@
-"""An in-test executor: one node, actions "run" by sleeping ``payload['sleep']`` seconds."""
+"""An in-test executor: one node, actions "run" by sleeping ``payload['sleep']`` seconds; and
+`forgotten`, the wait for an engine to expire a result."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from arl_tangram.core import events as E
 from arl_tangram.core.actions import Status
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
+from arl_tangram.runtime.engine import Engine, UnknownAction
 from arl_tangram.runtime.executor import Emit, Executor
 
 
@@ -103,3 +105,15 @@ def core_factory(config: Any, nodes: Sequence[NodeSpec]) -> Any:
         return make_core(config, nodes)
     except ImportError:
         return FakeCore(nodes)
+
+
+async def forgotten(eng: Engine, aid: str) -> None:
+    """Wait (bounded) until the engine has expired ``aid``'s result: proof that an expiry pass
+    ran at the clock's current time."""
+    for _ in range(4000):
+        try:
+            eng.peek(aid)
+        except UnknownAction:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"result {aid} never expired")

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from fakes import FakeExecutor, core_factory
+from fakes import FakeExecutor, core_factory, forgotten
 
 from arl_tangram.core import commands as C
 from arl_tangram.core.actions import ActionSpec, Status
@@ -31,17 +31,6 @@ async def _engine(clock: ManualClock | None = None, **kw: object) -> tuple[Engin
     return eng, ex
 
 
-async def _forgotten(eng: Engine, aid: str) -> None:
-    """Wait (bounded) until ``aid``'s result expired: an expiry pass ran at the clock's time."""
-    for _ in range(4000):
-        try:
-            eng.peek(aid)
-        except UnknownAction:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"result {aid} never expired")
-
-
 async def test_keys_expire_oldest_first_while_later_results_are_held() -> None:
     clock = ManualClock(1000.0)
     eng, ex = await _engine(clock)  # result_ttl_s 600, idempotency_ttl_s 3600
@@ -54,7 +43,7 @@ async def test_keys_expire_oldest_first_while_later_results_are_held() -> None:
         clock.advance(300.0)
         await eng.run(spec("held"))  # result held until +4200: still there at +3601
         clock.advance(301.0)  # t = +3601
-        await _forgotten(eng, "aprobe")
+        await forgotten(eng, "aprobe")
         assert eng.peek("aheld") is not None
         # the old key is gone although a result is still held; the newer one is kept
         assert await eng.submit(spec("old-2"), idempotency_key="old") == ["aold-2"]
@@ -73,7 +62,7 @@ async def test_a_key_is_gone_at_exactly_its_ttl() -> None:
         clock.advance(3000.0)
         await eng.run(spec("probe"))  # its result expires at exactly +3600 too
         clock.advance(600.0)
-        await _forgotten(eng, "aprobe")
+        await forgotten(eng, "aprobe")
         assert await eng.submit(spec(2), idempotency_key="k") == ["a2"]
     finally:
         await eng.aclose()

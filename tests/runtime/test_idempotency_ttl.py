@@ -7,23 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fakes import FakeExecutor, core_factory
+from fakes import FakeExecutor, core_factory, forgotten
 
 from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.runtime.clock import ManualClock
 from arl_tangram.runtime.engine import Engine, EngineConfig, UnknownAction
-
-
-async def _forgotten(eng: Engine, aid: str) -> None:
-    """Wait (bounded) until the engine has expired ``aid``'s result: proof that an expiry pass
-    ran at the clock's current time."""
-    for _ in range(4000):
-        try:
-            eng.peek(aid)
-        except UnknownAction:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"result {aid} never expired")
 
 
 async def test_keys_live_until_their_ttl_and_are_gone_after() -> None:
@@ -43,7 +31,7 @@ async def test_keys_live_until_their_ttl_and_are_gone_after() -> None:
         await eng.run(ActionSpec("probe-3601"))
 
         clock.advance(598.0)  # t = +3599: 1 s before the key's TTL
-        await _forgotten(eng, "probe-3599")
+        await forgotten(eng, "probe-3599")
         assert await eng.submit(ActionSpec("retry-1"), idempotency_key="k") == ["first"]
         assert "retry-1" not in ex.runs and ex.runs["first"] == 1
         try:
@@ -53,7 +41,7 @@ async def test_keys_live_until_their_ttl_and_are_gone_after() -> None:
             pass
 
         clock.advance(2.0)  # t = +3601: 1 s past it
-        await _forgotten(eng, "probe-3601")
+        await forgotten(eng, "probe-3601")
         assert await eng.submit(ActionSpec("retry-2"), idempotency_key="k") == ["retry-2"]
         res = await eng.result("retry-2")
         assert res is not None and res.status is Status.SUCCEEDED
@@ -77,7 +65,7 @@ async def test_a_short_configured_ttl_is_honoured_too() -> None:
         await asyncio.sleep(0.05)  # (expiry passes at t = 119 find the key alive either way)
         assert await eng.submit(ActionSpec("b"), idempotency_key="k") == ["a"]
         clock.advance(31.0)  # t = 150: the probe's result expires, and the key (at 120) before it
-        await _forgotten(eng, "probe")
+        await forgotten(eng, "probe")
         assert await eng.submit(ActionSpec("c"), idempotency_key="k") == ["c"]
     finally:
         await eng.aclose()
@@ -95,7 +83,7 @@ async def test_a_result_finished_at_time_zero_expires_like_any_other() -> None:
         clock.advance(10.0)
         await eng.run(ActionSpec("later"))
         clock.advance(60.0)  # both past their TTL
-        await _forgotten(eng, "at-zero")
-        await _forgotten(eng, "later")
+        await forgotten(eng, "at-zero")
+        await forgotten(eng, "later")
     finally:
         await eng.aclose()
