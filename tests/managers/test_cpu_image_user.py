@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from _cpu_helpers import action, allot, procs_of_uid
 from test_cpu_clone_flags import FLAGS, PROBE
+from test_cpu_seccomp import SOCKETS_INSIDE, sockets_code
 
 from arl_tangram.core.actions import ActionKind
 from arl_tangram.core.resources import Resources
@@ -290,6 +291,25 @@ print("nnp:", [l.split()[1] for l in open("/proc/self/status") if l.startswith("
     finally:
         host.kill()
         host.wait()
+
+
+async def test_unconfined_socket_families_are_eperm_for_root_inside(
+        mgr: CpuManager, layout: tuple[str, str]) -> None:
+    """AF_VSOCK and AF_ALG (issue 35, M6) are refused to root inside an image session and to a
+    one-shot image action, as to the sandbox uid; AF_INET, AF_UNIX and netlink still work."""
+    img = _import(mgr, layout, "plain", {})
+    code = sockets_code()
+    await mgr.open_session("sock", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
+    try:
+        r = await py(mgr, "sock", "import os; print(os.getuid())\n" + code)
+        assert r.status == "Success", r.to_dict()
+        uid, got = out(r).strip().splitlines()[-2:]
+        assert uid == "0" and json.loads(got) == SOCKETS_INSIDE, r.to_dict()
+    finally:
+        await mgr.close_session("sock")
+    r = await mgr.run(action(code, image=img), allot())
+    assert r.status == "Success", r.to_dict()
+    assert json.loads(out(r)) == SOCKETS_INSIDE, r.to_dict()
 
 
 async def test_without_the_user_namespace_images_run_as_the_sandbox_uid(

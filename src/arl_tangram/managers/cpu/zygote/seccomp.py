@@ -1,7 +1,8 @@
 """The sandboxes' default syscall filter (seccomp), built with libseccomp through ctypes.
 
 Invariant: the filter allows every system call except those in `DENY` (and `clone` with a
-namespace flag), which fail with EPERM; `clone3` fails with ENOSYS, so that the C library falls
+namespace flag, and `socket`/`socketpair` of a family in `DENY_SOCKET_FAMILIES`), which fail
+with EPERM; `clone3` fails with ENOSYS, so that the C library falls
 back to `clone`, whose flags the filter can see (Docker's default profile does the same). A
 call made through another architecture's entry (i386 `int 0x80`, x32) kills the process.
 
@@ -50,6 +51,14 @@ DENY = (
 # clone(2) with any of these flags (new namespaces) is denied; clone3 hides its flags in memory.
 CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
                          0x20000000, 0x40000000, 0x00000080)  # NS CGROUP UTS IPC USER PID NET TIME
+
+# socket(2) and socketpair(2) of these address families are denied: no namespace confines them.
+# AF_VSOCK reaches the hypervisor's (and other VMs') vsock services from any network namespace;
+# AF_ALG is the kernel's crypto API, a source of kernel exploits. Docker's default profile
+# refuses both (AF_VSOCK since moby PR 44562). The family is the call's first argument, an int:
+# the kernel reads its low 32 bits, so the rule compares those only (a caller cannot slip past
+# it with bits set above them).
+DENY_SOCKET_FAMILIES = {"AF_ALG": 38, "AF_VSOCK": 40}
 
 _ACT_ALLOW = 0x7FFF0000
 _ACT_KILL_PROCESS = 0x80000000
@@ -123,6 +132,12 @@ def build() -> Program:
         for flag in CLONE_NAMESPACE_FLAGS:
             cmp = _ArgCmp(0, _CMP_MASKED_EQ, flag, flag)  # (flags & flag) == flag
             _check(lib.seccomp_rule_add_array(ctx, eperm, clone, 1, ctypes.byref(cmp)), "clone")
+        for call in (b"socket", b"socketpair"):
+            nr = lib.seccomp_syscall_resolve_name(call)
+            for family in DENY_SOCKET_FAMILIES.values():
+                cmp = _ArgCmp(0, _CMP_MASKED_EQ, 0xFFFFFFFF, family)  # (int)domain == family
+                _check(lib.seccomp_rule_add_array(ctx, eperm, nr, 1, ctypes.byref(cmp)),
+                       call.decode())
         clone3 = lib.seccomp_syscall_resolve_name(b"clone3")
         if clone3 >= 0:
             _check(lib.seccomp_rule_add_array(ctx, _errno_action(errno.ENOSYS), clone3, 0, None),
