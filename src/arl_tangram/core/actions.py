@@ -18,7 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InvalidAction
 from .resources import CPU, Resources
+
+# The largest hints the core takes (`WorkHints`): counts stay exact as floats and a prediction
+# (units x seconds per unit) stays finite. The HTTP API bounds them tighter (docs/api.md).
+MAX_HINT_UNITS = 10**12
+MAX_HINT_S = 1e9
 
 
 class ActionKind(enum.StrEnum):
@@ -97,7 +103,7 @@ class Elasticity:
     def __post_init__(self) -> None:
         if self.min <= 0 or math.isnan(self.min):
             raise ValueError(f"elasticity.min must be > 0, got {self.min}")
-        if self.max < self.min:
+        if not self.max >= self.min:  # (NaN too)
             raise ValueError(f"elasticity.max ({self.max}) must be >= elasticity.min ({self.min})")
 
     @property
@@ -113,6 +119,27 @@ class WorkHints:
     test_count: int | None = None  # number of test cases in a test action
     tokens: int | None = None  # tokens to score / generate (reward, judge)
     items: int | None = None  # number of scored items (several scores of one response)
+
+    def __post_init__(self) -> None:
+        """InvalidAction (naming ``hints.<field>``) for a hint the core cannot hold: negative,
+        NaN, or past `MAX_HINT_S` / `MAX_HINT_UNITS` (a count too large for a float would make
+        the estimator raise on arrival)."""
+        e = self.expected_s
+        if e is not None and not 0 <= e <= MAX_HINT_S:  # (NaN fails both)
+            raise InvalidAction("hints.expected_s",
+                                f"must be a number in [0, {MAX_HINT_S:g}], got {_short(e)}")
+        for name, v in (("test_count", self.test_count), ("tokens", self.tokens),
+                        ("items", self.items)):
+            if v is not None and not 0 <= v <= MAX_HINT_UNITS:
+                raise InvalidAction(f"hints.{name}",
+                                    f"must be in [0, {MAX_HINT_UNITS}], got {_short(v)}")
+
+
+def _short(v: object) -> str:
+    """``repr(v)``, a huge integer shortened to its number of digits."""
+    if isinstance(v, int) and not -10**30 < v < 10**30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return repr(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +166,10 @@ class ActionSpec:
             raise ValueError("action id must be a non-empty string")
         if self.kind.uses_model and not self.model:
             raise ValueError(f"action {self.id}: kind {self.kind.value!r} needs a model name")
-        if self.timeout_s <= 0:
+        if not self.timeout_s > 0:  # (NaN too)
             raise ValueError(f"action {self.id}: timeout_s must be > 0, got {self.timeout_s}")
-        if self.weight <= 0:
-            raise ValueError(f"action {self.id}: weight must be > 0, got {self.weight}")
+        if not 0 < self.weight < math.inf:
+            raise ValueError(f"action {self.id}: weight must be > 0 and finite, got {self.weight}")
         el = self.elasticity
         if el is not None and abs(self.demand.get(el.dim) - el.min) > 1e-9:
             object.__setattr__(self, "demand", self.demand.with_amount(el.dim, el.min))

@@ -253,9 +253,57 @@ class Engine:
         assert core is not None  # (made by `start`, before the loop runs)
         try:
             return list(core.handle(ev))
-        except Exception:
+        except Exception as exc:
             log.exception("core failed on %r", ev)
-            return []
+            return self._core_failed(ev, exc)
+
+    def _core_failed(self, ev: E.Event, exc: Exception) -> list[C.Command]:
+        """The core raised on ``ev``: no action it names is left waiting for a result that
+        will never come (issue 35, H2). An arrival the core could not take ends REJECTED, a
+        cancel CANCELLED, a finish FAILED, each with the error as its reason (its waiters
+        answered, its place in ``max_pending`` and in its tenant's quota freed); the core is
+        then asked to forget it (a cancel: it may hold a record). Of a batch that raised, the
+        actions the core had not reached yet arrive again one by one, and those it had queued
+        stay. An event that names no action (a tick, a node's report) is only logged."""
+        why = f"the scheduler could not take this event ({type(exc).__name__}: {exc})"
+        if isinstance(ev, E.ActionsArrived):
+            status_of = getattr(self.core, "status", None)
+            out: list[C.Command] = []
+            failed: list[str] = []
+            for spec in ev.actions:
+                st = status_of(spec.id) if callable(status_of) else Status.PENDING
+                if st is None:  # not reached before the raise: on its own
+                    out.extend(self._handle(E.ActionArrived(ev.time, spec)))
+                elif st is Status.PENDING or st.is_finished:  # the one that raised (or its
+                    failed.append(spec.id)                    # result went with the raise)
+            return self._fail(failed, Status.REJECTED, why, ev.time) + out
+        if isinstance(ev, E.ActionArrived):
+            return self._fail([ev.action.id], Status.REJECTED, why, ev.time)
+        if isinstance(ev, E.CancelRequested):
+            return self._fail([ev.action_id], Status.CANCELLED,
+                              f"cancelled by request; {why}", ev.time, forget=False)
+        if isinstance(ev, E.ActionFinished):
+            return self._fail([ev.action_id], Status.FAILED, why, ev.time)
+        return []
+
+    def _fail(self, ids: Sequence[str], status: Status, reason: str, now: float, *,
+              forget: bool = True) -> list[C.Command]:
+        """Deliver ``status`` with ``reason`` for each of ``ids`` still live, then (``forget``)
+        cancel it in the core, whose commands (a CancelAction for a node) are returned; its own
+        Deliver comes second and is ignored."""
+        out: list[C.Command] = []
+        for aid in ids:
+            live = self._live.get(aid)
+            if live is None:
+                continue
+            self._deliver(ActionResult(aid, status, live.submit_time, finish_time=now,
+                                       node=live.node, reason=reason))
+            if forget and self.core is not None:
+                try:
+                    out.extend(self.core.handle(E.CancelRequested(now, aid)))
+                except Exception:
+                    log.exception("core failed to forget action %s", aid)
+        return out
 
     def _observe(self, ev: E.Event) -> None:
         if isinstance(ev, E.NodeAdded):  # a node that joined later (Ray executor)

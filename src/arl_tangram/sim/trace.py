@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.actions import ActionKind, ActionSpec, Elasticity, Speedup, WorkHints
 from ..core.build import make_spec
-from ..core.errors import SpecError
+from ..core.errors import InvalidAction, SpecError
 from ..core.images import valid_name
 from ..core.resources import Resources
 
@@ -154,7 +154,11 @@ def _hints(ctx: _Ctx, raw: Any, where: str) -> WorkHints:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ctx.fail(f"{where}.{k}", f"must be a non-negative integer, got {v!r}")
             kw[k] = v
-    return WorkHints(**kw)
+    try:
+        return WorkHints(**kw)
+    except InvalidAction as exc:  # past what the core holds (core.actions.MAX_HINT_UNITS)
+        raise ctx.fail(f"{where}.{exc.field.rsplit('.', 1)[-1]}",
+                       str(exc).split(": ", 1)[1]) from None
 
 
 def _action(ctx: _Ctx, raw: Any, where: str, sessions: Mapping[str, SessionDef]) -> SimAction:
