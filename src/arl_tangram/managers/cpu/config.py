@@ -46,6 +46,9 @@ class CpuManagerConfig:
     default_compile_timeout_s: float = 30.0
     default_run_timeout_s: float = 10.0
     max_timeout_s: float = 600.0
+    # Most cases one TEST action may carry (issue 35, M5): more is refused ("payload.cases").
+    # The cases of an action run within its `timeout_s` together, whatever their number.
+    max_test_cases: int = 1024
     # Open files per process (RLIMIT_NOFILE).
     max_open_files: int = 1024
     # Python modules imported once by the fork server so an action does not pay for them.
@@ -128,7 +131,7 @@ class CpuManagerConfig:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
                   "default_cpus", "pids_max", "default_compile_timeout_s",
                   "default_run_timeout_s", "max_timeout_s", "max_open_files",
-                  "session_reap_interval_s", "image_layer_mb")
+                  "session_reap_interval_s", "image_layer_mb", "max_test_cases")
         for name in ("images_dir", "layers_dir"):
             v = getattr(self, name)
             if v and not os.path.isabs(v):

@@ -407,6 +407,8 @@ class CpuManager:
         n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
         budget = (req["compile_timeout"] + 10
                   + req["run_timeout"] * math.ceil(n / max(req["limits"]["cpus"], 1)))
+        if "total_timeout" in req:  # (a TEST action: its cases end within its timeout_s)
+            budget = min(budget, req["total_timeout"] + 10)
         try:
             if sb.outs and direct.eligible(req):
                 reply = await direct.exchange(sb, req, budget, self._base_env)
@@ -691,6 +693,9 @@ def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunR
                "program itself)") + (f"; {msg}" if msg else "")
     if reply.get("message"):
         msg = f"{msg}; {reply['message']}" if msg else str(reply["message"])
+    cut = bool(reply.get("timed_out"))
+    if cut:  # the action's timeout_s ran out (`sandbox.init._run`): never a success
+        ok, msg = False, f"{msg}; {reply['timed_out']}" if msg else str(reply["timed_out"])
     return RunResult(status=SUCCESS if ok else FAILED, message=msg, compile_result=comp,
                      run_result=run, executor_pod_name=pod, files=dict(reply.get("files") or {}),
-                     output_truncated=truncated, cases=cases, **stats)
+                     output_truncated=truncated, cases=cases, timeout_s_exceeded=cut, **stats)

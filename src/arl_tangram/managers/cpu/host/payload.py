@@ -88,10 +88,13 @@ def _files(p: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _cases(p: Mapping[str, Any], lang: str) -> list[CaseWire]:
+def _cases(p: Mapping[str, Any], lang: str, most: int) -> list[CaseWire]:
     cases = _get(p, "cases", list, None)
     if not cases:
         raise InvalidAction("payload.cases", "a TEST action needs a non-empty list of cases")
+    if len(cases) > most:
+        raise InvalidAction("payload.cases", f"at most {most} cases (the CPU manager's "
+                            f"max_test_cases), got {len(cases)}")
     out: list[CaseWire] = []
     for i, c in enumerate(cases):
         if not isinstance(c, dict):
@@ -216,6 +219,9 @@ class SandboxRequest(TypedDict):
     stop_on_first_failure: bool  # cases: skip the rest after the first failure
     limits: LimitsWire  # rlimits and identity of every child
     direct: NotRequired[bool]  # (set by `direct`: the init runs it itself, no child)
+    # a TEST action's `timeout_s` (at most `max_timeout_s`): the compile stage and every case
+    # together end within it (the init stops starting cases and kills those running at it)
+    total_timeout: NotRequired[float]
     # the sandbox's /workdir + /tmp tmpfs shrunk to this many MiB before the action (the init
     # remounts it), set when the memory limit is too small for `workdir_max_mb` (`tmpfs_mb`)
     tmpfs_mb: NotRequired[int]
@@ -263,5 +269,6 @@ def build_request(action: ActionSpec, allotment: Mapping[str, float],
                    "output": cfg.output_limit_bytes, "cpus": cpus},
     }
     if action.kind == ActionKind.TEST:
-        req["cases"] = _cases(p, lang_name)
+        req["cases"] = _cases(p, lang_name, cfg.max_test_cases)
+        req["total_timeout"] = min(float(action.timeout_s), cfg.max_timeout_s)
     return req

@@ -83,6 +83,9 @@ class RunResult:
     cases: tuple[CaseResult, ...] | None = None  # TEST actions: one per case
     # session actions: what thawing, re-quota and freezing the session cost (`overlay`)
     session_switch: dict[str, Any] | None = None
+    # the action's own `timeout_s` ended it (a TEST action's cases together; the message says
+    # how many finished): timed out even when no stage was running at that moment
+    timeout_s_exceeded: bool = False
 
     @classmethod
     def sandbox_error(cls, message: str, pod: str | None = None) -> RunResult:
@@ -90,6 +93,8 @@ class RunResult:
 
     @property
     def timed_out(self) -> bool:
+        if self.timeout_s_exceeded:
+            return True
         stages = [self.compile_result, self.run_result]
         stages += [c.run for c in self.cases or ()]
         return any(s is not None and s.status == TIME_LIMIT for s in stages)

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import sys
+import time
 from typing import Any
 
 from .. import _linux, wire
@@ -271,6 +272,10 @@ def _argv(template: list[str], main_file: str) -> list[str]:
 
 
 def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
+    # a TEST action's `timeout_s` bounds its compile stage and all its cases together
+    # (`payload.build_request`: ``total_timeout``); the stages' own timeouts still apply
+    total = req.get("total_timeout")
+    deadline = time.monotonic() + total if total else float("inf")
     limits, lang = _limits(req), req["lang"]
     _fit_tmpfs(req)
     main_file = _main_file(lang, req["code"])
@@ -280,10 +285,13 @@ def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
     if lang.get("compile"):
         job = child.Job(argv=_argv(lang["compile"], main_file), env=env,
                        timeout=req["compile_timeout"])
-        proc.Driver(limits, prepared=prepared).run([job])
+        driver = proc.Driver(limits, prepared=prepared, deadline=deadline)
+        driver.run([job])
         prepared = None
         reply["compile_result"] = job.result()
         if job.status != "Finished" or job.return_code != 0:
+            if driver.cut:
+                reply["timed_out"] = f"timeout_s ({total:g} s) ran out while compiling"
             return reply
     cases = req.get("cases")
     if cases is None:
@@ -291,7 +299,12 @@ def _run(req: dict[str, Any], prepared: Prepared | None) -> dict[str, Any]:
         proc.Driver(limits, prepared=prepared).run([job])
         reply["run_result"] = job.result()
     else:
-        reply["cases"] = _run_cases(req, lang, main_file, limits, prepared)
+        reply["cases"], cut = _run_cases(req, lang, main_file, limits, prepared, deadline)
+        if cut:
+            done = sum(1 for c in reply["cases"]
+                       if not c["skipped"] and c["run_result"]["status"] != "TimeLimitExceeded")
+            reply["timed_out"] = (f"timeout_s ({total:g} s) ran out: {done} of {len(cases)} "
+                                  "cases finished")
     _kill_all()
     reply["files"] = _fetch(req.get("fetch_files") or ())
     return reply
@@ -310,7 +323,10 @@ def _job(req: dict[str, Any], lang: dict[str, Any], main_file: str, stdin: str,
 
 
 def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
-               limits: child.Limits, prepared: Prepared | None) -> list[dict[str, Any]]:
+               limits: child.Limits, prepared: Prepared | None,
+               deadline: float = float("inf")) -> tuple[list[dict[str, Any]], bool]:
+    """Each case's result, and whether ``deadline`` cut the run (a case killed at it, or cases
+    left unstarted: those are ``skipped``)."""
     cases = req["cases"]
     jobs = [_job(req, lang, main_file, c.get("stdin") or "", c.get("assert")) for c in cases]
     expected = [c.get("expected_stdout") for c in cases]
@@ -323,14 +339,15 @@ def _run_cases(req: dict[str, Any], lang: dict[str, Any], main_file: str,
 
     index = {id(j): i for i, j in enumerate(jobs)}
     stop = req.get("stop_on_first_failure")
-    driver = proc.Driver(limits, parallel=int(limits.cpus + 0.999), prepared=prepared)
+    driver = proc.Driver(limits, parallel=int(limits.cpus + 0.999), prepared=prepared,
+                         deadline=deadline)
     driver.run(jobs, (lambda j: not passed(index[id(j)])) if stop else None)
     out = []
     for i, j in enumerate(jobs):
         skipped = not j.done or j.status == "Skipped"
         out.append({"index": i, "passed": (not skipped) and passed(i), "skipped": skipped,
                     "run_result": None if skipped else j.result()})
-    return out
+    return out, driver.cut
 
 
 def _norm(s: str) -> str:

@@ -45,19 +45,29 @@ def _spawn(job: Job, limits: Limits) -> tuple[int, int, int, int]:
 class Driver:
     """Runs jobs, at most ``parallel`` at a time, multiplexing their pipes with one selector."""
 
-    def __init__(self, limits: Limits, parallel: int = 1, prepared: Prepared | None = None) -> None:
+    def __init__(self, limits: Limits, parallel: int = 1, prepared: Prepared | None = None,
+                 deadline: float = float("inf")) -> None:
         self.limits, self.parallel = limits, max(1, parallel)
         self.prepared = prepared  # used for the first job started, if any
+        # (monotonic) when every job must be over: the action's own `timeout_s`, which bounds
+        # the jobs together (each job's own timeout still bounds it alone)
+        self.deadline = deadline
+        self.cut = False  # the deadline stopped the run: a job killed at it, or left unstarted
         self.sel = selectors.DefaultSelector()
         self.live: dict[int, dict[str, Any]] = {}  # pid -> state
 
     def run(self, jobs: list[Job], stop_on_failure: Any = None) -> None:
-        """Run every job to completion; stop starting new ones once ``stop_on_failure(job)``."""
+        """Run every job to completion; stop starting new ones once ``stop_on_failure(job)``,
+        or once the deadline has passed (those left are not started: ``done`` stays False, and
+        the live ones are killed at it, `TimeLimitExceeded`)."""
         queue = list(jobs)
         stopped = False
         try:
             while queue or self.live:
                 while queue and not stopped and len(self.live) < self.parallel:
+                    if time.monotonic() >= self.deadline:
+                        self.cut, stopped = True, True
+                        break
                     self._start(queue.pop(0))
                 if stopped:
                     queue.clear()
@@ -81,7 +91,7 @@ class Driver:
         pidfd, in_w, out_r, err_r, ctl = got or (*_spawn(job, self.limits), -1)
         st = {"job": job, "pidfd": pidfd, "in": in_w, "stdin": memoryview(job.stdin),
               "open": {out_r, err_r}, "out": out_r, "err": err_r, "exited_at": None,
-              "deadline": job.started + job.timeout, "ctl": ctl, "rc": b"",
+              "deadline": min(job.started + job.timeout, self.deadline), "ctl": ctl, "rc": b"",
               "lazy_until": job.started + _LAZY_S if ctl >= 0 else 0.0}
         self.live[job.pid] = st
         if ctl >= 0:
@@ -127,6 +137,7 @@ class Driver:
             if st["exited_at"] is None and len(st["rc"]) == 4:
                 self._reported(st)
             elif st["exited_at"] is None and now >= st["deadline"]:
+                self.cut = self.cut or now >= self.deadline
                 self._kill(st, "TimeLimitExceeded")
             elif st["exited_at"] is not None and (not st["open"] or now >= st["exited_at"] + _GRACE_S):
                 self._finish(st)
