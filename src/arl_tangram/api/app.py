@@ -28,6 +28,7 @@ from . import jupyter, metrics
 from .fastpath import FastRunCode
 from .middleware import TENANT_KEY, BodyTooLarge, GuardMiddleware
 from .schemas import (
+    MAX_WAIT_S,
     ActionIn,
     ActionsIn,
     ClassifyIn,
@@ -35,6 +36,7 @@ from .schemas import (
     RunCodeRequest,
     RunCodeResponse,
     SessionIn,
+    check_session_id,
 )
 from .service import KeyReused, Service, Shed, TooManySessions
 from .tenancy import QuotaExceeded
@@ -307,7 +309,8 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
 
     @app.get("/v1/actions/{action_id}", tags=["native"], responses=_UNKNOWN)
     async def get_action(request: Request, action_id: str,
-                         wait: float = Query(0.0, ge=0)) -> Response:
+                         wait: float = Query(0.0, ge=0, le=MAX_WAIT_S,
+                                             allow_inf_nan=False)) -> Response:
         return JSONResponse(await svc.get(action_id, wait, tenant=tenant_of(request)))
 
     @app.delete("/v1/actions/{action_id}", tags=["native"], responses={**_UNKNOWN, **_BUSY})
@@ -323,6 +326,7 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
 
     @app.delete("/v1/sessions/{session_id}", tags=["native"], responses={**_UNKNOWN, **_BUSY})
     async def close_session(request: Request, session_id: str) -> Response:
+        check_session_id(session_id)  # (400 naming session_id: NUL, '/', '..', controls)
         if not await svc.close_session(session_id, tenant=tenant_of(request)):
             return JSONResponse({"detail": f"session_id: no open session {session_id!r}"}, 404)
         return JSONResponse({"session_id": session_id, "closed": True})

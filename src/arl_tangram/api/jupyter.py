@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from ..runtime.engine import Overloaded
 from . import jupyter_driver as D
 from .middleware import TENANT_KEY
-from .schemas import CommandRunResult, CommandRunStatus, Num, RunCodeRequest
+from .schemas import CommandRunResult, CommandRunStatus, FileName, Num, RunCodeRequest
 from .service import Service, Shed
 
 # Characters of stdout (and of stderr) kept per cell; more sets ``truncated`` on the cell.
@@ -35,8 +35,8 @@ class RunJupyterRequest(BaseModel):
     cell_timeout: Num = Field(0, ge=0, le=3600, description="limit per cell in s; 0: none")
     total_timeout: Num = Field(45, gt=0, le=3600, description="limit for all cells in s")
     kernel: Literal["python3"] = Field("python3", description="the kernel (python3 only)")
-    files: dict[str, str] = Field(default_factory=dict, description="path -> base64")
-    fetch_files: list[str] = Field(default_factory=list, description="paths to return")
+    files: dict[FileName, str] = Field(default_factory=dict, description="path -> base64")
+    fetch_files: list[FileName] = Field(default_factory=list, description="paths to return")
 
 
 class CellRunResult(BaseModel):

@@ -280,8 +280,13 @@ class Service:
         return names
 
     async def score(self, payloads: list[dict[str, Any]], models: list[str], *,
-                    tenant: str | None = None) -> list[list[Any]]:
-        """Score each payload with each model; outputs per payload, in model order."""
+                    tenant: str | None = None, field: str = "query") -> list[list[Any]]:
+        """Score each payload with each model; outputs per payload, in model order. At most
+        `LimitsConfig.max_batch` actions in all (400 naming ``field`` else), as a submit."""
+        n, cap = len(payloads) * len(models), self.config.limits.max_batch
+        if n > cap:
+            raise InvalidAction(field, f"{len(payloads)} items x {len(models)} models = {n} "
+                                f"actions, at most {cap} per request (limits.max_batch)")
         groups = T.reward_actions(payloads, models)
         flat = [s for g in groups for s in g]
         if tenant is not None:
@@ -336,7 +341,8 @@ class Service:
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs:
             raise InvalidAction("input", "must not be empty")
-        outs = await self.score([{"query": t} for t in inputs], [model], tenant=tenant)
+        outs = await self.score([{"query": t} for t in inputs], [model], tenant=tenant,
+                                field="input")
         data = []
         for i, (o,) in enumerate(outs):
             probs = o.get("probs") if isinstance(o, dict) else None

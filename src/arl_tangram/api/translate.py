@@ -26,7 +26,7 @@ from ..core.actions import (
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
 from ..managers.cpu.host import result as sandboxfusion
-from .schemas import ActionIn, RunCodeRequest
+from .schemas import ActionIn, RunCodeRequest, file_name_problem
 
 # Memory a sandbox gets when the request sets no memory_limit_MB (-1).
 DEFAULT_MEMORY_MB = 512
@@ -61,6 +61,19 @@ def _demand(a: ActionIn, where: str) -> Resources:
         raise InvalidAction(f"{where}.demand", str(exc)) from None
 
 
+def _check_file_names(payload: Mapping[str, Any], where: str) -> None:
+    """The names in a payload's ``files`` (keys) and ``fetch_files`` are file names a sandbox can
+    make (`schemas.file_name_problem`); InvalidAction naming the field else. (Their other rules,
+    inside the work directory, base64 content, are the CPU manager's.)"""
+    for key in ("files", "fetch_files"):
+        names = payload.get(key)
+        if isinstance(names, Mapping | list):
+            for name in names:
+                why = file_name_problem(name) if isinstance(name, str) else None
+                if why is not None:
+                    raise InvalidAction(f"{where}.{key}", why)
+
+
 def native_actions(a: ActionIn, where: str = "action",
                    default_model: str | None = None) -> list[ActionSpec]:
     """One native action (several when it names several models)."""
@@ -83,7 +96,11 @@ def native_actions(a: ActionIn, where: str = "action",
             el = Elasticity(e.min, e.max, e.dim, Speedup(e.parallel_fraction))
         except ValueError as exc:
             raise InvalidAction(f"{where}.elasticity", str(exc)) from None
-    hints = WorkHints(**a.hints.model_dump()) if a.hints is not None else WorkHints()
+    try:
+        hints = WorkHints(**a.hints.model_dump()) if a.hints is not None else WorkHints()
+    except InvalidAction as exc:
+        raise InvalidAction(f"{where}.{exc.field}", str(exc).split(": ", 1)[1]) from None
+    _check_file_names(a.payload, f"{where}.payload")
     demand = _demand(a, where)
     out = []
     for m in models:

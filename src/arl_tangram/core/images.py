@@ -13,7 +13,7 @@ from typing import TypeGuard
 
 from .errors import ImageError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\Z")  # (\Z: `$` would let "x\n" by)
 NAME_RULE = "letters, digits and ._:@+-, starting with a letter or digit, at most 128"
 
 

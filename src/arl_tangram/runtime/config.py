@@ -42,7 +42,7 @@ from ..specfile import read_yaml
 
 POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
 MIN_TOKEN_LEN = 16  # a token read from a config file, or guarding a public bind, has this many
-TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}\Z")  # (match + \Z: not "x\n")
 DEFAULT_TENANT = "default"  # the tenant of the single ``auth.token`` / ``--token``
 
 

@@ -96,6 +96,7 @@ def _restamp(ev: E.Event, now: float) -> E.Event:
     if rest is None:
         return dataclasses.replace(ev, time=now)
     return cls(now, *[getattr(ev, n) for n in rest])
+UPLOAD_SPOOL_PREFIX = "tangram-upload-"  # the spool directory of an uploaded image's archive
 _NO_TIMER_S = 1e7  # waits longer than this (about 4 months) are waits without a timer
 
 
@@ -144,6 +145,10 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._closed = False
+        # executes the core's provider calls (issue 37: `managers.api.ApiManager.call`); it
+        # answers each with `ActionFinished` or `ProviderThrottled` through the executor's emit
+        self.provider_calls: Callable[[C.CallProvider], None] | None = None
+        self._imported: set[str] = set()  # images imported through `import_image` (their source)
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -356,6 +361,9 @@ class Engine:
         if isinstance(cmd, C.Deliver):
             self._deliver(cmd.result)
             return True
+        if isinstance(cmd, C.WakeAt | C.CallProvider):
+            self._provider_command(cmd)
+            return True
         if isinstance(cmd, C.StartAction):
             live = self._live.get(cmd.action.id)
             if live is not None:
@@ -384,6 +392,23 @@ class Engine:
             self.stats_book.session_evictions += 1
             log.warning("%s", cmd.reason)
         return False
+
+    def _provider_command(self, cmd: C.WakeAt | C.CallProvider) -> None:
+        """The core's provider commands (issue 37): a `Wake` at the time a WakeAt names (a
+        millisecond late, so the token is there), a call to the API manager."""
+        if self._closed or self._loop is None:
+            return
+        if isinstance(cmd, C.WakeAt):
+            self._loop.call_later(max(0.0, cmd.time - self.clock.now()) + 1e-3, self._wake)
+        elif self.provider_calls is not None:
+            self.provider_calls(cmd)
+        else:
+            self._emit(E.ActionFinished(self.clock.now(), cmd.action.id, Status.FAILED,
+                                        reason=f"provider {cmd.provider!r}: no API manager runs here"))
+
+    def _wake(self) -> None:
+        if self._queue is not None and not self._closed:
+            self._queue.put_nowait(E.Wake(self.clock.now()))
 
     def _deliver(self, result: ActionResult) -> None:
         live = self._live.pop(result.id, None)
@@ -582,13 +607,48 @@ class Engine:
     # ---- environment images: the executor's nodes (see `Executor.import_image`) ----------------
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
-        return await self._executor.import_image(path, name, node)
+        out = await self._executor.import_image(path, name, node)
+        self._imported.add(name)
+        return self._sourced(out)
 
     def list_images(self, node: str | None = None) -> dict[str, Any]:
-        return self._executor.list_images(node)
+        return self._sourced(self._executor.list_images(node))
 
     async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
-        return await self._executor.remove_image(name, node)
+        out = await self._executor.remove_image(name, node)
+        self._imported.discard(name)
+        return out
+
+    def source_of(self, name: str, path: object) -> str:
+        """What an image's source is shown as (issue 35, L2: never the host path): ``upload``
+        (an archive sent in `PUT /v1/images/{name}`, spooled), ``import`` (a path imported
+        through this engine: `POST /v1/images`), ``config`` (anything else: the service
+        config's ``images``, or the node's cache as `tangram image import` left it)."""
+        if isinstance(path, str) and f"/{UPLOAD_SPOOL_PREFIX}" in path:
+            return "upload"
+        return "import" if name in self._imported else "config"
+
+    def _sourced(self, listing: dict[str, Any]) -> dict[str, Any]:
+        """``listing`` (an image import's answer, `list_images`, a node's info) with each
+        host path of a source replaced by `source_of`."""
+        out = dict(listing)
+        for key in ("image_sources", "sources"):
+            if isinstance(out.get(key), Mapping):
+                out[key] = {n: self.source_of(str(n), p) for n, p in out[key].items()}
+        if isinstance(out.get("nodes"), Mapping):
+            out["nodes"] = {n: self._sourced_one(r) for n, r in out["nodes"].items()}
+        if isinstance(out.get("images"), list):
+            out["images"] = [self._sourced_one(r) for r in out["images"]]
+        if "source" in out and "name" in out:
+            out["source"] = self.source_of(str(out["name"]), out["source"])
+        return out
+
+    def _sourced_one(self, rec: Any) -> Any:
+        if isinstance(rec, list):
+            return [self._sourced_one(r) for r in rec]
+        if isinstance(rec, dict) and "source" in rec and "name" in rec:
+            return {**rec, "source": self.source_of(str(rec["name"]), rec["source"])}
+        return rec
 
     def has_image(self, name: str) -> bool | None:
         return self._executor.has_image(name)
@@ -612,7 +672,8 @@ class Engine:
                 "utilization": {k: round(min(1.0, used.get(k) / v), 4) for k, v in cap.items() if v > 0},
                 "running": nv.running, "warm": dict(nv.warm),
                 "gpu_domains": [list(d) for d in spec.gpu_domains] if spec else [],
-                **{k: v for k, v in info.get(nv.name, {}).items() if k not in ("name", "pool")},
+                **{k: v for k, v in self._sourced(info.get(nv.name, {})).items()
+                   if k not in ("name", "pool")},
             })
             dead_here = sorted(m for m, d in down.items() if d["node"] == nv.name)
             if dead_here and nodes[-1].get("ready", True):  # a model's worker died here

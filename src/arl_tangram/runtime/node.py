@@ -496,7 +496,11 @@ class NodeHost:
 
     async def import_image(self, path: str, name: str) -> Any:
         """Import ``path`` as ``name`` into this node's cache now; remember the source."""
-        img = await asyncio.to_thread(self._store().import_path, path, name)
+        store = self._store()
+        try:
+            img = await asyncio.to_thread(store.import_path, path, name)
+        except ImageError as exc:  # (no host path in what a client reads: issue 35, L2)
+            raise _redacted(exc, path, getattr(store, "root", None)) from None
         self.image_sources[name] = path
         self.emit(E.WarmPoolReport(time.monotonic(), self.name, warm_key(name), 1))
         return img
@@ -765,6 +769,24 @@ class NodeHost:
         if self.gpu_note:
             d["gpu_note"] = self.gpu_note
         return d
+
+
+def _redacted(exc: ImageError, path: str, root: object) -> ImageError:
+    """``exc`` with the host paths it may name replaced: the archive's ``path`` by "the
+    archive", the image cache's ``root`` (its temporary unpack directories, its layers) by
+    "<image cache>"."""
+    msg = str(exc)
+    if path:
+        msg = msg.replace(path, "the archive")
+    if isinstance(root, str) and root:
+        for r in {root, os.path.realpath(root)}:
+            msg = msg.replace(r, "<image cache>")
+    if msg == str(exc):
+        return exc
+    try:
+        return type(exc)(msg)
+    except TypeError:  # (a subclass with other arguments)
+        return ImageError(msg)
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
