@@ -36,6 +36,11 @@ class ActionKind(enum.StrEnum):
     REWARD = "reward"  # score with a reward model (GPU manager)
     JUDGE = "judge"  # generative judge (GPU manager)
     CUSTOM = "custom"  # user-defined
+    # provider calls (core/providers.py): the provider is named by ``tag``; they wait for its
+    # token bucket, slots and budget, not for a node
+    SEARCH = "search"  # a web search (or the local retriever standing in for one)
+    FETCH = "fetch"  # a page fetch
+    HTTP = "http"  # any other call to a declared provider
 
     @property
     def uses_model(self) -> bool:

@@ -12,6 +12,7 @@ from .actions import Status
 from .elastic import Elastic
 from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
+from .providers import Providers
 from .queues import Queues
 from .records import InstState
 from .resources import Resources, total
@@ -31,6 +32,7 @@ class Core(Protocol):
     delivered: int
     terminal: dict[Status, int]
     sessions: Sessions
+    providers: Providers
 
 S = Status
 _EPS = 1e-6
@@ -107,7 +109,7 @@ def _check_nodes(core: Core) -> None:
             d[k] = d.get(k, 0.0) + v
 
     for rec in core.st.actions.values():
-        if rec.status in (S.STARTING, S.RUNNING) and rec.batch is None:
+        if rec.status in (S.STARTING, S.RUNNING) and rec.batch is None and rec.node is not None:
             node = core.st.nodes[rec.node or ""]
             if node.alive:
                 _check(rec.spec.id in node.running, "running-on-node", f"{rec.spec.id} not in {node.name}.running")
@@ -136,9 +138,15 @@ def _check_actions(core: Core) -> None:
            f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.st.actions)}")
     live: dict[object, int] = {}
     entries = {(e[3], e[2], key) for key, q in core.queues.heaps.items() for e in q}
+    providers = core.providers
+    for bad in providers.check(core.st.actions):
+        _check(False, "providers", bad)
     for aid, rec in core.st.actions.items():
         _check(not rec.status.is_finished, "live-not-finished", f"{aid} is {rec.status.name}")
         _check(rec.status is not S.PENDING, "no-pending-after-handle", aid)
+        if providers.holds(aid):  # waits for a provider's token, not in a queue or on a node
+            _check(rec.queue_key is None and rec.node is None, "provider-action-off-nodes", aid)
+            continue
         if rec.status is S.QUEUED:
             _check(rec.queue_key is not None, "queued-in-queue", aid)
             live[rec.queue_key] = live.get(rec.queue_key, 0) + 1

@@ -107,3 +107,25 @@ class Deliver(Command):
 
     result: ActionResult
     cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallProvider(Command):
+    """Send a provider call (kind search/fetch/http) now: it holds a token and a slot. The
+    driver answers `ActionFinished` (any outcome but a 429) or `ProviderThrottled` (a 429),
+    never both, exactly once per CallProvider."""
+
+    action: ActionSpec
+    provider: str
+    attempt: int  # 1 for the first call, +1 after each 429
+    deadline: float  # on the driver's clock: give up (TIMED_OUT) by then
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt(Command):
+    """Send the core a `Wake` event at ``time`` (driver's clock): a provider's next token
+    appears then. A later WakeAt with an earlier time supersedes nothing: honour each."""
+
+    time: float
+    cause: str = ""

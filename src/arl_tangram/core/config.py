@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .providers import ProviderLimits
 from .resources import Resources
 
 POLICIES = ("tangram", "trajectory-bound", "task-isolated", "fifo", "static-pool")
@@ -137,6 +138,9 @@ class CoreConfig:
     history: int = 100_000
     # Candidate nodes compared per placement (best fit among the first that fit).
     fit_candidates: int = 4
+    # Providers (web search, page fetch, any HTTP API) whose limits the core schedules as
+    # capacity: search/fetch/http actions name one in their tag (core/providers.py).
+    providers: tuple[ProviderLimits, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -191,6 +195,12 @@ class CoreConfig:
             v = getattr(self, name)
             if (v is not None or name == "min_warm_per_node") and (not isinstance(v, int) or v < 0):
                 raise _bad(name, v, "must be an integer >= 0" + (" or None" if name[1] == "a" else ""))
+        if not isinstance(self.providers, tuple) or not all(
+                isinstance(p, ProviderLimits) for p in self.providers):
+            raise _bad("providers", self.providers, "must be a tuple of ProviderLimits")
+        names = [p.name for p in self.providers]
+        if len(set(names)) != len(names):
+            raise _bad("providers", names, "must name each provider once")
         for name in ("session_demand", "session_action_demand"):
             if not isinstance(getattr(self, name), Resources):
                 raise _bad(name, getattr(self, name), "must be a Resources")

@@ -40,7 +40,7 @@ from .actions import ActionSpec, Elasticity, Status
 from .build import make_arrived, make_deliver, make_result
 from .causes import _CAUSE_FN, _cause_of
 from .cluster import ClusterSpec, NodeSpec
-from .commands import CancelAction, Command
+from .commands import CallProvider, CancelAction, Command, WakeAt
 from .config import POLICIES, CoreConfig
 from .elastic import Elastic
 from .estimator import DurationEstimator
@@ -48,6 +48,7 @@ from .modelsched import ModelPlanner
 from .partitioning import Partitions
 from .placement import Placer
 from .policies import Policy
+from .providers import PROVIDER_KINDS, Providers, rank_of
 from .queues import Queues
 from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
 from .resources import CPU, Resources
@@ -106,6 +107,9 @@ class Core:
         # their mean (what `_charge` admits a short action by, with a margin)
         self._use_samples: dict[str, list[float]] = {}
         self._use_mean: dict[str, float] = {}
+        # provider quotas (search/fetch/http actions wait here, not on a node: providers.py)
+        self.providers = Providers(cfg.providers, cfg.aging_s)
+        self._has_providers = bool(cfg.providers)
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -187,6 +191,8 @@ class Core:
             touched.clear()
         if queues.aging_new:
             queues.park_aging()
+        if self._has_providers:
+            self._pump_providers()
         self.st.index.flush()
         self.st.end()
         return out
@@ -230,6 +236,9 @@ class Core:
         rec = ActionRecord(spec, e.time, self.seq)
         self.st.actions[spec.id] = rec
         rec.note(e.time, "arrived", spec.id)
+        if spec.kind in PROVIDER_KINDS:
+            self._provider_arrived(rec)
+            return
         reason = self._impossible(rec)
         if reason:
             rec.move(S.REJECTED, e.time, spec.id)
@@ -325,6 +334,9 @@ class Core:
             rec.note(e.time, f"cold start {e.cold_start_s:.3g}s", self.st.cause)
 
     def _on_finished(self, e: ev.ActionFinished) -> None:
+        if self._has_providers and e.action_id in self.providers.owner:
+            self._provider_finished(e)
+            return
         rec = self.st.actions.get(e.action_id)
         if rec is None or rec.status not in _ACTIVE or rec.batch is not None:
             return  # stale (cancelled, requeued, or unknown): ignored
@@ -357,6 +369,9 @@ class Core:
 
     def _end(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:
         """Move a live action to a terminal status, release what it holds, deliver it."""
+        if self._has_providers and self.providers.holds(rec.spec.id):
+            self._provider_end(rec, status, output, reason)
+            return
         st = rec.status
         if st is _QUEUED:
             self.queues.dequeue(rec)
@@ -551,6 +566,131 @@ class Core:
         if self.st.policy.warm_pools:
             self.warm.targets()
 
+    # ---- providers (providers.py) ---------------------------------------------------------------
+    def _provider_arrived(self, rec: ActionRecord) -> None:
+        """A search/fetch/http action: it waits for its provider's token and slot (or joins an
+        identical call: ``payload["coalesce"]``), or fails at once (unknown provider: rejected;
+        budget spent: failed)."""
+        spec = rec.spec
+        now = self.st.now
+        name = spec.tag or ""
+        if name not in self.providers.by_name:
+            known = ", ".join(sorted(self.providers.by_name)) or "none declared"
+            rec.move(S.REJECTED, now, spec.id)
+            self._deliver(rec, S.REJECTED, reason=f"unknown provider {name!r} (providers: {known})")
+            return
+        est = self.st.estimator
+        rec.ekey, rec.units = ekey, units = est.work_of(spec)
+        rec.est = est.predict_work(ekey, units, self.st.config.estimate_quantile)
+        got = spec.payload.get("coalesce") if spec.payload else None
+        key = got if isinstance(got, str) and got else None
+        rec.move(_QUEUED, now, spec.id)
+        why = self.providers.arrive(spec.id, name, key, rank_of(rec.est, spec.weight), rec.seq,
+                                    now, rec.submit_time + spec.timeout_s)
+        if why:
+            rec.move(_FAILED, now, spec.id)
+            self._deliver(rec, _FAILED, reason=why)
+        elif spec.id in self.providers.follows:
+            rec.note(now, f"coalesced with {self.providers.follows[spec.id]}", spec.id)
+
+    def _pump_providers(self) -> None:
+        """After every event: time out and fail what must, send what may, and ask to be woken
+        when the next token appears."""
+        prov = self.providers
+        st = self.st
+        now = st.now
+        if prov.timers and prov.timers[0][0] <= now + 1e-9:
+            for aid, why in prov.due(now):
+                rec = st.actions.get(aid)
+                if rec is not None:
+                    self._end(rec, S.TIMED_OUT, reason=why)
+        for aid, why in prov.exhausted():
+            rec = st.actions.get(aid)
+            if rec is not None:
+                self._end(rec, _FAILED, reason=why)
+        for d in prov.ready(now):
+            rec = st.actions[d.action_id]
+            rec.attempts += 1
+            rec.move(_STARTING, now, st.cause)
+            if rec.start_time is None:
+                rec.start_time = now
+            st.out.append(CallProvider(rec.spec, d.provider, rec.attempts,
+                                       rec.submit_time + rec.spec.timeout_s, st.cause))
+        wake = prov.next_wake(now)
+        if now < wake < math.inf and (prov.wake_sent <= now or wake < prov.wake_sent - 1e-9):
+            prov.wake_sent = wake
+            st.out.append(WakeAt(wake, st.cause))
+
+    def _provider_finished(self, e: ev.ActionFinished) -> None:
+        """A provider call came back (not a 429): its slot is free; a success raises the rate
+        (additive increase) and teaches the estimator."""
+        aid = e.action_id
+        rec = self.st.actions.get(aid)
+        ok = e.status is _SUCCEEDED
+        self.providers.finished(aid, self.st.now, ok)
+        if rec is None or rec.status not in _ACTIVE:
+            return  # (ended meanwhile: only its slot was held)
+        run_s = e.run_s
+        if run_s is None and rec.start_time is not None:
+            run_s = e.time - rec.start_time
+        if ok and run_s is not None:
+            self.st.estimator.observe_work(rec.ekey, rec.units, run_s, 1.0)
+            self.st.estimator.note_error(rec.ekey, rec.est, run_s)
+        status = e.status if e.status.is_finished and e.status is not _REJECTED else _FAILED
+        self._provider_end(rec, status, e.output, e.reason)
+
+    def _on_provider_throttled(self, e: ev.ProviderThrottled) -> None:
+        """A 429: the provider's bucket is lowered (or paused: Retry-After) and the call waits
+        again in its old place, failing past the provider's ``max_attempts``."""
+        aid = e.action_id
+        now = self.st.now
+        prov = self.providers.throttled(aid, now, e.retry_after_s)
+        if prov is None:
+            return
+        rec = self.st.actions.get(aid)
+        if rec is None or rec.status not in _ACTIVE:
+            self.providers.owner.pop(aid, None)
+            return
+        name = prov.limits.name
+        if rec.attempts >= prov.limits.max_attempts:
+            self._end(rec, _FAILED, reason=f"provider {name!r}: answered 429 to {rec.attempts} "
+                                           f"attempts{': ' + e.reason if e.reason else ''}")
+            return
+        rec.move(_QUEUED, now, self.st.cause)
+        after = "" if e.retry_after_s is None else f", Retry-After {e.retry_after_s:g}s"
+        rec.note(now, f"throttled by {name} (429{after}): waits again", self.st.cause)
+        spec = rec.spec
+        self.providers.requeue(aid, rank_of(rec.est, spec.weight), rec.seq, now,
+                               rec.submit_time + spec.timeout_s)
+
+    def _on_wake(self, e: ev.Wake) -> None:
+        """A `WakeAt` came due: `_pump_providers` (after every event) does the rest."""
+
+    def _provider_end(self, rec: ActionRecord, status: Status, output: Any, reason: str) -> None:
+        """End a provider action (waiting, in flight or a follower) and give its outcome to its
+        followers; a cancelled leader hands the call to its first follower instead."""
+        prov = self.providers
+        aid = rec.spec.id
+        key = prov.key_of.get(aid)
+        prov.forget(aid)
+        rec.move(status, self.st.now, self.st.cause)
+        self._deliver(rec, status, output, reason)
+        followers = prov.take_followers(aid)
+        if not followers:
+            return
+        if status is S.CANCELLED and key is not None:
+            first = self.st.actions[followers[0]]
+            prov.promote(first.spec.id, key[0], key[1], followers[1:])
+            first.note(self.st.now, f"leads the call after {aid} was cancelled", self.st.cause)
+            prov.enqueue(prov.by_name[key[0]], first.spec.id, rank_of(first.est, first.spec.weight),
+                         first.seq, self.st.now, first.submit_time + first.spec.timeout_s)
+            return
+        for fid in followers:
+            frec = self.st.actions.get(fid)
+            if frec is not None:
+                frec.move(status, self.st.now, self.st.cause)
+                self._deliver(frec, status, output, reason)
+
     # ---- admission ------------------------------------------------------------------------------
     def _impossible(self, rec: ActionRecord) -> str:
         """Why no node could ever run the action (even empty), or '' when some could."""
@@ -609,5 +749,7 @@ Core._dispatch.update({
         (ev.BatchFinished, Core._on_batch_finished),
         (ev.WarmPoolReport, Core._on_warm_report),
         (ev.Tick, Core._on_tick),
+        (ev.ProviderThrottled, Core._on_provider_throttled),
+        (ev.Wake, Core._on_wake),
     )
 })

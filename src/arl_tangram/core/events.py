@@ -138,3 +138,19 @@ class WarmPoolReport(Event):
 @dataclass(frozen=True, slots=True)
 class Tick(Event):
     """Time passed: aging, session TTLs, idle model scale-in."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderThrottled(Event):
+    """A provider answered a call with 429 (core/providers.py): the call's slot is free and it
+    waits again for a token. Without ``retry_after_s`` the provider's rate is lowered (AIMD);
+    with it the provider is paused that long."""
+
+    action_id: str
+    retry_after_s: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wake(Event):
+    """The time a `WakeAt` asked for came (a provider's next token): nothing else happened."""

@@ -68,8 +68,10 @@ TRANSITIONS: dict[tuple[Status, Status], str] = {
     (S.STARTING, S.QUEUED): "requeue",
     (S.RUNNING, S.QUEUED): "requeue",
 }
-for _t in (S.CANCELLED, S.NODE_LOST, S.FAILED, S.REJECTED):
+for _t in (S.CANCELLED, S.NODE_LOST, S.FAILED, S.REJECTED, S.TIMED_OUT):
     TRANSITIONS[(S.QUEUED, _t)] = "drop"
+# a provider call that waited for an identical one in flight gets its answer (coalesced)
+TRANSITIONS[(S.QUEUED, S.SUCCEEDED)] = "served"
 for _src in (S.STARTING, S.RUNNING):
     for _t in _TERMINAL:
         if _t is not S.REJECTED:

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from ..core import commands as C
 from ..core import events as E
@@ -160,6 +161,8 @@ class VirtualExecutor:
         self.pools: dict[tuple[str, str], _Pool] = {}
         self.cold_starts = 0
         self.warm_starts = 0
+        # provider name -> a model of it that answers calls (rate limits, 429s): sim/providers
+        self.providers: dict[str, Any] = {}
 
     # ---- dispatch ----------------------------------------------------------------------------
     def execute(self, cmd: C.Command) -> None:
@@ -448,7 +451,28 @@ class VirtualExecutor:
         return E.BatchFinished(t, cmd.batch_id, cmd.instance_id, outputs, failed, latency_s=latency)
 
 
+def _call_provider(self: VirtualExecutor, cmd: C.CallProvider) -> None:
+    """A provider call (issue 37): answered after the truth's ``work_s`` (the provider's
+    latency), or by the simulator's provider model when it has one (`providers`)."""
+    model = self.providers.get(cmd.provider) if self.providers else None
+    if model is not None:
+        model.call(self, cmd)
+        return
+    truth = self.truth.get(cmd.action.id)
+    latency = truth.work_s if truth is not None else 0.0
+    aid = cmd.action.id
+    self._report(latency, lambda t: make_finished(t, aid, _SUCCEEDED, {"provider": cmd.provider},
+                                                  "", latency))
+
+
+def _wake_at(self: VirtualExecutor, cmd: C.WakeAt) -> None:
+    """The core asked to be woken at ``cmd.time`` (a provider's next token)."""
+    self.loop.at(max(cmd.time, self.loop.now), self._fire, E.Wake, priority=REPORT)
+
+
 _HANDLERS: dict[type, Callable[[VirtualExecutor, object], None]] = {
+    C.CallProvider: _call_provider,  # type: ignore[dict-item]
+    C.WakeAt: _wake_at,  # type: ignore[dict-item]
     C.StartAction: VirtualExecutor._start,  # type: ignore[dict-item]
     C.ResizeAction: VirtualExecutor._resize,  # type: ignore[dict-item]
     C.CancelAction: VirtualExecutor._cancel,  # type: ignore[dict-item]

@@ -1,0 +1,495 @@
+"""Provider quotas as capacity: token buckets, slots and budgets, and the order of the waiting.
+
+A provider (a web-search or page-fetch API, or any HTTP service with limits) is a resource like
+the cores of a node: its limits are a token bucket (``rate`` requests per second, ``burst``
+tokens), a number of concurrent calls (``concurrency`` slots) and an optional ``budget`` of
+calls. A ``search`` / ``fetch`` / ``http`` action names its provider in its ``tag``; it waits
+here, not in a worker, for a token and a slot, in the same order as every other action of the
+core (expected work / weight in half-octave classes, FIFO inside a class, aged actions first),
+and leaves as a `CallProvider` command. Pure: time arrives with the events; when the next token
+appears later than now, the core asks its driver to be woken then (`WakeAt`).
+
+Theory. The token bucket is the (sigma, rho) regulator of Cruz (1991), "A calculus for network
+delay", and the leaky bucket of Turner (1986): in any interval of length t at most
+``burst + rate * t`` calls leave. Within that envelope the waiting calls are served shortest
+expected first (SRPT, Schrage 1968; with estimates, as `queues.Queues.rank`), which minimizes
+the mean completion time among work-conserving orders of one server. A provider that answers
+429 without telling its limit is probed as TCP probes a path (Jacobson 1988; Chiu and Jain 1989,
+AIMD): a 429 multiplies the rate by ``decrease`` (once per round: calls sent before the last
+decrease do not decrease it again), each success adds ``probe_per_s`` requests/s per second
+elapsed since the last change, up to the configured rate. ``Retry-After`` pauses the bucket
+until then (RFC 9110 10.2.3), with no token before it.
+
+Invariants (`check`): tokens in [0, burst]; in-flight calls <= concurrency; budget spent <=
+budget; every waiting action is QUEUED, every in-flight one STARTING/RUNNING or already ended
+(its slot held until the manager's report), every follower of a coalesced call has a live
+leader.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .actions import ActionKind
+
+PROVIDER_KINDS = (ActionKind.SEARCH, ActionKind.FETCH, ActionKind.HTTP)
+_EPS = 1e-9
+_SQRT_HALF = math.sqrt(0.5)
+_AGED = 0  # the rank of an aged action: before every class
+
+
+def _bad(name: str, value: object, rule: str) -> ValueError:
+    return ValueError(f"{name}: {rule}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderLimits:
+    """One provider's limits, as the core schedules them (the service config's ``providers``
+    entry, less its URL and keys, which the core never sees)."""
+
+    name: str
+    rate: float  # tokens per second (the config may say per minute: divided by 60 there)
+    burst: float = 1.0  # bucket size: calls that may leave at once after a quiet spell
+    concurrency: int = 16  # calls in flight at once
+    budget: int | None = None  # calls the provider may answer in total (None: unbounded)
+    decrease: float = 0.5  # a 429 without Retry-After multiplies the rate by this
+    min_rate: float | None = None  # the rate never falls below this (None: rate / 64)
+    probe_per_s: float | None = None  # additive increase, req/s per second (None: rate / 10)
+    max_attempts: int = 8  # a call answered 429 this many times fails with the reason
+
+    def __post_init__(self) -> None:
+        p = f"providers[{self.name!r}]"
+        if not isinstance(self.name, str) or not self.name:
+            raise _bad("providers[].name", self.name, "must be a non-empty string")
+        for field, v, lo in (("rate", self.rate, 0.0), ("burst", self.burst, 1.0)):
+            if not isinstance(v, int | float) or math.isnan(v) or math.isinf(v) or v < lo or v == 0:
+                raise _bad(f"{p}.{field}", v, f"must be a finite number >= {lo:g} and > 0")
+        if not isinstance(self.concurrency, int) or isinstance(self.concurrency, bool) or self.concurrency < 1:
+            raise _bad(f"{p}.concurrency", self.concurrency, "must be an integer >= 1")
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
+            raise _bad(f"{p}.budget", self.budget, "must be an integer >= 0 or None")
+        if not (isinstance(self.decrease, int | float) and 0.0 < self.decrease < 1.0):
+            raise _bad(f"{p}.decrease", self.decrease, "must be in (0, 1)")
+        if self.min_rate is not None and not (0.0 < self.min_rate <= self.rate):
+            raise _bad(f"{p}.min_rate", self.min_rate, f"must be in (0, rate={self.rate:g}]")
+        if self.probe_per_s is not None and not (self.probe_per_s >= 0.0 and math.isfinite(self.probe_per_s)):
+            raise _bad(f"{p}.probe_per_s", self.probe_per_s, "must be a finite number >= 0")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise _bad(f"{p}.max_attempts", self.max_attempts, "must be an integer >= 1")
+
+    @property
+    def floor(self) -> float:
+        return self.min_rate if self.min_rate is not None else self.rate / 64.0
+
+    @property
+    def probe(self) -> float:
+        return self.probe_per_s if self.probe_per_s is not None else self.rate / 10.0
+
+
+class Bucket:
+    """A token bucket whose rate AIMD adjusts, with a pause (Retry-After)."""
+
+    __slots__ = ("changed", "last_decrease", "limits", "paused_until", "rate", "t", "tokens")
+
+    def __init__(self, limits: ProviderLimits, now: float = 0.0) -> None:
+        self.limits = limits
+        self.rate = float(limits.rate)  # the rate now (<= limits.rate)
+        self.tokens = float(limits.burst)  # full at the start
+        self.t = now  # when `tokens` was last brought up to date
+        self.paused_until = -math.inf
+        self.last_decrease = -math.inf  # calls sent before it do not decrease again
+        self.changed = now  # last change of the rate (additive increase counts from it)
+
+    def refill(self, now: float) -> None:
+        if now > self.t:
+            start = self.t if self.t > self.paused_until else min(now, self.paused_until)
+            if now > start:
+                self.tokens = min(float(self.limits.burst), self.tokens + self.rate * (now - start))
+            self.t = now
+
+    def ready(self, now: float) -> bool:
+        """A token is there now (and no pause)."""
+        if now < self.paused_until - _EPS:
+            return False
+        self.refill(now)
+        return self.tokens >= 1.0 - _EPS
+
+    def take(self) -> None:
+        self.tokens = max(0.0, self.tokens - 1.0)
+
+    def next_token_at(self, now: float) -> float:
+        """When the next whole token is there (``now`` if it is)."""
+        if now < self.paused_until - _EPS:
+            return self.paused_until + max(0.0, 1.0 - self.tokens) / self.rate
+        self.refill(now)
+        if self.tokens >= 1.0 - _EPS:
+            return now
+        return now + (1.0 - self.tokens) / self.rate
+
+    def throttled(self, now: float, sent_at: float) -> bool:
+        """A 429 without Retry-After for a call sent at ``sent_at``: multiplicative decrease
+        and an empty bucket, once per round (a call sent before the last decrease belongs to
+        that round). True when the rate was lowered."""
+        if sent_at < self.last_decrease:
+            return False
+        self.refill(now)
+        self.tokens = 0.0
+        self.rate = max(self.limits.floor, self.rate * self.limits.decrease)
+        self.last_decrease = now
+        self.changed = now
+        return True
+
+    def pause(self, now: float, seconds: float) -> None:
+        """Retry-After: no call before ``now + seconds``; then one token, and the rate's."""
+        self.refill(now)
+        self.tokens = 1.0  # (none accrue while paused: one call, the probe, goes at the end)
+        self.paused_until = max(self.paused_until, now + max(0.0, seconds))
+
+    def succeeded(self, now: float) -> None:
+        """Additive increase: ``probe`` req/s for each second since the rate last changed."""
+        if self.rate >= self.limits.rate:
+            self.changed = now
+            return
+        self.refill(now)
+        dt = now - self.changed
+        if dt > 0.0:
+            self.rate = min(float(self.limits.rate), self.rate + self.limits.probe * dt)
+            self.changed = now
+
+
+class Provider:
+    """One provider's capacity and its waiting actions."""
+
+    def __init__(self, limits: ProviderLimits) -> None:
+        self.limits = limits
+        self.bucket = Bucket(limits)
+        self.inflight: dict[str, float] = {}  # action id -> when it was sent
+        self.spent = 0  # calls answered (budget), 429s refunded
+        self.heap: list[tuple[int, int, str]] = []  # (rank, seq, id); stale entries skipped
+        self.entry: dict[str, tuple[int, int]] = {}  # id -> its live (rank, seq)
+        # counters (what /v1/stats shows)
+        self.sent = 0
+        self.throttles = 0
+        self.decreases = 0
+        self.pauses = 0
+        self.coalesced = 0
+        self.failed_budget = 0
+        self.timed_out = 0
+
+    @property
+    def budget_left(self) -> int | None:
+        b = self.limits.budget
+        return None if b is None else b - self.spent
+
+    def push(self, aid: str, rank: int, seq: int) -> None:
+        self.entry[aid] = (rank, seq)
+        heapq.heappush(self.heap, (rank, seq, aid))
+
+    def head(self) -> str | None:
+        heap = self.heap
+        while heap:
+            rank, seq, aid = heap[0]
+            if self.entry.get(aid) == (rank, seq):
+                return aid
+            heapq.heappop(heap)
+        return None
+
+    def pop(self) -> str:
+        _rank, _seq, aid = heapq.heappop(self.heap)
+        del self.entry[aid]
+        return aid
+
+    def drop(self, aid: str) -> None:
+        self.entry.pop(aid, None)  # (its heap entry is skipped when it comes up)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "rate": round(self.bucket.rate, 6), "rate_limit": self.limits.rate,
+            "burst": self.limits.burst, "concurrency": self.limits.concurrency,
+            "in_flight": len(self.inflight), "waiting": len(self.entry), "sent": self.sent,
+            "throttled": self.throttles, "rate_decreases": self.decreases, "pauses": self.pauses,
+            "coalesced": self.coalesced, "budget": self.limits.budget,
+            "budget_left": self.budget_left, "failed_budget": self.failed_budget,
+            "timed_out_waiting": self.timed_out,
+        }
+
+
+def rank_of(expected_s: float, weight: float) -> int:
+    """Expected work / weight in half-octave classes (as `queues.Queues.rank`), > `_AGED`."""
+    x = expected_s / weight
+    if x <= 0.0:
+        return 1
+    m, e = math.frexp(x)
+    return 2 * e + (m >= _SQRT_HALF) + 2000  # (+2000: every class above 1 and `_AGED`)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A call to send: the action and its provider."""
+
+    action_id: str
+    provider: str
+
+
+class Providers:
+    """Every provider's bucket, slots, budget and waiting actions; coalesced calls.
+
+    The core hands it actions (`arrive`), reports (`finished`, `throttled`), and asks it what
+    to send now (`ready`), what to fail (`exhausted`, `overdue`) and when to be woken
+    (`next_wake`). It never touches a record's status: the core moves them.
+    """
+
+    def __init__(self, limits: tuple[ProviderLimits, ...], aging_s: float = 30.0) -> None:
+        self.by_name: dict[str, Provider] = {}
+        for lim in limits:
+            if lim.name in self.by_name:
+                raise ValueError(f"providers[{lim.name!r}]: declared twice")
+            self.by_name[lim.name] = Provider(lim)
+        self.aging_s = aging_s
+        self.owner: dict[str, str] = {}  # live action id (waiting or in flight) -> provider
+        self.deadline: dict[str, float] = {}  # waiting action -> when it times out waiting
+        self.timers: list[tuple[float, int, str, str]] = []  # (time, seq, kind, id): "age"/"due"
+        self.leaders: dict[tuple[str, str], str] = {}  # (provider, coalesce key) -> leader id
+        self.key_of: dict[str, tuple[str, str]] = {}  # leader id -> its (provider, key)
+        self.followers: dict[str, list[str]] = {}  # leader id -> followers, in arrival order
+        self.follows: dict[str, str] = {}  # follower id -> leader id
+        self.wake_sent = math.inf  # the earliest WakeAt asked for and not yet passed
+        self._tseq = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.by_name)
+
+    def holds(self, aid: str) -> bool:
+        """``aid`` is a provider action this part knows (waiting, in flight, leading or
+        following a coalesced call)."""
+        return aid in self.owner or aid in self.follows or aid in self.key_of
+
+    # ---- arrivals -----------------------------------------------------------------------------
+    def arrive(self, aid: str, provider: str, key: str | None, rank: int, seq: int,
+               now: float, deadline: float) -> str:
+        """Queue a new action, or attach it to an identical call in flight or waiting (same
+        provider and coalescing key). Returns '' when it waits, else why it cannot (the core
+        fails it at once)."""
+        prov = self.by_name.get(provider)
+        if prov is None:
+            names = ", ".join(sorted(self.by_name)) or "none declared"
+            return f"unknown provider {provider!r} (providers: {names})"
+        if key:
+            leader = self.leaders.get((provider, key))
+            if leader is not None:
+                self.followers.setdefault(leader, []).append(aid)
+                self.follows[aid] = leader
+                prov.coalesced += 1
+                return ""
+        left = prov.budget_left
+        if left is not None and left <= 0:
+            prov.failed_budget += 1
+            return self.budget_reason(prov)
+        if key:
+            self.leaders[(provider, key)] = aid
+            self.key_of[aid] = (provider, key)
+        self.owner[aid] = provider
+        self.enqueue(prov, aid, rank, seq, now, deadline)
+        return ""
+
+    def enqueue(self, prov: Provider, aid: str, rank: int, seq: int, now: float,
+                deadline: float) -> None:
+        prov.push(aid, rank, seq)
+        self.deadline[aid] = deadline
+        self._timer(now + self.aging_s, "age", aid)
+        if math.isfinite(deadline):
+            self._timer(deadline, "due", aid)
+
+    def _timer(self, t: float, kind: str, aid: str) -> None:
+        self._tseq += 1
+        heapq.heappush(self.timers, (t, self._tseq, kind, aid))
+
+    @staticmethod
+    def budget_reason(prov: Provider) -> str:
+        return (f"provider {prov.limits.name!r}: budget of {prov.limits.budget} calls spent "
+                f"({prov.spent} answered)")
+
+    # ---- what to send now ---------------------------------------------------------------------
+    def ready(self, now: float) -> list[Dispatch]:
+        """The calls to send now, provider by provider: while a head waits, a token and a slot
+        are there and budget is left. Takes the token and the slot."""
+        out: list[Dispatch] = []
+        for name, prov in self.by_name.items():
+            if not prov.entry:
+                continue
+            lim = prov.limits
+            while prov.entry and len(prov.inflight) < lim.concurrency:
+                left = prov.budget_left
+                if left is not None and left - len(prov.inflight) <= 0:
+                    break  # (calls in flight may still answer: the rest fail if they do)
+                if not prov.bucket.ready(now):
+                    break
+                if prov.head() is None:
+                    break
+                aid = prov.pop()
+                self.deadline.pop(aid, None)
+                prov.bucket.take()
+                prov.inflight[aid] = now
+                prov.sent += 1
+                out.append(Dispatch(aid, name))
+        return out
+
+    def exhausted(self) -> list[tuple[str, str]]:
+        """Waiting actions of providers whose budget is spent: (id, reason), to fail now."""
+        out: list[tuple[str, str]] = []
+        for prov in self.by_name.values():
+            left = prov.budget_left
+            if left is None or left > 0 or not prov.entry:
+                continue
+            reason = self.budget_reason(prov)
+            while prov.head() is not None:
+                aid = prov.pop()
+                prov.failed_budget += 1
+                out.append((aid, reason))
+        return out
+
+    def due(self, now: float) -> list[tuple[str, str]]:
+        """Age waiting actions whose time came (they go first) and return those whose deadline
+        passed while waiting: (id, reason), to time out now."""
+        out: list[tuple[str, str]] = []
+        timers = self.timers
+        while timers and timers[0][0] <= now + _EPS:
+            _t, _s, kind, aid = heapq.heappop(timers)
+            name = self.owner.get(aid)
+            if name is None:
+                continue
+            prov = self.by_name[name]
+            got = prov.entry.get(aid)
+            if got is None:
+                continue  # (in flight, or gone)
+            if kind == "age":
+                if got[0] != _AGED:
+                    prov.push(aid, _AGED, got[1])
+            else:
+                prov.drop(aid)
+                prov.timed_out += 1
+                b = prov.bucket
+                out.append((aid, f"provider {name!r}: no token and slot within the deadline "
+                                  f"({len(prov.inflight)} of {prov.limits.concurrency} slots "
+                                  f"busy, rate {b.rate:.4g}/s)"))
+        return out
+
+    def next_wake(self, now: float) -> float:
+        """When the core must look again: the earliest next token of a provider whose head
+        waits for one (not for a slot: a report frees that). Deadlines and aging are looked at
+        on every event, so at the driver's Tick (0.5 s) at the latest: no wake of their own."""
+        best = math.inf
+        for prov in self.by_name.values():
+            if not prov.entry or len(prov.inflight) >= prov.limits.concurrency:
+                continue
+            left = prov.budget_left
+            if left is not None and left - len(prov.inflight) <= 0:
+                continue
+            t = prov.bucket.next_token_at(now)
+            if t < best:
+                best = t
+        return best
+
+    # ---- reports ------------------------------------------------------------------------------
+    def release(self, aid: str) -> Provider | None:
+        """The call ``aid`` came back (any outcome): its slot is free."""
+        name = self.owner.pop(aid, None)
+        if name is None:
+            return None
+        prov = self.by_name[name]
+        prov.inflight.pop(aid, None)
+        return prov
+
+    def finished(self, aid: str, now: float, answered: bool) -> None:
+        prov = self.release(aid)
+        if prov is not None and answered:
+            prov.spent += 1
+            prov.bucket.succeeded(now)
+
+    def throttled(self, aid: str, now: float, retry_after_s: float | None) -> Provider | None:
+        """A 429 for ``aid``: the slot is free, the bucket lowered or paused. The caller
+        requeues the action (`requeue`) or fails it past ``max_attempts``."""
+        name = self.owner.get(aid)
+        if name is None:
+            return None
+        prov = self.by_name[name]
+        sent_at = prov.inflight.pop(aid, now)
+        prov.throttles += 1
+        if retry_after_s is not None:
+            prov.bucket.pause(now, retry_after_s)
+            prov.pauses += 1
+        elif prov.bucket.throttled(now, sent_at):
+            prov.decreases += 1
+        return prov
+
+    def requeue(self, aid: str, rank: int, seq: int, now: float, deadline: float) -> None:
+        """A throttled call waits again, in its old place (same rank and arrival order)."""
+        prov = self.by_name[self.owner[aid]]
+        self.enqueue(prov, aid, rank, seq, now, deadline)
+
+    # ---- ends ---------------------------------------------------------------------------------
+    def forget(self, aid: str) -> None:
+        """``aid`` ended (any terminal status) while waiting or as a follower: forget it. An
+        in-flight call keeps its slot until its report (`release`)."""
+        leader = self.follows.pop(aid, None)
+        if leader is not None:
+            fl = self.followers.get(leader)
+            if fl is not None and aid in fl:
+                fl.remove(aid)
+            return
+        name = self.owner.get(aid)
+        if name is not None:
+            prov = self.by_name[name]
+            if aid in prov.entry:
+                prov.drop(aid)
+            if aid not in prov.inflight:  # (in flight: its slot is held until its report)
+                del self.owner[aid]
+            self.deadline.pop(aid, None)
+        key = self.key_of.pop(aid, None)
+        if key is not None and self.leaders.get(key) == aid:
+            del self.leaders[key]
+
+    def take_followers(self, aid: str) -> list[str]:
+        """The followers of a leader that ended (they get its outcome, or one becomes the new
+        leader: `promote`)."""
+        got = self.followers.pop(aid, [])
+        for f in got:
+            self.follows.pop(f, None)
+        return got
+
+    def promote(self, aid: str, provider: str, key: str, followers: list[str]) -> None:
+        """``aid`` (a follower of a cancelled leader) leads the rest."""
+        self.leaders[(provider, key)] = aid
+        self.key_of[aid] = (provider, key)
+        self.owner[aid] = provider
+        if followers:
+            self.followers[aid] = followers
+            for f in followers:
+                self.follows[f] = aid
+
+    # ---- views --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {name: prov.stats() for name, prov in sorted(self.by_name.items())}
+
+    def check(self, live: dict[str, Any]) -> list[str]:
+        """Broken invariants, in words (empty: none)."""
+        bad: list[str] = []
+        for name, prov in self.by_name.items():
+            lim = prov.limits
+            if not -_EPS <= prov.bucket.tokens <= lim.burst + _EPS:
+                bad.append(f"{name}: tokens {prov.bucket.tokens} outside [0, {lim.burst}]")
+            if len(prov.inflight) > lim.concurrency:
+                bad.append(f"{name}: {len(prov.inflight)} in flight > {lim.concurrency}")
+            if lim.budget is not None and prov.spent > lim.budget:
+                bad.append(f"{name}: spent {prov.spent} > budget {lim.budget}")
+            for aid in prov.entry:
+                if self.owner.get(aid) != name:
+                    bad.append(f"{name}: waiting {aid} not owned")
+        for f, leader in self.follows.items():
+            if leader not in live:
+                bad.append(f"follower {f} of {leader}, which is not live")
+        return bad

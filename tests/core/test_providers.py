@@ -1,0 +1,272 @@
+"""Provider quotas as capacity (issue 37 item 1): the core's part, events in, commands out.
+
+A search/fetch action names its provider in ``tag``; it waits for a token of the provider's
+bucket and a slot, in shortest-expected-first order, leaves as `CallProvider`, and the core asks
+to be woken (`WakeAt`) when the next token appears. A 429 without headers halves the rate (once
+per round), success probes it back up, Retry-After pauses it; a spent budget fails at once.
+Exact values: tokens, times, order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from core_helpers import Driver, cpu_node
+
+from arl_tangram.core import CoreConfig
+from arl_tangram.core import commands as cmd
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import ActionKind, ActionSpec, Status, WorkHints
+from arl_tangram.core.providers import Bucket, ProviderLimits
+from arl_tangram.core.resources import Resources
+
+
+def search(aid: str, provider: str = "serper", expected: float | None = None,
+           key: str | None = None, timeout: float = 60.0, kind: ActionKind = ActionKind.SEARCH,
+           ) -> ActionSpec:
+    payload = {"query": aid} if key is None else {"query": key, "coalesce": key}
+    return ActionSpec(aid, kind=kind, tag=provider, demand=Resources(),
+                      hints=WorkHints(expected_s=expected), timeout_s=timeout, payload=payload)
+
+
+def driver(*limits: ProviderLimits, **cfg) -> Driver:
+    return Driver([cpu_node("n0")], providers=tuple(limits), **cfg)
+
+
+def calls(out: list[cmd.Command]) -> list[str]:
+    return [c.action.id for c in out if isinstance(c, cmd.CallProvider)]
+
+
+def wakes(out: list[cmd.Command]) -> list[float]:
+    return [c.time for c in out if isinstance(c, cmd.WakeAt)]
+
+
+def test_a_burst_leaves_at_the_bucket_s_pace_and_the_core_asks_to_be_woken_at_each_token() -> None:
+    d = driver(ProviderLimits(name="serper", rate=4.0, burst=2.0, concurrency=100))
+    out = d.arrive(*(search(f"q{i}") for i in range(5)))
+    assert calls(out) == ["q0", "q1"]  # the burst
+    assert wakes(out) == [0.25]  # one token per 1/4 s
+    out = d.at(0.25)(ev.Wake(0.25))
+    assert calls(out) == ["q2"] and wakes(out) == [0.5]
+    out = d.at(0.4)(ev.Tick(0.4))  # (no token yet: nothing, and no second WakeAt for 0.5)
+    assert calls(out) == [] and wakes(out) == []
+    out = d.at(1.0)(ev.Wake(1.0))  # 0.5 s late: two tokens came meanwhile (burst 2)
+    assert calls(out) == ["q3", "q4"] and wakes(out) == []
+    p = d.core.providers.by_name["serper"]
+    assert p.bucket.tokens == pytest.approx(0.0) and p.sent == 5
+    c = next(c for c in d.log if isinstance(c, cmd.CallProvider) and c.action.id == "q4")
+    assert (c.provider, c.attempt, c.deadline) == ("serper", 1, 60.0)
+    assert d.status("q4") is Status.STARTING
+
+
+def test_the_slot_cap_holds_calls_until_a_report_frees_one() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=2))
+    out = d.arrive(*(search(f"q{i}", "p") for i in range(4)))
+    assert calls(out) == ["q0", "q1"] and wakes(out) == []  # slots, not tokens, hold them
+    out = d.at(0.3).finish("q0", run_s=0.3, output={"hits": 1})
+    assert calls(out) == ["q2"]
+    assert d.result("q0").status is Status.SUCCEEDED and d.result("q0").output == {"hits": 1}
+    assert len(d.core.providers.by_name["p"].inflight) == 2
+
+
+def test_waiting_calls_go_shortest_expected_first_fifo_inside_a_class() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=10))
+    d.arrive(search("first", "p", expected=1.0))  # takes the only token
+    d.arrive(search("slow", "p", expected=8.0), search("fast", "p", expected=0.5),
+             search("fast2", "p", expected=0.5), search("mid", "p", expected=2.0))
+    order = []
+    for t in (1.0, 2.0, 3.0, 4.0):
+        order += calls(d.at(t)(ev.Wake(t)))
+    assert order == ["fast", "fast2", "mid", "slow"]
+
+
+def test_an_old_waiter_ages_ahead_of_shorter_newcomers() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=10), aging_s=2.0,
+               aging_min_s=0.5)
+    d.arrive(search("a", "p", expected=1.0), search("slow", "p", expected=8.0))
+    d.at(0.5).arrive(search("f1", "p", expected=0.5))
+    assert calls(d.at(1.0)(ev.Wake(1.0))) == ["f1"]
+    d.at(1.5).arrive(search("f2", "p", expected=0.5))
+    assert calls(d.at(2.0)(ev.Wake(2.0))) == ["slow"]  # aged at 2.0 (waited 2 s): first
+
+
+def test_a_429_without_headers_halves_the_rate_once_per_round_and_success_probes_back() -> None:
+    lim = ProviderLimits(name="p", rate=10.0, burst=3.0, concurrency=10, probe_per_s=1.0)
+    d = driver(lim)
+    out = d.arrive(*(search(f"q{i}", "p") for i in range(5)))
+    assert calls(out) == ["q0", "q1", "q2"]
+    out = d.at(0.05)(ev.ProviderThrottled(0.05, "q0"))
+    b = d.core.providers.by_name["p"].bucket
+    assert b.rate == 5.0 and b.tokens == 0.0
+    assert d.status("q0") is Status.QUEUED
+    assert wakes(out) == []  # (the WakeAt(0.1) sent at 0 stands: it comes first)
+    out = d.at(0.1)(ev.Wake(0.1))
+    assert calls(out) == [] and wakes(out) == [pytest.approx(0.25)]  # 1 token at 5/s
+    # q1 was sent before that decrease: its 429 is the same round, no second halving
+    d.at(0.11)(ev.ProviderThrottled(0.11, "q1"))
+    assert b.rate == 5.0
+    out = d.at(0.25)(ev.Wake(0.25))
+    assert calls(out) == ["q0"]  # the throttled call kept its place (oldest first)
+    c = next(c for c in out if isinstance(c, cmd.CallProvider))
+    assert c.attempt == 2
+    d.at(0.3)(ev.ProviderThrottled(0.3, "q0"))  # sent after the decrease: a new round
+    assert b.rate == 2.5
+    d.at(2.3).finish("q2", run_s=0.1)  # 2 s of success since the last change: +2 req/s
+    assert b.rate == pytest.approx(4.5)
+    p = d.core.providers.by_name["p"]
+    assert (p.throttles, p.decreases, p.spent) == (3, 2, 1)
+
+
+def test_retry_after_pauses_the_bucket_then_one_call_probes() -> None:
+    d = driver(ProviderLimits(name="p", rate=10.0, burst=5.0, concurrency=10))
+    d.arrive(*(search(f"q{i}", "p") for i in range(5)))
+    d.arrive(search("q5", "p"), search("q6", "p"))
+    out = d.at(0.1)(ev.ProviderThrottled(0.1, "q0", retry_after_s=2.0))
+    assert wakes(out) == [pytest.approx(2.1)]
+    b = d.core.providers.by_name["p"].bucket
+    assert b.rate == 10.0  # a pause, not a decrease
+    assert calls(d.at(1.9)(ev.Tick(1.9))) == []
+    out = d.at(2.1)(ev.Wake(2.1))
+    assert calls(out) == ["q0"]  # one token at the pause's end
+    assert wakes(out) == [pytest.approx(2.2)]
+
+
+def test_past_max_attempts_a_throttled_call_fails_naming_the_provider() -> None:
+    d = driver(ProviderLimits(name="tavily", rate=100.0, burst=5.0, max_attempts=2))
+    d.arrive(search("q", "tavily"))
+    d.at(0.1)(ev.ProviderThrottled(0.1, "q"))
+    d.at(1.0)(ev.Wake(1.0))
+    d.at(1.1)(ev.ProviderThrottled(1.1, "q", reason="HTTP 429"))
+    r = d.result("q")
+    assert r.status is Status.FAILED
+    assert r.reason == "provider 'tavily': answered 429 to 2 attempts: HTTP 429"
+
+
+def test_a_spent_budget_fails_at_once_with_the_reason_and_never_hangs() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=2, budget=3))
+    d.arrive(*(search(f"q{i}", "p") for i in range(5)))
+    d.at(0.1).finish("q0")
+    d.at(0.1).finish("q1")
+    assert calls(d.log) == ["q0", "q1", "q2"]  # two answered, one in flight: the third call
+    d.at(0.2).finish("q2", status=Status.FAILED, reason="HTTP 500")  # not answered: not billed
+    assert calls(d.log)[-1] == "q3"
+    d.at(0.3).finish("q3")
+    why = "provider 'p': budget of 3 calls spent (3 answered)"
+    assert d.result("q4").status is Status.FAILED and d.result("q4").reason == why
+    d.at(0.4).arrive(search("late", "p"))
+    assert d.result("late").status is Status.FAILED and d.result("late").reason == why
+    assert d.core.providers.by_name["p"].failed_budget == 2
+
+
+def test_a_call_that_waits_past_its_deadline_times_out_naming_the_provider() -> None:
+    d = driver(ProviderLimits(name="jina", rate=1.0, burst=1.0, concurrency=1))
+    d.arrive(search("a", "jina", timeout=30.0), search("b", "jina", timeout=2.0))
+    out = d.at(2.0)(ev.Wake(2.0))
+    r = d.result("b")
+    assert r.status is Status.TIMED_OUT
+    assert r.reason == "provider 'jina': no token and slot within the deadline (1 of 1 slots busy, rate 1/s)"
+    assert calls(out) == []
+
+
+def test_identical_calls_coalesce_into_one_and_share_its_answer() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=4))
+    out = d.arrive(*(search(f"s{i}", "p", key="tenant-a|who wrote hamlet") for i in range(8)))
+    assert calls(out) == ["s0"]
+    d.arrive(search("other", "p", key="tenant-a|another query"))  # waits for a token
+    d.at(0.4).finish("s0", output={"result": ["shakespeare"]})
+    for i in range(8):
+        r = d.result(f"s{i}")
+        assert (r.status, r.output) == (Status.SUCCEEDED, {"result": ["shakespeare"]})
+    p = d.core.providers.by_name["p"]
+    assert (p.sent, p.coalesced, p.spent) == (1, 7, 1)
+    assert "coalesced with s0" in " ".join(d.core.story("s3"))
+    # once answered, the same key starts a new call (the cache is the manager's)
+    d.at(1.0).arrive(search("again", "p", key="tenant-a|who wrote hamlet"))
+    d.at(2.0)(ev.Wake(2.0))
+    assert sorted(calls(d.log)) == ["again", "other", "s0"]
+    assert "coalesced" not in " ".join(d.core.story("again"))
+
+
+def test_a_cancelled_leader_hands_the_call_to_its_first_follower() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=4))
+    d.arrive(search("busy", "p"))
+    d.arrive(search("l", "p", key="k"), search("f1", "p", key="k"), search("f2", "p", key="k"))
+    d.at(0.5)(ev.CancelRequested(0.5, "l"))
+    assert d.result("l").status is Status.CANCELLED
+    assert calls(d.at(1.0)(ev.Wake(1.0))) == ["f1"]
+    d.at(1.2).finish("f1", output="x")
+    assert d.result("f2").output == "x" and d.result("f2").status is Status.SUCCEEDED
+
+
+def test_a_failed_call_fails_its_followers_with_the_same_reason() -> None:
+    d = driver(ProviderLimits(name="p", rate=10.0, burst=1.0))
+    d.arrive(search("l", "p", key="k"), search("f", "p", key="k"))
+    d.at(0.2).finish("l", status=Status.TIMED_OUT, reason="provider 'p': no answer within 30 s")
+    assert d.result("f").status is Status.TIMED_OUT
+    assert d.result("f").reason == "provider 'p': no answer within 30 s"
+
+
+def test_unknown_provider_is_rejected_naming_the_declared_ones_and_others_unaffected() -> None:
+    d = driver(ProviderLimits(name="serper", rate=1.0), ProviderLimits(name="jina", rate=1.0))
+    d.arrive(search("x", "nope"), search("y", "serper", kind=ActionKind.FETCH))
+    assert d.result("x").status is Status.REJECTED
+    assert d.result("x").reason == "unknown provider 'nope' (providers: jina, serper)"
+    assert calls(d.log) == ["y"]
+
+
+def test_a_cancelled_call_in_flight_keeps_its_slot_until_the_report() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=5.0, concurrency=1))
+    d.arrive(search("a", "p"), search("b", "p"))
+    d.at(0.1)(ev.CancelRequested(0.1, "a"))
+    assert d.result("a").status is Status.CANCELLED
+    assert calls(d.log) == ["a"]  # b still waits: the provider may still be answering a
+    out = d.at(0.3).finish("a")  # the late report frees the slot
+    assert calls(out) == ["b"]
+    assert d.core.providers.by_name["p"].spent == 1
+
+
+def test_no_providers_no_provider_commands() -> None:
+    d = Driver([cpu_node("n0")])
+    d.arrive(search("x"))
+    assert d.result("x").status is Status.REJECTED
+    assert d.result("x").reason == "unknown provider 'serper' (providers: none declared)"
+    assert not [c for c in d.log if isinstance(c, cmd.WakeAt | cmd.CallProvider)]
+
+
+def test_bucket_arithmetic() -> None:
+    b = Bucket(ProviderLimits(name="p", rate=2.0, burst=3.0))
+    assert b.tokens == 3.0
+    for _ in range(3):
+        assert b.ready(0.0)
+        b.take()
+    assert not b.ready(0.0) and b.next_token_at(0.0) == 0.5
+    assert b.next_token_at(0.2) == pytest.approx(0.5)
+    b.refill(10.0)
+    assert b.tokens == 3.0  # never past the burst
+    b.pause(10.0, 4.0)
+    assert not b.ready(13.9) and b.next_token_at(12.0) == 14.0
+    assert b.ready(14.0)
+    b.take()
+    assert b.next_token_at(14.0) == 14.5
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"rate": 0.0}, "providers['p'].rate"),
+    ({"rate": math.inf}, "providers['p'].rate"),
+    ({"rate": 1.0, "burst": 0.5}, "providers['p'].burst"),
+    ({"rate": 1.0, "concurrency": 0}, "providers['p'].concurrency"),
+    ({"rate": 1.0, "budget": -1}, "providers['p'].budget"),
+    ({"rate": 1.0, "decrease": 1.0}, "providers['p'].decrease"),
+    ({"rate": 1.0, "min_rate": 2.0}, "providers['p'].min_rate"),
+    ({"rate": 1.0, "max_attempts": 0}, "providers['p'].max_attempts"),
+])
+def test_bad_limits_name_the_field(kw: dict, field: str) -> None:
+    with pytest.raises(ValueError) as got:
+        ProviderLimits(name="p", **kw)
+    assert str(got.value).startswith(f"{field}: ")
+
+
+def test_a_provider_declared_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="must name each provider once"):
+        CoreConfig(providers=(ProviderLimits(name="p", rate=1.0), ProviderLimits(name="p", rate=2.0)))
