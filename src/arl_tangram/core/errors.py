@@ -9,7 +9,8 @@
     ├── BrokenError               it broke under you (a sandbox, a model, a node died)
     │   └── IsolationUnavailable  the sandbox cannot get an isolation feature it must have
     ├── ImageError                an image cannot be imported, found or removed (says why)
-    │   └── ImageInUse            ... because sessions or actions use it
+    │   ├── ImageInUse            ... because sessions or actions use it
+    │   └── ImageTooLarge         ... because it expands past a bound (answered 413)
     ├── LayerError*               a session's writable layer cannot be made (managers/cpu/images/layers.py)
     ├── ImagesUnsupported*        the executor's nodes keep no image cache reachable (runtime/images.py)
     ├── Overloaded*               the engine's queue is full: retry later (runtime/engine.py)
@@ -20,8 +21,9 @@
     * defined where it is raised, in the layer that raises it; the rest here.
 
 The HTTP status of each (api/app.py `_ERRORS`) is looked up along the class's MRO; a class
-without an entry of its own or of a base in that table is a 500 (only ImageError, ImageInUse and
-ImagesUnsupported have statuses of their own, given by the image routes: api/images.py).
+without an entry of its own or of a base in that table is a 500 (only ImageError, ImageInUse,
+ImageTooLarge and ImagesUnsupported have statuses of their own, given by the image routes:
+api/images.py).
 """
 
 from __future__ import annotations
@@ -75,3 +77,8 @@ class ImageError(TangramError):
 
 class ImageInUse(ImageError):
     """An image cannot be removed while sessions or actions use it."""
+
+
+class ImageTooLarge(ImageError):
+    """An image import passed a bound on what it may expand to (bytes, entries, the
+    decompression ratio, the tenant's or the cache's total); nothing of it is kept."""

@@ -16,10 +16,11 @@ import os
 import re
 import tarfile
 import tempfile
-from collections.abc import Iterator
 from typing import IO, Any, Protocol
 
-from arl_tangram.core.errors import ImageError
+from arl_tangram.core.errors import ImageError, ImageTooLarge
+
+from .extract import CHUNK, Budget
 
 _MEDIA_INDEX = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -28,9 +29,11 @@ Layers = tuple[list[str], dict[str, Any]]  # (layer keys bottom-up, runtime conf
 
 
 class LayerSink(Protocol):
-    """Where a reader puts layers: the image store."""
+    """Where a reader puts layers: one import into the image store, with its `Budget` (what
+    the image may still expand to; its limits also cap what a reader holds in memory)."""
 
     tmp_dir: str
+    budget: Budget
 
     def has_layer(self, key: str) -> bool: ...
 
@@ -42,26 +45,33 @@ def read(path: str, sink: LayerSink) -> tuple[str, Layers]:
     """The format of ``path`` and its layers, unpacked into ``sink``."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "oci-layout")):
-            return "oci-dir", from_oci(_DirSource(path), sink)
+            return "oci-dir", from_oci(_DirSource(path, sink), sink)
         return "rootfs-dir", from_rootfs_dir(path, sink)
     return from_file(path, sink)
 
 
+# An OCI or docker archive holds a few members per layer: a plain tar with more than this many
+# before its markers is read as a root file system (its members are never all held in memory).
+_MAX_ARCHIVE_MEMBERS = 4096
+
+
 def from_file(path: str, sink: LayerSink) -> tuple[str, Layers]:
+    """A file: an OCI or docker archive (plain tars only: they are read by random access), else
+    a root file-system tarball (compressed or not), streamed by the safe extractor."""
+    if not _plain_tar(path):
+        return "rootfs-tar", from_rootfs_tar(path, sink)
     try:
-        tf = tarfile.open(path, "r:*")  # noqa: SIM115
+        tf = tarfile.open(path, "r:")  # noqa: SIM115
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ImageError(f"{path}: not a readable tar archive: {e}") from None
     with tf:
-        try:
-            names = {_norm_member(m.name) for m in _members(tf, path)}
-        except ImageError:
-            names = set()
-        if "oci-layout" in names and "index.json" in names and tf.fileobj is not None \
-                and _plain_tar(path):
-            return "oci-archive", from_oci(_TarSource(tf, path), sink)
-        if "manifest.json" in names and _plain_tar(path):
-            return "docker-archive", from_docker(_TarSource(tf, path), sink)
+        members = _archive_members(tf)
+        if members is not None:
+            names = {_norm_member(m.name) for m in members}
+            if "oci-layout" in names and "index.json" in names:
+                return "oci-archive", from_oci(_TarSource(members, tf, path, sink), sink)
+            if "manifest.json" in names:
+                return "docker-archive", from_docker(_TarSource(members, tf, path, sink), sink)
     return "rootfs-tar", from_rootfs_tar(path, sink)
 
 def from_rootfs_tar(path: str, sink: LayerSink) -> Layers:
@@ -135,7 +145,13 @@ def from_docker(src: _TarSource, sink: LayerSink) -> Layers:
         with src.open_member(lp) as f:  # digest: sha256 of the layer tar (its diff_id)
             h = hashlib.sha256()
             spool = tempfile.TemporaryFile(dir=sink.tmp_dir)  # noqa: SIM115
-            for chunk in iter(lambda: f.read(1 << 20), b""):
+            cap, n = sink.budget.bytes_left + sink.budget.limits.ratio_slack, 0
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                n += len(chunk)
+                if n > cap:
+                    spool.close()
+                    raise ImageTooLarge(f"{src.where}:{lp}: the layer is larger than the image "
+                                        "may unpack to")
                 h.update(chunk)
                 spool.write(chunk)
         key = "sha256-" + h.hexdigest()
@@ -151,6 +167,7 @@ def from_docker(src: _TarSource, sink: LayerSink) -> Layers:
 
 class _Source:
     where: str
+    max_meta: int  # the most bytes `read` and `blob` hold in memory (a manifest, a config)
 
     def read(self, rel: str) -> bytes:
         raise NotImplementedError
@@ -158,9 +175,16 @@ class _Source:
     def open_blob(self, digest: str) -> IO[bytes]:
         raise NotImplementedError
 
+    def _capped(self, f: IO[bytes], what: str) -> bytes:
+        data = f.read(self.max_meta + 1)
+        if len(data) > self.max_meta:
+            raise ImageTooLarge(f"{self.where}: {what} is larger than {self.max_meta} bytes "
+                                "(images.max_meta_bytes)")
+        return data
+
     def blob(self, digest: str, verify: bool = False) -> bytes:
         with self.open_blob(digest) as f:
-            data = f.read()
+            data = self._capped(f, f"blob {digest}")
         if verify and "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise ImageError(f"{self.where}: blob {digest} does not match its digest")
         return data
@@ -179,9 +203,10 @@ def _key(digest: str) -> str:
 
 
 class _DirSource(_Source):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, sink: LayerSink) -> None:
         self.path = path
         self.where = path
+        self.max_meta = sink.budget.limits.max_meta_bytes
 
     def _open(self, rel: str) -> IO[bytes]:
         full = os.path.join(self.path, rel)
@@ -193,16 +218,18 @@ class _DirSource(_Source):
 
     def read(self, rel: str) -> bytes:
         with self._open(rel) as f:
-            return f.read()
+            return self._capped(f, rel)
 
     def open_blob(self, digest: str) -> IO[bytes]:
         return self._open(_blob_rel(digest))
 
 
 class _TarSource(_Source):
-    def __init__(self, tf: tarfile.TarFile, path: str) -> None:
+    def __init__(self, members: list[tarfile.TarInfo], tf: tarfile.TarFile, path: str,
+                 sink: LayerSink) -> None:
         self.tf, self.where = tf, path
-        self.by_name = {_norm_member(m.name): m for m in tf.getmembers()}
+        self.max_meta = sink.budget.limits.max_meta_bytes
+        self.by_name = {_norm_member(m.name): m for m in members}
 
     def open_member(self, rel: str) -> IO[bytes]:
         m = self.by_name.get(_norm_member(rel))
@@ -213,13 +240,16 @@ class _TarSource(_Source):
                                                            m.linkname)))
         if m is None or not m.isreg():
             raise ImageError(f"{self.where}: {rel} missing from the archive")
+        if m.issparse():  # (its declared size is not what it holds)
+            raise ImageTooLarge(f"{self.where}: {rel} is a sparse member of {m.size} bytes "
+                                "(refused: it would expand past what the archive holds)")
         f = self.tf.extractfile(m)
         assert f is not None
         return f
 
     def read(self, rel: str) -> bytes:
         with self.open_member(rel) as f:
-            return f.read()
+            return self._capped(f, rel)
 
     def open_blob(self, digest: str) -> IO[bytes]:
         return self.open_member(_blob_rel(digest))
@@ -248,11 +278,18 @@ def _norm_member(name: str) -> str:
     return n.rstrip("/")
 
 
-def _members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:
+def _archive_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo] | None:
+    """The members of an OCI or docker archive, or None: more than `_MAX_ARCHIVE_MEMBERS`
+    (a root file system) or not a readable tar (the rootfs reader says why)."""
+    out: list[tarfile.TarInfo] = []
     try:
-        yield from tf.getmembers()
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise ImageError(f"{where}: truncated or corrupt archive: {e}") from None
+        while (m := tf.next()) is not None:
+            out.append(m)
+            if len(out) > _MAX_ARCHIVE_MEMBERS:
+                return None
+    except (tarfile.TarError, EOFError, OSError):
+        return None
+    return out
 
 
 def _plain_tar(path: str) -> bool:

@@ -37,12 +37,22 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from arl_tangram.core.errors import ImageError, ImageInUse
+from arl_tangram.core.errors import ImageError, ImageInUse, ImageTooLarge
 from arl_tangram.core.images import NAME_RE, check_name
 
 from . import archives, extract, transfer
+from .extract import Budget, ImageLimits
 
-__all__ = ["NAME_RE", "Image", "ImageError", "ImageInUse", "ImageStore", "check_name"]
+__all__ = ["NAME_RE", "Image", "ImageError", "ImageInUse", "ImageLimits", "ImageStore",
+           "ImageTooLarge", "check_name"]
+
+OWNER_SEP = "+"  # "<tenant>+<name>": a tenant's own image (api.tenancy); no separator: shared
+
+
+def owner_of(name: str) -> str:
+    """Whose total an image counts in: the part of its name before the first ``+``, or ""."""
+    owner, sep, _ = name.partition(OWNER_SEP)
+    return owner if sep else ""
 
 
 @dataclass(slots=True)
@@ -78,7 +88,13 @@ class ImageStore:
     """The cache under ``root``: ``layers/``, ``images/``, ``tmp/``. Thread-safe for imports
     (one lock around the index); the in-use counts are kept by whoever mounts images."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, limits: ImageLimits | None = None, *,
+                 owner_max_bytes: int = 0, max_total_bytes: int = 0) -> None:
+        """``limits``: what one import may expand to; ``owner_max_bytes``: the most the images
+        of one owner (a tenant, or the shared ones) may hold together; ``max_total_bytes``:
+        the most the layers of the cache may hold (0: no such cap)."""
+        self.limits = limits or ImageLimits()
+        self.owner_max_bytes, self.max_total_bytes = owner_max_bytes, max_total_bytes
         self.root = os.path.realpath(root)
         self.layers_dir = os.path.join(self.root, "layers")
         self.images_dir = os.path.join(self.root, "images")
@@ -183,6 +199,13 @@ class ImageStore:
                 self._rmtree(self.layer_path(k))
             return img
 
+    def _drop_unused(self, keys: list[str]) -> None:
+        """Remove the layers ``keys`` that no image record names."""
+        with self._lock:
+            keep = {k for other in self.list_images() for k in other.layers}
+            for k in set(keys) - keep:
+                self._rmtree(self.layer_path(k))
+
     def _rmtree(self, path: str) -> None:
         """Remove ``path`` (inside the cache) by renaming it into tmp/ first, so a half-removed
         layer is never seen under its digest."""
@@ -205,7 +228,12 @@ class ImageStore:
             if not replace and self.has(name):
                 raise ImageError(f"image {name!r} exists")
             self._check_unused(name, "it cannot be replaced now")
-        fmt, (layers, config) = archives.read(path, self)
+        job = _Import(self, self.budget_for(name))
+        try:
+            fmt, (layers, config) = archives.read(path, job)
+        except BaseException:
+            self._drop_unused(job.made)  # nothing of a refused import stays
+            raise
         digest = "sha256:" + hashlib.sha256(
             json.dumps([layers, config], sort_keys=True).encode()).hexdigest()
         sizes = [_du(self.layer_path(k)) for k in layers]
@@ -243,8 +271,10 @@ class ImageStore:
         return transfer.LayerSpool(self.tmp_dir)
 
     def finish_layer(self, spool: transfer.LayerSpool, key: str, digest: str, where: str) -> None:
-        """Unpack a whole spooled layer to ``layers/<key>`` (its stream digest checked)."""
-        spool.finish(self.tmp_dir, self.layer_path(check_layer_key(key)), digest, where)
+        """Unpack a whole spooled layer to ``layers/<key>`` (its stream digest checked), within
+        the limits of one import."""
+        spool.finish(self.tmp_dir, self.layer_path(check_layer_key(key)), digest, where,
+                     Budget(self.limits, self.tmp_dir))
 
     def add_pulled(self, record: dict[str, Any], source: str, pull_s: float) -> Image:
         """Record an image a peer described (``record``: its `Image.to_dict`) once every
@@ -259,13 +289,47 @@ class ImageStore:
         self._write_record(img)
         return img
 
+    # ---- bounds --------------------------------------------------------------------------
+    def budget_for(self, name: str) -> Budget:
+        """What importing ``name`` may write: the per-image limits, what its owner's images
+        leave of ``owner_max_bytes`` (the version it replaces not counted) and what the cache's
+        layers leave of ``max_total_bytes``."""
+        cap, why = self.limits.max_bytes, f"image_max_mb: {self.limits.max_bytes >> 20} MiB"
+        images = self.list_images() if self.owner_max_bytes or self.max_total_bytes else []
+        if self.owner_max_bytes:
+            owner = owner_of(name)
+            used = sum(i.size for i in images if owner_of(i.name) == owner and i.name != name)
+            if self.owner_max_bytes - used < cap:
+                cap = max(self.owner_max_bytes - used, 0)
+                who = f"tenant {owner!r}'s images" if owner else "the shared images"
+                why = f"{who} may hold {self.owner_max_bytes >> 20} MiB in all " \
+                      "(image_tenant_max_mb)"
+        if self.max_total_bytes:
+            sizes = {k: n for i in images for k, n in zip(i.layers, i.layer_sizes, strict=False)}
+            if self.max_total_bytes - sum(sizes.values()) < cap:
+                cap = max(self.max_total_bytes - sum(sizes.values()), 0)
+                why = f"the cache may hold {self.max_total_bytes >> 20} MiB (image_store_max_mb)"
+        return Budget(self.limits, self.tmp_dir, max_bytes=cap, why=why)
+
     # ---- the layer sink of the archive readers ----------------------------------------------
     def has_layer(self, key: str) -> bool:
         return os.path.isdir(self.layer_path(key))
 
+
+class _Import:
+    """One import into ``store``: the readers' `archives.LayerSink`, charging ``budget``."""
+
+    def __init__(self, store: ImageStore, budget: Budget) -> None:
+        self.store, self.budget, self.tmp_dir = store, budget, store.tmp_dir
+        self.made: list[str] = []  # layers this import unpacked
+
+    def has_layer(self, key: str) -> bool:
+        return self.store.has_layer(key)
+
     def unpack_layer(self, f: IO[bytes], key: str, where: str, expect: str | None = None) -> None:
         """Unpack the layer tar stream ``f`` (gzip/bzip2/xz or plain) to ``layers/<key>``."""
-        extract.unpack(f, self.tmp_dir, self.layer_path(key), where, expect)
+        extract.unpack(f, self.tmp_dir, self.store.layer_path(key), where, expect, self.budget)
+        self.made.append(key)
 
 
 _LAYER_KEY = re.compile(r"sha256-[0-9a-f]{64}")

@@ -30,7 +30,7 @@ from typing import Any
 
 from arl_tangram.core.errors import ImageError
 
-from .extract import OPQ, WH, unpack
+from .extract import OPQ, WH, Budget, unpack
 
 CHUNK_BYTES = 64 << 20  # one piece of a layer on the wire
 
@@ -175,7 +175,8 @@ class LayerSpool:
         self._f.write(chunk)
         self.size += len(chunk)
 
-    def finish(self, tmp_dir: str, target: str, digest: str, where: str) -> None:
+    def finish(self, tmp_dir: str, target: str, digest: str, where: str,
+               budget: Budget | None = None) -> None:
         try:
             self._f.close()
             got = "sha256:" + self._h.hexdigest()
@@ -183,7 +184,7 @@ class LayerSpool:
                 raise ImageError(f"{where}: the layer stream arrived altered or cut "
                                  f"({self.size} bytes, {got}; the sender sent {digest})")
             with open(self.path, "rb") as f:
-                unpack(f, tmp_dir, target, where)
+                unpack(f, tmp_dir, target, where, budget=budget)
         finally:
             self.discard()
 
