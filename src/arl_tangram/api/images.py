@@ -33,7 +33,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from ..core.errors import ImageError, ImageInUse
+from ..core.errors import ImageError, ImageInUse, ImageTooLarge
 from ..core.images import NAME_RULE, valid_name
 from ..runtime.engine import Engine
 from ..runtime.images import ImagesUnsupported
@@ -101,6 +101,8 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
     @app.post("/v1/images", tags=["images"], status_code=201,
               responses={403: {"description": "path not under images.import_dirs"},
                          409: {"description": "an image of that name is in use"},
+                         413: {"description": "the image expands past a bound (bytes, "
+                                              "entries, ratio, the tenant's total)"},
                          501: {"description": "this executor keeps no image cache"}})
     async def import_image(body: ImageIn, request: Request) -> Response:
         if not body.path.startswith("/"):
@@ -112,6 +114,8 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
                         "`tangram image import` on the node imports any path", "path")
         try:
             return await _import(body.path, body.name, body.node, request)
+        except ImageTooLarge as e:
+            return _err(413, f"path: {e}", "path")
         except ImageError as e:
             return _err(400, f"path: {e}", "path")
 
@@ -119,7 +123,9 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
              responses={409: {"description": "an image of that name is in use"},
-                        413: {"description": "archive larger than images.max_upload_mb"},
+                        413: {"description": "archive larger than images.max_upload_mb, or "
+                                             "it expands past a bound (bytes, entries, "
+                                             "ratio, the tenant's total)"},
                         501: {"description": "this executor keeps no image cache"}})
     async def upload_image(name: str, request: Request,
                            node: str | None = Query(None)) -> Response:
@@ -140,7 +146,8 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
             try:
                 resp = await _import(path, name, node, request, source="upload")
             except ImageError as e:  # (its text names the spool file: say "body" instead)
-                return _err(400, f"body: {str(e).replace(path, 'the archive')}")
+                return _err(413 if isinstance(e, ImageTooLarge) else 400,
+                            f"body: {str(e).replace(path, 'the archive')}")
             return resp
         finally:
             shutil.rmtree(spool, ignore_errors=True)

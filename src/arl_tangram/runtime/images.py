@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core import commands as C
-from ..core.errors import ImageError, ImageInUse, InvalidAction, TangramError
+from ..core.errors import ImageError, ImageInUse, ImageTooLarge, InvalidAction, TangramError
 
 if TYPE_CHECKING:
     from .node import NodeHost
@@ -49,6 +49,8 @@ def raise_remote(err: dict[str, Any]) -> None:
     kind, msg = err.get("type"), str(err.get("error"))
     if kind == "ImageInUse":
         raise ImageInUse(msg)
+    if kind == "ImageTooLarge":
+        raise ImageTooLarge(msg)
     if kind == "ImagesUnsupported":
         raise ImagesUnsupported(msg)
     if kind == "InvalidAction":

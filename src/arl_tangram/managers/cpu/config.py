@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .images.extract import ImageLimits
 
 DEFAULT_PRELOAD = (
     "os", "sys", "re", "json", "math", "cmath", "collections", "collections.abc", "itertools",
@@ -94,6 +98,16 @@ class CpuManagerConfig:
     images_dir: str = ""
     image_layer_mb: int = 1024
     freeze_sessions: bool = True
+    # What an import may expand to (issue 35; `images.extract.ImageLimits`): per image its
+    # unpacked bytes, entries and decompression ratio; per owner (a tenant, or the shared
+    # images) the bytes of its images together; the cache's layers in all (0: no cap); and the
+    # free space an import always leaves on the cache's file system. Past one: 413, nothing kept.
+    image_max_mb: int = 16384
+    image_max_files: int = 300_000
+    image_max_ratio: float = 200.0
+    image_tenant_max_mb: int = 65536
+    image_store_max_mb: int = 0
+    image_min_free_mb: int = 2048
     # Writable layers on the node's disk (`layers.py`): each its own ext4 of exactly its cap
     # in a sparse file under `layers_dir` ("": `work_root`/layers, or /var/tmp/arl-tangram/
     # layers where `work_root` is on a tmpfs), the caps of the layers open at once within
@@ -127,7 +141,19 @@ class CpuManagerConfig:
             return "/var/tmp/arl-tangram/images"
         return os.path.join(self.work_root, "images")
 
+    def image_limits(self) -> ImageLimits:
+        from .images.extract import ImageLimits
+
+        return ImageLimits(max_bytes=self.image_max_mb << 20, max_files=self.image_max_files,
+                           max_ratio=self.image_max_ratio,
+                           min_free_bytes=self.image_min_free_mb << 20)
+
     def __post_init__(self) -> None:
+        _positive(self, "image_max_mb", "image_max_files", "image_max_ratio")
+        for name in ("image_tenant_max_mb", "image_store_max_mb", "image_min_free_mb"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
                   "default_cpus", "pids_max", "default_compile_timeout_s",
                   "default_run_timeout_s", "max_timeout_s", "max_open_files",

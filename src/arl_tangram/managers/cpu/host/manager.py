@@ -153,7 +153,9 @@ class CpuManager:
             await self.aclose()
             raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
         self._pool.start()
-        self.images = ImageStore(cfg.image_cache_dir())
+        self.images = ImageStore(cfg.image_cache_dir(), cfg.image_limits(),
+                                 owner_max_bytes=cfg.image_tenant_max_mb << 20,
+                                 max_total_bytes=cfg.image_store_max_mb << 20)
         if cfg.layers_on_disk:
             self.layers = await asyncio.to_thread(
                 LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),

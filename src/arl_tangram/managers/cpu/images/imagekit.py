@@ -4,6 +4,8 @@
 directory (a root file system good enough for bash sessions); `pack_layer` tars a directory;
 `write_oci_layout`, `write_oci_archive` and `write_docker_archive` write the layouts that
 ``skopeo copy``/``podman save --format oci-archive`` and ``docker save`` write, from layer tars.
+`gzip_bomb`, `inode_bomb` and `sparse_docker_archive` make the hostile shapes the import bounds
+are tested with (a few MB each).
 """
 
 from __future__ import annotations
@@ -229,5 +231,57 @@ def write_docker_archive(out: str, layer_tars: Sequence[str],
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump([{"Config": f"{cid}.json", "RepoTags": [tag], "Layers": paths}], f)
         return _tar_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- hostile archives (issue 35: the bounds on what an import expands to are tested with these) --
+
+def gzip_bomb(out: str, gib: float) -> str:
+    """A gzip'd rootfs tar of one file of ``gib`` GiB of zeros, about 1 MB per GiB: the gzip
+    members of one MiB of zeros repeated (concatenated members are one gzip stream)."""
+    size = int(gib * (1 << 30)) // (1 << 20) << 20
+    ti = tarfile.TarInfo("zeros")
+    ti.size, ti.mode = size, 0o644
+    mib = gzip.compress(b"\0" * (1 << 20), 9)
+    with open(out, "wb") as f:
+        f.write(gzip.compress(ti.tobuf(format=tarfile.PAX_FORMAT)))
+        for _ in range(size >> 20):
+            f.write(mib)
+        f.write(gzip.compress(b"\0" * 1024))  # the tar's end
+    return out
+
+
+def inode_bomb(out: str, files: int) -> str:
+    """A gzip'd rootfs tar of ``files`` empty files (a few bytes of archive per inode)."""
+    with gzip.open(out, "wb", 6) as gz, tarfile.open(fileobj=gz, mode="w",
+                                                     format=tarfile.GNU_FORMAT) as tf:
+        for i in range(files):
+            ti = tarfile.TarInfo(f"f/{i}")
+            ti.mode = 0o644
+            tf.addfile(ti)
+    return out
+
+
+def sparse_docker_archive(out: str, member: str, gib: float) -> str:
+    """A docker-archive of a few KB whose ``member`` (``"layer"``: its one layer, or
+    ``"manifest.json"``) is a GNU sparse file declaring ``gib`` GiB (``tar --sparse``)."""
+    tmp = out + ".d"
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump({"architecture": "amd64", "os": "linux", "config": {}}, f)
+        big = "manifest.json" if member == "manifest.json" else "layer.tar"
+        if big != "manifest.json":
+            with open(os.path.join(tmp, "manifest.json"), "w") as f:
+                json.dump([{"Config": "config.json", "RepoTags": [],
+                            "Layers": ["layer.tar"]}], f)
+        with open(os.path.join(tmp, big), "wb") as f:
+            f.write(b"[" if big == "manifest.json" else b"")
+            f.truncate(int(gib * (1 << 30)))
+        names = sorted(os.listdir(tmp))
+        subprocess.run(["tar", "--sparse", "--format=gnu", "-cf", out, "-C", tmp, *names],
+                       check=True)
+        return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""Issue 35 (H4) through a real `tangram serve` (uvicorn, real sandboxes): a gzip bomb, an inode
+bomb and both sparse docker-archive shapes uploaded with `PUT /v1/images/NAME` answer 413 naming
+the bound; nothing stays in the cache or the spool; the server's memory stays small; another
+client's `/run_code` is served meanwhile and after."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from arl_tangram.managers.cpu.images import imagekit
+
+pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, url: str, proc: subprocess.Popen, d: Path) -> None:
+        self.url, self.proc, self.dir = url, proc, d
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    d = tmp_path_factory.mktemp("bombs")
+    (d / "spool").mkdir()
+    cfg = d / "service.yaml"
+    cfg.write_text(
+        "nodes:\n"
+        "  - name: local\n"
+        "    gpu: false\n"
+        f"    cpu: {{work_root: {d / 'w'}, warm_min: 1, warm_max: 2, "
+        f"images_dir: {d / 'cache'}, image_max_files: 2000}}\n"
+        f"images: {{upload_dir: {d / 'spool'}}}\n")
+    port = _free_port()
+    tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
+    proc = subprocess.Popen([tangram, "serve", "--config", str(cfg), "--no-models", "--port",
+                             str(port), "--log-level", "warning"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                pytest.fail(f"tangram serve exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield Server(url, proc, d)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _put(server: Server, name: str, path: str) -> httpx.Response:
+    with open(path, "rb") as f:
+        return httpx.put(f"{server.url}/v1/images/{name}", content=f.read(), timeout=120,
+                         headers={"content-type": "application/octet-stream"})
+
+
+def _left(server: Server) -> list[str]:
+    cache = server.dir / "cache"
+    out = [f"spool/{n}" for n in os.listdir(server.dir / "spool")]
+    for sub in ("tmp", "layers", "images"):
+        if (cache / sub).is_dir():
+            out += [f"{sub}/{n}" for n in os.listdir(cache / sub)]
+    return out
+
+
+def _serves(server: Server) -> None:
+    r = httpx.post(f"{server.url}/run_code", json={"code": "print(6 * 7)"}, timeout=60)
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "42\n", r.text
+
+
+@pytest.mark.parametrize("shape", ["gzip", "inodes", "sparse-layer", "sparse-manifest"])
+def test_bombs_answer_413_and_leave_nothing(server: Server, tmp_path: Path, shape: str) -> None:
+    if shape == "gzip":
+        arc = imagekit.gzip_bomb(str(tmp_path / "b.tar.gz"), 11)
+        why = "expands more than 200 times its packed size"
+    elif shape == "inodes":
+        arc = imagekit.inode_bomb(str(tmp_path / "b.tar.gz"), 3000)
+        why = "more entries than it may (image_max_files: 2000)"
+    elif shape == "sparse-layer":
+        arc = imagekit.sparse_docker_archive(str(tmp_path / "b.tar"), "layer", 3)
+        why = "layer.tar is a sparse member of 3221225472 bytes"
+    else:
+        arc = imagekit.sparse_docker_archive(str(tmp_path / "b.tar"), "manifest.json", 2)
+        why = "manifest.json is a sparse member of 2147483648 bytes"
+    _serves(server)
+    rss0 = server.rss_kb()
+    r = _put(server, "bomb", arc)
+    assert r.status_code == 413, r.text
+    assert why in r.json()["detail"], r.json()
+    assert str(server.dir) not in r.text  # no host path in the answer
+    assert _left(server) == []
+    assert server.rss_kb() - rss0 < 100_000, (rss0, server.rss_kb())  # KB
+    _serves(server)
+    assert httpx.get(f"{server.url}/v1/images", timeout=10).json()["nodes"]["local"] == []
