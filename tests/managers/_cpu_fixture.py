@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from _cpu_helpers import TEST_UID
+from _cpu_helpers import TEST_IDS, TEST_UID
 
 from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
@@ -32,7 +32,7 @@ async def mgr() -> AsyncIterator[CpuManager]:
     m = CpuManager(CpuManagerConfig(work_root=root, sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
                                     output_limit_bytes=OUTPUT_CAP, workdir_max_mb=WORKDIR_MB,
                                     warm_min=2, warm_max=8, session_reap_interval_s=0.2,
-                                    **_direct_override()))
+                                    **TEST_IDS, **_direct_override()))
     try:
         await m.start()
     except IsolationUnavailable as e:

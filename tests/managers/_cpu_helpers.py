@@ -10,6 +10,10 @@ from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.resources import Resources
 
 TEST_UID = 61000 + os.getpid() % 2000  # private uid: leftovers of *this* run are findable
+# ... and the private range of host ids the sandboxes of *this* run's managers take theirs from
+# (`CpuManagerConfig.sandbox_id_base`; issue 35, M2): four blocks of 4096 ids
+TEST_ID_BASE, TEST_ID_COUNT = (1 << 28) + (os.getpid() % 2000) * 16384, 16384
+TEST_IDS = {"sandbox_id_base": TEST_ID_BASE, "sandbox_id_count": TEST_ID_COUNT}
 _ids = itertools.count()
 
 
@@ -23,7 +27,8 @@ def allot(cpu: float = 1, memory_mb: float = 256) -> Resources:
     return Resources(cpu=cpu, memory_mb=memory_mb)
 
 
-def procs_of_uid(uid: int) -> list[int]:
+def procs_of_uid(uid: int, count: int = 1) -> list[int]:
+    """Processes whose real uid is ``uid`` (``count``: any of ``uid``.. ``uid + count - 1``)."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -32,7 +37,7 @@ def procs_of_uid(uid: int) -> list[int]:
             with open(f"/proc/{d}/status") as f:
                 for line in f:
                     if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
+                        if uid <= int(line.split()[1]) < uid + count:
                             out.append(int(d))
                         break
         except OSError:
@@ -60,10 +65,13 @@ def describe_procs(pids: list[int]) -> list[str]:
 
 
 async def no_leftovers(uid: int = TEST_UID, within_s: float = 3.0) -> list[int]:
-    """Processes of the sandbox uid still alive after ``within_s`` (should be none)."""
+    """Processes of the sandbox uid still alive after ``within_s`` (should be none); for
+    `TEST_UID`, also those of this run's sandbox ids (`TEST_IDS`)."""
     left: list[int] = []
     for _ in range(int(within_s / 0.05)):
         left = procs_of_uid(uid)
+        if uid == TEST_UID:
+            left += procs_of_uid(TEST_ID_BASE, TEST_ID_COUNT)
         if not left:
             return []
         await asyncio.sleep(0.05)

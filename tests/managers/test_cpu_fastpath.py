@@ -57,7 +57,8 @@ async def mgr(request: pytest.FixtureRequest) -> AsyncIterator[CpuManager]:
         pytest.skip("sandboxes need root (namespaces, cgroups)")
     m = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-cpu-test-"),
                                     sandbox_uid=TEST_UID, sandbox_gid=TEST_UID, warm_min=1,
-                                    warm_max=4, compiled_setup=request.param))
+                                    warm_max=4, compiled_setup=request.param,
+                                    sandbox_id_count=0))  # (one uid: TEST_UID, pinned below)
     try:
         await m.start()
     except IsolationUnavailable as e:

@@ -316,7 +316,8 @@ async def test_without_the_user_namespace_images_run_as_the_sandbox_uid(
         layout: tuple[str, str]) -> None:
     m = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-imguser-off-"),
                                     warm_min=0, warm_max=2, image_userns=False,
-                                    sandbox_uid=BASE - 7, sandbox_gid=BASE - 7))
+                                    sandbox_uid=BASE - 7, sandbox_gid=BASE - 7,
+                                    sandbox_id_count=0))  # (one uid: BASE - 7, pinned below)
     await m.start()
     try:
         assert m.isolation_report()["image_user"] == \

@@ -82,7 +82,8 @@ _CHILD = textwrap.dedent("""
 
     async def main():
         m = CpuManager(CpuManagerConfig(work_root={root!r}, sandbox_uid={uid},
-                                        sandbox_gid={uid}, warm_min=2, warm_max=4))
+                                        sandbox_gid={uid}, warm_min=2, warm_max=4,
+                                        sandbox_id_count=0))
         await m.start()
         await m.open_session("s", Resources(cpu=1, memory_mb=256), 600)
         r = await m.run(action("x = 1", kind=ActionKind.TOOL, session="s"), allot())

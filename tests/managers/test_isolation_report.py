@@ -14,7 +14,7 @@ import pytest
 from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.managers.cpu.host.isolation import REQUIRED, missing, report
 
-CFG = CpuManagerConfig(sandbox_uid=4242, hostname="box")
+CFG = CpuManagerConfig(sandbox_uid=4242, hostname="box", sandbox_id_count=0)  # one shared uid
 HELLO = {"ok": True, "filter": ["ptrace"]}
 SEEN: dict[str, Any] = {"pid1": True, "ro": True, "ifaces": ["lo"], "lo_up": False,
                         "hostname": "box", "cwd": "/workdir", "uid": 4242, "nnp": True,
@@ -78,10 +78,23 @@ def test_no_probe_or_a_failed_one_leaves_no_sandbox_property_true(seen: Any) -> 
 
 
 def test_every_problem_is_named_in_order() -> None:
-    cfg = CpuManagerConfig(sandbox_uid=4242, hostname="box", syscall_filter=False)
+    cfg = CpuManagerConfig(sandbox_uid=4242, hostname="box", syscall_filter=False,
+                           sandbox_id_count=0)
     rep = report({"ok": False, "error": "fork server died"}, {"error": "cannot spawn"},
                  _cg(None, "no cgroup tree"), cfg)
     assert rep["fork_server"] is False and rep["cgroup_version"] == "none"
     assert rep["problems"] == ("fork server died; cannot spawn; no cgroup tree; "
                                "the syscall filter is off (syscall_filter=False)")
     assert set(missing(rep)) >= {"fork_server", *PROBED}
+
+
+@pytest.mark.parametrize(("uid", "ok"), [(1 << 29, True), ((1 << 29) + 65535, True),
+                                         ((1 << 29) - 1, False), ((1 << 29) + 65536, False),
+                                         (65534, False), (4242, False), (0, False)])
+def test_with_sandbox_ids_the_probe_ran_as_one_of_the_nodes_ids(uid: int, ok: bool) -> None:
+    """(issue 35, M2) The default: each sandbox on an id of its own from the node's range; the
+    shared `sandbox_uid` (65534, nobody) or any id outside the range is not isolation."""
+    cfg = CpuManagerConfig(sandbox_uid=4242, hostname="box")
+    assert (cfg.sandbox_id_base, cfg.sandbox_id_count) == (1 << 29, 65536)
+    rep = report(HELLO, {**SEEN, "uid": uid}, _cg(), cfg)
+    assert _false(rep) == (set() if ok else {"unprivileged_user"})

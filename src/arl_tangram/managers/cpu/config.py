@@ -32,9 +32,22 @@ class CpuManagerConfig:
     workdir_max_mb: int = 256
     # Start even when an isolation feature is missing (the report says which); off by default.
     allow_reduced_isolation: bool = False
-    # Unprivileged uid/gid the code runs as.
+    # Unprivileged uid/gid the code runs as when `sandbox_id_count` is 0 (every sandbox the same).
     sandbox_uid: int = 65534
     sandbox_gid: int = 65534
+    # Host ids of sandboxes (issue 35, M2): each live sandbox (a one-shot action's, a warm one,
+    # a session's) runs as a uid, and the gid of the same number, of its own, so per-uid kernel
+    # limits (inotify instances and watches, RLIMIT_NPROC, ...) are its own and no neighbour
+    # can spend them. The ids are `sandbox_id_base`.. `sandbox_id_base + sandbox_id_count - 1`,
+    # reserved for the node: no user or group of the host's /etc/passwd or /etc/group may be
+    # in the range (start-up refuses, naming it), nor the image range. A manager claims a block
+    # of `SANDBOX_ID_BLOCK` (4096) of them at start (a lock file per block under
+    # /run/arl-tangram/sandbox-ids: managers of one node never share an id); an id is given to
+    # the next sandbox only once every process of the one before is gone (the fork server hands
+    # it out again when it has reaped that sandbox's init: its PID namespace is empty).
+    # 0: every sandbox runs as `sandbox_uid`/`sandbox_gid` (one uid shared by all).
+    sandbox_id_base: int = 1 << 29
+    sandbox_id_count: int = 65536
     # Cap on each of stdout and stderr kept per stage, in bytes; the rest is dropped and flagged.
     output_limit_bytes: int = 1 << 20
     # Warm sandboxes kept ready, per pool key (all languages share the "sandbox" key).
@@ -183,6 +196,18 @@ class CpuManagerConfig:
             raise ValueError("image_id_base must be >= 65536, leave room for image_id_count "
                              "ids below 2**32-2, and not hold sandbox_uid/gid, got "
                              f"{self.image_id_base!r}")
+        n = self.sandbox_id_count
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 1 << 24:
+            raise ValueError(f"sandbox_id_count must be an integer in 0..2**24, got {n!r}")
+        b = self.sandbox_id_base
+        if n and (not isinstance(b, int) or isinstance(b, bool) or b < 65536
+                  or b + n > (1 << 32) - 2
+                  or any(b <= v < b + n for v in (self.sandbox_uid, self.sandbox_gid))
+                  or (b < self.image_id_base + self.image_id_count
+                      and self.image_id_base < b + n)):
+            raise ValueError("sandbox_id_base must be >= 65536, leave room for sandbox_id_count "
+                             "ids below 2**32-2, and hold neither sandbox_uid/gid nor an id "
+                             f"of the image range, got {b!r}")
         if self.warm_min < 0:
             raise ValueError(f"warm_min must be >= 0, got {self.warm_min!r}")
         if self.warm_max < self.warm_min:

@@ -153,7 +153,7 @@ class Zygote:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_exit: Any = None  # (pid, rc) of a direct sandbox's PID 1, from the fork server
         self.on_broken: Any = None  # called once the fork server is gone
-        self.adopt: Any = None  # (pid, socket, pipe read ends) -> the new sandbox, or an error
+        self.adopt: Any = None  # (pid, socket, pipe read ends, uid) -> the sandbox, or an error
         self.gone: str | None = None  # why it is gone (it died, or we closed it); None: up
         self._pidfd: int | None = None  # watched on the loop: its death is noticed at once
 
@@ -251,7 +251,7 @@ class Zygote:
         # adopted at once, in order: its exit report (a later message) always finds it. (The
         # fork server's end of a sandbox's socketpair: named, so that Python need not ask.)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fds[0])
-        fut.set_result(self.adopt(int(reply["pid"]), sock, fds[1:]))
+        fut.set_result(self.adopt(int(reply["pid"]), sock, fds[1:], int(reply["uid"])))
 
     def _fail(self, e: BaseException) -> None:
         if self.gone is None:

@@ -64,10 +64,14 @@ async def probe(pool: WarmPool, hello: dict[str, Any], cgroups: CgroupTree,
            "run_timeout": 10, "env": {"PATH": "/usr/bin:/bin"}, "cases": None,
            "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "cpu_s": 10,
                       "fsize": 1 << 20, "nofile": 64, "output": 1 << 16, "cpus": 1.0}}
+    limits: dict[str, Any] = req["limits"]  # type: ignore[assignment]
     try:
         sb = await pool.spawn()
     except Exception as e:
         return {"error": f"cannot spawn a sandbox: {e}"}
+    uid = getattr(sb, "uid", -1)
+    if cfg.sandbox_id_count and uid >= 0:  # its own host ids (`host/ids.py`)
+        limits["uid"] = limits["gid"] = uid
     try:
         reply = await sb.request(req)
         out = (reply.get("run_result") or {}).get("stdout", "")
@@ -95,7 +99,7 @@ def report(hello: dict[str, Any], seen: dict[str, Any] | None, cgroups: CgroupTr
         "uts_namespace": ok and s.get("hostname") == cfg.hostname,
         "readonly_system": ok and bool(s.get("ro")),
         "private_workdir": ok and s.get("cwd") == "/workdir",
-        "unprivileged_user": ok and s.get("uid") == cfg.sandbox_uid,
+        "unprivileged_user": ok and s.get("uid") == _expected_uid(s, cfg),
         "no_new_privs": ok and bool(s.get("nnp")),
         "rlimits": ok and bool(s.get("core0")),
         "cgroup_version": cgroups.version or "none",
@@ -114,6 +118,16 @@ def report(hello: dict[str, Any], seen: dict[str, Any] | None, cgroups: CgroupTr
     if problems:
         r["problems"] = "; ".join(problems)
     return r
+
+
+def _expected_uid(s: dict[str, Any], cfg: CpuManagerConfig) -> int | None:
+    """The uid the probe's code had to run as: one of the node's sandbox ids (its sandbox's
+    own, `host/ids.py`; never root), else the shared `sandbox_uid`."""
+    if not cfg.sandbox_id_count:
+        return cfg.sandbox_uid
+    uid = s.get("uid")
+    b = cfg.sandbox_id_base
+    return uid if isinstance(uid, int) and b <= uid < b + cfg.sandbox_id_count else None
 
 
 def missing(rep: dict[str, bool | str]) -> list[str]:

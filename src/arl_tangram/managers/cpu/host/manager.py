@@ -28,7 +28,7 @@ from ..config import CpuManagerConfig
 from ..images import layers
 from ..images.layers import Layer, LayerError, LayerStore
 from ..images.store import Image, ImageError, ImageStore
-from . import direct, isolation, languages, overlay, payload, userns
+from . import direct, ids, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool, Zygote
@@ -99,6 +99,7 @@ class CpuManager:
         self._zcfg: dict[str, Any] = {}
         self._join_dirs: list[str] = []
         self._zgen = 0  # fork servers started so far: a sandbox of an older one died with it
+        self._ids: ids.Block | None = None  # the block of host ids this manager's sandboxes use
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
         self._not_ready: str | None = None  # why the node is not ready (None: ready)
@@ -124,6 +125,14 @@ class CpuManager:
                 "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
                 "compiled_setup": cfg.compiled_setup,
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
+        if cfg.sandbox_id_count:  # each sandbox on host ids of its own (`host/ids.py`)
+            try:
+                self._ids = await asyncio.to_thread(ids.claim, cfg.sandbox_id_base,
+                                                    cfg.sandbox_id_count)
+            except (OSError, ValueError) as e:
+                await self.aclose()
+                raise IsolationUnavailable(f"sandbox ids: {e}") from None
+            zcfg["ids"] = [self._ids.first, self._ids.count]
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
         self._zcfg, self._join_dirs = zcfg, list(join_dirs)
@@ -177,13 +186,16 @@ class CpuManager:
         """The node's user namespace for image sandboxes (`userns.py`), checked against the
         image cache's file system (idmapped mounts); what the isolation report says."""
         cfg = self.config
+        b = self._ids
+        who = (f"sandbox uid {cfg.sandbox_uid}" if b is None else
+               f"the sandbox's own uid (of {b.first}-{b.first + b.count - 1})")
         if not cfg.image_userns:
-            return f"sandbox uid {cfg.sandbox_uid} (image_userns=False)"
+            return f"{who} (image_userns=False)"
         assert self.images is not None
         try:
             ns = userns.make(cfg.image_id_base, cfg.image_id_count)
         except OSError as e:
-            return f"sandbox uid {cfg.sandbox_uid} (no user namespace: {e})"
+            return f"{who} (no user namespace: {e})"
         path = self.images.layers_dir  # (or, before the first import, its nearest parent)
         while not os.path.isdir(path) and os.path.dirname(path) != path:
             path = os.path.dirname(path)
@@ -195,7 +207,7 @@ class CpuManager:
                 os.close(fd)
         except OSError as e:
             ns.close()
-            return f"sandbox uid {cfg.sandbox_uid} (no idmapped mount of the image cache: {e})"
+            return f"{who} (no idmapped mount of the image cache: {e})"
         self.userns = ns
         return ns.describe()
 
@@ -254,6 +266,9 @@ class CpuManager:
             if self._closed:
                 return
             t0 = time.monotonic()
+            if self._ids is not None:  # the dead one's sandboxes may not all be gone yet
+                self._zcfg["ids_busy"] = sorted(await asyncio.to_thread(
+                    ids.uids_in_use, self._ids.first, self._ids.count))
             try:
                 z = Zygote(self._zcfg, self.config.work_root, self._join_dirs)
             except OSError as e:
@@ -315,6 +330,9 @@ class CpuManager:
             self.userns = None
         if self._cgroups is not None:
             self._cgroups.close()
+        if self._ids is not None:  # (after the fork server: its sandboxes are gone with it)
+            self._ids.close()
+            self._ids = None
 
     # reports -----------------------------------------------------------------------------------
     def isolation_report(self) -> dict[str, bool | str]:
@@ -360,6 +378,7 @@ class CpuManager:
             sb = await self._take()
         except Exception as e:
             return RunResult.sandbox_error(f"no sandbox: {e}")
+        req = _as(sb, req)
         self._running[action.id] = sb
         gen = self._zgen
         tmp = payload.tmpfs_mb(mem, self.config)
@@ -487,7 +506,7 @@ class CpuManager:
                 held_mb, inside = await self._enter_image(sb, img, layer_mb)
             except ImageError as e:  # (the sandbox said why)
                 return RunResult.sandbox_error(str(e))
-            req = overlay.image_request(req, img, inside, layer_mb)
+            req = overlay.image_request(_as(sb, req), img, inside, layer_mb)
             self._running[action.id] = sb
             return self._lost(await self._exchange(action.id, sb, req, mem), gen)
         except Exception as e:
@@ -515,8 +534,7 @@ class CpuManager:
         try:
             try:
                 entered = await overlay.enter_image(sb, self.images, img, layer_mb,
-                                                    self.config.sandbox_uid,
-                                                    self.config.sandbox_gid, layer,
+                                                    sb.uid, self._gid(sb), layer,
                                                     userns=self.userns)
             finally:
                 if layer is not None:
@@ -528,6 +546,10 @@ class CpuManager:
                 self.layers.give_back(held)
             raise
         return held, overlay.Inside.of(entered)
+
+    def _gid(self, sb: Sandbox) -> int:
+        """The host gid of ``sb``'s code: the number of its uid where it has its own."""
+        return sb.uid if self._ids is not None else self.config.sandbox_gid
 
     async def _take_layer(self, mb: int) -> Layer | None:
         """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
@@ -596,6 +618,7 @@ class CpuManager:
         s = self._sessions.get(sid)
         if s is None:
             return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
+        req = _as(s.sandbox, req)
         if s.image is not None:
             req = overlay.image_request(req, s.image, s.inside, None)
         elif payload.tmpfs_mb(s.memory, self.config) < self.config.workdir_max_mb:
@@ -668,6 +691,16 @@ class CpuManager:
 
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
+
+
+def _as(sb: Sandbox, req: SandboxRequest) -> SandboxRequest:
+    """``req`` run as ``sb``'s own host uid and gid (`Sandbox.uid`; `build_request` wrote the
+    configured `sandbox_uid`/`sandbox_gid`, which are its own when every sandbox shares them).
+    An image's user (`overlay.image_request`) is applied after this, over it."""
+    lim = req["limits"]
+    if lim["uid"] == sb.uid or sb.uid < 0:  # (the shared uid: its gid as configured)
+        return req
+    return {**req, "limits": {**lim, "uid": sb.uid, "gid": sb.uid}}
 
 
 def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunResult:

@@ -67,6 +67,9 @@ class Sandbox:
     weight: float = 1.0  # CPU weight of its slot, relative to a normal task
     # direct sandboxes only: our read ends of its stdout/stderr pipes, and its PID 1's exit code
     outs: tuple[int, ...] = ()
+    # the host uid (and gid, the same number) its code runs as: its own while it lives
+    # (`host/ids.py`; the fork server lends it), or the one every sandbox shares without ids
+    uid: int = -1
     exit_rc: asyncio.Future[int] | None = None
 
     async def request(self, msg: Mapping[str, Any] | bytes,
@@ -343,7 +346,8 @@ class WarmPool:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    def _adopt(self, pid: int, sock: socket.socket, outs: list[int]) -> Sandbox | OSError:
+    def _adopt(self, pid: int, sock: socket.socket, outs: list[int],
+               uid: int) -> Sandbox | OSError:
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as e:
@@ -351,7 +355,7 @@ class WarmPool:
             for fd in outs:
                 os.close(fd)
             return e
-        sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None)
+        sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None, uid=uid)
         if outs:  # direct: the fork server reports its end (with the exit status)
             for fd in outs:
                 os.set_blocking(fd, False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import _socket
 import collections
 import contextlib
+import errno
 import fcntl
 import gc
 import importlib
@@ -135,7 +136,8 @@ class Namespaces:
     namespace is gone (see docs/sandbox.md for why nothing of the previous user persists).
     """
 
-    def __init__(self, procfd: int) -> None:
+    def __init__(self, procfd: int, ids: list[int] | None = None,
+                 busy: list[int] | None = None) -> None:
         self.procfd = procfd
         self.home_pid = os.open("self/ns/pid", os.O_RDONLY, dir_fd=procfd)
         self.home_net = os.open("self/ns/net", os.O_RDONLY, dir_fd=procfd)
@@ -143,6 +145,29 @@ class Namespaces:
         self.lent: dict[int, int] = {}  # sandbox init pid -> netns fd
         self.made = 0
         self.direct: set[int] = set()  # direct sandboxes: their exit status goes to the manager
+        # the host ids lent to sandboxes, one each (issue 35, M2; `host/ids.py`): FIFO, and an
+        # id comes back only when its sandbox's init is reaped (every process of it gone)
+        # (``busy``: ids of a dead fork server's sandboxes that were still there when this
+        # one started: lent last, so they have the longest to die)
+        late = set(busy or ())
+        self.ids: collections.deque[int] = collections.deque(
+            [i for i in range(ids[0], ids[0] + ids[1]) if i not in late] + sorted(late)
+            if ids else ())
+        self.per_sandbox = bool(ids)
+        self.id_of: dict[int, int] = {}  # sandbox init pid -> its id
+
+    def take_id(self, shared: int) -> int:
+        """An id of its own for the next sandbox (``shared``: every sandbox's, without ids)."""
+        if not self.per_sandbox:
+            return shared
+        if not self.ids:
+            raise OSError(errno.EAGAIN, "every sandbox id of this manager is in use")
+        return self.ids.popleft()
+
+    def give_id(self, uid: int) -> None:
+        """An id taken for a sandbox that never came (its fork failed): first in line again."""
+        if self.per_sandbox:
+            self.ids.appendleft(uid)
 
     def take_net(self) -> int:
         if self.free:
@@ -159,11 +184,14 @@ class Namespaces:
         fd = self.lent.pop(pid, None)
         if fd is not None:
             self.free.append(fd)
+        uid = self.id_of.pop(pid, None)
+        if uid is not None:
+            self.ids.append(uid)
 
 
-Spawned = tuple[int, int, list[int]]  # (host pid, our socket's fd, our pipe read ends)
-# our socket, theirs, pipes, netns, the slot's `tasks` files (fds)
-Kit = tuple[int, int, list[tuple[int, int]], int, tuple[int, ...]]
+Spawned = tuple[int, int, list[int], int]  # (host pid, our socket, our pipe read ends, its uid)
+# our socket, theirs, pipes, netns, the slot's `tasks` files (fds), its uid (and gid)
+Kit = tuple[int, int, list[tuple[int, int]], int, tuple[int, ...], int]
 
 
 def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1,
@@ -184,20 +212,24 @@ def spawn(cfg: dict[str, Any], ns: Namespaces, n: int = 1,
         out = [e] * (n - len(kits))
     done: list[Spawned | Exception] = []
     try:
-        for (ours, _, pipes, net, _), pid in zip(kits, _fork_all(cfg, ns, kits), strict=True):
+        for (ours, _, pipes, net, _, uid), pid in zip(kits, _fork_all(cfg, ns, kits),
+                                                      strict=True):
             if isinstance(pid, int):
                 ns.lent[pid] = net
+                if ns.per_sandbox:
+                    ns.id_of[pid] = uid
                 if pipes:
                     ns.direct.add(pid)
-                done.append((pid, ours, [r for r, _ in pipes]))
+                done.append((pid, ours, [r for r, _ in pipes], uid))
                 continue
             ns.free.appendleft(net)
+            ns.give_id(uid)
             os.close(ours)
             for r, _ in pipes:
                 os.close(r)
             done.append(pid)
     finally:
-        for _, theirs, pipes, _, cg in kits:
+        for _, theirs, pipes, _, cg, _ in kits:
             os.close(theirs)
             for _, w in pipes:
                 os.close(w)
@@ -220,6 +252,12 @@ def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
                 os.close(fd)
             raise
     cg = tuple(fds)
+    try:
+        uid = ns.take_id(cfg["uid"])
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
     a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # (close-on-exec)
     ours, theirs = a.detach(), b.detach()
     pipes = [os.pipe(), os.pipe()] if cfg.get("direct") else []
@@ -228,7 +266,7 @@ def _kit(cfg: dict[str, Any], ns: Namespaces, slot: str | None = None) -> Kit:
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
         except OSError:
             pass
-    return ours, theirs, pipes, ns.take_net(), cg
+    return ours, theirs, pipes, ns.take_net(), cg, uid
 
 
 def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int | Exception]:
@@ -239,21 +277,22 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
         # and a direct sandbox that does not warm also reads its first request (`serve`'s
         # first step; a compact one runs there)
         setups = [(cg, theirs, net, pipes[0][1] if pipes else -1, pipes[1][1] if pipes else -1,
-                   cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname_b"], b"/sandbox",
-                   b"/workdir") for _, theirs, pipes, net, cg in kits]
+                   cfg["workdir_mb"], uid, uid if ns.per_sandbox else cfg["gid"],
+                   cfg["hostname_b"], b"/sandbox", b"/workdir")
+                  for _, theirs, pipes, net, cg, uid in kits]
         take = bool(cfg.get("direct")) and not cfg.get("warm_direct")
         got = child.FAST.fork_all(len(kits), ns.home_pid, setups, take)
         if type(got) is not list:  # in a child, set up: its index, or its first request
             _init_serve(cfg, got if type(got) is bytes else None)
         return list(got)
     pids: list[int | Exception] = []
-    for _, theirs, pipes, net, cg in kits:
+    for _, theirs, pipes, net, cg, uid in kits:
         try:
             _linux.unshare(_linux.CLONE_NEWPID)  # for our next child only
             try:
                 pid = os.fork()
                 if pid == 0:
-                    _init(cfg, theirs, net, pipes, cg)
+                    _init(cfg, theirs, net, pipes, cg, uid, uid if ns.per_sandbox else cfg["gid"])
             finally:
                 _linux.setns(ns.home_pid, _linux.CLONE_NEWPID)  # later children: our own again
         except Exception as e:
@@ -264,7 +303,7 @@ def _fork_all(cfg: dict[str, Any], ns: Namespaces, kits: list[Kit]) -> list[int 
 
 
 def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]],
-          cg: tuple[int, ...]) -> None:
+          cg: tuple[int, ...], uid: int, gid: int) -> None:
     """A new sandbox init's set-up, then its service (never returns). Where the compiled path
     is on, `_fastpath.init_setup` makes the same calls in the same order (run by `fork_all` in
     each child), then `_init_serve` (a sandbox that needs another set-up, e.g. its own root, must
@@ -292,7 +331,7 @@ def _init(cfg: dict[str, Any], sock: int, net: int, pipes: list[tuple[int, int]]
             os.dup2(out_w, 4)
             os.dup2(err_w, 5)
         os.closerange(6 if pipes else 4, 1 << 16)  # the control socket, namespace fds
-        init.become(cfg["workdir_mb"], cfg["uid"], cfg["gid"], cfg["hostname"])
+        init.become(cfg["workdir_mb"], uid, gid, cfg["hostname"])
     except BaseException:
         traceback.print_exc()
         os._exit(1)
@@ -303,6 +342,9 @@ def _init_serve(cfg: dict[str, Any], first: bytes | None = None) -> None:
     """(A sandbox init, set up.) Serve the manager on fd 3 (`init.serve`), ``first`` the
     body of a first request already read; never returns."""
     try:
+        if cfg.get("ids"):  # its own ids (`Namespaces.take_id`): those its work dir was given
+            st = os.stat(child.WORKDIR)
+            cfg["uid"], cfg["gid"] = st.st_uid, st.st_gid
         init.serve(3, cfg, first)
     except BaseException:
         traceback.print_exc()
@@ -423,7 +465,8 @@ def main() -> None:
         os.nice(5)  # making sandboxes yields to running actions (theirs is their cgroup weight)
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
-        ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))
+        ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY), cfg.get("ids"),
+                        cfg.get("ids_busy"))
         build_root(cfg["root"], cfg["ro_paths"], cfg.get("hidden_paths") or ())
         if cfg.get("syscall_filter", True):
             try:
@@ -521,9 +564,9 @@ def _reply(ctl: socket.socket, r: Spawned | Exception) -> None:
     if isinstance(r, Exception):
         ctl.send(json.dumps({"error": f"{type(r).__name__}: {r}"}).encode())
         return
-    pid, sock, outs = r
+    pid, sock, outs, uid = r
     try:
-        socket.send_fds(ctl, [b'{"pid":%d}' % pid], [sock, *outs])
+        socket.send_fds(ctl, [b'{"pid":%d,"uid":%d}' % (pid, uid)], [sock, *outs])
     finally:
         os.close(sock)
         for fd in outs:
