@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..core.errors import BrokenError, ClosedError, InvalidAction
 from ..runtime.config import ServiceConfig
@@ -80,6 +81,9 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     ClosedError: lambda e: _err(503, str(e)),
     BrokenError: lambda e: _err(502, str(e)),
     BodyTooLarge: lambda e: _err(413, str(e)),
+    # the client went away mid-body (or its stalled body was dropped: limits.body_timeout_s);
+    # nobody reads the answer, and it is no bug to log
+    ClientDisconnect: lambda e: _err(400, "body: the connection closed before the whole body"),
 }
 
 
@@ -334,7 +338,8 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     from . import images as image_routes  # POST/GET/DELETE /v1/images (issue 17)
 
     image_routes.install(app, svc.engine, config.image_import_dirs, any_path=any_image_path,
-                         tenancy=svc.tenancy, upload_dir=config.image_upload_dir)
+                         tenancy=svc.tenancy, upload_dir=config.image_upload_dir,
+                         body_timeout_s=config.limits.body_timeout_s)
 
     @app.get("/v1/cluster", tags=["native"])
     async def cluster() -> Response:

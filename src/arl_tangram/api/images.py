@@ -23,6 +23,7 @@ by that tenant only (another tenant gets 404); shared images (config, `tangram i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -71,8 +72,12 @@ def _tenant(request: Request) -> str | None:
 
 def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
             any_path: bool = False, tenancy: Tenancy | None = None,
-            upload_dir: str | None = None) -> None:
+            upload_dir: str | None = None, body_timeout_s: float | None = None) -> None:
     dirs = tuple(import_dirs)
+    # an upload's body may go this long without a chunk (None: no deadline). `tangram serve`'s
+    # transport drops a stalled body at limits.body_timeout_s already (api/transport.py); this,
+    # twice that, holds under any other ASGI server too
+    stall_s = None if body_timeout_s is None else 2 * body_timeout_s
 
     async def _import(path: str, asked: str, node: str | None, request: Request,
                       source: str | None = None) -> Response:
@@ -137,7 +142,15 @@ def install(app: FastAPI, engine: Engine, import_dirs: Sequence[str] = (), *,
             path = os.path.join(spool, "image.tar")
             size = 0
             with open(path, "wb") as f:
-                async for chunk in request.stream():
+                chunks = request.stream().__aiter__()
+                while True:  # (each chunk within a deadline: a stalled upload is dropped)
+                    try:
+                        async with asyncio.timeout(stall_s):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        return _err(408, f"body: no byte for {stall_s:g} s; upload dropped")
                     if chunk:
                         f.write(chunk)
                         size += len(chunk)

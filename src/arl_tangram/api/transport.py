@@ -74,9 +74,150 @@ def coalescing(protocol_cls: type) -> type:
     return Coalescing
 
 
-def http_protocol() -> type:
-    """uvicorn's "auto" HTTP protocol (httptools when it imports, else h11), coalescing; for
-    ``uvicorn.run(app, http=http_protocol())``."""
+class ConnectionGuard:
+    """Slow clients (issue 35, M4): the deadlines and caps of one server's connections.
+
+    uvicorn bounds none of these: a connection that never finishes its headers is held for
+    ever (an fd each: ~1,000 of them stop a server at the common 1,024-fd limit), and a body
+    that stops arriving holds its request (and an upload's spool file) for ever. Here:
+
+    - a request's headers must be whole within ``header_timeout_s`` of the connection (of the
+      first byte of the next request, on a kept-alive one), else the connection is closed;
+    - while the server waits for a request's body, ``body_timeout_s`` without a byte closes it
+      (the app sees a disconnect: an upload's spool is removed); not while the server itself
+      has paused reading (a slow app is not a slow client);
+    - connections that have not finished their first request's headers (no token seen yet) are
+      at most ``max_per_ip`` from one address and ``max_pending`` in all: past either, the one
+      of them waiting longest (an idle attacker's, never a client's that sends at once) is
+      dropped for the new one, so they hold a bounded number of fds.
+
+    Kept-alive connections between requests are uvicorn's (``timeout_keep_alive``).
+    """
+
+    def __init__(self, *, header_timeout_s: float, body_timeout_s: float, max_per_ip: int,
+                 max_pending: int) -> None:
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
+        self.max_per_ip, self.max_pending = max_per_ip, max_pending
+        self.pending: dict[Any, None] = {}  # protocols before their first headers, oldest first
+        self.by_ip: dict[str, dict[Any, None]] = {}
+
+    def arrived(self, proto: Any, ip: str) -> None:
+        self.pending[proto] = None
+        mine = self.by_ip.setdefault(ip, {})
+        mine[proto] = None
+        if len(mine) > self.max_per_ip:
+            self._drop(next(iter(mine)))
+        if len(self.pending) > self.max_pending:
+            self._drop(next(iter(self.pending)))
+
+    def left(self, proto: Any, ip: str) -> None:
+        """``proto`` finished its first headers, or its connection ended."""
+        if self.pending.pop(proto, 0) is None:
+            mine = self.by_ip.get(ip)
+            if mine is not None:
+                mine.pop(proto, None)
+                if not mine:
+                    del self.by_ip[ip]
+
+    def _drop(self, proto: Any) -> None:
+        self.left(proto, proto._guard_ip)
+        proto._guard_close(abort=True)
+
+
+def guarded(protocol_cls: type, guard: ConnectionGuard) -> type:
+    """A subclass of uvicorn's httptools protocol ``protocol_cls`` kept by ``guard``."""
+
+    class Guarded(protocol_cls):
+        _guard_ip = ""
+        _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+        _in_headers = False  # a request began and its headers are not whole yet
+        _in_body = False  # its headers are whole and its body is not
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            peer = transport.get_extra_info("peername")
+            self._guard_ip = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            self._header_timer = self.loop.call_later(guard.header_timeout_s, self._header_late)
+            guard.arrived(self, self._guard_ip)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            guard.left(self, self._guard_ip)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # timers only for what is left incomplete after this read (a request that comes in
+            # one read costs none but its connection's first)
+            if self._in_headers and self._header_timer is None:  # a kept-alive one's next
+                self._header_timer = self.loop.call_later(guard.header_timeout_s,
+                                                          self._header_late)
+            elif self._in_body:  # (re)armed by every read of the body
+                if self._body_timer is not None:
+                    self._body_timer.cancel()
+                self._body_timer = self.loop.call_later(guard.body_timeout_s, self._body_late)
+
+        def handle_websocket_upgrade(self) -> None:
+            self._disarm()  # (the connection is the websocket protocol's now)
+            self._in_headers = self._in_body = False
+            super().handle_websocket_upgrade()
+
+        # parser callbacks (httptools)
+        def on_message_begin(self) -> None:
+            self._in_headers = True
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_headers = False
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            guard.left(self, self._guard_ip)
+            super().on_headers_complete()
+            self._in_body = True
+
+        def on_message_complete(self) -> None:
+            self._in_body = False
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            super().on_message_complete()
+
+        def _disarm(self) -> None:
+            for t in (self._header_timer, self._body_timer):
+                if t is not None:
+                    t.cancel()
+            self._header_timer = self._body_timer = None
+
+        def _header_late(self) -> None:
+            self._header_timer = None
+            guard.left(self, self._guard_ip)
+            self._guard_close(abort=False)
+
+        def _body_late(self) -> None:
+            self._body_timer = None
+            if self.flow is not None and self.flow.read_paused:  # the app is slow, not the peer
+                self._body_timer = self.loop.call_later(guard.body_timeout_s, self._body_late)
+                return
+            self._guard_close(abort=False)
+
+        def _guard_close(self, *, abort: bool) -> None:
+            self._disarm()
+            t = self.transport
+            if t is not None and not t.is_closing():
+                if abort:
+                    t.abort()
+                else:
+                    t.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{protocol_cls.__name__}"
+    return Guarded
+
+
+def http_protocol(guard: ConnectionGuard | None = None) -> type:
+    """uvicorn's "auto" HTTP protocol (httptools when it imports, else h11), coalescing, and
+    kept by ``guard`` (httptools only); for ``uvicorn.run(app, http=http_protocol(...))``."""
     proto: type
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -85,5 +226,14 @@ def http_protocol() -> type:
     except ImportError:
         from uvicorn.protocols.http.h11_impl import H11Protocol
 
-        proto = H11Protocol
-    return coalescing(proto)
+        return coalescing(H11Protocol)
+    proto = coalescing(proto)
+    return guarded(proto, guard) if guard is not None else proto
+
+
+def guard_of(limits: Any) -> ConnectionGuard:
+    """The guard a service config's ``limits`` (`LimitsConfig`) ask for."""
+    return ConnectionGuard(header_timeout_s=float(limits.header_timeout_s),
+                           body_timeout_s=float(limits.body_timeout_s),
+                           max_per_ip=int(limits.max_connections_per_ip),
+                           max_pending=int(limits.max_pending_connections))

@@ -116,9 +116,11 @@ def run(args: argparse.Namespace) -> int:
     models = ", ".join(m.name for m in cfg.models) or "none"
     print(f"tangram serve: http://{cfg.host}:{cfg.port}  policy={cfg.policy}  models={models}",
           file=sys.stderr)
-    from ..api.transport import http_protocol  # one write per response (see its docstring)
+    # one write per response, and deadlines and caps for slow clients (see their docstrings)
+    from ..api.transport import guard_of, http_protocol
 
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=5, http=http_protocol(),
+                access_log=False, timeout_graceful_shutdown=5,
+                http=http_protocol(guard_of(cfg.limits)),
                 timeout_keep_alive=cfg.keep_alive_s)
     return 0

@@ -76,6 +76,16 @@ class LimitsConfig:
     max_batch: int = 4096  # actions in one POST /v1/actions
     max_wait_s: float = 300.0  # longest long-poll a client may ask for
     max_sessions: int = 1024  # open sessions; POST /v1/sessions beyond this gets 429
+    # slow clients (issue 35, M4; api/transport.py `ConnectionGuard`): a request's headers must
+    # be whole within header_timeout_s of the connection (or of its first byte on a kept-alive
+    # one), its body may go body_timeout_s without a byte while the server waits for one; past
+    # either the connection is closed. Connections that have not finished their first request's
+    # headers (no token seen yet): at most max_connections_per_ip from one address and
+    # max_pending_connections in all, the one waiting longest dropped for a new one.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections_per_ip: int = 64
+    max_pending_connections: int = 256
 
     def __post_init__(self) -> None:
         for f in fields(self):
