@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 from ..core.errors import BrokenError, ClosedError, InvalidAction
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
-from . import jupyter, metrics
+from . import jupyter, metrics, search
 from .fastpath import FastRunCode
 from .middleware import TENANT_KEY, BodyTooLarge, GuardMiddleware
 from .schemas import (
@@ -215,6 +215,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     _install_errors(app)
     _routes(app, svc, config, any_image_path)
     jupyter.add_routes(app, svc)
+    search.add_routes(app, svc)  # /retrieve, /v1/search, /v1/fetch (issue 37)
 
     async def run_code(req: RunCodeRequest, tenant: str | None) -> dict[str, Any]:
         return await _run_code_wire(svc, req, tenant)

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "replay": ("arl_tangram.cli.replay", "replay a trace on real sandboxes and models"),
     "calibrate": ("arl_tangram.cli.calibrate", "measure this machine into a cluster spec"),
     "image": ("arl_tangram.cli.image", "import, list and remove environment images"),
+    "index": ("arl_tangram.cli.index", "build and list local retriever indexes (/retrieve)"),
 }
 
 

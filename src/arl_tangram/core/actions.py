@@ -41,13 +41,14 @@ class ActionKind(enum.StrEnum):
     SEARCH = "search"  # a web search (or the local retriever standing in for one)
     FETCH = "fetch"  # a page fetch
     HTTP = "http"  # any other call to a declared provider
+    RETRIEVE = "retrieve"  # a local retriever's search: a batched model like a reward model
 
     @property
     def uses_model(self) -> bool:
         return self in _MODEL_KINDS  # (a module tuple: reading members off the class is slow)
 
 
-_MODEL_KINDS = (ActionKind.REWARD, ActionKind.JUDGE)
+_MODEL_KINDS = (ActionKind.REWARD, ActionKind.JUDGE, ActionKind.RETRIEVE)
 
 
 class Status(enum.IntEnum):

@@ -38,6 +38,7 @@ from ..core.cluster import ModelSpec
 from ..core.errors import SpecError
 from ..core.images import valid_name
 from ..core.resources import Resources
+from ..managers.api.config import ProviderConfig, ProviderConfigError, parse_providers
 from ..specfile import read_yaml
 
 POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
@@ -191,6 +192,9 @@ class ServiceConfig:
     # YAML: ``images: {max_upload_mb: 16384, upload_dir: /var/tmp}``.
     image_max_upload_bytes: int = 16 * 1024**3
     image_upload_dir: str | None = None
+    # Providers (issue 37): web search, page fetch, any HTTP API, with their limits, which the
+    # core schedules as capacity (`managers/api/config.py`; docs/search.md).
+    providers: tuple[ProviderConfig, ...] = ()
     source: str = "<default>"  # where it came from (file path or <default>)
 
     def __post_init__(self) -> None:
@@ -449,9 +453,18 @@ class _Parser:
             raise self.fail(raw, "scheduler", str(exc)) from None
         return d
 
+    def providers(self, raw: Any, parent: Any) -> tuple[ProviderConfig, ...]:
+        try:
+            return parse_providers(_plain(raw))
+        except ProviderConfigError as exc:
+            items = raw if isinstance(raw, list) else []
+            i = exc.field.split("]", 1)[0].rsplit("[", 1)[-1] if "[" in exc.field else ""
+            at = items[int(i)] if i.isdigit() and int(i) < len(items) else parent
+            raise self.fail(at, exc.field, str(exc).split(": ", 1)[-1]) from None
+
     def parse(self, data: Any) -> ServiceConfig:
         top = {"policy", "server", "auth", "limits", "nodes", "models", "default_reward_model",
-               "scheduler", "images", "tenants"}
+               "scheduler", "images", "tenants", "providers"}
         d = self.mapping(data, data, "<root>", top)
         server = self.mapping(d.get("server"), data, "server", {"host", "port", "keep_alive_s"})
         auth = self.mapping(d.get("auth"), data, "auth", {"token", "token_env", "token_file"})
@@ -480,7 +493,8 @@ class _Parser:
                               "image_import_dirs": self.image_import_dirs(d.get("images"), data),
                               **self.image_upload(d.get("images")),
                               "eager_images": tuple(self._eager),
-                              "tenants": self.tenants(d.get("tenants"), data)}
+                              "tenants": self.tenants(d.get("tenants"), data),
+                              "providers": self.providers(d.get("providers"), data)}
         for key, val in (("policy", d.get("policy")), ("host", server.get("host")),
                          ("port", server.get("port")), ("token", token),
                          ("default_reward_model", d.get("default_reward_model"))):

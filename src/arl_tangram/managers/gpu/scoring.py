@@ -10,6 +10,9 @@ Kinds:
   else P(label ``options["positive_label"]``, default the last) and ``probs`` lists all.
 - ``similarity``: AutoModel embeddings, masked mean pooling (L2-normalized), score = cosine
   similarity of the response and ``payload["reference"]``.
+- a ``similarity`` model with ``options["index"]`` (a directory `tangram index build` wrote) is
+  a local retriever (issue 37): each payload's ``query`` is embedded the same way and its
+  ``topk`` nearest documents come back (`managers/retrieval/index.py`), batched like scores.
 - ``judge``: AutoModelForCausalLM; score = P(yes) / (P(yes) + P(no)) of the next token after a
   prompt template (``options["template"]``, wrapped in the tokenizer's chat template when
   ``options["chat_template"]`` is true). Deterministic: one forward pass, no sampling.
@@ -97,6 +100,11 @@ def _query(payload: Mapping[str, Any]) -> str:
 
 def texts_for(spec: ModelSpec, payload: Mapping[str, Any]) -> list[str]:
     """The texts one action contributes (raises ValueError naming what is missing)."""
+    if spec.kind == "similarity" and spec.options.get("index"):  # a retriever
+        q = payload.get("query")
+        if not isinstance(q, str) or not q.strip():
+            raise ValueError("a retrieval needs a non-empty 'query' in the payload")
+        return [q]
     if spec.kind == "similarity":
         if "reference" not in payload:
             raise ValueError("a similarity reward needs 'reference' in the payload")
@@ -144,6 +152,14 @@ class Scorer:
         self._yes_no: tuple[int, int] | None = None
         # judges of instruct models: wrap the prompt in the tokenizer's chat template
         self.chat = spec.kind == "judge" and bool(spec.options.get("chat_template", False))
+        self.index: Any = None  # a retriever's index (`options["index"]`)
+        if spec.kind == "similarity" and spec.options.get("index"):
+            from ..retrieval.index import Index
+
+            try:
+                self.index = Index.load(str(spec.options["index"]))
+            except ValueError as exc:
+                raise BrokenError(f"model {spec.name}: {exc}") from exc
         if self.chat and not getattr(tokenizer, "chat_template", None):
             raise BrokenError(
                 f"model {spec.name}: options.chat_template is set but its tokenizer has none"
@@ -155,6 +171,8 @@ class Scorer:
 
     def score(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """One output dict per payload, in order. Raises on a model failure (whole batch)."""
+        if self.index is not None:
+            return self.retrieve(payloads)
         uniq: dict[str, int] = {}  # identical texts (a shared reference) are encoded once
         refs: list[list[int]] = []
         for p in payloads:
@@ -162,6 +180,20 @@ class Scorer:
             refs.append([uniq.setdefault(t, len(uniq)) for t in texts])
         rows = self._forward_all(list(uniq))
         return [self._output([rows[i] for i in r]) for r in refs]
+
+    def retrieve(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """A retriever's batch: each payload's ``query`` embedded, its ``topk`` (default 3)
+        documents by exact inner product: ``{"result": [{"document", "score"}, ...]}``."""
+        import numpy as np
+
+        queries = [str(p.get("query", "")) for p in payloads]
+        rows = torch.stack(self._forward_all(queries)).numpy().astype(np.float32)
+        out: list[dict[str, Any]] = []
+        for i, p in enumerate(payloads):
+            k = int(p.get("topk", 3))
+            ids, scores = self.index.search(rows[i:i + 1], k)
+            out.append({"result": next(self.index.hits(ids, scores)), "model": self.spec.name})
+        return out
 
     def _chat(self, text: str) -> str:
         if not self.chat:

@@ -1,0 +1,134 @@
+"""Search routes (issue 37): ``POST /retrieve`` in Search-R1's retriever format over the local
+indexes (`tangram index build`), and ``POST /v1/search`` / ``POST /v1/fetch`` through a configured
+provider (the SDK's `Client.search` / `Client.fetch`). Installed by `app.create_app` (`add_routes`).
+
+``/retrieve`` is Search-R1's ``retrieval_server.py`` contract, which verl's search tool calls:
+
+    {"queries": ["q1", ...], "topk": 3, "return_scores": true}
+    -> {"result": [[{"document": {"id": ..., "contents": "Title\\ntext"}, "score": 0.71}, ...], ...]}
+
+and without ``return_scores`` each inner item is the document itself. ``topk`` absent or null:
+3 (Search-R1's default). An extra optional ``"index": NAME`` picks among several indexes (else
+the only one, or the first by name). Each query is one ``retrieve`` action of the index's model,
+all submitted together: the core batches them (and other clients' queries) per model and the
+GPU manager runs the batch; the index loads, parks and swaps like a reward model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from ..core.actions import ActionKind, ActionSpec, Status
+from ..core.errors import InvalidAction
+from ..core.resources import Resources
+from ..managers.api.manager import RequestError
+from ..managers.retrieval.index import MAX_TOPK
+from .middleware import TENANT_KEY
+
+MAX_QUERIES = 1024  # queries in one /retrieve
+MAX_QUERY_CHARS = 4096  # characters of one query
+DEFAULT_TOPK = 3  # Search-R1's retrieval_topk default
+
+
+class RetrieveIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+    index: str | None = None
+
+
+class ProviderIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    provider: str
+    query: str | None = None
+    url: str | None = None
+    options: dict[str, Any] | None = None
+    timeout_s: float = 60.0
+    trajectory: str | None = None
+
+
+def _tenant(request: Request) -> str:
+    t = request.scope.get(TENANT_KEY)
+    return t if isinstance(t, str) else ""
+
+
+def retrievers(engine: Any) -> list[str]:
+    """The models that are local indexes, by name."""
+    return sorted(m.name for m in engine.config.models if m.options.get("index"))
+
+
+def check_retrieve(body: RetrieveIn, served: list[str]) -> tuple[str, int]:
+    """(index, topk) of a valid request; InvalidAction naming the field else."""
+    if not body.queries:
+        raise InvalidAction("queries", "must list at least one query")
+    if len(body.queries) > MAX_QUERIES:
+        raise InvalidAction("queries", f"at most {MAX_QUERIES} per request, got {len(body.queries)}")
+    for i, q in enumerate(body.queries):
+        if len(q) > MAX_QUERY_CHARS:
+            raise InvalidAction(f"queries[{i}]", f"must be at most {MAX_QUERY_CHARS} characters, got {len(q)}")
+        if not q.strip():
+            raise InvalidAction(f"queries[{i}]", "must not be empty")
+    topk = DEFAULT_TOPK if body.topk is None else body.topk
+    if not 1 <= topk <= MAX_TOPK:
+        raise InvalidAction("topk", f"must be in [1, {MAX_TOPK}], got {topk}")
+    if not served:
+        raise InvalidAction("index", "no local index is served (build one: tangram index build "
+                                     "CORPUS.jsonl --name NAME)")
+    name = body.index if body.index is not None else served[0]
+    if name not in served:
+        raise InvalidAction("index", f"unknown index {name!r} (indexes: {', '.join(served)})")
+    return name, topk
+
+
+def add_routes(app: FastAPI, svc: Any) -> None:
+    engine = svc.engine
+
+    @app.post("/retrieve", tags=["search"])
+    async def retrieve(body: RetrieveIn) -> Response:
+        name, topk = check_retrieve(body, retrievers(engine))
+        specs = [ActionSpec(engine.new_id(), kind=ActionKind.RETRIEVE, model=name, tag=name,
+                            demand=Resources(), payload={"query": q, "topk": topk},
+                            timeout_s=60.0) for q in body.queries]
+        ids = engine.submit_nowait(specs)
+        results = await asyncio.gather(*(engine.result(i) for i in ids))
+        out: list[list[Any]] = []
+        for r in results:
+            if r is None or r.status is not Status.SUCCEEDED:
+                why = "no result" if r is None else f"{r.status.name.lower()}: {r.reason}"
+                return JSONResponse({"error": f"index {name!r}: {why}", "field": "index"}, 502)
+            hits = r.output.get("result", []) if isinstance(r.output, dict) else []
+            out.append(hits if body.return_scores else [h["document"] for h in hits])
+        return JSONResponse({"result": out})
+
+    async def provider_call(kind: str, body: ProviderIn, request: Request) -> Response:
+        front = engine.api
+        if front is None:
+            raise InvalidAction("provider", f"unknown provider {body.provider!r} (providers: none declared)")
+        req: dict[str, Any] = {"query": body.query} if kind == "search" else {"url": body.url}
+        if body.options is not None:
+            req["options"] = body.options
+        if not 0 < body.timeout_s <= 600:
+            raise InvalidAction("timeout_s", f"must be in (0, 600], got {body.timeout_s}")
+        try:
+            r = await front.call(kind, body.provider, req, tenant=_tenant(request),
+                                 timeout_s=body.timeout_s, trajectory=body.trajectory)
+        except RequestError as exc:
+            raise InvalidAction(exc.field, str(exc).split(": ", 1)[-1]) from None
+        out = r.output if isinstance(r.output, dict) else {}
+        return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,
+                             "result": out.get("result"), "cached": bool(out.get("cached", False)),
+                             "reason": r.reason, "act_s": r.act})
+
+    @app.post("/v1/search", tags=["search"])
+    async def search(body: ProviderIn, request: Request) -> Response:
+        return await provider_call("search", body, request)
+
+    @app.post("/v1/fetch", tags=["search"])
+    async def fetch(body: ProviderIn, request: Request) -> Response:
+        return await provider_call("fetch", body, request)
