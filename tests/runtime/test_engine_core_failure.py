@@ -123,3 +123,65 @@ async def test_a_batch_keeps_the_actions_the_core_could_take() -> None:
     st = eng.stats()
     assert (st["queue_length"], st["running_total"]) == (0, 0)
     await eng.aclose()
+
+
+class _RaisesOn:
+    """The real core, but raising on one event type for one action id (the test's seam: the
+    real core raises on such events only through bugs)."""
+
+    def __init__(self, core: object, event: type, action_id: str) -> None:
+        self.core, self.event, self.action_id = core, event, action_id
+
+    def handle(self, ev: object) -> list[object]:
+        if isinstance(ev, self.event) and getattr(ev, "action_id", None) == self.action_id:
+            raise RuntimeError("boom")
+        return self.core.handle(ev)  # type: ignore[attr-defined,no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.core, name)
+
+
+async def _engine_raising_on(event: type, action_id: str) -> Engine:
+    def factory(config: EngineConfig, nodes: object) -> object:
+        return _RaisesOn(make_core(config, nodes), event, action_id)  # type: ignore[arg-type]
+
+    eng = Engine(FakeExecutor(cpu=2), EngineConfig(tick_s=0.05),
+                 core_factory=factory)  # type: ignore[arg-type]
+    return await eng.start()
+
+
+async def test_a_finish_the_core_cannot_take_ends_failed_and_frees_the_node() -> None:
+    from arl_tangram.core import events as E
+
+    eng = await _engine_raising_on(E.ActionFinished, "fin")
+    whole = Resources(cpu=2, memory_mb=64)  # the node's every core
+    (fid,) = eng.submit_nowait(ActionSpec(id="fin", demand=whole, payload={"sleep": 0}))
+    res = await asyncio.wait_for(eng.result(fid), 10)
+    assert res is not None and res.status is Status.FAILED
+    assert res.reason == "the scheduler could not take this event (RuntimeError: boom)"
+    # the core was told to forget it: its cores are free for the next one
+    (nid,) = eng.submit_nowait(ActionSpec(id="next", demand=whole, payload={"sleep": 0}))
+    nxt = await eng.result(nid, wait=10)
+    assert nxt is not None and nxt.status is Status.SUCCEEDED
+    await eng.aclose()
+
+
+async def test_a_cancel_the_core_cannot_take_still_cancels() -> None:
+    from arl_tangram.core import events as E
+
+    eng = await _engine_raising_on(E.CancelRequested, "stuck")
+    (sid,) = eng.submit_nowait(ActionSpec(id="stuck", demand=Resources(cpu=1, memory_mb=64),
+                                          payload={"sleep": 30}))
+    for _ in range(1000):
+        if eng.status(sid) is Status.RUNNING:
+            break
+        await asyncio.sleep(0.01)
+    assert eng.status(sid) is Status.RUNNING
+    waiter = asyncio.ensure_future(eng.result(sid))
+    assert await eng.cancel(sid) is True
+    res = await asyncio.wait_for(waiter, 10)
+    assert res is not None and res.status is Status.CANCELLED
+    assert res.reason == ("cancelled by request; the scheduler could not take this event "
+                          "(RuntimeError: boom)")
+    assert eng.stats()["running_total"] == 0
+    await eng.aclose()

@@ -96,6 +96,7 @@ def _restamp(ev: E.Event, now: float) -> E.Event:
     if rest is None:
         return dataclasses.replace(ev, time=now)
     return cls(now, *[getattr(ev, n) for n in rest])
+UPLOAD_SPOOL_PREFIX = "tangram-upload-"  # the spool directory of an uploaded image's archive
 _NO_TIMER_S = 1e7  # waits longer than this (about 4 months) are waits without a timer
 
 
@@ -144,6 +145,13 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._closed = False
+        # executes the core's provider calls (issue 37: `managers.api.ApiManager.call`); it
+        # answers each with `ActionFinished` or `ProviderThrottled` through the executor's emit
+        self.provider_calls: Callable[[C.CallProvider], None] | None = None
+        self.api: Any = None  # that manager's front door (`runtime.providers.ProviderFront`)
+        # more sections of `stats()` (name -> a function of nothing), e.g. "providers"
+        self.extra_stats: dict[str, Callable[[], Any]] = {}
+        self._imported: set[str] = set()  # images imported through `import_image` (their source)
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -253,9 +261,57 @@ class Engine:
         assert core is not None  # (made by `start`, before the loop runs)
         try:
             return list(core.handle(ev))
-        except Exception:
+        except Exception as exc:
             log.exception("core failed on %r", ev)
-            return []
+            return self._core_failed(ev, exc)
+
+    def _core_failed(self, ev: E.Event, exc: Exception) -> list[C.Command]:
+        """The core raised on ``ev``: no action it names is left waiting for a result that
+        will never come (issue 35, H2). An arrival the core could not take ends REJECTED, a
+        cancel CANCELLED, a finish FAILED, each with the error as its reason (its waiters
+        answered, its place in ``max_pending`` and in its tenant's quota freed); the core is
+        then asked to forget it (a cancel: it may hold a record). Of a batch that raised, the
+        actions the core had not reached yet arrive again one by one, and those it had queued
+        stay. An event that names no action (a tick, a node's report) is only logged."""
+        why = f"the scheduler could not take this event ({type(exc).__name__}: {exc})"
+        if isinstance(ev, E.ActionsArrived):
+            status_of = getattr(self.core, "status", None)
+            out: list[C.Command] = []
+            failed: list[str] = []
+            for spec in ev.actions:
+                st = status_of(spec.id) if callable(status_of) else Status.PENDING
+                if st is None:  # not reached before the raise: on its own
+                    out.extend(self._handle(E.ActionArrived(ev.time, spec)))
+                elif st is Status.PENDING or st.is_finished:  # the one that raised (or its
+                    failed.append(spec.id)                    # result went with the raise)
+            return self._fail(failed, Status.REJECTED, why, ev.time) + out
+        if isinstance(ev, E.ActionArrived):
+            return self._fail([ev.action.id], Status.REJECTED, why, ev.time)
+        if isinstance(ev, E.CancelRequested):
+            return self._fail([ev.action_id], Status.CANCELLED,
+                              f"cancelled by request; {why}", ev.time, forget=False)
+        if isinstance(ev, E.ActionFinished):
+            return self._fail([ev.action_id], Status.FAILED, why, ev.time)
+        return []
+
+    def _fail(self, ids: Sequence[str], status: Status, reason: str, now: float, *,
+              forget: bool = True) -> list[C.Command]:
+        """Deliver ``status`` with ``reason`` for each of ``ids`` still live, then (``forget``)
+        cancel it in the core, whose commands (a CancelAction for a node) are returned; its own
+        Deliver comes second and is ignored."""
+        out: list[C.Command] = []
+        for aid in ids:
+            live = self._live.get(aid)
+            if live is None:
+                continue
+            self._deliver(ActionResult(aid, status, live.submit_time, finish_time=now,
+                                       node=live.node, reason=reason))
+            if forget and self.core is not None:
+                try:
+                    out.extend(self.core.handle(E.CancelRequested(now, aid)))
+                except Exception:
+                    log.exception("core failed to forget action %s", aid)
+        return out
 
     def _observe(self, ev: E.Event) -> None:
         if isinstance(ev, E.NodeAdded):  # a node that joined later (Ray executor)
@@ -308,6 +364,9 @@ class Engine:
         if isinstance(cmd, C.Deliver):
             self._deliver(cmd.result)
             return True
+        if isinstance(cmd, C.WakeAt | C.CallProvider):
+            self._provider_command(cmd)
+            return True
         if isinstance(cmd, C.StartAction):
             live = self._live.get(cmd.action.id)
             if live is not None:
@@ -336,6 +395,23 @@ class Engine:
             self.stats_book.session_evictions += 1
             log.warning("%s", cmd.reason)
         return False
+
+    def _provider_command(self, cmd: C.WakeAt | C.CallProvider) -> None:
+        """The core's provider commands (issue 37): a `Wake` at the time a WakeAt names (a
+        millisecond late, so the token is there), a call to the API manager."""
+        if self._closed or self._loop is None:
+            return
+        if isinstance(cmd, C.WakeAt):
+            self._loop.call_later(max(0.0, cmd.time - self.clock.now()) + 1e-3, self._wake)
+        elif self.provider_calls is not None:
+            self.provider_calls(cmd)
+        else:
+            self._emit(E.ActionFinished(self.clock.now(), cmd.action.id, Status.FAILED,
+                                        reason=f"provider {cmd.provider!r}: no API manager runs here"))
+
+    def _wake(self) -> None:
+        if self._queue is not None and not self._closed:
+            self._queue.put_nowait(E.Wake(self.clock.now()))
 
     def _deliver(self, result: ActionResult) -> None:
         live = self._live.pop(result.id, None)
@@ -534,13 +610,48 @@ class Engine:
     # ---- environment images: the executor's nodes (see `Executor.import_image`) ----------------
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
-        return await self._executor.import_image(path, name, node)
+        out = await self._executor.import_image(path, name, node)
+        self._imported.add(name)
+        return self._sourced(out)
 
     def list_images(self, node: str | None = None) -> dict[str, Any]:
-        return self._executor.list_images(node)
+        return self._sourced(self._executor.list_images(node))
 
     async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
-        return await self._executor.remove_image(name, node)
+        out = await self._executor.remove_image(name, node)
+        self._imported.discard(name)
+        return out
+
+    def source_of(self, name: str, path: object) -> str:
+        """What an image's source is shown as (issue 35, L2: never the host path): ``upload``
+        (an archive sent in `PUT /v1/images/{name}`, spooled), ``import`` (a path imported
+        through this engine: `POST /v1/images`), ``config`` (anything else: the service
+        config's ``images``, or the node's cache as `tangram image import` left it)."""
+        if isinstance(path, str) and f"/{UPLOAD_SPOOL_PREFIX}" in path:
+            return "upload"
+        return "import" if name in self._imported else "config"
+
+    def _sourced(self, listing: dict[str, Any]) -> dict[str, Any]:
+        """``listing`` (an image import's answer, `list_images`, a node's info) with each
+        host path of a source replaced by `source_of`."""
+        out = dict(listing)
+        for key in ("image_sources", "sources"):
+            if isinstance(out.get(key), Mapping):
+                out[key] = {n: self.source_of(str(n), p) for n, p in out[key].items()}
+        if isinstance(out.get("nodes"), Mapping):
+            out["nodes"] = {n: self._sourced_one(r) for n, r in out["nodes"].items()}
+        if isinstance(out.get("images"), list):
+            out["images"] = [self._sourced_one(r) for r in out["images"]]
+        if "source" in out and "name" in out:
+            out["source"] = self.source_of(str(out["name"]), out["source"])
+        return out
+
+    def _sourced_one(self, rec: Any) -> Any:
+        if isinstance(rec, list):
+            return [self._sourced_one(r) for r in rec]
+        if isinstance(rec, dict) and "source" in rec and "name" in rec:
+            return {**rec, "source": self.source_of(str(rec["name"]), rec["source"])}
+        return rec
 
     def has_image(self, name: str) -> bool | None:
         return self._executor.has_image(name)
@@ -564,7 +675,8 @@ class Engine:
                 "utilization": {k: round(min(1.0, used.get(k) / v), 4) for k, v in cap.items() if v > 0},
                 "running": nv.running, "warm": dict(nv.warm),
                 "gpu_domains": [list(d) for d in spec.gpu_domains] if spec else [],
-                **{k: v for k, v in info.get(nv.name, {}).items() if k not in ("name", "pool")},
+                **{k: v for k, v in self._sourced(info.get(nv.name, {})).items()
+                   if k not in ("name", "pool")},
             })
             dead_here = sorted(m for m, d in down.items() if d["node"] == nv.name)
             if dead_here and nodes[-1].get("ready", True):  # a model's worker died here
@@ -607,6 +719,7 @@ class Engine:
             "results_kept": len(self._results), "sessions": len(self._sessions),
             "resizes": self._resizes(),
             "estimator": self._estimator_errors(),
+            **{name: fn() for name, fn in self.extra_stats.items()},
         }
 
     def _estimator_errors(self) -> dict[str, dict[str, float]]:
