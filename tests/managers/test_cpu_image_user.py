@@ -6,11 +6,14 @@ contained with the attacker root inside. The image is this machine's programs an
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 
@@ -18,6 +21,7 @@ import pytest
 import pytest_asyncio
 from _cpu_helpers import action, allot, procs_of_uid
 from test_cpu_clone_flags import FLAGS, PROBE
+from test_cpu_sandbox_ids import EMFILE, HOLD, MAX_INSTANCES, ONE
 from test_cpu_seccomp import SOCKETS_INSIDE, sockets_code
 
 from arl_tangram.core.actions import ActionKind
@@ -310,6 +314,49 @@ async def test_unconfined_socket_families_are_eperm_for_root_inside(
     r = await mgr.run(action(code, image=img), allot())
     assert r.status == "Success", r.to_dict()
     assert json.loads(out(r)) == SOCKETS_INSIDE, r.to_dict()
+
+
+async def test_an_image_session_holding_every_inotify_instance_takes_none_from_others(
+        mgr: CpuManager, layout: tuple[str, str]) -> None:
+    """(issue 35, M2) Each image sandbox is in a user namespace of its own, owned by its own
+    sandbox id: what it counts per user is charged there, not to the owner of one namespace
+    shared by every image sandbox (host root: an image session holding 128 inotify instances
+    made `inotify_init` fail in every other image session and for every root process of the
+    host, this test's included). The maps are the node's range as before."""
+    img = _import(mgr, layout, "plain", {})
+    await mgr.open_session("ia", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
+    await mgr.open_session("ib", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
+    try:
+        a = json.loads(out(await py(mgr, "ia", HOLD)).strip().splitlines()[-1])
+        b = json.loads(out(await py(mgr, "ib", ONE)).strip().splitlines()[-1])
+        root = subprocess.run([sys.executable, "-c", ONE], capture_output=True, text=True)
+        plain = await mgr.run(action(ONE), allot())
+        assert (b, json.loads(root.stdout)) == ([True, 0, 0], [True, 0, 0]), root.stderr
+        assert json.loads(out(plain))[:2] == [True, 0]
+        assert a == [MAX_INSTANCES, EMFILE, 0, 0]  # all a uid may have, then EMFILE
+        # each session's namespace: its own (inode), owned by its sandbox's own id, the maps
+        # the node's range
+        owners, inodes = [], []
+        for sid in ("ia", "ib"):
+            pid = sorted(host_uids(mgr, sid))[-1]
+            fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
+            try:
+                buf = array.array("I", [0])
+                fcntl.ioctl(fd, 0xB704, buf)  # NS_GET_OWNER_UID
+                owners.append(buf[0])
+                inodes.append(os.fstat(fd).st_ino)
+            finally:
+                os.close(fd)
+            with open(f"/proc/{pid}/uid_map") as f:
+                assert f.read().split() == ["0", str(BASE), str(COUNT)]
+        assert owners == [mgr._sessions[s].sandbox.uid for s in ("ia", "ib")]
+        b0 = mgr.config.sandbox_id_base
+        assert len(set(owners)) == 2 and all(b0 <= o < b0 + mgr.config.sandbox_id_count
+                                             for o in owners)
+        assert len(set(inodes)) == 2
+    finally:
+        await mgr.close_session("ia")
+        await mgr.close_session("ib")
 
 
 async def test_without_the_user_namespace_images_run_as_the_sandbox_uid(

@@ -535,7 +535,8 @@ class CpuManager:
             try:
                 entered = await overlay.enter_image(sb, self.images, img, layer_mb,
                                                     sb.uid, self._gid(sb), layer,
-                                                    userns=self.userns)
+                                                    userns=self.userns,
+                                                    owner=sb.uid if self._ids else -1)
             finally:
                 if layer is not None:
                     layer.close()  # the sandbox holds it now, or nobody

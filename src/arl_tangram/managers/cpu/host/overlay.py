@@ -268,17 +268,21 @@ class Inside:
 async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int, uid: int,
                       gid: int, layer: Layer | None = None,
                       timeout: float = 30.0, userns: UserNamespace | None = None,
-                      ) -> dict[str, Any]:
+                      owner: int = -1) -> dict[str, Any]:
     """Have ``sb``'s init mount ``img`` with a writable layer of ``layer_mb`` MiB and pivot into
     it; its reply (``{"ok", "enter_s", "python", "uid", ...}``, `Inside.of`, or ``{"error"}``).
     The writable layer is ``layer`` (a detached mount on the node's disk, `layers.py`), lent to
     the init beside the cache's fd, or without one a tmpfs of ``layer_mb`` MiB that the init
     mounts itself. With ``userns`` (the node's, `userns.py`) the cache's copy is idmapped
-    through it and its fd lent last: the init joins it as the image's user's root."""
+    through it and its fd lent last: the init joins it as the image's user's root; with
+    ``owner`` too (the sandbox's own host uid, `host/ids.py`), the init makes a user namespace
+    of its own with the same maps, owned by ``owner``, idmaps the copy through that one and
+    joins it (`imagebox.own_userns`; issue 35, M2: what its processes count per user is then
+    charged to ``owner``, not to the node's namespace's owner, host root)."""
     fd = open_tree_clone(store.layers_dir)
     fds = [fd] if layer is None else [fd, layer.fd]
     try:
-        if userns is not None:
+        if userns is not None and owner < 0:
             userns.idmap(fd)
             fds.append(userns.fd)
         cfg = img.config
@@ -287,7 +291,9 @@ async def enter_image(sb: Sandbox, store: ImageStore, img: Image, layer_mb: int,
                "layer": "memory" if layer is None else "disk",
                "config": {k: cfg[k] for k in ("User", "WorkingDir", "Entrypoint", "Cmd", "Env")
                           if k in cfg},
-               "userns": {"base": userns.base, "count": userns.count} if userns else None}
+               "userns": None if userns is None else
+               {"base": userns.base, "count": userns.count, **({"owner": owner} if owner >= 0
+                                                              else {})}}
         fut = asyncio.ensure_future(sb.request(msg, timeout))
         await asyncio.sleep(0)  # the frame goes out first; the init then reads the fd
         if fut.done():

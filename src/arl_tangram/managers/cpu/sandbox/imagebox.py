@@ -24,6 +24,7 @@ shell named by its ``Entrypoint``/``Cmd`` the shell of a bash session (`SHELL`).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -136,6 +137,53 @@ def shell_argv(config: dict[str, Any]) -> list[str] | None:
     return argv
 
 
+def own_userns(base: int, count: int, owner: int) -> int:
+    """(The init, host root.) A new user namespace mapping ids 0..count-1 to the host's
+    base..base+count-1, owned by host uid ``owner``: an fd of it. A child of ours, as
+    ``owner``, unshares it and waits; we write its maps (root of the parent namespace may map
+    any ids) and open it; the child then exits (the namespace lives on in the fd).
+
+    Why its own (issue 35, M2): the kernel charges what a process counts per user (inotify
+    instances and watches, RLIMIT_NPROC, ...) to (its namespace, its uid) and then to (the
+    parent namespace, the namespace's owner), where the host's limits apply. In the node's one
+    namespace, owned by root, every image sandbox was charged to host root: one session holding
+    128 inotify instances broke `inotify_init` for every other image session and every root
+    process of the host."""
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (never returns)
+        ok = b"-"
+        try:
+            os.close(ready_r)
+            os.close(done_w)
+            os.setgroups([])
+            os.setresgid(owner, owner, owner)
+            os.setresuid(owner, owner, owner)
+            _linux.unshare(_linux.CLONE_NEWUSER)
+            ok = b"k"
+        except BaseException:
+            pass
+        try:
+            os.write(ready_w, ok)
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"k":
+            raise OSError(errno.EPERM, "cannot make the sandbox's user namespace")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(f"0 {base} {count}\n")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(done_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+
+
 def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
     """Mount the image's layers (``req["layers"]``: names under the received directory, top
     first) with a writable layer of ``req["layer_mb"]`` MiB and pivot into it; with
@@ -146,13 +194,18 @@ def enter(req: dict[str, Any], fd: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     on_disk = req.get("layer") == "disk"
     ns = req.get("userns")
-    fds = _recv_fds(fd, (2 if on_disk else 1) + (1 if ns else 0))
-    ns_fd = fds.pop() if ns else -1
+    owner: int | None = ns.get("owner") if ns else None  # a namespace of its own, made here
+    own = owner is not None
+    fds = _recv_fds(fd, (2 if on_disk else 1) + (1 if ns and not own else 0))
+    ns_fd = fds.pop() if ns and not own else -1
     layers_fd = fds[0]
     try:
         try:
             uid, gid = int(req["uid"]), int(req["gid"])
             base, count = (int(ns["base"]), int(ns["count"])) if ns else (0, 0)
+            if own:
+                ns_fd = own_userns(base, count, int(owner or 0))
+                _linux.idmap_mount(layers_fd, ns_fd)
             for name in req["layers"]:
                 if "/" in name or ":" in name or "," in name or name.startswith("."):
                     raise ValueError(f"bad layer name {name!r}")
