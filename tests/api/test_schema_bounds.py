@@ -26,11 +26,16 @@ from arl_tangram.core.errors import InvalidAction
 
 def _refused(model: type[BaseModel], body: dict[str, Any]) -> list[str]:
     """The fields ``body`` is refused for ([] when it validates)."""
+    return list(_why(model, body))
+
+
+def _why(model: type[BaseModel], body: dict[str, Any]) -> dict[str, str]:
+    """field -> pydantic's message, for each field ``body`` is refused for."""
     try:
         model.model_validate(body)
     except ValidationError as exc:
-        return [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
-    return []
+        return {".".join(str(p) for p in e["loc"]): e["msg"] for e in exc.errors()}
+    return {}
 
 
 CODE = {"kind": "code", "payload": {}}
@@ -99,19 +104,34 @@ def test_nan_and_infinities_are_refused(model: type[BaseModel], body: dict[str, 
 
 
 def test_a_boolean_is_not_a_number() -> None:
-    assert _refused(ActionIn, {**CODE, "hints": {"tokens": True}}) == ["hints.tokens"]
-    assert _refused(SessionIn, {"demand": {"cpu": True}}) == ["demand.cpu"]
+    why = "Value error, must be a number, not a boolean"
+    assert _why(ActionIn, {**CODE, "hints": {"tokens": True}}) == {"hints.tokens": why}
+    assert _why(SessionIn, {"demand": {"cpu": True}}) == {"demand.cpu": why}
 
 
-@pytest.mark.parametrize("sid", ["\x00", "a\x1fb", "a\x7fb", "a\x85b", "a\x9fb", "x\n", "a/b",
-                                 "a\\b", "..", "a..b", ".", "", "x" * 201])
-def test_session_ids_that_could_name_a_path_are_refused(sid: str) -> None:
+@pytest.mark.parametrize(("sid", "why"), [
+    ("\x00", "must not contain control characters (got '\\x00')"),
+    ("a\x1fb", "must not contain control characters (got '\\x1f')"),
+    ("a\x7fb", "must not contain control characters (got '\\x7f')"),
+    ("a\x85b", "must not contain control characters (got '\\x85')"),
+    ("a\x9fb", "must not contain control characters (got '\\x9f')"),
+    ("x\n", "must not contain control characters (got '\\n')"),
+    ("a/b", "must not contain '/' or '\\'"),
+    ("a\\b", "must not contain '/' or '\\'"),
+    ("..", "must not be '.' or contain '..'"),
+    ("a..b", "must not be '.' or contain '..'"),
+    (".", "must not be '.' or contain '..'"),
+    ("", None), ("x" * 201, None),  # (pydantic's length bounds)
+])
+def test_session_ids_that_could_name_a_path_are_refused(sid: str, why: str | None) -> None:
     assert _refused(SessionIn, {"session_id": sid}) == ["session_id"]
     assert _refused(ActionIn, {**CODE, "session": sid}) == ["session"]
-    if sid and len(sid) <= 200:
+    if why is not None:
+        assert _why(SessionIn, {"session_id": sid}) == {"session_id": f"Value error, {why}"}
         with pytest.raises(InvalidAction) as got:
             check_session_id(sid)
         assert got.value.field == "session_id"
+        assert str(got.value) == f"session_id: {why}"
 
 
 @pytest.mark.parametrize("sid", ["s-0123abcd", "a.b", "x" * 200, " \u00a0ü", "a:b@c+d", "A_B-c"])
@@ -131,13 +151,15 @@ def test_plain_session_ids_pass(sid: str) -> None:
 def test_file_names_a_sandbox_cannot_make_are_refused(name: str, why: str) -> None:
     assert file_name_problem(name) == why
     for model, body in ((RunCodeRequest, {"code": ""}), (RunJupyterRequest, {"cells": []})):
-        assert _refused(model, {**body, "fetch_files": [name]}) == ["fetch_files.0"]
+        assert _why(model, {**body, "fetch_files": [name]}) == {
+            "fetch_files.0": f"Value error, {why}"}
         got = _refused(model, {**body, "files": {name: ""}})
         assert len(got) == 1 and got[0].startswith("files.") and got[0].endswith(".[key]")
 
 
-@pytest.mark.parametrize("name", ["f" * 255, "/".join(["d" * 255] * 16), "a/b.txt", "ü" * 127])
+@pytest.mark.parametrize("name", ["f" * 255, "/".join(["d" * 255] * 16), "a/b.txt", "ü" * 127,
+                                  "/".join(["d" * 255] * 15 + ["e" * 200, "f" * 55])])  # 4096
 def test_file_names_at_the_limits_pass(name: str) -> None:
-    assert len(name.encode()) <= 4096
+    assert len(name.encode()) <= 4096 and max(len(p) for p in name.encode().split(b"/")) <= 255
     assert file_name_problem(name) is None
     assert _refused(RunCodeRequest, {"code": "", "files": {name: ""}, "fetch_files": [name]}) == []
