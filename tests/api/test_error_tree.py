@@ -22,7 +22,9 @@ from arl_tangram.core.errors import (
     SpecError,
     TangramError,
 )
+from arl_tangram.managers.api import ProviderConfigError, RequestError
 from arl_tangram.managers.cpu.images.layers import LayerError
+from arl_tangram.managers.retrieval.index import RetrievalIndexError
 from arl_tangram.runtime.engine import Overloaded, UnknownAction
 from arl_tangram.runtime.images import ImagesUnsupported
 
@@ -41,6 +43,9 @@ CASES: list[tuple[Exception, int | None]] = [
     (LayerError("no disk layers"), None),
     (ImagesUnsupported("no cache"), None),
     (SpecError("f.yaml", 3, "nodes", "bad"), None),
+    (RequestError("query", "must be a non-empty string"), 400),  # (an InvalidAction)
+    (ProviderConfigError("providers[0].name", "bad"), None),  # (a SpecError at load)
+    (RetrievalIndexError("line 3: contents", "bad"), None),  # (tangram index build: exit 2)
 ]
 
 

@@ -270,3 +270,16 @@ def test_bad_limits_name_the_field(kw: dict, field: str) -> None:
 def test_a_provider_declared_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="must name each provider once"):
         CoreConfig(providers=(ProviderLimits(name="p", rate=1.0), ProviderLimits(name="p", rate=2.0)))
+
+
+def test_an_answer_from_the_cache_costs_no_token_slot_or_budget() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=1, budget=1))
+    d.arrive(search("a", "p"))  # holds the token and the slot
+    hit = {"provider": "p", "result": {"organic": []}, "cached": True}
+    spec = search("h", "p")
+    out = d.arrive(ActionSpec("h", kind=ActionKind.SEARCH, tag="p", demand=Resources(),
+                              payload={**spec.payload, "cached": hit}))
+    assert calls(out) == [] and d.result("h").status is Status.SUCCEEDED
+    assert d.result("h").output == hit
+    p = d.core.providers.by_name["p"]
+    assert (p.sent, p.spent, p.cache_hits, p.budget_left) == (1, 0, 1, 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arl_tangram.managers.retrieval.index import FORMAT, Index, IndexError_, read_corpus
+from arl_tangram.managers.retrieval.index import FORMAT, Index, RetrievalIndexError, read_corpus
 
 
 def _index(tmp_path: Path, emb: np.ndarray) -> Path:
@@ -53,6 +53,6 @@ def test_faiss_and_numpy_return_the_same_exact_top_k(tmp_path: Path) -> None:
 def test_corpus_errors_name_the_line_and_field(tmp_path: Path, text: str, msg: str) -> None:
     f = tmp_path / "c.jsonl"
     f.write_text(text)
-    with pytest.raises(IndexError_) as got:
+    with pytest.raises(RetrievalIndexError) as got:
         read_corpus(f)
     assert msg in str(got.value)

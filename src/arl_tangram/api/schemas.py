@@ -167,7 +167,7 @@ class RunCodeResponse(BaseModel):
 
 # ---- native -------------------------------------------------------------------------------------
 
-Kind = Literal["code", "test", "tool", "reward", "judge", "custom"]
+Kind = Literal["code", "test", "tool", "reward", "judge", "custom", "search", "fetch"]
 
 
 class ElasticityIn(BaseModel):

@@ -17,10 +17,12 @@ GPU manager runs the batch; the index loads, parks and swaps like a reward model
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict
 
 from ..core.actions import ActionKind, ActionSpec, Status
@@ -86,8 +88,87 @@ def check_retrieve(body: RetrieveIn, served: list[str]) -> tuple[str, int]:
     return name, topk
 
 
+class ProviderCollector:
+    """/metrics per provider (no key ever): calls by outcome, 429s, cache hits and misses,
+    coalesced calls, latency, the rate the core uses now, calls waiting and in flight."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        front = self.engine.api
+        if front is None:
+            return
+        st = front.stats()
+        calls = CounterMetricFamily("tangram_provider_requests", "HTTP requests sent to a provider, "
+                                    "by outcome", labels=["provider", "outcome"])
+        simple = {
+            "throttled": CounterMetricFamily("tangram_provider_throttled", "429s a provider answered",
+                                             labels=["provider"]),
+            "cache_hits": CounterMetricFamily("tangram_provider_cache_hits", "Answers served from the "
+                                              "cache (no call, no quota)", labels=["provider"]),
+            "cache_misses": CounterMetricFamily("tangram_provider_cache_misses", "Cache misses",
+                                                labels=["provider"]),
+            "coalesced": CounterMetricFamily("tangram_provider_coalesced", "Calls that joined an "
+                                             "identical call in flight", labels=["provider"]),
+            "retries": CounterMetricFamily("tangram_provider_retries", "5xx/connection errors "
+                                           "retried", labels=["provider"]),
+        }
+        lat_sum = CounterMetricFamily("tangram_provider_latency_seconds_sum", "Provider latency, "
+                                      "sum over answered requests", labels=["provider"])
+        lat_n = CounterMetricFamily("tangram_provider_latency_seconds_count", "Answered requests",
+                                    labels=["provider"])
+        rate = GaugeMetricFamily("tangram_provider_rate", "Requests/s the core allows the provider "
+                                 "now (AIMD)", labels=["provider"])
+        waiting = GaugeMetricFamily("tangram_provider_waiting", "Calls waiting for a token or a "
+                                    "slot", labels=["provider"])
+        inflight = GaugeMetricFamily("tangram_provider_in_flight", "Calls in flight",
+                                     labels=["provider"])
+        for name, s in sorted(st.items()):
+            calls.add_metric([name, "ok"], s.get("ok", 0))
+            for kind, n in sorted((s.get("errors") or {}).items()):
+                calls.add_metric([name, kind], n)
+            calls.add_metric([name, "throttled"], s.get("throttled", 0))
+            for key, fam in simple.items():
+                fam.add_metric([name], s.get(key, 0) or 0)
+            lat_sum.add_metric([name], s.get("latency_sum_s", 0.0))
+            lat_n.add_metric([name], s.get("latency_count", 0))
+            rate.add_metric([name], s.get("rate", 0.0) or 0.0)
+            waiting.add_metric([name], s.get("waiting", 0) or 0)
+            inflight.add_metric([name], s.get("in_flight", 0) or 0)
+        yield calls
+        yield from simple.values()
+        yield from (lat_sum, lat_n, rate, waiting, inflight)
+
+
+def provider_action(engine: Any, spec: ActionSpec, where: str, tenant: str | None) -> ActionSpec:
+    """A ``search`` / ``fetch`` action of ``POST /v1/actions`` as the core takes it: the
+    provider from ``payload.provider`` (or ``tag``), the request normalized and keyed, the cache's
+    answer attached on a hit. InvalidAction naming the field else."""
+    front = engine.api
+    payload = dict(spec.payload)
+    provider = payload.pop("provider", None) or spec.tag
+    if not isinstance(provider, str) or not provider:
+        raise InvalidAction(f"{where}.payload.provider", "names the provider (search and fetch actions)")
+    if front is None:
+        raise InvalidAction(f"{where}.payload.provider",
+                            f"unknown provider {provider!r} (providers: none declared)")
+    try:
+        got = front.spec(spec.kind.value, provider, payload, tenant=tenant or "",
+                         timeout_s=spec.timeout_s, weight=spec.weight, trajectory=spec.trajectory,
+                         action_id=spec.id)
+    except RequestError as exc:
+        field = "provider" if exc.field == "provider" else exc.field
+        raise InvalidAction(f"{where}.payload.{field}", str(exc).split(": ", 1)[-1]) from None
+    out: ActionSpec = front.cached(got)
+    return out
+
+
 def add_routes(app: FastAPI, svc: Any) -> None:
     engine = svc.engine
+    registry = getattr(app.state, "registry", None)
+    if registry is not None:
+        registry.register(ProviderCollector(engine))
 
     @app.post("/retrieve", tags=["search"])
     async def retrieve(body: RetrieveIn) -> Response:

@@ -81,6 +81,10 @@ class Service:
         per_request: list[list[ActionSpec]] = []
         for i, a in enumerate(body.actions):
             parts = T.native_actions(a, f"actions[{i}]", self.config.default_reward_model)
+            if a.kind in ("search", "fetch"):  # a provider call (issue 37: api/search.py)
+                from .search import provider_action
+
+                parts = [provider_action(self.engine, p, f"actions[{i}]", tenant) for p in parts]
             for p in parts:
                 self._check_dims(p.demand, f"actions[{i}].demand")
                 self._check_model(p, f"actions[{i}].model", tenant)

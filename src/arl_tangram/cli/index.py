@@ -35,7 +35,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..managers.retrieval.index import IndexError_, build_index, indexes, packaged_encoder
+    from ..managers.retrieval.index import (
+        RetrievalIndexError,
+        build_index,
+        indexes,
+        packaged_encoder,
+    )
 
     root = Path(args.dir) if getattr(args, "dir", None) else None
     if args.index_cmd == "ls":
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         out = build_index(args.corpus, args.name, model_path=model, root=root)
-    except IndexError_ as exc:
+    except RetrievalIndexError as exc:
         print(f"tangram index build: {exc}", file=sys.stderr)
         return 2
     meta = json.loads((out / "meta.json").read_text())

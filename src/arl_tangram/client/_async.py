@@ -244,6 +244,42 @@ class AsyncClient:
             with contextlib.suppress(TangramError):
                 await self._request("DELETE", f"/v1/sessions/{sess.id}")
 
+    async def search(self, query: str, *, provider: str, options: Mapping[str, Any] | None = None,
+                     timeout_s: float = 60.0, trajectory: str | None = None) -> dict[str, Any]:
+        """One web search through a configured provider (issue 37): its quota is scheduled by
+        the service's core, identical queries in flight share one call, a cached answer costs
+        nothing. Returns ``{"id", "status", "provider", "result", "cached", "reason",
+        "act_s"}``; ``status`` is "succeeded", or "failed" / "timed_out" with the reason (a
+        spent budget, a provider that is down), so a trainer can mask the call."""
+        body: dict[str, Any] = {"provider": provider, "query": query, "timeout_s": timeout_s}
+        if options is not None:
+            body["options"] = dict(options)
+        if trajectory is not None:
+            body["trajectory"] = trajectory
+        out: dict[str, Any] = await self._request("POST", "/v1/search", json=body)
+        return out
+
+    async def fetch(self, url: str, *, provider: str, options: Mapping[str, Any] | None = None,
+                    timeout_s: float = 60.0, trajectory: str | None = None) -> dict[str, Any]:
+        """One page fetch through a configured provider; the answer as `search`'s."""
+        body: dict[str, Any] = {"provider": provider, "url": url, "timeout_s": timeout_s}
+        if options is not None:
+            body["options"] = dict(options)
+        if trajectory is not None:
+            body["trajectory"] = trajectory
+        out: dict[str, Any] = await self._request("POST", "/v1/fetch", json=body)
+        return out
+
+    async def retrieve(self, queries: Sequence[str], *, topk: int = 3, return_scores: bool = True,
+                       index: str | None = None) -> list[list[Any]]:
+        """The local retriever (``POST /retrieve``, Search-R1's format): per query, its ``topk``
+        documents (``{"document": {"id", "contents"}, "score"}`` with scores, else documents)."""
+        body: dict[str, Any] = {"queries": list(queries), "topk": topk, "return_scores": return_scores}
+        if index is not None:
+            body["index"] = index
+        out = await self._request("POST", "/retrieve", json=body)
+        return list(out["result"])
+
     async def cluster(self) -> dict[str, Any]:
         return await self._request("GET", "/v1/cluster")
 

@@ -102,6 +102,15 @@ class Client:
         finally:
             self._lt.run(cm.__aexit__(None, None, None))
 
+    def search(self, query: str, **kw: Any) -> dict[str, Any]:
+        return self._lt.run(self._ac.search(query, **kw))
+
+    def fetch(self, url: str, **kw: Any) -> dict[str, Any]:
+        return self._lt.run(self._ac.fetch(url, **kw))
+
+    def retrieve(self, queries: Sequence[str], **kw: Any) -> list[list[Any]]:
+        return self._lt.run(self._ac.retrieve(queries, **kw))
+
     def cluster(self) -> dict[str, Any]:
         return self._lt.run(self._ac.cluster())
 

@@ -585,6 +585,12 @@ class Core:
         got = spec.payload.get("coalesce") if spec.payload else None
         key = got if isinstance(got, str) and got else None
         rec.move(_QUEUED, now, spec.id)
+        hit = spec.payload.get("cached") if spec.payload else None
+        if hit is not None:  # the front door's cache answered it: no token, no slot, no call
+            self.providers.by_name[name].cache_hits += 1
+            rec.move(_SUCCEEDED, now, spec.id)
+            self._deliver(rec, _SUCCEEDED, hit)
+            return
         why = self.providers.arrive(spec.id, name, key, rank_of(rec.est, spec.weight), rec.seq,
                                     now, rec.submit_time + spec.timeout_s)
         if why:

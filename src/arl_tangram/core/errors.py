@@ -3,6 +3,7 @@
     TangramError                  root: catch this to catch everything we raise
     ├── SpecError                 a cluster, trace or config file is malformed (file, line, field)
     ├── InvalidAction             a submitted action is malformed (names the field)
+    │   └── RequestError*         a provider request is (managers/api/manager.py)
     ├── IllegalTransition         the core was asked to move an action along an edge that does
     │                             not exist; carries the action's story
     ├── ClosedError               you closed it (engine, client, session) and then used it
@@ -16,6 +17,10 @@
     ├── Overloaded*               the engine's queue is full: retry later (runtime/engine.py)
     ├── UnknownAction*            no action has this id (runtime/engine.py; also a KeyError)
     ├── Shed*                     an overloaded /run_code, answered 504 (api/service.py)
+    ├── ProviderConfigError*      a providers entry of the service config is wrong (names the
+    │                             field; managers/api/config.py)
+    ├── RetrievalIndexError*      a corpus or a retriever's index cannot be used (names the line
+    │                             or field; managers/retrieval/index.py)
     └── BodyTooLarge*             a request body over the limit, answered 413 (api/middleware.py)
 
     * defined where it is raised, in the layer that raises it; the rest here.

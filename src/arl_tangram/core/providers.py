@@ -176,6 +176,7 @@ class Provider:
         self.decreases = 0
         self.pauses = 0
         self.coalesced = 0
+        self.cache_hits = 0  # answered from the front door's cache (`payload["cached"]`)
         self.failed_budget = 0
         self.timed_out = 0
 
@@ -211,7 +212,8 @@ class Provider:
             "burst": self.limits.burst, "concurrency": self.limits.concurrency,
             "in_flight": len(self.inflight), "waiting": len(self.entry), "sent": self.sent,
             "throttled": self.throttles, "rate_decreases": self.decreases, "pauses": self.pauses,
-            "coalesced": self.coalesced, "budget": self.limits.budget,
+            "coalesced": self.coalesced, "served_from_cache": self.cache_hits,
+            "budget": self.limits.budget,
             "budget_left": self.budget_left, "failed_budget": self.failed_budget,
             "timed_out_waiting": self.timed_out,
         }

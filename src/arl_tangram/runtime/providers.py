@@ -2,19 +2,21 @@
 front door every search/fetch request goes through (`ProviderFront.call`):
 
     request -> normalized, keyed (tenant unless the provider's cache is shared)
-            -> cache hit?  answered at once: no token, no call, counted as a hit
-            -> else one action (kind search/fetch/http, tag = provider, payload.coalesce = key)
+            -> one action (kind search/fetch/http, tag = provider, payload.coalesce = key)
+            -> cache hit?  payload.cached = the answer: the core answers it at arrival, no
+               token, no slot, no call (counted as a hit by both)
                -> core: joins an identical call in flight, or waits for a token and a slot
                -> CallProvider -> ApiManager (HTTP) -> ActionFinished / ProviderThrottled
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
+from ..core.actions import ActionKind, ActionResult, ActionSpec
 from ..core.resources import Resources
 from ..managers.api import ApiManager, ProviderConfig
 from .engine import Engine
@@ -58,13 +60,18 @@ class ProviderFront:
                    trajectory: str | None = None) -> ActionResult:
         """One call, answered: from the cache (``output["cached"]`` true), or through the
         core and the provider."""
-        spec, key = self.spec(kind, provider, request, tenant=tenant, timeout_s=timeout_s,
-                              weight=weight, trajectory=trajectory)
-        hit = self.api.lookup(provider, key)
-        if hit is not None:
-            now = self.engine.clock.now()
-            return ActionResult(spec.id, Status.SUCCEEDED, now, now, now, output=hit)
+        spec = self.cached(self.spec(kind, provider, request, tenant=tenant, timeout_s=timeout_s,
+                                     weight=weight, trajectory=trajectory))
         return await self.engine.run(spec)
+
+    def cached(self, got: tuple[ActionSpec, str]) -> ActionSpec:
+        """The action, with the cache's answer in ``payload["cached"]`` on a hit: the core
+        then answers it at arrival, with no token, slot or call (and counts it)."""
+        spec, key = got
+        hit = self.api.lookup(spec.tag or "", key)
+        if hit is None:
+            return spec
+        return dataclasses.replace(spec, payload={**spec.payload, "cached": hit})
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per provider: the core's view (rate now, tokens, waiting, coalesced, budget) and

@@ -39,6 +39,7 @@ import httpx
 from ...core import commands as C
 from ...core import events as E
 from ...core.actions import Status
+from ...core.errors import InvalidAction
 from .config import ProviderConfig
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,8 @@ class ProviderStats:
                 "latency_sum_s": round(self.latency_sum_s, 6)}
 
 
-class RequestError(ValueError):
-    """A provider request the manager refuses; ``field`` names the wrong part."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+class RequestError(InvalidAction):
+    """A provider request the manager refuses; ``field`` names the wrong part (a 400)."""
 
 
 def normalize(kind: str, request: Mapping[str, Any]) -> dict[str, Any]:

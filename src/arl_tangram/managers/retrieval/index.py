@@ -31,12 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from ...core.errors import TangramError
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORMAT = 1
 MAX_TOPK = 100
 
 
-class IndexError_(ValueError):
+class RetrievalIndexError(TangramError, ValueError):
     """A corpus or index that cannot be used; ``field`` names where (``line 3: contents``)."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -52,7 +54,7 @@ def index_root() -> Path:
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise IndexError_("name", f"must be 1-64 letters, digits, '.', '_' or '-', got {name!r}")
+        raise RetrievalIndexError("name", f"must be 1-64 letters, digits, '.', '_' or '-', got {name!r}")
     return name
 
 
@@ -63,7 +65,7 @@ def read_corpus(path: str | Path) -> list[dict[str, Any]]:
     try:
         fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as e:
-        raise IndexError_("corpus", f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+        raise RetrievalIndexError("corpus", f"cannot read {path}: {e.strerror or type(e).__name__}") from None
     with fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -71,21 +73,21 @@ def read_corpus(path: str | Path) -> list[dict[str, Any]]:
             try:
                 rec = json.loads(line)
             except ValueError:
-                raise IndexError_(f"line {n}", "not a JSON object") from None
+                raise RetrievalIndexError(f"line {n}", "not a JSON object") from None
             if not isinstance(rec, dict):
-                raise IndexError_(f"line {n}", "not a JSON object")
+                raise RetrievalIndexError(f"line {n}", "not a JSON object")
             if not isinstance(rec.get("contents"), str) or not rec["contents"].strip():
-                raise IndexError_(f"line {n}: contents", "must be a non-empty string")
+                raise RetrievalIndexError(f"line {n}: contents", "must be a non-empty string")
             rid = rec.get("id")
             if not isinstance(rid, str | int) or isinstance(rid, bool):
-                raise IndexError_(f"line {n}: id", "must be a string or an integer")
+                raise RetrievalIndexError(f"line {n}: id", "must be a string or an integer")
             rid = str(rid)
             if rid in ids:
-                raise IndexError_(f"line {n}: id", f"duplicate id {rid!r}")
+                raise RetrievalIndexError(f"line {n}: id", f"duplicate id {rid!r}")
             ids.add(rid)
             out.append({**rec, "id": rid})
     if not out:
-        raise IndexError_("corpus", f"{path} holds no records")
+        raise RetrievalIndexError("corpus", f"{path} holds no records")
     return out
 
 
@@ -180,9 +182,9 @@ class Index:
             with open(p / "corpus.jsonl", encoding="utf-8") as fh:
                 docs = [json.loads(line) for line in fh if line.strip()]
         except (OSError, ValueError) as e:
-            raise IndexError_("index", f"cannot load {p}: {type(e).__name__}") from None
+            raise RetrievalIndexError("index", f"cannot load {p}: {type(e).__name__}") from None
         if emb.ndim != 2 or emb.shape[0] != len(docs) or meta.get("format") != FORMAT:
-            raise IndexError_("index", f"{p} is not a tangram index (rows, dimension or format)")
+            raise RetrievalIndexError("index", f"{p} is not a tangram index (rows, dimension or format)")
         idx = cls(str(meta.get("name", p.name)), p, np.ascontiguousarray(emb, dtype=np.float32), docs, meta)
         try:
             import faiss
@@ -220,12 +222,12 @@ class Index:
 
 
 def resolve(name_or_path: str, root: Path | None = None) -> Path:
-    """An index by name (under the root) or by path; IndexError_ naming it when absent."""
+    """An index by name (under the root) or by path; RetrievalIndexError naming it when absent."""
     p = Path(name_or_path)
     if not p.is_absolute() and NAME_RE.match(name_or_path):
         p = (root or index_root()) / name_or_path
     if not (p / "meta.json").is_file():
-        raise IndexError_("index", f"no index {name_or_path!r} (looked in {p})")
+        raise RetrievalIndexError("index", f"no index {name_or_path!r} (looked in {p})")
     return p
 
 
