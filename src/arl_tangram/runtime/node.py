@@ -197,7 +197,10 @@ class NodeHost:
             cfg = GpuManagerConfig(**dict(self._gpu_config or {}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"node {self.name}: gpu: {exc}") from None
-        return GpuManager(cfg, self._models, factories=self._gpu_factories)
+        from ..managers.gpu.hosts import with_engines  # judge engines (kind genjudge) beside it
+
+        return with_engines(GpuManager(cfg, self._models, factories=self._gpu_factories),
+                            self._models)
 
     def _node_spec(self) -> NodeSpec:
         cap = machine_capacity()
@@ -781,12 +784,9 @@ def _redacted(exc: ImageError, path: str, root: object) -> ImageError:
     if isinstance(root, str) and root:
         for r in {root, os.path.realpath(root)}:
             msg = msg.replace(r, "<image cache>")
-    if msg == str(exc):
-        return exc
-    try:
-        return type(exc)(msg)
-    except TypeError:  # (a subclass with other arguments)
-        return ImageError(msg)
+    if msg != str(exc):
+        exc.args = (msg,)  # (the same exception, its class and attributes kept: ImageTooLarge
+    return exc             #  stays a 413)
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
