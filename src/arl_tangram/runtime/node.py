@@ -197,10 +197,7 @@ class NodeHost:
             cfg = GpuManagerConfig(**dict(self._gpu_config or {}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"node {self.name}: gpu: {exc}") from None
-        from ..managers.gpu.hosts import with_engines  # judge engines (kind genjudge) beside it
-
-        return with_engines(GpuManager(cfg, self._models, factories=self._gpu_factories),
-                            self._models)
+        return GpuManager(cfg, self._models, factories=self._gpu_factories)
 
     def _node_spec(self) -> NodeSpec:
         cap = machine_capacity()
