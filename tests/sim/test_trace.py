@@ -59,6 +59,10 @@ def test_workload_round_trips_through_the_trace_format(tmp_path):
     (lambda o: o["steps"][2][1].pop("model"), "steps[2][1].model"),
     (lambda o: o["steps"][1][1]["elasticity"].update(max=0.5), "steps[1][1].elasticity.max"),
     (lambda o: o["steps"][1][1]["hints"].update(test_count=-1), "steps[1][1].hints.test_count"),
+    # past what the core holds as a float (issue 35, H2): refused naming it, not a traceback
+    (lambda o: o["steps"][2][1]["hints"].update(tokens=10**400), "steps[2][1].hints.tokens"),
+    (lambda o: o["steps"][1][1]["hints"].update(test_count=10**12 + 1),
+     "steps[1][1].hints.test_count"),
     (lambda o: o.update(steps=[]), "steps"),
     (lambda o: o.pop("id"), "id"),
     (lambda o: o["sessions"]["repo"].update(ttl_s=0), "sessions.repo.ttl_s"),
