@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,8 @@ import pytest
 from arl_tangram.client import AsyncClient
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.managers.api import parse_providers
+from arl_tangram.managers.api.testing import ProviderServer
 from arl_tangram.runtime.config import default_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "managers"))
-from provider_server import ProviderServer
 
 pytestmark = pytest.mark.integration
 SECRET = "sk-route-test-5c2e9a7b"

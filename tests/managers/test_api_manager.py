@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from provider_server import ProviderServer
 
 from arl_tangram.core import commands as C
 from arl_tangram.core.actions import Status
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.api import ProviderConfigError, RequestError, parse_providers
+from arl_tangram.managers.api.testing import ProviderServer
 from arl_tangram.runtime.engine import Engine, EngineConfig
 from arl_tangram.runtime.executor import Emit, Executor
 from arl_tangram.runtime.providers import ProviderFront, attach_api, scheduler_providers

@@ -1,4 +1,4 @@
-"""A real HTTP provider on loopback for the API manager's tests (issue 37): an asyncio server
+"""A real HTTP provider on loopback for the API manager's tests and benchmarks (issue 37): an asyncio server
 speaking HTTP/1.1 with keep-alive that enforces a real limit -- a token bucket of ``rate``
 requests/s with ``burst``, and ``concurrency`` requests at once -- and answers 429 *without
 headers* past it, as Serper does. It counts what it saw (requests, per query, 429s, the most
