@@ -6,6 +6,8 @@ sandbox uid) fail inside. Every language still runs (tests/managers/test_cpu_san
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import errno
 import json
 import os
@@ -310,3 +312,90 @@ async def test_filter_read_back_gives_each_rule_its_verdict() -> None:
         assert verdict(bpf, n, arch=AUDIT_ARCH_I386) == RET_KILL_PROCESS, n
     for n in (nr["getpid"], nr["socket"], nr["ptrace"], 512, 545):  # x32: bit 30 set
         assert verdict(bpf, n | 0x40000000) == RET_KILL_PROCESS, n
+
+
+_PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_DETACH = 0x4206, 0x4207, 17
+_PTRACE_SECCOMP_GET_FILTER = 0x420C
+
+
+def installed_filter(pid: int) -> bytes:
+    """The seccomp program the kernel holds for ``pid`` (its first and only filter), read with
+    PTRACE_SECCOMP_GET_FILTER (root: CAP_SYS_ADMIN): seize, stop, read, detach."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+    def pt(req: int, addr: int | None = None, data: object = None) -> int:
+        rc = libc.ptrace(req, pid, addr, data)
+        if rc < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"ptrace({req:#x}): {os.strerror(e)}")
+        return int(rc)
+
+    pt(_PTRACE_SEIZE)
+    try:
+        pt(_PTRACE_INTERRUPT)
+        os.waitpid(pid, 0x40000000)  # __WALL: the group-stop of the interrupt
+        n = pt(_PTRACE_SECCOMP_GET_FILTER, 0, None)
+        buf = ctypes.create_string_buffer(8 * n)
+        assert pt(_PTRACE_SECCOMP_GET_FILTER, 0, buf) == n
+        with pytest.raises(OSError):  # (one filter: there is no second)
+            pt(_PTRACE_SECCOMP_GET_FILTER, 1, None)
+        return buf.raw
+    finally:
+        libc.ptrace(_PTRACE_DETACH, pid, None, None)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the numbers are x86_64's")
+async def test_the_filter_in_force_is_the_one_read_back(mgr: CpuManager) -> None:
+    """The program the kernel holds for a running action (on the direct path its sandbox's
+    PID 1, else the init's child) is byte for byte the exported program that
+    `test_filter_read_back_gives_each_rule_its_verdict` interprets."""
+    want = seccomp.build().bpf
+    code = "import time\ntime.sleep(30)\n"
+    for extra in ({}, {"fetch_files": ["none"]}):
+        a = action(code, **extra)
+        task = asyncio.ensure_future(mgr.run(a, allot()))
+        try:
+            pid = None
+            for _ in range(400):
+                sb = mgr._running.get(a.id)
+                if sb is not None:
+                    kids = _children(sb.pid)
+                    pid = kids[0] if extra and kids else sb.pid if not extra else None
+                    if pid is not None and _seccomp_mode(pid) == 2:
+                        break
+                await asyncio.sleep(0.025)
+            assert pid is not None and _seccomp_mode(pid) == 2, (extra, pid)
+            got = installed_filter(pid)
+            assert got == want, extra
+            # and what the kernel holds says no to the unconfined families, kills i386 entries
+            nr = _numbers(("socket", "socketpair"))
+            for call in ("socket", "socketpair"):
+                for family in (AF_VSOCK, AF_ALG):
+                    assert verdict(got, nr[call], (family, SOCK_STREAM, 0)) \
+                        == _ret_errno(errno.EPERM), (extra, call, family)
+                assert verdict(got, nr[call], (AF_UNIX, SOCK_STREAM, 0)) == RET_ALLOW
+            assert verdict(got, 20, arch=AUDIT_ARCH_I386) == RET_KILL_PROCESS
+        finally:
+            await mgr.cancel(a.id)
+            await task
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _seccomp_mode(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
