@@ -15,6 +15,9 @@ whose connection is already closing is dropped (its peer is gone, as an unheld o
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sys
+import termios
 from typing import Any
 
 
@@ -74,6 +77,9 @@ def coalescing(protocol_cls: type) -> type:
     return Coalescing
 
 
+PENDING_GRACE_S = 1.0  # a connection waits this long for its headers before it may be dropped
+
+
 class ConnectionGuard:
     """Slow clients (issue 35, M4): the deadlines and caps of one server's connections.
 
@@ -87,41 +93,78 @@ class ConnectionGuard:
       (the app sees a disconnect: an upload's spool is removed); not while the server itself
       has paused reading (a slow app is not a slow client);
     - connections that have not finished their first request's headers (no token seen yet) are
-      at most ``max_per_ip`` from one address and ``max_pending`` in all: past either, the one
-      of them waiting longest (an idle attacker's, never a client's that sends at once) is
-      dropped for the new one, so they hold a bounded number of fds.
+      at most ``max_per_ip`` from one address and ``max_pending`` in all, so that they hold a
+      bounded number of fds: past ``max_pending``, the longest waiting of them with no byte
+      waiting to be read is dropped at once; past ``max_per_ip``, once it has also waited
+      `PENDING_GRACE_S` (a burst of clients that each send at once, a trainer opening its pool
+      of 1,500 connections, is not cut; an idle attacker's connections are).
 
-    Kept-alive connections between requests are uvicorn's (``timeout_keep_alive``).
+    Kept-alive connections between requests are uvicorn's (``timeout_keep_alive``). The caps'
+    bookkeeping takes the time as an argument (``now``, the loop's clock) and answers when it
+    wants to look again (`arrived`, `sweep`); the protocol (`guarded`) keeps the timer.
     """
 
     def __init__(self, *, header_timeout_s: float, body_timeout_s: float, max_per_ip: int,
-                 max_pending: int) -> None:
+                 max_pending: int, grace_s: float = PENDING_GRACE_S) -> None:
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
-        self.max_per_ip, self.max_pending = max_per_ip, max_pending
-        self.pending: dict[Any, None] = {}  # protocols before their first headers, oldest first
-        self.by_ip: dict[str, dict[Any, None]] = {}
+        self.max_per_ip, self.max_pending, self.grace_s = max_per_ip, max_pending, grace_s
+        # protocols before their first headers -> when they came, oldest first; and per address
+        self.pending: dict[Any, float] = {}
+        self.by_ip: dict[str, dict[Any, float]] = {}
+        self.sweep_at: float | None = None  # a sweep is scheduled for then (`guarded`)
 
-    def arrived(self, proto: Any, ip: str) -> None:
-        self.pending[proto] = None
-        mine = self.by_ip.setdefault(ip, {})
-        mine[proto] = None
-        if len(mine) > self.max_per_ip:
-            self._drop(next(iter(mine)))
-        if len(self.pending) > self.max_pending:
-            self._drop(next(iter(self.pending)))
+    def arrived(self, proto: Any, ip: str, now: float) -> float | None:
+        """A new connection; the time to `sweep` at, when one is due and none is scheduled."""
+        self.pending[proto] = now
+        self.by_ip.setdefault(ip, {})[proto] = now
+        return self.sweep(now, (ip,))
 
     def left(self, proto: Any, ip: str) -> None:
         """``proto`` finished its first headers, or its connection ended."""
-        if self.pending.pop(proto, 0) is None:
+        if self.pending.pop(proto, None) is not None:
             mine = self.by_ip.get(ip)
             if mine is not None:
                 mine.pop(proto, None)
                 if not mine:
                     del self.by_ip[ip]
 
-    def _drop(self, proto: Any) -> None:
-        self.left(proto, proto._guard_ip)
-        proto._guard_close(abort=True)
+    def sweep(self, now: float, ips: tuple[str, ...] | None = None) -> float | None:
+        """Drop what passes a cap and may be dropped (see the class doc), for ``ips`` (None:
+        every address); the time to look again while a cap is still passed (None: none, or a
+        sweep is scheduled already)."""
+        due: float | None = None
+        for ip in (list(self.by_ip) if ips is None else ips):
+            mine = self.by_ip.get(ip)
+            if mine is not None and len(mine) > self.max_per_ip:
+                due = _earliest(due, self._cut(mine, len(mine) - self.max_per_ip, now,
+                                               self.grace_s))
+        if len(self.pending) > self.max_pending:
+            due = _earliest(due, self._cut(self.pending, len(self.pending) - self.max_pending,
+                                           now, 0.0))
+        if due is None or (self.sweep_at is not None and self.sweep_at <= due):
+            return None
+        self.sweep_at = due
+        return due
+
+    def _cut(self, waiting: dict[Any, float], over: int, now: float,
+             grace_s: float) -> float | None:
+        """Drop up to ``over`` of ``waiting``, oldest first, of those that have waited
+        ``grace_s`` and have no byte to read; when fewer could be, the time to look again."""
+        for proto, since in list(waiting.items()):
+            if over <= 0:
+                return None
+            if since + grace_s > now:
+                return since + grace_s
+            if proto._guard_unread():  # (its request is there, not read yet: no attacker)
+                continue
+            self.left(proto, proto._guard_ip)
+            proto._guard_close(abort=True)
+            over -= 1
+        return None if over <= 0 else now + max(grace_s, 0.05)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def guarded(protocol_cls: type, guard: ConnectionGuard) -> type:
@@ -139,7 +182,7 @@ def guarded(protocol_cls: type, guard: ConnectionGuard) -> type:
             peer = transport.get_extra_info("peername")
             self._guard_ip = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
             self._header_timer = self.loop.call_later(guard.header_timeout_s, self._header_late)
-            guard.arrived(self, self._guard_ip)
+            self._guard_sweep_at(guard.arrived(self, self._guard_ip, self.loop.time()))
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -183,6 +226,27 @@ def guarded(protocol_cls: type, guard: ConnectionGuard) -> type:
                 self._body_timer.cancel()
                 self._body_timer = None
             super().on_message_complete()
+
+        def _guard_sweep_at(self, when: float | None) -> None:
+            if when is not None:
+                loop = self.loop
+                loop.call_at(when, lambda: self._guard_swept(loop))
+
+        @staticmethod
+        def _guard_swept(loop: asyncio.AbstractEventLoop) -> None:
+            guard.sweep_at = None
+            again = guard.sweep(loop.time())
+            if again is not None:
+                loop.call_at(again, lambda: Guarded._guard_swept(loop))
+
+        def _guard_unread(self) -> bool:
+            """Bytes wait in the socket for this server to read them."""
+            sock: Any = self.transport.get_extra_info("socket") if self.transport else None
+            try:
+                buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            except (AttributeError, OSError, ValueError):
+                return False
+            return int.from_bytes(buf, sys.byteorder) > 0
 
         def _disarm(self) -> None:
             for t in (self._header_timer, self._body_timer):

@@ -82,7 +82,7 @@ class LimitsConfig:
     # one), its body may go body_timeout_s without a byte while the server waits for one; past
     # either the connection is closed. Connections that have not finished their first request's
     # headers (no token seen yet): at most max_connections_per_ip from one address and
-    # max_pending_connections in all, the one waiting longest dropped for a new one.
+    # max_pending_connections in all, the one waiting longest dropped (docs/api.md).
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_connections_per_ip: int = 64
