@@ -76,14 +76,17 @@ def as_nobody(code: str) -> list[int]:
     return json.loads(p.stdout)  # type: ignore[no-any-return]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=[True, False],
-                        ids=["compiled", "python"])
+@pytest_asyncio.fixture(scope="module", loop_scope="module",
+                        params=[(True, True), (False, True), (True, False)],
+                        ids=["compiled", "python", "prepared"])
 async def mgr(request: pytest.FixtureRequest) -> AsyncIterator[CpuManager]:
     """A manager with the default ids (and uid settings): only its work root is its own; a
-    sandbox's set-up through the compiled path and through Python's."""
+    sandbox's set-up through the compiled path and through Python's, and one-shot Python
+    actions in a prepared child (`direct_python` off) instead of the sandbox's PID 1."""
+    compiled, direct = request.param
     m = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-ids-"),
                                     warm_min=1, warm_max=2, session_reap_interval_s=0.2,
-                                    compiled_setup=request.param))
+                                    compiled_setup=compiled, direct_python=direct))
     await m.start()
     yield m
     await m.aclose()
