@@ -41,7 +41,12 @@ def test_config_refuses_short_and_clashing_tokens(tmp_path: Path) -> None:
         (f"tenants:\n  - {{name: a, token: {A}, cpu_share: 2}}\n", "tenants[0]"),
         (f"tenants:\n  - {{name: a, token: {A}, max_sessions: 0}}\n", "tenants[0]"),
         (f"tenants:\n  - {{name: a, token: {A}, colour: red}}\n", "tenants[0].colour"),
-        (f"auth: {{token: {A}}}\ntenants:\n  - {{name: default, token: {B}}}\n", "tenants"),
+        (f"auth: {{token: {A}}}\ntenants:\n  - {{name: default, token: {B}}}\n",
+         "tenants[0].name"),
+        # (issue 35, L3) "default" is the operator's: never a named tenant; a name is matched
+        # whole, so one ending in a newline is refused
+        (f"tenants:\n  - {{name: default, token: {B}}}\n", "tenants[0].name"),
+        (f"tenants:\n  - {{name: \"a\\n\", token: {A}}}\n", "tenants[0]"),
         ("tenants: {name: a}\n", "tenants"),
     ):
         p = tmp_path / "c.yaml"

@@ -31,6 +31,9 @@ def test_full_file(tmp_path: Path) -> None:
     ("scheduler:\n  short_action_s: -1\n", 2, "scheduler"),
     ("scheduler:\n  colour: red\n", 2, "scheduler.colour"),
     ("images:\n  - {name: a, path: /x, eager: 1}\n", 2, "images[0].eager"),
+    ("images:\n  - {name: \"x\\n\", path: /x}\n", 2, "images[0].name"),  # (issue 35, L3)
+    ("limits:\n  header_timeout_s: 0\n", 2, "limits"),  # (issue 35, M4)
+    ("limits:\n  max_connections_per_ip: -1\n", 2, "limits"),
 ])
 def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None, field: str) -> None:
     p = tmp_path / "bad.yaml"

@@ -426,6 +426,9 @@ class _Parser:
         for i, r in enumerate(raw):
             f = f"tenants[{i}]"
             d = _plain(self.mapping(r, parent, f, names))
+            if d.get("name") == DEFAULT_TENANT:  # (issue 35, L3: it would be the operator)
+                raise self.fail(r, f"{f}.name", f"{DEFAULT_TENANT!r} is the single token's "
+                                "tenant (auth.token), the operator's; name this one otherwise")
             tok = self.token(d, r, f)
             if tok is None:
                 raise self.fail(r, f"{f}.token", "a tenant needs token or token_file")
