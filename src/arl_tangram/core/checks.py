@@ -209,10 +209,15 @@ def _check_instances(core: Core) -> None:
         _check(not (set(inst.devices) & node.dev_free), "devices-held", iid)
         others = [o for o in core.planner.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
-        if inst.state is InstState.READY and inst.batch is None and core.st.config.max_batch_wait_s == 0:
+        if inst.state is InstState.READY and inst.model.max_seqs > 0:  # continuous batching
+            live = core.queues.live.get(("model", inst.model.name), 0)
+            _check(not live or inst.seqs() >= inst.model.max_seqs, "free-sequence-with-queue", iid)
+            _check(inst.seqs() <= inst.model.max_seqs, "sequences-within-max", iid)
+        elif inst.state is InstState.READY and inst.batch is None and core.st.config.max_batch_wait_s == 0:
             live = core.queues.live.get(("model", inst.model.name), 0)
             held = live < inst.model.knee_batch and core.planner.staggered(inst.model)
             _check(not live or held, "idle-instance-with-queue", iid)
+        _check(inst.batch is not None or not inst.more, "more-only-beside-batch", iid)
 
 
 def _check_work_conserving(core: Core) -> None:
@@ -293,7 +298,7 @@ def build_view(core: Core) -> CoreView:
         InstanceView(
             id=i.id, model=i.model.name, node=i.node, devices=i.devices,
             state="loading" if i.state is InstState.LOADING else ("busy" if i.batch else "ready"),
-            queue=len(i.batch[1]) if i.batch else 0,
+            queue=i.seqs(),
         )
         for i in sorted(core.planner.instances.values(), key=lambda i: i.id)
     )

@@ -111,10 +111,16 @@ class ModelSpec:
     max_instances: int = 8  # scale-out limit
     host_memory_mb: float = 0.0  # host memory a parked (swapped-out) instance takes
     options: Mapping[str, Any] = field(default_factory=dict)  # manager-specific (pooling, ...)
+    # Continuous batching (an inference engine, kind genjudge): sequences one instance runs at
+    # once. 0: one batch in flight per instance; > 0: new batches join while others run, up to
+    # this many actions in flight on the instance, each started as soon as it is queued.
+    max_seqs: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("scalar", "similarity", "judge"):
-            raise ValueError(f"model {self.name}: kind must be scalar|similarity|judge")
+        if self.kind not in ("scalar", "similarity", "judge", "genjudge"):
+            raise ValueError(f"model {self.name}: kind must be scalar|similarity|judge|genjudge")
+        if self.max_seqs < 0:
+            raise ValueError(f"model {self.name}: max_seqs must be >= 0, got {self.max_seqs}")
         if self.devices < 1:
             raise ValueError(f"model {self.name}: devices must be >= 1, got {self.devices}")
         if self.max_batch < 1:

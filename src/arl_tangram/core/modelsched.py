@@ -5,6 +5,13 @@ Invariant: every model instance holds whole devices of one node inside one NVLin
 idle READY instance never coexists with queued actions of its model after a pass (unless the
 batch is deliberately held: to fill, ``max_batch_wait_s``, or to spread the starts, `staggered`).
 
+Continuous batching (``ModelSpec.max_seqs > 0``: an inference engine, kind genjudge): an instance
+runs several batches at once, up to ``max_seqs`` actions in flight (``InstanceRecord.more``
+beside ``batch``), and a READY instance with a free sequence never coexists with queued actions
+of its model after a pass: queued actions start at once as a batch of up to the free sequences
+(``max_batch`` at most), never held to fill a knee or spread starts, since the engine admits
+them into the batch it is running.
+
 Actions of a model wait in one queue per model; an instance that is ready and idle takes the
 next batch, up to the knee of the model's latency curve (`ModelSpec.knee_batch`), so routing
 goes to the instance with the least wait. Dynamic policies (tangram, fifo) load
@@ -241,14 +248,15 @@ class ModelPlanner:
         """The actions of ``inst``'s batch in flight, which will never be scored by it."""
         if inst.batch is None:
             return []
-        bid, ids = inst.batch
-        inst.batch = None
-        self.batches.pop(bid, None)
         lost = []
-        for aid in ids:
-            rec = self.st.actions.get(aid)
-            if rec is not None and rec.batch == bid:
-                lost.append(rec)
+        for bid, ids in [inst.batch, *inst.more.items()]:
+            self.batches.pop(bid, None)
+            for aid in ids:
+                rec = self.st.actions.get(aid)
+                if rec is not None and rec.batch == bid:
+                    lost.append(rec)
+        inst.batch = None
+        inst.more.clear()
         return lost
 
     def batch_finished(self, e: BatchFinished) -> tuple[str, ...]:
@@ -261,7 +269,10 @@ class ModelPlanner:
         if inst is not None and e.outputs:
             self.worker_deaths[inst.model.name] = 0
         if inst is not None and inst.batch is not None and inst.batch[0] == e.batch_id:
-            inst.batch = None
+            inst.batch = inst.more.popitem() if inst.more else None
+            inst.last_used = e.time
+            self.st.models_touched.add(inst.model.name)
+        elif inst is not None and inst.more.pop(e.batch_id, None) is not None:
             inst.last_used = e.time
             self.st.models_touched.add(inst.model.name)
         return ids
@@ -295,6 +306,12 @@ class ModelPlanner:
                 inst = self.instances[iid]
                 if inst.state is InstState.READY and inst.batch is None:
                     self.run_batch(inst)
+                n = inst.seqs()
+                while inst.state is InstState.READY and 0 < n < m.max_seqs:
+                    self.run_batch(inst)  # continuous batching: more join, up to max_seqs
+                    n, was = inst.seqs(), n
+                    if n == was:
+                        break
             if self.queues.live.get(("model", name)):
                 self.scale_out(m)
 
@@ -305,11 +322,15 @@ class ModelPlanner:
         if not live:
             return
         knee = m.knee_batch
-        if live < knee and self.st.config.max_batch_wait_s > 0:
+        if m.max_seqs > 0:  # continuous batching: whatever is queued joins, up to free sequences
+            knee = min(m.max_seqs - inst.seqs(), m.max_batch)
+            if knee <= 0:
+                return
+        elif live < knee and self.st.config.max_batch_wait_s > 0:
             head = self.queues.head(key)
             if head is not None and self.st.now - head[0].submit_time < self.st.config.max_batch_wait_s:
                 return  # let the batch fill (a Tick or arrival will come back)
-        if live < knee and self.staggered(m):
+        if m.max_seqs <= 0 and live < knee and self.staggered(m):
             return  # spread the starts (a Tick or arrival will come back)
         self.last_start[m.name] = self.st.now
         self.batch_seq += 1
@@ -324,7 +345,10 @@ class ModelPlanner:
             rec.attempts += 1
             recs.append(rec)
         ids = tuple(r.spec.id for r in recs)
-        inst.batch = (bid, ids)
+        if inst.batch is None:
+            inst.batch = (bid, ids)
+        else:
+            inst.more[bid] = ids
         self.batches[bid] = (inst.id, ids)
         self.st.out.append(RunBatch(bid, inst.id, inst.node, m.name, tuple(r.spec for r in recs),
                                   cause=self.st.cause))

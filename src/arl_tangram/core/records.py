@@ -320,7 +320,7 @@ class InstState(enum.IntEnum):
 class InstanceRecord:
     """A model instance on a set of devices of one node."""
 
-    __slots__ = ("batch", "devices", "id", "last_used", "model", "node", "state")
+    __slots__ = ("batch", "devices", "id", "last_used", "model", "more", "node", "state")
 
     def __init__(self, iid: str, model: ModelSpec, node: str, devices: tuple[int, ...]) -> None:
         self.id = iid
@@ -329,7 +329,17 @@ class InstanceRecord:
         self.devices = devices
         self.state = InstState.LOADING
         self.batch: tuple[str, tuple[str, ...]] | None = None  # (batch id, action ids) in flight
+        # further batches in flight at once (continuous batching, ``model.max_seqs > 0`` only;
+        # empty whenever ``batch`` is None): batch id -> action ids
+        self.more: dict[str, tuple[str, ...]] = {}
         self.last_used = 0.0
+
+    def seqs(self) -> int:
+        """Actions in flight on the instance (in every batch)."""
+        n = len(self.batch[1]) if self.batch is not None else 0
+        for ids in self.more.values():
+            n += len(ids)
+        return n
 
     def holding(self) -> Resources:
         """What the instance holds on its node."""
