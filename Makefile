@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NATIVE := src/arl_tangram/core/_compiled.json
 CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/zygote/_fastpath.c
 
-.PHONY: install compile demo test lint bench clean system-deps mutation
+.PHONY: install compile demo test lint bench clean system-deps mutation judge-engine
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,14 @@ install: $(STAMP)
 ifneq ($(ARL_TANGRAM_COMPILE),0)
 install: $(NATIVE)
 endif
+# The judge engine (issue 38): vLLM in its own venv under .venv/engines/vllm (its pins differ from
+# the service's: scripts/judge-engine.sh says which); ARL_TANGRAM_JUDGE=0 make ... skips it.
+ifneq ($(ARL_TANGRAM_JUDGE),0)
+install: judge-engine
+endif
+
+judge-engine: $(STAMP)
+	PY=$(PY) bash scripts/judge-engine.sh $(VENV)/engines/vllm
 
 compile: $(NATIVE)
 

@@ -197,7 +197,10 @@ class NodeHost:
             cfg = GpuManagerConfig(**dict(self._gpu_config or {}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"node {self.name}: gpu: {exc}") from None
-        return GpuManager(cfg, self._models, factories=self._gpu_factories)
+        from ..managers.gpu.hosts import with_engines  # judge engines (kind genjudge) beside it
+
+        return with_engines(GpuManager(cfg, self._models, factories=self._gpu_factories),
+                            self._models)
 
     def _node_spec(self) -> NodeSpec:
         cap = machine_capacity()

@@ -1,0 +1,568 @@
+"""Generative judges on an inference engine (issue 38): one vLLM server process per instance.
+
+Invariant: like the GPU manager, this host decides nothing. It carries out the scheduler's
+LoadModel / UnloadModel / RunBatch for models of kind ``genjudge`` and reports what it measured.
+Each instance is its own process group: ``python -m vllm.entrypoints.openai.api_server`` (vLLM's
+OpenAI-compatible server) run from the judge engine's virtual environment
+(``scripts/judge-engine.sh``: vLLM pins versions the service's own .venv cannot take), bound to
+127.0.0.1 on a free port, on the instance's devices (CUDA_VISIBLE_DEVICES on CUDA). A batch is
+its actions sent as concurrent requests: the engine's scheduler admits them into the batch it is
+running (continuous batching), so several RunBatch of one instance run at once (the core sends
+up to ``ModelSpec.max_seqs`` actions in flight, which is also the engine's ``--max-num-seqs``).
+
+Generative judging: the payload (``query`` or ``prompt`` + ``response``, or ``messages``) is
+formatted by ``options.template``, sent as a chat (``chat_template: true``, the model's own
+template) or a plain completion, generated up to ``max_tokens``, and the verdict read by the
+configured rule (verdict.py). The output: ``score``, ``verdict`` (what the rule found),
+``reasoning`` (the generated text), ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
+``model``. No verdict: the action fails, naming the rule and the tokens generated
+(``on_no_verdict: fail``, the default), or gets the configured score with ``verdict: null``.
+An ``{"openai": {"route", "body"}}`` payload is an OpenAI-style request passed through as it is
+(api/openai_compat.py); its output is ``{"openai": <the engine's response>}``.
+
+Supervision: a process per instance gives fault isolation -- a crash, ``kill -9`` or the OOM
+killer ends one engine, never the service. An engine whose process exits, or that stops answering
+its ``/health`` while requests are in flight (``hang_s``), is killed (its whole process group),
+dropped, and reported through ``on_worker_death(instance, reason)`` before its batches' calls
+raise `EngineDied` -- the same path as the GPU manager's dead workers: the core requeues the
+batches once, loads a replacement, and the engine marks the model down meanwhile.
+
+Sleep and wake: on CPU an unload ends the process and a load starts a new one (no parking:
+``unload`` returns False and the core counts the instance as gone); vLLM's sleep mode is CUDA
+only and not used yet (docs/reward-models.md, "Judge engines").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ...core.actions import ActionSpec
+from ...core.cluster import ModelSpec
+from ...core.errors import BrokenError, ClosedError
+from .config import BatchOutcome
+from .verdict import VerdictRule, parse
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATE = (
+    "Question:\n{prompt}\n\nResponse:\n{response}\n\n"
+    "Is the response correct? Think briefly, then give your final answer as \\boxed{{yes}} "
+    "or \\boxed{{no}}."
+)
+ROUTES = ("chat/completions", "completions")
+
+
+class EngineDied(BrokenError):
+    """The instance's engine died or hung mid-batch: the instance is gone."""
+
+    def __init__(self, instance_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.instance_id, self.reason = instance_id, reason
+
+
+def engine_python() -> str:
+    """The interpreter of the judge engine's venv: ``ARL_TANGRAM_JUDGE_PYTHON``, else
+    ``<this venv>/engines/vllm/bin/python`` (where scripts/judge-engine.sh installs it)."""
+    env = os.environ.get("ARL_TANGRAM_JUDGE_PYTHON")
+    if env:
+        return env
+    return str(Path(sys.prefix) / "engines" / "vllm" / "bin" / "python")
+
+
+def engine_available() -> str | None:
+    """None when the judge engine's interpreter exists, else why not."""
+    py = engine_python()
+    if not os.access(py, os.X_OK):
+        return f"judge engine not installed ({py} missing: run scripts/judge-engine.sh)"
+    return None
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """``ModelSpec.options`` of a genjudge model (docs/reward-models.md, "Judge engines")."""
+
+    engine: str = "vllm"
+    template: str = DEFAULT_TEMPLATE
+    chat_template: bool = True
+    system: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = 0
+    verdict: VerdictRule = field(default_factory=VerdictRule)
+    on_no_verdict: str | float = "fail"
+    max_model_len: int = 4096
+    kv_cache_gb: float = 1.0
+    start_timeout_s: float = 600.0
+    hang_s: float = 30.0  # no /health answer for this long while requests are in flight: hung
+    request_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> JudgeOptions:
+        """Parse and check ``spec.options``; ValueError naming the option."""
+        o = dict(spec.options)
+        known = set(cls.__dataclass_fields__)
+        unknown = set(o) - known
+        if unknown:
+            raise ValueError(f"model {spec.name}: options.{sorted(unknown)[0]}: unknown option")
+        kw: dict[str, Any] = {}
+        try:
+            if "engine" in o:
+                kw["engine"] = str(o["engine"])
+                if kw["engine"] != "vllm":
+                    raise ValueError("options.engine: only 'vllm' is supported")
+            for k in ("template", "system"):
+                if k in o:
+                    kw[k] = None if o[k] is None else str(o[k])
+            if "chat_template" in o:
+                kw["chat_template"] = bool(o["chat_template"])
+            for k in ("max_tokens", "max_model_len"):
+                if k in o:
+                    kw[k] = int(o[k])
+                    if kw[k] < 1:
+                        raise ValueError(f"options.{k}: must be >= 1")
+            for k in ("temperature", "kv_cache_gb", "start_timeout_s", "hang_s", "request_timeout_s"):
+                if k in o:
+                    kw[k] = float(o[k])
+                    if not math.isfinite(kw[k]) or kw[k] < 0:
+                        raise ValueError(f"options.{k}: must be finite and >= 0")
+            if "seed" in o:
+                kw["seed"] = None if o["seed"] is None else int(o["seed"])
+            kw["verdict"] = VerdictRule.from_options(o.get("verdict"))
+            if "on_no_verdict" in o:
+                nv = o["on_no_verdict"]
+                if nv != "fail":
+                    nv = float(nv)
+                    if not math.isfinite(nv):
+                        raise ValueError("options.on_no_verdict: 'fail' or a finite score")
+                kw["on_no_verdict"] = nv
+            if "extra_args" in o:
+                kw["extra_args"] = tuple(str(a) for a in o["extra_args"])
+        except ValueError as exc:
+            msg = str(exc)
+            raise ValueError(f"model {spec.name}: {msg if msg.startswith(('options.', 'verdict')) else 'options: ' + msg}") from None
+        out = cls(**kw)
+        if out.max_tokens >= out.max_model_len:
+            raise ValueError(f"model {spec.name}: options.max_tokens ({out.max_tokens}) must be "
+                             f"below options.max_model_len ({out.max_model_len})")
+        return out
+
+
+@dataclass(eq=False)
+class _Engine:
+    """One running engine process (mutable, private)."""
+
+    id: str
+    spec: ModelSpec
+    opts: JudgeOptions
+    devices: tuple[int, ...]
+    port: int = 0
+    proc: asyncio.subprocess.Process | None = None
+    log_path: str = ""
+    client: httpx.AsyncClient | None = None
+    state: str = "loading"  # loading | loaded | stopping | dead
+    load_s: float | None = None
+    in_flight: int = 0
+    dead: str = ""
+    watch: asyncio.Task[None] | None = None
+    served: int = 0  # requests answered
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: str, n: int = 12) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    keep = [ln for ln in lines if "Error" in ln or "error" in ln] or lines
+    return "\n".join(keep[-n:])
+
+
+def judge_messages(spec: ModelSpec, opts: JudgeOptions, payload: Mapping[str, Any]) -> list[dict[str, str]] | str:
+    """The chat messages (``chat_template``) or the prompt text of a judge payload; ValueError
+    naming the payload field when it is unusable."""
+    msgs = payload.get("messages")
+    if msgs is not None:
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("payload.messages: must be a non-empty list")
+        out = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, Mapping) or not isinstance(m.get("content"), str) \
+                    or m.get("role") not in ("system", "user", "assistant"):
+                raise ValueError(f"payload.messages[{i}]: needs role (system|user|assistant) "
+                                 "and content (a string)")
+            out.append({"role": str(m["role"]), "content": str(m["content"])})
+        return out if opts.chat_template else "\n".join(m["content"] for m in out)
+    if "response" in payload:
+        prompt, response = payload.get("prompt", ""), payload["response"]
+    elif "query" in payload:
+        prompt, response = "", payload["query"]
+    else:
+        raise ValueError("payload: needs query, prompt and response, or messages")
+    if not isinstance(prompt, str) or not isinstance(response, str):
+        raise ValueError("payload: prompt, response and query must be strings")
+    try:
+        text = opts.template.format(prompt=prompt, response=response, query=response)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"options.template of model {spec.name}: {exc!r}") from None
+    if not opts.chat_template:
+        return text
+    out = [{"role": "system", "content": opts.system}] if opts.system else []
+    return [*out, {"role": "user", "content": text}]
+
+
+class EngineJudgeHost:
+    """Judge engines (kind genjudge) on one node: one vLLM server process per instance."""
+
+    def __init__(self, models: Sequence[ModelSpec], *, device: str = "cpu",
+                 python: str | None = None, log_dir: str | None = None) -> None:
+        self._specs = {m.name: m for m in models}
+        self._opts = {m.name: JudgeOptions.of(m) for m in models}
+        self.device = device  # "cpu" | "cuda"
+        self.python = python or engine_python()
+        self._log_dir = log_dir or tempfile.mkdtemp(prefix="tangram-judge-")
+        self._engines: dict[str, _Engine] = {}
+        self._closed = False
+        self.on_worker_death: Callable[[str, str], None] | None = None
+        self.engine_deaths = 0
+        self.last_engine_death = ""
+        self.events: list[dict[str, Any]] = []  # load / unload / death, with measured seconds
+
+    def serves(self, model: str) -> bool:
+        return model in self._specs
+
+    # ---- commands ------------------------------------------------------------------------
+    async def load(self, instance_id: str, model: str, devices: tuple[int, ...],
+                   from_host: bool = False) -> float:
+        """Start an engine for ``instance_id`` and wait until it answers; measured seconds."""
+        if self._closed:
+            raise ClosedError("the judge engine host is closed")
+        spec = self._specs.get(model)
+        if spec is None:
+            raise BrokenError(f"model {model!r} is not a judge engine here")
+        if instance_id in self._engines:
+            raise BrokenError(f"instance {instance_id} already exists")
+        why = None if self.python != engine_python() else engine_available()
+        if why is not None:
+            raise BrokenError(why)
+        eng = _Engine(instance_id, spec, self._opts[model], tuple(devices))
+        self._engines[instance_id] = eng
+        t0 = time.perf_counter()
+        try:
+            await self._start(eng)
+        except BaseException:
+            self._engines.pop(instance_id, None)
+            await self._stop(eng, kill=True)
+            raise
+        if self._engines.get(instance_id) is not eng:
+            await self._stop(eng, kill=True)
+            raise BrokenError(f"instance {instance_id} was unloaded while it was loading")
+        eng.load_s = time.perf_counter() - t0
+        eng.state = "loaded"
+        eng.watch = asyncio.create_task(self._watch(eng), name=f"judge-watch-{instance_id}")
+        self.events.append({"event": "load", "instance": instance_id, "model": model,
+                            "seconds": eng.load_s, "from_host": False})
+        log.info("judge engine %s (%s) up in %.1fs on port %d", instance_id, model, eng.load_s,
+                 eng.port)
+        return eng.load_s
+
+    def _argv(self, eng: _Engine) -> list[str]:
+        o, m = eng.opts, eng.spec
+        seqs = m.max_seqs or m.max_batch
+        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(m.path),
+                "--served-model-name", m.name, "--host", "127.0.0.1", "--port", str(eng.port),
+                "--max-model-len", str(o.max_model_len), "--max-num-seqs", str(seqs),
+                "--dtype", m.dtype if m.dtype in ("float32", "float16", "bfloat16") else "auto",
+                "--disable-log-stats", "--uvicorn-log-level", "warning"]
+        if self.device == "cpu":
+            argv.append("--enforce-eager")  # no torch.compile warm-up (tens of seconds on CPU)
+        return [*argv, *o.extra_args]
+
+    async def _start(self, eng: _Engine) -> None:
+        if eng.spec.path is None:
+            raise BrokenError(f"model {eng.spec.name}: a judge engine needs a path")
+        eng.port = _free_port()
+        eng.log_path = os.path.join(self._log_dir, f"{eng.id}.log")
+        env = dict(os.environ)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(eng.opts.kv_cache_gb)))
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_DO_NOT_TRACK", "1")
+        env["HF_HUB_OFFLINE"] = "1"
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up (CUDA)
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in eng.devices)
+        with open(eng.log_path, "ab") as logf:
+            eng.proc = await asyncio.create_subprocess_exec(
+                *self._argv(eng), stdin=asyncio.subprocess.DEVNULL, stdout=logf,
+                stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
+        eng.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{eng.port}",
+                                       timeout=httpx.Timeout(eng.opts.request_timeout_s,
+                                                             connect=10.0),
+                                       limits=httpx.Limits(max_connections=None,
+                                                           max_keepalive_connections=64))
+        deadline = time.monotonic() + eng.opts.start_timeout_s
+        while True:
+            if eng.proc.returncode is not None:
+                raise BrokenError(f"judge engine {eng.id} ({eng.spec.name}) exited with "
+                                  f"{eng.proc.returncode} while starting: {_tail(eng.log_path)}")
+            if self._engines.get(eng.id) is not eng:
+                raise BrokenError(f"instance {eng.id} was unloaded while it was loading")
+            try:
+                r = await eng.client.get("/health", timeout=2.0)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise BrokenError(f"judge engine {eng.id} did not answer within "
+                                  f"{eng.opts.start_timeout_s:g}s: {_tail(eng.log_path)}")
+            await asyncio.sleep(0.25)
+
+    async def _stop(self, eng: _Engine, *, kill: bool = False) -> None:
+        """End the engine's process group (SIGTERM, then SIGKILL after 10 s; ``kill``: at once)."""
+        proc = eng.proc
+        if eng.client is not None:
+            with contextlib.suppress(Exception):
+                await eng.client.aclose()
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 10.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        # the engine's own children (EngineCore, workers) share its process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    async def unload(self, instance_id: str, park: bool = True) -> bool:
+        """End the instance's engine; never parks (False): a later load starts a new one."""
+        eng = self._engines.pop(instance_id, None)
+        if eng is None:
+            return False
+        t0 = time.perf_counter()
+        eng.state = "stopping"
+        if eng.watch is not None:
+            eng.watch.cancel()
+        await self._stop(eng)
+        self.events.append({"event": "unload", "instance": instance_id, "model": eng.spec.name,
+                            "seconds": time.perf_counter() - t0, "parked": False})
+        return False
+
+    async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchOutcome:
+        """Send each action as its own request (the engine batches them continuously)."""
+        if self._closed:
+            raise ClosedError("the judge engine host is closed")
+        eng = self._engines.get(instance_id)
+        if eng is None or eng.state != "loaded":
+            raise BrokenError(f"instance {instance_id} is not loaded on this node")
+        t0 = time.perf_counter()
+        eng.in_flight += len(actions)
+        try:
+            got = await asyncio.gather(*(self._one(eng, a) for a in actions))
+        finally:
+            eng.in_flight -= len(actions)
+        if eng.dead:
+            raise EngineDied(instance_id, eng.dead)
+        outputs: dict[str, dict[str, Any]] = {}
+        failed: dict[str, str] = {}
+        for a, (out, reason) in zip(actions, got, strict=True):
+            if out is not None:
+                outputs[a.id] = out
+            else:
+                failed[a.id] = reason
+        return BatchOutcome(outputs, failed, time.perf_counter() - t0, len(outputs))
+
+    async def _one(self, eng: _Engine, a: ActionSpec) -> tuple[dict[str, Any] | None, str]:
+        spec, opts = eng.spec, eng.opts
+        if a.model is not None and a.model != spec.name:
+            return None, f"action names model {a.model!r}; instance serves {spec.name!r}"
+        passthrough = a.payload.get("openai")
+        try:
+            if passthrough is not None:
+                route, body = _passthrough(spec, passthrough)
+            else:
+                route, body = self._judge_request(spec, opts, a.payload)
+        except ValueError as exc:
+            return None, f"bad payload: {exc}"
+        assert eng.client is not None
+        try:
+            r = await eng.client.post(f"/v1/{route}", json=body)
+        except httpx.HTTPError as exc:
+            await self._check_alive(eng, f"{type(exc).__name__}: {exc}")
+            return None, f"model {spec.name} failed: {type(exc).__name__}: {exc}"
+        if r.status_code != 200:
+            return None, f"model {spec.name} answered {r.status_code}: {r.text[:300]}"
+        eng.served += 1
+        data = r.json()
+        data["model"] = spec.name
+        if passthrough is not None:
+            return {"openai": data, "model": spec.name}, ""
+        return self._verdict(spec, opts, route, data)
+
+    def _judge_request(self, spec: ModelSpec, opts: JudgeOptions,
+                       payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        got = judge_messages(spec, opts, payload)
+        body: dict[str, Any] = {"model": spec.name, "max_tokens": opts.max_tokens,
+                                "temperature": opts.temperature}
+        if opts.seed is not None:
+            body["seed"] = opts.seed
+        if isinstance(got, str):
+            return "completions", {**body, "prompt": got}
+        return "chat/completions", {**body, "messages": got}
+
+    @staticmethod
+    def _verdict(spec: ModelSpec, opts: JudgeOptions, route: str,
+                 data: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        choice = (data.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") if route.startswith("chat") \
+            else choice.get("text")
+        text = text or ""
+        usage = data.get("usage") or {}
+        out: dict[str, Any] = {
+            "model": spec.name, "reasoning": text,
+            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        v = parse(text, opts.verdict)
+        if v is not None:
+            return {**out, "score": v.score, "verdict": v.found}, ""
+        if opts.on_no_verdict == "fail":
+            shown = text[-120:].replace("\n", "\\n")
+            return None, (f"model {spec.name}: no verdict (rule {opts.verdict.rule}) in "
+                          f"{out['completion_tokens']} generated tokens "
+                          f"(finish_reason {out['finish_reason']}): ...{shown!r}")
+        return {**out, "score": float(opts.on_no_verdict), "verdict": None}, ""
+
+    # ---- supervision ---------------------------------------------------------------------
+    async def _check_alive(self, eng: _Engine, seen: str) -> None:
+        """A request failed: if the process is gone, the engine died."""
+        proc = eng.proc
+        if proc is None or eng.state != "loaded":
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 1.0)
+        if proc.returncode is not None:
+            await self._died(eng, f"engine process exited with {proc.returncode} ({seen})")
+
+    async def _watch(self, eng: _Engine) -> None:
+        """Until unloaded: the process's exit, and, while requests are in flight, its
+        ``/health`` (no answer for ``hang_s``: hung)."""
+        proc, client = eng.proc, eng.client
+        assert proc is not None and client is not None
+        waiter = asyncio.ensure_future(proc.wait())
+        try:
+            await self._watch_loop(eng, proc, client, waiter)
+        finally:
+            waiter.cancel()
+
+    async def _watch_loop(self, eng: _Engine, proc: asyncio.subprocess.Process,
+                          client: httpx.AsyncClient, waiter: asyncio.Future[int]) -> None:
+        silent_since: float | None = None
+        while eng.state == "loaded":
+            if proc.returncode is not None:
+                await self._died(eng, f"engine process exited with {proc.returncode}")
+                return
+            if eng.in_flight:
+                try:
+                    r = await client.get("/health", timeout=max(1.0, min(5.0, eng.opts.hang_s)))
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    silent_since = None
+                else:
+                    now = time.monotonic()
+                    silent_since = silent_since or now
+                    if now - silent_since >= eng.opts.hang_s:
+                        await self._died(eng, f"engine hung: no /health answer for "
+                                              f"{now - silent_since:.1f}s with {eng.in_flight} "
+                                              "requests in flight")
+                        return
+            else:
+                silent_since = None
+            await asyncio.wait({waiter}, timeout=1.0)
+
+    async def _died(self, eng: _Engine, cause: str) -> None:
+        """Drop a dead or hung engine (killing its process group), tell ``on_worker_death``;
+        its batches' calls then raise `EngineDied`."""
+        if eng.dead or self._engines.get(eng.id) is not eng:
+            return
+        reason = f"the engine of judge instance {eng.id} ({eng.spec.name}) died: {cause}"
+        eng.dead, eng.state = reason, "dead"
+        del self._engines[eng.id]
+        self.engine_deaths += 1
+        self.last_engine_death = reason
+        self.events.append({"event": "death", "instance": eng.id, "model": eng.spec.name,
+                            "reason": reason})
+        log.warning("%s; instance dropped", reason)
+        hook = self.on_worker_death
+        if hook is not None:
+            try:
+                hook(eng.id, reason)
+            except Exception:
+                log.exception("on_worker_death hook failed for %s", eng.id)
+        await self._stop(eng, kill=True)  # (a hung one holds its requests: they now fail)
+
+    def engine_pid(self, instance_id: str) -> int | None:
+        """The pid (and process group) of an instance's engine (fault injection in tests)."""
+        eng = self._engines.get(instance_id)
+        return eng.proc.pid if eng is not None and eng.proc is not None else None
+
+    def base_url(self, instance_id: str) -> str | None:
+        eng = self._engines.get(instance_id)
+        return f"http://127.0.0.1:{eng.port}" if eng is not None else None
+
+    def health(self) -> dict[str, Any]:
+        return {"judge_engine_deaths": self.engine_deaths,
+                "last_judge_engine_death": self.last_engine_death}
+
+    def resident(self) -> dict[str, dict[str, Any]]:
+        return {iid: {"model": e.spec.name, "devices": e.devices, "state": e.state,
+                      "from_host": False, "load_s": e.load_s, "engine": "vllm",
+                      "pid": e.proc.pid if e.proc is not None else None,
+                      "in_flight": e.in_flight}
+                for iid, e in self._engines.items()}
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for iid in list(self._engines):
+            await self.unload(iid, park=False)
+
+
+def _passthrough(spec: ModelSpec, raw: Any) -> tuple[str, dict[str, Any]]:
+    if not isinstance(raw, Mapping):
+        raise ValueError("payload.openai: must be a mapping with route and body")
+    route, body = raw.get("route"), raw.get("body")
+    if route not in ROUTES:
+        raise ValueError(f"payload.openai.route: one of {', '.join(ROUTES)}")
+    if not isinstance(body, Mapping):
+        raise ValueError("payload.openai.body: must be a mapping")
+    return str(route), {**dict(body), "model": spec.name}
