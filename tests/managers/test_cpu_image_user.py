@@ -323,6 +323,10 @@ async def test_an_image_session_holding_every_inotify_instance_takes_none_from_o
     shared by every image sandbox (host root: an image session holding 128 inotify instances
     made `inotify_init` fail in every other image session and for every root process of the
     host, this test's included). The maps are the node's range as before."""
+    assert mgr.isolation_report()["image_user"] == (
+        f"userns (the image's user, root when unset; ids 0-{COUNT - 1} inside are host "
+        f"{BASE}-{BASE + COUNT - 1}; idmapped layers; one namespace per image sandbox, owned "
+        "by its own sandbox id)")
     img = _import(mgr, layout, "plain", {})
     await mgr.open_session("ia", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
     await mgr.open_session("ib", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)

@@ -12,7 +12,9 @@ the real kernel, a manager with the default id settings."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import json
 import os
 import subprocess
@@ -256,3 +258,18 @@ async def test_the_fork_server_lends_each_id_once_and_the_busy_ones_last() -> No
     finally:
         for fd in (ns.procfd, ns.home_pid, ns.home_net):
             os.close(fd)
+
+
+async def test_a_user_namespace_made_for_an_owner_is_owned_by_it() -> None:
+    """`userns.make`'s owner (the manager's start-up check that an unprivileged id may make
+    one, as each image sandbox's init does): NS_GET_OWNER_UID reads it back; -1 is root."""
+    from arl_tangram.managers.cpu.host import userns
+
+    for owner, want in ((TEST_ID_BASE + 12300, TEST_ID_BASE + 12300), (-1, 0)):
+        ns = userns.make(1 << 30, 65536, owner=owner)
+        try:
+            buf = array.array("I", [0])
+            fcntl.ioctl(ns.fd, 0xB704, buf)  # NS_GET_OWNER_UID
+            assert buf[0] == want
+        finally:
+            ns.close()

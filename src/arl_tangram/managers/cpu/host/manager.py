@@ -100,6 +100,8 @@ class CpuManager:
         self._join_dirs: list[str] = []
         self._zgen = 0  # fork servers started so far: a sandbox of an older one died with it
         self._ids: ids.Block | None = None  # the block of host ids this manager's sandboxes use
+        # each image sandbox makes a user namespace of its own, owned by its id (`_make_userns`)
+        self._own_userns = False
         self._crashes: collections.deque[float] = collections.deque()
         self._restarter: asyncio.Task[None] | None = None
         self._not_ready: str | None = None  # why the node is not ready (None: ready)
@@ -209,7 +211,17 @@ class CpuManager:
             ns.close()
             return f"{who} (no idmapped mount of the image cache: {e})"
         self.userns = ns
-        return ns.describe()
+        if b is None:
+            return ns.describe("one namespace for every image sandbox (no sandbox ids)")
+        try:  # can an unprivileged id make one here (each image sandbox's init does, as its id)?
+            userns.make(cfg.image_id_base, cfg.image_id_count, owner=b.first).close()
+        except OSError as e:
+            self._own_userns = False
+            log.warning("CPU manager: image sandboxes share the node's user namespace: %s", e)
+            return ns.describe(f"one namespace for every image sandbox: an unprivileged id "
+                               f"cannot make one here ({e})")
+        self._own_userns = True
+        return ns.describe("one namespace per image sandbox, owned by its own sandbox id")
 
     # supervision of the fork server -------------------------------------------------------------
     def _zygote_died(self) -> None:
@@ -536,7 +548,7 @@ class CpuManager:
                 entered = await overlay.enter_image(sb, self.images, img, layer_mb,
                                                     sb.uid, self._gid(sb), layer,
                                                     userns=self.userns,
-                                                    owner=sb.uid if self._ids else -1)
+                                                    owner=sb.uid if self._own_userns else -1)
             finally:
                 if layer is not None:
                     layer.close()  # the sandbox holds it now, or nobody

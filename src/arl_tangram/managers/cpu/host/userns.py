@@ -25,10 +25,13 @@ from dataclasses import dataclass
 
 from .. import _linux
 
-# The helper whose namespace becomes the node's: it unshares a user namespace, says so, and
-# waits for its stdin to close (it is in a user namespace with no ids mapped until we write
-# them, so it does nothing else).
-_HELPER = ("import ctypes, os\n"
+# The helper whose namespace becomes the node's: as its owner (argv[1], a host uid; -1: root
+# itself) it unshares a user namespace, says so, and waits for its stdin to close (it is in a
+# user namespace with no ids mapped until we write them, so it does nothing else).
+_HELPER = ("import ctypes, os, sys\n"
+           "o = int(sys.argv[1])\n"
+           "if o >= 0:\n"
+           "    os.setgroups([]); os.setresgid(o, o, o); os.setresuid(o, o, o)\n"
            "r = ctypes.CDLL(None, use_errno=True).unshare(0x10000000)\n"
            "os.write(1, b'ok\\n' if r == 0 else b'unshare: errno %d\\n' % ctypes.get_errno())\n"
            "os.read(0, 1)\n")
@@ -47,21 +50,26 @@ class UserNamespace:
         namespace (kernel 5.12+, and a file system that supports it)."""
         _linux.idmap_mount(mount_fd, self.fd)
 
-    def describe(self) -> str:
+    def describe(self, own: str = "") -> str:
+        """What the isolation report says; ``own``: how each image sandbox's namespace is had
+        ("one per image sandbox, owned by its own id", or why the node's one is shared)."""
         return (f"userns (the image's user, root when unset; ids 0-{self.count - 1} inside are "
-                f"host {self.base}-{self.base + self.count - 1}; idmapped layers)")
+                f"host {self.base}-{self.base + self.count - 1}; idmapped layers"
+                + (f"; {own}" if own else "") + ")")
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
 
-def make(base: int, count: int) -> UserNamespace:
+def make(base: int, count: int, owner: int = -1) -> UserNamespace:
     """A new user namespace mapping ids 0..count-1 to the host's base..base+count-1 (uids and
-    gids alike; setgroups stays allowed: the maps are written by root of the host). OSError
-    says why it could not be made."""
-    p = subprocess.Popen([sys.executable, "-S", "-c", _HELPER], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, close_fds=True)
+    gids alike; setgroups stays allowed: the maps are written by root of the host), owned by
+    host uid ``owner`` (-1: root). OSError says why it could not be made. (An image sandbox's
+    own namespace is made by its init, `imagebox.own_userns`, as its own id; the manager makes
+    one such here at start to learn whether this host lets an unprivileged uid make one.)"""
+    p = subprocess.Popen([sys.executable, "-S", "-c", _HELPER, str(int(owner))],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
     try:
         assert p.stdout is not None and p.stdin is not None
         said = p.stdout.readline().decode(errors="replace").strip()
