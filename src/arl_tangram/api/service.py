@@ -91,7 +91,11 @@ class Service:
                 if tenant is not None:
                     self._own_image(p, f"actions[{i}].payload.image", tenant)
             per_request.append(parts)
-        return [p for parts in per_request for p in parts], per_request
+        flat = [p for parts in per_request for p in parts]
+        if len(flat) > self.config.limits.max_batch:  # (each of several models is one action)
+            raise InvalidAction("actions", f"{len(flat)} actions with their models fanned out, "
+                                f"at most {self.config.limits.max_batch} per request")
+        return flat, per_request
 
     def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> None:
         """An action's ``payload.image`` as the tenant means it (its own, or a shared one)."""
