@@ -185,3 +185,36 @@ async def test_a_cancel_the_core_cannot_take_still_cancels() -> None:
                           "(RuntimeError: boom)")
     assert eng.stats()["running_total"] == 0
     await eng.aclose()
+
+
+class _RaisesOnSession(_RaisesOn):
+    def handle(self, ev: object) -> list[object]:
+        from arl_tangram.core import events as E
+
+        if isinstance(ev, E.SessionRequested) and ev.session_id == self.action_id:
+            raise RuntimeError("boom")
+        return self.core.handle(ev)  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_a_session_the_core_cannot_open_is_not_left_open() -> None:
+    """Not counted against limits.max_sessions (nor its tenant's) for ever: it leaves the
+    engine's count, and an action naming it is told why."""
+    from arl_tangram.core import events as E
+
+    def factory(config: EngineConfig, nodes: object) -> object:
+        return _RaisesOnSession(make_core(config, nodes), E.SessionRequested, "bad")  # type: ignore[arg-type]
+
+    eng = Engine(FakeExecutor(cpu=2), EngineConfig(tick_s=0.05),
+                 core_factory=factory)  # type: ignore[arg-type]
+    await eng.start()
+    ok = await eng.open_session("good")
+    assert await eng.open_session("bad") == "bad"
+    for _ in range(1000):  # (the engine's loop handles the request)
+        if not eng.has_session("bad"):
+            break
+        await asyncio.sleep(0.01)
+    assert (eng.has_session("bad"), eng.has_session(ok), eng.session_count()) == (False, True, 1)
+    assert eng.session_gone("bad") == ("session 'bad' could not be opened: the scheduler could "
+                                       "not take this event (RuntimeError: boom)")
+    assert await eng.close_session("bad") is False
+    await eng.aclose()

@@ -272,7 +272,8 @@ class Engine:
         answered, its place in ``max_pending`` and in its tenant's quota freed); the core is
         then asked to forget it (a cancel: it may hold a record). Of a batch that raised, the
         actions the core had not reached yet arrive again one by one, and those it had queued
-        stay. An event that names no action (a tick, a node's report) is only logged."""
+        stay. A session the core could not open is closed (`_session_failed`). An event that
+        names neither (a tick, a node's report) is only logged."""
         why = f"the scheduler could not take this event ({type(exc).__name__}: {exc})"
         if isinstance(ev, E.ActionsArrived):
             status_of = getattr(self.core, "status", None)
@@ -292,7 +293,28 @@ class Engine:
                               f"cancelled by request; {why}", ev.time, forget=False)
         if isinstance(ev, E.ActionFinished):
             return self._fail([ev.action_id], Status.FAILED, why, ev.time)
+        if isinstance(ev, E.SessionRequested):  # not left "opening", holding max_sessions
+            return self._session_failed(ev, why)
         return []
+
+    def _session_failed(self, ev: E.SessionRequested, why: str) -> list[C.Command]:
+        """A session the core could not open is not open: it leaves the engine's count (and
+        its tenant's), and an action naming it is told why (`session_gone`); the core is asked
+        to close what it may hold of it."""
+        sid = ev.session_id
+        self._sessions.pop(sid, None)
+        self._session_nodes.pop(sid, None)
+        self._session_images.pop(sid, None)
+        self._evicted[sid] = f"session {sid!r} could not be opened: {why}"
+        while len(self._evicted) > self.config.max_results:
+            self._evicted.popitem(last=False)
+        if self.core is None:
+            return []
+        try:
+            return list(self.core.handle(E.SessionClosed(ev.time, sid, "could not be opened")))
+        except Exception:
+            log.exception("core failed to close session %s", sid)
+            return []
 
     def _fail(self, ids: Sequence[str], status: Status, reason: str, now: float, *,
               forget: bool = True) -> list[C.Command]:
