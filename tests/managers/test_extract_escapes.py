@@ -191,7 +191,7 @@ def _entries(host: str) -> st.SearchStrategy[list[tuple]]:
     return st.lists(entry, min_size=1, max_size=8)
 
 
-_HOST = "/tmp/tangram-extract-property-host"
+_HOST = f"/tmp/tangram-extract-property-host-{os.getpid()}"  # (one per process: runs in parallel)
 
 
 # (1,000 examples find the review's shapes unaided; TANGRAM_PROPERTY_EXAMPLES lowers it for
