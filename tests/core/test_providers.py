@@ -283,3 +283,39 @@ def test_an_answer_from_the_cache_costs_no_token_slot_or_budget() -> None:
     assert d.result("h").output == hit
     p = d.core.providers.by_name["p"]
     assert (p.sent, p.spent, p.cache_hits, p.budget_left) == (1, 0, 1, 1)
+
+
+def test_the_semaphore_baseline_sends_without_pacing_fifo_and_fails_a_429() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=16),
+               provider_policy="semaphore", provider_semaphore=3)
+    out = d.arrive(search("slow", "p", expected=8.0), search("a", "p", expected=0.5),
+                   search("b", "p", expected=0.5), search("c", "p", expected=0.5))
+    assert calls(out) == ["slow", "a", "b"] and wakes(out) == []  # 3 slots, no tokens, FIFO
+    out = d.at(0.1)(ev.ProviderThrottled(0.1, "a"))
+    assert d.result("a").status is Status.FAILED
+    assert d.result("a").reason == "provider 'p': HTTP 429 (not retried)"
+    assert calls(out) == ["c"]
+    assert d.core.providers.by_name["p"].bucket.rate == 1.0  # nothing learned
+
+
+def test_the_static_split_gives_each_trajectory_its_slice_of_rate_and_slots() -> None:
+    d = driver(ProviderLimits(name="p", rate=4.0, burst=4.0, concurrency=4),
+               provider_policy="static-split", trajectories=2)
+
+    def s(aid: str, traj: str) -> ActionSpec:
+        return ActionSpec(aid, kind=ActionKind.SEARCH, tag="p", demand=Resources(), trajectory=traj,
+                          payload={"query": aid})
+
+    out = d.arrive(s("a1", "ta"), s("a2", "ta"), s("b1", "tb"))
+    assert calls(out) == ["a1", "b1"]  # one token (burst 1) and 2 slots per trajectory
+    assert wakes(out) == [0.5]  # 2/s each
+    assert calls(d.at(0.5)(ev.Wake(0.5))) == ["a2"]
+    assert [c.provider for c in d.log if isinstance(c, cmd.CallProvider)] == ["p", "p", "p"]
+    d.at(0.6)(ev.ProviderThrottled(0.6, "a2"))  # static: nothing is learned, it waits again
+    assert d.core.providers.by_name["p#0"].bucket.rate == 2.0 and d.status("a2") is Status.QUEUED
+
+
+def test_without_coalescing_identical_calls_each_make_a_call() -> None:
+    d = driver(ProviderLimits(name="p", rate=10.0, burst=3.0), provider_coalesce=False)
+    out = d.arrive(*(search(f"s{i}", "p", key="k") for i in range(3)))
+    assert calls(out) == ["s0", "s1", "s2"]

@@ -141,6 +141,14 @@ class CoreConfig:
     # Providers (web search, page fetch, any HTTP API) whose limits the core schedules as
     # capacity: search/fetch/http actions name one in their tag (core/providers.py).
     providers: tuple[ProviderLimits, ...] = ()
+    # How provider calls are scheduled: "tangram" (token buckets, AIMD, SRPT), or a baseline:
+    # "semaphore" (a per-process semaphore of `provider_semaphore` slots, default each
+    # provider's concurrency; no pacing; a 429 fails the call) or "static-split" (each
+    # trajectory owns 1/`trajectories` of each provider's rate and slots); core/providers.py.
+    provider_policy: str = "tangram"
+    provider_semaphore: int | None = None
+    # Identical calls in flight (`payload["coalesce"]`) share one call (False: each its own).
+    provider_coalesce: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -198,6 +206,15 @@ class CoreConfig:
         if not isinstance(self.providers, tuple) or not all(
                 isinstance(p, ProviderLimits) for p in self.providers):
             raise _bad("providers", self.providers, "must be a tuple of ProviderLimits")
+        from .providers import PROVIDER_POLICIES
+
+        if self.provider_policy not in PROVIDER_POLICIES:
+            raise _bad("provider_policy", self.provider_policy, f"must be one of {', '.join(PROVIDER_POLICIES)}")
+        if self.provider_semaphore is not None and (
+                not isinstance(self.provider_semaphore, int) or self.provider_semaphore < 1):
+            raise _bad("provider_semaphore", self.provider_semaphore, "must be an integer >= 1 or None")
+        if not isinstance(self.provider_coalesce, bool):
+            raise _bad("provider_coalesce", self.provider_coalesce, "must be a bool")
         names = [p.name for p in self.providers]
         if len(set(names)) != len(names):
             raise _bad("providers", names, "must name each provider once")

@@ -108,7 +108,9 @@ class Core:
         self._use_samples: dict[str, list[float]] = {}
         self._use_mean: dict[str, float] = {}
         # provider quotas (search/fetch/http actions wait here, not on a node: providers.py)
-        self.providers = Providers(cfg.providers, cfg.aging_s)
+        self.providers = Providers(cfg.providers, cfg.aging_s, policy=cfg.provider_policy,
+                                   semaphore=cfg.provider_semaphore, coalesce=cfg.provider_coalesce,
+                                   trajectories=cfg.trajectories or 1)
         self._has_providers = bool(cfg.providers)
 
     # ---- public ---------------------------------------------------------------------------------
@@ -592,7 +594,7 @@ class Core:
             self._deliver(rec, _SUCCEEDED, hit)
             return
         why = self.providers.arrive(spec.id, name, key, rank_of(rec.est, spec.weight), rec.seq,
-                                    now, rec.submit_time + spec.timeout_s)
+                                    now, rec.submit_time + spec.timeout_s, spec.trajectory)
         if why:
             rec.move(_FAILED, now, spec.id)
             self._deliver(rec, _FAILED, reason=why)
@@ -658,6 +660,9 @@ class Core:
             self.providers.owner.pop(aid, None)
             return
         name = prov.limits.name
+        if not self.providers.retry_429:  # (the semaphore baseline: verl does not retry a 429)
+            self._end(rec, _FAILED, reason=f"provider {name!r}: HTTP 429 (not retried)")
+            return
         if rec.attempts >= prov.limits.max_attempts:
             self._end(rec, _FAILED, reason=f"provider {name!r}: answered 429 to {rec.attempts} "
                                            f"attempts{': ' + e.reason if e.reason else ''}")

@@ -36,6 +36,13 @@ from typing import Any
 from .actions import ActionKind
 
 PROVIDER_KINDS = (ActionKind.SEARCH, ActionKind.FETCH, ActionKind.HTTP)
+# How provider calls are scheduled (`CoreConfig.provider_policy`): ours, and the two baselines
+# of what training stacks deploy (docs/search.md, "Baselines"):
+# - "semaphore": verl's search tool / ASearcher: a per-process semaphore of `provider_semaphore`
+#   slots (default the provider's concurrency), no pacing, FIFO, a 429 fails the call at once;
+# - "static-split": each trajectory owns rate / T requests/s (burst 1) and concurrency / T slots
+#   (at least 1) for its life (T = `CoreConfig.trajectories`); a 429 waits for its own next token.
+PROVIDER_POLICIES = ("tangram", "semaphore", "static-split")
 _EPS = 1e-9
 _SQRT_HALF = math.sqrt(0.5)
 _AGED = 0  # the rank of an aged action: before every class
@@ -244,7 +251,17 @@ class Providers:
     (`next_wake`). It never touches a record's status: the core moves them.
     """
 
-    def __init__(self, limits: tuple[ProviderLimits, ...], aging_s: float = 30.0) -> None:
+    def __init__(self, limits: tuple[ProviderLimits, ...], aging_s: float = 30.0, *,
+                 policy: str = "tangram", semaphore: int | None = None, coalesce: bool = True,
+                 trajectories: int = 1) -> None:
+        if policy not in PROVIDER_POLICIES:
+            raise ValueError(f"provider_policy: must be one of {', '.join(PROVIDER_POLICIES)}, got {policy!r}")
+        self.policy = policy
+        self.paced = policy != "semaphore"  # token buckets apply (not under a bare semaphore)
+        self.semaphore = semaphore
+        self.coalesce = coalesce
+        self.trajectories = max(1, trajectories)
+        self.tslot: dict[str, int] = {}  # static-split: trajectory -> its slice
         self.by_name: dict[str, Provider] = {}
         for lim in limits:
             if lim.name in self.by_name:
@@ -265,6 +282,27 @@ class Providers:
     def active(self) -> bool:
         return bool(self.by_name)
 
+    @property
+    def retry_429(self) -> bool:
+        """A 429 sends the call back to wait (else it fails at once: the semaphore baseline)."""
+        return self.policy != "semaphore"
+
+    def _slice(self, prov: Provider, trajectory: str | None) -> Provider:
+        """static-split: the trajectory's own slice of ``prov`` (made on first use)."""
+        t = trajectory or ""
+        j = self.tslot.get(t)
+        if j is None:
+            j = self.tslot[t] = len(self.tslot) % self.trajectories
+        name = f"{prov.limits.name}#{j}"
+        got = self.by_name.get(name)
+        if got is None:
+            lim = prov.limits
+            T = self.trajectories
+            got = self.by_name[name] = Provider(ProviderLimits(
+                name=name, rate=lim.rate / T, burst=1.0, concurrency=max(1, lim.concurrency // T),
+                decrease=lim.decrease, max_attempts=lim.max_attempts))
+        return got
+
     def holds(self, aid: str) -> bool:
         """``aid`` is a provider action this part knows (waiting, in flight, leading or
         following a coalesced call)."""
@@ -272,11 +310,15 @@ class Providers:
 
     # ---- arrivals -----------------------------------------------------------------------------
     def arrive(self, aid: str, provider: str, key: str | None, rank: int, seq: int,
-               now: float, deadline: float) -> str:
+               now: float, deadline: float, trajectory: str | None = None) -> str:
         """Queue a new action, or attach it to an identical call in flight or waiting (same
         provider and coalescing key). Returns '' when it waits, else why it cannot (the core
         fails it at once)."""
         prov = self.by_name.get(provider)
+        if not self.coalesce:
+            key = None
+        if self.policy == "semaphore":
+            rank = 1  # (FIFO)
         if prov is None:
             names = ", ".join(sorted(self.by_name)) or "none declared"
             return f"unknown provider {provider!r} (providers: {names})"
@@ -294,7 +336,9 @@ class Providers:
         if key:
             self.leaders[(provider, key)] = aid
             self.key_of[aid] = (provider, key)
-        self.owner[aid] = provider
+        if self.policy == "static-split":
+            prov = self._slice(prov, trajectory)
+        self.owner[aid] = prov.limits.name
         self.enqueue(prov, aid, rank, seq, now, deadline)
         return ""
 
@@ -324,20 +368,23 @@ class Providers:
             if not prov.entry:
                 continue
             lim = prov.limits
-            while prov.entry and len(prov.inflight) < lim.concurrency:
+            cap = lim.concurrency if self.paced else (self.semaphore or lim.concurrency)
+            base = name.partition("#")[0]
+            while prov.entry and len(prov.inflight) < cap:
                 left = prov.budget_left
                 if left is not None and left - len(prov.inflight) <= 0:
                     break  # (calls in flight may still answer: the rest fail if they do)
-                if not prov.bucket.ready(now):
+                if self.paced and not prov.bucket.ready(now):
                     break
                 if prov.head() is None:
                     break
                 aid = prov.pop()
                 self.deadline.pop(aid, None)
-                prov.bucket.take()
+                if self.paced:
+                    prov.bucket.take()
                 prov.inflight[aid] = now
                 prov.sent += 1
-                out.append(Dispatch(aid, name))
+                out.append(Dispatch(aid, base))
         return out
 
     def exhausted(self) -> list[tuple[str, str]]:
@@ -385,6 +432,8 @@ class Providers:
         waits for one (not for a slot: a report frees that). Deadlines and aging are looked at
         on every event, so at the driver's Tick (0.5 s) at the latest: no wake of their own."""
         best = math.inf
+        if not self.paced:
+            return best
         for prov in self.by_name.values():
             if not prov.entry or len(prov.inflight) >= prov.limits.concurrency:
                 continue
@@ -424,7 +473,7 @@ class Providers:
         if retry_after_s is not None:
             prov.bucket.pause(now, retry_after_s)
             prov.pauses += 1
-        elif prov.bucket.throttled(now, sent_at):
+        elif self.policy == "tangram" and prov.bucket.throttled(now, sent_at):
             prov.decreases += 1
         return prov
 

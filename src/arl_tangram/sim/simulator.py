@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..core import commands as C
 from ..core import events as E
-from ..core.actions import ActionResult
+from ..core.actions import ActionResult, Status
 from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
 from ..core.images import warm_key
@@ -116,6 +116,11 @@ class Simulator:
         self._end: float | None = None
         self._iter: Iterator[Sequence[Trajectory]] = iter(())
         self._together: list[object] = []  # model actions submitted at this instant (`_flush`)
+        # provider calls (issue 37): answers kept this long (0: no cache), query -> when answered
+        self.cache_ttl_s = 0.0
+        self.answered: dict[str, float] = {}
+        self.cache_hits = 0
+        self.calls_log: list[tuple[float, float, str]] = []  # (release, true latency, query)
 
     # ---- event plumbing ----------------------------------------------------------------------
     def _emit(self, event: E.Event) -> None:
@@ -197,7 +202,8 @@ class Simulator:
         aid = f"{traj.id}#{live.index}"
         # `act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)`, inlined
         spec = make_spec(aid, act.kind, act.demand, act.elasticity, act.hints, traj.task, traj.id,
-                         sid, act.model, act.tag, act.timeout_s, act.weight, True, {})
+                         sid, act.model, act.tag, act.timeout_s, act.weight, True,
+                         {} if act.query is None else self._query_payload(act, now))
         self.truth[aid] = act
         self.owner[aid] = (live, str(act.kind))  # StrEnum: its value
         if act.model is not None:  # scored together with whatever else arrives now
@@ -206,6 +212,18 @@ class Simulator:
             self._together.append(spec)
             return
         self._emit(make_arrived(now, spec))  # E.ActionArrived(now, spec)
+
+    def _query_payload(self, act: SimAction, now: float) -> dict[str, object]:
+        """A provider call's payload (issue 37): its coalescing key, and the cache's answer when
+        the same query was answered within ``cache_ttl_s`` (the front door's cache: the core
+        then answers it at arrival, with no token, slot or call)."""
+        query = act.query or ""
+        self.calls_log.append((now, act.work_s, query))
+        got = self.answered.get(query)
+        if got is not None and now - got <= self.cache_ttl_s:
+            self.cache_hits += 1
+            return {"coalesce": query, "cached": {"cached": True}}
+        return {"coalesce": query}
 
     def _flush(self) -> None:
         """Model actions that arrived at one instant reach the core as one request (a reward
@@ -225,6 +243,9 @@ class Simulator:
         live, kind = owner
         self._last_progress = self.loop.clock._now
         self.acts.record(result, kind, live.traj.task)
+        if self.cache_ttl_s > 0 and isinstance(act, SimAction) and act.query is not None \
+                and result.status is Status.SUCCEEDED:
+            self.answered.setdefault(act.query, self.loop.clock._now)
         if isinstance(act, SimAction):  # (FAILED: only a true failure ran its work)
             self.releases.record(act, result.status, result.submit_time, result.finish_time,
                                  result.allotment, ran=act.fails)

@@ -44,6 +44,9 @@ class SimAction:
     weight: float = 1.0
     cold_start_s: float = DEFAULT_COLD_START_S  # TRUE sandbox start cost when started cold
     fails: bool = False  # TRUE outcome: the work itself fails (non-zero exit)
+    # a provider call's request (issue 37): calls with the same one coalesce in flight
+    # (``payload.coalesce``) and are answered from the simulator's cache when it has one
+    query: str | None = None
 
     def spec(self, action_id: str, *, task: str, trajectory: str, session_id: str | None) -> ActionSpec:
         """The `ActionSpec` the core sees: no true work, no true cold start, no outcome."""
@@ -51,7 +54,7 @@ class SimAction:
         # timeout_s, weight, idempotent=True, payload={}), built fast (core.build)
         return make_spec(action_id, self.kind, self.demand, self.elasticity, self.hints, task,
                          trajectory, session_id, self.model, self.tag, self.timeout_s, self.weight,
-                         True, {})
+                         True, {"coalesce": self.query} if self.query is not None else {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,7 @@ NO_HINTS = WorkHints()  # the default hints, shared (immutable): a tool call tel
 # Fast constructors (core.build) for the actions and trajectories of swe-agent and tool-math, which
 # sample the most actions: every field positional, in declaration order.
 # SimAction(kind, work_s, demand, elasticity, hints, session, model, tag, timeout_s, weight,
-#           cold_start_s, fails); tests/sim/test_workloads.py holds it equal to the keyword form
+#           cold_start_s, fails, query); tests/sim/test_workloads.py holds it equal to the keyword form
 _make_action = fast_constructor(SimAction)
 # Trajectory(id, task, steps, start, sessions, rl_step)
 _make_trajectory = fast_constructor(Trajectory)
@@ -113,20 +113,20 @@ def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
             #           cold_start_s=DOCKER_COLD_S), built fast (held equal by test_workloads.py)
             act = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
                                _make_hints(None, tests, None, None), "repo", None, "pytest", 900.0,
-                               1.0, DOCKER_COLD_S, False)
+                               1.0, DOCKER_COLD_S, False, None)
         else:  # shell commands: ls/cat/grep/edit are sub-second, a tail of installs/builds
             work = lognormal(rng, 0.4, 1.2, 0.02, 120)  # assumption
             # SimAction(ActionKind.TOOL, work, _SWE_TOOL_DEMAND, session="repo", tag="bash",
             #           timeout_s=300.0, cold_start_s=DOCKER_COLD_S), built fast
             act = _make_action(ActionKind.TOOL, work, _SWE_TOOL_DEMAND, None, NO_HINTS, "repo",
-                               None, "bash", 300.0, 1.0, DOCKER_COLD_S, False)
+                               None, "bash", 300.0, 1.0, DOCKER_COLD_S, False, None)
         steps.append((gen, act))
     # Final evaluation: FAIL_TO_PASS + PASS_TO_PASS tests of the instance (SWE-bench harness).
     tests = round(lognormal(rng, 50, 1.0, 1, 2000))  # assumption: tens to hundreds of tests
     work = lognormal(rng, 20.0, 1.0, 1.0, 1200)  # assumption
     final = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
                          _make_hints(None, tests, None, None), "repo", None, "pytest", 1800.0, 1.0,
-                         DOCKER_COLD_S, False)
+                         DOCKER_COLD_S, False, None)
     steps.append((gen_seconds(rng, 100, 0.5, 500), final))
     return _make_trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0,
                             {"repo": SWE_SESSION}, step)
@@ -184,7 +184,7 @@ def tool_math(rng: random.Random, step: int, index: int) -> Trajectory:
         # SimAction(ActionKind.CODE, work, MATH_DEMAND, tag="python", timeout_s=10.0,
         #           cold_start_s=DOCKER_COLD_S), built fast
         steps.append((gen, _make_action(ActionKind.CODE, work, MATH_DEMAND, None, NO_HINTS, None,
-                                        None, "python", 10.0, 1.0, DOCKER_COLD_S, False)))
+                                        None, "python", 10.0, 1.0, DOCKER_COLD_S, False, None)))
     return _make_trajectory(f"s{step}-math-{index}", "tool-math", tuple(steps), 0.0, {}, step)
 
 

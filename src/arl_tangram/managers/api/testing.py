@@ -70,6 +70,8 @@ class ProviderServer:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:  # (the loop closing under an idle keep-alive connection)
+            return
         finally:
             writer.close()
 
