@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 from ..core.errors import BrokenError, ClosedError, InvalidAction
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
-from . import jupyter, metrics, search
+from . import jupyter, metrics, openai_compat, search
 from .fastpath import FastRunCode
 from .middleware import TENANT_KEY, BodyTooLarge, GuardMiddleware
 from .schemas import (
@@ -216,6 +216,7 @@ def create_app(engine: Engine, config: ServiceConfig, *, manage_engine: bool = F
     _routes(app, svc, config, any_image_path)
     jupyter.add_routes(app, svc)
     search.add_routes(app, svc)  # /retrieve, /v1/search, /v1/fetch (issue 37)
+    openai_compat.add_routes(app, svc)  # /v1/chat/completions, /v1/completions (issue 38)
 
     async def run_code(req: RunCodeRequest, tenant: str | None) -> dict[str, Any]:
         return await _run_code_wire(svc, req, tenant)

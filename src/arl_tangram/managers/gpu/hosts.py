@@ -66,7 +66,14 @@ class ModelHosts:
         return {**self.gpu.resident(), **self.engines.resident()}
 
     def health(self) -> dict[str, Any]:
-        return {**self.gpu.health(), **self.engines.health()}
+        """Both backends' counters; ``model_worker_deaths`` counts dead engines too (the
+        ``tangram_model_worker_deaths`` metric)."""
+        g, e = self.gpu.health(), self.engines.health()
+        out = {**g, **e}
+        out["model_worker_deaths"] = g["model_worker_deaths"] + e["judge_engine_deaths"]
+        if e["last_judge_engine_death"]:
+            out["last_model_worker_death"] = e["last_judge_engine_death"]
+        return out
 
     def crash_worker(self, instance_id: str) -> bool:
         return self.gpu.crash_worker(instance_id)
