@@ -80,3 +80,33 @@ def test_max_seqs_zero_keeps_one_batch_per_instance() -> None:
     assert len(of(d.arrive(reward("a0", "gj")), cmd.RunBatch)) == 1
     assert not of(d.arrive(reward("a1", "gj")), cmd.RunBatch)
     assert d.status("a1") is Status.QUEUED
+
+
+def test_two_judges_on_one_device_the_idle_one_unloaded_and_reloaded_on_demand() -> None:
+    """On a CPU node a judge engine is not parked (its manager answers parked=False): the core
+    unloads the idle judge for the one that has work, and loads it again cold when its own work
+    comes back, charging the load time the manager measured."""
+    a = ModelSpec("ja", kind="genjudge", memory_mb=8000, load_s=30.0, max_seqs=8, max_instances=1)
+    b = ModelSpec("jb", kind="genjudge", memory_mb=8000, load_s=30.0, max_seqs=8, max_instances=1)
+    d = Driver([gpu_node("g0", gpus=1, per_dev=10000)], [a, b], policy="tangram",
+               model_prewarm=False)
+    (ld,) = of(d.arrive(reward("x0", "ja")), cmd.LoadModel)
+    assert ld.model == "ja"
+    (run,) = of(d(ev.ModelLoaded(1.0, ld.instance_id, load_s=41.5)), cmd.RunBatch)
+    d(ev.BatchFinished(2.0, run.batch_id, ld.instance_id, outputs={"x0": 1.0}))
+    out = d.at(3.0).arrive(reward("y0", "jb"))  # jb has none: ja (idle) makes room
+    (un,) = of(out, cmd.UnloadModel)
+    (ld_b,) = of(out, cmd.LoadModel)  # in the same pass, on the device ja leaves
+    assert (un.instance_id, un.park) == (ld.instance_id, True)
+    assert (ld_b.model, ld_b.devices, ld_b.from_host) == ("jb", (0,), False)
+    d(ev.ModelUnloaded(4.0, un.instance_id, False))  # not parked: the engine process ended
+    (rb,) = of(d(ev.ModelLoaded(50.0, ld_b.instance_id, load_s=45.0)), cmd.RunBatch)
+    d(ev.BatchFinished(51.0, rb.batch_id, ld_b.instance_id, outputs={"y0": 0.0}))
+    out = d.at(60.0).arrive(reward("x1", "ja"))  # ja's work is back: jb, idle, goes
+    (un2,) = of(out, cmd.UnloadModel)
+    (ld_a,) = of(out, cmd.LoadModel)
+    assert un2.instance_id == ld_b.instance_id
+    assert (ld_a.model, ld_a.from_host) == ("ja", False)  # nothing was parked: a cold load
+    d(ev.ModelUnloaded(61.0, un2.instance_id, False))
+    (ra,) = of(d(ev.ModelLoaded(100.0, ld_a.instance_id, load_s=39.0)), cmd.RunBatch)
+    assert [x.id for x in ra.actions] == ["x1"]
