@@ -145,3 +145,15 @@ def test_many_queries_of_one_request_each_get_their_own_answer_in_order(url: str
     after = httpx.get(f"{url}/v1/stats", timeout=30).json()
     done = after["finished"]["retrieve"]["succeeded"] - before["finished"].get("retrieve", {}).get("succeeded", 0)
     assert done == 16
+
+
+def test_v1_search_naming_a_local_index_is_answered_by_the_retriever(url: str) -> None:
+    r = httpx.post(f"{url}/v1/search", json={"provider": "wiki", "query": "highest mountain",
+                                              "options": {"topk": 1}}, timeout=120)
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["status"], body["provider"], body["cached"]) == ("succeeded", "wiki", False)
+    assert [h["document"] for h in body["result"]] == [CORPUS[2]]
+    bad = httpx.post(f"{url}/v1/search", json={"provider": "wiki", "query": "x",
+                                                "options": {"topk": 0}}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["field"] == "options.topk"

@@ -1,6 +1,7 @@
 """Search routes (issue 37): ``POST /retrieve`` in Search-R1's retriever format over the local
 indexes (`tangram index build`), and ``POST /v1/search`` / ``POST /v1/fetch`` through a configured
-provider (the SDK's `Client.search` / `Client.fetch`). Installed by `app.create_app` (`add_routes`).
+provider (the SDK's `Client.search` / `Client.fetch`); a ``/v1/search`` naming a local index (and
+no provider of that name) is answered by that index's retriever. Installed by `app.create_app` (`add_routes`).
 
 ``/retrieve`` is Search-R1's ``retrieval_server.py`` contract, which verl's search tool calls:
 
@@ -187,8 +188,32 @@ def add_routes(app: FastAPI, svc: Any) -> None:
             out.append(hits if body.return_scores else [h["document"] for h in hits])
         return JSONResponse({"result": out})
 
+    async def local_search(body: ProviderIn) -> Response:
+        """``/v1/search`` naming a local index: the retriever answers (no provider, no quota)."""
+        q = body.query
+        if not isinstance(q, str) or not q.strip():
+            raise InvalidAction("query", "must be a non-empty string")
+        if len(q) > MAX_QUERY_CHARS:
+            raise InvalidAction("query", f"must be at most {MAX_QUERY_CHARS} characters, got {len(q)}")
+        topk = (body.options or {}).get("topk", DEFAULT_TOPK)
+        if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+            raise InvalidAction("options.topk", f"must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+        spec = ActionSpec(engine.new_id(), kind=ActionKind.RETRIEVE, model=body.provider,
+                          tag=body.provider, demand=Resources(), trajectory=body.trajectory,
+                          payload={"query": q, "topk": topk}, timeout_s=body.timeout_s)
+        r = await engine.run(spec)
+        out = r.output if isinstance(r.output, dict) else {}
+        return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,
+                             "result": out.get("result"), "cached": False, "reason": r.reason,
+                             "act_s": r.act})
+
     async def provider_call(kind: str, body: ProviderIn, request: Request) -> Response:
         front = engine.api
+        if kind == "search" and body.provider in retrievers(engine) and (
+                front is None or body.provider not in front.api.providers):
+            if not 0 < body.timeout_s <= 600:
+                raise InvalidAction("timeout_s", f"must be in (0, 600], got {body.timeout_s}")
+            return await local_search(body)
         if front is None:
             raise InvalidAction("provider", f"unknown provider {body.provider!r} (providers: none declared)")
         req: dict[str, Any] = {"query": body.query} if kind == "search" else {"url": body.url}

@@ -190,6 +190,8 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained(), grace_s)
         await self._executor.aclose()
+        if self.api is not None:  # the API manager's calls and connection pools (issue 37)
+            await self.api.aclose()
         await asyncio.sleep(0)
         self._tasks[1].cancel()  # the ticker
         self._queue.put_nowait(_STOP)

@@ -73,6 +73,10 @@ class ProviderFront:
             return spec
         return dataclasses.replace(spec, payload={**spec.payload, "cached": hit})
 
+    async def aclose(self) -> None:
+        """Calls in flight cancelled (each reported), connection pools closed."""
+        await self.api.aclose()
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per provider: the core's view (rate now, tokens, waiting, coalesced, budget) and
         the manager's (calls, errors, latency, cache hits). No key appears."""
