@@ -42,6 +42,9 @@ MAX_COUNT = 1_000_000  # hints.test_count, hints.items
 MAX_TOKENS = 1_000_000_000  # hints.tokens
 MAX_WAIT_S = 86400.0  # a long-poll asked for (limits.max_wait_s caps it further)
 MAX_MEMORY_MB = 1 << 20  # memory_limit_MB, layer_mb: 1 TiB
+# payload.cases of a TEST action: the CPU manager's default max_test_cases (a manager set
+# higher is still refused more here; one set lower fails the action naming its own bound)
+MAX_TEST_CASES = 1024
 Amount = Annotated[float, AllowInfNan(False), BeforeValidator(_not_bool),
                    Field(ge=0, le=MAX_AMOUNT)]
 
@@ -184,12 +187,20 @@ class HintsIn(BaseModel):
     items: Int | None = Field(None, ge=0, le=MAX_COUNT)
 
 
+def _payload(v: dict[str, Any]) -> dict[str, Any]:
+    cases = v.get("cases")
+    if isinstance(cases, list) and len(cases) > MAX_TEST_CASES:
+        raise ValueError(f"payload.cases: at most {MAX_TEST_CASES} cases per action, got "
+                         f"{len(cases)}")
+    return v
+
+
 class ActionIn(BaseModel):
     """One action of POST /v1/actions. ``models`` (several) fans out one action per model."""
 
     id: str | None = Field(None, min_length=1, max_length=200)
     kind: Kind = "code"
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: Annotated[dict[str, Any], AfterValidator(_payload)] = Field(default_factory=dict)
     demand: dict[str, Amount] | None = None
     elasticity: ElasticityIn | None = None
     hints: HintsIn | None = None

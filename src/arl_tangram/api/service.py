@@ -12,6 +12,7 @@ every id: what one tenant created is unknown to another (`api.tenancy`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -65,7 +66,12 @@ class Service:
         if tenant is not None:
             self.tenancy.started(tenant, (spec,))
         deadline = req.compile_timeout + req.run_timeout + self.config.limits.shed_grace_s
-        res = await self.engine.result(spec.id, wait=deadline)
+        try:
+            res = await self.engine.result(spec.id, wait=deadline)
+        except asyncio.CancelledError:  # the client went away (`fastpath.until_disconnect`)
+            with contextlib.suppress(TangramError):
+                await self.engine.cancel(spec.id)
+            raise
         if res is None:
             await self.engine.cancel(spec.id)
             raise Shed(f"no answer within compile_timeout + run_timeout + "
@@ -114,8 +120,9 @@ class Service:
             raise InvalidAction(where, f"unknown model {spec.model!r} (models: {names})")
         if spec.session is not None and (not self.engine.has_session(spec.session) or
                                          not self.tenancy.session_visible(tenant, spec.session)):
-            gone = self.engine.session_gone(spec.session) \
-                if self.tenancy.session_visible(tenant, spec.session) else None
+            mine = self.tenancy.session_visible(tenant, spec.session) or \
+                self.tenancy.session_was(tenant, spec.session)
+            gone = self.engine.session_gone(spec.session) if mine else None
             raise InvalidAction(where.rsplit(".", 1)[0] + ".session",
                                 gone or f"session {spec.session!r} is not open")
 
@@ -125,6 +132,7 @@ class Service:
         key = self.tenancy.idempotency_key(tenant, idempotency_key or body.idempotency_key)
         if key is not None:
             self._check_key(key, body)
+        self._check_ids(body, per_request, tenant)
         if tenant is not None:
             self.tenancy.admit(tenant, specs)
         submitted = self.engine.submit_nowait(specs, idempotency_key=key)
@@ -151,6 +159,33 @@ class Service:
                                              for i in ids))
             out["results"] = list(results)
         return out
+
+    def _check_ids(self, body: ActionsIn, per_request: list[list[ActionSpec]],
+                   tenant: str | None) -> None:
+        """Group ids are action ids (issue 41, H1): the id a client chose for a fanned-out
+        request is refused when it names an action or another tenant's group, and a plain
+        action's id when it names a group, as the engine refuses an action id it knows (400
+        "duplicate action id", the same words whoever holds it). The same group again from its
+        owner (a retry with its idempotency key) is the engine's to answer."""
+        for i, (a, parts) in enumerate(zip(body.actions, per_request, strict=True)):
+            aid = a.id
+            if aid is None:
+                continue
+            if len(parts) == 1:
+                taken = aid in self._groups
+            else:
+                owner = self.tenancy.owner(aid)
+                taken = (aid in self._groups and owner != tenant) or self._engine_knows(aid) \
+                    or (owner is not None and owner != tenant)
+            if taken:
+                raise InvalidAction(f"actions[{i}].id", f"duplicate action id {aid!r}")
+
+    def _engine_knows(self, action_id: str) -> bool:
+        try:
+            self.engine.peek(action_id)
+        except UnknownAction:
+            return False
+        return True
 
     def _check_key(self, key: str, body: ActionsIn) -> None:
         """The same key with the same actions: the same submit again (fine); with other

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..core.actions import ActionSpec
 from ..core.errors import ImageError, TangramError
+from ..core.images import warm_key
 from ..runtime.config import DEFAULT_TENANT, ServiceConfig, TenantConfig
 from ..runtime.engine import Engine, UnknownAction
 
@@ -53,6 +54,29 @@ class Tenancy:
         self._live: dict[str, dict[str, float]] = {}
         self._sessions: dict[str, str] = {}  # session id -> tenant
         self._session_sets: dict[str, set[str]] = {}  # tenant -> its session ids
+        self._live_owner: dict[str, str] = {}  # unfinished action id -> tenant (in `_live`)
+        self._closed: OrderedDict[str, str] = OrderedDict()  # session gone -> its owner
+        # what a tenant holds is released as the engine delivers and closes (issue 41), not
+        # found by polling: a result frees its action's place, a session gone (closed,
+        # expired, evicted, lost with its node) its place in max_sessions
+        for name, fn in (("on_delivered", self._delivered), ("on_session_gone", self._gone)):
+            hooks = getattr(engine, name, None)
+            if isinstance(hooks, list):
+                hooks.append(fn)
+
+    def _delivered(self, res: Any) -> None:
+        owner = self._live_owner.pop(res.id, None)
+        if owner is not None:
+            self._live.get(owner, {}).pop(res.id, None)
+
+    def _gone(self, session_id: str, _why: str) -> None:
+        owner = self._sessions.pop(session_id, None)
+        if owner is not None:
+            self._session_sets.get(owner, set()).discard(session_id)
+            # its owner (only) is told why it is gone by an action naming it
+            self._closed[session_id] = owner
+            while len(self._closed) > self._bound:
+                self._closed.popitem(last=False)
 
     # ---- actions ----------------------------------------------------------------------------
 
@@ -64,9 +88,6 @@ class Tenancy:
         live = self._live.setdefault(t.name, {})
         cpu = sum(_cpu(s) for s in specs)
         why = self._over(t, live, len(specs), cpu)
-        if why is not None:
-            self._prune(live)
-            why = self._over(t, live, len(specs), cpu)
         if why is not None:
             raise QuotaExceeded(f"tenant {t.name!r}: {why}; retry when some of its actions "
                                 "have finished")
@@ -86,21 +107,19 @@ class Tenancy:
                         f"({allowed:g} CPUs)")
         return None
 
-    def _prune(self, live: dict[str, float]) -> None:
-        for aid in list(live):
-            try:
-                done = self.engine.peek(aid) is not None
-            except UnknownAction:
-                done = True
-            if done:
-                del live[aid]
-
     def started(self, tenant: str, specs: Iterable[ActionSpec]) -> None:
-        """``specs`` (just submitted) count against ``tenant``'s caps until they finish."""
+        """``specs`` (just submitted) count against ``tenant``'s caps until they are delivered
+        (`_delivered`; one delivered already, before this call, is not counted)."""
         live = self._live.get(tenant)
         if live is not None:
             for s in specs:
+                try:
+                    if self.engine.peek(s.id) is not None:
+                        continue  # (answered at once: nothing to hold)
+                except UnknownAction:
+                    continue
                 live[s.id] = _cpu(s)
+                self._live_owner[s.id] = tenant
 
     def own(self, tenant: str | None, ids: Iterable[str]) -> None:
         """``ids`` (just submitted) belong to ``tenant``: no other tenant sees them."""
@@ -122,6 +141,10 @@ class Tenancy:
         except UnknownAction:
             return False
 
+    def owner(self, action_id: str) -> str | None:
+        """The tenant ``action_id`` (an action's or a group's) belongs to, as far as known."""
+        return self._actions.get(action_id)
+
     def check_action(self, tenant: str | None, action_id: str) -> None:
         """UnknownAction (404) unless ``tenant`` owns ``action_id`` (or there is no auth)."""
         if tenant is not None and self._actions.get(action_id) != tenant:
@@ -141,31 +164,24 @@ class Tenancy:
             return
         mine = self._session_sets.get(t.name, set())
         if len(mine) >= t.max_sessions:
-            self._prune_sessions(t.name)
-            mine = self._session_sets.get(t.name, set())
-        if len(mine) >= t.max_sessions:
             raise QuotaExceeded(f"tenant {t.name!r}: {len(mine)} sessions open (its "
                                 f"max_sessions={t.max_sessions}); close one (DELETE "
                                 "/v1/sessions/{id}) or retry later")
 
-    def _prune_sessions(self, tenant: str) -> None:
-        mine = self._session_sets.get(tenant, set())
-        for sid in [s for s in mine if not self.engine.has_session(s)]:
-            mine.discard(sid)
-            if self._sessions.get(sid) == tenant:
-                del self._sessions[sid]
-
     def own_session(self, tenant: str | None, session_id: str) -> None:
-        if tenant is None:
-            return
+        """``session_id`` (just opened) is ``tenant``'s until the engine says it is gone."""
+        if tenant is None or not self.engine.has_session(session_id):
+            return  # (gone already: `_gone` came first)
         self._sessions[session_id] = tenant
         self._session_sets.setdefault(tenant, set()).add(session_id)
-        if len(self._sessions) > 2 * max(1024, self.engine.session_count()):
-            for name in list(self._session_sets):
-                self._prune_sessions(name)
+        self._closed.pop(session_id, None)
 
     def session_visible(self, tenant: str | None, session_id: str) -> bool:
         return tenant is None or self._sessions.get(session_id) == tenant
+
+    def session_was(self, tenant: str | None, session_id: str) -> bool:
+        """``tenant`` owned ``session_id`` until it was closed (it may be told why)."""
+        return tenant is None or self._closed.get(session_id) == tenant
 
     # ---- images -----------------------------------------------------------------------------
 
@@ -248,6 +264,59 @@ class Tenancy:
                     out.append({**r, "name": shown})
             nodes[node] = out
         return {**listing, "nodes": nodes}
+
+
+    def cluster_view(self, tenant: str | None, cluster: dict[str, Any]) -> dict[str, Any]:
+        """``Engine.cluster``'s answer as ``tenant`` sees it (issue 41, H5): of each node's
+        images (their records with the OCI config, ``in_use``, sizes), their sources, the
+        transfers of them and the ``image:NAME`` warm keys, only those it sees (its own, named
+        without the prefix, and the shared ones); of the others only how many there are
+        (``images_of_others``, ``warm_of_others``). Counts that are not ids (sessions,
+        running actions, capacity) are the cluster's."""
+        if tenant is None:
+            return cluster
+        nodes = []
+        for n in cluster.get("nodes") or ():
+            out = dict(n)
+            hidden = 0
+            if isinstance(n.get("images"), list):
+                recs = []
+                for r in n["images"]:
+                    shown = self.shown_image(tenant, str(r.get("name", ""))) \
+                        if isinstance(r, dict) else None
+                    if shown is None:
+                        hidden += 1
+                    else:
+                        recs.append({**r, "name": shown})
+                out["images"] = recs
+                out["images_of_others"] = hidden
+            for key in ("image_sources",):
+                if isinstance(n.get(key), dict):
+                    out[key] = {shown: v for k, v in n[key].items()
+                                if (shown := self.shown_image(tenant, str(k))) is not None}
+            if isinstance(n.get("image_transfers"), list):
+                out["image_transfers"] = [
+                    {**t, "image": shown} for t in n["image_transfers"]
+                    if isinstance(t, dict)
+                    and (shown := self.shown_image(tenant, str(t.get("image", "")))) is not None]
+            if isinstance(n.get("warm"), dict):
+                warm: dict[str, Any] = {}
+                others = 0
+                for k, v in n["warm"].items():
+                    name = str(k)[len(_WARM_IMAGE):] if str(k).startswith(_WARM_IMAGE) else None
+                    if name is None:
+                        warm[k] = v
+                    elif (shown := self.shown_image(tenant, name)) is not None:
+                        warm[_WARM_IMAGE + shown] = v
+                    else:
+                        others += int(v) if isinstance(v, int | float) else 1
+                out["warm"] = warm
+                out["warm_of_others"] = others
+            nodes.append(out)
+        return {**cluster, "nodes": nodes}
+
+
+_WARM_IMAGE = warm_key("")  # "image:": the warm keys of nodes holding an image
 
 
 def _cpu(spec: ActionSpec) -> float:

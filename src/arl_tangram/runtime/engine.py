@@ -80,6 +80,7 @@ def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Scheduler:
                 CoreConfig(policy=config.policy, **config.scheduler))
 
 
+TTL_EXPIRED = "ttl expired"  # the reason of the core's CloseSession for an idle session
 _STOP = object()
 _REST: dict[type, tuple[str, ...] | None] = {}  # event class -> its fields after ``time``
 
@@ -152,6 +153,12 @@ class Engine:
         # more sections of `stats()` (name -> a function of nothing), e.g. "providers"
         self.extra_stats: dict[str, Callable[[], Any]] = {}
         self._imported: set[str] = set()  # images imported through `import_image` (their source)
+        # called with each result as it is delivered (`_deliver`): what a caller holds for an
+        # action (a tenant's quota, issue 41) is released from the delivery, not by polling
+        self.on_delivered: list[Callable[[ActionResult], None]] = []
+        # called with (session id, why) when a session leaves `session_count`: closed by the
+        # client, expired (the core's TTL), evicted, lost with its node, or never opened
+        self.on_session_gone: list[Callable[[str, str], None]] = []
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -261,6 +268,10 @@ class Engine:
         self._observe(ev)
         core = self.core
         assert core is not None  # (made by `start`, before the loop runs)
+        if self._evicted and isinstance(ev, E.ActionArrived | E.ActionsArrived):
+            ev = self._session_arrivals(ev)  # type: ignore[assignment]
+            if ev is None:
+                return []
         try:
             return list(core.handle(ev))
         except Exception as exc:
@@ -299,17 +310,37 @@ class Engine:
             return self._session_failed(ev, why)
         return []
 
+    def _session_arrivals(self, ev: E.ActionArrived | E.ActionsArrived
+                          ) -> E.ActionArrived | E.ActionsArrived | None:
+        """``ev`` without the actions naming a session that is gone (`session_gone`: it
+        expired, was evicted, lost with its node) while they were on their way: each is
+        rejected with that reason, never run in a new sandbox that the core would open under
+        the old id with the state gone (issue 41, H3). None: nothing left."""
+        specs = (ev.action,) if isinstance(ev, E.ActionArrived) else ev.actions
+        gone = [(s, why) for s in specs if s.session is not None
+                and (why := self.session_gone(s.session)) is not None]
+        if not gone:
+            return ev
+        for s, why in gone:
+            live = self._live.get(s.id)
+            if live is not None:
+                self._deliver(ActionResult(s.id, Status.REJECTED, live.submit_time,
+                                           finish_time=ev.time, reason=why))
+        dropped = {s.id for s, _ in gone}
+        rest = tuple(s for s in specs if s.id not in dropped)
+        if not rest:
+            return None
+        if len(rest) == 1:
+            return E.ActionArrived(ev.time, rest[0])
+        return E.ActionsArrived(ev.time, rest)
+
     def _session_failed(self, ev: E.SessionRequested, why: str) -> list[C.Command]:
         """A session the core could not open is not open: it leaves the engine's count (and
         its tenant's), and an action naming it is told why (`session_gone`); the core is asked
         to close what it may hold of it."""
         sid = ev.session_id
-        self._sessions.pop(sid, None)
-        self._session_nodes.pop(sid, None)
         self._session_images.pop(sid, None)
-        self._evicted[sid] = f"session {sid!r} could not be opened: {why}"
-        while len(self._evicted) > self.config.max_results:
-            self._evicted.popitem(last=False)
+        self._drop_session(sid, f"session {sid!r} could not be opened: {why}", remember=True)
         if self.core is None:
             return []
         try:
@@ -360,9 +391,32 @@ class Engine:
             inst = self._instances.pop(ev.instance_id, None)
             if ev.reason and inst is not None:
                 self._model_died(inst, ev.reason, ev.time)
-        elif isinstance(ev, E.SessionClosed):
-            self._sessions.pop(ev.session_id, None)
-            self._session_nodes.pop(ev.session_id, None)
+        elif isinstance(ev, E.SessionClosed) and ev.reason != "closed by client":
+            # (a client's close left the count at `close_session`: the id may be open again)
+            self._drop_session(ev.session_id, f"session {ev.session_id!r} closed: "
+                               f"{ev.reason or 'by its node'}", remember=True)
+        elif isinstance(ev, E.NodeLost):  # the core closes its sessions without a command
+            for sid in [s for s, n in self._session_nodes.items() if n == ev.node]:
+                self._drop_session(sid, f"session {sid!r} closed: node {ev.node} lost: "
+                                   f"{ev.reason}", remember=True)
+
+    def _drop_session(self, sid: str, why: str, *, remember: bool) -> None:
+        """``sid`` is no longer open: it leaves the count (`limits.max_sessions`), its tenant
+        is told (`on_session_gone`) and, with ``remember``, an action naming it later is told
+        ``why`` (`session_gone`) instead of running in a new sandbox (issue 41, H3)."""
+        self._session_nodes.pop(sid, None)
+        if self._sessions.pop(sid, None) is None:
+            return
+        if remember:
+            self._evicted[sid] = why
+            self._evicted.move_to_end(sid)
+            while len(self._evicted) > self.config.max_results:
+                self._evicted.popitem(last=False)
+        for fn in self.on_session_gone:
+            try:
+                fn(sid, why)
+            except Exception:
+                log.exception("a session-gone listener failed on %s", sid)
 
     def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
         """An instance died under the core (its worker): while its model has no other loaded
@@ -411,13 +465,16 @@ class Engine:
             self._sessions[cmd.session_id] = cmd.demand
             self._evicted.pop(cmd.session_id, None)
         elif isinstance(cmd, C.EvictSession):  # (executed as a CloseSession by its node)
-            self._sessions.pop(cmd.session_id, None)
-            self._session_nodes.pop(cmd.session_id, None)
-            self._evicted[cmd.session_id] = cmd.reason
-            while len(self._evicted) > self.config.max_results:
-                self._evicted.popitem(last=False)
+            self._drop_session(cmd.session_id, cmd.reason, remember=True)
+            self._evicted[cmd.session_id] = cmd.reason  # (also when no longer counted)
             self.stats_book.session_evictions += 1
             log.warning("%s", cmd.reason)
+        elif isinstance(cmd, C.CloseSession) and cmd.reason == TTL_EXPIRED:
+            # the core's own close: the session was idle past its ttl_s (a client's close left
+            # the count at `close_session`; a node's report at `_observe`)
+            sid = cmd.session_id
+            self._drop_session(sid, f"session {sid!r} expired: no action for its ttl_s; its "
+                               "state is gone (open a new session)", remember=True)
         return False
 
     def _provider_command(self, cmd: C.WakeAt | C.CallProvider) -> None:
@@ -443,6 +500,11 @@ class Engine:
             return  # delivered before (cancel raced the finish) or unknown
         self._results[result.id] = (result, live.spec.kind.value)
         self.stats_book.on_finished(live.spec.kind.value, result)
+        for fn in self.on_delivered:
+            try:
+                fn(result)
+            except Exception:
+                log.exception("a delivery listener failed on %s", result.id)
         for fut in self._waiters.pop(result.id, ()):
             if not fut.done():
                 fut.set_result(result)
@@ -615,9 +677,10 @@ class Engine:
     async def close_session(self, session_id: str) -> bool:
         """Close a session; False when it is not open."""
         self._check_open()
-        if self._sessions.pop(session_id, None) is None:
+        if session_id not in self._sessions:
             return False
-        self._session_nodes.pop(session_id, None)
+        self._drop_session(session_id, f"session {session_id!r} was closed by its client",
+                           remember=False)
         self._put(E.SessionClosed(self.clock.now(), session_id, "closed by client"))
         return True
 
@@ -625,8 +688,8 @@ class Engine:
         return session_id in self._sessions
 
     def session_gone(self, session_id: str) -> str | None:
-        """Why a session that is not open is gone, where the engine knows (it was evicted:
-        its node ran short of memory); None otherwise."""
+        """Why a session that is not open is gone, where the engine knows (it expired, was
+        evicted, lost with its node, or could not be opened); None otherwise."""
         return None if session_id in self._sessions else self._evicted.get(session_id)
 
     # ---- views -----------------------------------------------------------------------------
