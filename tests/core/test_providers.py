@@ -319,3 +319,17 @@ def test_without_coalescing_identical_calls_each_make_a_call() -> None:
     d = driver(ProviderLimits(name="p", rate=10.0, burst=3.0), provider_coalesce=False)
     out = d.arrive(*(search(f"s{i}", "p", key="k") for i in range(3)))
     assert calls(out) == ["s0", "s1", "s2"]
+
+
+def test_an_hourly_budget_fails_past_it_with_the_reset_and_serves_again_next_hour() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, budget_per_hour=2))
+    d.at(10.0).arrive(search("a", "p"), search("b", "p"), search("c", "p"))
+    assert calls(d.log) == ["a", "b"]  # c waits: the two in flight may still be answered
+    d.at(10.5).finish("a")
+    d.at(10.5).finish("b")
+    r = d.result("c")
+    assert r.status is Status.FAILED
+    assert r.reason == "provider 'p': budget of 2 calls per hour spent (the next hour starts in 3600 s)"
+    d.at(3610.0).arrive(search("next", "p"))  # the next window: served
+    assert calls(d.log)[-1] == "next"
+    assert d.core.providers.by_name["p"].hour_spent == 0

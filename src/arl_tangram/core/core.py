@@ -612,7 +612,7 @@ class Core:
                 rec = st.actions.get(aid)
                 if rec is not None:
                     self._end(rec, S.TIMED_OUT, reason=why)
-        for aid, why in prov.exhausted():
+        for aid, why in prov.exhausted(now):
             rec = st.actions.get(aid)
             if rec is not None:
                 self._end(rec, _FAILED, reason=why)

@@ -62,6 +62,8 @@ class ProviderLimits:
     burst: float = 1.0  # bucket size: calls that may leave at once after a quiet spell
     concurrency: int = 16  # calls in flight at once
     budget: int | None = None  # calls the provider may answer in total (None: unbounded)
+    # calls it may answer per hour: fixed windows of 3,600 s from its first call (None: any)
+    budget_per_hour: int | None = None
     decrease: float = 0.5  # a 429 without Retry-After multiplies the rate by this
     min_rate: float | None = None  # the rate never falls below this (None: rate / 64)
     probe_per_s: float | None = None  # additive increase, req/s per second (None: rate / 10)
@@ -78,6 +80,9 @@ class ProviderLimits:
             raise _bad(f"{p}.concurrency", self.concurrency, "must be an integer >= 1")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
             raise _bad(f"{p}.budget", self.budget, "must be an integer >= 0 or None")
+        bh = self.budget_per_hour
+        if bh is not None and (not isinstance(bh, int) or isinstance(bh, bool) or bh < 0):
+            raise _bad(f"{p}.budget_per_hour", bh, "must be an integer >= 0 or None")
         if not (isinstance(self.decrease, int | float) and 0.0 < self.decrease < 1.0):
             raise _bad(f"{p}.decrease", self.decrease, "must be in (0, 1)")
         if self.min_rate is not None and not (0.0 < self.min_rate <= self.rate):
@@ -175,6 +180,8 @@ class Provider:
         self.bucket = Bucket(limits)
         self.inflight: dict[str, float] = {}  # action id -> when it was sent
         self.spent = 0  # calls answered (budget), 429s refunded
+        self.hour_start: float | None = None  # the hourly window's start (`budget_per_hour`)
+        self.hour_spent = 0  # calls answered in it
         self.heap: list[tuple[int, int, str]] = []  # (rank, seq, id); stale entries skipped
         self.entry: dict[str, tuple[int, int]] = {}  # id -> its live (rank, seq)
         # counters (what /v1/stats shows)
@@ -189,8 +196,22 @@ class Provider:
 
     @property
     def budget_left(self) -> int | None:
-        b = self.limits.budget
-        return None if b is None else b - self.spent
+        b, bh = self.limits.budget, self.limits.budget_per_hour
+        left = None if b is None else b - self.spent
+        if bh is not None:
+            hour = bh - self.hour_spent
+            left = hour if left is None else min(left, hour)
+        return left
+
+    def roll(self, now: float) -> None:
+        """The hourly window that holds ``now`` (a new one: nothing spent in it yet)."""
+        if self.limits.budget_per_hour is None:
+            return
+        if self.hour_start is None:
+            self.hour_start = now
+        elif now >= self.hour_start + 3600.0:
+            self.hour_start += 3600.0 * math.floor((now - self.hour_start) / 3600.0)
+            self.hour_spent = 0
 
     def push(self, aid: str, rank: int, seq: int) -> None:
         self.entry[aid] = (rank, seq)
@@ -222,6 +243,7 @@ class Provider:
             "coalesced": self.coalesced, "served_from_cache": self.cache_hits,
             "budget": self.limits.budget,
             "budget_left": self.budget_left, "failed_budget": self.failed_budget,
+            "budget_per_hour": self.limits.budget_per_hour, "hour_spent": self.hour_spent,
             "timed_out_waiting": self.timed_out,
         }
 
@@ -329,10 +351,11 @@ class Providers:
                 self.follows[aid] = leader
                 prov.coalesced += 1
                 return ""
+        prov.roll(now)
         left = prov.budget_left
         if left is not None and left <= 0:
             prov.failed_budget += 1
-            return self.budget_reason(prov)
+            return self.budget_reason(prov, now)
         if key:
             self.leaders[(provider, key)] = aid
             self.key_of[aid] = (provider, key)
@@ -355,7 +378,12 @@ class Providers:
         heapq.heappush(self.timers, (t, self._tseq, kind, aid))
 
     @staticmethod
-    def budget_reason(prov: Provider) -> str:
+    def budget_reason(prov: Provider, now: float) -> str:
+        lim = prov.limits
+        if (lim.budget is None or prov.spent < lim.budget) and lim.budget_per_hour is not None:
+            ends = (prov.hour_start if prov.hour_start is not None else now) + 3600.0
+            return (f"provider {lim.name!r}: budget of {lim.budget_per_hour} calls per hour spent "
+                    f"(the next hour starts in {max(0.0, ends - now):.0f} s)")
         return (f"provider {prov.limits.name!r}: budget of {prov.limits.budget} calls spent "
                 f"({prov.spent} answered)")
 
@@ -368,6 +396,7 @@ class Providers:
             if not prov.entry:
                 continue
             lim = prov.limits
+            prov.roll(now)
             cap = lim.concurrency if self.paced else (self.semaphore or lim.concurrency)
             base = name.partition("#")[0]
             while prov.entry and len(prov.inflight) < cap:
@@ -387,14 +416,15 @@ class Providers:
                 out.append(Dispatch(aid, base))
         return out
 
-    def exhausted(self) -> list[tuple[str, str]]:
+    def exhausted(self, now: float) -> list[tuple[str, str]]:
         """Waiting actions of providers whose budget is spent: (id, reason), to fail now."""
         out: list[tuple[str, str]] = []
         for prov in self.by_name.values():
+            prov.roll(now)
             left = prov.budget_left
             if left is None or left > 0 or not prov.entry:
                 continue
-            reason = self.budget_reason(prov)
+            reason = self.budget_reason(prov, now)
             while prov.head() is not None:
                 aid = prov.pop()
                 prov.failed_budget += 1
@@ -458,7 +488,9 @@ class Providers:
     def finished(self, aid: str, now: float, answered: bool) -> None:
         prov = self.release(aid)
         if prov is not None and answered:
+            prov.roll(now)
             prov.spent += 1
+            prov.hour_spent += 1
             prov.bucket.succeeded(now)
 
     def throttled(self, aid: str, now: float, retry_after_s: float | None) -> Provider | None:
@@ -537,6 +569,8 @@ class Providers:
                 bad.append(f"{name}: {len(prov.inflight)} in flight > {lim.concurrency}")
             if lim.budget is not None and prov.spent > lim.budget:
                 bad.append(f"{name}: spent {prov.spent} > budget {lim.budget}")
+            if lim.budget_per_hour is not None and prov.hour_spent > lim.budget_per_hour:
+                bad.append(f"{name}: {prov.hour_spent} this hour > {lim.budget_per_hour}")
             for aid in prov.entry:
                 if self.owner.get(aid) != name:
                     bad.append(f"{name}: waiting {aid} not owned")

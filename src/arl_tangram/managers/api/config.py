@@ -33,7 +33,8 @@ from ...core.providers import ProviderLimits
 KINDS = ("search", "fetch", "http")
 _KEYS = {"name", "kind", "base_url", "path", "keys", "auth_header", "auth_prefix", "limits",
          "timeout_s", "retries", "cache_ttl_s", "cache_shared", "query_field", "url_field"}
-_LIMIT_KEYS = {"rate_per_s", "rate_per_min", "burst", "concurrency", "budget", "min_rate_per_s",
+_LIMIT_KEYS = {"rate_per_s", "rate_per_min", "burst", "concurrency", "budget", "budget_per_hour",
+               "min_rate_per_s",
                "decrease", "probe_per_s", "max_attempts"}
 
 
@@ -127,8 +128,9 @@ def parse_limits(name: str, raw: Any, where: str) -> ProviderLimits:
         kw["burst"] = _num(raw["burst"], f"{where}.burst", lo=1.0)
     if "concurrency" in raw:
         kw["concurrency"] = int(_num(raw["concurrency"], f"{where}.concurrency", lo=1, integer=True))
-    if raw.get("budget") is not None:
-        kw["budget"] = int(_num(raw["budget"], f"{where}.budget", integer=True))
+    for b in ("budget", "budget_per_hour"):
+        if raw.get(b) is not None:
+            kw[b] = int(_num(raw[b], f"{where}.{b}", integer=True))
     if "min_rate_per_s" in raw:
         kw["min_rate"] = _num(raw["min_rate_per_s"], f"{where}.min_rate_per_s", strict=True)
     if "probe_per_s" in raw:
