@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
               "use --token-file or TANGRAM_TOKEN", file=sys.stderr)
     import uvicorn
 
+    from ..managers.cpu.images import spools
+
+    spools.sweep(cfg.image_upload_dir)  # upload spools a killed service left (issue 41, M7)
     app = create_app(_ray_engine(cfg, args.ray) if getattr(args, "ray", None) else build_engine(cfg),
                      cfg, manage_engine=True)
     models = ", ".join(m.name for m in cfg.models) or "none"

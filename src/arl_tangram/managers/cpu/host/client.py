@@ -23,6 +23,7 @@ from typing import Any
 from arl_tangram.core.errors import BrokenError, ClosedError
 
 from .. import wire
+from .reaper import ReapedProc, Reaper, zygote_env
 
 
 class Conn:
@@ -107,37 +108,39 @@ def _expire(fut: asyncio.Future[Any], timeout: float) -> None:
         fut.set_exception(TimeoutError(f"no reply within {timeout:g} s"))
 
 
-def _zygote_env() -> dict[str, str]:
-    """The fork server's environment: nothing of the service's own (tokens, configuration).
-
-    In-process Python actions are forks of the fork server, and /proc/self/environ shows the
-    environment its interpreter was started with, whatever os.environ says later.
-    """
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    if os.environ.get("PYTHONPATH"):  # where the package itself is found when not installed
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
-
-
 class Zygote:
     """The fork server process and its control socket (a SOCK_SEQPACKET): one request asks for
     n sandboxes, n replies come back in order (each with its fds), and a direct sandbox's end
     comes as an "exit" message, always after its spawn reply."""
 
     def __init__(self, cfg: dict[str, Any], root_parent: str,
-                 cgroup_dirs: list[str] | tuple[str, ...] = ()) -> None:
+                 cgroup_dirs: list[str] | tuple[str, ...] = (), reaper: Reaper | None = None) -> None:
         """Start the fork server; ``cfg["root"]`` names its root's mount point inside the
         directory ``root_parent``. Nothing of the service is in its argv (``-P``: not even the
         working directory on ``sys.path``; it runs in ``/``) or environment: the configuration
         and an fd of ``root_parent`` come as the first message on the control socket, with an
         fd of each of ``cgroup_dirs`` (`CgroupTree.join_dirs`: then a sandbox asked for with a
-        slot name moves itself into that slot, see `spawn`)."""
+        slot name moves itself into that slot, see `spawn`). With ``reaper``, the reaper starts
+        it, as its child (`host/reaper.py`): a sandbox it orphans goes to the reaper, not to the
+        system's init."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote.server", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            close_fds=True, env=_zygote_env(), cwd="/")
-        theirs.close()
+        self.proc: subprocess.Popen[bytes] | ReapedProc
+        try:
+            if reaper is not None:
+                argv = [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote.server", "3"]
+                self.proc = ReapedProc(reaper, reaper.start_zygote(argv, zygote_env(),
+                                                                   theirs.fileno()))
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote.server",
+                     str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, close_fds=True, env=zygote_env(), cwd="/")
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.ctl = ours
         fds = [os.open(root_parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
         try:
@@ -195,8 +198,10 @@ class Zygote:
 
     def exit_reason(self) -> str:
         """How the fork server ended, once it has (it is reaped here); "still running" else."""
+        # (a fork server the reaper started is reaped there: its word comes a moment later)
+        wait_s = 0.0 if isinstance(self.proc, subprocess.Popen) else 0.5
         try:
-            rc = self.proc.wait(0) if self.proc.returncode is None else self.proc.returncode
+            rc = self.proc.wait(wait_s) if self.proc.returncode is None else self.proc.returncode
         except subprocess.TimeoutExpired:
             return "still running"
         if rc < 0:

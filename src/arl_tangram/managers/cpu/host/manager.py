@@ -32,6 +32,7 @@ from . import direct, ids, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool, Zygote
+from .reaper import Reaper
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
 
 POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
@@ -95,6 +96,8 @@ class CpuManager:
         # image sandboxes' user namespace (issue 26; None: they run as the sandbox uid)
         self.userns: userns.UserNamespace | None = None
         self._freezers: overlay.FreezerTree | None = None
+        # cleans what is left when the service dies, and is the fork server's parent (issue 41)
+        self.watchdog: Reaper | None = None
         # supervision of the fork server (`_restart_zygote`)
         self._zcfg: dict[str, Any] = {}
         self._join_dirs: list[str] = []
@@ -115,6 +118,11 @@ class CpuManager:
         cfg = self.config
         self._langs = await languages.detect()
         self._cgroups = CgroupTree()
+        try:  # (before the first sandbox: whatever the manager makes from here, it cleans)
+            self.watchdog = Reaper({"cgroups": sorted(set(self._cgroups.bases.values()))})
+        except OSError as e:
+            log.error("CPU manager: no reaper (a killed service leaves its sessions until the "
+                      "next start): %s", e)
         ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
         for lang in self._langs.values():
             ro += lang.ro_paths
@@ -138,7 +146,7 @@ class CpuManager:
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
         self._zcfg, self._join_dirs = zcfg, list(join_dirs)
-        self._zygote = Zygote(zcfg, cfg.work_root, join_dirs)
+        self._zygote = Zygote(zcfg, cfg.work_root, join_dirs, self.watchdog)
         self._zgen = 1
         hello = await asyncio.to_thread(self._zygote.wait_hello)
         # the sandboxes' own environment: a direct request with it may go in the compact form,
@@ -176,6 +184,13 @@ class CpuManager:
             "disk" if self.layers is not None and self.layers.available else
             f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
+        if self.watchdog is not None:
+            try:
+                self.watchdog.configure(
+                    freezer=self._freezers.base if self._freezers is not None else None,
+                    layers=[self.layers.dir, self.layers.prefix] if self.layers else None)
+            except OSError as e:
+                log.error("CPU manager: the reaper: %s", e)
         # a dead manager's slots its frozen sessions kept busy: free now that they are thawed
         # (each still left is logged; a later start tries again)
         left = await asyncio.to_thread(self._cgroups.remove_stale)
@@ -282,7 +297,7 @@ class CpuManager:
                 self._zcfg["ids_busy"] = sorted(await asyncio.to_thread(
                     ids.uids_in_use, self._ids.first, self._ids.count))
             try:
-                z = Zygote(self._zcfg, self.config.work_root, self._join_dirs)
+                z = Zygote(self._zcfg, self.config.work_root, self._join_dirs, self.watchdog)
             except OSError as e:
                 log.warning("CPU manager: cannot start the sandbox fork server: %s", e)
                 self._zygote = None
@@ -345,6 +360,9 @@ class CpuManager:
         if self._ids is not None:  # (after the fork server: its sandboxes are gone with it)
             self._ids.close()
             self._ids = None
+        if self.watchdog is not None:  # last: it cleans whatever the close above left
+            await asyncio.to_thread(self.watchdog.close)
+            self.watchdog = None
 
     # reports -----------------------------------------------------------------------------------
     def isolation_report(self) -> dict[str, bool | str]:

@@ -216,9 +216,15 @@ class LayerStore:
             return f"cannot make a disk layer: {e}"
         return ""
 
+    @property
+    def prefix(self) -> str:
+        """The start of the names of this store's backing files (`_make`; the reaper removes
+        what a killed service left, `reaper.server.clean`)."""
+        return f"{os.getpid()}-{id(self):x}-"
+
     def _make(self, mb: int) -> Layer:
         assert self._mkfs is not None
-        path = os.path.join(self.dir, f"{os.getpid()}-{id(self):x}-{next(self._names)}.ext4")
+        path = os.path.join(self.dir, f"{self.prefix}{next(self._names)}.ext4")
         try:
             with open(path, "wb") as f:
                 f.truncate(mb << 20)  # sparse: blocks are taken as the layer is written
