@@ -307,8 +307,10 @@ def test_the_static_split_gives_each_trajectory_its_slice_of_rate_and_slots() ->
                           payload={"query": aid})
 
     out = d.arrive(s("a1", "ta"), s("a2", "ta"), s("b1", "tb"))
-    assert calls(out) == ["a1", "b1"]  # one token (burst 1) and 2 slots per trajectory
-    assert wakes(out) == [0.5]  # 2/s each
+    # 2/s and 2 slots per trajectory, burst 1; the second slice's first token 1/4 s later
+    # (the slices' tokens interleave: together never faster than the provider's 4/s)
+    assert calls(out) == ["a1"] and wakes(out) == [0.5, 0.25]  # (a1 alone, then b1 arrived)
+    assert calls(d.at(0.25)(ev.Wake(0.25))) == ["b1"]
     assert calls(d.at(0.5)(ev.Wake(0.5))) == ["a2"]
     assert [c.provider for c in d.log if isinstance(c, cmd.CallProvider)] == ["p", "p", "p"]
     d.at(0.6)(ev.ProviderThrottled(0.6, "a2"))  # static: nothing is learned, it waits again

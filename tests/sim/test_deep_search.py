@@ -42,3 +42,16 @@ def test_a_cache_answers_repeated_queries_without_a_call() -> None:
     t = run("tangram", trajectories=N)
     assert c.cache_hits > 0 and c.provider_calls + c.coalesced + c.cache_hits == c.calls
     assert c.provider_calls < t.provider_calls
+
+
+def test_the_acceptance_burst_simulated_leaves_at_the_limit_with_no_429() -> None:
+    from arl_tangram.sim.deepsearch import run_burst
+
+    t = run_burst("tangram", calls=500)
+    # 10 calls at once (the declared burst), then 50/s: the last leaves at 9.8 s, done at 10.0
+    assert (t.succeeded, t.provider_429s, t.makespan_s) == (500, 0, 10.0)
+    assert t.act_avg_s >= t.bound_act_avg_s
+    s = run_burst("semaphore", calls=500)
+    assert s.provider_429s > 0 and s.failed == s.provider_429s
+    st = run_burst("static-split", calls=500)
+    assert st.provider_429s == 0 and st.act_avg_s >= t.act_avg_s

@@ -40,8 +40,9 @@ PROVIDER_KINDS = (ActionKind.SEARCH, ActionKind.FETCH, ActionKind.HTTP)
 # of what training stacks deploy (docs/search.md, "Baselines"):
 # - "semaphore": verl's search tool / ASearcher: a per-process semaphore of `provider_semaphore`
 #   slots (default the provider's concurrency), no pacing, FIFO, a 429 fails the call at once;
-# - "static-split": each trajectory owns rate / T requests/s (burst 1) and concurrency / T slots
-#   (at least 1) for its life (T = `CoreConfig.trajectories`); a 429 waits for its own next token.
+# - "static-split": each trajectory owns rate / T requests/s (burst 1, the slices' tokens
+#   interleaved) and concurrency / T slots (at least 1) for its life (T =
+#   `CoreConfig.trajectories`); a 429 waits for its own next token.
 PROVIDER_POLICIES = ("tangram", "semaphore", "static-split")
 _EPS = 1e-9
 _SQRT_HALF = math.sqrt(0.5)
@@ -309,8 +310,10 @@ class Providers:
         """A 429 sends the call back to wait (else it fails at once: the semaphore baseline)."""
         return self.policy != "semaphore"
 
-    def _slice(self, prov: Provider, trajectory: str | None) -> Provider:
-        """static-split: the trajectory's own slice of ``prov`` (made on first use)."""
+    def _slice(self, prov: Provider, trajectory: str | None, now: float) -> Provider:
+        """static-split: the trajectory's own slice of ``prov`` (made on first use). Slice j's
+        first token comes j / rate after the first call: the slices' tokens interleave evenly
+        (the strongest static split: together they never burst past the provider's rate)."""
         t = trajectory or ""
         j = self.tslot.get(t)
         if j is None:
@@ -323,6 +326,8 @@ class Providers:
             got = self.by_name[name] = Provider(ProviderLimits(
                 name=name, rate=lim.rate / T, burst=1.0, concurrency=max(1, lim.concurrency // T),
                 decrease=lim.decrease, max_attempts=lim.max_attempts))
+            if j:
+                got.bucket.pause(now, j / lim.rate)
         return got
 
     def holds(self, aid: str) -> bool:
@@ -360,7 +365,7 @@ class Providers:
             self.leaders[(provider, key)] = aid
             self.key_of[aid] = (provider, key)
         if self.policy == "static-split":
-            prov = self._slice(prov, trajectory)
+            prov = self._slice(prov, trajectory, now)
         self.owner[aid] = prov.limits.name
         self.enqueue(prov, aid, rank, seq, now, deadline)
         return ""

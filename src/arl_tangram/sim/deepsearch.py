@@ -154,6 +154,40 @@ def run(policy: str, *, trajectories: int = SEARCH_R1_TRAJECTORIES, seed: int = 
                    round(rep.makespan_s, 3))
 
 
+def run_burst(policy: str, *, calls: int = 2000, trajectories: int = 100, rate: float = 50.0,
+              burst: float = 50.0, concurrency: int = 16, latency_s: float = 0.2,
+              declared_burst: float = 10.0) -> Outcome:
+    """The acceptance burst, simulated: ``calls`` distinct searches at once (the static split
+    cuts the limits into ``trajectories`` slices) against a provider of ``rate``/s, ``burst``
+    and ``concurrency`` taking ``latency_s`` per answer; tangram declares ``declared_burst``.
+    The bound: each call's earliest finish under the provider's own limits."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy: one of {', '.join(POLICIES)}, got {policy!r}")
+    act = [SimAction(kind=ActionKind.SEARCH, work_s=latency_s, demand=Resources(), tag="serper",
+                     timeout_s=600.0, query=f"q{i}") for i in range(calls)]
+    # every call arrives at 0 (one trajectory each: the static split's slices take them
+    # round robin, ``trajectories`` slices)
+    trajs = [Trajectory(f"b-{i}", "burst", ((0.0, act[i]),)) for i in range(calls)]
+    cluster = ClusterSpec((NodeSpec("cpu-0", Resources(cpu=8, memory_mb=32768), pool="cpu"),), ())
+    limits = ProviderLimits(name="serper", rate=rate, burst=declared_burst, concurrency=concurrency,
+                            max_attempts=1000)
+    name = "tangram" if policy.startswith("tangram") else policy
+    core = Core(cluster, CoreConfig(providers=(limits,), provider_policy=name,
+                                    provider_semaphore=concurrency, trajectories=trajectories))
+    sim = Simulator(cluster, core, policy=policy, workload="burst")
+    vp = VirtualProvider(rate, burst, concurrency)
+    sim.executor.providers["serper"] = vp
+    rep = sim.run([trajs])
+    by = {str(k): v for k, v in rep.by_status.items()}
+    p = core.providers.by_name["serper"]
+    b = statistics.fmean(max(max(0.0, (k - burst + 1) / rate), (k // concurrency) * latency_s)
+                         + latency_s for k in range(calls))
+    return Outcome(policy, rep.actions, by.get("succeeded", 0), by.get("failed", 0),
+                   round(float(rep.act.get("avg", 0.0)), 4), round(b, 4),
+                   vp.answered + vp.rejected, vp.rejected, p.coalesced, 0,
+                   round(rep.makespan_s, 3))
+
+
 def _bound(sim: Simulator) -> float:
     """A lower bound on the mean ACT of this run's calls on their own release times: each call
     takes at least its latency; the provider admits at most ``burst + rate t`` calls by time t,
