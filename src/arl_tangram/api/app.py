@@ -26,7 +26,7 @@ from ..core.errors import BrokenError, ClosedError, InvalidAction
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
 from . import jupyter, metrics, openai_compat, search
-from .fastpath import FastRunCode
+from .fastpath import FastRunCode, until_disconnect
 from .middleware import TENANT_KEY, BodyTooLarge, GuardMiddleware
 from .schemas import (
     MAX_WAIT_S,
@@ -297,7 +297,11 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"],
               responses={**_BUSY, 504: {"description": "shed: no answer within the deadline"}})
     async def run_code(req: RunCodeRequest, request: Request) -> Response:
-        return JSONResponse(await _run_code_wire(svc, req, tenant_of(request)))
+        out = await until_disconnect(request.receive,
+                                     _run_code_wire(svc, req, tenant_of(request)))
+        if out is None:  # the client went away: its action was cancelled (issue 41, L1)
+            return Response(status_code=499)
+        return JSONResponse(out)
 
     @app.post("/v1/actions", tags=["native"], responses=_BUSY)
     async def submit(request: Request,
@@ -344,8 +348,10 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
                          body_timeout_s=config.limits.body_timeout_s)
 
     @app.get("/v1/cluster", tags=["native"])
-    async def cluster() -> Response:
-        return JSONResponse(svc.engine.cluster())
+    async def cluster(request: Request) -> Response:
+        """Nodes, their use and warm state; a tenant sees its own and the shared images, of
+        others' only how many (`Tenancy.cluster_view`)."""
+        return JSONResponse(svc.tenancy.cluster_view(tenant_of(request), svc.engine.cluster()))
 
     @app.get("/v1/stats", tags=["native"])
     async def stats() -> Response:

@@ -17,9 +17,11 @@ hands on is marked, so that the instance inside FastAPI's stack passes it straig
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.responses import PlainTextResponse
@@ -70,7 +72,9 @@ class FastRunCode:
             await self._hand_on(scope, _replay(raw, receive), send)
             return
         try:
-            out = await self.run_code(req, scope.get(TENANT_KEY))
+            out = await until_disconnect(receive, self.run_code(req, scope.get(TENANT_KEY)))
+            if out is None:
+                return  # the client went away: its action was cancelled; nobody to answer
         except Exception as exc:
             resp = self.error_response(exc)
             if resp is None:
@@ -98,6 +102,37 @@ class FastRunCode:
         if self.outermost:
             resp: Any = PlainTextResponse("Internal Server Error", status_code=500)
             await resp(scope, receive, send)
+
+
+T = TypeVar("T")
+
+
+async def until_disconnect(receive: Callable[[], Awaitable[Mapping[str, Any]]],
+                           work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client disconnects first (issue 41, L1): ``work``
+    is then cancelled (`Service.run_code` cancels its action on that). The request's body must
+    have been read: the next ``receive`` waits for the disconnect (ASGI ``http.disconnect``,
+    which the server also sends once the response is complete)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watch.cancel()
+        raise
+    if task.done():
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool | None]:
