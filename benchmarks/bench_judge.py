@@ -11,6 +11,12 @@ stop (unload) seconds, per event.
 
     .venv/bin/python benchmarks/bench_judge.py [--requests 64] [--max-tokens 64]
         [--hidden 256] [--layers 2] [--json out.json]
+
+``--two-judges`` measures instead two judge models on ONE CPU-backed device through the real
+service (engine, core, node host): requests alternate between them in rounds, the core unloads
+the idle judge and loads the one with work (on CPU: its engine process ended and started anew);
+per event its measured seconds (what the core is told as ``ModelLoaded.load_s``), and the memory
+of each judge's engine process group while loaded and after its unload (gone: 0).
 """
 
 from __future__ import annotations
@@ -87,6 +93,84 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "events": host.events, "load_s": round(load_s, 2)}
 
 
+def _group_rss_mb(pgid: int) -> float:
+    """Resident memory of the live processes of process group ``pgid`` (MB)."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            total += int((d / "statm").read_text().split()[1]) * 4096
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 2**20
+
+
+async def two_judges(args: argparse.Namespace) -> dict[str, Any]:
+    from arl_tangram.runtime.build import build_engine
+    from arl_tangram.runtime.config import NodeConfig, ServiceConfig
+
+    root = Path(tempfile.mkdtemp(prefix="bench-judge2-"))
+    specs = tuple(
+        ModelSpec(name, kind="genjudge", path=build_tiny_genjudge(root / name, seed=i,
+                                                                   hidden=args.hidden,
+                                                                   layers=args.layers),
+                  memory_mb=64.0, load_s=40.0, max_batch=16, max_seqs=16, max_instances=1,
+                  options={"max_tokens": 16, "max_model_len": 512, "on_no_verdict": 0.0})
+        for i, name in enumerate(("judge-a", "judge-b")))
+    cfg = ServiceConfig(models=specs, nodes=(NodeConfig(
+        cpu={"work_root": str(root / "w"), "warm_min": 0},
+        gpu={"device": "cpu", "cpu_devices": 1}),))
+    engine = build_engine(cfg)
+    await engine.start()
+    (host,) = engine._executor.hosts.values()  # (a benchmark may look inside)
+    judges = host.gpu.engines  # type: ignore[union-attr]
+    memory: list[dict[str, Any]] = []
+    rounds: list[dict[str, Any]] = []
+    try:
+        for r, name in enumerate(["judge-a", "judge-b", "judge-a", "judge-b"]):
+            acts = [ActionSpec(id=f"r{r}-{i}", kind=ActionKind.JUDGE, model=name,
+                               payload={"prompt": "2+2?", "response": str(i)})
+                    for i in range(8)]
+            t0 = time.perf_counter()
+            engine.submit_nowait(acts)
+            res = await asyncio.gather(*(engine.result(a.id) for a in acts))
+            wall = time.perf_counter() - t0
+            rounds.append({"round": r, "model": name, "ok": sum(x is not None and
+                                                               x.status.name == "SUCCEEDED"
+                                                               for x in res),
+                           "wall_s": round(wall, 2)})
+            for iid, info in judges.resident().items():
+                memory.append({"round": r, "instance": iid, "model": info["model"],
+                               "state": "loaded", "rss_mb": round(_group_rss_mb(info["pid"]), 1)})
+            for e in judges.events:
+                if e["event"] == "unload" and "pid" in e and not e.get("measured"):
+                    e["measured"] = True
+                    memory.append({"round": r, "instance": e["instance"], "model": e["model"],
+                                   "state": "unloaded", "rss_mb": round(_group_rss_mb(e["pid"]), 1)})
+    finally:
+        await engine.aclose(grace_s=2.0)
+    return {"rounds": rounds, "events": judges.events, "memory": memory}
+
+
+def main_two(args: argparse.Namespace) -> int:
+    out = asyncio.run(two_judges(args))
+    print("two judges on one CPU-backed device (real service): rounds of 8 requests")
+    for r in out["rounds"]:
+        print(f"round {r['round']}: {r['model']:<8} ok {r['ok']}/8  {r['wall_s']:.2f} s")
+    for e in out["events"]:
+        print(f"event {e['event']:<6} {e['instance']:<10} {e.get('seconds', 0):7.2f} s")
+    for m in out["memory"]:
+        print(f"memory after round {m['round']}: {m['instance']:<10} {m['state']:<8} "
+              f"{m['rss_mb']:8.1f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=64)
@@ -94,11 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--two-judges", action="store_true")
     args = ap.parse_args(argv)
     why = engine_available()
     if why is not None:
         print(why, file=sys.stderr)
         return 2
+    if args.two_judges:
+        return main_two(args)
     out = asyncio.run(bench(args))
     print(f"judge engine: Qwen2 hidden {args.hidden}, {args.layers} layers, random weights; "
           f"max_tokens {args.max_tokens}; {args.requests} requests per mode")

@@ -374,7 +374,8 @@ class EngineJudgeHost:
             eng.watch.cancel()
         await self._stop(eng)
         self.events.append({"event": "unload", "instance": instance_id, "model": eng.spec.name,
-                            "seconds": time.perf_counter() - t0, "parked": False})
+                            "seconds": time.perf_counter() - t0, "parked": False,
+                            "pid": eng.proc.pid if eng.proc is not None else None})
         return False
 
     async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchOutcome:
