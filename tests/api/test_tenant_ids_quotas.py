@@ -15,6 +15,7 @@ import pytest
 from fakes import FakeExecutor, core_factory
 
 from arl_tangram.api.app import create_app
+from arl_tangram.core import commands as C
 from arl_tangram.core import events as E
 from arl_tangram.core.actions import ActionKind as Kind
 from arl_tangram.core.actions import ActionSpec, Status
@@ -139,7 +140,10 @@ async def test_ttl_expiry_frees_the_tenants_sessions(api: httpx.AsyncClient) -> 
 
 
 async def test_an_action_racing_its_sessions_expiry_is_rejected_naming_it() -> None:
-    eng = Engine(FakeExecutor(cpu=2), EngineConfig(tick_s=0.05), core_factory=core_factory)
+    """(L5: the core re-opened such a session implicitly with its default TTL, 600 s, whatever
+    ``ttl_s`` the client had asked: the node kept a sandbox for ten minutes.)"""
+    ex = FakeExecutor(cpu=2)
+    eng = Engine(ex, EngineConfig(tick_s=0.05), core_factory=core_factory)
     await eng.start()
     gone: list[tuple[str, str]] = []
     eng.on_session_gone.append(lambda sid, why: gone.append((sid, why)))
@@ -152,6 +156,9 @@ async def test_an_action_racing_its_sessions_expiry_is_rejected_naming_it() -> N
         res = await eng.run(ActionSpec("x1", Kind.TOOL, payload={}, session="s1"))
         assert res.status is Status.REJECTED
         assert res.reason == eng.session_gone("s1") and "'s1' expired" in res.reason
+        opens = [c for c in ex.commands if isinstance(c, C.OpenSession)]
+        assert [(c.session_id, c.ttl_s) for c in opens] == [("s1", 0.2)]  # not re-opened
+        assert eng.session_count() == 0
         # a new session under the id is a new session
         await eng.open_session("s1", ttl_s=60)
         res = await eng.run(ActionSpec("x2", Kind.TOOL, payload={}, session="s1"))
