@@ -4,7 +4,8 @@ Invariant: the executor decides nothing. It answers every command the way a real
 after the time the simulator's truth says it takes: StartAction -> ActionStarted (after a cold
 start when no warm sandbox or session is ready) -> exactly one ActionFinished after
 ``work / speed(allotment)`` (re-computed on every ResizeAction), or TIMED_OUT at the action's
-timeout; RunBatch -> BatchFinished after ``alpha + sum(work)``; LoadModel -> ModelLoaded after
+timeout; RunBatch -> BatchFinished after ``alpha + sum(work)`` (a judge engine, ``max_seqs > 0``:
+its batches share the instance step by step, `engine_model`); LoadModel -> ModelLoaded after
 ``load_s`` (``swap_s`` from host); ResizeWarmPool -> WarmPoolReport when sandboxes are ready.
 Every report goes through the event loop (never re-entrantly into the core), and a report made
 stale by a resize or a cancel is dropped by its version number. The executor also keeps the
@@ -44,6 +45,7 @@ from ..core.build import make_finished, make_started, make_warm_report
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
 from ..core.records import warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
+from .engine_model import EngineState, schedule
 from .loop import REPORT, EventLoop
 from .metrics import BOTH_SUB, BUSY_ADD, HELD_ADD, UsageMeter
 from .trace import DEFAULT_COLD_START_S, SimAction
@@ -109,6 +111,7 @@ class _Instance:
     loaded: bool = False
     busy: bool = False
     queue: deque[C.RunBatch] = field(default_factory=deque)
+    engine: EngineState | None = None  # continuous batching (model.max_seqs > 0)
 
     def footprint(self) -> Resources:
         n = len(self.devices)
@@ -420,6 +423,9 @@ class VirtualExecutor:
         return E.BatchFinished(t, cmd.batch_id, cmd.instance_id, failed=failed)
 
     def _drain(self, instance_id: str, inst: _Instance) -> None:
+        if inst.model.max_seqs > 0:
+            self._engine_join(inst)
+            return
         if inst.busy or not inst.loaded or not inst.queue:
             return
         cmd = inst.queue.popleft()
@@ -427,6 +433,33 @@ class VirtualExecutor:
         self._usage(inst.footprint(), None, +1)
         latency = inst.model.alpha + sum(self._work(a) for a in cmd.actions)
         self._report(latency, partial(self._batch_done, cmd, inst, latency))
+
+    def _engine_join(self, inst: _Instance) -> None:
+        """A judge engine: every queued batch joins the sequences in flight at once."""
+        if not inst.loaded or not inst.queue:
+            return
+        st = inst.engine
+        if st is None:
+            st = inst.engine = EngineState(inst.model.alpha, inst.model.beta, last=self.loop.now)
+        if not st.remaining:
+            self._usage(inst.footprint(), None, +1)
+        while inst.queue:
+            cmd = inst.queue.popleft()
+            st.join(cmd, {a.id: self._work(a) for a in cmd.actions}, self.loop.now)
+        schedule(st, self.loop.now, partial(self._engine_at, inst))
+
+    def _engine_at(self, inst: _Instance, time: float, gen: int) -> None:
+        self.loop.at(time, self._engine_wake, inst, gen, priority=REPORT)
+
+    def _engine_wake(self, inst: _Instance, gen: int) -> None:
+        st = inst.engine
+        if st is None or gen != st.gen:
+            return  # stale: sequences joined or left since
+        for cmd, latency in st.finish_due(self.loop.now):
+            self.emit(self._batch_result(cmd, latency, self.loop.now))
+        if not st.remaining:
+            self._usage(inst.footprint(), None, -1)
+        schedule(st, self.loop.now, partial(self._engine_at, inst))
 
     def _work(self, spec: ActionSpec) -> float:
         truth = self.truth.get(spec.id)
@@ -438,6 +471,11 @@ class VirtualExecutor:
     def _batch_done(self, cmd: C.RunBatch, inst: _Instance, latency: float, t: float) -> E.Event:
         inst.busy = False
         self._usage(inst.footprint(), None, -1)
+        if self.instances.get(cmd.instance_id) is inst:
+            self._drain(cmd.instance_id, inst)
+        return self._batch_result(cmd, latency, t)
+
+    def _batch_result(self, cmd: C.RunBatch, latency: float, t: float) -> E.Event:
         outputs: dict[str, object] = {}
         failed: dict[str, str] = {}
         for a in cmd.actions:
@@ -446,8 +484,6 @@ class VirtualExecutor:
                 failed[a.id] = "scoring failed"
             else:
                 outputs[a.id] = {"score": 0.0}
-        if self.instances.get(cmd.instance_id) is inst:
-            self._drain(cmd.instance_id, inst)
         return E.BatchFinished(t, cmd.batch_id, cmd.instance_id, outputs, failed, latency_s=latency)
 
 
