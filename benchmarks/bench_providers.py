@@ -12,8 +12,9 @@ at once from ``--trajectories`` trajectories. Modes:
   (verl does not retry it).
 - ``semaphore-retry``: the same, retrying a 429 with jittered exponential backoff until it
   succeeds (SkyRL's Brave tool retries a 429 forever).
-- ``static-split``: each trajectory owns rate/T requests/s (a token bucket of burst 1) and one
-  slot for its life: the best static split of the limits.
+- ``static-split``: each trajectory owns rate/T requests/s (a token bucket of burst 1, the
+  slices' first tokens interleaved j/rate apart) and one slot for its life: the best static
+  split of the limits.
 
 Prints, per mode: calls answered, 429s that reached callers, 429s the provider sent,
 throughput (answers over the time from the first send to the last answer), average ACT
@@ -99,7 +100,8 @@ async def run_baseline(a: argparse.Namespace, url: str, mode: str) -> list[tuple
         sem = asyncio.Semaphore(a.concurrency)
         T = a.trajectories
         slots = [asyncio.Lock() for _ in range(T)]
-        next_free = [0.0] * T  # static split: each trajectory's bucket (burst 1)
+        t_start = time.monotonic()  # static split: each trajectory's bucket (burst 1), the
+        next_free = [t_start + j / a.rate for j in range(T)]  # slices' first tokens interleaved
 
         async def post(i: int) -> int:
             r = await client.post(f"{url}/search", json={"q": f"q{i}"})
