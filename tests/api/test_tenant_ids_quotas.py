@@ -203,3 +203,59 @@ async def test_test_cases_are_bounded_at_the_edge(api: httpx.AsyncClient) -> Non
         "kind": "test", "payload": {"code": "", "cases": [case] * 1024}})
     assert r.status_code == 200, r.text
     assert api.engine.stats()["submitted"]["test"] == before.get("test", 0) + 1  # type: ignore[attr-defined]
+
+
+async def test_a_tenants_quota_is_kept_for_it_in_the_service_caps() -> None:
+    """A tenant below its quota is never refused because another filled the service: alice's
+    max_sessions=2 and max_concurrent_actions=2 are kept in limits.max_sessions=4 and
+    limits.max_pending=4; bob (no quota of his own) has the rest."""
+    from arl_tangram.runtime.config import LimitsConfig
+
+    cfg = ServiceConfig(limits=LimitsConfig(max_sessions=4, max_pending=4), tenants=(
+        TenantConfig(name="alice", token=A, max_sessions=2, max_concurrent_actions=2),
+        TenantConfig(name="bob", token=B)))
+    eng = Engine(FakeExecutor(cpu=8), EngineConfig(tick_s=0.05, max_pending=4),
+                 core_factory=core_factory)
+    await eng.start()
+    app = create_app(eng, cfg)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as c:
+            for _ in range(2):
+                assert (await c.post("/v1/sessions", headers=HB, json={})).status_code == 201
+            r = await c.post("/v1/sessions", headers=HB, json={})
+            assert r.status_code == 429, r.text
+            assert r.json()["detail"] == (
+                "2 sessions are open and 2 places are kept for tenants below their max_sessions "
+                "(limits.max_sessions=4); close one (DELETE /v1/sessions/{id}) or retry later")
+            for _ in range(2):
+                assert (await c.post("/v1/sessions", headers=HA, json={})).status_code == 201
+            assert eng.session_count() == 4
+            r = await c.post("/v1/sessions", headers=HA, json={})
+            assert r.status_code == 429, r.text
+            assert r.json()["detail"].startswith("4 sessions are open (limits.max_sessions)")
+
+            slow = {"kind": "custom", "payload": {"sleep": 30}, "demand": {"cpu": 1}}
+            r = await c.post("/v1/actions", headers=HB, json={"actions": [slow, slow]})
+            assert r.status_code == 200, r.text
+            held = r.json()["ids"]
+            r = await c.post("/v1/actions", headers=HB, json=slow)
+            assert r.status_code == 503, r.text
+            assert r.json()["detail"] == (
+                "2 actions pending and 2 places kept for tenants below their "
+                "max_concurrent_actions (max_pending=4); retry later")
+            r = await c.post("/v1/actions", headers=HA, json={"actions": [slow, slow]})
+            assert r.status_code == 200, r.text
+            held += r.json()["ids"]
+            assert eng.live_count() == 4
+            # once alice's are done, her places are kept again, not lent for good
+            for aid in held[2:]:
+                assert (await c.delete(f"/v1/actions/{aid}", headers=HA)).status_code == 200
+                r = await c.get(f"/v1/actions/{aid}", headers=HA, params={"wait": 10})
+                assert r.json()["status"] == "cancelled", r.text
+            r = await c.post("/v1/actions", headers=HB, json=slow)
+            assert r.status_code == 503, r.text
+            for aid in held[:2]:
+                assert (await c.delete(f"/v1/actions/{aid}", headers=HB)).status_code == 200
+    finally:
+        await eng.aclose()

@@ -277,11 +277,18 @@ class Service:
         except ValueError as exc:
             raise InvalidAction("demand", str(exc)) from None
         cap = self.config.limits.max_sessions
-        if self.engine.session_count() >= cap:
+        n = self.engine.session_count()
+        if n >= cap:
             raise TooManySessions(f"{cap} sessions are open (limits.max_sessions); close one "
                                   "(DELETE /v1/sessions/{id}) or retry later")
         if tenant is not None:
             self.tenancy.admit_session(tenant)
+            kept = self.tenancy.reserved_sessions(tenant)
+            if n + kept >= cap:
+                raise TooManySessions(f"{n} sessions are open and {kept} places are kept for "
+                                      "tenants below their max_sessions (limits.max_sessions="
+                                      f"{cap}); close one (DELETE /v1/sessions/{{id}}) or "
+                                      "retry later")
         if demand is not None:
             self._check_demand(demand, "demand")
         if body.image is not None:

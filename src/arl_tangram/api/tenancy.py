@@ -22,6 +22,7 @@ another tenant is refused as taken; ids the service generates are random (128 bi
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -30,7 +31,9 @@ from ..core.actions import ActionSpec
 from ..core.errors import ImageError, TangramError
 from ..core.images import warm_key
 from ..runtime.config import DEFAULT_TENANT, ServiceConfig, TenantConfig
-from ..runtime.engine import Engine, UnknownAction
+from ..runtime.engine import Engine, Overloaded, UnknownAction
+
+log = logging.getLogger(__name__)
 
 IMAGE_SEP = "+"  # <tenant>+<image name>: a tenant's own image on the nodes
 
@@ -63,6 +66,50 @@ class Tenancy:
             hooks = getattr(engine, name, None)
             if isinstance(hooks, list):
                 hooks.append(fn)
+        # Reservations (issue 41): a tenant's quota is kept for it in the service-wide caps, so
+        # that a tenant below its quota is never refused because others filled the service;
+        # only while the quotas fit in the cap (else, as before, first come first served)
+        lim = config.limits
+        qs = [t.max_sessions for t in self.tenants.values() if t.max_sessions is not None]
+        qa = [t.max_concurrent_actions for t in self.tenants.values()
+              if t.max_concurrent_actions is not None]
+        self._reserve_sessions = bool(qs) and sum(qs) <= lim.max_sessions
+        self._reserve_actions = bool(qa) and sum(qa) <= lim.max_pending
+        self._max_sessions, self._max_pending = lim.max_sessions, lim.max_pending
+        for what, q, cap in (("max_sessions", qs, lim.max_sessions),
+                             ("max_concurrent_actions", qa, lim.max_pending)):
+            if q and sum(q) > cap:
+                log.warning("tenants' %s add up to %d, more than the service's %d: no share of "
+                            "it is reserved for them", what, sum(q), cap)
+
+    def reserved_sessions(self, tenant: str | None) -> int:
+        """Open-session places kept for the other tenants below their max_sessions."""
+        if not self._reserve_sessions:
+            return 0
+        return sum(max(0, t.max_sessions - len(self._session_sets.get(n, ())))
+                   for n, t in self.tenants.items()
+                   if n != tenant and t.max_sessions is not None)
+
+    def _reserved_actions(self, tenant: str) -> int:
+        if not self._reserve_actions:
+            return 0
+        return sum(max(0, t.max_concurrent_actions - len(self._live.get(n, ())))
+                   for n, t in self.tenants.items()
+                   if n != tenant and t.max_concurrent_actions is not None)
+
+    def admit_pending(self, tenant: str, n: int) -> None:
+        """Overloaded (503; 504 on /run_code) when ``n`` more unfinished actions would reach
+        into the places of `limits.max_pending` kept for other tenants below their
+        max_concurrent_actions."""
+        kept = self._reserved_actions(tenant)
+        if not kept:
+            return
+        live = self.engine.live_count()
+        if live + n + kept > self._max_pending:
+            self.engine.stats_book.shed += n
+            raise Overloaded(f"{live} actions pending and {kept} places kept for tenants below "
+                             f"their max_concurrent_actions (max_pending={self._max_pending}); "
+                             "retry later")
 
     def _delivered(self, res: Any) -> None:
         owner = self._live_owner.pop(res.id, None)
@@ -83,7 +130,10 @@ class Tenancy:
     def admit(self, tenant: str | None, specs: Sequence[ActionSpec]) -> None:
         """Raise `QuotaExceeded` when ``specs`` would take ``tenant`` past its action quotas."""
         t = self.tenants.get(tenant) if tenant is not None else None
-        if t is None or (t.max_concurrent_actions is None and t.cpu_share is None):
+        if t is None:
+            return
+        self.admit_pending(t.name, len(specs))
+        if t.max_concurrent_actions is None and t.cpu_share is None:
             return
         live = self._live.setdefault(t.name, {})
         cpu = sum(_cpu(s) for s in specs)

@@ -670,6 +670,10 @@ class Engine:
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))
         return sid
 
+    def live_count(self) -> int:
+        """Actions submitted and not finished (what `EngineConfig.max_pending` bounds)."""
+        return len(self._live)
+
     def session_count(self) -> int:
         """Sessions open (or opening) now."""
         return len(self._sessions)
