@@ -218,8 +218,9 @@ def test_unknown_provider_is_rejected_naming_the_declared_ones_and_others_unaffe
 def test_a_cancelled_call_in_flight_keeps_its_slot_until_the_report() -> None:
     d = driver(ProviderLimits(name="p", rate=100.0, burst=5.0, concurrency=1))
     d.arrive(search("a", "p"), search("b", "p"))
-    d.at(0.1)(ev.CancelRequested(0.1, "a"))
+    out = d.at(0.1)(ev.CancelRequested(0.1, "a"))
     assert d.result("a").status is Status.CANCELLED
+    assert [(c.action_id, c.node) for c in out if isinstance(c, cmd.CancelAction)] == [("a", "")]
     assert calls(d.log) == ["a"]  # b still waits: the provider may still be answering a
     out = d.at(0.3).finish("a")  # the late report frees the slot
     assert calls(out) == ["b"]

@@ -225,3 +225,24 @@ async def test_bad_requests_name_the_field() -> None:
                 await rig.front.call(*args)
             assert str(got.value) == msg
         assert srv.requests == 0
+
+
+async def test_cancelling_a_call_in_flight_aborts_it_and_frees_its_slot() -> None:
+    async with ProviderServer() as srv, Rig([provider("hung", srv.url, path="/hang", concurrency=1,
+                                                      timeout_s=300)]) as rig:
+        spec, _key = rig.front.spec("search", "hung", {"query": "a"}, timeout_s=300)
+        (aid,) = rig.engine.submit_nowait(spec)
+        for _ in range(500):
+            if srv.requests:
+                break
+            await asyncio.sleep(0.01)
+        p = rig.core_provider("hung")
+        assert srv.requests == 1 and len(p.inflight) == 1
+        assert await rig.engine.cancel(aid)
+        res = await rig.engine.result(aid, wait=10)
+        assert res is not None and res.status.name == "CANCELLED"
+        for _ in range(500):  # the manager aborts the request and reports: the slot is free
+            if not p.inflight:
+                break
+            await asyncio.sleep(0.01)
+        assert not p.inflight and not rig.api._running

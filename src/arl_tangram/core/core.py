@@ -367,6 +367,9 @@ class Core:
             return
         if rec.status in _ACTIVE and rec.batch is None and rec.node is not None:
             self.st.out.append(CancelAction(rec.spec.id, rec.node, cause=self.st.cause))
+        elif self._has_providers and rec.status in _ACTIVE and rec.spec.id in self.providers.owner:
+            # a provider call in flight: abort it (on no node); its slot is freed by the report
+            self.st.out.append(CancelAction(rec.spec.id, "", cause=self.st.cause))
         self._end(rec, S.CANCELLED, reason="cancelled by request")
 
     def _end(self, rec: ActionRecord, status: Status, output: Any = None, reason: str = "") -> None:

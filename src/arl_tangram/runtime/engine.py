@@ -148,7 +148,7 @@ class Engine:
         self._closed = False
         # executes the core's provider calls (issue 37: `managers.api.ApiManager.call`); it
         # answers each with `ActionFinished` or `ProviderThrottled` through the executor's emit
-        self.provider_calls: Callable[[C.CallProvider], None] | None = None
+        self.provider_calls: Callable[[C.CallProvider | C.CancelAction], None] | None = None
         self.api: Any = None  # that manager's front door (`runtime.providers.ProviderFront`)
         # more sections of `stats()` (name -> a function of nothing), e.g. "providers"
         self.extra_stats: dict[str, Callable[[], Any]] = {}
@@ -442,8 +442,9 @@ class Engine:
         if isinstance(cmd, C.Deliver):
             self._deliver(cmd.result)
             return True
-        if isinstance(cmd, C.WakeAt | C.CallProvider):
-            self._provider_command(cmd)
+        if isinstance(cmd, C.WakeAt | C.CallProvider) or (isinstance(cmd, C.CancelAction)
+                                                          and not cmd.node):
+            self._provider_command(cmd)  # (a CancelAction on no node: a provider call's)
             return True
         if isinstance(cmd, C.StartAction):
             live = self._live.get(cmd.action.id)
@@ -477,16 +478,16 @@ class Engine:
                                "state is gone (open a new session)", remember=True)
         return False
 
-    def _provider_command(self, cmd: C.WakeAt | C.CallProvider) -> None:
+    def _provider_command(self, cmd: C.WakeAt | C.CallProvider | C.CancelAction) -> None:
         """The core's provider commands (issue 37): a `Wake` at the time a WakeAt names (a
-        millisecond late, so the token is there), a call to the API manager."""
+        millisecond late, so the token is there); a call, or its cancel, to the API manager."""
         if self._closed or self._loop is None:
             return
         if isinstance(cmd, C.WakeAt):
             self._loop.call_later(max(0.0, cmd.time - self.clock.now()) + 1e-3, self._wake)
         elif self.provider_calls is not None:
             self.provider_calls(cmd)
-        else:
+        elif isinstance(cmd, C.CallProvider):
             self._emit(E.ActionFinished(self.clock.now(), cmd.action.id, Status.FAILED,
                                         reason=f"provider {cmd.provider!r}: no API manager runs here"))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import hashlib
 import json
 import logging
@@ -177,6 +178,7 @@ class ApiManager:
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._next_key: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}  # action id -> its call
         self._secrets = tuple(k for p in providers for k in p.keys)
 
     # ---- the front door: keys and cache ---------------------------------------------------------
@@ -209,11 +211,24 @@ class ApiManager:
         return None if got is None else {**got, "cached": True}
 
     # ---- calls --------------------------------------------------------------------------------
-    def call(self, cmd: C.CallProvider) -> None:
-        """Send one call (the core took its token and slot); report exactly once."""
-        task = asyncio.get_running_loop().create_task(self._run(cmd), name=f"call-{cmd.action.id}")
+    def call(self, cmd: C.CallProvider | C.CancelAction) -> None:
+        """Send one call (the core took its token and slot); report exactly once. A
+        `CancelAction` (on no node) aborts the call in flight: it reports CANCELLED."""
+        if isinstance(cmd, C.CancelAction):
+            running = self._running.get(cmd.action_id)
+            if running is not None:
+                running.cancel()
+            return
+        aid = cmd.action.id
+        task = asyncio.get_running_loop().create_task(self._run(cmd), name=f"call-{aid}")
         self._tasks.add(task)
+        self._running[aid] = task
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._forget, aid))
+
+    def _forget(self, aid: str, task: asyncio.Task[None]) -> None:
+        if self._running.get(aid) is task:
+            del self._running[aid]
 
     def _client(self, cfg: ProviderConfig) -> httpx.AsyncClient:
         c = self._clients.get(cfg.name)
@@ -269,7 +284,7 @@ class ApiManager:
         try:
             await self._attempts(cmd, cfg, st)
         except asyncio.CancelledError:
-            self._finish(aid, Status.CANCELLED, reason=f"provider {name!r}: call cancelled (closing)")
+            self._finish(aid, Status.CANCELLED, reason=f"provider {name!r}: call cancelled")
             raise
         except Exception as e:  # (a report is owed whatever happens)
             self._error(st, "internal")
