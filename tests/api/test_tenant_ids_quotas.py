@@ -131,8 +131,9 @@ async def test_ttl_expiry_frees_the_tenants_sessions(api: httpx.AsyncClient) -> 
     r = await api.post("/v1/actions", headers=HA, json={"kind": "tool", "session": sids[0],
                                                          "payload": {}})
     assert r.status_code == 400 and r.json()["field"] == "actions[0].session", r.text
-    assert r.json()["detail"] == (f"actions[0].session: session {sids[0]!r} expired: no action "
-                                  "for its ttl_s; its state is gone (open a new session)")
+    assert r.json()["detail"] == (f"actions[0].session: session {sids[0]!r} is not open: it "
+                                  "expired (no action for its ttl_s); its state is gone (open a "
+                                  "new session)")
     # another tenant naming it learns nothing of why
     r = await api.post("/v1/actions", headers=HB, json={"kind": "tool", "session": sids[0],
                                                          "payload": {}})
@@ -155,7 +156,7 @@ async def test_an_action_racing_its_sessions_expiry_is_rejected_naming_it() -> N
         # was submitted just before the expiry)
         res = await eng.run(ActionSpec("x1", Kind.TOOL, payload={}, session="s1"))
         assert res.status is Status.REJECTED
-        assert res.reason == eng.session_gone("s1") and "'s1' expired" in res.reason
+        assert res.reason == eng.session_gone("s1") and "it expired" in res.reason
         opens = [c for c in ex.commands if isinstance(c, C.OpenSession)]
         assert [(c.session_id, c.ttl_s) for c in opens] == [("s1", 0.2)]  # not re-opened
         assert eng.session_count() == 0
@@ -180,7 +181,7 @@ async def test_a_lost_node_releases_its_sessions() -> None:
         assert ex.emit is not None
         ex.emit(E.NodeLost(0.0, "fake", "machine died"))
         await _until(lambda: eng.session_count() == 0, "s1 leaves the count")
-        assert gone == ["session 's1' closed: node fake lost: machine died"]
+        assert gone == ["session 's1' is not open: node fake lost: machine died"]
         assert eng.session_gone("s1") == gone[0]
     finally:
         await eng.aclose()

@@ -296,8 +296,8 @@ def test_a_2s_ttl_frees_the_quota_within_its_period(server: str) -> None:
                                         "payload": {"code": "print(x)"}})
         assert r.status_code == 400 and r.json()["field"] == "actions[0].session", r.text
         assert r.json()["detail"] == (
-            f"actions[0].session: session {sids[0]!r} expired: no action for its ttl_s; its "
-            "state is gone (open a new session)")
+            f"actions[0].session: session {sids[0]!r} is not open: it expired (no action for "
+            "its ttl_s); its state is gone (open a new session)")
         assert c.delete(f"/v1/sessions/{sids[1]}").status_code == 404
         assert count() == before + 1
 

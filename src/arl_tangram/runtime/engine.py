@@ -393,12 +393,12 @@ class Engine:
                 self._model_died(inst, ev.reason, ev.time)
         elif isinstance(ev, E.SessionClosed) and ev.reason != "closed by client":
             # (a client's close left the count at `close_session`: the id may be open again)
-            self._drop_session(ev.session_id, f"session {ev.session_id!r} closed: "
-                               f"{ev.reason or 'by its node'}", remember=True)
+            self._drop_session(ev.session_id, f"session {ev.session_id!r} is not open: "
+                               f"{ev.reason or 'closed by its node'}", remember=True)
         elif isinstance(ev, E.NodeLost):  # the core closes its sessions without a command
             for sid in [s for s, n in self._session_nodes.items() if n == ev.node]:
-                self._drop_session(sid, f"session {sid!r} closed: node {ev.node} lost: "
-                                   f"{ev.reason}", remember=True)
+                self._drop_session(sid, f"session {sid!r} is not open: node {ev.node} "
+                                   f"lost: {ev.reason}", remember=True)
 
     def _drop_session(self, sid: str, why: str, *, remember: bool) -> None:
         """``sid`` is no longer open: it leaves the count (`limits.max_sessions`), its tenant
@@ -474,8 +474,8 @@ class Engine:
             # the core's own close: the session was idle past its ttl_s (a client's close left
             # the count at `close_session`; a node's report at `_observe`)
             sid = cmd.session_id
-            self._drop_session(sid, f"session {sid!r} expired: no action for its ttl_s; its "
-                               "state is gone (open a new session)", remember=True)
+            self._drop_session(sid, f"session {sid!r} is not open: it expired (no action for "
+                               "its ttl_s); its state is gone (open a new session)", remember=True)
         return False
 
     def _provider_command(self, cmd: C.WakeAt | C.CallProvider | C.CancelAction) -> None:
