@@ -246,3 +246,16 @@ async def test_cancelling_a_call_in_flight_aborts_it_and_frees_its_slot() -> Non
                 break
             await asyncio.sleep(0.01)
         assert not p.inflight and not rig.api._running
+
+
+async def test_an_answer_on_disk_serves_after_a_restart(tmp_path: Path) -> None:
+    async with ProviderServer() as srv:
+        raw = [provider("serper", srv.url, cache_dir=str(tmp_path / "cache"))]
+        async with Rig(raw) as rig:
+            first = await rig.front.call("search", "serper", {"query": "q"}, tenant="t1")
+            assert first.output["cached"] is False
+        assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+        async with Rig(raw) as rig2:  # a new service: an empty memory cache
+            again = await rig2.front.call("search", "serper", {"query": "q"}, tenant="t1")
+            assert again.output["cached"] is True and again.output["result"] == first.output["result"]
+            assert srv.requests == 1 and rig2.api.stats["serper"].hits == 1

@@ -12,6 +12,7 @@ providers:
     timeout_s: 30             # one call (the action's deadline bounds it too)
     retries: 3                # 5xx / connection errors, jittered backoff within the deadline
     cache_ttl_s: 600          # answers kept (0: none); per tenant unless cache_shared: true
+    cache_dir: /var/cache/tangram/serper   # answers also kept on disk (survive a restart)
 ```
 
 Keys are read here, once, and only kept in `ProviderConfig.keys` (never printed: `__repr__`
@@ -32,7 +33,8 @@ from ...core.providers import ProviderLimits
 
 KINDS = ("search", "fetch", "http")
 _KEYS = {"name", "kind", "base_url", "path", "keys", "auth_header", "auth_prefix", "limits",
-         "timeout_s", "retries", "cache_ttl_s", "cache_shared", "query_field", "url_field"}
+         "timeout_s", "retries", "cache_ttl_s", "cache_shared", "cache_dir", "query_field",
+         "url_field"}
 _LIMIT_KEYS = {"rate_per_s", "rate_per_min", "burst", "concurrency", "budget", "budget_per_hour",
                "min_rate_per_s",
                "decrease", "probe_per_s", "max_attempts"}
@@ -60,6 +62,7 @@ class ProviderConfig:
     retries: int = 3
     cache_ttl_s: float = 600.0
     cache_shared: bool = False
+    cache_dir: str | None = None  # answers also kept on disk here (None: memory only)
     query_field: str = "q"
     url_field: str = "url"
 
@@ -147,6 +150,18 @@ def parse_limits(name: str, raw: Any, where: str) -> ProviderLimits:
         raise ProviderConfigError(f"{where}.{sub}", msg.split(": ", 1)[-1]) from None
 
 
+def _cache_dir(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise ProviderConfigError(where, f"must be a directory path, got {raw!r}")
+    try:
+        Path(raw).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ProviderConfigError(where, f"cannot make the directory: {e.strerror or type(e).__name__}") from None
+    return raw
+
+
 def parse_provider(raw: Any, where: str, env: Mapping[str, str] | None = None) -> ProviderConfig:
     env = os.environ if env is None else env
     if not isinstance(raw, Mapping):
@@ -185,7 +200,8 @@ def parse_provider(raw: Any, where: str, env: Mapping[str, str] | None = None) -
         timeout_s=_num(raw.get("timeout_s", 30.0), f"{where}.timeout_s", strict=True),
         retries=int(_num(raw.get("retries", 3), f"{where}.retries", integer=True)),
         cache_ttl_s=_num(raw.get("cache_ttl_s", 600.0), f"{where}.cache_ttl_s"),
-        cache_shared=shared, **strs)
+        cache_shared=shared, cache_dir=_cache_dir(raw.get("cache_dir"), f"{where}.cache_dir"),
+        **strs)
 
 
 def parse_providers(raw: Any, where: str = "providers",

@@ -28,11 +28,13 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -162,6 +164,39 @@ def retry_after_s(value: str | None, now_wall: float) -> float | None:
     return max(0.0, when.timestamp() - now_wall)
 
 
+def _disk_path(directory: str, key: str) -> Path:
+    return Path(directory) / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+
+
+def _disk_get(directory: str, key: str) -> tuple[Any | None, float]:
+    """(answer, seconds left) from the disk cache; (None, 0) when absent, expired or unreadable
+    (an expired file is removed). Expiry is wall-clock time: it survives a restart."""
+    p = _disk_path(directory, key)
+    try:
+        rec = json.loads(p.read_text(encoding="utf-8"))
+        left = float(rec["expires"]) - time.time()
+        if rec.get("key") != key:
+            return None, 0.0
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, 0.0
+    if left <= 0:
+        p.unlink(missing_ok=True)
+        return None, 0.0
+    return rec.get("value"), left
+
+
+def _disk_put(directory: str, key: str, value: Any, ttl: float) -> None:
+    p = _disk_path(directory, key)
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"key": key, "expires": time.time() + ttl, "value": value}),
+                       encoding="utf-8")
+        tmp.replace(p)
+    except (OSError, TypeError, ValueError) as e:  # (a full disk: the memory cache still holds it)
+        log.warning("answer cache %s: not written: %s", directory, type(e).__name__)
+        tmp.unlink(missing_ok=True)
+
+
 class ApiManager:
     """Sends the core's provider calls; the answer cache; per-provider counts."""
 
@@ -200,9 +235,15 @@ class ApiManager:
         return {"request": norm, "kind": kind, "coalesce": key}, key
 
     def lookup(self, provider: str, key: str) -> Any | None:
-        """A cached answer (counted as a hit), or None (a miss)."""
+        """A cached answer (counted as a hit), or None (a miss): memory, then the provider's
+        ``cache_dir`` (an answer found there is kept in memory for what is left of its TTL)."""
         st = self.stats.get(provider)
         got = self.cache.get(key, self.clock())
+        cfg = self.providers.get(provider)
+        if got is None and cfg is not None and cfg.cache_dir:
+            got, left = _disk_get(cfg.cache_dir, key)
+            if got is not None:
+                self.cache.put(key, got, self.clock(), left)
         if st is not None:
             if got is None:
                 st.misses += 1
@@ -345,6 +386,8 @@ class ApiManager:
                     key = cmd.action.payload.get("coalesce")
                     if isinstance(key, str) and cfg.cache_ttl_s > 0:
                         self.cache.put(key, out, self.clock(), cfg.cache_ttl_s)
+                        if cfg.cache_dir:
+                            _disk_put(cfg.cache_dir, key, out, cfg.cache_ttl_s)
                     self._finish(aid, Status.SUCCEEDED, output={**out, "cached": False}, run_s=lat)
                     return
                 if code < 500:
