@@ -110,3 +110,20 @@ def test_two_judges_on_one_device_the_idle_one_unloaded_and_reloaded_on_demand()
     d(ev.ModelUnloaded(61.0, un2.instance_id, False))
     (ra,) = of(d(ev.ModelLoaded(100.0, ld_a.instance_id, load_s=39.0)), cmd.RunBatch)
     assert [x.id for x in ra.actions] == ["x1"]
+
+
+def test_queued_actions_join_the_least_loaded_engine_levelling_them() -> None:
+    """Several instances: each batch goes to the one with the fewest sequences in flight, just
+    large enough to level it with the next one (its sequences run fastest there)."""
+    two = ModelSpec("gj", kind="genjudge", memory_mb=8000, alpha=0.5, beta=0.01, max_batch=8,
+                    max_instances=2, load_s=5.0, max_seqs=12)
+    d = Driver([gpu_node("g0", gpus=2)], [two], policy="tangram", model_prewarm=True)
+    for ld in of(d.tick(), cmd.LoadModel):
+        d(ev.ModelLoaded(1.0, ld.instance_id))
+    assert len(d.core.view().instances) == 2
+    out = d(ev.ActionsArrived(1.0, tuple(reward(f"a{i}", "gj") for i in range(5))))
+    got = [(b.instance_id, [a.id for a in b.actions]) for b in of(out, cmd.RunBatch)]
+    assert got == [("gj#1", ["a0"]), ("gj#2", ["a1", "a2"]), ("gj#1", ["a3", "a4"])]
+    assert {v.id: v.queue for v in d.core.view().instances} == {"gj#1": 3, "gj#2": 2}
+    (b,) = of(d.arrive(reward("b0", "gj")), cmd.RunBatch)
+    assert b.instance_id == "gj#2"

@@ -302,20 +302,42 @@ class ModelPlanner:
         self.st.models_touched.clear()
         for name in todo:
             m = self.st.models[name]
-            for iid in sorted(self.by_model.get(name, ())):
-                inst = self.instances[iid]
-                if inst.state is InstState.READY and inst.batch is None:
-                    self.run_batch(inst)
-                n = inst.seqs()
-                while inst.state is InstState.READY and 0 < n < m.max_seqs:
-                    self.run_batch(inst)  # continuous batching: more join, up to max_seqs
-                    n, was = inst.seqs(), n
-                    if n == was:
-                        break
+            if m.max_seqs > 0:
+                self.fill_engines(m)
+            else:
+                for iid in sorted(self.by_model.get(name, ())):
+                    inst = self.instances[iid]
+                    if inst.state is InstState.READY and inst.batch is None:
+                        self.run_batch(inst)
             if self.queues.live.get(("model", name)):
                 self.scale_out(m)
 
-    def run_batch(self, inst: InstanceRecord) -> None:
+    def fill_engines(self, m: ModelSpec) -> None:
+        """Continuous batching (``max_seqs > 0``): queued actions join the ready instance with
+        the fewest sequences in flight (its sequences run fastest: least expected wait), each
+        batch just large enough to level it with the next least loaded one, until the queue is
+        empty or no instance has a free sequence."""
+        ready = [self.instances[iid] for iid in sorted(self.by_model.get(m.name, ()))
+                 if self.instances[iid].state is InstState.READY]
+        key = ("model", m.name)
+        while ready and self.queues.live.get(key, 0):
+            best, low, second = None, 0, m.max_seqs
+            for inst in ready:
+                n = inst.seqs()
+                if best is None or n < low:
+                    if best is not None:
+                        second = min(second, low)
+                    best, low = inst, n
+                else:
+                    second = min(second, n)
+            if best is None or low >= m.max_seqs:
+                return
+            before = low
+            self.run_batch(best, max(1, second - low + 1))
+            if best.seqs() == before:
+                return
+
+    def run_batch(self, inst: InstanceRecord, limit: int = 0) -> None:
         m = inst.model
         key = ("model", m.name)
         live = self.queues.live.get(key, 0)
@@ -323,7 +345,7 @@ class ModelPlanner:
             return
         knee = m.knee_batch
         if m.max_seqs > 0:  # continuous batching: whatever is queued joins, up to free sequences
-            knee = min(m.max_seqs - inst.seqs(), m.max_batch)
+            knee = min(m.max_seqs - inst.seqs(), m.max_batch, limit or m.max_batch)
             if knee <= 0:
                 return
         elif live < knee and self.st.config.max_batch_wait_s > 0:
