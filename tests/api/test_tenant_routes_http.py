@@ -7,7 +7,8 @@
   operation the table below does not probe fails the test, so a new route cannot be forgotten.
 - A 2 s TTL frees the tenant's quota and the service's count within its period (429, then 201);
   an action naming the expired session answers that it expired.
-- A `/run_code` whose client disconnects ends cancelled (the fast path and the FastAPI route).
+- A `/run_code` or `/run_jupyter` whose client disconnects ends cancelled (`/run_code`: the fast
+  path and the FastAPI route).
 """
 
 from __future__ import annotations
@@ -306,9 +307,11 @@ def _stats(op: httpx.Client) -> dict[str, Any]:
     return dict(op.get("/v1/stats").json())
 
 
-@pytest.mark.parametrize("content_type", ["application/json",  # the fast path
-                                          "application/vnd.tangram+json"])  # FastAPI's route
-def test_a_disconnected_run_code_is_cancelled(server: str, content_type: str) -> None:
+@pytest.mark.parametrize("path,content_type", [
+    ("/run_code", "application/json"),  # the fast path
+    ("/run_code", "application/vnd.tangram+json"),  # FastAPI's route
+    ("/run_jupyter", "application/json")])
+def test_a_disconnected_run_code_is_cancelled(server: str, path: str, content_type: str) -> None:
     port = int(server.rsplit(":", 1)[1])
     with _client(server, OPER) as op:
         def cancelled() -> int:
@@ -318,9 +321,11 @@ def test_a_disconnected_run_code_is_cancelled(server: str, content_type: str) ->
             return int(_stats(op)["finished"].get("code", {}).get("succeeded", 0))
 
         c0, s0 = cancelled(), succeeded()
-        body = json.dumps({"code": "import time; time.sleep(30)", "run_timeout": 40}).encode()
+        code = "import time; time.sleep(30)"
+        body = json.dumps({"code": code, "run_timeout": 40} if path == "/run_code" else
+                          {"cells": [code], "total_timeout": 40}).encode()
         sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /run_code HTTP/1.1\r\nhost: x\r\n"
+        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\n".encode()
                      + f"authorization: Bearer {BOB}\r\ncontent-type: {content_type}\r\n"
                        f"content-length: {len(body)}\r\n\r\n".encode() + body)
         _wait_for(lambda: _stats(op)["running"].get("code", 0) >= 1, "the action runs", 20)

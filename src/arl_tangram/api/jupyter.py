@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.engine import Overloaded
 from . import jupyter_driver as D
+from .fastpath import until_disconnect
 from .middleware import TENANT_KEY
 from .schemas import CommandRunResult, CommandRunStatus, FileName, Num, RunCodeRequest
 from .service import Service, Shed
@@ -110,7 +111,10 @@ def add_routes(app: FastAPI, svc: Service) -> None:
                          504: {"description": "shed: no answer within the deadline"}})
     async def run_jupyter_route(req: RunJupyterRequest, request: Request) -> Response:
         try:
-            body = await run_jupyter(svc, req, request.scope.get(TENANT_KEY))
+            body = await until_disconnect(request.receive,
+                                          run_jupyter(svc, req, request.scope.get(TENANT_KEY)))
         except Overloaded as exc:
             raise Shed(str(exc)) from None
+        if body is None:  # the client went away: its action was cancelled (issue 41, L1)
+            return Response(status_code=499)
         return JSONResponse(body)
