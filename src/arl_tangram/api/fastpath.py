@@ -18,7 +18,6 @@ hands on is marked, so that the instance inside FastAPI's stack passes it straig
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -112,27 +111,31 @@ async def until_disconnect(receive: Callable[[], Awaitable[Mapping[str, Any]]],
     """``work``'s result, or None when the client disconnects first (issue 41, L1): ``work``
     is then cancelled (`Service.run_code` cancels its action on that). The request's body must
     have been read: the next ``receive`` waits for the disconnect (ASGI ``http.disconnect``,
-    which the server also sends once the response is complete)."""
-    task = asyncio.ensure_future(work)
+    which the server also sends once the response is complete).
 
-    async def gone() -> None:
+    ``work`` runs in the caller's task; one watcher task waits for the disconnect and cancels
+    the caller (a task and an ``asyncio.wait`` more cost ~23 us a request, this ~8 us)."""
+    me = asyncio.current_task()
+    assert me is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        me.cancel()
 
-    watch = asyncio.ensure_future(gone())
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        watch.cancel()
-        raise
-    if task.done():
-        watch.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
+        if not gone:
+            raise
+        me.uncancel()  # (our own cancel, spent: the caller's task goes on)
+        return None
+    finally:
+        watcher.cancel()  # (before it runs again: a result in flight is never cancelled late)
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool | None]:
