@@ -444,6 +444,8 @@ def extract_all(tf: tarfile.TarFile, root: Root, where: str, budget: Budget) -> 
             opaque.append("/".join(parts[:-1]))
             continue
         if base.startswith(WH):
+            if base[len(WH):] in ("", ".", ".."):
+                raise ImageError(f"{where}: whiteout {m.name!r} names nothing")
             whiteouts.append("/".join([*parts[:-1], base[len(WH):]]))
             continue
         check_type(m, where)
@@ -478,9 +480,7 @@ def extract_all(tf: tarfile.TarFile, root: Root, where: str, budget: Budget) -> 
 def _whiteouts(root: Root, rels: list[str], budget: Budget, where: str) -> None:
     """Each OCI whiteout as an overlay whiteout: a 0/0 character device."""
     for rel in rels:
-        parts = safe_rel(rel, where).split("/")
-        if not parts[-1] or parts[-1] in (".", ".."):
-            raise ImageError(f"{where}: whiteout {rel!r} names nothing")
+        parts = rel.split("/")
         dfd = root.walk(parts[:-1], rel, create=True, budget=budget)
         try:
             old = _lstat(parts[-1], dfd)
