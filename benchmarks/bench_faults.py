@@ -2,8 +2,8 @@
 or (``--case model-worker``) a reward-model instance's worker stopped mid-batch.
 
 N clients (default 8; the issue's acceptance runs 32) post `/run_code` continuously on their own
-keep-alive connections. After ``--warmup`` seconds the fork server (`tangram-zygote`, the
-service's child process) is killed with SIGKILL; `GET /v1/health` is polled every 10 ms. The
+keep-alive connections. After ``--warmup`` seconds the fork server (`tangram-zygote`, a child
+of the CPU manager's reaper, itself the service's child) is killed with SIGKILL; `GET /v1/health` is polled every 10 ms. The
 run goes on for ``--after`` seconds past the moment the node is ready again. Printed:
 
 - in-flight failures: requests submitted before the node was ready again that did not succeed
@@ -14,6 +14,11 @@ run goes on for ``--after`` seconds past the moment the node is ready again. Pri
 
     .venv/bin/python benchmarks/bench_faults.py                # 8 clients
     .venv/bin/python benchmarks/bench_faults.py --clients 32   # the acceptance figure
+    .venv/bin/python benchmarks/bench_faults.py --sessions 32  # + 32 sessions' state kept
+
+``--sessions N`` (fork-server case): N sessions are opened first, each holding a Python and a
+bash variable; after recovery each one's state is read back, and "sessions lost" counts those
+that did not come back as set (issue 41: 0 wanted; the run fails otherwise).
 
 ``--case model-worker``: the service (this script, ``--serve-models``, in a child process: the
 engine and `create_app` under uvicorn, as `tangram serve` runs them) serves a tiny reward model
@@ -76,13 +81,18 @@ def children(pid: int) -> list[int]:
 
 
 def fork_server_of(pid: int) -> int | None:
-    for c in children(pid):
-        try:
-            with open(f"/proc/{c}/cmdline", "rb") as f, open(f"/proc/{c}/comm", "rb") as g:
-                if b"zygote" in f.read() + g.read():
-                    return c
-        except OSError:
-            pass
+    """The service's fork server: the nearest of its descendants named for it (a child of the
+    CPU manager's reaper since issue 41; its sandboxes, forks of it, lie deeper)."""
+    level = [pid]
+    while level:
+        for c in (kids := [k for p in level for k in children(p)]):
+            try:
+                with open(f"/proc/{c}/cmdline", "rb") as f, open(f"/proc/{c}/comm", "rb") as g:
+                    if b"zygote" in f.read() + g.read():
+                        return c
+            except OSError:
+                pass
+        level = kids
     return None
 
 
@@ -122,6 +132,10 @@ def main() -> int:
                     default="fork-server",
                     help="what dies: the sandbox fork server (SIGKILL), or a model instance's "
                          "worker mid-batch")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="fork-server case: this many sessions opened first, each holding a "
+                         "Python and a bash variable; after recovery each one's state is read "
+                         "back (issue 41: a session lost fails the run)")
     ap.add_argument("--serve-models", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_models:
@@ -168,11 +182,62 @@ def main() -> int:
                 proc.kill()
 
 
+def turn(port: int, sid: str, code: str, language: str) -> str:
+    """One tool action in session ``sid`` (``wait``): its stdout, or what went wrong."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", "/v1/actions", json.dumps({
+            "kind": "tool", "session": sid, "wait": True,
+            "payload": {"code": code, "language": language}}).encode(),
+            {"content-type": "application/json"})
+        r = c.getresponse()
+        got = json.loads(r.read())
+    finally:
+        c.close()
+    res = (got.get("results") or [{}])[0]
+    if r.status != 200 or res.get("status") != "succeeded":
+        return f"http {r.status} {res.get('status')}: {(res.get('reason') or got.get('detail') or '')[:70]}"
+    return str(((res.get("output") or {}).get("run_result") or {}).get("stdout"))
+
+
+def open_sessions(port: int, n: int) -> list[str]:
+    """``n`` sessions, session i holding ``x = i * 7`` (Python) and ``V=v<i>`` (bash)."""
+    sids = []
+    for i in range(n):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request("POST", "/v1/sessions", b"{}", {"content-type": "application/json"})
+            r = c.getresponse()
+            got = json.loads(r.read())
+        finally:
+            c.close()
+        if r.status != 201:
+            raise RuntimeError(f"session {i} not opened: http {r.status} {got}")
+        sid = got["session_id"]
+        for code, lang in ((f"x = {i} * 7", "python"), (f"export V=v{i}", "bash")):
+            out = turn(port, sid, code, lang)
+            if out.startswith("http "):
+                raise RuntimeError(f"session {i}: {out}")
+        sids.append(sid)
+    return sids
+
+
+def sessions_lost(port: int, sids: list[str]) -> list[str]:
+    """Each session's state read back: what did not come back as set."""
+    lost = []
+    for i, sid in enumerate(sids):
+        got = (turn(port, sid, "print(x)", "python"), turn(port, sid, "echo $V", "bash"))
+        if got != (f"{i * 7}\n", f"v{i}\n"):
+            lost.append(f"{sid}: {got}")
+    return lost
+
+
 def run(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
     events: list[tuple[float, str]] = []  # (submit time, outcome)
     lock = threading.Lock()
     stop = threading.Event()
     body = json.dumps({"code": args.code, "run_timeout": 10}).encode()
+    sids = open_sessions(port, args.sessions)
 
     def worker() -> None:
         conn: http.client.HTTPConnection | None = None
@@ -232,6 +297,7 @@ def run(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
     for t in threads:
         t.join(70)
     zombie = state(zpid) == "Z"
+    lost = sessions_lost(port, sids)
     _, cluster = get(port, "/v1/cluster")
     health = [n.get("cpu_health", {}) for n in cluster.get("nodes", [])]
 
@@ -252,11 +318,13 @@ def run(args: argparse.Namespace, port: int, spid: int, log_path: str) -> int:
     print(f"failures after recovery       {len(failed_after)}")
     print(f"old fork server a zombie      {zombie}")
     print(f"fork server health            {json.dumps(health)}")
-    for k, n in collections.Counter(inflight + failed_after).most_common(5):
+    if sids:
+        print(f"sessions lost                 {len(lost)} of {len(sids)}")
+    for k, n in collections.Counter(inflight + failed_after + lost).most_common(5):
         print(f"  {n:6d} x {k}")
     for ln in log_lines[:4]:
         print(f"  log: {ln}")
-    ok = not failed_after and ready_s <= 2.0 and not zombie
+    ok = not failed_after and ready_s <= 2.0 and not zombie and not lost
     return 0 if ok else 1
 
 

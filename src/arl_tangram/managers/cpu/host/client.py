@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -196,6 +197,14 @@ class Zygote:
                 self.proc.kill()
             self._fail(BrokenError("the sandbox fork server died (its control socket closed)"))
 
+    def exited(self) -> bool:
+        """It is gone, or exiting: its pidfd is readable though the loop may not have run its
+        callback yet (a sandbox it took along can be seen dead first)."""
+        if self.gone is not None:
+            return True
+        fd = self._pidfd
+        return fd is not None and bool(select.select([fd], [], [], 0)[0])
+
     def exit_reason(self) -> str:
         """How the fork server ended, once it has (it is reaped here); "still running" else."""
         # (a fork server the reaper started is reaped there: its word comes a moment later)
@@ -301,6 +310,14 @@ class Zygote:
         got = await asyncio.gather(*futs, return_exceptions=True)
         return [r if not isinstance(r, BaseException) or isinstance(r, Exception)
                 else BrokenError(str(r)) for r in got]
+
+    def give_ids(self, uids: list[int]) -> None:
+        """Sandbox ids it was told were held (``ids_held``: sessions that outlived an earlier fork
+        server) whose sandboxes are gone: it may lend them again."""
+        if self.gone is not None or not uids:
+            return
+        with contextlib.suppress(OSError):
+            self.ctl.send(b'{"op":"ids","free":%s}' % json.dumps(sorted(uids)).encode())
 
     def close(self, why: str = "the CPU manager is closed") -> None:
         self._unwatch()

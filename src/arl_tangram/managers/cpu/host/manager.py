@@ -98,6 +98,7 @@ class CpuManager:
         self._freezers: overlay.FreezerTree | None = None
         # cleans what is left when the service dies, and is the fork server's parent (issue 41)
         self.watchdog: Reaper | None = None
+        self._wcfg: dict[str, Any] = {}  # what it cleans (`reaper.server`)
         # supervision of the fork server (`_restart_zygote`)
         self._zcfg: dict[str, Any] = {}
         self._join_dirs: list[str] = []
@@ -118,8 +119,9 @@ class CpuManager:
         cfg = self.config
         self._langs = await languages.detect()
         self._cgroups = CgroupTree()
+        self._wcfg = {"cgroups": sorted(set(self._cgroups.bases.values()))}
         try:  # (before the first sandbox: whatever the manager makes from here, it cleans)
-            self.watchdog = Reaper({"cgroups": sorted(set(self._cgroups.bases.values()))})
+            self.watchdog = Reaper(self._wcfg)
         except OSError as e:
             log.error("CPU manager: no reaper (a killed service leaves its sessions until the "
                       "next start): %s", e)
@@ -184,11 +186,11 @@ class CpuManager:
             "disk" if self.layers is not None and self.layers.available else
             f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
+        self._wcfg.update(freezer=self._freezers.base if self._freezers is not None else None,
+                          layers=[self.layers.dir, self.layers.prefix] if self.layers else None)
         if self.watchdog is not None:
             try:
-                self.watchdog.configure(
-                    freezer=self._freezers.base if self._freezers is not None else None,
-                    layers=[self.layers.dir, self.layers.prefix] if self.layers else None)
+                self.watchdog.configure(**self._wcfg)
             except OSError as e:
                 log.error("CPU manager: the reaper: %s", e)
         # a dead manager's slots its frozen sessions kept busy: free now that they are thawed
@@ -293,9 +295,23 @@ class CpuManager:
             if self._closed:
                 return
             t0 = time.monotonic()
+            held: set[int] = set()
             if self._ids is not None:  # the dead one's sandboxes may not all be gone yet
                 self._zcfg["ids_busy"] = sorted(await asyncio.to_thread(
                     ids.uids_in_use, self._ids.first, self._ids.count))
+                # (and its sessions live on, on their ids: not lent until they end)
+                held = set(pool.orphan_ids)
+                self._zcfg["ids_held"] = sorted(held)
+            if self.watchdog is not None and self.watchdog.proc.poll() is not None:
+                # the reaper died (its fork server with it): a new one (the old one's
+                # orphaned sessions went to the host's init, which reaps them)
+                log.error("CPU manager: the reaper died (%s); starting a new one",
+                          self.watchdog.proc.returncode)
+                try:
+                    self.watchdog = Reaper(self._wcfg)
+                except OSError as e:
+                    log.error("CPU manager: no reaper: %s", e)
+                    self.watchdog = None
             try:
                 z = Zygote(self._zcfg, self.config.work_root, self._join_dirs, self.watchdog)
             except OSError as e:
@@ -313,6 +329,7 @@ class CpuManager:
                 continue
             self._zgen += 1
             pool.attach_zygote(z)
+            z.give_ids(sorted(held - pool.orphan_ids))  # (sessions that ended meanwhile)
             pool.down = None
             pool.up.set()
             pool._wake.set()  # refill the warm pool
@@ -410,12 +427,11 @@ class CpuManager:
             return RunResult.sandbox_error(f"no sandbox: {e}")
         req = _as(sb, req)
         self._running[action.id] = sb
-        gen = self._zgen
         tmp = payload.tmpfs_mb(mem, self.config)
         if tmp < self.config.workdir_max_mb:  # (a small memory limit: see `payload.tmpfs_mb`)
             req = {**req, "tmpfs_mb": tmp}
         try:
-            return self._lost(await self._exchange(action.id, sb, req, mem), gen)
+            return self._lost(await self._exchange(action.id, sb, req, mem), sb)
         finally:
             self._running.pop(action.id, None)
             self._cancelled.discard(action.id)
@@ -434,11 +450,14 @@ class CpuManager:
                     raise
         raise AssertionError("unreachable")
 
-    def _lost(self, res: RunResult, gen: int) -> RunResult:
-        """``res`` of an action whose sandbox was made by fork server ``gen``: when that one
-        died meanwhile (and the sandbox with it) and the action did not succeed, the result
-        says so, rather than looking like the program's own crash."""
-        if res.status == SUCCESS or (gen == self._zgen and self._not_ready is None):
+    def _lost(self, res: RunResult, sb: Sandbox) -> RunResult:
+        """``res`` of an action run in ``sb``: when the fork server that made it died meanwhile
+        (and the sandbox with it: all but a session's, which is kept) and the action did not
+        succeed, the result says so, rather than looking like the program's own crash. (By
+        the sandbox's own fork server, not a count of restarts: a sandbox of the dead one
+        handed out once a new one is up was reported as killed by SIGKILL.)"""
+        z = sb.maker
+        if res.status == SUCCESS or sb.kept or self._closed or z is None or not z.exited():
             return res
         return dataclasses.replace(res, status="SandboxError",
                                    message="the sandbox fork server died while the action ran "
@@ -527,10 +546,8 @@ class CpuManager:
             return RunResult.sandbox_error(f"payload.image: {e}")
         sb = None
         held_mb = 0
-        gen = self._zgen
         try:
             sb = await self._take(spawn=True)
-            gen = self._zgen
             layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
             try:
                 held_mb, inside = await self._enter_image(sb, img, layer_mb)
@@ -538,7 +555,7 @@ class CpuManager:
                 return RunResult.sandbox_error(str(e))
             req = overlay.image_request(_as(sb, req), img, inside, layer_mb)
             self._running[action.id] = sb
-            return self._lost(await self._exchange(action.id, sb, req, mem), gen)
+            return self._lost(await self._exchange(action.id, sb, req, mem), sb)
         except Exception as e:
             return RunResult.sandbox_error(f"image {name!r}: {type(e).__name__}: {e}")
         finally:
@@ -614,6 +631,13 @@ class CpuManager:
         self._sessions[session_id] = s
         try:
             sb.set_limits(cpus, mem)
+            # its init outlives the fork server (no PR_SET_PDEATHSIG): a fork server's crash
+            # loses only the actions in flight in its sandboxes, never a session's state
+            # (issue 41, item 4; when the fork server dies it goes to the reaper, a subreaper)
+            kept = await sb.request({"op": "keep"}, 10.0)
+            if not kept.get("ok"):
+                raise BrokenError(f"session {session_id!r}: its sandbox: {kept.get('error')}")
+            sb.kept = True
             if img is not None and self.images is not None:
                 mb = int(layer_mb or self.config.image_layer_mb)
                 try:
@@ -683,7 +707,7 @@ class CpuManager:
                     sw.freeze_s = time.perf_counter() - t0
             if sw is not None:
                 res = dataclasses.replace(res, session_switch=sw.to_dict())
-            res = self._lost(res, s.gen)
+            res = self._lost(res, s.sandbox)
         if s.sandbox.dead or res.status == "SandboxError":
             await self.close_session(sid)
             if res.status == "SandboxError" and "session" not in res.message:

@@ -71,6 +71,9 @@ class Sandbox:
     # (`host/ids.py`; the fork server lends it), or the one every sandbox shares without ids
     uid: int = -1
     exit_rc: asyncio.Future[int] | None = None
+    # a session's: its init does not die with the fork server (`init` op "keep"; issue 41)
+    kept: bool = False
+    maker: Zygote | None = None  # the fork server that made it
 
     async def request(self, msg: Mapping[str, Any] | bytes,
                       timeout: float | None = None) -> dict[str, Any]:
@@ -140,6 +143,9 @@ class WarmPool:
         self.up.set()
         self.down: str | None = None
         self.on_broken: Any = None  # the owner's hook, called once the fork server is gone
+        # ids of kept sandboxes that outlived a fork server: the next one must not lend them
+        # while they live (`ids_held`), and is given each back once its sandbox is gone
+        self.orphan_ids: set[int] = set()
         self.attach_zygote(zygote)
 
     def attach_zygote(self, zygote: Zygote) -> None:
@@ -155,6 +161,7 @@ class WarmPool:
         ones (its children: they die with it) are dropped; takes wait until a new one is in."""
         if not self.closed:
             self.up.clear()
+        self.orphan_ids |= {sb.uid for sb in self.live if sb.kept and not sb.exited and sb.uid >= 0}
         self._watch_all()
         while self.ready:
             self.release(self.ready.popleft())
@@ -355,7 +362,8 @@ class WarmPool:
             for fd in outs:
                 os.close(fd)
             return e
-        sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None, uid=uid)
+        sb = Sandbox(pid=pid, conn=Conn(sock, self.loop), pidfd=pidfd, slot=None, uid=uid,
+                     maker=self.zygote)
         if outs:  # direct: the fork server reports its end (with the exit status)
             for fd in outs:
                 os.set_blocking(fd, False)
@@ -398,6 +406,9 @@ class WarmPool:
             sb.watched = False
         os.close(sb.pidfd)
         sb.exited = True  # its reply, if any, is still readable; then the connection sees EOF
+        if sb.uid in self.orphan_ids:  # (a session that outlived its fork server: its id is free)
+            self.orphan_ids.discard(sb.uid)
+            self.zygote.give_ids([sb.uid])
         self._maybe_recycle(sb)
 
     async def take(self) -> Sandbox:

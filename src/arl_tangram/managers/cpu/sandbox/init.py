@@ -70,6 +70,9 @@ def _fit_tmpfs(req: dict[str, Any]) -> None:
     _tmpfs_mb[0] = int(mb)
 
 
+_KEPT_OPS = ("prepare", "session", "image", "keep")  # the sandbox lives on after these
+
+
 def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
     """Answer request frames until the manager hangs up; exit right after a one-shot action.
     ``first``: the body of the first request, already read (`_fastpath.fork_all`)."""
@@ -101,13 +104,16 @@ def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
                 reply = _session(req, sessions)
             elif op == "image":  # enter an environment image (issue 17; `imagebox.enter`)
                 reply = imagebox.enter(req, fd)
+            elif op == "keep":  # a session's: it outlives the fork server (issue 41, item 4)
+                _linux.prctl(_linux.PR_SET_PDEATHSIG, 0)
+                reply = {"ok": True}
             elif op == "run":
                 reply = _run(req, prepared)
             else:  # (answered, then gone like a one-shot: nothing guessed from a bad request)
                 reply = {"error": f"unknown op {op!r}: expected run, prepare, session or image"}
         except Exception as e:  # a bug or a hostile workdir: report, never die silently
             reply = {"error": f"{type(e).__name__}: {e}"}
-        if op not in ("prepare", "session", "image"):
+        if op not in _KEPT_OPS:
             _kill_all()  # nothing the action started runs past its reply
         else:
             _reap_all()
@@ -115,7 +121,7 @@ def serve(fd: int, cfg: dict[str, Any], first: bytes | None = None) -> None:
             wire.write_frame_fd(fd, reply)
         except OSError:
             os._exit(0)
-        if op not in ("prepare", "session", "image"):
+        if op not in _KEPT_OPS:
             os._exit(0)  # one-shot: the PID namespace (and everything in it) ends with us
 
 

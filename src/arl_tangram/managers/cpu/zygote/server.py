@@ -137,7 +137,7 @@ class Namespaces:
     """
 
     def __init__(self, procfd: int, ids: list[int] | None = None,
-                 busy: list[int] | None = None) -> None:
+                 busy: list[int] | None = None, held: list[int] | None = None) -> None:
         self.procfd = procfd
         self.home_pid = os.open("self/ns/pid", os.O_RDONLY, dir_fd=procfd)
         self.home_net = os.open("self/ns/net", os.O_RDONLY, dir_fd=procfd)
@@ -148,11 +148,15 @@ class Namespaces:
         # the host ids lent to sandboxes, one each (issue 35, M2; `host/ids.py`): FIFO, and an
         # id comes back only when its sandbox's init is reaped (every process of it gone)
         # (``busy``: ids of a dead fork server's sandboxes that were still there when this
-        # one started: lent last, so they have the longest to die)
-        late = set(busy or ())
+        # one started: lent last, so they have the longest to die; ``held``: ids of sessions
+        # that outlived a dead fork server (issue 41), not lent until the manager gives them
+        # back, `give_ids`)
+        out = set(held or ())
+        late = set(busy or ()) - out
         self.ids: collections.deque[int] = collections.deque(
-            [i for i in range(ids[0], ids[0] + ids[1]) if i not in late] + sorted(late)
-            if ids else ())
+            [i for i in range(ids[0], ids[0] + ids[1]) if i not in late and i not in out]
+            + sorted(late) if ids else ())
+        self.held = out
         self.per_sandbox = bool(ids)
         self.id_of: dict[int, int] = {}  # sandbox init pid -> its id
 
@@ -168,6 +172,14 @@ class Namespaces:
         """An id taken for a sandbox that never came (its fork failed): first in line again."""
         if self.per_sandbox:
             self.ids.appendleft(uid)
+
+    def give_ids(self, uids: list[int]) -> None:
+        """Ids held by sessions of a dead fork server (``held``) whose sandboxes are gone now
+        (the manager saw their inits end): lent again, last."""
+        for u in uids:
+            if u in self.held:
+                self.held.discard(u)
+                self.ids.append(u)
 
     def take_net(self) -> int:
         if self.free:
@@ -466,7 +478,7 @@ def main() -> None:
         _linux.unshare(_linux.CLONE_NEWNS)
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         ns = Namespaces(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY), cfg.get("ids"),
-                        cfg.get("ids_busy"))
+                        cfg.get("ids_busy"), cfg.get("ids_held"))
         build_root(cfg["root"], cfg["ro_paths"], cfg.get("hidden_paths") or ())
         if cfg.get("syscall_filter", True):
             try:
@@ -537,6 +549,10 @@ def _serve(ctl: socket.socket, cfg: dict[str, Any], ns: Namespaces) -> None:
             os._exit(0)
         if not msg:
             os._exit(0)
+        if msg.startswith(b'{"op":"ids"'):  # held ids given back (`Namespaces.give_ids`): no reply
+            with contextlib.suppress(ValueError, TypeError):
+                ns.give_ids([int(u) for u in json.loads(msg)["free"]])
+            continue
         # SIGCHLD waits until the replies are out: a sandbox's exit report (`_reap`) must never
         # come before its spawn reply, and `reaped()` must see `lent[pid]`.
         sig.pthread_sigmask(_linux.SIG_BLOCK, _linux.SIGCHLD)
