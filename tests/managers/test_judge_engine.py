@@ -129,6 +129,17 @@ def test_a_batch_joins_while_another_runs(engine: Any) -> None:
     assert not deaths
 
 
+def test_step_costs_for_the_simulators_engine_model(engine: Any) -> None:
+    """`tangram calibrate --judge-engine`'s measurement: the decode step alone and with 8 at
+    once, solved into alpha + beta x sequences."""
+    host, loop, deaths, _ = engine
+    alpha, beta, s1, sk = loop.run_until_complete(host.step_costs("gj#1", k=8, tokens=16))
+    assert s1 > 0 and sk > 0 and alpha >= 0 and beta >= 0
+    if sk >= s1 and beta <= s1:  # (neither clamp applied: the fit reproduces both)
+        assert alpha + beta == pytest.approx(s1) and alpha + 8 * beta == pytest.approx(sk)
+    assert not deaths
+
+
 def test_a_hung_engine_is_killed_and_reported(engine: Any) -> None:
     """Last in the module: it ends the engine. SIGSTOP the engine's process group mid-batch."""
     host, loop, deaths, _ = engine

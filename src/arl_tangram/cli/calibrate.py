@@ -22,6 +22,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where to write the spec (cluster.calibrated.yaml)")
     p.add_argument("--no-models", action="store_true", help="measure the CPU side only")
     p.add_argument("--repeats", type=int, default=5, help="samples per figure (5)")
+    p.add_argument("--judge-engine", action="store_true",
+                   help="also start a tiny judge engine (vLLM) and measure its start and decode "
+                   "step (alpha + beta x sequences) for the simulator's engine model")
     p.set_defaults(func=run)
     return p
 
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         print("tangram calibrate: --repeats must be >= 1", file=sys.stderr)
         return 2
     spec = calibrate(with_models=not args.no_models, repeats=args.repeats,
-                     say=lambda m: print(m, file=sys.stderr))
+                     say=lambda m: print(m, file=sys.stderr), judge_engine=args.judge_engine)
     write_spec(spec, args.out)
     load_cluster_yaml(args.out)  # what tangram simulate will read: it must parse
     print(f"wrote {args.out}", file=sys.stderr)

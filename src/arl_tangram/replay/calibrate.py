@@ -327,8 +327,34 @@ async def _batch_latency(mgr: Any, m: ModelSpec, iid: str) -> tuple[float, float
     return fit_alpha_beta(samples, 3) or (m.alpha, m.beta)
 
 
+async def _judge_engine_figures(model_dir: Path, say: Say) -> ModelSpec:
+    """A tiny judge engine's start (load_s) and decode step (alpha + beta x sequences) on the
+    real engine (issue 38), as the `ModelSpec` the simulator's engine model reads."""
+    from ..managers.gpu.engine_judge import EngineJudgeHost
+    from ..managers.gpu.judge_testing import build_tiny_genjudge
+
+    path = model_dir / "genjudge"
+    if not (path / "config.json").exists():
+        model_dir.mkdir(parents=True, exist_ok=True)
+        build_tiny_genjudge(path, hidden=256)
+    spec = ModelSpec("tiny-genjudge", kind="genjudge", path=str(path), max_batch=64, max_seqs=64,
+                     memory_mb=1024.0, options={"max_tokens": 64, "max_model_len": 1024})
+    host = EngineJudgeHost([spec])
+    try:
+        load_s = await host.load("cal-gj", spec.name, (0,))
+        alpha, beta, s1, sk = await host.step_costs("cal-gj", k=32, tokens=64)
+    finally:
+        await host.aclose()
+    say(f"judge engine {spec.name}: start {load_s:.1f} s, decode step {1000 * alpha:.2f} ms + "
+        f"{1000 * beta:.3f} ms x sequences (alone {1000 * s1:.2f} ms, 32 at once {1000 * sk:.2f} ms)")
+    return ModelSpec(spec.name, "genjudge", spec.path, 1, spec.memory_mb, spec.dtype,
+                     load_s=round(load_s, 2), swap_s=round(load_s, 2), alpha=round(alpha, 6),
+                     beta=round(beta, 7), max_batch=64, max_instances=CPU_DEVICES,
+                     options=spec.options, max_seqs=64)
+
+
 def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
-              model_dir: Path = DEFAULT_MODEL_DIR) -> dict[str, Any]:
+              model_dir: Path = DEFAULT_MODEL_DIR, judge_engine: bool = False) -> dict[str, Any]:
     """Measure this machine; returns the spec as plain data (`write_spec` writes it)."""
     from ..runtime.node import machine_capacity
 
@@ -342,6 +368,8 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
             models = asyncio.run(_model_figures(local_models(model_dir), say, repeats))
         except ImportError as exc:
             say(f"models: not measured ({exc}); install the [gpu] extra")
+    if judge_engine:  # (a vLLM start: tens of seconds; `make install` installs the engine)
+        models.append(asyncio.run(_judge_engine_figures(model_dir, say)))
     node: dict[str, Any] = {"name": "local", "pool": "default",
                             "capacity": {CPU: int(cap.get(CPU)), MEMORY_MB: int(cap.get(MEMORY_MB))}}
     speedups = {int(k.split("_")[1]): round(v, 3) for k, v in cpu.items()
@@ -394,6 +422,8 @@ def _model_dict(m: ModelSpec) -> dict[str, Any]:
                          "max_instances": m.max_instances}
     if m.options:
         d["options"] = dict(m.options)
+    if m.max_seqs:
+        d["max_seqs"] = m.max_seqs
     return d
 
 

@@ -464,6 +464,34 @@ class EngineJudgeHost:
                           f"(finish_reason {out['finish_reason']}): ...{shown!r}")
         return {**out, "score": float(opts.on_no_verdict), "verdict": None}, ""
 
+    async def step_costs(self, instance_id: str, *, k: int = 32,
+                         tokens: int = 64) -> tuple[float, float, float, float]:
+        """The engine's decode step ``alpha + beta * seqs`` (the simulator's engine model,
+        `tangram calibrate`): one request of ``tokens`` tokens alone, then ``k`` at once, each
+        generating exactly ``tokens`` (ignore_eos); per-step seconds ``s1`` and ``sk`` give
+        ``beta = (sk - s1) / (k - 1)`` and ``alpha = s1 - beta`` (each at least 0). Returns
+        (alpha, beta, s1, sk). The first request warms the engine and is not counted."""
+        eng = self._engines.get(instance_id)
+        if eng is None or eng.state != "loaded" or eng.client is None or k < 2 or tokens < 1:
+            raise BrokenError(f"instance {instance_id} is not loaded (or k < 2, tokens < 1)")
+        client = eng.client
+        body = {"model": eng.spec.name, "prompt": "calibrate", "max_tokens": tokens,
+                "temperature": 0.0, "ignore_eos": True}
+
+        async def one() -> None:
+            r = await client.post("/v1/completions", json=body)
+            r.raise_for_status()
+
+        await one()
+        t0 = time.perf_counter()
+        await one()
+        s1 = (time.perf_counter() - t0) / tokens
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(k)))
+        sk = (time.perf_counter() - t0) / tokens
+        beta = max(0.0, (sk - s1) / (k - 1))
+        return max(0.0, s1 - beta), beta, s1, sk
+
     # ---- supervision ---------------------------------------------------------------------
     async def _check_alive(self, eng: _Engine, seen: str) -> None:
         """A request failed: if the process is gone, the engine died."""
