@@ -68,17 +68,12 @@ def _copy(commit: str) -> Path:
     return work
 
 
-# Appended to the copy's client.py: the fork server gets a scrubbed environment (`_zygote_env`),
+# Put into the copy's `zygote_env` (host/reaper.py): the fork server gets a scrubbed environment,
 # without mutmut's MUTANT_UNDER_TEST, so it (and every sandbox, its fork) would run the original
 # code: the syscall filter it builds and installs would never be a mutant.
+_ZYGOTE_ENV_DEF = "def zygote_env() -> dict[str, str]:"
 _ZYGOTE_ENV_PATCH = """
-
-_mutation_orig_zygote_env = _zygote_env
-
-
-def _zygote_env() -> dict[str, str]:  # (scripts/mutation.py, in its copy only)
-    env = _mutation_orig_zygote_env()
-    if "MUTANT_UNDER_TEST" in os.environ:
+    if "MUTANT_UNDER_TEST" in os.environ:  # (scripts/mutation.py, in its copy only)
         env["MUTANT_UNDER_TEST"] = os.environ["MUTANT_UNDER_TEST"]
     return env
 """
@@ -99,11 +94,14 @@ if "__mutmut_" in _mutation_os.environ.get("MUTANT_UNDER_TEST", ""):  # (a mutan
 
 
 def _pass_mutant_to_fork_server(copy: Path) -> None:
-    p = copy / "src/arl_tangram/managers/cpu/host/client.py"
+    p = copy / "src/arl_tangram/managers/cpu/host/reaper.py"
     text = p.read_text()
-    if "def _zygote_env() -> dict[str, str]:" not in text or "\nimport os\n" not in text:
-        raise SystemExit(f"{p}: no _zygote_env to wrap (the fork server would not run mutants)")
-    p.write_text(text + _ZYGOTE_ENV_PATCH)
+    at = text.find(_ZYGOTE_ENV_DEF)
+    end = text.find("\n    return env\n", at)
+    if at < 0 or end < 0 or "\nimport os\n" not in text:
+        raise SystemExit(f"{p}: no zygote_env to patch (the fork server would not run mutants)")
+    p.write_text(text[:end] + "\n" + _ZYGOTE_ENV_PATCH.strip("\n") + "\n"
+                 + text[end + len("\n    return env\n"):])
     z = copy / "src/arl_tangram/managers/cpu/zygote/__init__.py"
     z.write_text(z.read_text() + _ZYGOTE_PIN_PATCH)
 
