@@ -47,6 +47,7 @@ RESTART_BACKOFF_S = 0.1
 RESTART_BACKOFF_MAX_S = 5.0
 DOWN_RETRY_S = 30.0
 TAKE_RETRIES = 3  # an action whose sandbox never came because the fork server died: asked again
+REFUSED_KEPT = 4096  # sessions whose open failed whose reason is kept (`CpuManager._refused`)
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +63,7 @@ class _Session:
     freezer: overlay.Freezer | None = None  # frozen between actions
     layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
     gen: int = 0  # the fork server that made its sandbox (`CpuManager._zgen`)
+    owner: str | None = None  # whose share of the layer budget its layer counts against
 
 
 def _inside(paths: list[str], ro: list[str]) -> list[str]:
@@ -87,6 +89,9 @@ class CpuManager:
         self._quota: dict[str, float] = {}
         self._cancelled: set[str] = set()
         self._sessions: dict[str, _Session] = {}
+        # sessions whose open failed, and why (the latest `REFUSED_KEPT`): an action naming
+        # one is told the reason, not only that it is not open (issue 41, M3)
+        self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._host = socket.gethostname()
@@ -567,8 +572,8 @@ class CpuManager:
                 self.layers.give_back(held_mb)
             self.images.release(name)
 
-    async def _enter_image(self, sb: Sandbox, img: Image,
-                           layer_mb: int) -> tuple[int, overlay.Inside]:
+    async def _enter_image(self, sb: Sandbox, img: Image, layer_mb: int,
+                           owner: str | None = None) -> tuple[int, overlay.Inside]:
         """Mount ``img`` in ``sb`` over a writable layer of ``layer_mb`` MiB (on the node's disk
         where it has disk layers, else a tmpfs in the sandbox), as the image's user in the
         node's user namespace where it has one (`userns.py`): the disk MiB now held (the
@@ -576,7 +581,7 @@ class CpuManager:
         nothing stays held: `LayerError` past the layer budget, `ImageError` when the
         sandbox cannot enter it."""
         assert self.images is not None
-        layer = await self._take_layer(layer_mb)
+        layer = await self._take_layer(layer_mb, owner)
         held = layer.mb if layer is not None else 0
         try:
             try:
@@ -591,7 +596,7 @@ class CpuManager:
                 raise ImageError(f"cannot enter image {img.name!r}: {entered['error']}")
         except BaseException:
             if held and self.layers is not None:
-                self.layers.give_back(held)
+                self.layers.give_back(held, owner)
             raise
         return held, overlay.Inside.of(entered)
 
@@ -599,18 +604,39 @@ class CpuManager:
         """The host gid of ``sb``'s code: the number of its uid where it has its own."""
         return sb.uid if self._ids is not None else self.config.sandbox_gid
 
-    async def _take_layer(self, mb: int) -> Layer | None:
+    async def _take_layer(self, mb: int, owner: str | None = None) -> Layer | None:
         """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
         layers (the sandbox then mounts a tmpfs of that size); `LayerError` past the budget."""
         if self.layers is None or not self.layers.available:
             return None
-        return await asyncio.to_thread(self.layers.take, mb)
+        return await asyncio.to_thread(self.layers.take, mb, owner)
 
     # sessions ----------------------------------------------------------------------------------
     async def open_session(self, session_id: str, demand: Resources, ttl_s: float,
-                           image: str | None = None, layer_mb: int | None = None) -> None:
+                           image: str | None = None, layer_mb: int | None = None,
+                           owner: str | None = None) -> None:
         """Open a session; with ``image``, its sandbox runs in that image (read-only layers and
-        a writable layer of ``layer_mb`` MiB, `overlay.enter_image`)."""
+        a writable layer of ``layer_mb`` MiB, `overlay.enter_image`), counted against
+        ``owner``'s share of the node's layer budget (`set_layer_reservations`). When it
+        cannot be opened, an action naming it later is told why (`_run_in_session`)."""
+        try:
+            await self._open_session(session_id, demand, ttl_s, image, layer_mb, owner)
+        except Exception as e:
+            self._refused[session_id] = f"{type(e).__name__}: {e}"
+            while len(self._refused) > REFUSED_KEPT:
+                self._refused.popitem(last=False)
+            raise
+        self._refused.pop(session_id, None)
+
+    def set_layer_reservations(self, reserved: dict[str, int]) -> None:
+        """Keep ``reserved[owner]`` MiB of the node's layer budget for each owner (a tenant):
+        one below its reservation is never refused because others filled the node (issue 41,
+        M3; `LayerStore.reserve`). ValueError when they pass the budget."""
+        if self.layers is not None:
+            self.layers.reserve(reserved)
+
+    async def _open_session(self, session_id: str, demand: Resources, ttl_s: float,
+                            image: str | None, layer_mb: int | None, owner: str | None) -> None:
         if self._closed or self._pool is None:
             raise ClosedError("the CPU manager is closed")
         if session_id in self._sessions:
@@ -627,7 +653,7 @@ class CpuManager:
         cpus = float(demand.get("cpu", 0.0)) or self.config.default_cpus
         mem = int((float(demand.get("memory_mb", 0.0)) or self.config.default_memory_mb) * (1 << 20))
         s = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(), asyncio.Lock(), img,
-                     gen=self._zgen)
+                     gen=self._zgen, owner=owner)
         self._sessions[session_id] = s
         try:
             sb.set_limits(cpus, mem)
@@ -641,7 +667,7 @@ class CpuManager:
             if img is not None and self.images is not None:
                 mb = int(layer_mb or self.config.image_layer_mb)
                 try:
-                    s.layer_mb, s.inside = await self._enter_image(sb, img, mb)
+                    s.layer_mb, s.inside = await self._enter_image(sb, img, mb, owner)
                 except LayerError as e:
                     raise ImageError(str(e)) from None
             if self._freezers is not None and self._freezers.available:
@@ -664,7 +690,7 @@ class CpuManager:
         if self._pool is not None:
             self._pool.release(s.sandbox)
         if s.layer_mb and self.layers is not None:
-            self.layers.give_back(s.layer_mb)
+            self.layers.give_back(s.layer_mb, s.owner)
         if s.image is not None and self.images is not None:
             self.images.release(s.image.name)
 
@@ -672,7 +698,9 @@ class CpuManager:
         sid = str(action.session)
         s = self._sessions.get(sid)
         if s is None:
-            return RunResult.sandbox_error(f"session {sid!r} is not open on this node")
+            why = self._refused.get(sid)
+            return RunResult.sandbox_error(f"session {sid!r} is not open on this node" + (
+                f": it could not be opened ({why})" if why else ""))
         req = _as(s.sandbox, req)
         if s.image is not None:
             req = overlay.image_request(req, s.image, s.inside, None)

@@ -173,6 +173,9 @@ class LayerStore:
         self.dir, self.default_mb, self.warm = dir_, int(default_mb), int(warm)
         self.problem = ""
         self.used_mb = 0
+        # per owner (a tenant): MiB of the budget kept for it (`reserve`), MiB its layers hold
+        self.reserved: dict[str, int] = {}
+        self.held: dict[str, int] = {}
         self._ready: list[Layer] = []
         self._lock = threading.Lock()
         self._names = itertools.count()
@@ -240,20 +243,42 @@ class LayerStore:
         finally:
             os.close(dev)  # the mount holds the device (autoclear once unmounted)
 
-    def take(self, mb: int | None = None) -> Layer:
+    def reserve(self, reserved: dict[str, int]) -> None:
+        """Keep ``reserved[owner]`` MiB of the budget for each owner (issue 41, M3): an owner
+        below its reservation is never refused because others filled the budget; what is not
+        reserved is shared (first come). The reservations' sum may not pass the budget."""
+        got = {str(o): int(mb) for o, mb in reserved.items() if int(mb) > 0}
+        if sum(got.values()) > self.budget_mb:
+            raise ValueError(f"layer reservations of {sum(got.values())} MiB in all exceed the "
+                             f"node's layer budget of {self.budget_mb} MiB")
+        with self._lock:
+            self.reserved = got
+
+    def _kept_for_others(self, owner: str | None) -> int:
+        """MiB of the budget kept for owners other than ``owner`` below their reservation."""
+        return sum(max(0, r - self.held.get(o, 0)) for o, r in self.reserved.items()
+                   if o != owner)
+
+    def take(self, mb: int | None = None, owner: str | None = None) -> Layer:
         """A fresh, empty layer of ``mb`` MiB (default: the store's), counted against the
-        budget until `give_back`. Blocks for ~10 ms when no ready one fits."""
+        budget (and ``owner``'s share, `reserve`) until `give_back`. Blocks for ~10 ms when no
+        ready one fits."""
         mb = int(mb or self.default_mb)
         if self.problem:
             raise LayerError(f"no disk layers on this node: {self.problem}")
         if mb < MIN_LAYER_MB:
             raise LayerError(f"layer_mb must be at least {MIN_LAYER_MB}, got {mb}")
         with self._lock:
-            if self.used_mb + mb > self.budget_mb:
+            kept = self._kept_for_others(owner)
+            if self.used_mb + kept + mb > self.budget_mb:
                 raise LayerError(
                     f"the node's layer budget is spent: {self.used_mb} of {self.budget_mb} MiB "
-                    f"held by open layers, {mb} MiB asked")
+                    f"held by open layers, "
+                    + (f"{kept} MiB kept for other tenants below their reservation, " if kept
+                       else "") + f"{mb} MiB asked")
             self.used_mb += mb
+            if owner is not None:
+                self.held[owner] = self.held.get(owner, 0) + mb
             layer = next((x for x in self._ready if x.mb == mb), None)
             if layer is not None:
                 self._ready.remove(layer)
@@ -261,16 +286,21 @@ class LayerStore:
             if layer is None:
                 layer = self._make(mb)
         except BaseException as e:
-            with self._lock:
-                self.used_mb -= mb
+            self.give_back(mb, owner)
             raise LayerError(f"cannot make a {mb} MiB disk layer: {e}") from e
         self.refill()
         return layer
 
-    def give_back(self, mb: int) -> None:
-        """A layer handed out by `take` is gone (its sandbox was released)."""
+    def give_back(self, mb: int, owner: str | None = None) -> None:
+        """A layer handed out by `take` (for ``owner``) is gone (its sandbox was released)."""
         with self._lock:
             self.used_mb = max(0, self.used_mb - int(mb))
+            if owner is not None and owner in self.held:
+                left = self.held[owner] - int(mb)
+                if left > 0:
+                    self.held[owner] = left
+                else:
+                    del self.held[owner]
 
     def refill(self) -> None:
         """Make ready layers up to ``warm`` in a background thread (one refill at a time)."""
