@@ -158,10 +158,6 @@ def _probes(o: dict[str, str]) -> dict[tuple[str, str], list[Probe]]:
         ("POST", "/get_reward"): [("POST", "/get_reward", {"json": {"query": ["q"]}})],
         ("POST", "/classify"): [("POST", "/classify", {"json": {"input": "q"}})],
         ("POST", "/retrieve"): [("POST", "/retrieve", {"json": {"queries": ["q"]}})],
-        ("POST", "/v1/chat/completions"): [("POST", "/v1/chat/completions", {"json": {
-            "model": "judge", "messages": [{"role": "user", "content": "q"}]}})],
-        ("POST", "/v1/completions"): [("POST", "/v1/completions", {"json": {
-            "model": "judge", "prompt": "q"}})],
         ("POST", "/v1/search"): [("POST", "/v1/search", {"json": {"query": "q"}})],
         ("POST", "/v1/fetch"): [("POST", "/v1/fetch", {"json": {"url": "http://x/"}})],
         ("POST", "/v1/chat/completions"): [("POST", "/v1/chat/completions", {"json": {
