@@ -23,7 +23,8 @@ from arl_tangram.core.cluster import ModelSpec
 from arl_tangram.managers.gpu.engine_judge import engine_available
 from arl_tangram.managers.gpu.judge_testing import build_tiny_genjudge
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.needs_root, pytest.mark.slow,
+              pytest.mark.timeout(900)]  # (the node runs real sandboxes: root)
 
 
 def _free_port() -> int:

@@ -155,7 +155,9 @@ class JudgeOptions:
                 kw["extra_args"] = tuple(str(a) for a in o["extra_args"])
         except ValueError as exc:
             msg = str(exc)
-            raise ValueError(f"model {spec.name}: {msg if msg.startswith(('options.', 'verdict')) else 'options: ' + msg}") from None
+            if not msg.startswith(("options.", "verdict")):
+                msg = f"options: {msg}"  # (a bad number: float()'s own message)
+            raise ValueError(f"model {spec.name}: {msg}") from None
         out = cls(**kw)
         if out.max_tokens >= out.max_model_len:
             raise ValueError(f"model {spec.name}: options.max_tokens ({out.max_tokens}) must be "
