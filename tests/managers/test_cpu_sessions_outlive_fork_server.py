@@ -140,3 +140,24 @@ async def test_a_killed_reaper_is_replaced_and_sessions_live_on(m: CpuManager) -
     assert r.status == "Success" and r.run_result is not None and r.run_result.stdout == "42\n", r
     r = await m.run(action("print(6 * 7)"), allot())
     assert r.status == "Success" and r.run_result is not None and r.run_result.stdout == "42\n", r
+
+
+async def test_an_image_session_outlives_the_fork_server(m: CpuManager, tmp_path) -> None:
+    """An image session (its own user namespace, its layer on a loop device, frozen between
+    actions) keeps its files, its shell's variables and its background process."""
+    from arl_tangram.managers.cpu.images import imagekit
+
+    assert m.images is not None
+    await asyncio.to_thread(m.images.import_path,
+                            imagekit.host_rootfs(str(tmp_path / "rootfs")), "mini")
+    await m.open_session("img", Resources(cpu=0.5, memory_mb=128), 600, image="mini",
+                         layer_mb=16)
+    r = await m.run(_tool("img", "echo kept > /srv/f; export W=w1; sleep 600 & echo $! > /srv/pid",
+                          "bash"), allot())
+    assert r.status == "Success", r
+    await _kill_fork_server(m)
+    r = await m.run(_tool("img", "cat /srv/f; echo $W; kill -0 $(cat /srv/pid) && echo alive",
+                          "bash"), allot())
+    assert r.status == "Success" and r.run_result is not None, r
+    assert r.run_result.stdout == "kept\nw1\nalive\n", r
+    await m.close_session("img")

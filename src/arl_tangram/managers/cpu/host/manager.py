@@ -657,19 +657,20 @@ class CpuManager:
         self._sessions[session_id] = s
         try:
             sb.set_limits(cpus, mem)
-            # its init outlives the fork server (no PR_SET_PDEATHSIG): a fork server's crash
-            # loses only the actions in flight in its sandboxes, never a session's state
-            # (issue 41, item 4; when the fork server dies it goes to the reaper, a subreaper)
-            kept = await sb.request({"op": "keep"}, 10.0)
-            if not kept.get("ok"):
-                raise BrokenError(f"session {session_id!r}: its sandbox: {kept.get('error')}")
-            sb.kept = True
             if img is not None and self.images is not None:
                 mb = int(layer_mb or self.config.image_layer_mb)
                 try:
                     s.layer_mb, s.inside = await self._enter_image(sb, img, mb, owner)
                 except LayerError as e:
                     raise ImageError(str(e)) from None
+            # its init outlives the fork server (no PR_SET_PDEATHSIG): a fork server's crash
+            # loses only the actions in flight in its sandboxes, never a session's state
+            # (issue 41, item 4; when the fork server dies it goes to the reaper, a subreaper).
+            # After the image: entering one changes the init's uid, which sets it again.
+            kept = await sb.request({"op": "keep"}, 10.0)
+            if not kept.get("ok"):
+                raise BrokenError(f"session {session_id!r}: its sandbox: {kept.get('error')}")
+            sb.kept = True
             if self._freezers is not None and self._freezers.available:
                 s.freezer = self._freezers.new(sb.slot)
                 if s.freezer is not None:
