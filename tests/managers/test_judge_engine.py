@@ -37,7 +37,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pytest.fail(f"{why} (`make install` installs it)")
     path = build_tiny_genjudge(tmp_path_factory.mktemp("gj") / "model")
     spec = ModelSpec("gj", kind="genjudge", path=path, max_batch=64, max_seqs=64,
-                     options={"max_tokens": 24, "max_model_len": 1024, "hang_s": 3})
+                     options={"max_tokens": 24, "max_model_len": 1024, "hang_s": 10})
     host = EngineJudgeHost([spec])
     deaths: list[tuple[str, str]] = []
     host.on_worker_death = lambda iid, reason: deaths.append((iid, reason))
