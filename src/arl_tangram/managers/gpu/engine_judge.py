@@ -312,7 +312,7 @@ class EngineJudgeHost:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("VLLM_DO_NOT_TRACK", "1")
         env["HF_HUB_OFFLINE"] = "1"
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up (CUDA)
+        env.pop("VLLM_SERVER_DEV_MODE", None)  # (no dev routes: sleep mode is not used yet)
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in eng.devices)
         else:  # the engine core in the server's process (CPU: 34 s to start instead of 45-90)
