@@ -52,6 +52,16 @@ def _serve(cfg: Path, port: int) -> subprocess.Popen[bytes]:
     pytest.fail("tangram serve did not become healthy")
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
 def _loops_under(d: str) -> list[str]:
     """Loop devices whose backing file is under ``d`` (what `losetup -a` lists)."""
     out = []
@@ -155,6 +165,10 @@ def test_kill_9_of_the_service_leaves_nothing_within_10_s(tmp_path: Path) -> Non
         proc.wait()
         raise
     pid = proc.pid
+    # the reaper obeys no SIGTERM (systemd sends one to every process of the unit): it ends
+    # by itself once the service is gone
+    (reaper,) = [c for c in _children(pid) if b"reaper.server" in _cmdline(c)]
+    os.kill(reaper, signal.SIGTERM)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     if up is not None:
@@ -164,6 +178,10 @@ def test_kill_9_of_the_service_leaves_nothing_within_10_s(tmp_path: Path) -> Non
         time.sleep(0.1)
     assert _left(pid, layers) == {"sandbox procs": [], "image procs": [], "loop devices": [],
                                   "frozen cgroups": [], "cgroups": [], "layer files": []}
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{reaper}"):
+        time.sleep(0.05)  # (reaped by the host's init, or by whoever adopted it)
+    assert not os.path.exists(f"/proc/{reaper}") or open(  # noqa: SIM115
+        f"/proc/{reaper}/stat").read().rsplit(") ", 1)[1][0] == "Z"  # its work done, it exited
     # the spool: the edge's, left by the kill; the next start removes it, and only it
     assert os.listdir(spool) == [spooled]
     held = spool / "tangram-upload-held"

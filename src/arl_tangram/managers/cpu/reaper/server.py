@@ -228,7 +228,10 @@ def serve(ctl: socket.socket, parent: int) -> None:
 
 def main() -> None:
     _linux.set_name("tangram-reaper")
-    for s in (signal.SIGINT, signal.SIGHUP):  # (the service's terminal: not ours to obey)
+    # the service's terminal, or a stop sent to every process of its unit (systemd's default
+    # SIGTERM to the whole control group): it ends by itself once the service is gone, after
+    # cleaning; SIGKILL still ends it
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
     ctl = socket.socket(fileno=int(sys.argv[1]))
