@@ -153,7 +153,16 @@ class CpuManager:
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
         self._zcfg, self._join_dirs = zcfg, list(join_dirs)
-        self._zygote = Zygote(zcfg, cfg.work_root, join_dirs, self.watchdog)
+        try:
+            self._zygote = Zygote(zcfg, cfg.work_root, join_dirs, self.watchdog)
+        except OSError as e:  # (the reaper broke: the fork server as the service's child)
+            if self.watchdog is None:
+                raise
+            log.error("CPU manager: the reaper cannot start the fork server (%s); running "
+                      "without it", e)
+            self.watchdog.close()
+            self.watchdog = None
+            self._zygote = Zygote(zcfg, cfg.work_root, join_dirs)
         self._zgen = 1
         hello = await asyncio.to_thread(self._zygote.wait_hello)
         # the sandboxes' own environment: a direct request with it may go in the compact form,
