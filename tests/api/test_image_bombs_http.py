@@ -121,3 +121,44 @@ def test_bombs_answer_413_and_leave_nothing(server: Server, tmp_path: Path, shap
     assert server.rss_kb() - rss0 < 100_000, (rss0, server.rss_kb())  # KB
     _serves(server)
     assert httpx.get(f"{server.url}/v1/images", timeout=10).json()["nodes"]["local"] == []
+
+
+def _attack_tar(entries: list[tuple[str, str, str | None, int]]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for kind, name, target, mode in entries:
+            ti = tarfile.TarInfo(name)
+            ti.mode = mode
+            if kind == "dir":
+                ti.type = tarfile.DIRTYPE
+            elif kind == "sym":
+                ti.type, ti.linkname = tarfile.SYMTYPE, target or ""
+            tf.addfile(ti, io.BytesIO(b"") if kind == "file" else None)
+    return buf.getvalue()
+
+
+def test_an_upload_cannot_chmod_or_create_host_files(server: Server, tmp_path: Path) -> None:
+    """C1 over HTTP with no token (the default loopback bind): a directory entry (mode 6777)
+    later replaced by a symlink to a root-owned host binary must not make it setuid; an opaque
+    marker under a later symlink must not create a directory on the host."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"\x7fELF")
+    os.chmod(victim, 0o700)
+    hostdir = tmp_path / "hostdir"
+    hostdir.mkdir()
+    arc = tmp_path / "c1.tar"
+    arc.write_bytes(_attack_tar([("dir", "d", None, 0o6777), ("sym", "d", str(victim), 0o777)]))
+    r = _put(server, "c1", str(arc))
+    assert r.status_code == 201, r.text  # harmless: the link is kept as a link
+    assert os.stat(victim).st_mode & 0o7777 == 0o700
+    arc.write_bytes(_attack_tar([("file", "q/sub/.wh..wh..opq", None, 0o644),
+                                 ("sym", "q", str(hostdir), 0o777)]))
+    r = _put(server, "opq", str(arc))
+    assert r.status_code == 400 and "would be written through the symlink 'q'" in r.text, r.text
+    assert os.listdir(hostdir) == []
+    assert httpx.delete(f"{server.url}/v1/images/c1", timeout=30).status_code == 200
+    assert _left(server) == []
+    _serves(server)
