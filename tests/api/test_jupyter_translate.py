@@ -27,9 +27,11 @@ def test_request_becomes_one_python_action_carrying_the_cells() -> None:
 def test_missing_or_broken_driver_output_is_an_error_with_the_driver_result() -> None:
     driver = {"status": "Finished", "return_code": 1, "stdout": "", "stderr": "Traceback"}
     out = J.from_run_code({"status": "Failed", "run_result": driver, "files": {}}, 2)
-    assert out["status"] == "Error" and out["driver"] == driver and out["cells"] == []
+    assert out["notebook_status"] == "Error" and out["status"] == "Failed"
+    assert out["driver"] == driver and out["cells"] == []
     out = J.from_run_code({"run_result": driver, "files": {D.OUT_FILE: "!!"}}, 2)
-    assert out["status"] == "Error" and "unreadable" in out["message"]
+    assert out["notebook_status"] == "Error" and out["status"] == "Failed"
+    assert "unreadable" in out["message"]
 
 
 def test_driver_output_is_unpacked_and_partial_runs_say_so() -> None:
@@ -37,8 +39,10 @@ def test_driver_output_is_unpacked_and_partial_runs_say_so() -> None:
     ok = {"status": "Finished", "return_code": 0}
     files = {D.OUT_FILE: _b64({"status": "Finished", "cells": cells}), "y.txt": "eQ=="}
     out = J.from_run_code({"run_result": ok, "files": files}, 1)
-    assert out["status"] == "Finished" and out["cells"] == cells and out["files"] == {"y.txt": "eQ=="}
-    assert J.from_run_code({"run_result": ok, "files": dict(files)}, 3)["status"] == "Error"
+    assert (out["status"], out["notebook_status"]) == ("Success", "Finished")
+    assert out["cells"] == cells and out["files"] == {"y.txt": "eQ=="}
+    out = J.from_run_code({"run_result": ok, "files": dict(files)}, 3)
+    assert (out["status"], out["notebook_status"]) == ("Failed", "Error")
     tle = {"status": "TimeLimitExceeded"}
-    assert J.from_run_code({"run_result": tle, "files": dict(files)}, 3)["status"] == \
-        "TimeLimitExceeded"
+    out = J.from_run_code({"run_result": tle, "files": dict(files)}, 3)
+    assert (out["status"], out["notebook_status"]) == ("Failed", "TimeLimitExceeded")

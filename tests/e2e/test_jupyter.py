@@ -24,7 +24,8 @@ def test_cells_share_state_and_report_like_jupyter(server: str) -> None:
     assert r.status_code == 200, r.text
     body = r.json()
     assert body.keys() >= {"status", "driver", "cells", "files"}
-    assert body["status"] == "Finished" and body["driver"]["status"] == "Finished"
+    assert body["status"] == "Success" and body["notebook_status"] == "Finished"
+    assert body["driver"]["status"] == "Finished"
     c = body["cells"]
     assert len(c) == 8
     assert c[0] == {"stdout": "", "stderr": "", "display": [], "error": [], "truncated": False}
@@ -43,17 +44,17 @@ def test_cells_share_state_and_report_like_jupyter(server: str) -> None:
 def test_timeouts_stop_the_notebook(server: str) -> None:
     body = run(server, {"cells": ["x = 1", "while True: pass", "x = 2"],
                         "cell_timeout": 0.5}).json()
-    assert body["status"] == "TimeLimitExceeded"
+    assert body["status"] == "Failed" and body["notebook_status"] == "TimeLimitExceeded"
     assert len(body["cells"]) == 2 and body["cells"][1]["error"][0]["ename"] == "TimeoutError"
     # A cell that swallows every exception still cannot outlive its limit.
     body = run(server, {"cells": ["import time\ntry:\n    time.sleep(30)\nexcept Exception:\n"
                                   "    pass", "y = 1"], "total_timeout": 1}).json()
-    assert body["status"] == "TimeLimitExceeded" and len(body["cells"]) == 1
+    assert body["notebook_status"] == "TimeLimitExceeded" and len(body["cells"]) == 1
 
 
 def test_giant_output_is_capped_and_bad_requests_name_the_field(server: str) -> None:
     body = run(server, {"cells": ["print('x' * (3 << 20))", "print('after')"]}).json()
-    assert body["status"] == "Finished"
+    assert body["status"] == "Success" and body["notebook_status"] == "Finished"
     assert body["cells"][0]["truncated"] is True
     assert len(body["cells"][0]["stdout"]) <= 1 << 20
     assert body["cells"][1]["stdout"] == "after\n"
@@ -66,7 +67,8 @@ def test_giant_output_is_capped_and_bad_requests_name_the_field(server: str) -> 
 
 def test_os_exit_in_a_cell_is_an_error_not_a_hang(server: str) -> None:
     body = run(server, {"cells": ["x = 1", "import os; os._exit(3)", "x = 2"]}).json()
-    assert body["status"] == "Error" and len(body["cells"]) == 1
+    assert (body["status"], body["notebook_status"]) == ("Failed", "Error")
+    assert len(body["cells"]) == 1
     assert body["driver"]["return_code"] == 3
 
 
@@ -75,5 +77,5 @@ def test_sdk_run_jupyter(server: str) -> None:
 
     with Client(server) as c:
         body = c.run_jupyter(["x = 6", "x * 7"])
-    assert body["status"] == "Finished"
+    assert body["status"] == "Success" and body["notebook_status"] == "Finished"
     assert body["cells"][1]["display"] == [{"text/plain": "42"}]

@@ -3,8 +3,11 @@
 Invariant: a notebook is one ordinary CODE action (so the core schedules it like any other and
 the CPU manager isolates it the same way) whose program is `jupyter_driver`; the cells travel in
 as a file and the per-cell results come back as a fetched file. The response always has
-SandboxFusion's keys (status, driver, cells, files); a driver that produced no result file gives
-status ``Error`` with the driver's own run result, never a 500.
+SandboxFusion's keys (status, message, driver, cells, executor_pod_name, files) with its
+`RunStatus` (Success when every cell ran; Failed when the notebook stopped: a time limit, a cell
+that ended the interpreter, a driver that produced no result file; SandboxError when no sandbox
+ran it), never a 500; ``notebook_status`` (ours) says how the notebook ended: Finished, Error or
+TimeLimitExceeded.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ..runtime.engine import Overloaded
 from . import jupyter_driver as D
 from .fastpath import until_disconnect
 from .middleware import TENANT_KEY
-from .schemas import CommandRunResult, CommandRunStatus, FileName, Num, RunCodeRequest
+from .schemas import CommandRunResult, CommandRunStatus, FileName, Num, RunCodeRequest, RunStatus
 from .service import Service, Shed
 
 # Characters of stdout (and of stderr) kept per cell; more sets ``truncated`` on the cell.
@@ -49,11 +52,15 @@ class CellRunResult(BaseModel):
 
 
 class RunJupyterResponse(BaseModel):
-    status: CommandRunStatus
+    """SandboxFusion's RunJupyterResponse, plus ``notebook_status``."""
+
+    status: RunStatus
+    message: str = ""
     driver: CommandRunResult | None = None
     cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
-    message: str = ""
+    notebook_status: CommandRunStatus = Field(description="how the notebook ended")
 
 
 def driver_source() -> str:
@@ -82,8 +89,9 @@ def from_run_code(body: dict[str, Any], n_cells: int) -> dict[str, Any]:
     files = dict(body.get("files") or {})
     raw = files.pop(D.OUT_FILE, None)
     driver = body.get("run_result")
-    out: dict[str, Any] = {"status": "Error", "driver": driver, "cells": [], "files": files,
-                           "message": str(body.get("message") or "")}
+    out: dict[str, Any] = {"status": "Error", "message": str(body.get("message") or ""),
+                           "driver": driver, "cells": [],
+                           "executor_pod_name": body.get("executor_pod_name"), "files": files}
     if raw:
         try:
             got = json.loads(base64.b64decode(raw))
@@ -96,6 +104,14 @@ def from_run_code(body: dict[str, Any], n_cells: int) -> dict[str, Any]:
     elif out["status"] == "Finished" and len(out["cells"]) < n_cells:
         out["status"] = "Error"  # the driver died between cells (e.g. a cell called os._exit)
         out["message"] = out["message"] or f"only {len(out['cells'])} of {n_cells} cells ran"
+    # SandboxFusion's status: its clients read `RunStatus` here (Success / Failed / SandboxError)
+    out["notebook_status"] = out["status"]
+    if out["status"] == "Finished":
+        out["status"] = "Success"
+    elif driver is None and body.get("status") == "SandboxError":
+        out["status"] = "SandboxError"  # no sandbox ran it (cancelled, shed, its node lost)
+    else:
+        out["status"] = "Failed"
     return out
 
 
