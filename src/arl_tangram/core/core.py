@@ -153,51 +153,94 @@ class Core:
             handler, cause = got
             cause_s = cause(event)
         out = self.st.begin(event.time, cause_s)
+        self._before_event()
+        handler(self, event)
+        self._after_event()
+        self.st.end()
+        return out
+
+    # ---- the phases of an event -----------------------------------------------------------------
+    # `handle` = look up the handler, `_before_event`, the handler, `_after_event`. The order of
+    # the phases in `_after_event` is the algorithm: each may leave work for the next (a session
+    # closed by its TTL frees capacity for the pass; an aged action's queue is looked at by it;
+    # the pass runs before expansion so that queued work takes what freed up first).
+    def _before_event(self) -> None:
+        """Boot (the first event), and park the aging entries an event that raised left."""
         planner = self.planner
         if not planner.booted:
             self.warm.boot()
             planner.boot()
-        queues = self.queues
-        if queues.aging_new:  # (left by an event that raised)
-            queues.park_aging()
-        handler(self, event)
+        if self.queues.aging_new:
+            self.queues.park_aging()
+
+    def _after_event(self) -> None:
+        """The post-event phases, in order (docs/core.md, "The phases of an event")."""
         now = self.st.now
+        self._expire_phase(now)
+        self.queues.age_until(now)
+        self._wake_overdue_phase(now)
+        self._pass_phase()
+        self._models_phase()
+        self._yield_devices_phase()
+        self._expand_phase()
+        self._flush_phase()
+
+    def _expire_phase(self, now: float) -> None:
+        """expire: sessions past their TTL close (their capacity is free for the pass)."""
         expiry = self.sessions.expiry
         if expiry and expiry[0][0] <= now:
             self._expire_sessions()
-        aging = queues.aging_heap
-        if aging and aging[0][0] <= now:
-            queues.age()
-        queues.aging_through = now
+
+    def _wake_overdue_phase(self, now: float) -> None:
+        """wake overdue: queued elastic actions that waited their expected run mark their queues."""
         overdue = self.queues.overdue_heap
         if overdue and overdue[0][0] <= now:
             self.queues.wake_overdue()
-        dirty, touched = self.st.dirty, self.st.touched
+
+    def _pass_phase(self) -> None:
+        """pass: with capacity freed, a queue head changed or partitions stale, the scheduling
+        pass; then once more for those a warm pool that ran dry in it left waiting."""
+        st = self.st
         placer = self.placer
         if placer.rewake:
-            touched.update(placer.woken())
-        if dirty or touched or (self.partitions.stale and self.st.partitioned):
+            st.touched.update(placer.woken())
+        if st.dirty or st.touched or (self.partitions.stale and st.partitioned):
             self._schedule()  # (with none of them set, the pass has nothing to look at)
-            if placer.rewake:  # a warm pool ran dry in the pass: who waited for it looks again
+            if placer.rewake:
                 self.scheduling.run_pass(placer.woken(), None, -1.0)
+
+    def _models_phase(self) -> None:
+        """models: models whose queue or instances changed form batches and scale."""
         if self.st.models_touched:
-            planner.dispatch()
+            self.planner.dispatch()
+
+    def _yield_devices_phase(self) -> None:
+        """yield devices: idle model instances evicted for queued GPU actions, then a pass."""
+        planner = self.planner
         if (planner.instances and self.queues.shape_keys and planner.dynamic
-                and planner.yield_devices()):  # idle instances evicted for GPU actions
+                and planner.yield_devices()):
             self._schedule()
-        if self.st.elastic_policy and (dirty or self.st.expand_at):
-            self.elastic.expand()  # (after the pass: queued work took what freed up first)
-        if dirty:
-            dirty.clear()
-        if touched:
-            touched.clear()
-        if queues.aging_new:
-            queues.park_aging()
+
+    def _expand_phase(self) -> None:
+        """expand: elastic actions widen into what is still free (after the pass: queued work
+        took what freed up first)."""
+        st = self.st
+        if st.elastic_policy and (st.dirty or st.expand_at):
+            self.elastic.expand()
+
+    def _flush_phase(self) -> None:
+        """flush: the event's change sets cleared, its aging entries parked, providers pumped
+        (timeouts, sends, the next wake), the free index brought up to date."""
+        st = self.st
+        if st.dirty:
+            st.dirty.clear()
+        if st.touched:
+            st.touched.clear()
+        if self.queues.aging_new:
+            self.queues.park_aging()
         if self._has_providers:
             self._pump_providers()
-        self.st.index.flush()
-        self.st.end()
-        return out
+        st.index.flush()
 
     def status(self, action_id: str) -> Status | None:
         rec = self.st.actions.get(action_id)

@@ -285,6 +285,14 @@ class Queues:
             if key[0] == "model":
                 st.models_touched.add(key[1])
 
+    def age_until(self, now: float) -> None:
+        """The aging phase of an event: age what is due by ``now``; the heap has been popped
+        through ``now`` (`park_aging` does not put back what it would have popped)."""
+        heap = self.aging_heap
+        if heap and heap[0][0] <= now:
+            self.age()
+        self.aging_through = now
+
     def park_aging(self) -> None:
         """End of an event: this event's aging entries go on the heap for the actions still
         queued; one that started keeps its due time on its record (`aging_parked`), for a
