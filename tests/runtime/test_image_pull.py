@@ -1,5 +1,5 @@
 """Images between nodes at the NodeHost (issue 26, item 3), without Ray: a node that lacks an
-image pulls it from a peer node (`runtime.images.HostPeer` over another NodeHost's cache), only
+image pulls it from a peer node (`runtime.local.HostPeer` over another NodeHost's cache), only
 the layers it lacks travel, concurrent first uses share one pull, a failing peer is passed over
 for the next, and the transfer's progress and time are reported (``info()`` and what
 `ensure_image` hands the first action's result)."""
@@ -15,7 +15,8 @@ from arl_tangram.core.errors import ImageError
 from arl_tangram.core.events import WarmPoolReport
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.managers.cpu.images.store import ImageStore
-from arl_tangram.runtime.images import HostPeer, ImagePeer
+from arl_tangram.runtime.images import ImagePeer
+from arl_tangram.runtime.local import HostPeer
 from arl_tangram.runtime.node import NodeHost
 
 pytestmark = pytest.mark.needs_root  # (layers keep owners)

@@ -34,10 +34,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from ..core.errors import ImageError, ImageInUse, ImageTooLarge
+from ..core.errors import ImageError, ImageInUse, ImagesUnsupported, ImageTooLarge
 from ..core.images import NAME_RULE, valid_name
 from ..runtime.engine import Engine
-from ..runtime.images import ImagesUnsupported
 from .middleware import TENANT_KEY
 from .tenancy import Tenancy
 

@@ -13,7 +13,7 @@
     │   ├── ImageInUse            ... because sessions or actions use it
     │   └── ImageTooLarge         ... because it expands past a bound (answered 413)
     ├── LayerError*               a session's writable layer cannot be made (managers/cpu/images/layers.py)
-    ├── ImagesUnsupported*        the executor's nodes keep no image cache reachable (runtime/images.py)
+    ├── ImagesUnsupported         the executor's nodes keep no image cache reachable from here
     ├── Overloaded*               the engine's queue is full: retry later (runtime/engine.py)
     ├── UnknownAction*            no action has this id (runtime/engine.py; also a KeyError)
     ├── Shed*                     an overloaded /run_code, answered 504 (api/service.py)
@@ -87,3 +87,7 @@ class ImageInUse(ImageError):
 class ImageTooLarge(ImageError):
     """An image import passed a bound on what it may expand to (bytes, entries, the
     decompression ratio, the tenant's or the cache's total); nothing of it is kept."""
+
+
+class ImagesUnsupported(TangramError):
+    """This executor's nodes keep no image cache reachable from here."""

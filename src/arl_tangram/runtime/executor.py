@@ -26,8 +26,8 @@ from ..core import events as E
 from ..core.actions import Status
 from ..core.cluster import NodeSpec
 from ..core.commands import Command
+from ..core.errors import ImagesUnsupported
 from ..core.events import Event
-from .images import ImagesUnsupported
 
 Emit = Callable[[Event], None]  # called on the engine's event loop thread
 

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core import commands as C
-from ..core.errors import ImageError, ImageInUse, ImageTooLarge, InvalidAction, TangramError
-
-if TYPE_CHECKING:
-    from .node import NodeHost
+from ..core.errors import ImageError, ImageInUse, ImagesUnsupported, ImageTooLarge, InvalidAction
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +35,6 @@ class ImageOpenSession(C.OpenSession):
 def with_image(cmd: C.OpenSession, image: str, layer_mb: int | None) -> ImageOpenSession:
     return ImageOpenSession(session_id=cmd.session_id, node=cmd.node, demand=cmd.demand,
                             ttl_s=cmd.ttl_s, cause=cmd.cause, image=image, layer_mb=layer_mb)
-
-
-class ImagesUnsupported(TangramError):
-    """This executor's nodes keep no image cache reachable from here."""
 
 
 def raise_remote(err: dict[str, Any]) -> None:
@@ -61,7 +54,7 @@ def raise_remote(err: dict[str, Any]) -> None:
 class ImagePeer(abc.ABC):
     """Another node's image cache, as a node pulling an image from it sees it: the image's
     record, and each layer as a stream of chunks (``b""`` at the end), whose sha256 and size
-    `close_layer` reports. `HostPeer` is one in this process; on Ray, `ray_agent.RayPeer`
+    `close_layer` reports. `local.HostPeer` is one in this process; on Ray, `ray_agent.RayPeer`
     calls the peer's NodeAgent (chunks travel as Ray objects)."""
 
     name: str  # the peer node's name
@@ -81,25 +74,6 @@ class ImagePeer(abc.ABC):
     @abc.abstractmethod
     async def close_layer(self, stream: str) -> dict[str, Any]:
         """End the stream: ``{"digest": "sha256:...", "bytes": n}`` of what was sent."""
-
-
-class HostPeer(ImagePeer):
-    """A `NodeHost` of this process as a peer (local executors, tests)."""
-
-    def __init__(self, host: NodeHost) -> None:
-        self.host, self.name = host, host.name
-
-    async def manifest(self, image: str) -> dict[str, Any]:
-        return self.host.image_manifest(image)
-
-    async def open_layer(self, key: str, chunk_bytes: int) -> str:
-        return await self.host.open_layer_stream(key, chunk_bytes)
-
-    async def next_chunk(self, stream: str) -> bytes:
-        return await self.host.next_layer_chunk(stream)
-
-    async def close_layer(self, stream: str) -> dict[str, Any]:
-        return await self.host.close_layer_stream(stream)
 
 
 def in_use(name: str, count: int, node: str) -> ImageInUse:

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..core import commands as C
 from ..core.cluster import ModelSpec, NodeSpec
-from ..core.errors import ImageError, InvalidAction
+from ..core.errors import ImageError, ImagesUnsupported, InvalidAction
 from .config import NodeConfig, ServiceConfig
 from .executor import Emit, Executor, unknown_node_events
-from .images import ImagesUnsupported, in_use
+from .images import ImagePeer, in_use
 from .node import NodeHost
 
 
@@ -124,3 +124,22 @@ class LocalExecutor(Executor):
     async def aclose(self) -> None:
         hosts, self.hosts = list(self.hosts.values()), {}
         await asyncio.gather(*(h.aclose() for h in hosts), return_exceptions=True)
+
+
+class HostPeer(ImagePeer):
+    """A `NodeHost` of this process as a peer (local executors, tests)."""
+
+    def __init__(self, host: NodeHost) -> None:
+        self.host, self.name = host, host.name
+
+    async def manifest(self, image: str) -> dict[str, Any]:
+        return self.host.image_manifest(image)
+
+    async def open_layer(self, key: str, chunk_bytes: int) -> str:
+        return await self.host.open_layer_stream(key, chunk_bytes)
+
+    async def next_chunk(self, stream: str) -> bytes:
+        return await self.host.next_layer_chunk(stream)
+
+    async def close_layer(self, stream: str) -> dict[str, Any]:
+        return await self.host.close_layer_stream(stream)

@@ -49,7 +49,7 @@ from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
-from ..core.errors import ClosedError, ImageError
+from ..core.errors import ClosedError, ImageError, ImagesUnsupported
 from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 from ..managers.base import CodeRunner, ImageCache, ModelHost
@@ -478,8 +478,6 @@ class NodeHost:
     def _store(self) -> ImageCache:
         store = self._images()
         if store is None:
-            from .images import ImagesUnsupported
-
             raise ImagesUnsupported(f"node {self.name}: no CPU manager with an image cache")
         return store
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from ..core.actions import Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.commands import Command, StartAction
+from ..core.errors import ImagesUnsupported
 from ..core.events import ActionFinished, ActionStarted, Event
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 from .images import ImagePeer
@@ -201,8 +202,6 @@ class NodeAgent:
         host: Any = self._host
         try:
             if host is None or not hasattr(host, "add_image_source"):
-                from .images import ImagesUnsupported
-
                 raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
             if op == "source":
                 value: Any = host.add_image_source(*args)
@@ -271,8 +270,6 @@ class NodeAgent:
     def _image_host(self) -> Any:
         host: Any = self._host
         if host is None or not hasattr(host, "open_layer_stream"):
-            from .images import ImagesUnsupported
-
             raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
         return host
 

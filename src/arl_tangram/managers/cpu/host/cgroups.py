@@ -284,6 +284,30 @@ class Slot:
         last, self.sampled_peak = self.sampled_peak, top
         return cur, max(cur, top) if last >= 0 and top != last else cur
 
+    def reclaim(self) -> int:
+        """Make the kernel reclaim what it can of this slot's memory now (page cache of files
+        its processes wrote or read; without swap, never their own anonymous memory or a
+        tmpfs), its limit unchanged after: the bytes charged before less those after. v2
+        writes memory.reclaim; v1 lowers memory.limit_in_bytes to one page, which reclaims
+        until nothing more goes and then fails with EBUSY (it never OOM-kills), and puts the
+        limit back. For a frozen session's slot (`CpuManager.reclaim_session`): nothing in it
+        allocates meanwhile."""
+        before = self.charged_bytes()
+        d = self.dirs["memory"]
+        if self.version == "v2":
+            with contextlib.suppress(OSError):  # (EAGAIN: not all of it could go)
+                self._put(f"{d}/memory.reclaim", str(before))
+        else:
+            limit = self.memory if self.memory > 0 else int(self._get(
+                f"{d}/memory.limit_in_bytes"))
+            try:
+                self._put(f"{d}/memory.limit_in_bytes", "4096")
+            except OSError:  # EBUSY: reclaimed what it could
+                pass
+            finally:
+                self._put(f"{d}/memory.limit_in_bytes", str(limit))
+        return max(0, before - self.charged_bytes())
+
     def _cpu_ns(self) -> int:
         if self.version == "v1":
             return int(self._get(f"{self.dirs['cpuacct']}/cpuacct.usage"))

@@ -64,6 +64,22 @@ class _Session:
     layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
     gen: int = 0  # the fork server that made its sandbox (`CpuManager._zgen`)
     owner: str | None = None  # whose share of the layer budget its layer counts against
+    # its memory as last read while frozen (`memory_use`): a frozen session cannot allocate,
+    # so between its refreshes this is what is reported (None: read it on the next report)
+    frozen_mem: int | None = None
+
+
+def _raise_open_files() -> None:
+    """This process's soft limit of open files raised to its hard limit: each open session
+    keeps ~16 fds here (its slot's control files, its freezer's, its connection and pidfd;
+    16,260 for 1,000 sessions, benchmarks/bench_sessions.py), past the usual soft 1024 from
+    ~60 sessions on. Sandboxes set their own (`max_open_files`)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _inside(paths: list[str], ro: list[str]) -> list[str]:
@@ -117,11 +133,14 @@ class CpuManager:
         self.restarts = 0  # fork server restarts that came up
         self.deaths = 0  # fork server deaths seen
         self.max_crashes, self.crash_window_s = MAX_CRASHES, CRASH_WINDOW_S
+        self.memory_calls = 0  # `memory_use` calls so far
+        self.memory_reads = 0  # sessions whose cgroup the last `memory_use` read
         self.restart_backoff_s, self.down_retry_s = RESTART_BACKOFF_S, DOWN_RETRY_S
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        _raise_open_files()
         self._langs = await languages.detect()
         self._cgroups = CgroupTree()
         self._wcfg = {"cgroups": sorted(set(self._cgroups.bases.values()))}
@@ -723,6 +742,7 @@ class CpuManager:
             s.cpu = self._quota.get(action.id, req["quota"])
             sw = overlay.SessionSwitch() if s.freezer is not None else None
             if s.freezer is not None and sw is not None:  # thawed with the action's quota
+                s.frozen_mem = None  # (read again from its thaw until after it is frozen again)
                 t0 = time.perf_counter()
                 s.freezer.thaw()
                 t1 = time.perf_counter()
@@ -762,20 +782,60 @@ class CpuManager:
                 if not s.lock.locked() and now - s.last_used > s.ttl_s:
                     await self.close_session(sid)
 
+    async def reclaim_session(self, session_id: str) -> int:
+        """Give back what the kernel can reclaim of an idle session's memory without closing
+        it (issue 40, item 2): the session stays frozen, its processes, files and shell state
+        kept, and its next action thaws it as usual. Only page cache goes (files it wrote to
+        a disk layer or read), never its processes' own memory (no swap). The bytes freed;
+        0 for a session that is not open, has no slot, or is not frozen (an action in it)."""
+        s = self._sessions.get(session_id)
+        if s is None or s.sandbox.slot is None or s.freezer is None:
+            return 0
+        async with s.lock:  # (no action thaws it meanwhile)
+            if not s.freezer.frozen or s.sandbox.dead:
+                return 0
+            slot = s.sandbox.slot
+            try:
+                freed = await asyncio.to_thread(slot.reclaim)
+            except (OSError, ValueError) as e:
+                log.warning("CPU manager: reclaiming session %s: %s", session_id, e)
+                return 0
+            s.frozen_mem = None  # (read again on the next report)
+            return freed
+
     def memory_use(self) -> tuple[dict[str, tuple[int, int]], int]:
         """Each open session's memory, (bytes charged now, the most since the last call: its
         cgroup's memory.current and memory.peak, `Slot.memory_sample`), and what this manager's
-        other sandboxes (one-shot actions, warm ones) hold now, in bytes. A few reads of kept
-        file descriptors per session: the node host calls it every ~0.5 s (issue 26)."""
+        other sandboxes (one-shot actions, warm ones) hold now, in bytes. The node host calls
+        it every ~0.5 s (issue 26).
+
+        Sampled, not read whole (issue 40, item 3): a session frozen between its actions cannot
+        allocate, so once read after its freeze (the read that sees its action's peak) it is
+        reported at that figure, (cur, cur), and read again only on its turn, once every
+        `frozen_memory_refresh` calls (its place in the open order plus the call count, so
+        the refreshes spread evenly: ceil or floor of frozen/refresh per call), which sees what
+        the kernel reclaimed meanwhile. A session not frozen (an action in it, or no freezer)
+        is read at every call. `memory_reads` counts the sessions read by the last call (2
+        files each on cgroup v1, 1-2 on v2, besides one read of the manager's own total)."""
         out: dict[str, tuple[int, int]] = {}
-        for sid, s in self._sessions.items():
+        self.memory_calls += 1
+        every, calls, reads = self.config.frozen_memory_refresh, self.memory_calls, 0
+        for i, (sid, s) in enumerate(self._sessions.items()):
             slot = s.sandbox.slot
             if slot is None or s.sandbox.dead:
                 continue
+            fz = s.freezer
+            still = fz is not None and fz.frozen and not s.lock.locked()
+            if still and s.frozen_mem is not None and every and (i + calls) % every:
+                out[sid] = (s.frozen_mem, s.frozen_mem)
+                continue
+            reads += 1
             try:
                 out[sid] = slot.memory_sample()
             except (OSError, ValueError):
                 continue
+            s.frozen_mem = out[sid][0] if still else None
+        self.memory_reads = reads
         total = self._cgroups.memory_bytes() if self._cgroups is not None else 0
         return out, max(0, total - sum(cur for cur, _ in out.values()))
 

@@ -1,0 +1,134 @@
+"""A crowded node (issue 40, items 2 and 3) on real sandboxes: the memory reports sample frozen
+sessions (exactly which sessions' cgroups each report reads), and an idle session whose memory
+is reclaimed under pressure stays frozen and answers its next action with its state.
+The 1,000-session run is benchmarks/bench_sessions.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from _cpu_helpers import TEST_IDS, TEST_UID, action, allot
+
+from arl_tangram.core.actions import ActionKind
+from arl_tangram.core.errors import IsolationUnavailable
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+from arl_tangram.managers.cpu.images import imagekit
+
+pytestmark = [pytest.mark.needs_root, pytest.mark.asyncio(loop_scope="module")]
+EVERY = 3  # frozen_memory_refresh of this module's manager
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def crowd() -> AsyncIterator[CpuManager]:
+    if os.geteuid() != 0:
+        pytest.skip("sandboxes need root (namespaces, cgroups)")
+    root = tempfile.mkdtemp(prefix="tangram-crowd-test-", dir="/var/tmp")
+    m = CpuManager(CpuManagerConfig(work_root=root, sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
+                                    warm_min=1, warm_max=2, frozen_memory_refresh=EVERY,
+                                    images_dir=f"{root}/images", layers_dir=f"{root}/layers",
+                                    image_layer_mb=64, layers_warm=0, **TEST_IDS))
+    try:
+        await m.start()
+    except IsolationUnavailable as e:
+        pytest.skip(f"isolation unavailable here: {e}")
+    try:
+        yield m
+    finally:
+        await m.aclose()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def sh(m: CpuManager, sid: str, code: str):
+    return m.run(action(code, kind=ActionKind.TOOL, session=sid, language="bash"), allot())
+
+
+def _turn(calls: int, n: int) -> set[int]:
+    """The places (open order) of the frozen sessions whose turn call number ``calls`` is."""
+    return {i for i in range(n) if (i + calls) % EVERY == 0}
+
+
+async def test_memory_reports_read_each_frozen_session_once_every_refresh(
+        crowd: CpuManager) -> None:
+    sids = [f"idle{i}" for i in range(6)]
+    for sid in sids:
+        await crowd.open_session(sid, Resources(cpu=1, memory_mb=256), ttl_s=600)
+    try:
+        use, _ = crowd.memory_use()  # the first report after their freeze reads them all
+        assert crowd.memory_reads == 6 and sorted(use) == sorted(sids)
+        last = {sid: use[sid][0] for sid in sids}
+        for _ in range(2 * EVERY):  # then two of six per report, each once every 3 reports
+            c = crowd.memory_calls + 1
+            use, _ = crowd.memory_use()
+            assert crowd.memory_reads == len(_turn(c, 6)) == 2
+            for i, sid in enumerate(sids):
+                if i in _turn(c, 6):
+                    last[sid] = use[sid][0]
+                else:  # between its reads: its last figure, as now and as its peak
+                    assert use[sid] == (last[sid], last[sid])
+        # an action thaws idle4: read on the next report whatever its turn, then sampled again
+        r = await sh(crowd, "idle4", "head -c 3000000 /dev/zero > blob; echo ok")
+        assert r.status == "Success" and r.run_result.stdout == "ok\n", r
+        c = crowd.memory_calls + 1
+        use, _ = crowd.memory_use()
+        assert crowd.memory_reads == len(_turn(c, 6) | {4})
+        assert use["idle4"][1] >= use["idle4"][0] >= 3_000_000  # its file in its tmpfs
+        kept = use["idle4"][0]
+        c = crowd.memory_calls + 1
+        use, _ = crowd.memory_use()
+        assert crowd.memory_reads == len(_turn(c, 6))
+        if 4 not in _turn(c, 6):
+            assert use["idle4"] == (kept, kept)
+        # a closed session is no longer read; the places of the rest move up
+        await crowd.close_session("idle0")
+        c = crowd.memory_calls + 1
+        use, _ = crowd.memory_use()
+        assert "idle0" not in use and crowd.memory_reads == len(_turn(c, 5))
+    finally:
+        for sid in sids:
+            await crowd.close_session(sid)
+
+
+async def test_frozen_session_reclaimed_under_pressure_keeps_its_state(
+        crowd: CpuManager) -> None:
+    assert crowd.images is not None and crowd.layers is not None and crowd.layers.available
+    rootfs = imagekit.host_rootfs(tempfile.mkdtemp(prefix="tangram-crowd-rootfs-") + "/r",
+                                  (*imagekit.DEFAULT_TOOLS, "md5sum"))
+    if not crowd.images.has("crowd-mini"):
+        await asyncio.to_thread(crowd.images.import_path, rootfs, "crowd-mini")
+    await crowd.open_session("squeezed", Resources(cpu=1, memory_mb=256), ttl_s=600,
+                             image="crowd-mini", layer_mb=64)
+    try:
+        # state: 24 MiB written to its disk layer (page cache charged to it), a shell
+        # variable, a directory it moved to and a process it left running
+        r = await sh(crowd, "squeezed",
+                     "mkdir -p /workdir/w && cd /workdir/w && head -c 25165824 /dev/urandom "
+                     "> blob && md5sum blob > blob.md5 && export KEEP=squeezed-42 && "
+                     "(exec -a keeper-proc sleep 600 &) && echo ok")
+        assert r.status == "Success" and r.run_result.stdout == "ok\n", r
+        use, _ = crowd.memory_use()
+        before = use["squeezed"][0]
+        assert before >= 24 << 20  # the blob's pages are charged to it
+        freed = await crowd.reclaim_session("squeezed")  # memory runs short: reclaimed, kept
+        assert freed >= 16 << 20
+        s = crowd._sessions["squeezed"]
+        assert s.freezer is not None and s.freezer.frozen  # still frozen, not closed
+        use, _ = crowd.memory_use()
+        assert use["squeezed"][0] <= before - (16 << 20)  # read again after it: what is left
+        r = await sh(crowd, "squeezed", "pwd; echo $KEEP; md5sum -c blob.md5; "
+                                        "cat /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
+                                        "grep -c '^keeper-proc$'")
+        assert r.status == "Success", r
+        assert r.run_result.stdout.splitlines() == ["/workdir/w", "squeezed-42", "blob: OK", "1"]
+        assert r.session_switch is not None and r.session_switch["frozen"]
+        # an action's session is not reclaimed meanwhile; an unknown one frees nothing
+        assert await crowd.reclaim_session("no-such-session") == 0
+    finally:
+        await crowd.close_session("squeezed")
+        shutil.rmtree(os.path.dirname(rootfs), ignore_errors=True)
