@@ -46,3 +46,17 @@ def test_driver_output_is_unpacked_and_partial_runs_say_so() -> None:
     tle = {"status": "TimeLimitExceeded"}
     out = J.from_run_code({"run_result": tle, "files": dict(files)}, 3)
     assert (out["status"], out["notebook_status"]) == ("Failed", "TimeLimitExceeded")
+
+
+def test_a_notebook_no_sandbox_ran_is_a_sandbox_error_with_its_message() -> None:
+    out = J.from_run_code({"status": "SandboxError", "message": "cancelled: shed",
+                           "run_result": None, "files": {}, "executor_pod_name": "n1"}, 1)
+    assert (out["status"], out["notebook_status"]) == ("SandboxError", "Error")
+    assert out["message"] == "cancelled: shed" and out["executor_pod_name"] == "n1"
+    # a driver that ran but left no result file is the notebook's failure, not the sandbox's
+    ran = {"status": "Finished", "return_code": 1}
+    out = J.from_run_code({"status": "SandboxError", "message": "m", "run_result": ran,
+                           "files": {}}, 1)
+    assert (out["status"], out["message"]) == ("Failed", "m")
+    out = J.from_run_code({"status": "Failed", "run_result": None, "files": {}}, 1)
+    assert out["status"] == "Failed"
