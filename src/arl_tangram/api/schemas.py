@@ -224,20 +224,6 @@ class ActionsIn(BaseModel):
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
 
-class ActionOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    status: str
-    finished: bool
-    submit_time: float | None = None
-    start_time: float | None = None
-    finish_time: float | None = None
-    act: float | None = None
-    node: str | None = None
-    output: Any = None
-    reason: str = ""
-
 
 class SessionIn(BaseModel):
     session_id: SessionId | None = None

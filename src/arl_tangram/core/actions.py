@@ -69,10 +69,6 @@ class Status(enum.IntEnum):
     def is_finished(self) -> bool:
         return self >= Status.SUCCEEDED
 
-    @property
-    def is_active(self) -> bool:
-        return Status.STARTING <= self <= Status.RUNNING
-
 
 @dataclass(frozen=True, slots=True)
 class Speedup:
@@ -226,9 +222,3 @@ class ActionResult:
         if self.finish_time is None:
             return None
         return self.finish_time - self.submit_time
-
-    @property
-    def queue_time(self) -> float | None:
-        if self.start_time is None:
-            return None
-        return self.start_time - self.submit_time

@@ -17,7 +17,7 @@ as ``file:line: field: message``; reading the file is `arl_tangram.specfile`'s j
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,7 +328,3 @@ def _parse_model(rm: Any, where: str) -> ModelSpec:
         return ModelSpec(**_strip_lines(dict(rm)))
     except (TypeError, ValueError) as exc:
         raise _FieldError(where, str(exc), line) from None
-
-
-def cluster_from_nodes(nodes: Sequence[NodeSpec], models: Sequence[ModelSpec] = ()) -> ClusterSpec:
-    return ClusterSpec(tuple(nodes), tuple(models))

@@ -21,7 +21,6 @@ from .fit import fits_besides_cpu
 from .placement import WARM_SCAN, Placer
 from .queues import Queues
 from .records import ActionRecord, NodeState
-from .records import warm_key as warm_key  # re-exported (it lived here)
 from .resources import CPU, Resources
 from .state import CoreState
 from .warmpools import WarmPools
@@ -98,7 +97,7 @@ class Elastic:
             for aid in gone:
                 del growable[aid]
         if not heap:
-            if not self.any_elastic(node):
+            if not node.elastic:  # (no elastic action runs on it)
                 self.st.elastic_nodes.discard(node.name)
             return
         heapq.heapify(heap)
@@ -126,10 +125,6 @@ class Elastic:
         if changed:
             self.st.index.update(node.name, node.free)
             self.emit_resizes(node, changed.values())
-
-    def any_elastic(self, node: NodeState) -> bool:
-        """Whether an elastic action runs on ``node``."""
-        return bool(node.elastic)
 
     def node_gain(self, node: NodeState, rec: ActionRecord, delta: float) -> float:
         """On a node with a measured ``parallel_speedup``: the weighted drop of expected

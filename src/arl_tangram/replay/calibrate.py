@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -510,10 +509,6 @@ def cluster_of(spec: Mapping[str, Any]) -> ClusterSpec:
     from ..core.cluster import parse_cluster
 
     return parse_cluster(dict(spec), "<calibrated>")
-
-
-def tmp_spec_path() -> str:
-    return os.path.join(tempfile.gettempdir(), "tangram-calibrated.yaml")
 
 
 __all__ = [

@@ -697,8 +697,6 @@ class Engine:
         evicted, lost with its node, or could not be opened); None otherwise."""
         return None if session_id in self._sessions else self._evicted.get(session_id)
 
-    # ---- views -----------------------------------------------------------------------------
-
     # ---- environment images: the executor's nodes (see `Executor.import_image`) ----------------
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:

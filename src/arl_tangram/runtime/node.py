@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import commands as C
 from ..core import events as E
-from ..core.actions import ActionSpec, Status
+from ..core.actions import Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.errors import ClosedError, ImageError, ImagesUnsupported
 from ..core.images import check_name, warm_key
@@ -348,9 +348,6 @@ class NodeHost:
                 log.warning("node %s: resize of %s: %s", self.name, cmd.action_id, exc)
                 outcome = "dropped"
         self.resizes[outcome if outcome in self.resizes else "dropped"] += 1
-
-    def _manager_for(self, action: ActionSpec) -> Any:
-        return self.gpu if action.kind.uses_model else self.cpu
 
     async def _start_action(self, cmd: C.StartAction) -> None:
         try:
