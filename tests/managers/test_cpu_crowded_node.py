@@ -132,3 +132,82 @@ async def test_frozen_session_reclaimed_under_pressure_keeps_its_state(
     finally:
         await crowd.close_session("squeezed")
         shutil.rmtree(os.path.dirname(rootfs), ignore_errors=True)
+
+
+async def _image_with(m: CpuManager, tools: tuple[str, ...] = ()) -> str:
+    assert m.images is not None
+    if not m.images.has("crowd-mini"):
+        d = tempfile.mkdtemp(prefix="tangram-crowd-rootfs-")
+        try:
+            rootfs = imagekit.host_rootfs(d + "/r", (*imagekit.DEFAULT_TOOLS, "md5sum", *tools))
+            await asyncio.to_thread(m.images.import_path, rootfs, "crowd-mini")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return "crowd-mini"
+
+
+async def test_reclaim_idle_takes_the_largest_first_and_stops_when_enough(
+        crowd: CpuManager) -> None:
+    img = await _image_with(crowd)
+    for sid, mib in (("big", 24), ("small", 8)):
+        await crowd.open_session(sid, Resources(cpu=1, memory_mb=256), ttl_s=600, image=img,
+                                 layer_mb=64)
+        r = await sh(crowd, sid, f"head -c {mib << 20} /dev/urandom > /workdir/blob; echo ok")
+        assert r.status == "Success" and r.run_result.stdout == "ok\n", r
+    try:
+        use, _ = crowd.memory_use()
+        assert use["big"][0] >= 24 << 20 and use["small"][0] >= 8 << 20
+        big = use["big"][0]
+        freed = await crowd.reclaim_idle(1)  # one byte short: the largest alone goes
+        assert freed >= 16 << 20
+        use, _ = crowd.memory_use()
+        assert use["big"][0] <= big - (16 << 20)
+        assert use["small"][0] >= 8 << 20  # untouched: its blob's pages still charged to it
+        r = await sh(crowd, "big", "wc -c < /workdir/blob")
+        assert r.run_result.stdout == f"{24 << 20}\n"
+    finally:
+        await crowd.close_session("big")
+        await crowd.close_session("small")
+
+
+async def test_node_short_of_memory_reclaims_idle_sessions_before_its_report() -> None:
+    """A node whose measured use passes `memory_reclaim_at` of its memory reclaims its idle
+    sessions' page cache before it reports (the core's watermark, which evicts, then sees what
+    is left); the session stays open, frozen, and answers its next action with its state."""
+    from arl_tangram.core import events as E
+    from arl_tangram.runtime.node import NodeHost
+
+    root = tempfile.mkdtemp(prefix="tangram-crowd-node-", dir="/var/tmp")
+    m = CpuManager(CpuManagerConfig(work_root=root, sandbox_uid=TEST_UID + 1,
+                                    sandbox_gid=TEST_UID + 1, warm_min=0, warm_max=1,
+                                    images_dir=f"{root}/images", layers_dir=f"{root}/layers",
+                                    image_layer_mb=64, layers_warm=0, **TEST_IDS))
+    reports: list[E.MemoryReport] = []
+    node = NodeHost("short", emit=lambda e: reports.append(e) if isinstance(
+        e, E.MemoryReport) else None, capacity=Resources(cpu=2, memory_mb=32), cpu_manager=m)
+    node.memory_report_s = 0.05
+    try:
+        try:
+            await node.start()
+        except IsolationUnavailable as e:
+            pytest.skip(f"isolation unavailable here: {e}")
+        img = await _image_with(m)
+        await m.open_session("tight", Resources(cpu=1, memory_mb=256), ttl_s=600, image=img,
+                             layer_mb=64)
+        r = await sh(m, "tight", "cd /workdir && head -c 41943040 /dev/urandom > blob && "
+                                 "md5sum blob > blob.md5 && export KEEP=tight-7 && echo ok")
+        assert r.status == "Success" and r.run_result.stdout == "ok\n", r
+        seen = len(reports)
+        while len(reports) < seen + 3:  # reports after the action: reclaimed before each
+            await asyncio.sleep(0.05)
+        assert all(rep.current_mb["tight"] < 24 for rep in reports[seen:])  # its 40 MiB went
+        assert m.has_session("tight")
+        s = m._sessions["tight"]
+        assert s.freezer is not None and s.freezer.frozen
+        r = await sh(m, "tight", "pwd; echo $KEEP; md5sum -c blob.md5")
+        assert r.status == "Success", r
+        assert r.run_result.stdout.splitlines() == ["/workdir", "tight-7", "blob: OK"]
+    finally:
+        await node.aclose()
+        await m.aclose()
+        shutil.rmtree(root, ignore_errors=True)

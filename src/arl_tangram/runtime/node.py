@@ -122,6 +122,10 @@ class NodeHost:
         # (MemoryReport) with each one's highest over the last `memory_window_s`
         self.memory_report_s = 0.5
         self.memory_window_s = 10.0
+        # measured use above this x the node's memory: idle (frozen) sessions' page cache is
+        # reclaimed before the report (`CpuManager.reclaim_idle`), below the core's watermark
+        # (0.9, which evicts), so the core evicts only for what they cannot give back
+        self.memory_reclaim_at = 0.85
         self.memory_last: dict[str, Any] = {}  # the last report, for info()
         self.image_sources: dict[str, str] = dict(images)  # name -> a path this node can read
         self._eager_images = tuple(eager_images)  # of those, imported at start
@@ -299,6 +303,7 @@ class NodeHost:
             except Exception as exc:  # (a manager that cannot tell: nothing reported)
                 log.warning("node %s: memory use unreadable: %s; not reported", self.name, exc)
                 return
+            use, other = await self._reclaim_if_short(use, other)
             now = time.monotonic()
             for sid in [s for s in window if s not in use]:
                 del window[sid]
@@ -316,6 +321,25 @@ class NodeHost:
             self.memory_last = {"sessions_mb": round(sum(current.values()), 1),
                                 "other_mb": round(other / mb, 1)}
             self.emit(E.MemoryReport(now, self.name, current, peak, round(other / mb, 3)))
+
+    async def _reclaim_if_short(self, use: dict[str, tuple[int, int]], other: int
+                                ) -> tuple[dict[str, tuple[int, int]], int]:
+        """Above `memory_reclaim_at` of the node's memory: idle sessions' page cache
+        reclaimed down to it (their state kept, frozen), and the use read again."""
+        cap = self.spec.capacity.get("memory_mb") if self.spec is not None else 0.0
+        reclaim = getattr(self.cpu, "reclaim_idle", None)
+        used = other + sum(cur for cur, _ in use.values())
+        if not cap or reclaim is None or used <= self.memory_reclaim_at * cap * (1 << 20):
+            return use, other
+        try:
+            freed = await reclaim(int(used - self.memory_reclaim_at * cap * (1 << 20)))
+            if freed:
+                log.info("node %s: short of memory: %d MB of idle sessions' page cache "
+                         "reclaimed", self.name, freed >> 20)
+                return self.cpu.memory_use()  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("node %s: reclaiming idle sessions' memory: %s", self.name, exc)
+        return use, other
 
     def _spawn(self, key: str, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -803,6 +803,22 @@ class CpuManager:
             s.frozen_mem = None  # (read again on the next report)
             return freed
 
+    async def reclaim_idle(self, need_bytes: int) -> int:
+        """Memory short: reclaim idle (frozen) sessions' page cache, the largest by their last
+        reading first, until ``need_bytes`` went or none is left (`reclaim_session`); none is
+        closed. The bytes freed. What the node host does before its report when its measured
+        use passes `NodeHost.memory_reclaim_at` (issue 40, item 2), so the core's watermark
+        (which evicts) sees what the sessions cannot give back."""
+        order = sorted(((s.frozen_mem or 0, sid) for sid, s in self._sessions.items()
+                        if s.freezer is not None and s.freezer.frozen and not s.lock.locked()),
+                       reverse=True)
+        freed = 0
+        for _, sid in order:
+            if freed >= need_bytes:
+                break
+            freed += await self.reclaim_session(sid)
+        return freed
+
     def memory_use(self) -> tuple[dict[str, tuple[int, int]], int]:
         """Each open session's memory, (bytes charged now, the most since the last call: its
         cgroup's memory.current and memory.peak, `Slot.memory_sample`), and what this manager's
