@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NATIVE := src/arl_tangram/core/_compiled.json
 CORE_SRC := $(wildcard src/arl_tangram/core/*.py) src/arl_tangram/managers/cpu/zygote/_fastpath.c
 
-.PHONY: install compile demo test lint bench clean system-deps mutation judge-engine
+.PHONY: install compile demo test lint bench clean system-deps mutation mutation-diff judge-engine
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -62,6 +62,12 @@ lint: install
 # run with MUTANTS='arl_tangram.api.middleware*' and MUTATION_TESTS='tests/api/test_api.py ...'.
 mutation: install
 	$(BIN)/python scripts/mutation.py $(MUTANTS) $(if $(MUTATION_TESTS),--tests $(MUTATION_TESTS))
+
+# The mutants of the lines the last commit (or MUTATION_BASE..HEAD) changed, against the tests of
+# their room, within MUTATION_DIFF_BUDGET_S (240 s); fails on a changed line no test reaches or
+# a surviving mutant (scripts/mutation_diff.py, docs/testing.md section 5)
+mutation-diff: install
+	$(BIN)/python scripts/mutation_diff.py $(if $(MUTATION_BASE),--base $(MUTATION_BASE))
 
 bench: install
 	$(BIN)/python benchmarks/bench_core.py

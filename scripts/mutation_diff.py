@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+"""`make mutation-diff`: the mutants of the lines a change touched, against the tests of their
+room, in a copy of the committed tree (issue 43 item 3; docs/testing.md).
+
+usage: scripts/mutation_diff.py [--base REV] [--head REV] [--budget S] [--max-mutants N] [--keep]
+
+  --base REV     what the change is measured against (default: $MUTATION_BASE, else HEAD~1: the
+                 landed commit before HEAD, HEAD's first parent -- in CI, a fresh clone of main,
+                 that is the previous landing; for a branch of several commits give
+                 `--base $(git merge-base HEAD origin/main)`)
+  --budget S     hard cap on the whole run in seconds (default 240, $MUTATION_DIFF_BUDGET_S)
+  --max-mutants N  at most this many mutants, the first ones in file and line order (default 40)
+  --keep         keep the copy
+
+What it does, in a copy of HEAD (`git archive`: others' work in progress never enters it, and
+the core runs as pure Python there, ARL_TANGRAM_PURE=1):
+
+1. the lines HEAD added or changed against the base in src/arl_tangram/**.py (`git diff -U0`),
+   each mapped to the statement it belongs to (a continued line to its statement's first line;
+   docstrings, comments, blank lines, `def`/`class`/`import` lines are not statements run);
+2. the tests of each file's room (`_ROOMS`: src/arl_tangram/core -> tests/core, ...; of those,
+   the files that name the module, e.g. ``jupyter``, where some do) run once under coverage, recording which test reached which line (a pytest plugin switches coverage's
+   context per test id); a changed statement no test of its room reaches FAILS the check, named
+   with file and line -- except in code that runs only in child processes coverage does not
+   follow (the fork server and the sandbox: `_CHILD_ONLY`), which is listed as not measured;
+3. for each changed statement, mutants (a comparison's operator flipped, + and -, * and /, `and`
+   and `or` swapped, a number + 1, True/False swapped, a `not` dropped, a return value None),
+   each run against only the tests that reached its line (`pytest -x`); a mutant that survives
+   FAILS the check, unless its line says `# pragma: no mutate` (mutmut's own marker: a mutant
+   shown equivalent).
+
+Exit 0: nothing to do (no changed Python lines of the package) or every changed statement was
+reached and every mutant run was caught; 1: a changed statement no test reaches, or a mutant
+that survived; 2: bad use or the tests of a room failed unmutated. Past the budget, the mutants
+not yet run are listed as not run and do not fail the check (the check never fails for time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy as _copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv/bin/python").exists() \
+    else sys.executable
+PKG = "src/arl_tangram/"
+
+# A module's room: the tests that guard it (the first matching prefix wins).
+_ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("src/arl_tangram/managers/cpu/", ("tests/managers/test_cpu_*.py",)),
+    ("src/arl_tangram/managers/gpu/", ("tests/managers/test_gpu_*.py",)),
+    ("src/arl_tangram/managers/api/", ("tests/managers/test_api_manager.py",)),
+    ("src/arl_tangram/managers/", ("tests/managers",)),
+    ("src/arl_tangram/core/", ("tests/core",)),
+    ("src/arl_tangram/api/", ("tests/api",)),
+    ("src/arl_tangram/runtime/", ("tests/runtime",)),
+    ("src/arl_tangram/sim/", ("tests/sim",)),
+    ("src/arl_tangram/replay/", ("tests/replay",)),
+    ("src/arl_tangram/", ("tests",)),
+)
+# Code that runs only in processes coverage does not follow (the fork server and what it forks).
+_CHILD_ONLY = ("src/arl_tangram/managers/cpu/zygote/", "src/arl_tangram/managers/cpu/sandbox/")
+PRAGMA = "pragma: no mutate"
+
+# The pytest plugin the coverage run loads (-p): one coverage context per test id.
+_PLUGIN = '''
+import coverage
+
+
+def pytest_runtest_setup(item):
+    cov = coverage.Coverage.current()
+    if cov is not None:
+        cov.switch_context(item.nodeid)
+'''
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def changed_lines(base: str, head: str) -> dict[str, set[int]]:
+    """File -> the line numbers (in ``head``) that ``head`` added or changed against ``base``."""
+    out: dict[str, set[int]] = {}
+    diff = git("diff", "-U0", "--no-renames", "--no-color", base, head, "--", PKG)
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            name = line[4:]
+            path = name[2:] if name.startswith("b/") and name.endswith(".py") else None
+        elif line.startswith("@@") and path is not None:
+            m = re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)
+            if m:
+                start, n = int(m.group(1)), int(m.group(2) or "1")
+                out.setdefault(path, set()).update(range(start, start + n))
+    return {p: ls for p, ls in out.items() if ls}
+
+
+def statements(tree: ast.Module) -> dict[int, int]:
+    """Each line that belongs to a simple statement or a compound one's header -> the
+    statement's first line (what coverage counts). Docstrings are left out."""
+    out: dict[int, int] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue  # (a def runs at import: every test "reaches" it)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # a docstring
+        body = getattr(node, "body", None)
+        end = (body[0].lineno - 1) if isinstance(body, list) and body and \
+            isinstance(body[0], ast.stmt) else (node.end_lineno or node.lineno)
+        for ln in range(node.lineno, max(node.lineno, end) + 1):
+            out.setdefault(ln, node.lineno)
+    return out
+
+
+# ---- mutants -----------------------------------------------------------------------------------
+
+_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+        ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot,
+        ast.IsNot: ast.Is}
+_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+        ast.FloorDiv: ast.Mult, ast.Mod: ast.FloorDiv}
+
+
+@dataclass
+class Mutant:
+    path: str
+    line: int
+    what: str
+    source: str  # the whole mutated module
+    outcome: str = "not run"
+    tests: list[str] = field(default_factory=list)
+
+
+def _variants(node: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in _CMP:
+                new = _copy.deepcopy(node)
+                new.ops[i] = _CMP[type(op)]()
+                yield f"{type(op).__name__} -> {_CMP[type(op)].__name__}", new
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+        new = _copy.deepcopy(node)
+        new.op = _BIN[type(node.op)]()
+        yield f"{type(node.op).__name__} -> {type(new.op).__name__}", new
+    elif isinstance(node, ast.BoolOp):
+        new = _copy.deepcopy(node)
+        new.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        yield f"{type(node.op).__name__} -> {type(new.op).__name__}", new
+    elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        yield f"{node.value} -> {not node.value}", ast.Constant(not node.value)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        yield f"{node.value!r} -> {node.value + 1!r}", ast.Constant(node.value + 1)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        yield "not dropped", _copy.deepcopy(node.operand)
+    elif isinstance(node, ast.Return) and node.value is not None \
+            and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+        yield "return None", ast.Return(value=None)
+
+
+class _Swap(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, new: ast.AST) -> None:
+        self.target, self.new, self.done = target, new, False
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if not self.done and _key(node) == _key(self.target):
+            self.done = True
+            return ast.copy_location(self.new, node)
+        return super().generic_visit(node)
+
+
+def _key(node: ast.AST) -> tuple[object, ...]:
+    return (type(node), getattr(node, "lineno", None), getattr(node, "col_offset", None),
+            getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None))
+
+
+def mutants_of(path: str, text: str, lines: set[int]) -> list[Mutant]:
+    tree = ast.parse(text)
+    src_lines = text.splitlines()
+    doc = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
+           and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+    out = []
+    for node in ast.walk(tree):
+        ln = getattr(node, "lineno", None)
+        if ln not in lines or id(node) in doc or PRAGMA in src_lines[ln - 1]:
+            continue
+        # (a default value or an annotation's constant is data, not logic: kept to its line)
+        for what, new in _variants(node):
+            t = _copy.deepcopy(tree)
+            target = next(n for n in ast.walk(t) if _key(n) == _key(node))
+            sw = _Swap(target, new)
+            t = sw.visit(t)
+            if not sw.done:
+                continue
+            ast.fix_missing_locations(t)
+            out.append(Mutant(path, ln, what, ast.unparse(t)))
+    out.sort(key=lambda m: (m.path, m.line, m.what))
+    return out
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+def room_of(path: str) -> tuple[str, ...]:
+    for prefix, tests in _ROOMS:
+        if path.startswith(prefix):
+            return tests
+    return ("tests",)
+
+
+def _expand(work: Path, tests: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for t in tests:
+        if "*" in t:
+            out += sorted(str(p.relative_to(work)) for p in work.glob(t))
+        elif (work / t).exists():
+            out.append(t)
+    return out
+
+
+def _mentioning(work: Path, tests: list[str], paths: list[str]) -> list[str]:
+    """The test files of a room that name one of ``paths``' modules (its file name, e.g.
+    ``jupyter`` for api/jupyter.py, as a word): a room's whole suite can take many minutes; all
+    of the room where none names them."""
+    stems = {Path(p).stem for p in paths} - {"__init__"}
+    if not stems:
+        return tests
+    word = re.compile(r"\b(?:" + "|".join(re.escape(s) for s in sorted(stems)) + r")\b")
+    files: list[str] = []
+    for t in tests:
+        ps = [work / t] if (work / t).is_file() else sorted((work / t).rglob("test_*.py"))
+        files += [str(p.relative_to(work)) for p in ps if word.search(p.read_text(errors="replace"))]
+    return files or tests
+
+
+def _env(work: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(work / "src"), ARL_TANGRAM_PURE="1")
+    env.pop("TANGRAM_SKIP_LOG", None)
+    return env
+
+
+def _pytest(work: Path, args: list[str], env: dict[str, str], timeout: float,
+            pre: list[str] | None = None, show: bool = False) -> int:
+    try:
+        r = subprocess.run([PY, *(pre or []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            *_IGNORE, *args], cwd=work, env=env, capture_output=True, text=True,
+                           timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        return -1
+    if show and r.returncode not in (0, 5):
+        print("\n".join((r.stdout + r.stderr).splitlines()[-15:]), file=sys.stderr)
+    return r.returncode
+
+
+# Tests of the build, not of behaviour: the copy has no compiled core (it runs pure Python).
+_IGNORE = ("--ignore=tests/core/test_native.py",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default=os.environ.get("MUTATION_BASE") or "HEAD~1")
+    ap.add_argument("--budget", type=float,
+                    default=float(os.environ.get("MUTATION_DIFF_BUDGET_S") or 240))
+    ap.add_argument("--max-mutants", type=int, default=40)
+    ap.add_argument("--head", default="HEAD", help="the change's last commit (default HEAD)")
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + a.budget
+    try:
+        base = git("rev-parse", "--verify", a.base + "^{commit}").strip()
+    except subprocess.CalledProcessError:
+        print(f"mutation-diff: no base {a.base!r} (a first commit, or a shallow clone): skipped")
+        return 0
+    head = git("rev-parse", "--verify", a.head + "^{commit}").strip()
+    changed = changed_lines(base, head)
+    todo: dict[str, set[int]] = {}
+    for path, lines in sorted(changed.items()):
+        text = git("show", f"{head}:{path}")
+        stmts = statements(ast.parse(text))
+        src_lines = text.splitlines()
+        s = {stmts[ln] for ln in lines if ln in stmts and PRAGMA not in src_lines[ln - 1]}
+        if s:
+            todo[path] = s
+    print(f"mutation-diff: {base[:10]}..{head[:10]}: "
+          f"{sum(len(v) for v in todo.values())} changed statements in {len(todo)} files")
+    if not todo:
+        print("mutation-diff: no changed statements of the package: nothing to check")
+        return 0
+    base_dir = os.environ.get("TMPDIR") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
+    work = Path(tempfile.mkdtemp(prefix="tangram-mutdiff-", dir=base_dir))
+    try:
+        arch = subprocess.run(["git", "archive", head], cwd=ROOT, check=True,
+                              capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=arch, check=True)
+        return _run(work, todo, a, deadline, t0)
+    finally:
+        if a.keep:
+            print(f"mutation-diff: the copy is kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(work: Path, todo: dict[str, set[int]], a: argparse.Namespace, deadline: float,
+         t0: float) -> int:
+    env = _env(work)
+    (work / "_mutation_diff_plugin.py").write_text(_PLUGIN)
+    cov_file = work / ".coverage.mutation-diff"
+    by_room: dict[tuple[str, ...], list[str]] = {}
+    for path in todo:
+        by_room.setdefault(room_of(path), []).append(path)
+    reached: dict[str, dict[int, set[str]]] = {}
+    unreached: list[str] = []
+    not_measured: list[str] = []
+    for room, paths in by_room.items():
+        tests = _mentioning(work, _expand(work, room), paths)
+        files = [str(work / p) for p in paths]
+        cenv = dict(env, PYTHONPATH=os.pathsep.join([str(work), str(work / "src")]))
+        # (under `coverage run`, so that what runs at import -- module and class bodies -- is
+        # seen too, with the empty context: reached by every test that imports it)
+        rc = _pytest(work, ["-p", "_mutation_diff_plugin", *tests], cenv,
+                     deadline - time.monotonic(),
+                     pre=["-m", "coverage", "run", f"--data-file={cov_file}",
+                          f"--include={','.join(files)}"], show=True)
+        if rc == -1:
+            print(f"mutation-diff: the tests of {' '.join(room)} ran past the budget: "
+                  "nothing measured (not failed)")
+            return 0
+        if rc not in (0, 5):
+            print(f"mutation-diff: the tests of {' '.join(room)} fail unmutated (rc {rc}); "
+                  "run them first", file=sys.stderr)
+            return 2
+        import coverage
+
+        data = coverage.CoverageData(basename=str(cov_file))
+        data.read()
+        for p in paths:
+            ctx = data.contexts_by_lineno(str(work / p))
+            # a line run at import only (the empty context): every selected test imports it
+            got = {ln: ({c for c in cs if c} or set(tests)) for ln, cs in ctx.items()}
+            reached[p] = got
+            for ln in sorted(todo[p]):
+                if got.get(ln):
+                    continue
+                (not_measured if p.startswith(_CHILD_ONLY) else unreached).append(f"{p}:{ln}")
+        cov_file.unlink(missing_ok=True)
+    for where in not_measured:
+        print(f"  not measured (runs in a child process): {where}")
+    for where in unreached:
+        print(f"  UNREACHED: {where}: no test of its room runs this changed line")
+    mutants: list[Mutant] = []
+    for path, lines in sorted(todo.items()):
+        text = (work / path).read_text()
+        mutants += [m for m in mutants_of(path, text, lines) if reached[path].get(m.line)]
+    shown = mutants[:a.max_mutants]
+    for m in shown:
+        left = deadline - time.monotonic()
+        if left < 5:
+            break
+        m.tests = sorted(reached[m.path][m.line])
+        p = work / m.path
+        orig = p.read_text()
+        p.write_text(m.source)
+        try:
+            rc = _pytest(work, ["-x", *m.tests], env, left)
+        finally:
+            p.write_text(orig)
+        m.outcome = "caught" if rc not in (0, 5, -1) else ("survived" if rc in (0, 5)
+                                                             else "not run")
+    survived = [m for m in shown if m.outcome == "survived"]
+    counts = {k: sum(1 for m in shown if m.outcome == k) for k in ("caught", "survived", "not run")}
+    counts["not run"] += len(mutants) - len(shown)
+    for m in survived:
+        print(f"  SURVIVED: {m.path}:{m.line}: {m.what} (tests: {len(m.tests)}); kill it with a "
+              f"test, or mark the line '# {PRAGMA}' if it is equivalent")
+    print(f"mutation-diff: {json.dumps(counts)} in {time.monotonic() - t0:.0f} s")
+    return 1 if unreached or survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
