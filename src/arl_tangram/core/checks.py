@@ -14,7 +14,7 @@ from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
 from .providers import Providers
 from .queues import Queues
-from .records import InstState
+from .records import InstState, QueueKey, is_session_key, model_key, session_key
 from .resources import Resources, total
 from .sessions import Sessions
 from .state import CoreState
@@ -136,7 +136,7 @@ def _check_nodes(core: Core) -> None:
 def _check_actions(core: Core) -> None:
     _check(core.arrived == core.delivered + len(core.st.actions), "one-deliver-each",
            f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.st.actions)}")
-    live: dict[object, int] = {}
+    live: dict[QueueKey | None, int] = {}
     entries = {(e[3], e[2], key) for key, q in core.queues.heaps.items() for e in q}
     providers = core.providers
     for bad in providers.check(core.st.actions):
@@ -162,7 +162,7 @@ def _check_actions(core: Core) -> None:
                 k = rec.allotment.get(el.dim)
                 _check(el.min - _EPS <= k <= el.max + _EPS, "allotment-in-range", f"{aid}: {k}")
     _check(live == {k: v for k, v in core.queues.live.items() if v}, "queue-counts", f"{live} vs {core.queues.live}")
-    waiting = {k[1] for k in live if type(k) is tuple and k[0] == "sess"}
+    waiting = {k[1] for k in live if k is not None and is_session_key(k)}
     _check(waiting == core.queues.waiting_sessions, "waiting-sessions",
            f"{sorted(waiting)} vs {sorted(core.queues.waiting_sessions)}")
 
@@ -210,11 +210,11 @@ def _check_instances(core: Core) -> None:
         others = [o for o in core.planner.instances.values() if o.node == inst.node and o.id != iid]
         _check(all(not set(o.devices) & set(inst.devices) for o in others), "devices-exclusive", iid)
         if inst.state is InstState.READY and inst.model.max_seqs > 0:  # continuous batching
-            live = core.queues.live.get(("model", inst.model.name), 0)
+            live = core.queues.live.get(model_key(inst.model.name), 0)
             _check(not live or inst.seqs() >= inst.model.max_seqs, "free-sequence-with-queue", iid)
             _check(inst.seqs() <= inst.model.max_seqs, "sequences-within-max", iid)
         elif inst.state is InstState.READY and inst.batch is None and core.st.config.max_batch_wait_s == 0:
-            live = core.queues.live.get(("model", inst.model.name), 0)
+            live = core.queues.live.get(model_key(inst.model.name), 0)
             held = live < inst.model.knee_batch and core.planner.staggered(inst.model)
             _check(not live or held, "idle-instance-with-queue", iid)
         _check(inst.batch is not None or not inst.more, "more-only-beside-batch", iid)
@@ -273,7 +273,7 @@ def _check_sessions_served(core: Core) -> None:
             _check(not any(core.sessions.room(n, sess.demand, act) for n in nodes),
                    "session-waits", f"{sess.id} could open on a node with room")
             continue
-        got = core.queues.head(("sess", sess.id))
+        got = core.queues.head(session_key(sess.id))
         node = core.st.nodes.get(sess.node)
         if got is None or node is None or not node.alive:
             continue

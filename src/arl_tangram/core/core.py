@@ -50,7 +50,7 @@ from .placement import Placer
 from .policies import Policy
 from .providers import PROVIDER_KINDS, Providers, rank_of
 from .queues import Queues
-from .records import ActionRecord, NodeState, SessionRecord, describe_story, shape_key
+from .records import ActionRecord, NodeState, SessionRecord, describe_story, model_key, shape_key
 from .resources import CPU, Resources
 from .scheduling import SchedulingPass
 from .sessionmem import SessionMemory
@@ -564,7 +564,7 @@ class Core:
         failed = self.planner.loaded(e)
         if failed is not None:  # its queue fails: no instance of it could load
             name, reason = failed
-            key = ("model", name)
+            key = model_key(name)
             while (got := self.queues.head(key)) is not None:
                 self._end(got[0], S.FAILED, reason=reason)
             self.planner.failures_reset(name)
@@ -574,7 +574,7 @@ class Core:
         if lost:
             self._requeue_batch(lost, e)
         if given_up:  # its instances keep dying: its queue fails, the next arrival loads again
-            key = ("model", given_up)
+            key = model_key(given_up)
             while (got := self.queues.head(key)) is not None:
                 self._end(got[0], S.FAILED, reason=why)
 

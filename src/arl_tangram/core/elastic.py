@@ -403,8 +403,8 @@ class Elastic:
             for node in cands:
                 if node.free.get(CPU, 0.0) > 1e-9:
                     self.st.expand_at.add(node.name)
-            if width < 0.0:  # waits for a warm node: looks again when a warm pool runs dry
-                self.placer.wait_for_warm(rec.queue_key)
+            if width < 0.0 and rec.queue_key is not None:  # waits for a warm node: looks
+                self.placer.wait_for_warm(rec.queue_key)  # again when a warm pool runs dry
             return False
         self.start(rec, best, width, floor)
         return True

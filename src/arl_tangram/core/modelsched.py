@@ -49,7 +49,7 @@ from .cluster import ModelSpec
 from .commands import LoadModel, RunBatch, UnloadModel
 from .events import BatchFinished, ModelLoaded, ModelUnloaded
 from .queues import Queues
-from .records import ActionRecord, InstanceRecord, InstState, NodeState
+from .records import ActionRecord, InstanceRecord, InstState, NodeState, model_key
 from .state import CoreState
 from .topology import can_ever_place, choose_devices, place_on_nodes
 
@@ -83,7 +83,7 @@ class ModelPlanner:
         m = self.st.models.get(spec.model or "")
         if m is None:
             return f"model {spec.model!r} is not in the cluster spec"
-        key = ("model", m.name)
+        key = model_key(m.name)
         if key not in self.st.fits_some:
             why = place_on_nodes([n.spec for n in self.st.nodes.values() if n.alive], m)
             self.st.fits_some[key] = not why
@@ -296,7 +296,7 @@ class ModelPlanner:
         if not self.st.models_touched:
             return
         for name, iids in self.by_model.items():  # starved models may evict idle ones
-            if not iids and self.queues.live.get(("model", name)):
+            if not iids and self.queues.live.get(model_key(name)):
                 self.st.models_touched.add(name)
         todo = sorted(self.st.models_touched)
         self.st.models_touched.clear()
@@ -309,7 +309,7 @@ class ModelPlanner:
                     inst = self.instances[iid]
                     if inst.state is InstState.READY and inst.batch is None:
                         self.run_batch(inst)
-            if self.queues.live.get(("model", name)):
+            if self.queues.live.get(model_key(name)):
                 self.scale_out(m)
 
     def fill_engines(self, m: ModelSpec) -> None:
@@ -319,7 +319,7 @@ class ModelPlanner:
         empty or no instance has a free sequence."""
         ready = [self.instances[iid] for iid in sorted(self.by_model.get(m.name, ()))
                  if self.instances[iid].state is InstState.READY]
-        key = ("model", m.name)
+        key = model_key(m.name)
         while ready and self.queues.live.get(key, 0):
             best, low, second = None, 0, m.max_seqs
             for inst in ready:
@@ -339,7 +339,7 @@ class ModelPlanner:
 
     def run_batch(self, inst: InstanceRecord, limit: int = 0) -> None:
         m = inst.model
-        key = ("model", m.name)
+        key = model_key(m.name)
         live = self.queues.live.get(key, 0)
         if not live:
             return
@@ -436,7 +436,7 @@ class ModelPlanner:
         devices: the expected drain time exceeds its cost, or the backlog exceeds what loading
         instances will take plus ``scale_out_batches`` knee batches per ready one. By eviction
         (another model pays with a swap-in later): only the expected drain time counts."""
-        queued = self.queues.live.get(("model", m.name), 0)
+        queued = self.queues.live.get(model_key(m.name), 0)
         if parked is None:  # where it would go is not known yet: parked weights anywhere?
             parked = any(k[1] == m.name and v > 0 for k, v in self.parked.items())
         cost = m.swap_s if parked else m.load_s
@@ -459,7 +459,7 @@ class ModelPlanner:
             i = self.instances[iid]
             name = i.model.name
             if (name == exclude or i.state is not InstState.READY or i.batch is not None
-                    or self.queues.live.get(("model", name))):
+                    or self.queues.live.get(model_key(name))):
                 continue
             if not starving and self.st.now - i.last_used < i.model.swap_s:
                 continue
@@ -545,7 +545,7 @@ class ModelPlanner:
         every model with queued work look again (a held batch, `staggered`, starts on the first
         event after its hold ends: the same rule under every policy)."""
         for name in self.st.models:
-            if self.queues.live.get(("model", name)):
+            if self.queues.live.get(model_key(name)):
                 self.st.models_touched.add(name)
         if not self.dynamic:
             return
@@ -556,6 +556,6 @@ class ModelPlanner:
             if len(self.by_model[inst.model.name]) <= keep:
                 continue
             if (inst.state is InstState.READY and inst.batch is None
-                    and not self.queues.live.get(("model", inst.model.name))
+                    and not self.queues.live.get(model_key(inst.model.name))
                     and self.st.now - inst.last_used >= limit):
                 self.unload(inst, f"idle {self.st.now - inst.last_used:.3g}s")

@@ -14,7 +14,7 @@ from .nodeindex import FreeIndex
 from .placement import Placer
 from .policies import cpu_nodes, split_cpu, trajectory_of
 from .queues import Queues
-from .records import ActionRecord, SessionRecord
+from .records import ActionRecord, SessionRecord, partition_key
 from .resources import CPU
 from .state import CoreState
 
@@ -65,7 +65,7 @@ class Partitions:
                 self.by_node.setdefault(name, []).append(p)
                 self.quota[(p, name)] = quota
                 idx.update(name, {CPU: quota - self.used.get((p, name), 0.0)})
-            self.st.touched.add(("part", p))
+            self.st.touched.add(partition_key(p))
 
     def partition_for(self, spec: ActionSpec) -> str:
         if self.kind == "trajectory":
@@ -172,7 +172,7 @@ class Partitions:
         self.use(p, name, -cpu)
         self.running[p] -= 1
         self.st.dirty.add(name)
-        self.st.touched.add(("part", p))
+        self.st.touched.add(partition_key(p))
         keys = self.queues.session_queues_of(p)
         if keys:  # session queues of this partition wait on it too
             self.st.touched.update(keys)

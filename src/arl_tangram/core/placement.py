@@ -10,13 +10,11 @@ StartAction. `warm_nodes` lists, per warm key, exactly the nodes whose warm coun
 
 from __future__ import annotations
 
-from typing import Any
-
 from .actions import Status
 from .build import make_start
 from .fit import UNBOUNDED, best_fit, leftover
 from .queues import Queues
-from .records import ActionRecord, NodeState, ShapeKey
+from .records import ActionRecord, NodeState, QueueKey, ShapeKey, is_session_key
 from .resources import CPU, Resources
 from .state import CoreState
 
@@ -37,8 +35,8 @@ class Placer:
         self.warm_nodes: dict[str, dict[str, None]] = {}
         # queues whose elastic head waits for a node warm for it (elastic.py), and those to
         # look at again because a warm pool ran dry (`set_warm`)
-        self.warm_waiters: dict[Any, None] = {}
-        self.rewake: set[Any] = set()
+        self.warm_waiters: dict[QueueKey, None] = {}
+        self.rewake: set[QueueKey] = set()
         # node -> the elastic actions started (or shrunk) there, which may be below their
         # maximum: a superset of those, pruned as `Elastic.expand_node` meets the others (the
         # ones that ended, moved or reached their maximum), so expansion looks at the actions
@@ -134,14 +132,14 @@ class Placer:
             self.growable[node] = {a: None for a in g if a in running}
 
     # ---- reservations ---------------------------------------------------------------------------
-    def reserve_for(self, rec: ActionRecord, key: Any) -> None:
+    def reserve_for(self, rec: ActionRecord, key: QueueKey) -> None:
         """An aged head is blocked: hold a node for it alone -- for a shared-pool action the
         node closest to fitting it, for a session action its session's node (so that new
         work and elastic growth stop taking what it waits for)."""
         st = self.st
         if type(key) is ShapeKey:
             self.reserve(rec)
-        elif key[0] == "sess":
+        elif is_session_key(key):
             sess = st.sessions.get(key[1])
             if sess is not None and sess.node is not None and sess.node not in st.reserved:
                 st.reserved[sess.node] = rec.spec.id
@@ -175,12 +173,12 @@ class Placer:
                 self.rewake.update(self.warm_waiters)
                 self.warm_waiters.clear()
 
-    def wait_for_warm(self, key: Any) -> None:
+    def wait_for_warm(self, key: QueueKey) -> None:
         """Queue ``key``'s head waits for a node warm for it: it looks again when a warm pool
         runs dry (`set_warm`)."""
         self.warm_waiters[key] = None
 
-    def woken(self) -> set[Any]:
+    def woken(self) -> set[QueueKey]:
         """The queues to look at again because a warm pool ran dry (and forget them)."""
         keys = self.rewake
         self.rewake = set()

@@ -21,7 +21,17 @@ import math
 from typing import Any
 
 from .actions import Status
-from .records import ActionRecord, ShapeKey
+from .records import (
+    ActionRecord,
+    QueueKey,
+    SessionKey,
+    ShapeKey,
+    is_model_key,
+    is_session_key,
+    model_key,
+    partition_key,
+    session_key,
+)
 from .state import CoreState
 
 _QUEUED = Status.QUEUED  # (a module constant: cheaper than Status.QUEUED)
@@ -46,9 +56,9 @@ class Queues:
 
     def __init__(self, st: CoreState) -> None:
         self.st = st
-        self.heaps: dict[Any, list[Entry]] = {}  # queue key -> its heap
-        self.live: dict[Any, int] = {}  # queue key -> its fresh entries (keys with none dropped)
-        self.shape_keys: dict[Any, float] = {}  # shared-pool queues with live entries -> their cpu
+        self.heaps: dict[QueueKey, list[Entry]] = {}  # queue key -> its heap
+        self.live: dict[QueueKey, int] = {}  # queue key -> its fresh entries (keys with none dropped)
+        self.shape_keys: dict[ShapeKey, float] = {}  # shared-pool queues with live entries -> their cpu
         self.aging_heap: list[tuple[float, int, str]] = []  # (when it ages, seq, id)
         # The entries of this event's enqueues, pushed at its end for those still queued
         # (`park_aging`): most actions start in the event they arrive in, and an entry pushed
@@ -63,20 +73,20 @@ class Queues:
         # among actions of the same work (`fifo_rank`)
         self._fifo_floors: dict[Any, tuple[int, str]] = {}
         # partition -> the session queues holding its actions
-        self.partition_sessions: dict[str, set[Any]] = {}
+        self.partition_sessions: dict[str, set[SessionKey]] = {}
         # sessions with queued actions: a pass after capacity freed on a node looks at its
         # sessions among these, not at every session open there (`SchedulingPass.candidates`)
         self.waiting_sessions: set[str] = set()
 
     # ---- keys and order -------------------------------------------------------------------------
-    def key_of(self, rec: ActionRecord) -> Any:
+    def key_of(self, rec: ActionRecord) -> QueueKey:
         spec = rec.spec
         if rec.is_model:
-            return ("model", spec.model)
+            return model_key(spec.model or "")  # (one without a model was rejected on arrival)
         if spec.session is not None:
-            return ("sess", spec.session)
+            return session_key(spec.session)
         if rec.partition is not None:
-            return ("part", rec.partition)
+            return partition_key(rec.partition)
         return rec.skey  # its shape's `ShapeKey`
 
     def rank(self, rec: ActionRecord) -> int:
@@ -141,7 +151,7 @@ class Queues:
         st = self.st
         spec = rec.spec
         shared = not rec.is_model and spec.session is None and rec.partition is None
-        key: Any = rec.skey if shared else self.key_of(rec)
+        key: QueueKey = rec.skey if shared else self.key_of(rec)
         rec.queue_key = key
         gen = rec.gen = rec.gen + 1
         seq = rec.seq
@@ -161,20 +171,21 @@ class Queues:
         live[key] = before + 1
         look = True
         if shared:
-            self.shape_keys[key] = rec.cpu
+            skey = rec.skey  # (`key`)
+            self.shape_keys[skey] = rec.cpu
             # With a live action of this shape queued, the last pass left the queue's head
             # blocked: no alive node outside the reservations fits the shape (work
             # conservation). With no capacity freed since (nothing dirty), a non-aged action of
             # the shape is blocked too, head or not: the queue needs no look.
             # (An elastic head may wait by choice, not for room, and its choice depends on
             # how many wait: its queue is always worth a look.)
-            look = not before or aged or bool(st.dirty) or (key.elastic and st.elastic_policy)
-        elif key[0] == "sess":
+            look = not before or aged or bool(st.dirty) or (skey.elastic and st.elastic_policy)
+        elif is_session_key(key):
             if not before:
                 self.waiting_sessions.add(key[1])
             if rec.partition is not None:
                 self.partition_sessions.setdefault(rec.partition, set()).add(key)
-        elif key[0] == "model":
+        elif is_model_key(key):
             st.models_touched.add(key[1])
         # Every head is blocked after a pass; an entry that does not become the head cannot
         # change that, so only a new head makes its queue worth a look.
@@ -195,7 +206,7 @@ class Queues:
         if rec.elastic and st.elastic_policy:
             heapq.heappush(self.overdue_heap, (self.overdue_from(rec), seq, spec.id))
 
-    def _is_head(self, key: Any, q: list[Entry], seq: int, gen: int) -> bool:
+    def _is_head(self, key: QueueKey, q: list[Entry], seq: int, gen: int) -> bool:
         """Whether the entry ``(seq, gen)`` just pushed on ``q`` is its queue's head (what
         `head` returns), stale entries above it popped. Compared by (seq, gen), which no other
         entry has: compiled, a tuple of fixed shape is unboxed, and the heap holds a boxed copy,
@@ -213,7 +224,7 @@ class Queues:
         """Take a queued action off its queue (cancelled, failed, batched); a session or
         partition queue is touched (its next head may fit where this one did not)."""
         key = rec.queue_key
-        if self._leave(rec) and type(key) is not ShapeKey and key[0] != "model":
+        if self._leave(rec) and key is not None and type(key) is not ShapeKey and not is_model_key(key):
             # a session or partition queue holds actions of several shapes: the next
             # head may fit where this one did not
             self.st.touched.add(key)
@@ -225,16 +236,19 @@ class Queues:
     def _leave(self, rec: ActionRecord) -> bool:
         """Off its queue, its node reservations dropped; whether its queue still has others."""
         key = rec.queue_key
-        live = self.live
-        n = live.get(key, 0) - 1
-        if n <= 0:
-            live.pop(key, None)
-            self.shape_keys.pop(key, None)
-            self.heaps.pop(key, None)
-            if type(key) is tuple and key[0] == "sess":
-                self.waiting_sessions.discard(key[1])
-        else:
-            live[key] = n
+        n = -1
+        if key is not None:
+            live = self.live
+            n = live.get(key, 0) - 1
+            if n <= 0:
+                live.pop(key, None)
+                if type(key) is ShapeKey:
+                    self.shape_keys.pop(key, None)
+                self.heaps.pop(key, None)
+                if is_session_key(key):
+                    self.waiting_sessions.discard(key[1])
+            else:
+                live[key] = n
         rec.queue_key = None
         rec.gen += 1
         reserved = self.st.reserved
@@ -246,7 +260,7 @@ class Queues:
                 self.st.dirty.add(name)
         return n > 0
 
-    def head(self, key: Any) -> tuple[ActionRecord, Entry] | None:
+    def head(self, key: QueueKey) -> tuple[ActionRecord, Entry] | None:
         q = self.heaps.get(key)
         actions = self.st.actions
         while q:
@@ -277,12 +291,13 @@ class Queues:
             if rec is None or rec.seq != seq or rec.status is not _QUEUED:
                 continue
             key = rec.queue_key
+            assert key is not None  # (QUEUED: in a queue)
             rec.gen += 1
             heapq.heappush(self.heaps[key], (AGED, rec.seq, rec.gen, aid))
             self.aged_pushes += 1
             rec.note(now, "aged", "aging")
             st.touched.add(key)
-            if key[0] == "model":
+            if is_model_key(key):
                 st.models_touched.add(key[1])
 
     def age_until(self, now: float) -> None:
@@ -324,7 +339,7 @@ class Queues:
             if rec is not None and rec.seq == seq and rec.queue_key is not None:
                 st.touched.add(rec.queue_key)
 
-    def session_queues_of(self, partition: str) -> set[Any]:
+    def session_queues_of(self, partition: str) -> set[SessionKey]:
         """The session queues of ``partition`` that still hold actions."""
         keys = self.partition_sessions.get(partition)
         if not keys:

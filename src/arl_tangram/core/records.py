@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Literal, TypeAlias, TypeGuard
 
 from mypy_extensions import mypyc_attr
 
@@ -34,11 +34,45 @@ class ShapeKey(str):
     tuple of floats rehashes them at every dict and set operation (a queue key is looked up
     several times per action). ``shape`` holds the sorted items, ``cpu`` their CPU amount.
     Equal shapes give equal keys, and records share one key object per shape (`_SHAPES`).
-    The other queue keys are tuples ``(kind, name)``; tell a shape key by its type."""
+    The other queue keys are tuples ``(kind, name)`` (`QueueKey`); tell a shape key by its
+    type."""
 
     shape: tuple[tuple[str, float], ...]
     cpu: float
     elastic: bool  # its actions are elastic (never in one queue with rigid ones)
+
+
+# The queue keys (`QueueKey`): a shared-pool queue's is its demand's `ShapeKey`; the others are
+# ``(kind, name)`` tuples -- plain tuples, not classes of their own, so that they hash (and sets
+# of them iterate) as they always did -- made by the functions below and told apart by them.
+SessionKey: TypeAlias = tuple[Literal["sess"], str]  # a session's actions
+PartitionKey: TypeAlias = tuple[Literal["part"], str]  # a partition's (the static baselines)
+ModelKey: TypeAlias = tuple[Literal["model"], str]  # a model's actions
+QueueKey: TypeAlias = ShapeKey | SessionKey | PartitionKey | ModelKey
+
+
+def session_key(session_id: str) -> SessionKey:
+    return ("sess", session_id)
+
+
+def partition_key(partition: str) -> PartitionKey:
+    return ("part", partition)
+
+
+def model_key(model: str) -> ModelKey:
+    return ("model", model)
+
+
+def is_session_key(key: QueueKey) -> TypeGuard[SessionKey]:
+    return type(key) is tuple and key[0] == "sess"
+
+
+def is_partition_key(key: QueueKey) -> TypeGuard[PartitionKey]:
+    return type(key) is tuple and key[0] == "part"
+
+
+def is_model_key(key: QueueKey) -> TypeGuard[ModelKey]:
+    return type(key) is tuple and key[0] == "model"
 
 
 def _make_shape_key(items: tuple[tuple[str, float], ...], elastic: bool = False) -> ShapeKey:
@@ -140,7 +174,7 @@ class ActionRecord:
         self.units = 1.0  # work units of that basis
         self.batch: str | None = None  # batch id while in a RunBatch
         self.partition: str | None = None  # slice / task pool of partitioned policies
-        self.queue_key: Any = None  # which queue holds it while QUEUED: (kind, name)
+        self.queue_key: QueueKey | None = None  # which queue holds it while QUEUED
         # when its aging entries would have come due, kept off the aging heap while it is not
         # queued (`Queues.park_aging`); a requeue puts back those still due
         self.aging_parked: tuple[float, ...] | None = None

@@ -14,14 +14,23 @@ its whole shape; after a finish only the freed node is tried (`fill_node`).
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from collections.abc import Iterable
 
 from .elastic import Elastic
 from .fit import fits_besides_cpu
 from .partitioning import Partitions
 from .placement import Placer
 from .queues import AGED, Queues
-from .records import ActionRecord, NodeState, ShapeKey
+from .records import (
+    ActionRecord,
+    NodeState,
+    QueueKey,
+    ShapeKey,
+    is_model_key,
+    is_partition_key,
+    partition_key,
+    session_key,
+)
 from .resources import CPU
 from .state import CoreState
 
@@ -38,22 +47,22 @@ class SchedulingPass:
         self.partitions = partitions
 
     # ---- the pass -------------------------------------------------------------------------------
-    def candidates(self) -> set[Any]:
-        keys: set[Any] = set(self.queues.shape_keys)
+    def candidates(self) -> set[QueueKey]:
+        keys: set[QueueKey] = set(self.queues.shape_keys)
         touched = self.st.touched
         if touched:
-            keys.update(k for k in touched if k[0] != "model")
+            keys.update(k for k in touched if not is_model_key(k))
         nodes, part_by_node = self.st.nodes, self.partitions.by_node
         waiting = self.queues.waiting_sessions
         for name in self.st.dirty:
             sessions = nodes[name].sessions
             if sessions and waiting:  # (the smaller side scanned: sessions with queued actions)
                 if len(waiting) < len(sessions):
-                    keys.update(("sess", sid) for sid in waiting if sid in sessions)
+                    keys.update(session_key(sid) for sid in waiting if sid in sessions)
                 else:
-                    keys.update(("sess", sid) for sid in sessions if sid in waiting)
+                    keys.update(session_key(sid) for sid in sessions if sid in waiting)
             if part_by_node:
-                keys.update(("part", p) for p in part_by_node.get(name, ()))
+                keys.update(partition_key(p) for p in part_by_node.get(name, ()))
         return keys
 
     def schedule(self) -> None:
@@ -64,7 +73,7 @@ class SchedulingPass:
         local: list[NodeState] | None = None
         local_cpu = -1.0
         touched = self.st.touched
-        keys: Any
+        keys: Iterable[QueueKey]
         if dirty:  # capacity changed: every queue may move, reservations are redone
             reserved = self.st.reserved
             freed = dirty | reserved.keys() if reserved else dirty
@@ -99,21 +108,21 @@ class SchedulingPass:
         elif touched:  # only arrivals: queues blocked before stay blocked
             if len(touched) == 1:
                 for key in touched:
-                    if key[0] != "model":
+                    if not is_model_key(key):
                         self.drain_one(key)
                 return
-            keys = {k for k in touched if k[0] != "model"}
+            keys = {k for k in touched if not is_model_key(k)}
         else:
             return
         self.run_pass(keys, local, local_cpu)
 
-    def run_pass(self, keys: Any, local: list[NodeState] | None, local_cpu: float) -> None:
+    def run_pass(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:
         """Place queue heads of ``keys`` in priority order until every one is blocked; with
         ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
         shared-pool heads not touched by this event are only tried there."""
         touched = self.st.touched
         head = self.queues.head
-        heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
+        heap: list[tuple[int, int, QueueKey, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
         for key in keys:
             got = head(key)
@@ -151,7 +160,7 @@ class SchedulingPass:
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
 
-    def try_place(self, rec: ActionRecord, key: Any) -> bool:
+    def try_place(self, rec: ActionRecord, key: QueueKey) -> bool:
         spec = rec.spec
         if type(key) is ShapeKey:
             if rec.elastic and self.st.elastic_policy:
@@ -161,7 +170,7 @@ class SchedulingPass:
                 return False
             self.placer.start_warm(rec, node)
             return True
-        if key[0] == "part":
+        if is_partition_key(key):
             return self.partitions.place(rec, None)
         sess = self.st.sessions.get(key[1])
         if sess is None or sess.node is None:
@@ -197,7 +206,7 @@ class SchedulingPass:
         head = self.queues.head
         free = node.free
         limit = free.get(CPU, 0.0) + 1e-9
-        heap: list[tuple[int, int, Any, ActionRecord]] = []  # (rank, seq, key, head)
+        heap: list[tuple[int, int, ShapeKey, ActionRecord]] = []  # (rank, seq, key, head)
         no_aged = not self.queues.aged_pushes
         for key, kcpu in self.queues.shape_keys.items():  # (no placement happens before this loop ends)
             if no_aged and kcpu > limit:
@@ -232,7 +241,7 @@ class SchedulingPass:
             elif aged == AGED:
                 self.placer.reserve(rec)
 
-    def drain_one(self, key: Any) -> None:
+    def drain_one(self, key: QueueKey) -> None:
         """`schedule`'s loop when only one queue is a candidate (no freed nodes): place its
         heads until one is blocked; a blocked, aged shared-pool head reserves a node."""
         head = self.queues.head

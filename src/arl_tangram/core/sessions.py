@@ -21,7 +21,7 @@ from .commands import CloseSession, EvictSession, OpenSession
 from .events import SessionRequested
 from .nodeindex import SpreadIndex
 from .partitioning import Partitions
-from .records import ActionRecord, NodeState, SessionRecord
+from .records import ActionRecord, NodeState, SessionRecord, session_key
 from .resources import CPU, MEMORY_MB, Resources
 from .state import CoreState
 
@@ -128,7 +128,7 @@ class Sessions:
         st.index.update(node.name, node.free)  # (touches `ranks`: the node's sessions changed)
         st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
         heapq.heappush(self.expiry, (sess.last_active + sess.ttl_s, sess.id))
-        st.touched.add(("sess", sess.id))
+        st.touched.add(session_key(sess.id))
 
     def open_pending(self) -> None:
         """The sessions waiting for room look again, in the order they began to wait. Once one

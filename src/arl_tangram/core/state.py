@@ -19,7 +19,7 @@ from .config import CoreConfig
 from .estimator import DurationEstimator
 from .nodeindex import FreeIndex
 from .policies import POLICY_TABLE, Policy
-from .records import ActionRecord, NodeState, SessionRecord
+from .records import ActionRecord, NodeState, QueueKey, SessionRecord
 from .resources import Resources
 
 
@@ -41,7 +41,7 @@ class CoreState:
         self.cause = ""  # the cause those commands carry
         self.start_index: dict[str, int] = {}  # action id -> its StartAction's place in `out`
         self.dirty: set[str] = set()  # nodes whose free capacity grew in this event
-        self.touched: set[Any] = set()  # queues whose head may have changed in this event
+        self.touched: set[QueueKey] = set()  # queues whose head may have changed in this event
         self.models_touched: set[str] = set()  # models whose queue or instances changed
         self.expand_at: set[str] = set()  # nodes where elastic expansion may look
         # Nodes where an elastic action started since a scan of the node last found none
