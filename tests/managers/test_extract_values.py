@@ -270,3 +270,81 @@ def test_limits_name_a_bad_value(kw, why) -> None:
     with pytest.raises(ValueError, match="^image limit " + why.replace(".", r"\.") + "$"):
         ImageLimits(**kw)
     assert ImageLimits(max_ratio=1, max_files=0).max_files == 0
+
+
+def test_what_an_unpack_charges_exactly(tmp_path) -> None:
+    """Every entry made costs one (implicit parents, directories, links, whiteouts, opaque
+    directories made), only regular files cost bytes, a leading './' stops nothing."""
+    data = _tar([{"name": "./", "kind": "dir"},  # as `tar -C dir -cf x .` writes first
+                 {"name": "a/b/f", "data": b"12345"},  # +a, +a/b (implicit), +f
+                 {"name": "d", "kind": "dir"}, {"name": "l", "kind": "sym", "target": "a"},
+                 {"name": "h", "kind": "hard", "target": "a/b/f"},
+                 {"name": "w/x/.wh.gone"},  # +w, +w/x, +gone
+                 {"name": "o/p/.wh..wh..opq"},  # +o, +o/p
+                 {"name": "g", "data": b"xy"}])
+    (tmp_path / "tmp").mkdir()
+    lim = ImageLimits(max_bytes=1000, max_files=100, min_free_bytes=0, min_free_inodes=0)
+    b = Budget(lim, str(tmp_path / "tmp"))
+    unpack(io.BytesIO(data), str(tmp_path / "tmp"), str(tmp_path / "layer"), "L", None, b)
+    assert (1000 - b.bytes_left, 100 - b.files_left) == (7, 12)
+    assert os.path.isfile(tmp_path / "layer/g")  # entries after './' were extracted
+    (tmp_path / "x").mkdir()
+    exact = ImageLimits(max_files=12, min_free_bytes=0, min_free_inodes=0)
+    assert os.path.isdir(_unpack(tmp_path / "x", data, exact))
+    (tmp_path / "y").mkdir()
+    with pytest.raises(ImageTooLarge, match=r"^L: the image has more entries than it may "
+                                            r"\(image_max_files: 11\)$"):
+        _unpack(tmp_path / "y", data, ImageLimits(max_files=11, min_free_bytes=0,
+                                                  min_free_inodes=0))
+    (tmp_path / "z").mkdir()
+    with pytest.raises(ImageTooLarge, match=r"^L: the image unpacks to more than it may"):
+        _unpack(tmp_path / "z", data, ImageLimits(max_bytes=6, min_free_bytes=0,
+                                                  min_free_inodes=0))
+
+
+def test_an_unpack_that_cannot_rename_says_why_without_a_path(tmp_path) -> None:
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "layer").write_text("a file where the layer goes")
+    with pytest.raises(ImageError, match=r"^L: cannot unpack: Not a directory$"):
+        unpack(io.BytesIO(_tar([{"name": "f"}])), str(tmp_path / "tmp"),
+               str(tmp_path / "layer"), "L", None,
+               Budget(ImageLimits(min_free_bytes=0), str(tmp_path / "tmp")))
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_names_and_types(tmp_path) -> None:
+    from arl_tangram.managers.cpu.images.extract import safe_rel
+
+    assert safe_rel("./a//./b/", "w") == "a/b" and safe_rel(".", "w") == ""
+    with pytest.raises(ImageError, match=r"^w: entry 'a\\x00b' has a NUL byte$"):
+        safe_rel("a\x00b", "w")
+    assert not link_inside("a/l", "./../..") and link_inside("a/l", "./..")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        ti = tarfile.TarInfo("v")
+        ti.type = b"V"  # a volume header: no file of an image
+        tf.addfile(ti)
+    with pytest.raises(ImageError, match=r"^L: entry 'v' has an unsupported type b'V'$"):
+        _unpack(tmp_path, buf.getvalue())
+
+
+def test_the_packed_count_is_the_sum_of_reads_and_an_empty_one_counts_as_one() -> None:
+    packed = Counted(io.BytesIO(b"p" * 10))
+    packed.read(4)
+    packed.read(6)
+    assert packed.n == 10
+    lim = ImageLimits(max_ratio=4, ratio_slack=0)
+    r = Ratio(io.BytesIO(b"u" * 100), Counted(io.BytesIO(b"")), lim, "w")
+    assert len(r.read(4)) == 4  # 4 x max(0, 1)
+    with pytest.raises(ImageTooLarge):
+        r.read(1)
+
+
+def test_the_free_space_is_checked_again_and_again(tmp_path) -> None:
+    b = Budget(ImageLimits(min_free_bytes=0, min_free_inodes=0), str(tmp_path))
+    for _ in range(3):  # three periodic checks, each after 64 MiB
+        b.charge(64 << 20, 0, "w")
+    assert b.bytes_left == (16 << 30) - (192 << 20)
+    b = Budget(ImageLimits(min_free_bytes=1 << 60), str(tmp_path))
+    with pytest.raises(ImageTooLarge, match=r"^w: the image cache's file system is nearly full"):
+        b.charge(64 << 20, 0, "w")

@@ -23,6 +23,7 @@ at once, and the half-unpacked layer is removed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -104,13 +105,11 @@ class Budget:
                                 f"inodes (it keeps {self.limits.min_free_inodes} free)")
 
 
-def unpack(f: IO[bytes], tmp_dir: str, target: str, where: str, expect: str | None = None,
-           budget: Budget | None = None) -> None:
+def unpack(f: IO[bytes], tmp_dir: str, target: str, where: str, expect: str | None,
+           budget: Budget) -> None:
     """Unpack the layer tar stream ``f`` (gzip/bzip2/xz or plain) to ``target``, through a
     private temporary directory under ``tmp_dir``; ``expect``: the stream's sha256 digest;
     ``budget``: what it may expand to (default limits when None)."""
-    if budget is None:
-        budget = Budget(ImageLimits(), tmp_dir)
     budget.check_free(where)
     work = tempfile.mkdtemp(prefix="layer-", dir=tmp_dir)
     dest = os.path.join(work, "root")
@@ -140,7 +139,7 @@ def unpack(f: IO[bytes], tmp_dir: str, target: str, where: str, expect: str | No
             if not os.path.isdir(target):  # (else: another import made it meanwhile)
                 raise
     except (tarfile.TarError, EOFError, OSError, zlib_error(), lzma_error()) as e:
-        if isinstance(e, OSError) and not isinstance(e, EOFError) and e.errno is not None:
+        if isinstance(e, OSError) and e.errno is not None:  # (EOFError is not an OSError)
             raise ImageError(f"{where}: cannot unpack: {e.strerror}") from None
         raise ImageError(f"{where}: truncated or corrupt archive: {e}") from None
     finally:
@@ -357,15 +356,10 @@ def _remove(base: str, dfd: int, st: os.stat_result) -> None:
         os.unlink(base, dir_fd=dfd)
 
 
-def _owner(fd: int | None, base: str, dfd: int, uid: int, gid: int) -> None:
+def _owner(fd: int, uid: int, gid: int) -> None:
     """Set the owner (root only; elsewhere the extracting user's own is kept, as tar does)."""
-    try:
-        if fd is not None:
-            os.fchown(fd, uid, gid)
-        else:
-            os.chown(base, uid, gid, dir_fd=dfd, follow_symlinks=False)
-    except PermissionError:
-        pass
+    with contextlib.suppress(PermissionError):
+        os.fchown(fd, uid, gid)
 
 
 def _file(tf: tarfile.TarFile, m: tarfile.TarInfo, base: str, dfd: int, budget: Budget,
@@ -386,7 +380,7 @@ def _file(tf: tarfile.TarFile, m: tarfile.TarInfo, base: str, dfd: int, budget: 
                                  "is cut short")
             _write_all(fd, chunk)
             left -= len(chunk)
-        _owner(fd, base, dfd, m.uid, m.gid)
+        _owner(fd, m.uid, m.gid)
         os.fchmod(fd, m.mode & 0o1777)
         os.utime(fd, (m.mtime, m.mtime))
     finally:
@@ -464,7 +458,8 @@ def extract_all(tf: tarfile.TarFile, root: Root, where: str, budget: Budget) -> 
             elif m.issym():
                 budget.charge(0, 1, where)
                 os.symlink(m.linkname, base, dir_fd=dfd)
-                _owner(None, base, dfd, m.uid, m.gid)
+                with contextlib.suppress(PermissionError):
+                    os.chown(base, m.uid, m.gid, dir_fd=dfd, follow_symlinks=False)
                 os.utime(base, (m.mtime, m.mtime), dir_fd=dfd, follow_symlinks=False)
             elif m.islnk():
                 _hardlink(m, root, base, dfd, budget, where)
@@ -503,18 +498,17 @@ def _opaque(root: Root, rels: list[str], budget: Budget, where: str) -> None:
 
 
 def _dir_attrs(root: Root, dirs: dict[str, tuple[int, int, int, int]]) -> None:
-    """Directory modes, owners and times last (a read-only directory is filled by then; the
-    deepest first, a directory's last entry wins), set on a descriptor of the directory itself:
-    one that a later entry replaced with a symlink or a file is no longer a directory, and is
-    skipped."""
-    for rel in sorted(dirs, key=lambda r: -r.count("/")):
-        mode, uid, gid, mtime = dirs[rel]
+    """Directory modes, owners and times last (a read-only directory is filled by then, and
+    entries made in a directory no longer move its time; a directory's last entry wins), set on
+    a descriptor of the directory itself: one that a later entry replaced with a symlink or a
+    file is no longer a directory, and is skipped."""
+    for rel, (mode, uid, gid, mtime) in dirs.items():
         try:
             fd = root.walk(rel.split("/"), rel, create=False)
         except (ImageError, FileNotFoundError):
             continue
         try:
-            _owner(fd, "", -1, uid, gid)
+            _owner(fd, uid, gid)
             os.fchmod(fd, mode)
             os.utime(fd, (mtime, mtime))
         finally:

@@ -176,7 +176,7 @@ class LayerSpool:
         self.size += len(chunk)
 
     def finish(self, tmp_dir: str, target: str, digest: str, where: str,
-               budget: Budget | None = None) -> None:
+               budget: Budget) -> None:
         try:
             self._f.close()
             got = "sha256:" + self._h.hexdigest()
@@ -184,7 +184,7 @@ class LayerSpool:
                 raise ImageError(f"{where}: the layer stream arrived altered or cut "
                                  f"({self.size} bytes, {got}; the sender sent {digest})")
             with open(self.path, "rb") as f:
-                unpack(f, tmp_dir, target, where, budget=budget)
+                unpack(f, tmp_dir, target, where, None, budget)
         finally:
             self.discard()
 
