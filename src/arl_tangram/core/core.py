@@ -500,7 +500,10 @@ class Core:
         self.sessions.request(e)
 
     def _on_memory_report(self, e: ev.MemoryReport) -> None:
-        for sess, reason in self.memory.report(e):
+        grew, evict = self.memory.report(e)
+        if grew is not None:  # charges fell there: the pass looks at the node
+            self.st.dirty.add(grew)
+        for sess, reason in evict:
             self._close_session(sess, reason, evicted=True)
 
     def _on_session_closed(self, e: ev.SessionClosed) -> None:

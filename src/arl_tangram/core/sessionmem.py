@@ -58,11 +58,13 @@ class SessionMemory:
         self.evictions = 0
         self.reports = 0
 
-    def report(self, e: MemoryReport) -> list[tuple[SessionRecord, str]]:
-        """Take a node's report: recharge its sessions; the idle ones to evict, with why."""
+    def report(self, e: MemoryReport) -> tuple[str | None, list[tuple[SessionRecord, str]]]:
+        """Take a node's report: recharge its sessions. Returns what changed, for the core to
+        act on: the node, when recharging freed capacity there (else None), and the idle
+        sessions to evict, with why."""
         node = self.st.nodes.get(e.node)
         if node is None or not node.alive:
-            return []
+            return None, []
         self.reports += 1
         sessions = self.st.sessions
         changed = False
@@ -72,10 +74,11 @@ class SessionMemory:
                 continue
             sess.peak_mb = float(peak)
             changed |= self._recharge(node, sess)
+        grew = None
         if changed and node.alive:
             self.st.index.update(node.name, node.free)
-            self.st.dirty.add(node.name)
-        return self._short(node, e)
+            grew = node.name
+        return grew, self._short(node, e)
 
     def _recharge(self, node: NodeState, sess: SessionRecord) -> bool:
         cap = sess.demand.get(MEMORY_MB)
