@@ -50,7 +50,15 @@ from .placement import Placer
 from .policies import Policy
 from .providers import PROVIDER_KINDS, Providers, rank_of
 from .queues import Queues
-from .records import ActionRecord, NodeState, SessionRecord, describe_story, model_key, shape_key
+from .records import (
+    ActionRecord,
+    NodeState,
+    SessionRecord,
+    describe_story,
+    model_key,
+    partition_key,
+    shape_key,
+)
 from .resources import CPU, Resources
 from .scheduling import SchedulingPass
 from .sessionmem import SessionMemory
@@ -466,7 +474,15 @@ class Core:
             node.elastic.pop(aid, None)
         node.give(alloc)
         if rec.partition is not None:
-            self.partitions.release(rec)
+            freed = self.partitions.release(rec)
+            if freed is not None:  # its partition's queues, and its session queues, look again
+                p, name = freed
+                st = self.st
+                st.dirty.add(name)
+                st.touched.add(partition_key(p))
+                keys = self.queues.session_queues_of(p)
+                if keys:
+                    st.touched.update(keys)
         if node.alive:  # (held: the pass that follows usually fills the node again)
             self.st.index.hold(node.name, node.free)
             self.st.dirty.add(node.name)

@@ -164,15 +164,13 @@ class Partitions:
         if idx is not None and (p, name) in self.quota:
             idx.update(name, {CPU: self.quota[(p, name)] - used})
 
-    def release(self, rec: ActionRecord) -> None:
+    def release(self, rec: ActionRecord) -> tuple[str, str] | None:
+        """Give an ended action's quota back: what changed, for the core to mark (the
+        partition and the node whose quota grew), or None when it held none."""
         got = self.members.pop(rec.spec.id, None)
         if got is None:
-            return
+            return None
         p, name, cpu = got
         self.use(p, name, -cpu)
         self.running[p] -= 1
-        self.st.dirty.add(name)
-        self.st.touched.add(partition_key(p))
-        keys = self.queues.session_queues_of(p)
-        if keys:  # session queues of this partition wait on it too
-            self.st.touched.update(keys)
+        return p, name
