@@ -196,6 +196,11 @@ def test_links_kept_and_refused(tmp_path) -> None:
      "entry 'f/g' is under a non-directory 'f'"),
     ([{"name": "f", "data": b"1"}, {"name": "h", "kind": "hard", "target": "f/x"}],
      "entry 'f/x' is under a non-directory 'f'"),
+    ([{"name": "a", "kind": "dir"}, {"name": "a/b", "kind": "sym", "target": "/etc"},
+      {"name": "a/b/c", "data": b"1"}],
+     "entry 'a/b/c' would be written through the symlink 'a/b'"),
+    ([{"name": "a/b/c/.wh..wh..opq"}, {"name": "a/b", "kind": "sym", "target": "/etc"}],
+     "entry 'a/b/c/.wh..wh..opq' would be written through the symlink 'a/b'"),
 ])
 def test_bad_links_and_parents_name_the_entry(tmp_path, entries, why) -> None:
     with pytest.raises(ImageError, match="^L: " + why.replace(".", r"\.") + "$"):
@@ -348,3 +353,16 @@ def test_the_free_space_is_checked_again_and_again(tmp_path) -> None:
     b = Budget(ImageLimits(min_free_bytes=1 << 60), str(tmp_path))
     with pytest.raises(ImageTooLarge, match=r"^w: the image cache's file system is nearly full"):
         b.charge(64 << 20, 0, "w")
+
+
+@pytest.mark.parametrize(("entries", "files"), [
+    ([{"name": "f"}, {"name": "h", "kind": "hard", "target": "f"}], 1),  # at the hard link
+    ([{"name": "f"}, {"name": "d", "kind": "dir"}], 1),  # at a directory
+    ([{"name": "f"}, {"name": "s", "kind": "sym", "target": "f"}], 1),  # at a symlink
+    ([{"name": "f"}, {"name": ".wh.g"}], 1),  # at a whiteout
+])
+def test_the_entry_past_max_files_is_named_by_its_archive(tmp_path, entries, files) -> None:
+    with pytest.raises(ImageTooLarge, match=rf"^L: the image has more entries than it may "
+                                            rf"\(image_max_files: {files}\)$"):
+        _unpack(tmp_path, _tar(entries), ImageLimits(max_files=files, min_free_bytes=0,
+                                                     min_free_inodes=0))

@@ -468,7 +468,7 @@ def extract_all(tf: tarfile.TarFile, root: Root, where: str, budget: Budget) -> 
         finally:
             os.close(dfd)
     _whiteouts(root, whiteouts, budget, where)
-    _opaque(root, opaque, budget, where)
+    _opaque(root, opaque, budget)
     _dir_attrs(root, dirs)
 
 
@@ -487,10 +487,11 @@ def _whiteouts(root: Root, rels: list[str], budget: Budget, where: str) -> None:
             os.close(dfd)
 
 
-def _opaque(root: Root, rels: list[str], budget: Budget, where: str) -> None:
+def _opaque(root: Root, rels: list[str], budget: Budget) -> None:
+    """Each opaque marker as the ``trusted.overlay.opaque`` xattr of its directory."""
     for rel in rels:
-        fd = root.walk(rel.split("/") if rel else [], rel + "/" + OPQ, create=True,
-                       budget=budget)
+        fd = root.walk(rel.split("/") if rel else [], f"{rel}/{OPQ}" if rel else OPQ,
+                       create=True, budget=budget)
         try:
             os.setxattr(fd, "trusted.overlay.opaque", b"y")
         finally:
