@@ -6,25 +6,17 @@ client's `/run_code` is served meanwhile and after."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from _serve import tangram_serve
 
 from arl_tangram.managers.cpu.images import imagekit
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -51,30 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f"    cpu: {{work_root: {d / 'w'}, warm_min: 1, warm_max: 2, "
         f"images_dir: {d / 'cache'}, image_max_files: 2000}}\n"
         f"images: {{upload_dir: {d / 'spool'}}}\n")
-    port = _free_port()
-    tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-    proc = subprocess.Popen([tangram, "serve", "--config", str(cfg), "--no-models", "--port",
-                             str(port), "--log-level", "warning"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail(f"tangram serve exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with tangram_serve(cfg) as (url, proc):
         yield Server(url, proc, d)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _put(server: Server, name: str, path: str) -> httpx.Response:

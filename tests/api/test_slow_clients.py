@@ -13,25 +13,18 @@ import os
 import resource
 import select
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from _serve import tangram_serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
 PER_IP = 64  # limits.max_connections_per_ip of the first server
 HALF_OPEN = 2000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _fd_limit_1024() -> None:  # (in the server's child process, before exec)
@@ -50,33 +43,8 @@ def _serve(d: Path, limits: str) -> Iterator[str]:
         f"images_dir: {d / 'cache'}}}\n"
         f"images: {{upload_dir: {d / 'spool'}}}\n")
     (d / "spool").mkdir()
-    port = _free_port()
-    tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-    proc = subprocess.Popen([tangram, "serve", "--config", str(cfg), "--no-models", "--port",
-                             str(port), "--log-level", "warning"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=_fd_limit_1024)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                pytest.fail(f"tangram serve exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail("tangram serve did not become ready")
+    with tangram_serve(cfg, preexec_fn=_fd_limit_1024) as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _port(url: str) -> int:

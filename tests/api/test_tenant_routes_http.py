@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _serve import tangram_serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
@@ -34,12 +33,6 @@ BOB = "bob-token-0123456789abcdef"
 CAROL = "carol-token-0123456789abcdef"
 OPER = "operator-token-0123456789abcdef"
 SECRET = "ALICE_DB_PASSWORD=hunter2-" + uuid.uuid4().hex[:8]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 dirs: dict[str, Path] = {}
@@ -70,31 +63,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     layer = imagekit.pack_layer(imagekit.host_rootfs(str(d / "rootfs")), str(d / "layer.tar"))
     imagekit.write_docker_archive(str(d / "imports/secret.tar"), [layer], config={
         "Env": ["PATH=/usr/bin:/bin", SECRET], "WorkingDir": "/"})
-    port = _free_port()
-    tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-    proc = subprocess.Popen([tangram, "serve", "--config", str(cfg), "--no-models", "--port",
-                             str(port), "--log-level", "warning"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    dirs[url] = d
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail(f"tangram serve exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with tangram_serve(cfg) as (url, _proc):
+        dirs[url] = d
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _client(url: str, token: str) -> httpx.Client:

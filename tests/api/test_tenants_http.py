@@ -7,27 +7,19 @@ other tenant is not held back."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from _serve import tangram_serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
 OPER = "operator-token-0123456789abcdef"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 server_dir: dict[str, Path] = {}
@@ -58,31 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (d / "imports").mkdir()
     imagekit.pack_layer(imagekit.host_rootfs(str(d / "rootfs")), str(d / "imports/mini.tar.gz"),
                         gzip_it=True)
-    port = _free_port()
-    tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-    proc = subprocess.Popen([tangram, "serve", "--config", str(cfg), "--no-models", "--port",
-                             str(port), "--log-level", "warning"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    server_dir[url] = d
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail(f"tangram serve exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with tangram_serve(cfg) as (url, _proc):
+        server_dir[url] = d
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _client(url: str, token: str | None) -> httpx.Client:
