@@ -147,15 +147,16 @@ def test_a_refused_import_leaves_none_of_its_layers(tmp_path) -> None:
     _empty(store)
 
 
-def test_a_tenants_images_share_one_total(tmp_path) -> None:
-    src = tmp_path / "src"
+def _random_layer(tmp_path, name: str) -> str:
+    """A layer tar of one 3 MiB file of random bytes (every call another layer)."""
+    src = tmp_path / f"src-{name}"
     src.mkdir()
     (src / "data").write_bytes(os.urandom(3 << 20))
-    tar = imagekit.pack_layer(str(src), str(tmp_path / "l.tar"))
-    src2 = tmp_path / "src2"
-    src2.mkdir()
-    (src2 / "data").write_bytes(os.urandom(3 << 20))
-    tar2 = imagekit.pack_layer(str(src2), str(tmp_path / "l2.tar"))
+    return imagekit.pack_layer(str(src), str(tmp_path / f"{name}.tar"))
+
+
+def test_a_tenants_images_share_one_total(tmp_path) -> None:
+    tar, tar2 = _random_layer(tmp_path, "a"), _random_layer(tmp_path, "b")
     store = ImageStore(str(tmp_path / "cache"), owner_max_bytes=5 << 20)
     assert owner_of("alice+a") == "alice" and owner_of("shared") == ""
     store.import_path(tar, "alice+a")
@@ -170,14 +171,7 @@ def test_a_tenants_images_share_one_total(tmp_path) -> None:
 
 
 def test_the_cache_total_bounds_every_owner(tmp_path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "data").write_bytes(os.urandom(3 << 20))
-    tar = imagekit.pack_layer(str(src), str(tmp_path / "l.tar"))
-    src2 = tmp_path / "src2"
-    src2.mkdir()
-    (src2 / "data").write_bytes(os.urandom(3 << 20))
-    tar2 = imagekit.pack_layer(str(src2), str(tmp_path / "l2.tar"))
+    tar, tar2 = _random_layer(tmp_path, "a"), _random_layer(tmp_path, "b")
     store = ImageStore(str(tmp_path / "cache"), max_total_bytes=5 << 20)
     store.import_path(tar, "alice+a")
     with pytest.raises(ImageTooLarge, match=r"the cache may hold 5 MiB \(image_store_max_mb\)"):
