@@ -92,8 +92,12 @@ async def test_an_image_imported_on_one_node_serves_sessions_on_others(ray_clust
         r = await eng.run(bash("xfer-one-r2", "cat /etc/which", sid))
         assert r.status is Status.SUCCEEDED and "image_pull" not in r.output, r.output
         # the transfers are visible in the nodes' info (/v1/cluster) and /v1/images
-        await wait_until(lambda: len(ex.node_info().get(b, {}).get("image_transfers") or []) == 2,
-                         10, "b's transfers in its info")
+        # (node info is a snapshot the agents refresh: wait until it has seen both pulls end)
+        def _ended() -> bool:
+            ts = ex.node_info().get(b, {}).get("image_transfers") or []
+            return len(ts) == 2 and all(t["state"] != "pulling" for t in ts)
+
+        await wait_until(_ended, 30, "b's transfers in its info, ended")
         done = ex.node_info()[b]["image_transfers"]
         assert [(t["image"], t["state"], t["from"]) for t in done] == \
             [("xfer-one", "done", a), ("xfer-two", "done", a)]

@@ -101,7 +101,7 @@ async def test_eager_images_are_imported_when_agents_start(ray_cluster, tmp_path
         assert r.status is Status.SUCCEEDED and "image_import_s" not in r.output, r.output
         await eng.close_session(s)
         await wait_until(lambda: [i["in_use"] for i in ex.node_info()[r.node].get("images", [])] == [0],
-                         10, "the session closed on the node")
+                         30, "the session closed on the node")  # (a snapshot: refreshed)
         await ex.remove_image("rayeager")
     finally:
         await eng.aclose()
