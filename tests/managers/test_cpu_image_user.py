@@ -29,6 +29,7 @@ from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig, RunResult
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.managers.cpu.images.store import ImageError
+from arl_tangram.managers.cpu.sandbox.session_worker import PIDS_FULL
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root,
               pytest.mark.asyncio(loop_scope="module")]
@@ -213,11 +214,28 @@ async def test_hostile_cases_as_root_in_an_image_session(mgr: CpuManager,
     img = _import(mgr, layout, "plain", {})
     host = subprocess.Popen(["sleep", "60"], user=BASE, group=BASE)  # same host uid as root inside
     try:
-        # fork bomb: the pids cgroup; memory bomb: the memory cgroup
+        # fork bomb: the pids cgroup
+        await mgr.open_session("h0", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img)
+        r = await sh(mgr, "h0", ":(){ :|:& };:; sleep 1; echo survived", run_timeout=5)
+        assert r.run_result is not None
+        await _contained(mgr, "h0", host.pid)
+        # the process limit held by a session's own background jobs: the next action that
+        # needs a new session process fails saying so, and the session stays open
+        await mgr.open_session("hp", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img)
+        r = await py(mgr, "hp", "import subprocess\nkids = []\ntry:\n    while True:\n"
+                                "        kids.append(subprocess.Popen(['sleep', '60']))\n"
+                                "except OSError as e:\n    print(type(e).__name__, e.errno)\n")
+        assert out(r) == "BlockingIOError 11\n", r.to_dict()
+        r = await sh(mgr, "hp", "echo never")
+        assert r.run_result is not None and r.run_result.status == "Error", r.to_dict()
+        assert r.run_result.return_code is None and r.run_result.stdout == ""
+        assert r.run_result.stderr == f"could not start the bash session process: {PIDS_FULL}\n"
+        assert r.status == "Failed"
+        assert r.message == PIDS_FULL and "hp" in mgr._sessions
+        await _contained(mgr, "hp", host.pid)
+        # memory bomb: the memory cgroup
         await mgr.open_session("h1", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img,
                                layer_mb=64)
-        r = await sh(mgr, "h1", ":(){ :|:& };:; sleep 1; echo survived", run_timeout=5)
-        assert r.run_result is not None
         r = await py(mgr, "h1", "a = []\nwhile True:\n    a.append(bytearray(8 << 20))\n",
                      run_timeout=10)
         assert r.memory_exceeded or (r.run_result and r.run_result.return_code != 0), r.to_dict()

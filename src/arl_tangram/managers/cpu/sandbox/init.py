@@ -389,7 +389,13 @@ def _session(req: dict[str, Any], sessions: dict[str, session_worker.Worker]) ->
     note = ""
     w = sessions.get(lang)
     if w is None:
-        w = sessions[lang] = session_worker.Worker(lang, limits, req["env"])
+        try:
+            w = sessions[lang] = session_worker.Worker(lang, limits, req["env"])
+        except OSError as e:  # no fork: the action fails, the session (and its state) stays
+            if e.errno != errno.EAGAIN:
+                raise
+            return {"compile_result": None, "run_result": session_worker.no_worker(lang),
+                    "cases": None, "files": {}, "message": session_worker.PIDS_FULL}
     w.show(limits.cpus, req["env"])
     stage, alive = session_worker.exchange(w, req["code"], req["run_timeout"], limits.output)
     if not alive:

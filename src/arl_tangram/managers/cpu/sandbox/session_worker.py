@@ -87,7 +87,12 @@ class Worker:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         hi = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 200) for fd in (ctl_r, done_w)]
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # (EAGAIN: the sandbox's pids.max) nothing of it is left open
+            for fd in (ctl_r, ctl_w, done_r, done_w, out_r, out_w, err_r, err_w, *hi):
+                os.close(fd)
+            raise
         if pid == 0:
             self._child(lang, limits, env, hi, out_w, err_w)
         for fd in (ctl_r, done_w, out_w, err_w, *hi):
@@ -155,6 +160,18 @@ class Worker:
         for fd in (self.ctl, self.done, self.out, self.err):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+# Why a session's worker could not start: the sandbox's process limit (cgroup pids.max) is
+# reached, held by processes earlier actions of the session left running (background jobs).
+PIDS_FULL = ("the sandbox's process limit is reached: processes earlier actions of this session "
+             "left running hold it; stop them (the bash session's `kill`) or open a new session")
+
+
+def no_worker(lang: str) -> dict[str, Any]:
+    """The stage result of an exchange whose worker could not be forked (EAGAIN)."""
+    return _stage("Error", time.monotonic(), None, b"",
+                  f"could not start the {lang} session process: {PIDS_FULL}\n".encode(), False)
 
 
 def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, Any], bool]:
