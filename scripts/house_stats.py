@@ -7,6 +7,8 @@ import, ``TYPE_CHECKING`` ones included) and its import circles (strongly connec
 of more than one module). Over all of ``src/``: modules, physical lines, and the AST span of every
 ``def`` (``end_lineno - lineno + 1``, nested and methods included), as median / p90 / max and the
 count over 60 lines: the method of ../shared/reviews/house-2026-11.md, so figures compare.
+And the largest classes: attributes (names assigned on ``self`` in its methods, and annotated
+names in its body) and methods (``def`` directly in its body), the most first.
 """
 
 from __future__ import annotations
@@ -100,6 +102,31 @@ def size_figures(src: Path) -> dict[str, object]:
     }
 
 
+def class_figures(src: Path, most: int = 8) -> list[dict[str, object]]:
+    """The ``most`` classes with the most attributes plus methods: name, file, both counts."""
+    rows: list[dict[str, object]] = []
+    for f in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+            attrs = {n.target.id for n in node.body
+                     if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            for m in methods:
+                for n in ast.walk(m):
+                    targets = n.targets if isinstance(n, ast.Assign) else (
+                        [n.target] if isinstance(n, ast.AnnAssign | ast.AugAssign) else [])
+                    for t in targets:
+                        for e in ast.walk(t):
+                            if (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name)
+                                    and e.value.id == "self"):
+                                attrs.add(e.attr)
+            rows.append({"class": node.name, "file": str(f.relative_to(src.parent)),
+                         "attributes": len(attrs), "methods": len(methods)})
+    rows.sort(key=lambda r: (-(r["attributes"] + r["methods"]), r["class"]))  # type: ignore[operator]
+    return rows[:most]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default="src")
@@ -109,6 +136,7 @@ def main() -> None:
     figures = {
         "graphs": {p: graph_figures(p) for p in PACKAGES},
         "sizes": size_figures(Path(args.src) / "arl_tangram"),
+        "classes": class_figures(Path(args.src) / "arl_tangram"),
     }
     if args.json:
         print(json.dumps(figures, indent=1))
@@ -122,6 +150,9 @@ def main() -> None:
     print(f"src: {s['modules']} modules, {s['lines']} lines, median module {s['median_module']}, "
           f"largest {s['largest_module']}; {s['functions']} functions, median {s['median_fn']}, "
           f"p90 {s['p90_fn']}, max {s['max_fn']}, {s['fns_over_60']} over 60 lines")
+    print("largest classes (attributes/methods):")
+    for c in figures["classes"]:  # type: ignore[attr-defined]
+        print(f"   {c['class']} {c['attributes']}/{c['methods']} ({c['file']})")
 
 
 if __name__ == "__main__":
