@@ -1,7 +1,7 @@
 """The fork server's crash counter forgets crashes older than its window (issue 43): a node whose
 fork server dies now and then (each death more than `crash_window_s` after the one before) is
 restarted every time and never marked down; `max_crashes` deaths within the window mark it down.
-The manager's clock is a fake the test moves (no waiting for a window)."""
+The supervisor's clock is a fake the test moves (no waiting for a window)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from _cpu_helpers import TEST_UID, action, allot
 
 from arl_tangram.core.errors import IsolationUnavailable
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
-from arl_tangram.managers.cpu.host import manager as manager_mod
+from arl_tangram.managers.cpu.host import supervisor as supervisor_mod
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
 
 class _Clock:
-    """`time` as the manager module sees it: its monotonic clock runs ``offset`` ahead."""
+    """`time` as the fork server's supervisor sees it: its monotonic clock runs ``offset`` ahead."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -42,7 +42,7 @@ async def m(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[CpuManager, 
     if os.geteuid() != 0:
         pytest.skip("sandboxes need root (namespaces, cgroups)")
     clock = _Clock()
-    monkeypatch.setattr(manager_mod, "time", clock)
+    monkeypatch.setattr(supervisor_mod, "time", clock)
     mgr = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-cpu-test-"),
                                       sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
                                       warm_min=1, warm_max=2))
@@ -73,7 +73,8 @@ async def _kill_and_wait(mgr: CpuManager, restarts: int) -> None:
 async def test_crashes_further_apart_than_the_window_never_mark_the_node_down(
         m: tuple[CpuManager, _Clock]) -> None:
     mgr, clock = m
-    mgr.max_crashes, mgr.crash_window_s, mgr.restart_backoff_s, mgr.down_retry_s = \
+    fork = mgr.fork
+    fork.max_crashes, fork.crash_window_s, fork.restart_backoff_s, fork.down_retry_s = \
         2, 100.0, 0.01, 600.0
     for i in range(4):
         await _kill_and_wait(mgr, i + 1)

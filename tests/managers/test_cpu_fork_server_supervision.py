@@ -110,7 +110,7 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
 
 
 async def test_repeated_deaths_mark_the_node_down(m: CpuManager) -> None:
-    m.max_crashes, m.restart_backoff_s, m.down_retry_s = 3, 0.01, 60.0
+    m.fork.max_crashes, m.fork.restart_backoff_s, m.fork.down_retry_s = 3, 0.01, 60.0
     for _ in range(3):
         await _until(lambda: m.health()["ready"] and m._zygote is not None
                      and m._zygote.gone is None, 10)

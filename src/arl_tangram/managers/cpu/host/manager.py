@@ -4,69 +4,46 @@ Invariant: `run` never raises for anything the action contains; every one-shot a
 fresh sandbox (own PID, mount, network, IPC and UTS namespaces, own cgroup slot, own tmpfs work
 directory) that is destroyed as soon as its reply is in, so nothing leaks between actions.
 Session actions run only in their session's sandbox, which lives until closed or idle past TTL.
+
+A facade over its jobs: the fork server's supervision (`supervisor.ForkServerSupervisor`), the
+sessions (`sessions.SessionTable`), and here the one-shot runs (pooled, or in an image), the
+image cache, layers and user namespace, resizes, cancels and reports.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
 import math
 import os
 import socket
-import time
-from dataclasses import dataclass
 from typing import Any
 
 from arl_tangram.core.actions import ActionSpec
-from arl_tangram.core.errors import BrokenError, ClosedError, InvalidAction, IsolationUnavailable
+from arl_tangram.core.errors import BrokenError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
 
 from ..config import CpuManagerConfig
 from ..images import layers
-from ..images.layers import Layer, LayerError, LayerStore
+from ..images.layers import Layer, LayerStore
 from ..images.store import Image, ImageError, ImageStore
-from . import direct, ids, isolation, languages, overlay, payload, userns
+from . import direct, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
+from .client import Zygote
 from .payload import SandboxRequest
-from .pool import Sandbox, WarmPool, Zygote
+from .pool import Sandbox, WarmPool
 from .reaper import Reaper
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
+from .sessions import Session, SessionTable
+from .sessions import as_own_ids as _as
+from .supervisor import ForkServerSupervisor
 
 POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
 log = logging.getLogger(__name__)
 
-# Supervision of the fork server (`CpuManager._restart_zygote`): this many deaths within the
-# window mark the node down (it then tries again every DOWN_RETRY_S); after the first death of
-# a window the restart waits RESTART_BACKOFF_S, doubled per further death, up to the cap.
-MAX_CRASHES = 5
-CRASH_WINDOW_S = 60.0
-RESTART_BACKOFF_S = 0.1
-RESTART_BACKOFF_MAX_S = 5.0
-DOWN_RETRY_S = 30.0
 TAKE_RETRIES = 3  # an action whose sandbox never came because the fork server died: asked again
-REFUSED_KEPT = 4096  # sessions whose open failed whose reason is kept (`CpuManager._refused`)
-
-
-@dataclass(slots=True, eq=False)
-class _Session:
-    sandbox: Sandbox
-    ttl_s: float
-    cpu: float
-    memory: int
-    last_used: float
-    lock: asyncio.Lock
-    image: Image | None = None  # the environment image it runs in (issue 17)
-    inside: overlay.Inside | None = None  # that image's python3, user, cwd (as its init said)
-    freezer: overlay.Freezer | None = None  # frozen between actions
-    layer_mb: int = 0  # its writable layer's cap, held on the node's disk (`layers.py`)
-    gen: int = 0  # the fork server that made its sandbox (`CpuManager._zgen`)
-    owner: str | None = None  # whose share of the layer budget its layer counts against
-    # its memory as last read while frozen (`memory_use`): a frozen session cannot allocate,
-    # so between its refreshes this is what is reported (None: read it on the next report)
-    frozen_mem: int | None = None
 
 
 def _raise_open_files() -> None:
@@ -94,9 +71,10 @@ class CpuManager:
 
     def __init__(self, config: CpuManagerConfig | None = None) -> None:
         self.config = config or CpuManagerConfig()
+        self.fork = ForkServerSupervisor(self.config)  # the fork server, its reaper, its ids
+        self.sessions = SessionTable(self.config, self)
         self._langs: dict[str, languages.Language] = {}
         self._report: dict[str, bool | str] = {}
-        self._zygote: Zygote | None = None
         self._cgroups: CgroupTree | None = None
         self._pool: WarmPool | None = None
         self._running: dict[str, Sandbox] = {}  # action -> its sandbox, once it has one
@@ -104,38 +82,42 @@ class CpuManager:
         # the action's sandbox registers in `_running` waits here and is set when it registers
         self._quota: dict[str, float] = {}
         self._cancelled: set[str] = set()
-        self._sessions: dict[str, _Session] = {}
-        # sessions whose open failed, and why (the latest `REFUSED_KEPT`): an action naming
-        # one is told the reason, not only that it is not open (issue 41, M3)
-        self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._host = socket.gethostname()
         self._env: dict[float, dict[str, str]] = {}  # sandbox environment by CPU count
+        self._base_env: dict[str, str] | None = None  # (`wire.encode_direct`'s compact form)
         self.images: ImageStore | None = None  # this node's image cache (`images.py`)
         self.layers: LayerStore | None = None  # writable layers on this node's disk
         # image sandboxes' user namespace (issue 26; None: they run as the sandbox uid)
         self.userns: userns.UserNamespace | None = None
         self._freezers: overlay.FreezerTree | None = None
-        # cleans what is left when the service dies, and is the fork server's parent (issue 41)
-        self.watchdog: Reaper | None = None
-        self._wcfg: dict[str, Any] = {}  # what it cleans (`reaper.server`)
-        # supervision of the fork server (`_restart_zygote`)
-        self._zcfg: dict[str, Any] = {}
-        self._join_dirs: list[str] = []
-        self._zgen = 0  # fork servers started so far: a sandbox of an older one died with it
-        self._ids: ids.Block | None = None  # the block of host ids this manager's sandboxes use
         # each image sandbox makes a user namespace of its own, owned by its id (`_make_userns`)
         self._own_userns = False
-        self._crashes: collections.deque[float] = collections.deque()
-        self._restarter: asyncio.Task[None] | None = None
-        self._not_ready: str | None = None  # why the node is not ready (None: ready)
-        self.restarts = 0  # fork server restarts that came up
-        self.deaths = 0  # fork server deaths seen
-        self.max_crashes, self.crash_window_s = MAX_CRASHES, CRASH_WINDOW_S
-        self.memory_calls = 0  # `memory_use` calls so far
-        self.memory_reads = 0  # sessions whose cgroup the last `memory_use` read
-        self.restart_backoff_s, self.down_retry_s = RESTART_BACKOFF_S, DOWN_RETRY_S
+
+    # views of the parts (tests and benchmarks read them) ----------------------------------------
+    @property
+    def _zygote(self) -> Zygote | None:
+        return self.fork.zygote
+
+    @property
+    def _sessions(self) -> dict[str, Session]:
+        return self.sessions.by_id
+
+    @property
+    def watchdog(self) -> Reaper | None:
+        return self.fork.watchdog
+
+    @property
+    def restarts(self) -> int:
+        return self.fork.restarts
+
+    @property
+    def memory_calls(self) -> int:
+        return self.sessions.memory_calls
+
+    @property
+    def memory_reads(self) -> int:
+        return self.sessions.memory_reads
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,12 +125,8 @@ class CpuManager:
         _raise_open_files()
         self._langs = await languages.detect()
         self._cgroups = CgroupTree()
-        self._wcfg = {"cgroups": sorted(set(self._cgroups.bases.values()))}
-        try:  # (before the first sandbox: whatever the manager makes from here, it cleans)
-            self.watchdog = Reaper(self._wcfg)
-        except OSError as e:
-            log.error("CPU manager: no reaper (a killed service leaves its sessions until the "
-                      "next start): %s", e)
+        fork = self.fork
+        fork.start_reaper(sorted(set(self._cgroups.bases.values())))
         ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
         for lang in self._langs.values():
             ro += lang.ro_paths
@@ -163,37 +141,26 @@ class CpuManager:
                 "env": payload.env_for(cfg.default_cpus, self._langs)}
         if cfg.sandbox_id_count:  # each sandbox on host ids of its own (`host/ids.py`)
             try:
-                self._ids = await asyncio.to_thread(ids.claim, cfg.sandbox_id_base,
-                                                    cfg.sandbox_id_count)
+                await fork.claim_ids()
             except (OSError, ValueError) as e:
                 await self.aclose()
                 raise IsolationUnavailable(f"sandbox ids: {e}") from None
-            zcfg["ids"] = [self._ids.first, self._ids.count]
+            assert fork.ids is not None
+            zcfg["ids"] = [fork.ids.first, fork.ids.count]
         os.makedirs(os.path.join(cfg.work_root, zcfg["root"]), exist_ok=True)
         join_dirs = self._cgroups.join_dirs() if cfg.cgroup_self_join else []
-        self._zcfg, self._join_dirs = zcfg, list(join_dirs)
-        try:
-            self._zygote = Zygote(zcfg, cfg.work_root, join_dirs, self.watchdog)
-        except OSError as e:  # (the reaper broke: the fork server as the service's child)
-            if self.watchdog is None:
-                raise
-            log.error("CPU manager: the reaper cannot start the fork server (%s); running "
-                      "without it", e)
-            self.watchdog.close()
-            self.watchdog = None
-            self._zygote = Zygote(zcfg, cfg.work_root, join_dirs)
-        self._zgen = 1
-        hello = await asyncio.to_thread(self._zygote.wait_hello)
+        hello = await fork.start(zcfg, join_dirs)
+        assert fork.zygote is not None
         # the sandboxes' own environment: a direct request with it may go in the compact form,
         # which only the compiled set-up path reads (`wire.encode_direct`)
         self._base_env = zcfg["env"] if hello.get("compiled_setup") else None
-        self._pool = WarmPool(self._zygote, self._cgroups, warm_min=cfg.warm_min,
+        self._pool = WarmPool(fork.zygote, self._cgroups, warm_min=cfg.warm_min,
                               warm_max=cfg.warm_max, pids_max=cfg.pids_max,
                               default_cpu=cfg.default_cpus,
                               default_mem=cfg.default_memory_mb << 20,
                               self_join=bool(hello.get("cgroup_join")),
                               direct=cfg.direct_python)
-        self._pool.on_broken = self._zygote_died
+        fork.supervise(self._pool)
         probe = await isolation.probe(self._pool, hello, self._cgroups, cfg) if hello.get("ok") \
             else None
         self._report = isolation.report(hello, probe, self._cgroups, cfg)
@@ -219,26 +186,22 @@ class CpuManager:
             "disk" if self.layers is not None and self.layers.available else
             f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
-        self._wcfg.update(freezer=self._freezers.base if self._freezers is not None else None,
-                          layers=[self.layers.dir, self.layers.prefix] if self.layers else None)
-        if self.watchdog is not None:
-            try:
-                self.watchdog.configure(**self._wcfg)
-            except OSError as e:
-                log.error("CPU manager: the reaper: %s", e)
+        fork.configure_reaper(
+            freezer=self._freezers.base if self._freezers is not None else None,
+            layers=[self.layers.dir, self.layers.prefix] if self.layers else None)
         # a dead manager's slots its frozen sessions kept busy: free now that they are thawed
         # (each still left is logged; a later start tries again)
         left = await asyncio.to_thread(self._cgroups.remove_stale)
         if left:
             log.error("CPU manager: %d stale cgroup(s) of dead managers left: %s", len(left),
                       ", ".join(left[:8]))
-        self._reaper = asyncio.create_task(self._reap_sessions(), name="cpu-session-reaper")
+        self.sessions.start(self._pool, self._cgroups, self._freezers)
 
     def _make_userns(self) -> str:
         """The node's user namespace for image sandboxes (`userns.py`), checked against the
         image cache's file system (idmapped mounts); what the isolation report says."""
         cfg = self.config
-        b = self._ids
+        b = self.fork.ids
         who = (f"sandbox uid {cfg.sandbox_uid}" if b is None else
                f"the sandbox's own uid (of {b.first}-{b.first + b.count - 1})")
         if not cfg.image_userns:
@@ -273,131 +236,24 @@ class CpuManager:
         self._own_userns = True
         return ns.describe("one namespace per image sandbox, owned by its own sandbox id")
 
-    # supervision of the fork server -------------------------------------------------------------
-    def _zygote_died(self) -> None:
-        """The fork server is gone (its pidfd fired or its socket closed): the node is not ready
-        until a new one is up (`_restart_zygote`); the pool's takes wait for it meanwhile."""
-        if self._closed:
-            return
-        z = self._zygote
-        why = z.gone if z is not None and z.gone else "the sandbox fork server died"
-        self.deaths += 1
-        self._not_ready = f"{why}; restarting it"
-        log.warning("CPU manager: %s (pid %s); restarting it", why,
-                    z.proc.pid if z is not None else "?")
-        if self._restarter is None or self._restarter.done():
-            self._restarter = asyncio.create_task(self._restart_zygote(),
-                                                  name="cpu-zygote-restart")
-
-    async def _restart_zygote(self) -> None:
-        """Reap the dead fork server, start a new one (backing off on repeated deaths; after
-        `max_crashes` within `crash_window_s` the node is marked down and tried again every
-        `down_retry_s`), hand it to the pool, which refills."""
-        assert self._pool is not None
-        pool = self._pool
-        while not self._closed:
-            old = self._zygote
-            if old is not None:
-                old.on_broken = None
-                with contextlib.suppress(OSError):
-                    old.proc.kill()
-                with contextlib.suppress(Exception):  # reaped: no zombie
-                    await asyncio.to_thread(old.proc.wait, 5)
-                old.close("the sandbox fork server died")
-            now = time.monotonic()
-            self._crashes.append(now)
-            while self._crashes and self._crashes[0] < now - self.crash_window_s:
-                self._crashes.popleft()
-            n = len(self._crashes)
-            if n >= self.max_crashes:
-                why = (f"the sandbox fork server died {n} times within "
-                       f"{self.crash_window_s:g} s: node marked down")
-                self._not_ready = why
-                pool.down = why
-                pool.up.set()  # (waiting takes fail now, with the reason)
-                log.error("CPU manager: %s; trying again in %g s", why, self.down_retry_s)
-                await asyncio.sleep(self.down_retry_s)
-                self._crashes.clear()
-                if self._closed:
-                    return
-                pool.up.clear()
-                pool.down = None
-            elif n > 1:
-                await asyncio.sleep(min(self.restart_backoff_s * 2 ** (n - 2),
-                                        RESTART_BACKOFF_MAX_S))
-            if self._closed:
-                return
-            t0 = time.monotonic()
-            held: set[int] = set()
-            if self._ids is not None:  # the dead one's sandboxes may not all be gone yet
-                self._zcfg["ids_busy"] = sorted(await asyncio.to_thread(
-                    ids.uids_in_use, self._ids.first, self._ids.count))
-                # (and its sessions live on, on their ids: not lent until they end)
-                held = set(pool.orphan_ids)
-                self._zcfg["ids_held"] = sorted(held)
-            if self.watchdog is not None and self.watchdog.proc.poll() is not None:
-                # the reaper died (its fork server with it): a new one (the old one's
-                # orphaned sessions went to the host's init, which reaps them)
-                log.error("CPU manager: the reaper died (%s); starting a new one",
-                          self.watchdog.proc.returncode)
-                try:
-                    self.watchdog = Reaper(self._wcfg)
-                except OSError as e:
-                    log.error("CPU manager: no reaper: %s", e)
-                    self.watchdog = None
-            try:
-                z = Zygote(self._zcfg, self.config.work_root, self._join_dirs, self.watchdog)
-            except OSError as e:
-                log.warning("CPU manager: cannot start the sandbox fork server: %s", e)
-                self._zygote = None
-                continue
-            self._zygote = z
-            hello = await asyncio.to_thread(z.wait_hello, 10.0)
-            if self._closed:
-                z.close()
-                return
-            if not hello.get("ok"):
-                log.warning("CPU manager: the new sandbox fork server failed: %s",
-                            hello.get("error"))
-                continue
-            self._zgen += 1
-            pool.attach_zygote(z)
-            z.give_ids(sorted(held - pool.orphan_ids))  # (sessions that ended meanwhile)
-            pool.down = None
-            pool.up.set()
-            pool._wake.set()  # refill the warm pool
-            self.restarts += 1
-            self._not_ready = None
-            log.warning("CPU manager: sandbox fork server restarted (pid %d) in %.3f s",
-                        z.proc.pid, time.monotonic() - t0)
-            return
-
     def health(self) -> dict[str, Any]:
         """Readiness: ``ready`` (sandboxes can be made now), ``reason`` when not, ``down`` (gave
         up restarting the fork server for now), deaths and restarts of the fork server."""
-        ready = not self._closed and self._pool is not None and self._not_ready is None
+        fork = self.fork
+        ready = not self._closed and self._pool is not None and fork.not_ready is None
         reason = ("the CPU manager is not running" if self._closed or self._pool is None
-                  else self._not_ready or "")
+                  else fork.not_ready or "")
         return {"ready": ready, "reason": reason,
                 "down": bool(self._pool is not None and self._pool.down),
-                "fork_server_deaths": self.deaths, "fork_server_restarts": self.restarts}
+                "fork_server_deaths": fork.deaths, "fork_server_restarts": fork.restarts}
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._restarter is not None:
-            self._restarter.cancel()
-            with contextlib.suppress(BaseException):
-                await self._restarter
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reaper
-        for sid in list(self._sessions):
-            await self.close_session(sid)
+        self._closed = self.sessions.closed = True
+        await self.fork.stop()
+        await self.sessions.aclose()
         if self._pool is not None:
             await self._pool.aclose()
-        if self._zygote is not None:
-            self._zygote.close()  # touches the event loop: stay on its thread
+        self.fork.close_fork_server()
         if self._freezers is not None:
             self._freezers.close()
         if self.layers is not None:
@@ -407,12 +263,8 @@ class CpuManager:
             self.userns = None
         if self._cgroups is not None:
             self._cgroups.close()
-        if self._ids is not None:  # (after the fork server: its sandboxes are gone with it)
-            self._ids.close()
-            self._ids = None
-        if self.watchdog is not None:  # last: it cleans whatever the close above left
-            await asyncio.to_thread(self.watchdog.close)
-            self.watchdog = None
+        self.fork.close_ids()
+        await self.fork.close_reaper()
 
     # reports -----------------------------------------------------------------------------------
     def isolation_report(self) -> dict[str, bool | str]:
@@ -475,11 +327,11 @@ class CpuManager:
         died before making is asked for again, of the restarted one (its action never ran)."""
         assert self._pool is not None
         for i in range(TAKE_RETRIES + 1):
-            gen = self._zgen
+            gen = self.fork.gen
             try:
                 return await (self._pool.spawn() if spawn else self._pool.take())
             except BrokenError:
-                if i == TAKE_RETRIES or self._closed or (self._zgen == gen and self._pool.up.is_set()):
+                if i == TAKE_RETRIES or self._closed or (self.fork.gen == gen and self._pool.up.is_set()):
                     raise
         raise AssertionError("unreachable")
 
@@ -630,7 +482,7 @@ class CpuManager:
 
     def _gid(self, sb: Sandbox) -> int:
         """The host gid of ``sb``'s code: the number of its uid where it has its own."""
-        return sb.uid if self._ids is not None else self.config.sandbox_gid
+        return sb.uid if self.fork.ids is not None else self.config.sandbox_gid
 
     async def _take_layer(self, mb: int, owner: str | None = None) -> Layer | None:
         """A writable layer of ``mb`` MiB on the node's disk, or None where the node has no disk
@@ -639,7 +491,7 @@ class CpuManager:
             return None
         return await asyncio.to_thread(self.layers.take, mb, owner)
 
-    # sessions ----------------------------------------------------------------------------------
+    # sessions (`sessions.SessionTable`) ---------------------------------------------------------
     async def open_session(self, session_id: str, demand: Resources, ttl_s: float,
                            image: str | None = None, layer_mb: int | None = None,
                            owner: str | None = None) -> None:
@@ -647,14 +499,7 @@ class CpuManager:
         a writable layer of ``layer_mb`` MiB, `overlay.enter_image`), counted against
         ``owner``'s share of the node's layer budget (`set_layer_reservations`). When it
         cannot be opened, an action naming it later is told why (`_run_in_session`)."""
-        try:
-            await self._open_session(session_id, demand, ttl_s, image, layer_mb, owner)
-        except Exception as e:
-            self._refused[session_id] = f"{type(e).__name__}: {e}"
-            while len(self._refused) > REFUSED_KEPT:
-                self._refused.popitem(last=False)
-            raise
-        self._refused.pop(session_id, None)
+        await self.sessions.open(session_id, demand, ttl_s, image, layer_mb, owner)
 
     def set_layer_reservations(self, reserved: dict[str, int]) -> None:
         """Keep ``reserved[owner]`` MiB of the node's layer budget for each owner (a tenant):
@@ -663,124 +508,11 @@ class CpuManager:
         if self.layers is not None:
             self.layers.reserve(reserved)
 
-    async def _open_session(self, session_id: str, demand: Resources, ttl_s: float,
-                            image: str | None, layer_mb: int | None, owner: str | None) -> None:
-        if self._closed or self._pool is None:
-            raise ClosedError("the CPU manager is closed")
-        if session_id in self._sessions:
-            return
-        img = self.images.acquire(image) if image is not None and self.images else None
-        if image is not None and img is None:
-            raise ImageError("no image cache on this node")
-        try:
-            sb = await self._take(spawn=True)  # never a pooled one: a session is long-lived
-        except BaseException:
-            if img is not None and self.images is not None:
-                self.images.release(img.name)
-            raise
-        cpus = float(demand.get("cpu", 0.0)) or self.config.default_cpus
-        mem = int((float(demand.get("memory_mb", 0.0)) or self.config.default_memory_mb) * (1 << 20))
-        s = _Session(sb, float(ttl_s), cpus, mem, time.monotonic(), asyncio.Lock(), img,
-                     gen=self._zgen, owner=owner)
-        self._sessions[session_id] = s
-        try:
-            sb.set_limits(cpus, mem)
-            if img is not None and self.images is not None:
-                mb = int(layer_mb or self.config.image_layer_mb)
-                try:
-                    s.layer_mb, s.inside = await self._enter_image(sb, img, mb, owner)
-                except LayerError as e:
-                    raise ImageError(str(e)) from None
-            # its init outlives the fork server (no PR_SET_PDEATHSIG): a fork server's crash
-            # loses only the actions in flight in its sandboxes, never a session's state
-            # (issue 41, item 4; when the fork server dies it goes to the reaper, a subreaper).
-            # After the image: entering one changes the init's uid, which sets it again.
-            kept = await sb.request({"op": "keep"}, 10.0)
-            if not kept.get("ok"):
-                raise BrokenError(f"session {session_id!r}: its sandbox: {kept.get('error')}")
-            sb.kept = True
-            if self._freezers is not None and self._freezers.available:
-                s.freezer = self._freezers.new(sb.slot)
-                if s.freezer is not None:
-                    # its init by pid (what it forks later inherits the freezer): a self-joining
-                    # init may not be in its slot yet when the spawn returns (`pool.self_join`)
-                    s.freezer.add(sorted({sb.pid, *overlay.slot_pids(sb.slot)}))
-                    s.freezer.freeze()
-        except BaseException:
-            await self.close_session(session_id)
-            raise
-
     async def close_session(self, session_id: str) -> None:
-        s = self._sessions.pop(session_id, None)
-        if s is None:
-            return
-        if s.freezer is not None and self._freezers is not None:
-            self._freezers.drop(s.freezer)  # thawed: a frozen task cannot die
-        if self._pool is not None:
-            self._pool.release(s.sandbox)
-        if s.layer_mb and self.layers is not None:
-            self.layers.give_back(s.layer_mb, s.owner)
-        if s.image is not None and self.images is not None:
-            self.images.release(s.image.name)
+        await self.sessions.close(session_id)
 
     async def _run_in_session(self, action: ActionSpec, req: SandboxRequest) -> RunResult:
-        sid = str(action.session)
-        s = self._sessions.get(sid)
-        if s is None:
-            why = self._refused.get(sid)
-            return RunResult.sandbox_error(f"session {sid!r} is not open on this node" + (
-                f": it could not be opened ({why})" if why else ""))
-        req = _as(s.sandbox, req)
-        if s.image is not None:
-            req = overlay.image_request(req, s.image, s.inside, None)
-        elif payload.tmpfs_mb(s.memory, self.config) < self.config.workdir_max_mb:
-            req = {**req, "tmpfs_mb": payload.tmpfs_mb(s.memory, self.config)}
-        async with s.lock:
-            s.last_used = time.monotonic()
-            # the action's quota is the session's: its allotment, or a resize that came while
-            # it waited for the session (no await from here until its sandbox is registered)
-            s.cpu = self._quota.get(action.id, req["quota"])
-            sw = overlay.SessionSwitch() if s.freezer is not None else None
-            if s.freezer is not None and sw is not None:  # thawed with the action's quota
-                s.frozen_mem = None  # (read again from its thaw until after it is frozen again)
-                t0 = time.perf_counter()
-                s.freezer.thaw()
-                t1 = time.perf_counter()
-                s.sandbox.set_limits(s.cpu, s.memory)
-                sw.thaw_s, sw.requota_s = t1 - t0, time.perf_counter() - t1
-            if s.sandbox.slot is not None:
-                s.sandbox.slot.reset_stats()
-            self._running[action.id] = s.sandbox
-            try:
-                res = await self._exchange(action.id, s.sandbox, req, s.memory)
-            finally:
-                self._running.pop(action.id, None)
-                s.last_used = time.monotonic()
-                if s.freezer is not None and sw is not None and not s.sandbox.dead:
-                    t0 = time.perf_counter()  # frozen again: its CPUs go back
-                    try:
-                        sw.frozen = s.freezer.freeze()
-                    except OSError:
-                        sw.frozen = False
-                    sw.freeze_s = time.perf_counter() - t0
-            if sw is not None:
-                res = dataclasses.replace(res, session_switch=sw.to_dict())
-            res = self._lost(res, s.sandbox)
-        if s.sandbox.dead or res.status == "SandboxError":
-            await self.close_session(sid)
-            if res.status == "SandboxError" and "session" not in res.message:
-                res = dataclasses.replace(res, message=f"the session's sandbox ended "
-                                          f"({res.message}); session {sid!r} is closed, its "
-                                          "state lost: open a new one")
-        return res
-
-    async def _reap_sessions(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.session_reap_interval_s)
-            now = time.monotonic()
-            for sid, s in list(self._sessions.items()):
-                if not s.lock.locked() and now - s.last_used > s.ttl_s:
-                    await self.close_session(sid)
+        return await self.sessions.run(action, req)
 
     async def reclaim_session(self, session_id: str) -> int:
         """Give back what the kernel can reclaim of an idle session's memory without closing
@@ -788,20 +520,7 @@ class CpuManager:
         kept, and its next action thaws it as usual. Only page cache goes (files it wrote to
         a disk layer or read), never its processes' own memory (no swap). The bytes freed;
         0 for a session that is not open, has no slot, or is not frozen (an action in it)."""
-        s = self._sessions.get(session_id)
-        if s is None or s.sandbox.slot is None or s.freezer is None:
-            return 0
-        async with s.lock:  # (no action thaws it meanwhile)
-            if not s.freezer.frozen or s.sandbox.dead:
-                return 0
-            slot = s.sandbox.slot
-            try:
-                freed = await asyncio.to_thread(slot.reclaim)
-            except (OSError, ValueError) as e:
-                log.warning("CPU manager: reclaiming session %s: %s", session_id, e)
-                return 0
-            s.frozen_mem = None  # (read again on the next report)
-            return freed
+        return await self.sessions.reclaim(session_id)
 
     async def reclaim_idle(self, need_bytes: int) -> int:
         """Memory short: reclaim idle (frozen) sessions' page cache, the largest by their last
@@ -809,15 +528,7 @@ class CpuManager:
         closed. The bytes freed. What the node host does before its report when its measured
         use passes `NodeHost.memory_reclaim_at` (issue 40, item 2), so the core's watermark
         (which evicts) sees what the sessions cannot give back."""
-        order = sorted(((s.frozen_mem or 0, sid) for sid, s in self._sessions.items()
-                        if s.freezer is not None and s.freezer.frozen and not s.lock.locked()),
-                       reverse=True)
-        freed = 0
-        for _, sid in order:
-            if freed >= need_bytes:
-                break
-            freed += await self.reclaim_session(sid)
-        return freed
+        return await self.sessions.reclaim_idle(need_bytes)
 
     def memory_use(self) -> tuple[dict[str, tuple[int, int]], int]:
         """Each open session's memory, (bytes charged now, the most since the last call: its
@@ -833,43 +544,13 @@ class CpuManager:
         the kernel reclaimed meanwhile. A session not frozen (an action in it, or no freezer)
         is read at every call. `memory_reads` counts the sessions read by the last call (2
         files each on cgroup v1, 1-2 on v2, besides one read of the manager's own total)."""
-        out: dict[str, tuple[int, int]] = {}
-        self.memory_calls += 1
-        every, calls, reads = self.config.frozen_memory_refresh, self.memory_calls, 0
-        for i, (sid, s) in enumerate(self._sessions.items()):
-            slot = s.sandbox.slot
-            if slot is None or s.sandbox.dead:
-                continue
-            fz = s.freezer
-            still = fz is not None and fz.frozen and not s.lock.locked()
-            if still and s.frozen_mem is not None and every and (i + calls) % every:
-                out[sid] = (s.frozen_mem, s.frozen_mem)
-                continue
-            reads += 1
-            try:
-                out[sid] = slot.memory_sample()
-            except (OSError, ValueError):
-                continue
-            s.frozen_mem = out[sid][0] if still else None
-        self.memory_reads = reads
-        total = self._cgroups.memory_bytes() if self._cgroups is not None else 0
-        return out, max(0, total - sum(cur for cur, _ in out.values()))
+        return self.sessions.memory_use()
 
     def session_ids(self) -> list[str]:
-        return sorted(self._sessions)
+        return sorted(self.sessions.by_id)
 
     def has_session(self, session_id: str) -> bool:
-        return session_id in self._sessions
-
-
-def _as(sb: Sandbox, req: SandboxRequest) -> SandboxRequest:
-    """``req`` run as ``sb``'s own host uid and gid (`Sandbox.uid`; `build_request` wrote the
-    configured `sandbox_uid`/`sandbox_gid`, which are its own when every sandbox shares them).
-    An image's user (`overlay.image_request`) is applied after this, over it."""
-    lim = req["limits"]
-    if lim["uid"] == sb.uid or sb.uid < 0:  # (the shared uid: its gid as configured)
-        return req
-    return {**req, "limits": {**lim, "uid": sb.uid, "gid": sb.uid}}
+        return session_id in self.sessions.by_id
 
 
 def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunResult:
