@@ -336,3 +336,67 @@ def test_an_hourly_budget_fails_past_it_with_the_reset_and_serves_again_next_hou
     d.at(3610.0).arrive(search("next", "p"))  # the next window: served
     assert calls(d.log)[-1] == "next"
     assert d.core.providers.by_name["p"].hour_spent == 0
+
+
+def stepped(aid: str, step: int | None, provider: str = "p", key: str | None = None) -> ActionSpec:
+    spec = search(aid, provider, key=key)
+    payload = dict(spec.payload) if step is None else {**spec.payload, "step": step}
+    return ActionSpec(aid, kind=ActionKind.SEARCH, tag=provider, demand=Resources(), payload=payload)
+
+
+def test_a_per_step_budget_fails_the_call_past_it_at_once_naming_provider_step_and_budget() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=2, budget_per_step=3))
+    out = d.arrive(*(stepped(f"a{i}", 7) for i in range(5)))
+    assert calls(out) == ["a0", "a1"]  # a2 waits for a slot, charged; a3 and a4 past the budget
+    why = "provider 'p': budget of 3 calls for step 7 spent (3 answered or in flight)"
+    assert [(d.result(a).status, d.result(a).reason) for a in ("a3", "a4")] == [(Status.FAILED, why)] * 2
+    p = d.core.providers.by_name["p"]
+    assert (p.step, p.step_used, p.failed_step_budget) == (7, {7: 3}, 2)
+    # a call that fails unanswered is refunded: one more call of step 7 may go
+    d.at(0.1).finish("a0", status=Status.FAILED, reason="HTTP 500")
+    d.at(0.1).finish("a1")
+    assert p.step_used == {7: 2}
+    d.at(0.2).arrive(stepped("a5", 7))
+    assert calls(d.log) == ["a0", "a1", "a2", "a5"]
+    d.at(0.2).arrive(stepped("a6", 7))
+    assert d.result("a6").reason == why
+    # step 8 begins: its own budget; a call naming no step belongs to the latest step (8)
+    d.at(0.3).arrive(stepped("b0", 8), stepped("b1", None), stepped("b2", 8))
+    d.at(0.3).arrive(stepped("b3", None))
+    assert d.result("b3").reason == ("provider 'p': budget of 3 calls for step 8 spent "
+                                     "(3 answered or in flight)")
+    assert (p.step, p.step_used, p.failed_step_budget) == (8, {7: 3, 8: 3}, 4)
+    s = d.core.providers.stats()["p"]
+    assert (s["budget_per_step"], s["step"], s["step_used"], s["failed_step_budget"]) == (3, 8, 3, 4)
+
+
+def test_a_per_step_budget_charges_no_follower_no_cache_hit_and_refunds_what_waits_and_ends() -> None:
+    d = driver(ProviderLimits(name="p", rate=1.0, burst=1.0, concurrency=1, budget_per_step=2))
+    d.arrive(*(stepped(f"s{i}", 1, key="t|same") for i in range(8)))  # one call, 7 followers
+    d.arrive(stepped("other", 1))  # waits for a token, charged
+    p = d.core.providers.by_name["p"]
+    assert p.step_used == {1: 2} and calls(d.log) == ["s0"]
+    hit = {"provider": "p", "result": {}, "cached": True}
+    d.arrive(ActionSpec("h", kind=ActionKind.SEARCH, tag="p", demand=Resources(),
+                        payload={"query": "h", "step": 1, "cached": hit}))
+    assert d.result("h").status is Status.SUCCEEDED and p.step_used == {1: 2}
+    d.at(0.5)(ev.CancelRequested(0.5, "other"))  # cancelled while waiting: refunded
+    assert d.result("other").status is Status.CANCELLED and p.step_used == {1: 1}
+    d.at(0.6).finish("s0")
+    assert {d.result(f"s{i}").status for i in range(8)} == {Status.SUCCEEDED}
+    assert p.step_used == {1: 1} and d.core.providers.charged == {}
+
+
+def test_a_429_keeps_the_step_charge_and_a_cancelled_leader_hands_it_to_its_follower() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=4, budget_per_step=1))
+    d.arrive(stepped("a", 3, key="t|q"), stepped("b", 3, key="t|q"))
+    d.at(0.1)(ev.ProviderThrottled(0.1, "a"))  # waits again, still charged
+    p = d.core.providers.by_name["p"]
+    assert p.step_used == {3: 1} and d.status("a") is Status.QUEUED
+    d.at(0.2)(ev.CancelRequested(0.2, "a"))  # b leads the call now, with a's charge
+    assert d.result("a").status is Status.CANCELLED and calls(d.log) == ["a", "b"]  # (5 tokens)
+    assert p.step_used == {3: 1} and d.core.providers.charged == {"b": ("p", 3)}
+    d.at(0.4).finish("b")
+    assert d.result("b").status is Status.SUCCEEDED and p.step_used == {3: 1}
+    d.at(0.5).arrive(stepped("c", 3))
+    assert d.result("c").reason == "provider 'p': budget of 1 calls for step 3 spent (1 answered or in flight)"

@@ -658,8 +658,10 @@ class Core:
             rec.move(_SUCCEEDED, now, spec.id)
             self._deliver(rec, _SUCCEEDED, hit)
             return
+        step = spec.payload.get("step") if spec.payload else None  # (an RL step: its budget)
         why = self.providers.arrive(spec.id, name, key, rank_of(rec.est, spec.weight), rec.seq,
-                                    now, rec.submit_time + spec.timeout_s, spec.trajectory)
+                                    now, rec.submit_time + spec.timeout_s, spec.trajectory,
+                                    step if type(step) is int else None)
         if why:
             rec.move(_FAILED, now, spec.id)
             self._deliver(rec, _FAILED, reason=why)

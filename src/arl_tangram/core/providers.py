@@ -65,6 +65,10 @@ class ProviderLimits:
     budget: int | None = None  # calls the provider may answer in total (None: unbounded)
     # calls it may answer per hour: fixed windows of 3,600 s from its first call (None: any)
     budget_per_hour: int | None = None
+    # calls per RL step (the action's ``payload["step"]``, else the latest step the provider
+    # saw): each admitted call is charged at arrival, refunded if the provider never answers it;
+    # the call past it fails at once (None: unbounded)
+    budget_per_step: int | None = None
     decrease: float = 0.5  # a 429 without Retry-After multiplies the rate by this
     min_rate: float | None = None  # the rate never falls below this (None: rate / 64)
     probe_per_s: float | None = None  # additive increase, req/s per second (None: rate / 10)
@@ -81,9 +85,10 @@ class ProviderLimits:
             raise _bad(f"{p}.concurrency", self.concurrency, "must be an integer >= 1")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
             raise _bad(f"{p}.budget", self.budget, "must be an integer >= 0 or None")
-        bh = self.budget_per_hour
-        if bh is not None and (not isinstance(bh, int) or isinstance(bh, bool) or bh < 0):
-            raise _bad(f"{p}.budget_per_hour", bh, "must be an integer >= 0 or None")
+        for field, b in (("budget_per_hour", self.budget_per_hour),
+                         ("budget_per_step", self.budget_per_step)):
+            if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
+                raise _bad(f"{p}.{field}", b, "must be an integer >= 0 or None")
         if not (isinstance(self.decrease, int | float) and 0.0 < self.decrease < 1.0):
             raise _bad(f"{p}.decrease", self.decrease, "must be in (0, 1)")
         if self.min_rate is not None and not (0.0 < self.min_rate <= self.rate):
@@ -183,6 +188,8 @@ class Provider:
         self.spent = 0  # calls answered (budget), 429s refunded
         self.hour_start: float | None = None  # the hourly window's start (`budget_per_hour`)
         self.hour_spent = 0  # calls answered in it
+        self.step: int | None = None  # the latest RL step a call named (`budget_per_step`)
+        self.step_used: dict[int, int] = {}  # step -> calls charged (answered or in flight)
         self.heap: list[tuple[int, int, str]] = []  # (rank, seq, id); stale entries skipped
         self.entry: dict[str, tuple[int, int]] = {}  # id -> its live (rank, seq)
         # counters (what /v1/stats shows)
@@ -193,6 +200,7 @@ class Provider:
         self.coalesced = 0
         self.cache_hits = 0  # answered from the front door's cache (`payload["cached"]`)
         self.failed_budget = 0
+        self.failed_step_budget = 0
         self.timed_out = 0
 
     @property
@@ -213,6 +221,34 @@ class Provider:
         elif now >= self.hour_start + 3600.0:
             self.hour_start += 3600.0 * math.floor((now - self.hour_start) / 3600.0)
             self.hour_spent = 0
+
+    _KEEP_STEPS = 64  # per-step counts kept (the latest steps; older ones are forgotten)
+
+    def charge_step(self, step: int | None) -> tuple[int, str]:
+        """Charge one call to its RL step (``step``, else the latest the provider saw, else 0)
+        under ``budget_per_step``: (the step charged, '') or (the step, why not: the budget of
+        that step is spent)."""
+        if step is not None and (self.step is None or step > self.step):
+            self.step = step
+            if len(self.step_used) > self._KEEP_STEPS:
+                for old in sorted(self.step_used)[:len(self.step_used) - self._KEEP_STEPS]:
+                    del self.step_used[old]
+        s = step if step is not None else (self.step if self.step is not None else 0)
+        used = self.step_used.get(s, 0)
+        cap = self.limits.budget_per_step
+        if cap is not None and used >= cap:
+            self.failed_step_budget += 1
+            return s, (f"provider {self.limits.name!r}: budget of {cap} calls for step {s} spent "
+                       f"({used} answered or in flight)")
+        self.step_used[s] = used + 1
+        return s, ""
+
+    def refund_step(self, step: int) -> None:
+        """A charged call the provider never answered (it failed, timed out or was cancelled
+        before an answer; a 429 is not an answer but the call waits again, still charged)."""
+        used = self.step_used.get(step, 0)
+        if used > 0:
+            self.step_used[step] = used - 1
 
     def push(self, aid: str, rank: int, seq: int) -> None:
         self.entry[aid] = (rank, seq)
@@ -245,6 +281,9 @@ class Provider:
             "budget": self.limits.budget,
             "budget_left": self.budget_left, "failed_budget": self.failed_budget,
             "budget_per_hour": self.limits.budget_per_hour, "hour_spent": self.hour_spent,
+            "budget_per_step": self.limits.budget_per_step, "step": self.step,
+            "step_used": self.step_used.get(self.step if self.step is not None else 0, 0),
+            "failed_step_budget": self.failed_step_budget,
             "timed_out_waiting": self.timed_out,
         }
 
@@ -299,6 +338,9 @@ class Providers:
         self.followers: dict[str, list[str]] = {}  # leader id -> followers, in arrival order
         self.follows: dict[str, str] = {}  # follower id -> leader id
         self.wake_sent = math.inf  # the earliest WakeAt asked for and not yet passed
+        # action -> (provider, RL step) it is charged to (`budget_per_step`), until it ends
+        self.charged: dict[str, tuple[str, int]] = {}
+        self.refunded: tuple[str, int] | None = None  # the last `forget`'s refund (`promote`)
         self._tseq = 0
 
     @property
@@ -337,10 +379,12 @@ class Providers:
 
     # ---- arrivals -----------------------------------------------------------------------------
     def arrive(self, aid: str, provider: str, key: str | None, rank: int, seq: int,
-               now: float, deadline: float, trajectory: str | None = None) -> str:
+               now: float, deadline: float, trajectory: str | None = None,
+               step: int | None = None) -> str:
         """Queue a new action, or attach it to an identical call in flight or waiting (same
-        provider and coalescing key). Returns '' when it waits, else why it cannot (the core
-        fails it at once)."""
+        provider and coalescing key: it costs no budget). Returns '' when it waits, else why it
+        cannot (the core fails it at once): a spent budget in total, this hour, or of the
+        action's RL ``step``."""
         prov = self.by_name.get(provider)
         if not self.coalesce:
             key = None
@@ -361,6 +405,13 @@ class Providers:
         if left is not None and left <= 0:
             prov.failed_budget += 1
             return self.budget_reason(prov, now)
+        if prov.limits.budget_per_step is not None:
+            charged, why = prov.charge_step(step)
+            if why:
+                return why
+            self.charged[aid] = (provider, charged)
+        elif step is not None:
+            prov.charge_step(step)  # (counted and shown in the stats; no budget to spend)
         if key:
             self.leaders[(provider, key)] = aid
             self.key_of[aid] = (provider, key)
@@ -490,7 +541,17 @@ class Providers:
         prov.inflight.pop(aid, None)
         return prov
 
+    def uncharge(self, aid: str, answered: bool) -> tuple[str, int] | None:
+        """``aid`` leaves its RL step's count: kept when the provider answered it (billed),
+        refunded else (returns what was refunded)."""
+        got = self.charged.pop(aid, None)
+        if got is None or answered:
+            return None
+        self.by_name[got[0]].refund_step(got[1])
+        return got
+
     def finished(self, aid: str, now: float, answered: bool) -> None:
+        self.uncharge(aid, answered)
         prov = self.release(aid)
         if prov is not None and answered:
             prov.roll(now)
@@ -529,6 +590,7 @@ class Providers:
             if fl is not None and aid in fl:
                 fl.remove(aid)
             return
+        self.refunded = self.uncharge(aid, False)  # (an answered call: settled by `finished`)
         name = self.owner.get(aid)
         if name is not None:
             prov = self.by_name[name]
@@ -554,6 +616,12 @@ class Providers:
         self.leaders[(provider, key)] = aid
         self.key_of[aid] = (provider, key)
         self.owner[aid] = provider
+        got = self.refunded  # (the cancelled leader's charge, just refunded by `forget`)
+        if got is not None:
+            self.refunded = None
+            prov = self.by_name[got[0]]
+            prov.step_used[got[1]] = prov.step_used.get(got[1], 0) + 1
+            self.charged[aid] = got
         if followers:
             self.followers[aid] = followers
             for f in followers:
@@ -576,6 +644,13 @@ class Providers:
                 bad.append(f"{name}: spent {prov.spent} > budget {lim.budget}")
             if lim.budget_per_hour is not None and prov.hour_spent > lim.budget_per_hour:
                 bad.append(f"{name}: {prov.hour_spent} this hour > {lim.budget_per_hour}")
+            cap = lim.budget_per_step
+            for s, used in prov.step_used.items():
+                if cap is not None and used > cap:
+                    bad.append(f"{name}: {used} charged to step {s} > {cap}")
+        for aid, (name, s) in self.charged.items():
+            if not self.holds(aid):
+                bad.append(f"{aid} charged to {name} step {s} but not live")
             for aid in prov.entry:
                 if self.owner.get(aid) != name:
                     bad.append(f"{name}: waiting {aid} not owned")
