@@ -23,6 +23,7 @@ from arl_tangram.core.actions import Status
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.api import ProviderConfigError, RequestError, parse_providers
+from arl_tangram.managers.api.config import LocalFirst
 from arl_tangram.managers.api.testing import ProviderServer
 from arl_tangram.runtime.engine import Engine, EngineConfig
 from arl_tangram.runtime.executor import Emit, Executor
@@ -203,6 +204,18 @@ def test_bad_provider_config_names_the_field(tmp_path: Path) -> None:
         ([provider("p", url), provider("p", url)], "providers[1].name: provider 'p' declared twice"),
         ([provider("p", "ftp://x")], "providers[0].base_url: must be an http(s) URL, got 'ftp://x'"),
         ([provider("p", url, kind="mail")], "providers[0].kind: must be one of search, fetch, http, got 'mail'"),
+        ([provider("p", url, limits={"budget_per_step": -1})],
+         "providers[0].limits.budget_per_step: must be an integer >= 0, got -1"),
+        ([{**provider("p", url), "local_first": {"index": "wiki", "min_score": 2}}],
+         "providers[0].local_first.min_score: must be a number in [-1, 1] (a cosine), got 2"),
+        ([{**provider("p", url), "local_first": {"index": ""}}],
+         "providers[0].local_first.index: must name a local index, got ''"),
+        ([{**provider("p", url), "local_first": {"index": "w", "topk": 1000}}],
+         "providers[0].local_first.topk: must be an integer in [1, 100], got 1000"),
+        ([{**provider("p", url), "local_first": {"index": "w", "k": 1}}],
+         "providers[0].local_first.k: unknown field"),
+        ([{**provider("p", url, kind="fetch"), "local_first": {"index": "w"}}],
+         "providers[0].local_first: only a search provider has one, this is a fetch provider"),
     ]
     for raw, msg in cases:
         with pytest.raises(ProviderConfigError) as got:
@@ -210,6 +223,9 @@ def test_bad_provider_config_names_the_field(tmp_path: Path) -> None:
         assert str(got.value) == msg
     tavily = parse_providers([{**provider("t", url), "limits": {"rate_per_min": 100}}], env={})[0]
     assert tavily.limits.rate == pytest.approx(100 / 60)
+    lf = parse_providers([{**provider("s", url, limits={"budget_per_step": 40}),
+                           "local_first": {"index": "wiki", "min_score": 0.5}}], env={})[0]
+    assert (lf.limits.budget_per_step, lf.local_first) == (40, LocalFirst("wiki", 0.5, 3))
 
 
 async def test_bad_requests_name_the_field() -> None:

@@ -54,6 +54,8 @@ class ProviderIn(BaseModel):
     options: dict[str, Any] | None = None
     timeout_s: float = 60.0
     trajectory: str | None = None
+    source: str = "auto"  # search: auto (local_first, then the provider) | local | web
+    step: Any = None  # the RL step whose budget the call is charged to (budget_per_step)
 
 
 def _tenant(request: Request) -> str:
@@ -205,7 +207,8 @@ def add_routes(app: FastAPI, svc: Any) -> None:
         out = r.output if isinstance(r.output, dict) else {}
         return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,
                              "result": out.get("result"), "cached": False, "reason": r.reason,
-                             "act_s": r.act})
+                             "act_s": r.act, "route": "local", "route_reason": "names a local index",
+                             "local_score": out["result"][0]["score"] if out.get("result") else None})
 
     async def provider_call(kind: str, body: ProviderIn, request: Request) -> Response:
         front = engine.api
@@ -219,9 +222,15 @@ def add_routes(app: FastAPI, svc: Any) -> None:
         req: dict[str, Any] = {"query": body.query} if kind == "search" else {"url": body.url}
         if body.options is not None:
             req["options"] = body.options
+        if body.step is not None:
+            req["step"] = body.step
         if not 0 < body.timeout_s <= 600:
             raise InvalidAction("timeout_s", f"must be in (0, 600], got {body.timeout_s}")
         try:
+            if kind == "search":  # (routed: the provider's local_first index first)
+                return JSONResponse(await front.search(
+                    body.provider, req, source=body.source, tenant=_tenant(request),
+                    timeout_s=body.timeout_s, trajectory=body.trajectory))
             r = await front.call(kind, body.provider, req, tenant=_tenant(request),
                                  timeout_s=body.timeout_s, trajectory=body.trajectory)
         except RequestError as exc:

@@ -245,28 +245,40 @@ class AsyncClient:
                 await self._request("DELETE", f"/v1/sessions/{sess.id}")
 
     async def search(self, query: str, *, provider: str, options: Mapping[str, Any] | None = None,
-                     timeout_s: float = 60.0, trajectory: str | None = None) -> dict[str, Any]:
+                     timeout_s: float = 60.0, trajectory: str | None = None,
+                     source: str | None = None, step: int | None = None) -> dict[str, Any]:
         """One web search through a configured provider (issue 37): its quota is scheduled by
         the service's core, identical queries in flight share one call, a cached answer costs
         nothing. Returns ``{"id", "status", "provider", "result", "cached", "reason",
-        "act_s"}``; ``status`` is "succeeded", or "failed" / "timed_out" with the reason (a
-        spent budget, a provider that is down), so a trainer can mask the call."""
+        "act_s", "route", "route_reason", "local_score"}``; ``status`` is "succeeded", or
+        "failed" / "timed_out" with the reason (a spent budget, a provider that is down), so a
+        trainer can mask the call. ``source`` "auto" (default) asks the provider's
+        ``local_first`` index first, "local" only it, "web" only the provider; ``step`` is the
+        RL step whose ``budget_per_step`` the call is charged to."""
         body: dict[str, Any] = {"provider": provider, "query": query, "timeout_s": timeout_s}
         if options is not None:
             body["options"] = dict(options)
         if trajectory is not None:
             body["trajectory"] = trajectory
+        if source is not None:
+            body["source"] = source
+        if step is not None:
+            body["step"] = step
         out: dict[str, Any] = await self._request("POST", "/v1/search", json=body)
         return out
 
     async def fetch(self, url: str, *, provider: str, options: Mapping[str, Any] | None = None,
-                    timeout_s: float = 60.0, trajectory: str | None = None) -> dict[str, Any]:
-        """One page fetch through a configured provider; the answer as `search`'s."""
+                    timeout_s: float = 60.0, trajectory: str | None = None,
+                    step: int | None = None) -> dict[str, Any]:
+        """One page fetch through a configured provider; the answer as `search`'s (less the
+        route fields)."""
         body: dict[str, Any] = {"provider": provider, "url": url, "timeout_s": timeout_s}
         if options is not None:
             body["options"] = dict(options)
         if trajectory is not None:
             body["trajectory"] = trajectory
+        if step is not None:
+            body["step"] = step
         out: dict[str, Any] = await self._request("POST", "/v1/fetch", json=body)
         return out
 

@@ -7,6 +7,13 @@ front door every search/fetch request goes through (`ProviderFront.call`):
                token, no slot, no call (counted as a hit by both)
                -> core: joins an identical call in flight, or waits for a token and a slot
                -> CallProvider -> ApiManager (HTTP) -> ActionFinished / ProviderThrottled
+
+A search provider with ``local_first`` (`ProviderFront.search`) asks its local index first (a
+``retrieve`` action of the index's model) and calls the provider only when the caller asks for
+the web (``source: web``), the index's top score is below ``min_score``, or the index fails;
+the answer says which route it took and why (``route``, ``route_reason``, ``local_score``).
+A request's ``step`` (an RL step) rides the action as ``payload["step"]``: the core charges it
+to that step's budget (`core/providers.py`, ``budget_per_step``).
 """
 
 from __future__ import annotations
@@ -16,12 +23,32 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.actions import ActionKind, ActionResult, ActionSpec
+from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.resources import Resources
-from ..managers.api import ApiManager, ProviderConfig
+from ..managers.api import ApiManager, ProviderConfig, RequestError, normalize
 from .engine import Engine
 
 _KIND = {"search": ActionKind.SEARCH, "fetch": ActionKind.FETCH, "http": ActionKind.HTTP}
+SOURCES = ("auto", "local", "web")  # a search's ``source``: the route it may take
+
+
+def check_step(step: Any) -> int | None:
+    """A request's RL ``step`` (None: not given). Raises `RequestError` naming the field."""
+    if step is None:
+        return None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise RequestError("step", f"must be an integer >= 0, got {step!r}")
+    return step
+
+
+def answer(r: ActionResult, provider: str, route: str, why: str,
+           local_score: float | None) -> dict[str, Any]:
+    """The ``/v1/search`` (``Client.search``) answer of the action that answered."""
+    out = r.output if isinstance(r.output, dict) else {}
+    return {"id": r.id, "status": r.status.name.lower(), "provider": provider,
+            "result": out.get("result"), "cached": bool(out.get("cached", False)),
+            "reason": r.reason, "act_s": r.act, "route": route, "route_reason": why,
+            "local_score": local_score}
 
 
 def scheduler_providers(configs: Sequence[ProviderConfig]) -> dict[str, Any]:
@@ -50,10 +77,68 @@ class ProviderFront:
              action_id: str | None = None) -> tuple[ActionSpec, str]:
         """The action of one call and its key. Raises `RequestError` naming the field."""
         payload, key = self.api.prepare(kind, provider, request, tenant)
+        step = check_step(request.get("step"))
+        if step is not None:
+            payload["step"] = step
         spec = ActionSpec(action_id or uuid.uuid4().hex, kind=_KIND[kind], tag=provider,
                           demand=Resources(), timeout_s=timeout_s, weight=weight,
                           trajectory=trajectory, payload=payload)
         return spec, key
+
+    def served(self) -> list[str]:
+        """The local indexes the engine serves (retriever models), by name."""
+        return sorted(m.name for m in self.engine.config.models if m.options.get("index"))
+
+    async def search(self, provider: str, request: Mapping[str, Any], *, source: str = "auto",
+                     tenant: str = "", timeout_s: float = 60.0, trajectory: str | None = None,
+                     ) -> dict[str, Any]:
+        """One search, routed: the provider's ``local_first`` index first (``source``
+        "auto"), then the provider when the index's top score is below ``min_score`` or the
+        index fails; ``source`` "local" takes the index's answer whatever its score, "web"
+        calls the provider at once. Raises `RequestError` naming the field."""
+        if source not in SOURCES:
+            raise RequestError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
+        cfg = self.api.providers.get(provider)
+        lf = cfg.local_first if cfg is not None else None
+        if lf is None or source == "web":
+            if source == "local":
+                raise RequestError("source", f"provider {provider!r} has no local_first index")
+            why = "source: web" if lf is not None else "no local_first index"
+            r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
+                                trajectory=trajectory)
+            return answer(r, provider, "web", why, None)
+        query = normalize("search", request)["query"]  # (a bad query: a 400 before anything)
+        check_step(request.get("step"))
+        if lf.index not in self.served():
+            if source == "local":
+                raise RequestError("source", f"local index {lf.index!r} is not served")
+            why = f"local index {lf.index!r} is not served"
+            local_score = None
+        else:
+            r = await self.engine.run(ActionSpec(
+                uuid.uuid4().hex, kind=ActionKind.RETRIEVE, model=lf.index, tag=lf.index,
+                demand=Resources(), trajectory=trajectory, timeout_s=timeout_s,
+                payload={"query": query, "topk": lf.topk}))
+            hits = r.output.get("result") if isinstance(r.output, dict) else None
+            local_score = float(hits[0]["score"]) if hits else None
+            if r.status is not Status.SUCCEEDED or local_score is None:
+                if source == "local":
+                    return answer(r, lf.index, "local", "source: local", local_score)
+                why = (f"local index {lf.index!r} {r.status.name.lower()}: {r.reason}"
+                       if r.status is not Status.SUCCEEDED else f"local index {lf.index!r}: no documents")
+            elif source == "local":
+                return answer(r, lf.index, "local", "source: local", local_score)
+            elif lf.min_score is None:
+                return answer(r, lf.index, "local", "local index answered (no min_score)", local_score)
+            elif local_score >= lf.min_score:
+                return answer(r, lf.index, "local",
+                              f"local top score {local_score:.4f} >= min_score {lf.min_score:g}",
+                              local_score)
+            else:
+                why = f"local top score {local_score:.4f} < min_score {lf.min_score:g}"
+        r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
+                            trajectory=trajectory)
+        return answer(r, provider, "web", why, local_score)
 
     async def call(self, kind: str, provider: str, request: Mapping[str, Any], *,
                    tenant: str = "", timeout_s: float = 60.0, weight: float = 1.0,

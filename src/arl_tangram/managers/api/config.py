@@ -13,6 +13,7 @@ providers:
     retries: 3                # 5xx / connection errors, jittered backoff within the deadline
     cache_ttl_s: 600          # answers kept (0: none); per tenant unless cache_shared: true
     cache_dir: /var/cache/tangram/serper   # answers also kept on disk (survive a restart)
+    local_first: {index: wiki, min_score: 0.5, topk: 3}   # search: a local index answers first
 ```
 
 Keys are read here, once, and only kept in `ProviderConfig.keys` (never printed: `__repr__`
@@ -34,9 +35,9 @@ from ...core.providers import ProviderLimits
 KINDS = ("search", "fetch", "http")
 _KEYS = {"name", "kind", "base_url", "path", "keys", "auth_header", "auth_prefix", "limits",
          "timeout_s", "retries", "cache_ttl_s", "cache_shared", "cache_dir", "query_field",
-         "url_field"}
+         "url_field", "local_first"}
 _LIMIT_KEYS = {"rate_per_s", "rate_per_min", "burst", "concurrency", "budget", "budget_per_hour",
-               "min_rate_per_s",
+               "budget_per_step", "min_rate_per_s",
                "decrease", "probe_per_s", "max_attempts"}
 
 
@@ -46,6 +47,19 @@ class ProviderConfigError(TangramError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFirst:
+    """A search provider's local stand-in: a search is asked of this local index first, and
+    the provider is called only when the index cannot answer it (runtime/providers.py,
+    `ProviderFront.search`; docs/search.md, "Local first, then the provider")."""
+
+    index: str  # a local index (`tangram index build --name NAME`), served as a retriever model
+    # the index's top score (cosine) below this: the provider answers (None: the index always
+    # answers when it can)
+    min_score: float | None = None
+    topk: int = 3  # documents the index returns (Search-R1's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,7 @@ class ProviderConfig:
     cache_dir: str | None = None  # answers also kept on disk here (None: memory only)
     query_field: str = "q"
     url_field: str = "url"
+    local_first: LocalFirst | None = None  # search only: a local index answers first
 
     def __repr__(self) -> str:
         return (f"ProviderConfig(name={self.name!r}, kind={self.kind!r}, base_url={self.base_url!r},"
@@ -131,7 +146,7 @@ def parse_limits(name: str, raw: Any, where: str) -> ProviderLimits:
         kw["burst"] = _num(raw["burst"], f"{where}.burst", lo=1.0)
     if "concurrency" in raw:
         kw["concurrency"] = int(_num(raw["concurrency"], f"{where}.concurrency", lo=1, integer=True))
-    for b in ("budget", "budget_per_hour"):
+    for b in ("budget", "budget_per_hour", "budget_per_step"):
         if raw.get(b) is not None:
             kw[b] = int(_num(raw[b], f"{where}.{b}", integer=True))
     if "min_rate_per_s" in raw:
@@ -160,6 +175,31 @@ def _cache_dir(raw: Any, where: str) -> str | None:
     except OSError as e:
         raise ProviderConfigError(where, f"cannot make the directory: {e.strerror or type(e).__name__}") from None
     return raw
+
+
+def _local_first(raw: Any, where: str, kind: str) -> LocalFirst | None:
+    if raw is None:
+        return None
+    if kind != "search":
+        raise ProviderConfigError(where, f"only a search provider has one, this is a {kind} provider")
+    if not isinstance(raw, Mapping):
+        raise ProviderConfigError(where, "must be a mapping {index: NAME, min_score?: S, topk?: K}")
+    unknown = sorted(set(raw) - {"index", "min_score", "topk"})
+    if unknown:
+        raise ProviderConfigError(f"{where}.{unknown[0]}", "unknown field")
+    index = raw.get("index")
+    if not isinstance(index, str) or not index:
+        raise ProviderConfigError(f"{where}.index", f"must name a local index, got {index!r}")
+    ms = raw.get("min_score")
+    if ms is not None and (not isinstance(ms, int | float) or isinstance(ms, bool)
+                           or not -1.0 <= ms <= 1.0):
+        raise ProviderConfigError(f"{where}.min_score", f"must be a number in [-1, 1] (a cosine), got {ms!r}")
+    topk = raw.get("topk", 3)
+    from ..retrieval.index import MAX_TOPK
+
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+        raise ProviderConfigError(f"{where}.topk", f"must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+    return LocalFirst(index=index, min_score=None if ms is None else float(ms), topk=topk)
 
 
 def parse_provider(raw: Any, where: str, env: Mapping[str, str] | None = None) -> ProviderConfig:
@@ -201,7 +241,7 @@ def parse_provider(raw: Any, where: str, env: Mapping[str, str] | None = None) -
         retries=int(_num(raw.get("retries", 3), f"{where}.retries", integer=True)),
         cache_ttl_s=_num(raw.get("cache_ttl_s", 600.0), f"{where}.cache_ttl_s"),
         cache_shared=shared, cache_dir=_cache_dir(raw.get("cache_dir"), f"{where}.cache_dir"),
-        **strs)
+        local_first=_local_first(raw.get("local_first"), f"{where}.local_first", kind), **strs)
 
 
 def parse_providers(raw: Any, where: str = "providers",
