@@ -162,6 +162,10 @@ class ActionSpec:
     weight: float = 1.0  # importance in the ACT objective
     idempotent: bool = True  # safe to re-run after a node loss
     payload: Mapping[str, Any] = field(default_factory=dict)  # what the manager executes
+    # who submitted it (the API's tenant; None: nobody named): with `CoreConfig.tenant_shares`
+    # the core serves tenants in weighted fair order (docs/core.md, "Tenants' fair share").
+    # Not in the repr: the streams of runs without tenants stay as they were.
+    tenant: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.id:

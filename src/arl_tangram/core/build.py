@@ -41,11 +41,22 @@ def fast_constructor(cls: type[T]) -> Callable[..., T]:
     })
     obj: Any = object.__new__(twin)
     obj.__class__ = cls  # fails here, at import, when the layouts differ
+    # trailing fields with a plain default may be left out (`ActionSpec.tenant`)
+    fields = dataclasses.fields(cls)
+    params = list(names)
+    defaults: dict[str, Any] = {}
+    for i in range(len(fields) - 1, -1, -1):
+        f = fields[i]
+        if f.default is dataclasses.MISSING:
+            break
+        defaults[f"_twin_default_{i}_"] = f.default
+        params[i] = f"{f.name}=_twin_default_{i}_"
     body = "\n".join(f"    _twin_obj_.{n} = {n}" for n in names)
     post = "\n    _twin_obj_.__post_init__()" if hasattr(cls, "__post_init__") else ""
-    src = (f"def make({', '.join(names)}):\n    _twin_obj_ = _twin_new_(_twin_cls_)\n{body}\n"
+    src = (f"def make({', '.join(params)}):\n    _twin_obj_ = _twin_new_(_twin_cls_)\n{body}\n"
            f"    _twin_obj_.__class__ = _twin_real_{post}\n    return _twin_obj_\n")
-    ns: dict[str, Any] = {"_twin_new_": object.__new__, "_twin_cls_": twin, "_twin_real_": cls}
+    ns: dict[str, Any] = {"_twin_new_": object.__new__, "_twin_cls_": twin, "_twin_real_": cls,
+                          **defaults}
     exec(src, ns)  # generated from the dataclass's own field names, as dataclasses does
     make: Callable[..., T] = ns["make"]
     make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
@@ -59,7 +70,8 @@ make_result = fast_constructor(ActionResult)
 # (result, cause)
 make_deliver = fast_constructor(Deliver)
 # (id, kind, demand, elasticity, hints, task, trajectory, session, model, tag, timeout_s, weight,
-#  idempotent, payload) -- payload is not defaulted: pass a fresh dict, as its factory does
+#  idempotent, payload[, tenant]) -- payload is not defaulted: pass a fresh dict, as its factory
+#  does; tenant defaults to None
 make_spec = fast_constructor(ActionSpec)
 # (time, action)
 make_arrived = fast_constructor(ActionArrived)

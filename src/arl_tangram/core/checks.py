@@ -52,6 +52,31 @@ def validate(core: Core) -> None:
     _check_sessions_served(core)
     _check_elastic_sets(core)
     _check_waiting_sessions(core)
+    if core.st.fair:
+        _check_tenants(core)
+
+
+def _check_tenants(core: Core) -> None:
+    """Fair share: each tenant's use (`CoreState.tenant_use`) is the sum of what its running
+    actions hold on alive nodes, and a shared-pool action waits in its own tenant's queue."""
+    st = core.st
+    expect: dict[str, dict[str, float]] = {}
+    for rec in st.actions.values():
+        if rec.status in (S.STARTING, S.RUNNING) and rec.batch is None and rec.node is not None:
+            node = st.nodes[rec.node]
+            if node.alive and rec.spec.id in node.running and rec.allotment is not None:
+                d = expect.setdefault(rec.tenant, {})
+                for k, v in rec.allotment.items():
+                    d[k] = d.get(k, 0.0) + v
+        key = rec.queue_key
+        if rec.status is S.QUEUED and type(key) is type(rec.skey):
+            _check(getattr(key, "tenant", None) == rec.tenant, "tenant-queue",
+                   f"{rec.spec.id} of tenant {rec.tenant!r} queued in {key!r}")
+    for t in set(expect) | set(st.tenant_use):
+        got, want = st.tenant_use.get(t, {}), expect.get(t, {})
+        for k in set(got) | set(want):
+            u, x = got.get(k, 0.0), want.get(k, 0.0)
+            _check(abs(u - x) <= _EPS, "tenant-use", f"tenant {t!r} {k}: use {u} vs holdings {x}")
 
 
 def _check_waiting_sessions(core: Core) -> None:

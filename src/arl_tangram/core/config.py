@@ -149,6 +149,13 @@ class CoreConfig:
     provider_semaphore: int | None = None
     # Identical calls in flight (`payload["coalesce"]`) share one call (False: each its own).
     provider_coalesce: bool = True
+    # Tenants' weights of the cluster (`ActionSpec.tenant` -> a finite number > 0; docs/core.md,
+    # "Tenants' fair share"): under contention each free slot goes to the tenant with the
+    # least dominant share of what is in use, over its weight (DRF), its own actions in the
+    # policy's order; capacity a tenant leaves idle is lent to the others. A tenant not named
+    # here (and actions naming none, as one tenant) weighs the smallest weight named.
+    # None (default): no tenants, every action in one order, as before.
+    tenant_shares: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -163,6 +170,15 @@ class CoreConfig:
             for task, share in self.task_shares.items():
                 if not (isinstance(share, int | float) and share > 0 and math.isfinite(share)):
                     raise _bad(f"task_shares[{task!r}]", share, "must be a finite number > 0")
+        if self.tenant_shares is not None:
+            if not self.tenant_shares:
+                raise _bad("tenant_shares", self.tenant_shares, "must name at least one tenant")
+            for tenant, share in self.tenant_shares.items():
+                if not isinstance(tenant, str):
+                    raise _bad("tenant_shares", tenant, "keys must be tenant names (str)")
+                if not (isinstance(share, int | float) and not isinstance(share, bool)
+                        and share > 0 and math.isfinite(share)):
+                    raise _bad(f"tenant_shares[{tenant!r}]", share, "must be a finite number > 0")
         if self.static_k is not None:
             self._check_range("static_k", self.static_k, 0.0, math.inf, low_open=True)
         self._check_range("aging_s", self.aging_s, 0.0, math.inf, low_open=True)

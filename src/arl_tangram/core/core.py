@@ -58,6 +58,7 @@ from .records import (
     model_key,
     partition_key,
     shape_key,
+    tenant_shape_key,
 )
 from .resources import CPU, Resources
 from .scheduling import SchedulingPass
@@ -307,6 +308,10 @@ class Core:
         self.elastic.arrived(rec.cpu)
         if self._admit_by_use and rec.est <= self.st.config.short_action_s:
             self._charge(rec)
+        if self.st.fair:  # its tenant's own queues (`tenant_shape_key`): the pass picks the tenant first
+            rec.tenant = tenant = spec.tenant or ""
+            if tenant:
+                rec.skey = tenant_shape_key(rec.skey, tenant)
         if self._warm_pools and spec.session is None and not rec.is_model:
             self.warm.arrived(rec.wkey)
         if rec.is_model and spec.model is not None:
@@ -473,6 +478,8 @@ class Core:
         if rec.elastic:
             node.elastic.pop(aid, None)
         node.give(alloc)
+        if self.st.fair:
+            self.st.tenant_take(rec.tenant, alloc._d, -1.0)
         if rec.partition is not None:
             freed = self.partitions.release(rec)
             if freed is not None:  # its partition's queues, and its session queues, look again

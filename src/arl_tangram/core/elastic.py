@@ -118,6 +118,8 @@ class Elastic:
                 continue  # the node's measured speedup: everyone there slows more than it gains
             self.retime(rec)
             node.take({el.dim: delta})
+            if self.st.fair:
+                self.st.tenant_take(rec.tenant, {el.dim: delta}, 1.0)
             rec.allot(rec.allotment.with_amount(el.dim, k + delta))
             changed[aid] = rec
             if k + delta < el.max - 1e-9:
@@ -215,6 +217,8 @@ class Elastic:
             delta = float(min(step, k - lo, short))
             self.retime(rec)
             node.give({CPU: delta})
+            if self.st.fair:
+                self.st.tenant_take(rec.tenant, {CPU: delta}, -1.0)
             rec.allot(rec.allotment.with_amount(CPU, k - delta))
             self.placer.may_grow(node.name, aid)
             changed[aid] = rec

@@ -96,6 +96,8 @@ class Placer:
             alloc = rec.charge  # admitted by its measured use: the node is charged that
         self.queues.started(rec)
         node.take(alloc)
+        if st.fair:
+            st.tenant_take(rec.tenant, alloc._d, 1.0)
         spec = rec.spec
         aid = spec.id
         name = node.name

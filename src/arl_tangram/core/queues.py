@@ -116,7 +116,9 @@ class Queues:
         if rank <= _RANK_NONE or not self.st.policy.ordered:
             return rank
         floors = self._fifo_floors
-        group = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
+        group: Any = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
+        if self.st.fair:
+            group = (*group, rec.tenant)  # (in its tenant's order only: fair share)
         got = floors.get(group)
         if got is not None and got[0] > rank:
             last = self.st.actions.get(got[1])

@@ -40,6 +40,7 @@ class ShapeKey(str):
     shape: tuple[tuple[str, float], ...]
     cpu: float
     elastic: bool  # its actions are elastic (never in one queue with rigid ones)
+    tenant: str  # whose actions it queues ("": everyone's; `tenant_shape_key`)
 
 
 # The queue keys (`QueueKey`): a shared-pool queue's is its demand's `ShapeKey`; the others are
@@ -82,7 +83,29 @@ def _make_shape_key(items: tuple[tuple[str, float], ...], elastic: bool = False)
     key.shape = shape
     key.cpu = dict(shape).get(CPU, 0.0)
     key.elastic = elastic
+    key.tenant = ""
     return key
+
+
+# (shape key, tenant) -> that tenant's queue of the shape (`tenant_shape_key`)
+_TENANT_SHAPES: dict[tuple[ShapeKey, str], ShapeKey] = {}
+
+
+def tenant_shape_key(skey: ShapeKey, tenant: str) -> ShapeKey:
+    """The key of ``tenant``'s own queue of ``skey``'s shape (fair share: each tenant's actions
+    of a shape queue apart, so that the pass can choose the tenant before the action): the
+    shape's text and ``|tenant=NAME``; one shared object per shape and tenant."""
+    got = _TENANT_SHAPES.get((skey, tenant))
+    if got is None:
+        if len(_TENANT_SHAPES) > 4096:
+            _TENANT_SHAPES.clear()
+        got = ShapeKey(f"{skey}|tenant={tenant}")
+        got.shape = skey.shape
+        got.cpu = skey.cpu
+        got.elastic = skey.elastic
+        got.tenant = tenant
+        _TENANT_SHAPES[(skey, tenant)] = got
+    return got
 
 
 # demand items as stored -> their `ShapeKey`: one shared key per shape, so records do not each
@@ -154,6 +177,7 @@ class ActionRecord:
         "status",
         "story",
         "submit_time",
+        "tenant",
         "units",
         "width",
         "wkey",
@@ -200,6 +224,9 @@ class ActionRecord:
         # admitted by its measured CPU use: `Core._charge`); its quota stays the demand
         self.charge: Resources | None = None
         self.wkey = warm_key(spec)  # which warm executors it can use
+        # its tenant's name while the core shares by tenant (`CoreConfig.tenant_shares`: set
+        # at arrival, "" for actions naming none); "" otherwise
+        self.tenant = ""
         # Formatted only on demand. One flat tuple: (time, from status or note, to status or None,
         # cause) per line, statuses as plain ints. Records outlive their action in the core's
         # history; a tuple of floats, ints and strings is one object the garbage collector stops

@@ -91,7 +91,10 @@ class SchedulingPass:
                     node = self.st.nodes[name]
                 if not node.sessions and node.alive:
                     if self.queues.shape_keys:  # the common case: one node, the shared-pool queues
-                        self.fill_node(node)
+                        if self.st.fair:  # (tenants first: `run_fair`)
+                            self.run_fair(list(self.queues.shape_keys), [node], node.free.get(CPU, 0.0))
+                        else:
+                            self.fill_node(node)
                     return
                 keys = self.candidates()
                 if not keys:
@@ -128,6 +131,9 @@ class SchedulingPass:
         """Place queue heads of ``keys`` in priority order until every one is blocked; with
         ``local`` (the nodes whose capacity grew, ``local_cpu`` the most CPU free on one),
         shared-pool heads not touched by this event are only tried there."""
+        if self.st.fair:
+            self.run_fair(keys, local, local_cpu)
+            return
         touched = self.st.touched
         head = self.queues.head
         heap: list[tuple[int, int, QueueKey, ActionRecord]] = []  # (rank, seq, key, head)
@@ -165,6 +171,70 @@ class SchedulingPass:
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
+            elif aged == AGED:
+                self.placer.reserve_for(rec, key)
+
+    def run_fair(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:
+        """`run_pass` with tenants (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair
+        share"): the heads are grouped by tenant, and each try goes to the tenant whose
+        dominant share of what is in use, over its weight, is least (DRF, `CoreState
+        .tenant_rank`; ties to the better head), inside it to its best head in the policy's
+        order (aged first, then rank, then arrival) -- until every head is blocked, as in
+        `run_pass`: the order of the tries changes, not which fit (work-conserving)."""
+        st = self.st
+        touched = st.touched
+        head = self.queues.head
+        heaps: dict[str, list[tuple[int, int, QueueKey, ActionRecord]]] = {}  # tenant -> (rank, seq, key, head)
+        limit = local_cpu + 1e-9
+        for key in keys:
+            got = head(key)
+            if got is None:
+                continue
+            rec, e = got
+            if (e[0] != AGED and local is not None and type(key) is ShapeKey and rec.cpu > limit
+                    and key not in touched):
+                continue  # more CPU than any freed node has: still blocked (aged heads go on)
+            h = heaps.get(rec.tenant)
+            if h is None:
+                h = heaps[rec.tenant] = []
+            h.append((e[0], e[1], key, rec))
+        for h in heaps.values():
+            if len(h) > 1:
+                heapq.heapify(h)
+        while heaps:
+            tenant = ""
+            best: tuple[float, int, int] | None = None
+            for t, h in heaps.items():  # (a few tenants: a scan; their ranks move with each start)
+                top = h[0]
+                mine = (st.tenant_rank(t), top[0], top[1])
+                if best is None or mine < best:
+                    best, tenant = mine, t
+            h = heaps[tenant]
+            aged, _, key, rec = heapq.heappop(h)
+            if not h:
+                del heaps[tenant]
+            if local is not None and type(key) is ShapeKey and key not in touched:
+                if rec.elastic and st.elastic_policy:  # (its width decides where: elastic.py)
+                    placed = rec.cpu <= limit and self.elastic.place(rec)
+                else:
+                    placed = rec.cpu <= limit and self.placer.place_among(rec, local)
+                if placed:  # the freed nodes have less now: keep the cheap test exact
+                    local_cpu = -1.0
+                    for n in local:
+                        c = n.free.get(CPU, 0.0)
+                        if c > local_cpu:
+                            local_cpu = c
+                    limit = local_cpu + 1e-9
+            else:
+                placed = self.try_place(rec, key)
+            if placed:
+                got = head(key)
+                if got is not None:
+                    nxt, e = got
+                    h2 = heaps.get(nxt.tenant)
+                    if h2 is None:
+                        h2 = heaps[nxt.tenant] = []
+                    heapq.heappush(h2, (e[0], e[1], key, nxt))
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
 

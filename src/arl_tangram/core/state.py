@@ -56,6 +56,15 @@ class CoreState:
         self.elastic_policy = policy.elastic
         self.partitioned = policy.partitioned is not None
         self.resident = policy.resident
+        # Fair share between tenants (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair
+        # share"): what each tenant's actions hold on the nodes now (their allotments, or
+        # charges), and the weights; `tenant_rank` orders the tenants in the pass.
+        shares = config.tenant_shares
+        self.fair = bool(shares)
+        self.tenant_weights: dict[str, float] = dict(shares) if shares else {}
+        self.default_weight = min(self.tenant_weights.values()) if shares else 1.0
+        self.tenant_use: dict[str, dict[str, float]] = {}
+        self._total: dict[str, float] | None = None  # (None: recompute)
 
     # ---- the event in progress ------------------------------------------------------------------
     def begin(self, time: float, cause: str) -> list[Command]:
@@ -82,6 +91,7 @@ class CoreState:
         self.fits_some.clear()
         self.shares.clear()
         self._largest = None
+        self._total = None
 
     def largest(self) -> dict[str, float]:
         """The largest capacity of an alive node, per dimension (cached)."""
@@ -89,6 +99,49 @@ class CoreState:
         if ref is None:
             ref = self._largest = largest_capacity(self.nodes.values())
         return ref
+
+    # ---- tenants' fair share ---------------------------------------------------------------------
+    def total(self) -> dict[str, float]:
+        """The alive nodes' capacity summed, per dimension (cached): DRF's denominators."""
+        ref = self._total
+        if ref is None:
+            ref = {}
+            for n in self.nodes.values():
+                if n.alive:
+                    for k, v in n.cap.items():
+                        ref[k] = ref.get(k, 0.0) + v
+            self._total = ref
+        return ref
+
+    def tenant_weight(self, tenant: str) -> float:
+        got = self.tenant_weights.get(tenant)
+        return self.default_weight if got is None else got
+
+    def tenant_rank(self, tenant: str) -> float:
+        """``tenant``'s dominant share (the largest fraction of the cluster's capacity in any
+        dimension that its running actions hold) over its weight: DRF serves the lowest first."""
+        use = self.tenant_use.get(tenant)
+        if not use:
+            return 0.0
+        total = self.total()
+        top = 0.0
+        for k, v in use.items():
+            c = total.get(k, 0.0)
+            if c > 0.0:
+                f = v / c
+                if f > top:
+                    top = f
+        return top / self.tenant_weight(tenant)
+
+    def tenant_take(self, tenant: str, r: dict[str, float], sign: float) -> None:
+        """``tenant``'s actions hold ``sign`` x ``r`` more (a start: +1, an end: -1, an elastic
+        width change: either)."""
+        use = self.tenant_use.get(tenant)
+        if use is None:
+            use = self.tenant_use[tenant] = {}
+        for k, v in r.items():
+            u = use.get(k, 0.0) + sign * v
+            use[k] = u if u > 1e-9 else 0.0
 
     def share_of(self, rec: ActionRecord) -> float:
         """The dominant share of ``rec``'s demand shape against `largest` (cached per shape)."""
