@@ -128,7 +128,13 @@ class Tenancy:
     # ---- actions ----------------------------------------------------------------------------
 
     def admit(self, tenant: str | None, specs: Sequence[ActionSpec]) -> None:
-        """Raise `QuotaExceeded` when ``specs`` would take ``tenant`` past its action quotas."""
+        """Raise `QuotaExceeded` when ``specs`` would take ``tenant`` past its action quotas.
+        Each spec (just built for this request, not yet submitted) is marked as ``tenant``'s
+        (`ActionSpec.tenant`): the core's fair share serves tenants by it (issue 41)."""
+        if tenant is not None:
+            for s in specs:
+                if s.tenant != tenant:
+                    object.__setattr__(s, "tenant", tenant)  # (frozen; nobody holds it yet)
         t = self.tenants.get(tenant) if tenant is not None else None
         if t is None:
             return

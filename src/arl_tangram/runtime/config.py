@@ -12,7 +12,7 @@ Layout of the file (every key optional)::
     auth: {token_env: TANGRAM_TOKEN}   # or token: "...", or token_file: /path (first line)
     tenants:                      # named tokens, each with its quotas (see TenantConfig)
       - {name: alice, token_file: /etc/tangram/alice, max_sessions: 64,
-         max_concurrent_actions: 256, cpu_share: 0.5}
+         max_concurrent_actions: 256, cpu_share: 0.5, share: 0.5}
     limits: {max_body_bytes: 8388608, max_pending: 100000, result_ttl_s: 600, ...}
     default_reward_model: minilm
     nodes:
@@ -27,6 +27,7 @@ Layout of the file (every key optional)::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -103,13 +104,19 @@ class TenantConfig:
     Quotas (None: no cap of its own; the service-wide limits still hold):
     ``max_sessions``: its open sessions; ``max_concurrent_actions``: its actions submitted and
     not yet finished; ``cpu_share``: the fraction of the cluster's CPUs its unfinished actions
-    may demand at once (a submit beyond a cap gets 429)."""
+    may demand at once (a submit beyond a cap gets 429).
+
+    ``share``: its weight in the scheduler's fair share (issue 41; docs/core.md, "Tenants' fair
+    share"): under contention the core serves the tenant with the least dominant share of
+    what is in use over its ``share`` first, and lends what a tenant leaves idle. None: the
+    smallest share a tenant names (no tenant naming one: no fair share, one order for all)."""
 
     name: str
     token: str = field(repr=False)
     max_sessions: int | None = None
     max_concurrent_actions: int | None = None
     cpu_share: float | None = None
+    share: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not TENANT_NAME_RE.match(self.name):
@@ -124,6 +131,10 @@ class TenantConfig:
         if c is not None and (not isinstance(c, int | float) or isinstance(c, bool)
                               or not 0 < c <= 1):
             raise ValueError(f"cpu_share must be in (0, 1], got {c!r}")
+        w = self.share
+        if w is not None and (not isinstance(w, int | float) or isinstance(w, bool)
+                              or not 0 < w < math.inf):
+            raise ValueError(f"share must be a finite number > 0, got {w!r}")
 
 
 def weak_token(token: str | None) -> str | None:
@@ -223,6 +234,12 @@ class ServiceConfig:
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def tenant_shares(self) -> dict[str, float] | None:
+        """The tenants' ``share`` weights for the core (`CoreConfig.tenant_shares`); None when
+        no tenant names one."""
+        shares = {t.name: float(t.share) for t in self.all_tenants() if t.share is not None}
+        return shares or None
 
     def all_tenants(self) -> tuple[TenantConfig, ...]:
         """Every token the service takes: ``tenants`` and the single ``token`` (as tenant
@@ -420,7 +437,7 @@ class _Parser:
             return ()
         if not isinstance(raw, list):
             raise self.fail(parent, "tenants", "must be a list of {name, token | token_file, "
-                            "max_sessions, max_concurrent_actions, cpu_share}")
+                            "max_sessions, max_concurrent_actions, cpu_share, share}")
         names = {f.name for f in fields(TenantConfig)} | {"token_file"}
         out = []
         for i, r in enumerate(raw):
