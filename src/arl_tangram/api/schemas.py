@@ -185,6 +185,7 @@ class HintsIn(BaseModel):
     test_count: Int | None = Field(None, ge=0, le=MAX_COUNT)
     tokens: Int | None = Field(None, ge=0, le=MAX_TOKENS)
     items: Int | None = Field(None, ge=0, le=MAX_COUNT)
+    prompt_tokens: Int | None = Field(None, ge=0, le=MAX_TOKENS)  # a judge engine's prompt
 
 
 def _payload(v: dict[str, Any]) -> dict[str, Any]:

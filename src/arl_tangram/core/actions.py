@@ -121,6 +121,10 @@ class WorkHints:
     test_count: int | None = None  # number of test cases in a test action
     tokens: int | None = None  # tokens to score / generate (reward, judge)
     items: int | None = None  # number of scored items (several scores of one response)
+    # prompt tokens of a judge engine's request (kind genjudge): a later request of the same
+    # trajectory whose prompt extends this one finds them in the prefix cache of the instance
+    # that served it (`CoreConfig.engine_routing`). Not in the repr: streams without it unchanged
+    prompt_tokens: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """InvalidAction (naming ``hints.<field>``) for a hint the core cannot hold: negative,
@@ -131,7 +135,7 @@ class WorkHints:
             raise InvalidAction("hints.expected_s",
                                 f"must be a number in [0, {MAX_HINT_S:g}], got {_short(e)}")
         for name, v in (("test_count", self.test_count), ("tokens", self.tokens),
-                        ("items", self.items)):
+                        ("items", self.items), ("prompt_tokens", self.prompt_tokens)):
             if v is not None and not 0 <= v <= MAX_HINT_UNITS:
                 raise InvalidAction(f"hints.{name}",
                                     f"must be in [0, {MAX_HINT_UNITS}], got {_short(v)}")

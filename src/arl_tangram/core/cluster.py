@@ -115,6 +115,10 @@ class ModelSpec:
     # once. 0: one batch in flight per instance; > 0: new batches join while others run, up to
     # this many actions in flight on the instance, each started as soon as it is queued.
     max_seqs: int = 0
+    # Prefill (an inference engine): seconds one instance spends per prompt token not in its
+    # prefix cache; while it prefills, its decoding sequences wait. 0: not modelled (the core's
+    # routing then weighs no prefix-cache reuse, and the simulator charges no prefill).
+    prefill_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("scalar", "similarity", "judge", "genjudge"):
@@ -127,6 +131,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: max_batch must be >= 1")
         if self.alpha < 0 or self.beta < 0:
             raise ValueError(f"model {self.name}: alpha and beta must be >= 0")
+        if not 0.0 <= self.prefill_s < math.inf:
+            raise ValueError(f"model {self.name}: prefill_s must be >= 0 and finite, got {self.prefill_s}")
 
     def batch_latency(self, n: int) -> float:
         return self.alpha + self.beta * n

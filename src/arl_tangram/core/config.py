@@ -14,6 +14,7 @@ from .providers import ProviderLimits
 from .resources import Resources
 
 POLICIES = ("tangram", "trajectory-bound", "task-isolated", "fifo", "static-pool")
+ENGINE_ROUTINGS = ("cost", "sticky", "least-loaded", "round-robin")
 
 
 def _bad(name: str, value: object, rule: str) -> ValueError:
@@ -77,6 +78,12 @@ class CoreConfig:
     # is queued again before it fails with the reason: a batch that died produced no score, so
     # running it again scores nothing twice; the bound stops a batch that kills every worker.
     model_worker_retries: int = 1
+    # How queued actions of a judge engine (``ModelSpec.max_seqs > 0``) choose their instance
+    # (docs/core.md, "Routing to judge engines"): "cost" (least expected delay, the prefix cache
+    # weighed: sticky per trajectory while that pays), "sticky" (the instance that served the
+    # trajectory while it has a free sequence, else the least loaded: verl's and ROLL's
+    # routers), "least-loaded" (fewest sequences in flight), "round-robin".
+    engine_routing: str = "cost"
     # Demand held by a session opened implicitly by an action naming an unknown session.
     session_demand: Resources = Resources(memory_mb=256)  # noqa: RUF009 - immutable
     # Room kept on a session's node, beyond what its sessions hold, for one of their actions
@@ -205,6 +212,9 @@ class CoreConfig:
                 raise _bad(name, v, "must be an integer >= 1")
         if not isinstance(self.model_prewarm, bool):
             raise _bad("model_prewarm", self.model_prewarm, "must be a bool")
+        if self.engine_routing not in ENGINE_ROUTINGS:
+            raise _bad("engine_routing", self.engine_routing,
+                       f"must be one of {', '.join(ENGINE_ROUTINGS)}")
         if not isinstance(self.model_worker_retries, int) or self.model_worker_retries < 0:
             raise _bad("model_worker_retries", self.model_worker_retries, "must be an integer >= 0")
         if not isinstance(self.model_min_instances, int) or self.model_min_instances < 0:

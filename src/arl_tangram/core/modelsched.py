@@ -54,6 +54,7 @@ from .state import CoreState
 from .topology import can_ever_place, choose_devices, place_on_nodes
 
 S = Status
+PREFIXES = 65536  # trajectories whose last judge-engine instance is remembered (`route`)
 
 
 class ModelPlanner:
@@ -77,6 +78,10 @@ class ModelPlanner:
         self.batch_seq = 0
         self.arrivals: dict[str, deque[float]] = {}  # model -> its arrival times in the window
         self.last_start: dict[str, float] = {}  # model -> when its last batch started
+        # judge engines (`route`): trajectory -> (instance that served its last request, that
+        # request's prompt tokens: the prefix its cache holds), oldest first, at most PREFIXES
+        self.prefix: dict[str, tuple[str, int]] = {}
+        self.rr: dict[str, int] = {}  # model -> round-robin position (engine_routing round-robin)
 
     # ---- admission ------------------------------------------------------------------------------
     def impossible(self, spec: ActionSpec) -> str:
@@ -316,9 +321,15 @@ class ModelPlanner:
         """Continuous batching (``max_seqs > 0``): queued actions join the ready instance with
         the fewest sequences in flight (its sequences run fastest: least expected wait), each
         batch just large enough to level it with the next least loaded one, until the queue is
-        empty or no instance has a free sequence."""
+        empty or no instance has a free sequence. Where the prefix cache is weighed
+        (``engine_routing`` "cost" and ``prefill_s > 0``), or another routing is asked for, each
+        action is routed on its own (`route_each`)."""
         ready = [self.instances[iid] for iid in sorted(self.by_model.get(m.name, ()))
                  if self.instances[iid].state is InstState.READY]
+        routing = self.st.config.engine_routing
+        if routing != "least-loaded" and (routing != "cost" or m.prefill_s > 0.0):
+            self.route_each(m, ready, routing)
+            return
         key = model_key(m.name)
         while ready and self.queues.live.get(key, 0):
             best, low, second = None, 0, m.max_seqs
@@ -336,6 +347,81 @@ class ModelPlanner:
             self.run_batch(best, max(1, second - low + 1))
             if best.seqs() == before:
                 return
+
+    def route_each(self, m: ModelSpec, ready: list[InstanceRecord], routing: str) -> None:
+        """Each queued action in queue order to the instance `route` picks, until the queue is
+        empty or no instance has a free sequence; one batch per instance (``max_batch`` at most
+        each), in the order the instances were first picked."""
+        key = model_key(m.name)
+        load = {inst.id: inst.seqs() for inst in ready}
+        picked: dict[str, list[ActionRecord]] = {}
+        while (got := self.queues.head(key)) is not None:
+            rec = got[0]
+            inst = self.route(m, rec, ready, load, routing)
+            if inst is None:
+                break
+            self.queues.dequeue(rec)
+            load[inst.id] += 1
+            picked.setdefault(inst.id, []).append(rec)
+        for iid, recs in picked.items():
+            for i in range(0, len(recs), m.max_batch):
+                self.start_batch(self.instances[iid], recs[i:i + m.max_batch])
+
+    def route(self, m: ModelSpec, rec: ActionRecord, ready: list[InstanceRecord],
+              load: dict[str, int], routing: str) -> InstanceRecord | None:
+        """The instance ``rec`` joins (None: every one is full); ``load``: sequences in flight
+        on each, those routed in this pass counted. docs/core.md, "Routing to judge engines":
+
+        - round-robin: the next instance in id order after the last one picked, with a free
+          sequence;
+        - sticky (verl's, ROLL's): the instance that served the action's trajectory while it
+          has a free sequence, else the least loaded (fewest in flight, the first in id order);
+        - cost: the least marginal delay to the sum of completion times: joining an instance
+          with ``k`` in flight costs ``(k + 1) prefill_s U + 2 beta T k``, ``U`` its prompt
+          tokens not cached there (all, but on the instance that served its trajectory's last
+          prompt: the tokens beyond it), ``T`` its expected decode steps (its expected time
+          alone over ``alpha + beta``): its prefill stalls the instance's ``k`` sequences and
+          itself, and each step it shares slows it by ``beta k`` and the ``k`` others by
+          ``beta`` each. Without a prefix this is the least loaded."""
+        n = len(ready)
+        if routing == "round-robin":
+            at = self.rr.get(m.name, 0)
+            for j in range(n):
+                inst = ready[(at + j) % n]
+                if load[inst.id] < m.max_seqs:
+                    self.rr[m.name] = (at + j + 1) % n
+                    return inst
+            return None
+        traj = rec.spec.trajectory
+        prev = self.prefix.get(traj) if traj is not None else None
+        tokens = rec.spec.hints.prompt_tokens or 0
+        best: InstanceRecord | None = None
+        if routing == "sticky":
+            if prev is not None:
+                for inst in ready:
+                    if inst.id == prev[0] and load[inst.id] < m.max_seqs:
+                        best = inst
+            if best is None:
+                for inst in ready:
+                    if load[inst.id] < m.max_seqs and (best is None or load[inst.id] < load[best.id]):
+                        best = inst
+        else:
+            steps = rec.est / (m.alpha + m.beta) if m.alpha + m.beta > 0.0 else 0.0
+            low = math.inf
+            for inst in ready:
+                k = load[inst.id]
+                if k >= m.max_seqs:
+                    continue
+                cached = min(tokens, prev[1]) if prev is not None and prev[0] == inst.id else 0
+                cost = (k + 1) * m.prefill_s * (tokens - cached) + 2.0 * m.beta * steps * k
+                if cost < low:
+                    best, low = inst, cost
+        if best is not None and traj is not None:
+            self.prefix.pop(traj, None)  # (to the end: the oldest go first)
+            self.prefix[traj] = (best.id, tokens)
+            if len(self.prefix) > PREFIXES:
+                del self.prefix[next(iter(self.prefix))]
+        return best
 
     def run_batch(self, inst: InstanceRecord, limit: int = 0) -> None:
         m = inst.model
@@ -366,6 +452,22 @@ class ModelPlanner:
             rec.allot(inst.holding())
             rec.attempts += 1
             recs.append(rec)
+        self.emit_batch(inst, bid, recs)
+
+    def start_batch(self, inst: InstanceRecord, recs: list[ActionRecord]) -> None:
+        """Send ``recs`` (already out of their queue) to ``inst`` as one batch."""
+        self.last_start[inst.model.name] = self.st.now
+        self.batch_seq += 1
+        bid = f"b{self.batch_seq}"
+        for rec in recs:
+            rec.move(S.RUNNING, self.st.now, self.st.cause)
+            rec.batch, rec.node, rec.start_time = bid, inst.node, self.st.now
+            rec.allot(inst.holding())
+            rec.attempts += 1
+        self.emit_batch(inst, bid, recs)
+
+    def emit_batch(self, inst: InstanceRecord, bid: str, recs: list[ActionRecord]) -> None:
+        m = inst.model
         ids = tuple(r.spec.id for r in recs)
         if inst.batch is None:
             inst.batch = (bid, ids)

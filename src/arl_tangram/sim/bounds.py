@@ -73,13 +73,27 @@ from .executor import cfs_speed
 from .trace import SimAction, Trajectory
 
 
-def action_bound(act: SimAction, cluster: ClusterSpec, largest: Mapping[str, float]) -> float:
+def least_prefill(act: SimAction, cluster: ClusterSpec, prefix: int | None) -> float:
+    """Seconds of prefill no instance saves a judge engine's action (``prefill_s > 0``): its
+    prompt tokens beyond ``prefix``, the prompt of its trajectory's previous request to the same
+    model (the longest prefix any cache can hold for it: trajectories share none); None: 0."""
+    model = cluster.model(act.model) if act.model is not None else None
+    tokens = act.hints.prompt_tokens
+    if model is None or prefix is None or not tokens or model.prefill_s <= 0.0:
+        return 0.0
+    return model.prefill_s * max(0, tokens - prefix)
+
+
+def action_bound(act: SimAction, cluster: ClusterSpec, largest: Mapping[str, float],
+                 prefix: int | None = None) -> float:
     """Lower bound of one action's completion time (seconds): never past its timeout, where
-    every scheduler ends it."""
+    every scheduler ends it. ``prefix``: see `least_prefill`."""
     if act.model is not None:
         model = cluster.model(act.model)
-        # a judge engine (max_seqs > 0, sim/engine_model.py): alone, its work and no batch cost
+        # a judge engine (max_seqs > 0, sim/engine_model.py): alone, its work and no batch cost,
+        # plus the prefill of what no cache holds
         b = (model.alpha if model is not None and model.max_seqs <= 0 else 0.0) + act.work_s
+        b += least_prefill(act, cluster, prefix)
     else:
         el = act.elasticity
         if el is None:
@@ -117,7 +131,7 @@ def cpu_charge(act: SimAction, allotment: Mapping[str, float] | None = None) -> 
     return got * act.work_s / cfs_speed(act.work_s, v) if v > 0.0 else 0.0
 
 
-def gpu_charge(act: SimAction, cluster: ClusterSpec) -> float:
+def gpu_charge(act: SimAction, cluster: ClusterSpec, prefix: int | None = None) -> float:
     """The least GPU-seconds a reward or judge action takes of the GPU pool: an instance on
     ``devices`` GPUs runs a batch of at most ``max_batch`` items in ``alpha + sum(work)``, so
     the batch's GPU-seconds cover ``devices x (alpha / max_batch + work)`` for each item."""
@@ -126,10 +140,11 @@ def gpu_charge(act: SimAction, cluster: ClusterSpec) -> float:
         return 0.0
     if model.max_seqs > 0:  # a judge engine: at most K = max_seqs sequences share an instance,
         # each at (alpha + beta) / (alpha + beta K) of its speed alone (sim/engine_model.py),
-        # so an item's work costs at least work x (alpha + beta K) / (K (alpha + beta))
+        # so an item's work costs at least work x (alpha + beta K) / (K (alpha + beta)); its
+        # prefill holds the whole instance (`least_prefill`)
         k, a, b = model.max_seqs, model.alpha, model.beta
         share = (a + b * k) / (k * (a + b)) if a + b > 0 else 1.0 / k
-        return model.devices * act.work_s * share
+        return model.devices * (act.work_s * share + least_prefill(act, cluster, prefix))
     return model.devices * (model.alpha / model.max_batch + act.work_s)
 
 
@@ -274,10 +289,12 @@ class ReleaseLog:
         self._count = 0
 
     def record(self, act: SimAction, status: Status, submit: float, finish: float | None,
-               allotment: Mapping[str, float] | None = None, *, ran: bool = True) -> None:
+               allotment: Mapping[str, float] | None = None, *, ran: bool = True,
+               prefix: int | None = None) -> None:
         """One delivered action (ignored unless counted in ACT, as `ActRecorder` counts).
         ``ran``: a failed action did its work (the simulator: its truth ``fails``); one that
-        failed before it ran (an instance unloaded, a sandbox error) counts nothing."""
+        failed before it ran (an instance unloaded, a sandbox error) counts nothing.
+        ``prefix``: its trajectory's previous prompt to the model (`least_prefill`)."""
         if status not in _COUNTED or finish is None:
             return
         self._count += 1
@@ -286,9 +303,9 @@ class ReleaseLog:
             return
         if status is Status.FAILED and not ran:
             return
-        alone = action_bound(act, self._cluster, self._largest)
+        alone = action_bound(act, self._cluster, self._largest, prefix)
         if act.model is not None:
-            self._gpu.append((submit, gpu_charge(act, self._cluster), alone))
+            self._gpu.append((submit, gpu_charge(act, self._cluster, prefix), alone))
             self._released.setdefault(act.model, []).append(submit)
             self._works.setdefault(act.model, []).append(act.work_s)
         else:
@@ -308,6 +325,17 @@ class ReleaseLog:
             b = srpt_flow_sum([(r, c / speed) for r, c, _ in jobs]) if speed > 0 and jobs else 0.0
             alone, srpt, best = alone + a, srpt + b, best + max(a + w, b)
         return RunBound(self._count, alone, srpt, best, wait)
+
+
+def previous_prompt(steps: Sequence[tuple[float, SimAction]], i: int) -> int:
+    """The prompt tokens of the last request before step ``i`` of a trajectory to the same
+    model as step ``i``'s (0: none)."""
+    model = steps[i][1].model
+    for j in range(i - 1, -1, -1):
+        act = steps[j][1]
+        if act.model == model and act.hints.prompt_tokens:
+            return act.hints.prompt_tokens
+    return 0
 
 
 def largest_node(cluster: ClusterSpec) -> dict[str, float]:
@@ -355,8 +383,8 @@ def bound(batches: Iterable[Sequence[Trajectory]], cluster: ClusterSpec, train_s
         longest = 0.0
         for traj in batch:
             t = traj.start
-            for gen, act in traj.steps:
-                b = action_bound(act, cluster, largest)
+            for i, (gen, act) in enumerate(traj.steps):
+                b = action_bound(act, cluster, largest, previous_prompt(traj.steps, i))
                 acts.append(b)
                 t += gen + b
             longest = max(longest, t)

@@ -440,12 +440,16 @@ class VirtualExecutor:
             return
         st = inst.engine
         if st is None:
-            st = inst.engine = EngineState(inst.model.alpha, inst.model.beta, last=self.loop.now)
+            m = inst.model
+            st = inst.engine = EngineState(m.alpha, m.beta, last=self.loop.now, prefill_s=m.prefill_s,
+                                           cache_tokens=int(m.options.get("prefix_cache_tokens", 0)))
         if not st.remaining:
             self._usage(inst.footprint(), None, +1)
         while inst.queue:
             cmd = inst.queue.popleft()
             st.join(cmd, {a.id: self._work(a) for a in cmd.actions}, self.loop.now)
+            for a in cmd.actions:
+                st.prefill(a.trajectory, a.hints.prompt_tokens or 0)
         schedule(st, self.loop.now, partial(self._engine_at, inst))
 
     def _engine_at(self, inst: _Instance, time: float, gen: int) -> None:

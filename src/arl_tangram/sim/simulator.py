@@ -24,7 +24,7 @@ from ..core.build import make_arrived, make_spec
 from ..core.cluster import ClusterSpec
 from ..core.images import warm_key
 from ..core.protocol import Scheduler  # what the simulator drives: the Core or a fake
-from .bounds import ReleaseLog
+from .bounds import ReleaseLog, previous_prompt
 from .executor import VirtualExecutor
 from .loop import ARRIVAL, FLUSH, TICK, EventLoop
 from .metrics import ActRecorder, SimReport, UsageMeter, build_report
@@ -247,8 +247,10 @@ class Simulator:
                 and result.status is Status.SUCCEEDED:
             self.answered.setdefault(act.query, self.loop.clock._now)
         if isinstance(act, SimAction):  # (FAILED: only a true failure ran its work)
+            prefix = (previous_prompt(live.traj.steps, live.index)
+                      if act.hints.prompt_tokens else None)
             self.releases.record(act, result.status, result.submit_time, result.finish_time,
-                                 result.allotment, ran=act.fails)
+                                 result.allotment, ran=act.fails, prefix=prefix)
         live.index += 1
         steps = live.traj.steps
         if live.index < len(steps):

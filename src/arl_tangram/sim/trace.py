@@ -92,7 +92,7 @@ _ACTION_KEYS = {
     "kind", "demand", "elasticity", "work_s", "hints", "session", "model", "tag",
     "timeout_s", "weight", "cold_start_s", "fails",
 }
-_HINT_KEYS = {"expected_s", "test_count", "tokens", "items"}
+_HINT_KEYS = {"expected_s", "test_count", "tokens", "items", "prompt_tokens"}
 _ELASTIC_KEYS = {"min", "max", "dim", "parallel_fraction"}
 _SESSION_KEYS = {"demand", "ttl_s", "cold_start_s", "image"}
 
@@ -151,7 +151,7 @@ def _hints(ctx: _Ctx, raw: Any, where: str) -> WorkHints:
     kw: dict[str, Any] = {}
     if "expected_s" in m:
         kw["expected_s"] = _number(ctx, m["expected_s"], f"{where}.expected_s")
-    for k in ("test_count", "tokens", "items"):
+    for k in ("test_count", "tokens", "items", "prompt_tokens"):
         if k in m:
             v = m[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

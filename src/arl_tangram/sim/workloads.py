@@ -78,7 +78,7 @@ NO_HINTS = WorkHints()  # the default hints, shared (immutable): a tool call tel
 _make_action = fast_constructor(SimAction)
 # Trajectory(id, task, steps, start, sessions, rl_step)
 _make_trajectory = fast_constructor(Trajectory)
-# WorkHints(expected_s, test_count, tokens, items)
+# WorkHints(expected_s, test_count, tokens, items, prompt_tokens)
 _make_hints = fast_constructor(WorkHints)
 
 
@@ -112,7 +112,7 @@ def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
             #           WorkHints(test_count=tests), session="repo", tag="pytest", timeout_s=900.0,
             #           cold_start_s=DOCKER_COLD_S), built fast (held equal by test_workloads.py)
             act = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_TEST_EL,
-                               _make_hints(None, tests, None, None), "repo", None, "pytest", 900.0,
+                               _make_hints(None, tests, None, None, None), "repo", None, "pytest", 900.0,
                                1.0, DOCKER_COLD_S, False, None)
         else:  # shell commands: ls/cat/grep/edit are sub-second, a tail of installs/builds
             work = lognormal(rng, 0.4, 1.2, 0.02, 120)  # assumption
@@ -125,7 +125,7 @@ def swe_agent(rng: random.Random, step: int, index: int) -> Trajectory:
     tests = round(lognormal(rng, 50, 1.0, 1, 2000))  # assumption: tens to hundreds of tests
     work = lognormal(rng, 20.0, 1.0, 1.0, 1200)  # assumption
     final = _make_action(ActionKind.TEST, work, _SWE_TEST_DEMAND, _SWE_FINAL_EL,
-                         _make_hints(None, tests, None, None), "repo", None, "pytest", 1800.0, 1.0,
+                         _make_hints(None, tests, None, None, None), "repo", None, "pytest", 1800.0, 1.0,
                          DOCKER_COLD_S, False, None)
     steps.append((gen_seconds(rng, 100, 0.5, 500), final))
     return _make_trajectory(f"s{step}-swe-{index}", "swe-agent", tuple(steps), 0.0,
@@ -294,6 +294,39 @@ def genrm_engine(rng: random.Random, step: int, index: int) -> Trajectory:
     act = SimAction(ActionKind.JUDGE, work, Resources(), hints=WorkHints(tokens=tokens),
                     model=ENGINE_JUDGE_MODEL.name, timeout_s=600.0)
     return Trajectory(f"s{step}-gj-{index}", "genrm-engine", ((gen, act),), 0.0, {}, step)
+
+
+# ---- genrm-turns: a multi-turn agent whose every turn a judge engine answers (issue 38) -------------
+# The judge reads the whole trajectory so far (its prompt grows turn by turn), so a turn's prompt
+# extends the previous one: where the instance that served that one still holds it in its
+# prefix cache, only the new tokens are prefilled. Figures in docs/workloads.md.
+TURNS_FIRST_PROMPT = 2000  # assumption: system prompt and task statement, tokens
+TURNS_OBSERVATION = 500  # assumption: median tokens a turn's tool output adds to the context
+TURNS_VERDICT = 256  # assumption: median tokens of a turn's judgement (a short reasoned verdict)
+TURNS_VERDICT_MAX = 2048  # ROLL's judge generates up to 2,048 tokens (issue 38's survey)
+# Prefill of an 8B model: 2 x 8e9 FLOP per prompt token at ~40% of an H100's 989 TFLOP/s (the
+# figure rlhf-rm's beta is derived with): 40 us per token (attention's share ignored).
+TURNS_PREFILL_S = 2 * 8e9 / (0.4 * 989e12)
+# KV cache of an 8B Llama-3-shaped model (32 layers, 8 KV heads of 128, bf16): 2 x 32 x 8 x 128 x 2
+# bytes = 128 KiB per token; the 40 GB instance less 16 GB of weights holds 24e9 / 131072 tokens.
+TURNS_CACHE_TOKENS = int(24e9 // (2 * 32 * 8 * 128 * 2))
+TURNS_JUDGE_MODEL = replace(ENGINE_JUDGE_MODEL, name="judge-8b-turns", prefill_s=TURNS_PREFILL_S,
+                            options={"prefix_cache_tokens": TURNS_CACHE_TOKENS})
+
+
+def genrm_turns(rng: random.Random, step: int, index: int) -> Trajectory:
+    m = TURNS_JUDGE_MODEL
+    turns = round(lognormal(rng, 30, 0.5, 5, 50))  # as swe-agent (SWE-Bench Pro trajectories)
+    prompt = round(lognormal(rng, TURNS_FIRST_PROMPT, 0.5, 200, 16000))
+    steps: list[tuple[float, SimAction]] = []
+    for _ in range(turns):
+        tokens = lognormal(rng, 250, 0.6, 16.0, 2000)  # as swe-agent: a thought and one command
+        prompt += round(tokens) + round(lognormal(rng, TURNS_OBSERVATION, 0.8, 16, 8000))
+        verdict = round(lognormal(rng, TURNS_VERDICT, 0.6, 16, TURNS_VERDICT_MAX))
+        act = SimAction(ActionKind.JUDGE, verdict * (m.alpha + m.beta), Resources(),
+                        hints=WorkHints(prompt_tokens=prompt), model=m.name, timeout_s=600.0)
+        steps.append((tokens / DECODE_TOK_S, act))
+    return Trajectory(f"s{step}-gt-{index}", "genrm-turns", tuple(steps), 0.0, {}, step)
 
 
 # ---- humaneval-tests: HumanEval's unit tests, counted and measured ------------------------------------
@@ -474,6 +507,11 @@ WORKLOADS: dict[str, Workload] = {
                  ((genrm_engine, 1.0),),
                  lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (ENGINE_JUDGE_MODEL,)),
                  trajectories=256, steps=2, train_s=60.0),
+        Workload("genrm-turns", "a multi-turn agent whose every turn a judge engine answers, "
+                 "reading the trajectory so far: prefill and the prefix cache (issue 38)",
+                 ((genrm_turns, 1.0),),
+                 lambda n: ClusterSpec(tuple(gpu_nodes("gpu", RM_GPUS // 2)), (TURNS_JUDGE_MODEL,)),
+                 trajectories=64, steps=2, train_s=120.0),  # as swe-agent (assumption)
         Workload("humaneval-tests", "HumanEval answers scored by their unit tests, every check its "
                  "own program run: counts and run times measured (data/humaneval_tests.json)",
                  ((humaneval_tests, 1.0),),
