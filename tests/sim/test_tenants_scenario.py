@@ -1,0 +1,43 @@
+"""The review's M1 scenario in virtual time (`arl_tangram.sim.tenants`, issue 41 item 3):
+carol's flood of one-second loops, alice's eight 4 ms ``print(1)`` at t=1.5, on 2 CPUs --
+today (one order), under the ``cpu_share`` cap, and with the core's fair share. Exact values
+(virtual time is deterministic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from arl_tangram.sim.tenants import m1_streams, run
+
+
+def test_today_alice_waits_for_the_whole_flood() -> None:
+    carol, alice = m1_streams(100, alice_at=1.5)
+    o = run([carol, alice], 2, "today")
+    assert o.mean_act("alice") == pytest.approx(48.51)  # (the review: 49.2-49.3 s at t=1)
+    assert o.last["carol"] == 50.0
+
+
+def test_the_cap_keeps_alice_fast_but_idles_half_the_cluster() -> None:
+    carol, alice = m1_streams(100, alice_at=1.5)
+    o = run([carol, alice], 2, "cap")
+    assert o.mean_act("alice") == pytest.approx(0.018)  # one at a time: 4, 8, ..., 32 ms
+    assert o.last["carol"] == 100.0  # one core of two: twice as long as alone
+
+
+def test_fair_share_waits_one_flood_action_at_most_and_lends_the_rest() -> None:
+    carol, alice = m1_streams(100, alice_at=1.5)
+    o = run([carol, alice], 2, "fair")
+    alone = run([alice], 2, "today")
+    assert alone.mean_act("alice") == pytest.approx(0.010)  # 8 x 4 ms on 2 cores
+    # t=2: both of carol's running loops end; alice (holds nothing) gets each freed core
+    # before carol, in turns with carol's (equal shares): her eight run 2.000-2.032 on one
+    # core, carol's next on the other; the wait for the loops to end is the 0.5 s of a
+    # flood action left when she arrived (nothing running is preempted)
+    assert o.mean_act("alice") == pytest.approx(0.518)
+    assert o.last["carol"] == pytest.approx(50.032)  # + alice's 32 ms of work, no more
+    assert o.starts[:6] == ["carol-0", "carol-1", "carol-2", "carol-3", "alice-0", "carol-4"]
+
+
+def test_a_bad_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="mode must be one of today, cap, fair"):
+        run(m1_streams(1), 2, "preempt")
