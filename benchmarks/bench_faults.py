@@ -461,12 +461,13 @@ def serve_models(port: int) -> int:
     from arl_tangram.api.app import create_app
     from arl_tangram.api.transport import http_protocol
     from arl_tangram.managers.gpu import build_tiny_models, tiny_model_specs
+    from arl_tangram.managers.gpu.config import GpuManagerConfig
     from arl_tangram.runtime.build import build_engine
     from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
     paths = build_tiny_models(tempfile.mkdtemp(prefix="bench-faults-models-"))
     spec = next(s for s in tiny_model_specs(paths) if s.name == "tiny-rm")
-    cfg = ServiceConfig(nodes=(NodeConfig(gpu={"device": "cpu", "cpu_devices": 1}),),
+    cfg = ServiceConfig(nodes=(NodeConfig(gpu=GpuManagerConfig(device="cpu", cpu_devices=1)),),
                         models=(spec,), port=port)
     eng = build_engine(cfg)
     app = create_app(eng, cfg, manage_engine=True)

@@ -106,9 +106,9 @@ async def bench_bursts(n: int, layout: str, work: str, cap_mb: int = 512) -> int
     room_mb = 1024  # (the room a session's action keeps on its node, `session_action_demand`)
     by_caps = max(0, (node_mb - room_mb) // cap_mb)
     cfg = ServiceConfig(nodes=(NodeConfig(capacity=Resources(cpu=2, memory_mb=node_mb), gpu=None,
-                                          cpu={"work_root": work, "warm_min": 1,
-                                               "images_dir": os.path.join(work, "images"),
-                                               "image_layer_mb": 64}),),
+                                          cpu=CpuManagerConfig(work_root=work, warm_min=1,
+                                                                   images_dir=os.path.join(work, "images"),
+                                                                   image_layer_mb=64)),),
                         scheduler={"session_memory_overcommit": 3.0})
     eng = build_engine(cfg)
     await eng.start()

@@ -110,6 +110,8 @@ def _group_rss_mb(pgid: int) -> float:
 
 
 async def two_judges(args: argparse.Namespace) -> dict[str, Any]:
+    from arl_tangram.managers.cpu import CpuManagerConfig
+    from arl_tangram.managers.gpu.config import GpuManagerConfig
     from arl_tangram.runtime.build import build_engine
     from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -122,8 +124,8 @@ async def two_judges(args: argparse.Namespace) -> dict[str, Any]:
                   options={"max_tokens": 16, "max_model_len": 512, "on_no_verdict": 0.0})
         for i, name in enumerate(("judge-a", "judge-b")))
     cfg = ServiceConfig(models=specs, nodes=(NodeConfig(
-        cpu={"work_root": str(root / "w"), "warm_min": 0},
-        gpu={"device": "cpu", "cpu_devices": 1}),))
+        cpu=CpuManagerConfig(work_root=str(root / "w"), warm_min=0),
+        gpu=GpuManagerConfig(device="cpu", cpu_devices=1)),))
     engine = build_engine(cfg)
     await engine.start()
     (host,) = engine._executor.hosts.values()  # (a benchmark may look inside)

@@ -200,7 +200,7 @@ class ViaEngine(Crowd):
         from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
         sched = {} if a.floor_mb is None else {"session_memory_floor_mb": a.floor_mb}
-        self.eng = build_engine(ServiceConfig(nodes=(NodeConfig(name="crowd", cpu=cpu,
+        self.eng = build_engine(ServiceConfig(nodes=(NodeConfig(name="crowd", cpu=CpuManagerConfig(**cpu),
                                                                 gpu=None),), scheduler=sched))
 
     async def start(self) -> None:

@@ -87,10 +87,11 @@ async def test_session_demand_within_the_cluster_is_accepted(api: httpx.AsyncCli
 @pytest.mark.integration
 @pytest.mark.needs_root
 async def test_lone_surrogate_in_code_says_why(tmp_path) -> None:
+    from arl_tangram.managers.cpu import CpuManagerConfig
     from arl_tangram.runtime.build import build_engine
     from arl_tangram.runtime.config import NodeConfig
 
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 1},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1),
                                           gpu=None),))
     eng = build_engine(cfg)
     await eng.start()

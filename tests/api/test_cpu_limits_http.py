@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from arl_tangram.api.app import create_app
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.build import build_engine
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -36,7 +37,7 @@ ONE = ("import ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 @pytest_asyncio.fixture
 async def client(tmp_path: object) -> AsyncIterator[httpx.AsyncClient]:
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": f"{tmp_path}/w", "warm_min": 1},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=f"{tmp_path}/w", warm_min=1),
                                           gpu=None),))
     eng = build_engine(cfg)
     await eng.start()

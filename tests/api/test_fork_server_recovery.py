@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from arl_tangram.api.app import create_app
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.build import build_engine
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
 
 async def test_fork_server_killed_under_load_recovers(tmp_path) -> None:
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 2},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=2),
                                           gpu=None),))
     eng = build_engine(cfg)
     await eng.start()

@@ -8,6 +8,7 @@ import pytest
 
 from arl_tangram.client import AsyncClient
 from arl_tangram.core.errors import TangramError
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig, parse_service_config
 
@@ -22,7 +23,7 @@ def image_tar(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 async def test_images_over_http_and_sessions_in_them(tmp_path, image_tar: str) -> None:
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 1},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1),
                                           gpu=None),))
     async with await AsyncClient.embedded(cfg) as c:
         out = await c.import_image(image_tar, "mini")

@@ -18,7 +18,9 @@ import pytest
 
 from arl_tangram.api.app import create_app
 from arl_tangram.core.cluster import ModelSpec
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.managers.gpu import build_tiny_models
+from arl_tangram.managers.gpu.config import GpuManagerConfig
 from arl_tangram.runtime.build import build_engine
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -62,8 +64,8 @@ async def test_model_worker_killed_mid_batch_requeues_and_recovers(tmp_path) -> 
     fac = _Factory(paths["scalar"])
     spec = ModelSpec("tiny-rm", kind="scalar", memory_mb=64.0)
     cfg = ServiceConfig(
-        nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 1},
-                          gpu={"device": "cpu", "cpu_devices": 1}),),
+        nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1),
+                          gpu=GpuManagerConfig(device="cpu", cpu_devices=1)),),
         models=(spec,))
     eng = build_engine(cfg, gpu_factories={"tiny-rm": fac})
     await eng.start()

@@ -38,6 +38,8 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import uvicorn
 
     from arl_tangram.api.app import create_app
+    from arl_tangram.managers.cpu import CpuManagerConfig
+    from arl_tangram.managers.gpu.config import GpuManagerConfig
     from arl_tangram.runtime.build import build_engine
     from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -51,8 +53,8 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                      options={"max_tokens": 8, "max_model_len": 512, "on_no_verdict": 0.0})
     cfg = ServiceConfig(
         port=_free_port(), models=(spec,),
-        nodes=(NodeConfig(cpu={"work_root": str(root / "w"), "warm_min": 0},
-                          gpu={"device": "cpu", "cpu_devices": 1}),))
+        nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(root / "w"), warm_min=0),
+                          gpu=GpuManagerConfig(device="cpu", cpu_devices=1)),))
     engine = build_engine(cfg)
     app = create_app(engine, cfg, manage_engine=True)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning"))

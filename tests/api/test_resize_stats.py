@@ -13,6 +13,7 @@ import pytest
 from arl_tangram.api.app import create_app
 from arl_tangram.core import commands as C
 from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 from arl_tangram.runtime.engine import Engine
 from arl_tangram.runtime.local import LocalExecutor
@@ -25,7 +26,7 @@ _GROW = "import os, time\nprint(os.cpu_count(), os.environ['TANGRAM_CPUS'])\ntim
 
 async def test_resizes_reach_the_code_and_are_counted(tmp_path) -> None:
     node = NodeConfig(name="n1", capacity=Resources(cpu=2, memory_mb=4096),
-                      cpu={"work_root": str(tmp_path / "w"), "warm_min": 1}, gpu=None)
+                      cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1), gpu=None)
     ex = LocalExecutor([node])
     eng = Engine(ex)
     await eng.start()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from arl_tangram.api.app import create_app
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.build import build_engine
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -27,7 +28,7 @@ def _children(pid: int) -> list[int]:
 
 
 async def test_a_killed_session_worker_or_sandbox_fails_only_its_action(tmp_path) -> None:
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 1},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1),
                                           gpu=None),))
     eng = build_engine(cfg)
     await eng.start()

@@ -14,6 +14,7 @@ import pytest
 
 from arl_tangram.api.app import create_app
 from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.build import build_engine
 from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 
 def _config(tmp_path, memory_mb: float, **scheduler: object) -> ServiceConfig:
     node = NodeConfig(capacity=Resources(cpu=2, memory_mb=memory_mb),
-                      cpu={"work_root": str(tmp_path / "w"), "warm_min": 1}, gpu=None)
+                      cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1), gpu=None)
     return ServiceConfig(nodes=(node,), scheduler=scheduler)
 
 

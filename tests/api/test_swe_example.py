@@ -32,9 +32,10 @@ def test_scripted_agent_fixes_the_repository_in_one_session(tmp_path, swe_layout
     import swe_agent
 
     from arl_tangram.client import Client
+    from arl_tangram.managers.cpu import CpuManagerConfig
     from arl_tangram.runtime.config import NodeConfig, ServiceConfig
 
-    cfg = ServiceConfig(nodes=(NodeConfig(cpu={"work_root": str(tmp_path / "w"), "warm_min": 1},
+    cfg = ServiceConfig(nodes=(NodeConfig(cpu=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1),
                                           gpu=None),))
     with Client.embedded(cfg) as c:
         out = c.import_image(swe_layout, swe_agent.IMAGE)

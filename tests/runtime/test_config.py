@@ -34,6 +34,13 @@ def test_full_file(tmp_path: Path) -> None:
     ("images:\n  - {name: \"x\\n\", path: /x}\n", 2, "images[0].name"),  # (issue 35, L3)
     ("limits:\n  header_timeout_s: 0\n", 2, "limits"),  # (issue 35, M4)
     ("limits:\n  max_connections_per_ip: -1\n", 2, "limits"),
+    # a node's manager sections are built when the file is parsed, the key named (issue 36)
+    ("nodes:\n  - name: a\n    cpu: {warm_min: 4, warm_max: 2}\n", 3, "nodes[0].cpu.warm_max"),
+    ("nodes:\n  - name: a\n    cpu:\n      workdir_max_mb: 0\n", 4, "nodes[0].cpu.workdir_max_mb"),
+    ("nodes:\n  - name: a\n    cpu:\n      colour: red\n", 4, "nodes[0].cpu.colour"),
+    ("nodes:\n  - name: a\n    cpu: [1]\n", 2, "nodes[0].cpu"),
+    ("nodes:\n  - name: a\n  - name: b\n    gpu: {device: tpu}\n", 4, "nodes[1].gpu.device"),
+    ("nodes:\n  - name: a\n    gpu:\n      max_length: 0\n", 4, "nodes[0].gpu.max_length"),
 ])
 def test_errors_name_file_line_field(tmp_path: Path, text: str, line: int | None, field: str) -> None:
     p = tmp_path / "bad.yaml"
@@ -74,3 +81,54 @@ def test_images_eager_reach_the_ray_executor(tmp_path: Path) -> None:
 def test_default_is_this_machine() -> None:
     cfg = default_config(with_models=False)
     assert cfg.nodes[0].name == "local" and cfg.models == () and cfg.host == "127.0.0.1"
+
+
+def test_node_sections_parse_into_the_managers_typed_configs(tmp_path: Path) -> None:
+    from arl_tangram.managers.cpu import CpuManagerConfig
+    from arl_tangram.managers.gpu.config import GpuManagerConfig
+
+    p = tmp_path / "c.yaml"
+    p.write_text("nodes:\n  - name: a\n    cpu: {work_root: /srv/w, warm_max: 7}\n"
+                 "    gpu: {device: cpu, cpu_devices: 3}\n  - name: b\n")
+    a, b = load_service_config(p).nodes
+    assert a.cpu == CpuManagerConfig(work_root="/srv/w", warm_max=7,
+                                     hidden_paths=(str(p.resolve()),))
+    assert a.gpu == GpuManagerConfig(device="cpu", cpu_devices=3)
+    assert b.cpu == CpuManagerConfig(hidden_paths=(str(p.resolve()),))  # (the file's own path)
+    assert b.gpu == GpuManagerConfig()
+
+
+def test_the_ray_nodes_get_only_what_the_file_set(tmp_path: Path) -> None:
+    """A Ray node builds its managers' configs where it runs (its temp directory, say): it is
+    sent the fields that differ from the defaults, and gpu: false as no GPU manager."""
+    from arl_tangram.runtime.ray_executor import RayExecutor
+
+    p = tmp_path / "c.yaml"
+    p.write_text("nodes:\n  - name: a\n    cpu: {warm_max: 7}\n    gpu: false\n")
+    ex = RayExecutor.from_service_config(load_service_config(p))
+    assert ex.config.cpu == {"warm_max": 7, "hidden_paths": (str(p.resolve()),)}
+    assert ex.config.gpu is None
+
+
+def test_the_served_policies_are_the_cores_but_the_static_pool_baseline() -> None:
+    from arl_tangram.core.config import POLICIES
+    from arl_tangram.runtime.config import POLICY_NAMES
+
+    assert POLICY_NAMES == ("tangram", "trajectory-bound", "task-isolated", "fifo")
+    assert set(POLICIES) - set(POLICY_NAMES) == {"static-pool"}
+
+
+def test_the_service_config_parses_without_the_gpu_stack() -> None:
+    """The node's ``gpu:`` section is a `GpuManagerConfig` built at parse time: reading the
+    config imports neither torch nor the GPU manager (the ``[gpu]`` extra may be absent)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c",
+         "import sys; from arl_tangram.runtime.config import parse_service_config as p; "
+         "c = p({'nodes': [{'gpu': {'device': 'cpu'}}]}); "
+         "print(c.nodes[0].gpu.device, [m for m in ('torch', 'arl_tangram.managers.gpu.manager')"
+         " if m in sys.modules])"],
+        capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "cpu []"

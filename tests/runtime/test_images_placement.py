@@ -10,6 +10,7 @@ import pytest
 
 from arl_tangram.core.actions import ActionKind, ActionSpec, Status
 from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.runtime.config import NodeConfig
 from arl_tangram.runtime.engine import Engine
@@ -32,7 +33,7 @@ def bash(aid: str, code: str, session: str | None = None) -> ActionSpec:
 
 def _node(name: str, tmp_path, cpu: float) -> NodeConfig:
     return NodeConfig(name=name, capacity=Resources(cpu=cpu, memory_mb=4096),
-                      cpu={"work_root": str(tmp_path / name), "warm_min": 0}, gpu=None)
+                      cpu=CpuManagerConfig(work_root=str(tmp_path / name), warm_min=0), gpu=None)
 
 
 async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(

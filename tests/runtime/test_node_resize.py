@@ -13,6 +13,7 @@ from arl_tangram.core import commands as C
 from arl_tangram.core import events as E
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManagerConfig
 from arl_tangram.runtime.node import NodeHost
 
 pytestmark = pytest.mark.needs_root
@@ -38,7 +39,7 @@ async def _finished(events: list[E.Event], aid: str) -> E.ActionFinished:
 async def test_resizes_before_during_and_after_an_action(tmp_path) -> None:
     events: list[E.Event] = []
     host = NodeHost("n1", emit=events.append, capacity=Resources(cpu=2, memory_mb=4096),
-                    cpu_config={"work_root": str(tmp_path / "w"), "warm_min": 1})
+                    cpu_config=CpuManagerConfig(work_root=str(tmp_path / "w"), warm_min=1))
     await host.start()
     try:
         one, two = Resources(cpu=1, memory_mb=256), Resources(cpu=2, memory_mb=256)

@@ -51,13 +51,11 @@ def _images_dir(args: argparse.Namespace) -> str:
         return str(args.images_dir)
     from ..managers.cpu import CpuManagerConfig
 
-    cpu: dict[str, Any] = {}
     if args.config:
         from ..runtime.config import load_service_config
 
-        cfg = load_service_config(args.config)
-        cpu = dict(cfg.nodes[0].cpu or {})
-    return CpuManagerConfig(**cpu).image_cache_dir()
+        return load_service_config(args.config).nodes[0].cpu.image_cache_dir()
+    return CpuManagerConfig().image_cache_dir()
 
 
 def _http(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:

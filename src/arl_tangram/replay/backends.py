@@ -39,20 +39,24 @@ class EmbeddedBackend(Backend):
                  shares: Mapping[str, float] | None, *, cpu_config: Mapping[str, Any] | None = None,
                  tick_s: float = 0.5, images: Mapping[str, str] | None = None,
                  core_kw: Mapping[str, Any] | None = None) -> None:
+        from ..managers.cpu.config import CpuManagerConfig
+        from ..managers.gpu.config import GpuManagerConfig
         from ..runtime.config import NodeConfig
         from ..runtime.engine import Engine, EngineConfig
         from ..runtime.local import LocalExecutor
         from ..sim.runner import make_core
 
+        cpu = CpuManagerConfig(**(cpu_config or {}))
         nodes = []
         for n in cluster.nodes:
             ngpu = int(n.capacity.get(GPU))
             gpu = None
             if ngpu and cluster.models:
-                gpu = {"device": "auto", "cpu_devices": ngpu,
-                       "cpu_device_memory_mb": n.capacity.get(GPU_MEMORY_MB) / ngpu or 4096.0}
+                gpu = GpuManagerConfig(
+                    device="auto", cpu_devices=ngpu,
+                    cpu_device_memory_mb=n.capacity.get(GPU_MEMORY_MB) / ngpu or 4096.0)
             nodes.append(NodeConfig(name=n.name, pool=n.pool, capacity=n.capacity,
-                                    cpu=dict(cpu_config or {}), gpu=gpu, labels=dict(n.labels)))
+                                    cpu=cpu, gpu=gpu, labels=dict(n.labels)))
         self.cluster = cluster
         self.cpu_capacity = cluster.total_capacity().get(CPU)
         models = tuple(cluster.models)

@@ -1,13 +1,14 @@
 """Service configuration: one YAML file (``tangram serve --config``) or the embedded default.
 
 Invariant: a `ServiceConfig` is validated when built; every error in a file is a `SpecError`
-naming ``file:line: field`` (like `core.cluster.parse_cluster`). Manager sections (``cpu``,
-``gpu``) are passed through to the managers' own config dataclasses when the node starts, so
-their validation errors also name the node and field.
+naming ``file:line: field`` (like `core.cluster.parse_cluster`). A node's manager sections
+(``cpu``, ``gpu``) are built into the managers' own typed configs (`CpuManagerConfig`,
+`GpuManagerConfig`) when the file is parsed, once; an error names the key
+(``nodes[0].cpu.warm_max``).
 
 Layout of the file (every key optional)::
 
-    policy: tangram               # tangram | fifo | task-isolated | trajectory-bound
+    policy: tangram               # tangram | trajectory-bound | task-isolated | fifo
     server: {host: 127.0.0.1, port: 8080, keep_alive_s: 75}
     auth: {token_env: TANGRAM_TOKEN}   # or token: "...", or token_file: /path (first line)
     tenants:                      # named tokens, each with its quotas (see TenantConfig)
@@ -33,19 +34,25 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.cluster import ModelSpec
+from ..core.config import POLICIES
 from ..core.errors import SpecError
 from ..core.images import valid_name
 from ..core.resources import Resources
 from ..managers.api.config import ProviderConfig, ProviderConfigError, parse_providers
+from ..managers.cpu.config import CpuManagerConfig
+from ..managers.gpu.config import GpuManagerConfig
 from ..specfile import read_yaml
 
-POLICY_NAMES = ("tangram", "fifo", "task-isolated", "trajectory-bound")
+# the core's policies a service may run: all but static-pool, a simulator baseline whose k
+# is given in its label (`sim.runner`)
+POLICY_NAMES = tuple(p for p in POLICIES if p != "static-pool")
 MIN_TOKEN_LEN = 16  # a token read from a config file, or guarding a public bind, has this many
 TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}\Z")  # (match + \Z: not "x\n")
 DEFAULT_TENANT = "default"  # the tenant of the single ``auth.token`` / ``--token``
+_M = TypeVar("_M", CpuManagerConfig, GpuManagerConfig)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,13 +62,17 @@ class NodeConfig:
     name: str = "local"  # node name the core sees
     pool: str = "default"  # pool label
     capacity: Resources | None = None  # override of the measured capacity (None: measure)
-    cpu: Mapping[str, Any] = field(default_factory=dict)  # CpuManagerConfig keyword arguments
-    gpu: Mapping[str, Any] | None = field(default_factory=dict)  # GpuManagerConfig kw; None: off
+    cpu: CpuManagerConfig = field(default_factory=CpuManagerConfig)  # its CPU manager's
+    gpu: GpuManagerConfig | None = field(default_factory=GpuManagerConfig)  # None: no GPU manager
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be a non-empty string")
+        if not isinstance(self.cpu, CpuManagerConfig):
+            raise TypeError(f"cpu must be a CpuManagerConfig, got {type(self.cpu).__name__}")
+        if self.gpu is not None and not isinstance(self.gpu, GpuManagerConfig):
+            raise TypeError(f"gpu must be a GpuManagerConfig or None, got {type(self.gpu).__name__}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,18 +337,33 @@ class _Parser:
     def node(self, raw: Any, i: int, parent: Any) -> NodeConfig:
         f = f"nodes[{i}]"
         d = self.mapping(raw, parent, f, {"name", "pool", "capacity", "cpu", "gpu", "labels"})
+        cpu = self.manager(CpuManagerConfig, d.get("cpu"), raw, f"{f}.cpu")
+        gpu = None if d.get("gpu", {}) is False else self.manager(
+            GpuManagerConfig, d.get("gpu"), raw, f"{f}.gpu")
         try:
             cap = d.get("capacity")
-            gpu = d.get("gpu", {})
             return NodeConfig(
                 name=str(d.get("name", "local")), pool=str(d.get("pool", "default")),
                 capacity=Resources(_plain(cap)) if cap is not None else None,
-                cpu=_plain(d.get("cpu") or {}),
-                gpu=None if gpu is False else _plain(gpu or {}),
+                cpu=cpu, gpu=gpu,
                 labels={str(k): str(v) for k, v in _plain(d.get("labels") or {}).items()},
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise self.fail(raw, f, str(exc)) from None
+
+    def manager(self, cls: type[_M], raw: Any, parent: Any, where: str) -> _M:
+        """A node's ``cpu:`` or ``gpu:`` section built into ``cls`` (an empty or absent one:
+        its defaults); an unknown key or a bad value names the key (``nodes[0].cpu.warm_max``)."""
+        names = {f.name for f in fields(cls)}
+        d = _plain(self.mapping(raw or {}, parent, where, names))
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            msg = str(exc).removeprefix(f"{cls.__name__}.")
+            key = next((k for k in sorted(names, key=len, reverse=True)
+                        if msg.startswith(f"{k} ")), None)
+            raise self.fail(raw if isinstance(raw, Mapping) else parent,
+                            f"{where}.{key}" if key else where, msg) from None
 
     def model(self, raw: Any, i: int, parent: Any) -> ModelSpec:
         f = f"models[{i}]"
@@ -550,12 +576,21 @@ def load_service_config(path: str | Path) -> ServiceConfig:
     return hide_in_sandboxes(cfg, os.path.realpath(path))
 
 
+def overrides(cfg: CpuManagerConfig | GpuManagerConfig) -> dict[str, Any]:
+    """The fields of ``cfg`` that differ from its class's defaults, as keyword arguments: what a
+    Ray node builds its own config from (`RayExecutor.from_service_config`), so a default that
+    depends on the machine (the temp directory of `CpuManagerConfig.work_root`) is that node's."""
+    base = type(cfg)()
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)
+            if getattr(cfg, f.name) != getattr(base, f.name)}
+
+
 def hide_in_sandboxes(cfg: ServiceConfig, *paths: str) -> ServiceConfig:
     """``cfg`` with ``paths`` added to every node's ``cpu.hidden_paths``."""
     nodes = []
     for n in cfg.nodes:
-        have = n.cpu.get("hidden_paths") or ()
+        have = n.cpu.hidden_paths or ()
         if isinstance(have, str):
             have = (have,)
-        nodes.append(replace(n, cpu={**n.cpu, "hidden_paths": (*tuple(have), *paths)}))
+        nodes.append(replace(n, cpu=replace(n.cpu, hidden_paths=(*tuple(have), *paths))))
     return replace(cfg, nodes=tuple(nodes))

@@ -53,6 +53,8 @@ from ..core.errors import ClosedError, ImageError, ImagesUnsupported
 from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 from ..managers.base import CodeRunner, ImageCache, ModelHost
+from ..managers.cpu.config import CpuManagerConfig
+from ..managers.gpu.config import GpuManagerConfig
 
 if TYPE_CHECKING:
     from .images import ImagePeer
@@ -92,8 +94,8 @@ class NodeHost:
         emit: Emit,
         pool: str = "default",
         capacity: Resources | None = None,
-        cpu_config: Mapping[str, Any] | None = None,
-        gpu_config: Mapping[str, Any] | None = None,
+        cpu_config: CpuManagerConfig | None = None,
+        gpu_config: GpuManagerConfig | None = None,
         models: Sequence[ModelSpec] = (),
         gpu_factories: Any = None,
         labels: Mapping[str, str] | None = None,
@@ -105,7 +107,8 @@ class NodeHost:
         self.name, self.pool = name, pool
         self._emit = emit
         self._capacity_override = capacity
-        self._cpu_config, self._gpu_config = dict(cpu_config or {}), gpu_config
+        self._cpu_config = cpu_config or CpuManagerConfig()
+        self._gpu_config = gpu_config  # (None: no GPU manager)
         self._models = tuple(models)
         self._gpu_factories = gpu_factories
         self._labels = dict(labels or {})
@@ -182,25 +185,18 @@ class NodeHost:
         return self.spec
 
     def _make_cpu(self) -> CodeRunner:
-        from ..managers.cpu import CpuManager, CpuManagerConfig
+        from ..managers.cpu import CpuManager
 
-        try:
-            cfg = CpuManagerConfig(**self._cpu_config)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"node {self.name}: cpu: {exc}") from None
-        return CpuManager(cfg)
+        return CpuManager(self._cpu_config)
 
     def _make_gpu(self) -> ModelHost | None:
         try:
-            from ..managers.gpu import GpuManager, GpuManagerConfig
+            from ..managers.gpu import GpuManager
         except Exception as exc:  # the [gpu] extra is missing
             self.gpu_note = f"GPU manager unavailable ({type(exc).__name__}: {exc})"
             log.warning("node %s: %s; reward models disabled", self.name, self.gpu_note)
             return None
-        try:
-            cfg = GpuManagerConfig(**dict(self._gpu_config or {}))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"node {self.name}: gpu: {exc}") from None
+        cfg = self._gpu_config or GpuManagerConfig()
         from ..managers.gpu.hosts import with_engines  # judge engines (kind genjudge) beside it
 
         return with_engines(GpuManager(cfg, self._models, factories=self._gpu_factories),

@@ -87,15 +87,25 @@ class AgentSetup:
 
 def make_node_host(setup: AgentSetup, emit: Callable[[Event], None]) -> Host:
     """The real host: a `NodeHost` with the node's CPU and GPU managers."""
+    from ..managers.cpu.config import CpuManagerConfig
+    from ..managers.gpu.config import GpuManagerConfig
     from .node import NodeHost
 
     cpu = dict(setup.cpu)
     # Several Ray nodes may share one machine (ray.cluster_utils.Cluster, or nodes packed on a
     # big host): give each node's CPU manager its own state directory unless one is configured.
     cpu.setdefault("work_root", os.path.join(tempfile.gettempdir(), "tangram-cpu", f"ray-{setup.name.replace('~', '-')}"))
+    try:  # (built here, on the node: its defaults, such as the temp directory, are this machine's)
+        cpu_config = CpuManagerConfig(**cpu)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"node {setup.name}: cpu: {exc}") from None
+    try:
+        gpu_config = None if setup.gpu is None else GpuManagerConfig(**setup.gpu)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"node {setup.name}: gpu: {exc}") from None
     host = NodeHost(
         setup.name, emit=emit, pool=setup.pool, capacity=setup.capacity,
-        cpu_config=cpu, gpu_config=setup.gpu, models=setup.models,
+        cpu_config=cpu_config, gpu_config=gpu_config, models=setup.models,
         labels=setup.labels, images=setup.images, eager_images=setup.eager_images,
     )
     host.image_chunk_bytes = int(setup.image_chunk_bytes)

@@ -157,8 +157,10 @@ class RayExecutor(Executor):
         node = cfg.nodes[0]
         kw.setdefault("images", tuple(getattr(cfg, "images", ())))
         kw.setdefault("eager_images", tuple(getattr(cfg, "eager_images", ())))
-        rcfg = RayExecutorConfig(address=address, cpu=dict(node.cpu),
-                                 gpu=None if node.gpu is None else dict(node.gpu), **kw)
+        from .config import overrides
+
+        rcfg = RayExecutorConfig(address=address, cpu=overrides(node.cpu),
+                                 gpu=None if node.gpu is None else overrides(node.gpu), **kw)
         return cls(rcfg, models=cfg.models)
 
     # ---- life --------------------------------------------------------------------------------

@@ -4,14 +4,21 @@ Loads reward models (scalar classifiers, embedding similarity, generative judges
 node's accelerators -- CUDA devices when present, CPU-backed devices otherwise -- executes the
 scheduler's LoadModel / UnloadModel / RunBatch commands, parks weights in host memory for fast
 swap-in, batches concurrent requests, and measures the costs the core's cost model uses.
+
+Invariant: importing this package imports nothing else of it; the public names load on first use.
+So `config.py` (`GpuManagerConfig`, which the service config builds when its YAML is parsed)
+imports without the ``[gpu]`` extra (torch); `GpuManager` needs it.
 """
 
 from __future__ import annotations
 
-from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
-from .costs import CostTracker, fit_alpha_beta
-from .manager import GpuManager
-from .testing import build_tiny_models, default_similarity_model_path, tiny_model_specs
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
+    from .costs import CostTracker, fit_alpha_beta
+    from .manager import GpuManager
+    from .testing import build_tiny_models, default_similarity_model_path, tiny_model_specs
 
 __all__ = [
     "BatchOutcome",
@@ -24,3 +31,22 @@ __all__ = [
     "fit_alpha_beta",
     "tiny_model_specs",
 ]
+_WHERE = {"BatchOutcome": "config", "DeviceInfo": "config", "GpuManagerConfig": "config",
+          "CostTracker": "costs", "fit_alpha_beta": "costs", "GpuManager": "manager",
+          "build_tiny_models": "testing", "default_similarity_model_path": "testing",
+          "tiny_model_specs": "testing"}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
