@@ -121,7 +121,8 @@ def test_an_altered_or_cut_stream_is_refused_and_leaves_nothing(tmp_path, image)
     pieces = []
     while piece := stream.next():
         pieces.append(piece)
-    for bad in ([pieces[0][:-1] + b"x", *pieces[1:]], pieces[:-1]):
+    flipped = pieces[0][:-1] + bytes([pieces[0][-1] ^ 1])  # (a fixed byte equals it 1 in 256)
+    for bad in ([flipped, *pieces[1:]], pieces[:-1]):
         spool = b.new_spool()
         for p in bad:
             spool.write(p)
