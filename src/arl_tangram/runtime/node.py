@@ -107,8 +107,7 @@ class NodeHost:
         self.name, self.pool = name, pool
         self._emit = emit
         self._capacity_override = capacity
-        self._cpu_config = cpu_config or CpuManagerConfig()
-        self._gpu_config = gpu_config  # (None: no GPU manager)
+        self._cpu_config, self._gpu_config = cpu_config or CpuManagerConfig(), gpu_config
         self._models = tuple(models)
         self._gpu_factories = gpu_factories
         self._labels = dict(labels or {})

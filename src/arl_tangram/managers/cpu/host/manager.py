@@ -127,18 +127,7 @@ class CpuManager:
         self._cgroups = CgroupTree()
         fork = self.fork
         fork.start_reaper(sorted(set(self._cgroups.bases.values())))
-        ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
-        for lang in self._langs.values():
-            ro += lang.ro_paths
-        zcfg: dict[str, Any] = {"root": "rootfs", "ro_paths": ro,  # (in work_root: `Zygote`)
-                "hidden_paths": _inside([os.path.realpath(p) for p in cfg.hidden_paths], ro),
-                "syscall_filter": cfg.syscall_filter,
-                "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
-                "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
-                "nofile": cfg.max_open_files, "direct": cfg.direct_python,
-                "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
-                "compiled_setup": cfg.compiled_setup,
-                "env": payload.env_for(cfg.default_cpus, self._langs)}
+        zcfg = self._fork_server_config()
         if cfg.sandbox_id_count:  # each sandbox on host ids of its own (`host/ids.py`)
             try:
                 await fork.claim_ids()
@@ -196,6 +185,23 @@ class CpuManager:
             log.error("CPU manager: %d stale cgroup(s) of dead managers left: %s", len(left),
                       ", ".join(left[:8]))
         self.sessions.start(self._pool, self._cgroups, self._freezers)
+
+    def _fork_server_config(self) -> dict[str, Any]:
+        """What the fork server is started with: the sandbox view (read-only paths, the hidden
+        ones among them), limits, user, preloads and the sandboxes' environment."""
+        cfg = self.config
+        ro = list(isolation.SYSTEM_RO_PATHS) + list(cfg.extra_ro_paths)
+        for lang in self._langs.values():
+            ro += lang.ro_paths
+        return {"root": "rootfs", "ro_paths": ro,  # (in work_root: `Zygote`)
+                "hidden_paths": _inside([os.path.realpath(p) for p in cfg.hidden_paths], ro),
+                "syscall_filter": cfg.syscall_filter,
+                "preload": list(cfg.preload_modules), "workdir_mb": cfg.workdir_max_mb,
+                "uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "hostname": cfg.hostname,
+                "nofile": cfg.max_open_files, "direct": cfg.direct_python,
+                "share_code_ptes": cfg.share_code_ptes, "warm_direct": cfg.warm_direct,
+                "compiled_setup": cfg.compiled_setup,
+                "env": payload.env_for(cfg.default_cpus, self._langs)}
 
     def _make_userns(self) -> str:
         """The node's user namespace for image sandboxes (`userns.py`), checked against the
