@@ -137,3 +137,24 @@ def test_a_tenant_not_named_weighs_the_smallest_share() -> None:
     out = d.at(0).arrive(act("b0", tenant="bob"), act("x0"))
     assert [c.action.id for c in out if isinstance(c, C.StartAction)] == ["b0", "x0"]
     assert st.tenant_rank("bob") == 0.5 / 0.25 and st.tenant_rank("") == 0.5 / 0.25
+
+
+@pytest.mark.parametrize("policy", ["tangram", "fifo", "task-isolated", "static-pool"])
+def test_seeded_random_walks_with_tenants(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """test_core_stateful's 100 seeded walks of 80 events, every action of one of three tenants
+    (one unnamed), shares 2:1: every invariant after each event (the tenants' use included),
+    and everything drains at the end."""
+    import test_core_stateful as sm
+
+    class Fair(sm.CoreMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.d = Driver(sm.NODES, sm.MODELS, policy=policy, trajectories=3, aging_s=20.0,
+                            task_shares={"a": 2, "b": 1}, model_idle_s=15.0, session_ttl_s=30.0,
+                            tenant_shares={"t0": 2.0, "t1": 1.0})
+
+        def arrive_cpu(self, kw, dt) -> None:  # type: ignore[no-untyped-def]
+            super().arrive_cpu({**kw, "tenant": ("t0", "t1", None)[self.n % 3]}, dt)
+
+    monkeypatch.setattr(sm, "_machine", lambda p: Fair)
+    sm.test_seeded_random_walks(policy)
