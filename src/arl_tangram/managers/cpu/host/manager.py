@@ -163,17 +163,7 @@ class CpuManager:
             await self.aclose()
             raise IsolationUnavailable(f"sandbox fork server failed: {hello.get('error')}")
         self._pool.start()
-        self.images = ImageStore(cfg.image_cache_dir(), cfg.image_limits(),
-                                 owner_max_bytes=cfg.image_tenant_max_mb << 20,
-                                 max_total_bytes=cfg.image_store_max_mb << 20)
-        if cfg.layers_on_disk:
-            self.layers = await asyncio.to_thread(
-                LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
-                cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
-        self._report["image_user"] = await asyncio.to_thread(self._make_userns)
-        self._report["image_layer"] = (
-            "disk" if self.layers is not None and self.layers.available else
-            f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
+        await self._start_images()
         self._freezers = overlay.FreezerTree(self._cgroups) if cfg.freeze_sessions else None
         fork.configure_reaper(
             freezer=self._freezers.base if self._freezers is not None else None,
@@ -185,6 +175,22 @@ class CpuManager:
             log.error("CPU manager: %d stale cgroup(s) of dead managers left: %s", len(left),
                       ", ".join(left[:8]))
         self.sessions.start(self._pool, self._cgroups, self._freezers)
+
+    async def _start_images(self) -> None:
+        """The image cache, the writable layers on disk, the user namespace of image sandboxes,
+        and what the isolation report says of the last two."""
+        cfg = self.config
+        self.images = ImageStore(cfg.image_cache_dir(), cfg.image_limits(),
+                                 owner_max_bytes=cfg.image_tenant_max_mb << 20,
+                                 max_total_bytes=cfg.image_store_max_mb << 20)
+        if cfg.layers_on_disk:
+            self.layers = await asyncio.to_thread(
+                LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
+                cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
+        self._report["image_user"] = await asyncio.to_thread(self._make_userns)
+        self._report["image_layer"] = (
+            "disk" if self.layers is not None and self.layers.available else
+            f"memory ({self.layers.problem if self.layers is not None else 'layers_on_disk=False'})")
 
     def _fork_server_config(self) -> dict[str, Any]:
         """What the fork server is started with: the sandbox view (read-only paths, the hidden
