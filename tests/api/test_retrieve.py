@@ -157,3 +157,36 @@ def test_v1_search_naming_a_local_index_is_answered_by_the_retriever(url: str) -
     bad = httpx.post(f"{url}/v1/search", json={"provider": "wiki", "query": "x",
                                                 "options": {"topk": 0}}, timeout=60)
     assert bad.status_code == 400 and bad.json()["field"] == "options.topk"
+
+
+def test_exactly_what_verl_s_search_tool_sends_and_what_it_parses(url: str) -> None:
+    """verl's ``search_r1_like`` tool (``verl/tools/utils/search_r1_like_utils.py``,
+    ``call_search_api``): one POST per tool call to its ``retrieval_service_url`` with JSON and
+    Accept headers, ``{"queries": query_list, "topk": topk, "return_scores": true}``; a 500,
+    502, 503 or 504 is retried, another non-2xx fails the call; it reads ``result`` and, per
+    query, each item's ``document.contents`` (first line the title, the rest the text),
+    joining the queries' passages with ``---``. Sent here with the same headers and body, the
+    answer parsed the same way."""
+    import requests  # (what verl's tool uses)
+
+    query_list = ["capital of France", "highest mountain"]
+    resp = requests.post(f"{url}/retrieve", headers={"Content-Type": "application/json",
+                                                     "Accept": "application/json"},
+                         json={"queries": query_list, "topk": 3, "return_scores": True}, timeout=30)
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+    api_response = resp.json()
+    retrievals = api_response.get("result", [])
+    assert [len(r) for r in retrievals] == [3, 3]
+
+    def passages(items: list[dict]) -> str:  # verl's formatting of one query's passages
+        out = []
+        for i, item in enumerate(items):
+            title, _, text = item["document"]["contents"].partition("\n")
+            out.append(f"Doc {i + 1} (Title: {title})\n{text}")
+        return "\n\n".join(out)
+
+    formatted = "\n---\n".join(passages(r) for r in retrievals)
+    first, second = formatted.split("\n---\n")
+    assert first.startswith("Doc 1 (Title: Paris)\nParis is the capital and largest city of France.")
+    assert second.startswith("Doc 1 (Title: Mount Everest)\nMount Everest is the highest mountain")
+    assert first.count("Doc ") == 3 and second.count("Doc ") == 3
