@@ -1,0 +1,142 @@
+"""Tenants' fair share (issue 41 item 3) on this machine: a real `tangram serve` (uvicorn, real
+sandboxes), the review's M1 at a smaller flood: carol submits ``--flood`` one-second Python CPU
+loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
+``POST /v1/actions`` with her own token. Three runs, each on a fresh service:
+
+- ``alone``: alice only (the lower bound of her ACT);
+- ``today``: both tenants, no shares (one order for all: what the review measured);
+- ``fair``: both, ``share: 0.5`` each.
+
+Printed per run: alice's mean ACT (the service's own finish - submit of each action) and its
+ratio to alone, and carol's completion (her last finish - her first submit) and its ratio to
+the ``today`` run (carol's completion there is what the cluster gives her without anyone's
+share). Needs root (the sandboxes). The machine's load is printed with each run.
+
+    .venv/bin/python benchmarks/bench_fairshare_real.py --flood 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ALICE = "alice-token-0123456789abcdef"
+CAROL = "carol-token-0123456789abcdef"
+LOOP = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\n"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(d: Path, shares: bool) -> Path:
+    extra = ", share: 0.5" if shares else ""
+    cfg = d / "service.yaml"
+    cfg.write_text("tenants:\n"
+                   f"  - {{name: alice, token: {ALICE}{extra}}}\n"
+                   f"  - {{name: carol, token: {CAROL}{extra}}}\n"
+                   "limits: {max_pending: 100000}\n"
+                   "nodes:\n  - name: local\n    gpu: false\n"
+                   f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8}}\n")
+    return cfg
+
+
+def _submit(c: httpx.Client, token: str, actions: list[dict[str, Any]]) -> list[str]:
+    r = c.post("/v1/actions", json={"actions": actions}, headers={"Authorization": f"Bearer {token}"})
+    r.raise_for_status()
+    return list(r.json()["ids"])
+
+
+def _results(c: httpx.Client, token: str, ids: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for i in ids:
+        while True:
+            r = c.get(f"/v1/actions/{i}", params={"wait": 30}, headers={"Authorization": f"Bearer {token}"})
+            r.raise_for_status()
+            j = r.json()
+            if j["finished"]:
+                if j["status"] != "succeeded":
+                    raise RuntimeError(f"{i}: {j['status']} {j.get('reason')}")
+                out.append(j)
+                break
+    return out
+
+
+def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float | None]:
+    """(alice's mean ACT, carol's completion or None) of one run on a fresh service."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        port = _port()
+        tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
+        proc = subprocess.Popen([tangram, "serve", "--config", str(_config(d, mode == "fair")),
+                                 "--no-models", "--port", str(port), "--log-level", "warning"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+                for _ in range(600):
+                    try:
+                        if c.get("/v1/health").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.1)
+                # warm: each tenant's kind of action once, so that both have a history
+                for tok, code in ((ALICE, "print(1)"), (CAROL, "print(2)")):
+                    _results(c, tok, _submit(c, tok, [{"kind": "code", "payload": {"code": code, "language": "python"}}]))
+                carol: list[str] = []
+                if mode != "alone":
+                    carol = _submit(c, CAROL, [{"kind": "code", "payload": {"code": LOOP, "language": "python"},
+                                                "timeout_s": 600} for _ in range(flood)])
+                    time.sleep(after)
+                alice = _submit(c, ALICE, [{"kind": "code", "payload": {"code": "print(1)", "language": "python"}}
+                                           for _ in range(short)])
+                a = _results(c, ALICE, alice)
+                act = sum(x["act"] for x in a) / len(a)
+                done = None
+                if carol:
+                    cr = _results(c, CAROL, carol)
+                    done = max(x["finish_time"] for x in cr) - min(x["submit_time"] for x in cr)
+                return act, done
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--flood", type=int, default=40)
+    ap.add_argument("--short", type=int, default=8)
+    ap.add_argument("--after", type=float, default=1.5, help="seconds between the flood and alice")
+    ap.add_argument("--modes", nargs="+", default=["alone", "today", "fair"])
+    args = ap.parse_args()
+    got: dict[str, tuple[float, float | None]] = {}
+    for mode in args.modes:
+        got[mode] = one(mode, args.flood, args.short, args.after)
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        a, done = got[mode]
+        base = got.get("alone", (None, None))[0]
+        today = got.get("today", (None, None))[1]
+        print(f"{mode:>6}: alice mean ACT {a * 1000:9.1f} ms"
+              + (f" ({a / base:7.2f}x alone)" if base else "")
+              + (f"; carol done in {done:7.2f} s" if done is not None else "")
+              + (f" ({done / today:5.3f}x today)" if done is not None and today else "")
+              + f"  [load {' '.join(load)}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
