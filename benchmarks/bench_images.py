@@ -227,7 +227,7 @@ async def bench_tangram(args: argparse.Namespace, layout: str, work: str) -> dic
         from arl_tangram.managers.cpu.host.overlay import slot_pids
 
         for i in range(args.idle):
-            slot = m._sessions[f"i{i}"].sandbox.slot
+            slot = m.sessions.by_id[f"i{i}"].sandbox.slot
             assert slot is not None
             charged += slot.charged_bytes()
             pids += slot_pids(slot)

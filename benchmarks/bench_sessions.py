@@ -316,7 +316,7 @@ async def run(a: argparse.Namespace, crowd: Crowd, opened: dict[str, str], root:
     await asyncio.sleep(1.0)
     per: dict[str, list[int]] = {"plain": [], "image": []}
     for sid, kind in opened.items():
-        s = mgr._sessions.get(sid)
+        s = mgr.sessions.by_id.get(sid)
         if s is None:
             continue
         pids = overlay.slot_pids(s.sandbox.slot) or [s.sandbox.pid]
@@ -332,18 +332,18 @@ async def run(a: argparse.Namespace, crowd: Crowd, opened: dict[str, str], root:
 
     # idle CPU: the fork server, the reaper, this process (manager + node host + loop)
     procs = {"manager (this process)": os.getpid()}
-    if mgr._zygote is not None:
-        procs["fork server"] = mgr._zygote.proc.pid
-    if mgr.watchdog is not None:
-        procs["reaper"] = mgr.watchdog.proc.pid
+    if mgr.fork.zygote is not None:
+        procs["fork server"] = mgr.fork.zygote.proc.pid
+    if mgr.fork.watchdog is not None:
+        procs["reaper"] = mgr.fork.watchdog.proc.pid
     ticks0 = {who: cpu_ticks(p) for who, p in procs.items()}
-    r0, m0, reads = crowd.reports, mgr.memory_calls, 0
+    r0, m0, reads = crowd.reports, mgr.sessions.memory_calls, 0
     t = time.perf_counter()
     while time.perf_counter() - t < a.idle_s:
         await asyncio.sleep(0.05)
-        if mgr.memory_calls != m0:
-            reads += mgr.memory_reads
-            m0 = mgr.memory_calls
+        if mgr.sessions.memory_calls != m0:
+            reads += mgr.sessions.memory_reads
+            m0 = mgr.sessions.memory_calls
     dt = time.perf_counter() - t
     ticks1 = {who: cpu_ticks(p) for who, p in procs.items()}
     print(f"idle CPU over {dt:.0f} s with {len(opened)} idle sessions "

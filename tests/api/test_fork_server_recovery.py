@@ -36,7 +36,7 @@ async def test_fork_server_killed_under_load_recovers(tmp_path) -> None:
             (node,) = (await c.get("/v1/cluster")).json()["nodes"]
             assert node["ready"] is True
             cpu = eng._executor.hosts[node["name"]].cpu  # type: ignore[attr-defined]
-            zpid = cpu._zygote.proc.pid
+            zpid = cpu.fork.zygote.proc.pid
 
             async def one(code: str) -> dict:
                 r = await c.post("/run_code", json={"code": code, "run_timeout": 20})
@@ -54,7 +54,7 @@ async def test_fork_server_killed_under_load_recovers(tmp_path) -> None:
                 h = await c.get("/v1/health")
                 if h.status_code == 503:
                     saw_503 = h.json()
-                elif saw_503 is not None or cpu.restarts:
+                elif saw_503 is not None or cpu.fork.restarts:
                     break
                 await asyncio.sleep(0.005)
             ready_s = time.monotonic() - t0

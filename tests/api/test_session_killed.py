@@ -45,7 +45,7 @@ async def test_a_killed_session_worker_or_sandbox_fails_only_its_action(tmp_path
 
             async def killed_midway(sid: str, which: str) -> dict:
                 slow = asyncio.create_task(tool(sid, "import time; time.sleep(20); print(x)"))
-                init = cpu._sessions[sid].sandbox.pid
+                init = cpu.sessions.by_id[sid].sandbox.pid
                 for _ in range(200):
                     if _children(init):
                         break

@@ -63,11 +63,11 @@ async def _until(cond: Any, timeout: float) -> None:
 
 
 async def _kill_and_wait(mgr: CpuManager, restarts: int) -> None:
-    await _until(lambda: mgr.health()["ready"] and mgr._zygote is not None
-                 and mgr._zygote.gone is None, 10)
-    assert mgr._zygote is not None
-    os.kill(mgr._zygote.proc.pid, signal.SIGKILL)
-    await _until(lambda: mgr.restarts == restarts or mgr.health()["down"], 10)
+    await _until(lambda: mgr.health()["ready"] and mgr.fork.zygote is not None
+                 and mgr.fork.zygote.gone is None, 10)
+    assert mgr.fork.zygote is not None
+    os.kill(mgr.fork.zygote.proc.pid, signal.SIGKILL)
+    await _until(lambda: mgr.fork.restarts == restarts or mgr.health()["down"], 10)
 
 
 async def test_crashes_further_apart_than_the_window_never_mark_the_node_down(
@@ -78,15 +78,15 @@ async def test_crashes_further_apart_than_the_window_never_mark_the_node_down(
         2, 100.0, 0.01, 600.0
     for i in range(4):
         await _kill_and_wait(mgr, i + 1)
-        assert mgr.restarts == i + 1 and not mgr.health()["down"], mgr.health()
+        assert mgr.fork.restarts == i + 1 and not mgr.health()["down"], mgr.health()
         clock.offset += 100.5  # the next death comes past the window
     r = await mgr.run(action("print(1)"), allot())
     assert r.status == "Success", r
     # two deaths within the window: down
     await _kill_and_wait(mgr, 5)
-    assert mgr.restarts == 5
+    assert mgr.fork.restarts == 5
     await _kill_and_wait(mgr, 6)
     await _until(lambda: mgr.health()["down"], 5)
     h = mgr.health()
     assert "died 2 times within 100 s: node marked down" in h["reason"], h
-    assert mgr.restarts == 5
+    assert mgr.fork.restarts == 5

@@ -61,12 +61,12 @@ async def test_memory_reports_read_each_frozen_session_once_every_refresh(
         await crowd.open_session(sid, Resources(cpu=1, memory_mb=256), ttl_s=600)
     try:
         use, _ = crowd.memory_use()  # the first report after their freeze reads them all
-        assert crowd.memory_reads == 6 and sorted(use) == sorted(sids)
+        assert crowd.sessions.memory_reads == 6 and sorted(use) == sorted(sids)
         last = {sid: use[sid][0] for sid in sids}
         for _ in range(2 * EVERY):  # then two of six per report, each once every 3 reports
-            c = crowd.memory_calls + 1
+            c = crowd.sessions.memory_calls + 1
             use, _ = crowd.memory_use()
-            assert crowd.memory_reads == len(_turn(c, 6)) == 2
+            assert crowd.sessions.memory_reads == len(_turn(c, 6)) == 2
             for i, sid in enumerate(sids):
                 if i in _turn(c, 6):
                     last[sid] = use[sid][0]
@@ -75,21 +75,21 @@ async def test_memory_reports_read_each_frozen_session_once_every_refresh(
         # an action thaws idle4: read on the next report whatever its turn, then sampled again
         r = await sh(crowd, "idle4", "head -c 3000000 /dev/zero > blob; echo ok")
         assert r.status == "Success" and r.run_result.stdout == "ok\n", r
-        c = crowd.memory_calls + 1
+        c = crowd.sessions.memory_calls + 1
         use, _ = crowd.memory_use()
-        assert crowd.memory_reads == len(_turn(c, 6) | {4})
+        assert crowd.sessions.memory_reads == len(_turn(c, 6) | {4})
         assert use["idle4"][1] >= use["idle4"][0] >= 3_000_000  # its file in its tmpfs
         kept = use["idle4"][0]
-        c = crowd.memory_calls + 1
+        c = crowd.sessions.memory_calls + 1
         use, _ = crowd.memory_use()
-        assert crowd.memory_reads == len(_turn(c, 6))
+        assert crowd.sessions.memory_reads == len(_turn(c, 6))
         if 4 not in _turn(c, 6):
             assert use["idle4"] == (kept, kept)
         # a closed session is no longer read; the places of the rest move up
         await crowd.close_session("idle0")
-        c = crowd.memory_calls + 1
+        c = crowd.sessions.memory_calls + 1
         use, _ = crowd.memory_use()
-        assert "idle0" not in use and crowd.memory_reads == len(_turn(c, 5))
+        assert "idle0" not in use and crowd.sessions.memory_reads == len(_turn(c, 5))
     finally:
         for sid in sids:
             await crowd.close_session(sid)
@@ -117,7 +117,7 @@ async def test_frozen_session_reclaimed_under_pressure_keeps_its_state(
         assert before >= 24 << 20  # the blob's pages are charged to it
         freed = await crowd.reclaim_session("squeezed")  # memory runs short: reclaimed, kept
         assert freed >= 16 << 20
-        s = crowd._sessions["squeezed"]
+        s = crowd.sessions.by_id["squeezed"]
         assert s.freezer is not None and s.freezer.frozen  # still frozen, not closed
         use, _ = crowd.memory_use()
         assert use["squeezed"][0] <= before - (16 << 20)  # read again after it: what is left
@@ -202,7 +202,7 @@ async def test_node_short_of_memory_reclaims_idle_sessions_before_its_report() -
             await asyncio.sleep(0.05)
         assert all(rep.current_mb["tight"] < 24 for rep in reports[seen:])  # its 40 MiB went
         assert m.has_session("tight")
-        s = m._sessions["tight"]
+        s = m.sessions.by_id["tight"]
         assert s.freezer is not None and s.freezer.frozen
         r = await sh(m, "tight", "pwd; echo $KEEP; md5sum -c blob.md5")
         assert r.status == "Success", r

@@ -65,7 +65,7 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     await m.open_session("s-old", Resources(cpu=1, memory_mb=256), 600)
     r = await m.run(action("x = 1", kind=ActionKind.TOOL, session="s-old"), allot())
     assert r.status == "Success", r
-    old = m._zygote
+    old = m.fork.zygote
     assert old is not None
     zpid = old.proc.pid
     # in flight: sandboxes running a long sleep, the fork server their parent
@@ -76,7 +76,7 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     os.kill(zpid, signal.SIGKILL)
     t_kill = time.monotonic()
     # noticed at once: not ready, with the reason
-    await _until(lambda: not m.health()["ready"] or m.restarts > 0, 1.0)
+    await _until(lambda: not m.health()["ready"] or m.fork.restarts > 0, 1.0)
     # actions that arrive meanwhile wait for the new fork server (no 1 ms failure loop)
     later = [asyncio.create_task(m.run(action(f"print({i})"), allot())) for i in range(6)]
     done = await asyncio.wait_for(asyncio.gather(*slow), 15)
@@ -88,7 +88,7 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     del ready_s
     h = m.health()
     assert h["fork_server_deaths"] == 1 and h["fork_server_restarts"] == 1, h
-    assert m._zygote is not None and m._zygote.proc.pid != zpid
+    assert m.fork.zygote is not None and m.fork.zygote.proc.pid != zpid
     for r in await asyncio.wait_for(asyncio.gather(*later), 30):
         assert r.status == "Success", r
     assert _state(zpid) is None, f"old fork server left as {_state(zpid)!r} (zombie?)"
@@ -112,10 +112,10 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
 async def test_repeated_deaths_mark_the_node_down(m: CpuManager) -> None:
     m.fork.max_crashes, m.fork.restart_backoff_s, m.fork.down_retry_s = 3, 0.01, 60.0
     for _ in range(3):
-        await _until(lambda: m.health()["ready"] and m._zygote is not None
-                     and m._zygote.gone is None, 10)
-        assert m._zygote is not None
-        os.kill(m._zygote.proc.pid, signal.SIGKILL)
+        await _until(lambda: m.health()["ready"] and m.fork.zygote is not None
+                     and m.fork.zygote.gone is None, 10)
+        assert m.fork.zygote is not None
+        os.kill(m.fork.zygote.proc.pid, signal.SIGKILL)
         await _until(lambda: not m.health()["ready"], 2)
     await _until(lambda: m.health()["down"], 5)
     h = m.health()

@@ -104,7 +104,7 @@ def out(r: RunResult) -> str:
 
 def host_uids(m: CpuManager, sid: str) -> dict[int, tuple[int, ...]]:
     """Every process of the session's sandbox (its cgroup slot) -> its host uids (r, e, s, fs)."""
-    slot = m._sessions[sid].sandbox.slot
+    slot = m.sessions.by_id[sid].sandbox.slot
     assert slot is not None
     d = slot.dirs.get("pids") or next(iter(slot.dirs.values()))
     with open(f"{d}/cgroup.procs") as f:
@@ -181,7 +181,7 @@ async def test_oci_user_workdir_env_and_shell_are_honoured(mgr: CpuManager,
         assert lines == ["65534", "65534", "/testbed/pkg", "bar baz", "/opt/env/bin:/usr/bin:/bin",
                          "/", "/bin/sh", "denied"], r.to_dict()
         uids = host_uids(mgr, "nb")
-        init = mgr._sessions["nb"].sandbox.pid
+        init = mgr.sessions.by_id["nb"].sandbox.pid
         assert uids.pop(init) == (BASE,) * 4  # its init: root inside
         assert uids and all(u == (BASE + 65534,) * 4 for u in uids.values()), uids
         r = await py(mgr, "nb", "import os; print(os.getuid(), os.getcwd())")
@@ -198,7 +198,7 @@ async def test_oci_user_workdir_env_and_shell_are_honoured(mgr: CpuManager,
     img3 = _import(mgr, layout, "nosuch", {"User": "nosuch"})
     with pytest.raises(ImageError, match="no user 'nosuch'"):
         await mgr.open_session("ns", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img3)
-    assert "ns" not in mgr._sessions
+    assert "ns" not in mgr.sessions.by_id
     assert await no_leftovers() == []
 
 
@@ -231,7 +231,7 @@ async def test_hostile_cases_as_root_in_an_image_session(mgr: CpuManager,
         assert r.run_result.return_code is None and r.run_result.stdout == ""
         assert r.run_result.stderr == f"could not start the bash session process: {PIDS_FULL}\n"
         assert r.status == "Failed"
-        assert r.message == PIDS_FULL and "hp" in mgr._sessions
+        assert r.message == PIDS_FULL and "hp" in mgr.sessions.by_id
         await _contained(mgr, "hp", host.pid)
         # memory bomb: the memory cgroup
         await mgr.open_session("h1", Resources(cpu=1, memory_mb=128), ttl_s=60, image=img,
@@ -371,7 +371,7 @@ async def test_an_image_session_holding_every_inotify_instance_takes_none_from_o
                 os.close(fd)
             with open(f"/proc/{pid}/uid_map") as f:
                 assert f.read().split() == ["0", str(BASE), str(COUNT)]
-        assert owners == [mgr._sessions[s].sandbox.uid for s in ("ia", "ib")]
+        assert owners == [mgr.sessions.by_id[s].sandbox.uid for s in ("ia", "ib")]
         b0 = mgr.config.sandbox_id_base
         assert len(set(owners)) == 2 and all(b0 <= o < b0 + mgr.config.sandbox_id_count
                                              for o in owners)

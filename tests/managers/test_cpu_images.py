@@ -213,7 +213,7 @@ async def main():
     a = ActionSpec(id="a", kind=ActionKind.TOOL, session="s",
                    payload={"code": "(sleep 300 &); echo ok", "language": "bash"})
     r = await m.run(a, Resources(cpu=1, memory_mb=128))
-    print(m._sessions["s"].freezer.dir, m.watchdog.proc.pid, flush=True)
+    print(m.sessions.by_id["s"].freezer.dir, m.fork.watchdog.proc.pid, flush=True)
     await asyncio.sleep(300)
 
 asyncio.run(main())
@@ -269,7 +269,7 @@ async def test_sessions_frozen_by_a_killed_manager_are_thawed_and_killed_at_next
 
 def _shmem(mgr: CpuManager, sid: str) -> int:  # noqa: F811
     """Bytes of shared memory (tmpfs pages) charged to session ``sid``'s memory cgroup."""
-    slot = mgr._sessions[sid].sandbox.slot
+    slot = mgr.sessions.by_id[sid].sandbox.slot
     assert slot is not None
     with open(f"{slot.dirs['memory']}/memory.stat") as f:
         stat = dict(line.split() for line in f)

@@ -59,7 +59,7 @@ async def test_sandboxes_die_with_the_fork_server() -> None:
     except IsolationUnavailable as e:
         pytest.skip(f"isolation unavailable here: {e}")
     try:
-        zpid = m._zygote.proc.pid
+        zpid = m.fork.zygote.proc.pid
         # one running action (its uid already dropped) and whatever the warm pool holds
         run = asyncio.create_task(m.run(action("import time\ntime.sleep(60)"), allot()))
         deadline = time.monotonic() + 10

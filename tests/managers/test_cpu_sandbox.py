@@ -237,7 +237,7 @@ async def test_fork_server_binds_eagerly_and_actions_do_not_see_it(mgr: CpuManag
     """The fork server runs with LD_BIND_NOW (its sandboxes never enter the dynamic linker's
     lazy binding), and no action's environment (Python's os.environ, a program it starts, a
     non-Python action) carries the variable."""
-    zygote = mgr._zygote
+    zygote = mgr.fork.zygote
     assert zygote is not None and zygote.hello.get("bind_now") is True
     with open(f"/proc/{zygote.proc.pid}/environ", "rb") as f:  # scrubbed once started
         assert b"LD_BIND_NOW" not in f.read()

@@ -83,8 +83,8 @@ async def _in_slot(sb: Sandbox, within_s: float = 3.0) -> bool:
 async def test_sandboxes_move_themselves_into_their_slots(joined: CpuManager,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     pool = joined._pool
-    assert pool is not None and pool.self_join and joined._zygote is not None
-    assert joined._zygote.hello.get("cgroup_join") is True
+    assert pool is not None and pool.self_join and joined.fork.zygote is not None
+    assert joined.fork.zygote.hello.get("cgroup_join") is True
 
     def refuse(self: Slot, pid: int) -> None:
         raise AssertionError("the manager moved a sandbox into its slot")
@@ -119,8 +119,8 @@ async def test_a_sandbox_keeps_no_cgroup_descriptor(joined: CpuManager) -> None:
 
 
 async def test_the_fork_server_refuses_a_bad_slot_name(joined: CpuManager) -> None:
-    assert joined._zygote is not None
-    got = await joined._zygote.spawn(1, False, ["../../x"])
+    assert joined.fork.zygote is not None
+    got = await joined.fork.zygote.spawn(1, False, ["../../x"])
     assert len(got) == 1 and isinstance(got[0], Exception)
     r = await joined.run(action("print(1)"), allot())  # and serves on
     assert r.status == "Success", r.to_dict()
@@ -130,7 +130,7 @@ async def test_off_the_manager_moves_them() -> None:
     m = await _manager(cgroup_self_join=False)
     try:
         assert m._pool is not None and not m._pool.self_join
-        assert m._zygote is not None and m._zygote.hello.get("cgroup_join") is False
+        assert m.fork.zygote is not None and m.fork.zygote.hello.get("cgroup_join") is False
         got = await m._pool.spawn_many(2, prepare=False, warm=False)
         try:
             for sb in got:

@@ -63,10 +63,10 @@ def _tool(sid: str, code: str, language: str = "python"):  # type: ignore[no-unt
 
 
 async def _kill_fork_server(m: CpuManager) -> None:
-    assert m._zygote is not None
-    zpid, restarts = m._zygote.proc.pid, m.restarts
+    assert m.fork.zygote is not None
+    zpid, restarts = m.fork.zygote.proc.pid, m.fork.restarts
     os.kill(zpid, signal.SIGKILL)
-    await _until(lambda: m.restarts == restarts + 1 and m.health()["ready"], 15)
+    await _until(lambda: m.fork.restarts == restarts + 1 and m.health()["ready"], 15)
 
 
 async def _check_state(m: CpuManager, sids: list[str]) -> None:
@@ -90,8 +90,8 @@ async def test_32_sessions_keep_their_state_when_the_fork_server_dies(m: CpuMana
         assert r.status == "Success", r
         r = await m.run(_tool(sid, f"export V=v{i}; cd /tmp", "bash"), allot())
         assert r.status == "Success", r
-    inits = {sid: m._sessions[sid].sandbox.pid for sid in sids}
-    uids = {m._sessions[sid].sandbox.uid for sid in sids}
+    inits = {sid: m.sessions.by_id[sid].sandbox.pid for sid in sids}
+    uids = {m.sessions.by_id[sid].sandbox.uid for sid in sids}
     assert len(uids) == N
     # in flight: 3 one-shot actions in the fork server's sandboxes, 1 action in session s0
     slow = [asyncio.create_task(m.run(action("import time; time.sleep(30)"), allot()))
@@ -106,12 +106,12 @@ async def test_32_sessions_keep_their_state_when_the_fork_server_dies(m: CpuMana
     assert r.status == "Success", r
     await _check_state(m, sids)
     assert m._pool is not None and m._pool.orphan_ids == uids
-    reaper = m.watchdog.proc.pid if m.watchdog is not None else -1
+    reaper = m.fork.watchdog.proc.pid if m.fork.watchdog is not None else -1
     assert {_ppid(p) for p in inits.values()} == {reaper}
     # a second death, the sessions now the first fork server's orphans
     await _kill_fork_server(m)
     await _check_state(m, sids)
-    assert {m._sessions[sid].sandbox.pid for sid in sids} == set(inits.values())
+    assert {m.sessions.by_id[sid].sandbox.pid for sid in sids} == set(inits.values())
     # one-shot actions of the new fork server never run as a live session's id
     for r in await asyncio.gather(*(m.run(action("import os; print(os.getuid())"), allot())
                                     for _ in range(16))):
@@ -130,12 +130,12 @@ async def test_a_killed_reaper_is_replaced_and_sessions_live_on(m: CpuManager) -
     await m.open_session("k", Resources(cpu=0.5, memory_mb=128), 600)
     r = await m.run(_tool("k", "x = 41"), allot())
     assert r.status == "Success", r
-    assert m.watchdog is not None
-    old = m.watchdog.proc.pid
+    assert m.fork.watchdog is not None
+    old = m.fork.watchdog.proc.pid
     os.kill(old, signal.SIGKILL)
-    await _until(lambda: m.restarts == 1 and m.health()["ready"], 15)
-    assert m.watchdog is not None and m.watchdog.proc.pid != old
-    assert m._zygote is not None and _ppid(m._zygote.proc.pid) == m.watchdog.proc.pid
+    await _until(lambda: m.fork.restarts == 1 and m.health()["ready"], 15)
+    assert m.fork.watchdog is not None and m.fork.watchdog.proc.pid != old
+    assert m.fork.zygote is not None and _ppid(m.fork.zygote.proc.pid) == m.fork.watchdog.proc.pid
     r = await m.run(_tool("k", "print(x + 1)"), allot())
     assert r.status == "Success" and r.run_result is not None and r.run_result.stdout == "42\n", r
     r = await m.run(action("print(6 * 7)"), allot())

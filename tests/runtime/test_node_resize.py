@@ -51,7 +51,7 @@ async def test_resizes_before_during_and_after_an_action(tmp_path) -> None:
         host.submit(C.ResizeAction("a", "n1", two))
         ev = await _finished(events, "a")
         assert ev.output["run_result"]["stdout"].split() == ["2", "2"], ev
-        assert host.cpu._sessions["s"].cpu == 2.0  # its quota while it ran
+        assert host.cpu.sessions.by_id["s"].cpu == 2.0  # its quota while it ran
         assert host.info()["resizes"] == {"applied": 0, "deferred": 1, "dropped": 0}
         # a running action: its sandbox's quota is rewritten
         b = _elastic("b")

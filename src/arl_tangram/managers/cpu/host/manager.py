@@ -31,12 +31,10 @@ from ..images.layers import Layer, LayerStore
 from ..images.store import Image, ImageError, ImageStore
 from . import direct, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
-from .client import Zygote
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
-from .reaper import Reaper
 from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
-from .sessions import Session, SessionTable
+from .sessions import SessionTable
 from .sessions import as_own_ids as _as
 from .supervisor import ForkServerSupervisor
 
@@ -93,31 +91,6 @@ class CpuManager:
         self._freezers: overlay.FreezerTree | None = None
         # each image sandbox makes a user namespace of its own, owned by its id (`_make_userns`)
         self._own_userns = False
-
-    # views of the parts (tests and benchmarks read them) ----------------------------------------
-    @property
-    def _zygote(self) -> Zygote | None:
-        return self.fork.zygote
-
-    @property
-    def _sessions(self) -> dict[str, Session]:
-        return self.sessions.by_id
-
-    @property
-    def watchdog(self) -> Reaper | None:
-        return self.fork.watchdog
-
-    @property
-    def restarts(self) -> int:
-        return self.fork.restarts
-
-    @property
-    def memory_calls(self) -> int:
-        return self.sessions.memory_calls
-
-    @property
-    def memory_reads(self) -> int:
-        return self.sessions.memory_reads
 
     # life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
