@@ -55,3 +55,56 @@ def test_the_acceptance_burst_simulated_leaves_at_the_limit_with_no_429() -> Non
     assert s.provider_429s > 0 and s.failed == s.provider_429s
     st = run_burst("static-split", calls=500)
     assert st.provider_429s == 0 and st.act_avg_s >= t.act_avg_s
+
+
+# ---- the search-and-fetch workload of `tangram simulate` ----------------------------------------
+def test_the_providers_published_limits_and_the_semaphores_are_the_sourced_ones() -> None:
+    from arl_tangram.sim.deepsearch import JINA_READER, TAVILY
+
+    assert (TAVILY.per_min, TAVILY.mean_s, TAVILY.semaphore) == (1000, 2.5, 20)
+    assert (JINA_READER.per_min, JINA_READER.mean_s, JINA_READER.semaphore) == (500, 7.9, 10)
+    lim = JINA_READER.limits("tangram")
+    assert (lim.burst, lim.concurrency) == (500, 500)  # a minute's requests; rate x 60 s
+    assert JINA_READER.limits("semaphore").concurrency == 10
+
+
+@pytest.fixture(scope="module")
+def search_fetch() -> dict[str, object]:
+    from arl_tangram.sim.deepsearch import COMPARE, DEEP_SEARCH, simulate
+
+    n = 400  # (static-split: one slice per trajectory, a few seconds)
+    return {p: simulate(DEEP_SEARCH.cluster(n), DEEP_SEARCH.batches(0, n, 1), p) for p in COMPARE}
+
+
+def test_search_and_fetch_under_each_policy(search_fetch: dict) -> None:
+    from arl_tangram.sim.deepsearch import DEEP_SEARCH
+
+    batch = next(DEEP_SEARCH.batches(0, 400, 1))
+    kinds = [a.tag for t in batch for _g, a in t.steps]
+    assert (len(kinds), kinds.count("tavily"), kinds.count("jina")) == (1522, 1018, 504)
+    t, models = search_fetch["tangram"]
+    assert dict(t.by_status) == {"succeeded": 1522}
+    assert {n: m.rejected for n, m in models.items()} == {"tavily": 0, "jina": 0}  # no 429
+    for name, (rep, _m) in search_fetch.items():
+        assert rep.act["avg"] >= rep.bound["act_avg"] - 1e-9, name  # the bound holds
+        if name != "tangram":
+            assert rep.act["avg"] > t.act["avg"], name  # tangram's mean ACT is the lowest
+    _rep, sm = search_fetch["semaphore"]
+    assert sm["jina"].rejected == 0  # (ASearcher's 10 fetches in flight never reach the rate)
+
+
+def test_tangram_simulate_compares_deep_search_with_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from arl_tangram.cli.main import main
+
+    assert main(["simulate", "--workload", "deep-search", "--compare", "--trajectories", "200",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["reports"]) == ["tangram", "semaphore", "static-split"]
+    assert set(out["ratios"]) == {"semaphore", "static-split"} and out["best_static"] is None
+    lowest = min(r["bound"]["act_avg"] for r in out["reports"].values())
+    assert out["bound"]["act_avg"] == lowest
+    assert main(["simulate", "--workload", "deep-search", "--policy", "fifo"]) == 2
+    assert main(["simulate", "--workload", "deep-search", "--savings"]) == 2
+    assert main(["simulate", "--workload", "code-rl", "--policy", "semaphore"]) == 2

@@ -16,6 +16,9 @@ from typing import Any
 
 from ..core.errors import SpecError
 from ..sim.bounds import Bound, bound, table_bound
+from ..sim.deepsearch import COMPARE as PROVIDER_COMPARE
+from ..sim.deepsearch import POLICIES as PROVIDER_POLICIES
+from ..sim.deepsearch import PROVIDER_WORKLOADS, run_report
 from ..sim.metrics import SimReport
 from ..sim.runner import (
     BASELINES,
@@ -42,13 +45,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Replay a built-in workload or a trace through the scheduler core in virtual "
                     "time and report ACT, RL step duration and utilization.")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", choices=sorted(WORKLOADS), help="built-in workload (default: code-rl)")
+    src.add_argument("--workload", choices=sorted({**WORKLOADS, **PROVIDER_WORKLOADS}),
+                     help="built-in workload (default: code-rl)")
     src.add_argument("--trace", metavar="FILE", help="trajectories, JSON Lines (docs/trace-format.md)")
     p.add_argument("--cluster", metavar="FILE", help="cluster spec YAML (required with --trace; "
                    "overrides the workload's cluster otherwise)")
     p.add_argument("--policy", type=_policy, default="tangram",
                    help="policy to run (default: tangram): " + ", ".join(policies())
-                   + " (static-pool:K for any fixed allotment K)")
+                   + " (static-pool:K for any fixed allotment K); for deep-search: "
+                   + ", ".join(PROVIDER_POLICIES))
     p.add_argument("--seed", type=int, default=0, help="seed of the workload's sampling (default: 0)")
     p.add_argument("--trajectories", type=_positive_int, help="trajectories per RL step (workloads)")
     p.add_argument("--steps", type=_positive_int, help="RL steps to simulate")
@@ -74,6 +79,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _policy(s: str) -> str:
+    if s in PROVIDER_POLICIES:  # (a provider workload's; `_reports` checks the pairing)
+        return s
     try:
         parse_policy(s)
     except KeyError as exc:
@@ -129,7 +136,7 @@ def _inputs(args: argparse.Namespace) -> tuple[str, Any, Batches, float]:
             steps = steps[: args.steps]
         _check_models(cluster, steps, args.trace)
         return args.trace, cluster, lambda: steps, 0.0
-    w = get_workload(args.workload or "code-rl")
+    w = PROVIDER_WORKLOADS.get(args.workload or "") or get_workload(args.workload or "code-rl")
     n = args.trajectories or w.trajectories
     cluster = load_cluster_yaml(args.cluster) if args.cluster else w.cluster(n)
     seed, steps_n = args.seed, args.steps or w.steps
@@ -197,7 +204,8 @@ def _table(reports: dict[str, SimReport], title: str, opt: Bound | None = None) 
     if lost:
         notes.append(lost)
     if opt is not None:
-        notes.extend(BOUND_NOTES)
+        provider = any("provider_act_avg" in (r.bound or {}) for r in reports.values())
+        notes.extend(PROVIDER_BOUND_NOTES if provider else BOUND_NOTES)
     if ratio:
         notes.append("ACT x / step x: the policy's figure divided by tangram's (> 1: tangram is better)")
     setup = max((r.setup_s for r in reports.values()), default=0.0)
@@ -215,6 +223,17 @@ BOUND_NOTES = (
     "ACT avg / bound s",
     "optimum: ACT avg and bound s are the lowest row's bound (no run in the table is below it); "
     "p50, p99 and step: each action alone",
+)
+
+
+PROVIDER_BOUND_NOTES = (
+    "bound s: a lower bound on the row's ACT avg given the times its calls were submitted in "
+    "that run: per provider, each answered call's latency after the earliest time the "
+    "provider's token bucket lets it start (the k-th distinct request released takes the "
+    "k-th token; a repeated one may join the first), a call never answered 0 "
+    "(sim/deepsearch.py, provider_bound); x bound: ACT avg / bound s",
+    "optimum: ACT avg and bound s are the lowest row's bound; p50, p99 and step: each call "
+    "alone at its own latency (a coalesced call may finish sooner)",
 )
 
 
@@ -287,6 +306,9 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"wrote {n} trajectories to {args.dump_trace}")
         return 0
     kw = {"seed": args.seed, "workload": label, "config": config}
+    if label in PROVIDER_WORKLOADS and (args.sweep or args.savings):
+        raise KeyError(f"{label}: --sweep and --savings size node pools; a provider workload has "
+                       "none (run --compare)")
     if args.sweep:
         return _sweep(args, console, label, cluster, base_batches, config)
     reports = _reports(args, console, cluster, batches, kw)
@@ -316,11 +338,31 @@ def _run(args: argparse.Namespace) -> int:
 
 def _reports(args: argparse.Namespace, console: Any, cluster: Any, batches: Batches,
              kw: dict[str, Any]) -> dict[str, SimReport]:
-    """--compare: every policy (a line as each ends); else the one --policy."""
+    """--compare: every policy (a line as each ends); else the one --policy. A provider
+    workload (deep-search) compares the provider policies (`sim.deepsearch.COMPARE`)."""
+    if kw["workload"] in PROVIDER_WORKLOADS:
+        names = PROVIDER_COMPARE if args.compare else (args.policy,)
+        if args.policy not in PROVIDER_POLICIES and not args.compare:
+            raise KeyError(f"policy {args.policy!r}: {kw['workload']} runs the provider policies "
+                           f"{', '.join(PROVIDER_POLICIES)}")
+        out = {}
+        for name in names:
+            out[name] = r = run_report(cluster, batches(), name, **kw)
+            console.print(f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]")
+        return out
+    if args.policy in PROVIDER_POLICIES and parse_policy_or_none(args.policy) is None:
+        raise KeyError(f"policy {args.policy!r} is a provider policy: run it with --workload deep-search")
     if args.compare:
         return compare(cluster, batches, **kw, on_report=lambda r: console.print(
             f"[dim]{r.policy}: {r.actions} actions in {r.wall_s:.1f} s[/dim]"))
     return {args.policy: run_policy(cluster, batches, args.policy, **kw)}
+
+
+def parse_policy_or_none(label: str) -> Any:
+    try:
+        return parse_policy(label)
+    except KeyError:
+        return None
 
 
 def _savings(args: argparse.Namespace, cluster: Any, batches: Batches,

@@ -22,12 +22,25 @@ Sources (repeated in docs/workloads.md, "deep-search"):
 
 The provider is a model with real limits (`VirtualProvider`): a token bucket of ``rate``/s and
 ``burst``, ``concurrency`` calls at once, a 429 without headers past either (after ``rtt``).
+
+The ``deep-search`` workload of `tangram simulate` (`DEEP_SEARCH`, `run_report`) adds page
+fetches (ASearcher's agents search, then read pages) on two providers at their published
+limits: search on Tavily (1,000 requests/min, a production key: docs.tavily.com, "Rate
+Limits"), fetch on Jina Reader (500 requests/min with a free or paid key, 7.9 s average
+latency: jina.ai's rate-limit table). Neither publishes a burst (taken as a whole minute's requests: the loosest reading, which favours the unpaced baselines) or
+a concurrency cap (none), nor does Tavily publish a latency: the search latency is the only one
+a search provider publishes, Jina's s.jina.ai, 2.5 s average (the same table). Each number and
+assumption is in docs/workloads.md, "deep-search".
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import random
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +53,10 @@ from ..core.config import CoreConfig
 from ..core.core import Core
 from ..core.providers import ProviderLimits
 from ..core.resources import Resources
-from .simulator import Simulator
+from .metrics import SimReport
+from .simulator import SimConfig, Simulator
 from .trace import SimAction, Trajectory
-from .workloads import gen_seconds, lognormal
+from .workloads import Workload, cpu_nodes, gen_seconds, lognormal
 
 SEARCH_R1_TRAJECTORIES = 2560  # 512 prompts x 5 (Search-R1's GRPO setting)
 GROUP = 5  # GRPO group size (Search-R1)
@@ -50,6 +64,148 @@ MAX_TURNS = 4  # Search-R1's max_turns
 SERPER_RATE = 50.0  # Serper's lowest plan, queries/s
 VERL_SEMAPHORE = 120  # verl's search tool num_workers / rate_limit
 POLICIES = ("tangram", "tangram-no-coalesce", "semaphore", "static-split")
+
+# ---- the search-and-fetch workload (`tangram simulate --workload deep-search`) ----------------
+LATENCY_SIGMA = 0.6  # lognormal spread of a provider's latency (assumption, as search above)
+LATENCY_MAX_S = 60.0  # latencies clamped to [0.2, 60] s (assumption)
+FETCH_SHARE = 0.5  # a search is followed by a fetch of one of its top 3 results (assumption)
+
+
+@dataclass(frozen=True, slots=True)
+class SimProvider:
+    """A provider of the workload at its published limits (docs/workloads.md)."""
+
+    name: str
+    kind: ActionKind
+    per_min: int  # requests per minute it admits (published)
+    mean_s: float  # its average latency
+    semaphore: int  # ASearcher's per-process semaphore for this tool (the semaphore baseline)
+
+    @property
+    def rate(self) -> float:
+        return self.per_min / 60.0
+
+    @property
+    def burst(self) -> float:
+        """None is published for a per-minute limit: a whole minute's requests at once (the
+        loosest reading, the one that favours the unpaced baselines)."""
+        return float(self.per_min)
+
+    def limits(self, policy: str) -> ProviderLimits:
+        """What the core is told: the published rate and `burst`; no cap is published, so
+        the slots never bind below the rate (rate x the longest latency), except under the
+        semaphore baseline, which has ASearcher's semaphore."""
+        conc = self.semaphore if policy == "semaphore" else math.ceil(self.per_min * LATENCY_MAX_S / 60)
+        return ProviderLimits(name=self.name, rate=self.rate, burst=self.burst, concurrency=conc,
+                              max_attempts=1000)
+
+    def latency(self, rng: random.Random) -> float:
+        """Lognormal with mean ``mean_s`` (median = mean / exp(sigma^2 / 2)), clamped."""
+        median = self.mean_s / math.exp(LATENCY_SIGMA ** 2 / 2)
+        return lognormal(rng, median, LATENCY_SIGMA, 0.2, LATENCY_MAX_S)
+
+
+TAVILY = SimProvider("tavily", ActionKind.SEARCH, 1000, 2.5, 20)
+JINA_READER = SimProvider("jina", ActionKind.FETCH, 500, 7.9, 10)
+SEARCH_FETCH = (TAVILY, JINA_READER)
+COMPARE = ("tangram", "semaphore", "static-split")  # `tangram simulate --compare` runs these
+
+
+def search_agent(rng: random.Random, step: int, index: int) -> Trajectory:
+    """One search agent's rollout: 1..4 turns (Search-R1's ``max_turns``), each a generation
+    then a search; after a search, with probability ``FETCH_SHARE``, a generation then a fetch
+    of one of its top 3 results. Siblings of a GRPO group share the prompt and sometimes the
+    query (as `deep_search`), so their fetches may repeat too."""
+    prompt = index // GROUP
+    steps: list[tuple[float, SimAction]] = []
+    for t in range(rng.randint(1, MAX_TURNS)):
+        same = rng.random() < (0.5 if t == 0 else 0.2)
+        q = f"s{step}-p{prompt}-t{t}" if same else f"s{step}-p{prompt}-r{index}-t{t}"
+        steps.append((gen_seconds(rng, 150, 0.6, 1000), SimAction(
+            kind=ActionKind.SEARCH, work_s=TAVILY.latency(rng), demand=Resources(), tag=TAVILY.name,
+            timeout_s=600.0, query=q)))
+        if rng.random() < FETCH_SHARE:
+            url = f"{q}/r{rng.randrange(3)}"
+            steps.append((gen_seconds(rng, 150, 0.6, 1000), SimAction(
+                kind=ActionKind.FETCH, work_s=JINA_READER.latency(rng), demand=Resources(),
+                tag=JINA_READER.name, timeout_s=600.0, query=url)))
+    return Trajectory(f"s{step}-ds-{index}", "deep-search", tuple(steps), 0.0, {}, step)
+
+
+DEEP_SEARCH = Workload(
+    "deep-search", "search agents calling a web-search and a page-fetch provider at their "
+    "published rate limits (issue 37; provider policies: tangram, semaphore, static-split)",
+    ((search_agent, 1.0),), lambda n: ClusterSpec(tuple(cpu_nodes("cpu", 8))),
+    trajectories=SEARCH_R1_TRAJECTORIES, steps=1, train_s=0.0)
+PROVIDER_WORKLOADS = {DEEP_SEARCH.name: DEEP_SEARCH}
+
+
+class _CallSimulator(Simulator):
+    """The simulator, keeping each provider call's release, latency, query and outcome for
+    the run's bound (`provider_bound`)."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        # (provider, submit, true latency, query, status, timeout) of each delivered call
+        self.delivered: list[tuple[str, float, float, str, Status, float]] = []
+
+    def _deliver(self, result: Any) -> None:
+        act = self.truth.get(result.id)
+        if isinstance(act, SimAction) and act.query is not None and act.tag is not None:
+            self.delivered.append((act.tag, result.submit_time, act.work_s, act.query,
+                                   result.status, act.timeout_s))
+        super()._deliver(result)
+
+
+def provider_bound(calls: Iterable[tuple[str, float, float, str, Status, float]],
+                   providers: Sequence[SimProvider], count: int) -> float:
+    """A lower bound on a run's mean ACT over its ``count`` counted actions, on its own
+    release times: per provider, its answered calls under its bucket (`bucket_terms`: the k-th
+    distinct query released starts no earlier than the bucket lets it, a repeated one may
+    join); a call that timed out its timeout (it waited that long); a failed one 0."""
+    calls = list(calls)
+    total = sum(t for *_x, st, t in calls if st is Status.TIMED_OUT)
+    for p in providers:
+        log = [(rel, lat, q) for tag, rel, lat, q, st, _t in calls
+               if tag == p.name and st is Status.SUCCEEDED]
+        total += sum(bucket_terms(log, p.rate, p.burst))
+    return total / count if count else 0.0
+
+
+def run_report(cluster: ClusterSpec, batches: Iterable[Sequence[Trajectory]], policy: str, *,
+               seed: int = 0, workload: str = "deep-search", config: SimConfig | None = None,
+               providers: Sequence[SimProvider] = SEARCH_FETCH) -> SimReport:
+    """One run of a provider workload under ``policy`` (one of `POLICIES`), as `tangram
+    simulate` reports it: the run's bound is `provider_bound` (each call's latency under its
+    provider's bucket), not the node pools'."""
+    return simulate(cluster, batches, policy, seed=seed, workload=workload, config=config,
+                    providers=providers)[0]
+
+
+def simulate(cluster: ClusterSpec, batches: Iterable[Sequence[Trajectory]], policy: str, *,
+             seed: int = 0, workload: str = "deep-search", config: SimConfig | None = None,
+             providers: Sequence[SimProvider] = SEARCH_FETCH,
+             ) -> tuple[SimReport, dict[str, VirtualProvider]]:
+    """`run_report`, and the provider models after the run (their answers and 429s)."""
+    if policy not in POLICIES:
+        raise KeyError(f"unknown policy {policy!r} for a provider workload; known: {', '.join(POLICIES)}")
+    it = iter(batches)
+    first = list(next(it, []))
+    name = "tangram" if policy.startswith("tangram") else policy
+    core = Core(cluster, CoreConfig(providers=tuple(p.limits(policy) for p in providers),
+                                    provider_policy=name, trajectories=max(1, len(first)),
+                                    provider_coalesce=policy == "tangram"))
+    sim = _CallSimulator(cluster, core, config, policy=policy, workload=workload, seed=seed)
+    for p in providers:
+        sim.executor.providers[p.name] = VirtualProvider(p.rate, p.burst, 10**9)
+    rep = sim.run(itertools.chain((first,), it))
+    counted = sum(v for k, v in rep.by_status.items() if str(k) in ("succeeded", "failed", "timed_out"))
+    b = provider_bound(sim.delivered, providers, counted)
+    # (the node pools' bound charges each call its own latency, which a coalesced call need
+    # not wait: only the provider bound holds here)
+    models = {p.name: sim.executor.providers[p.name] for p in providers}
+    return dataclasses.replace(rep, bound={**(rep.bound or {}), "act_avg": b,
+                                           "provider_act_avg": b}), models
 
 
 @dataclass
@@ -203,7 +359,12 @@ def _bound(sim: Simulator) -> float:
 
 def _bound_terms(log: list[tuple[float, float, str]], sim: Simulator) -> list[float]:
     vp = sim.executor.providers["serper"]
-    rate, burst = vp.rate, vp.burst
+    return bucket_terms(log, vp.rate, vp.burst)
+
+
+def bucket_terms(log: Iterable[tuple[float, float, str]], rate: float, burst: float) -> list[float]:
+    """Each call's least completion time, (release, latency, query) in, under a bucket of
+    ``rate``/s and ``burst`` (`_bound`)."""
     out: list[float] = []
     tokens, t_last = burst, 0.0
     open_until: dict[str, float] = {}
