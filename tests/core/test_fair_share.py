@@ -13,7 +13,7 @@ from fair_sim import simulate
 
 from arl_tangram.core import CoreConfig
 from arl_tangram.core import commands as C
-from arl_tangram.core.actions import WorkHints
+from arl_tangram.core.actions import ActionSpec, Status, WorkHints
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
 
@@ -158,3 +158,43 @@ def test_seeded_random_walks_with_tenants(policy: str, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(sm, "_machine", lambda p: Fair)
     sm.test_seeded_random_walks(policy)
+
+
+def _call(aid: str, tenant: str, provider: str = "p") -> ActionSpec:
+    from arl_tangram.core.actions import ActionKind
+
+    return ActionSpec(aid, kind=ActionKind.SEARCH, tag=provider, demand=Resources(),
+                      payload={"query": aid}, tenant=tenant)
+
+
+def _provider_order(shares: dict | None) -> list[str]:
+    """A provider of 2 slots: carol sends 6 calls at 0, alice 2 at 0.1; each call is answered
+    1 s after it was sent, in the order sent. The order the calls are sent in."""
+    from arl_tangram.core import events as ev
+    from arl_tangram.core.providers import ProviderLimits
+
+    kw = {"tenant_shares": shares} if shares else {}
+    d = Driver([cpu_node("n0")], providers=(ProviderLimits(name="p", rate=100.0, burst=10.0,
+                                                          concurrency=2),), **kw)
+    sent: list[tuple[float, str]] = []
+
+    def note(out: list) -> None:
+        sent.extend((d.t, c.action.id) for c in out if isinstance(c, C.CallProvider))
+
+    note(d.at(0.0).arrive(*(_call(f"c{i}", "carol") for i in range(6))))
+    note(d.at(0.1).arrive(_call("a0", "alice"), _call("a1", "alice")))
+    done = 0
+    while done < len(sent):
+        t, aid = sent[done]
+        done += 1
+        note(d.at(max(d.t, t + 1.0))(ev.ActionFinished(max(d.t, t + 1.0), aid,
+                                                          status=Status.SUCCEEDED, run_s=1.0)))
+    return [a for _, a in sent]
+
+
+def test_provider_slots_are_shared_by_tenant() -> None:
+    # today: one order, carol's calls first (same kind, earlier)
+    assert _provider_order(None) == ["c0", "c1", "c2", "c3", "c4", "c5", "a0", "a1"]
+    # shares: at t=1 c0 ends -> alice (0 in flight) gets the slot; c1 ends -> carol (0) vs
+    # alice (1): carol; then alice's a1 when a0 ends, carol's in between
+    assert _provider_order(HALF) == ["c0", "c1", "a0", "c2", "a1", "c3", "c4", "c5"]

@@ -121,6 +121,8 @@ class Core:
                                    semaphore=cfg.provider_semaphore, coalesce=cfg.provider_coalesce,
                                    trajectories=cfg.trajectories or 1)
         self._has_providers = bool(cfg.providers)
+        if st.fair:  # (tenants' fair share of each provider's slots: providers.py)
+            self.providers.tenant_weight = st.tenant_weight
 
     # ---- public ---------------------------------------------------------------------------------
     @property
@@ -668,7 +670,8 @@ class Core:
         step = spec.payload.get("step") if spec.payload else None  # (an RL step: its budget)
         why = self.providers.arrive(spec.id, name, key, rank_of(rec.est, spec.weight), rec.seq,
                                     now, rec.submit_time + spec.timeout_s, spec.trajectory,
-                                    step if type(step) is int else None)
+                                    step if type(step) is int else None,
+                                    (spec.tenant or "") if self.st.fair else None)
         if why:
             rec.move(_FAILED, now, spec.id)
             self._deliver(rec, _FAILED, reason=why)
@@ -768,7 +771,8 @@ class Core:
             prov.promote(first.spec.id, key[0], key[1], followers[1:])
             first.note(self.st.now, f"leads the call after {aid} was cancelled", self.st.cause)
             prov.enqueue(prov.by_name[key[0]], first.spec.id, rank_of(first.est, first.spec.weight),
-                         first.seq, self.st.now, first.submit_time + first.spec.timeout_s)
+                         first.seq, self.st.now, first.submit_time + first.spec.timeout_s,
+                         (first.spec.tenant or "") if self.st.fair else None)
             return
         for fid in followers:
             frec = self.st.actions.get(fid)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +193,15 @@ class Provider:
         self.step_used: dict[int, int] = {}  # step -> calls charged (answered or in flight)
         self.heap: list[tuple[int, int, str]] = []  # (rank, seq, id); stale entries skipped
         self.entry: dict[str, tuple[int, int]] = {}  # id -> its live (rank, seq)
+        # Tenants' fair share (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair
+        # share"): tenant -> its weight (None: one order for every call, the heap above).
+        # With it each tenant's calls wait in a heap of their own, and the next call sent is
+        # the head of the tenant with the fewest calls in flight over its weight.
+        self.weight: Callable[[str], float] | None = None
+        self.tenant_of: dict[str, str] = {}  # live (waiting or in flight) id -> its tenant
+        self.theaps: dict[str, list[tuple[int, int, str]]] = {}  # tenant -> its (rank, seq, id)
+        self.busy: dict[str, int] = {}  # tenant -> its calls in flight
+        self._pick = ""  # the tenant `head` chose
         # counters (what /v1/stats shows)
         self.sent = 0
         self.throttles = 0
@@ -252,9 +262,18 @@ class Provider:
 
     def push(self, aid: str, rank: int, seq: int) -> None:
         self.entry[aid] = (rank, seq)
-        heapq.heappush(self.heap, (rank, seq, aid))
+        if self.weight is None:
+            heapq.heappush(self.heap, (rank, seq, aid))
+        else:
+            t = self.tenant_of.get(aid, "")
+            h = self.theaps.get(t)
+            if h is None:
+                h = self.theaps[t] = []
+            heapq.heappush(h, (rank, seq, aid))
 
     def head(self) -> str | None:
+        if self.weight is not None:
+            return self._fair_head(self.weight)
         heap = self.heap
         while heap:
             rank, seq, aid = heap[0]
@@ -263,10 +282,53 @@ class Provider:
             heapq.heappop(heap)
         return None
 
+    def _fair_head(self, weight: Callable[[str], float]) -> str | None:
+        """The next call with tenants: of the tenant with the fewest calls in flight over its
+        weight, its best (aged first, then rank, then arrival); ties to the better head."""
+        best: tuple[float, int, int] | None = None
+        for t, h in list(self.theaps.items()):
+            while h:
+                rank, seq, aid = h[0]
+                if self.entry.get(aid) == (rank, seq):
+                    break
+                heapq.heappop(h)
+            if not h:
+                del self.theaps[t]
+                continue
+            mine = (self.busy.get(t, 0) / weight(t), h[0][0], h[0][1])
+            if best is None or mine < best:
+                best, self._pick = mine, t
+        return None if best is None else self.theaps[self._pick][0][2]
+
     def pop(self) -> str:
+        if self.weight is not None:
+            got = self.head()
+            assert got is not None
+            heapq.heappop(self.theaps[self._pick])
+            del self.entry[got]
+            return got
         _rank, _seq, aid = heapq.heappop(self.heap)
         del self.entry[aid]
         return aid
+
+    def sent_one(self, aid: str) -> None:
+        """``aid`` is in flight: its tenant holds one more slot (fair share only)."""
+        if self.weight is not None:
+            t = self.tenant_of.get(aid, "")
+            self.busy[t] = self.busy.get(t, 0) + 1
+
+    def landed(self, aid: str, done: bool) -> None:
+        """``aid``'s call came back (``done``: for good, else it waits again): its tenant holds
+        one slot less (fair share only)."""
+        if self.weight is not None:
+            t = self.tenant_of.get(aid, "")
+            n = self.busy.get(t, 0) - 1
+            if n > 0:
+                self.busy[t] = n
+            else:
+                self.busy.pop(t, None)
+        if done:
+            self.tenant_of.pop(aid, None)
 
     def drop(self, aid: str) -> None:
         self.entry.pop(aid, None)  # (its heap entry is skipped when it comes up)
@@ -341,6 +403,8 @@ class Providers:
         # action -> (provider, RL step) it is charged to (`budget_per_step`), until it ends
         self.charged: dict[str, tuple[str, int]] = {}
         self.refunded: tuple[str, int] | None = None  # the last `forget`'s refund (`promote`)
+        # tenants' fair share: tenant -> its weight (`CoreState.tenant_weight`); None: off
+        self.tenant_weight: Callable[[str], float] | None = None
         self._tseq = 0
 
     @property
@@ -380,7 +444,7 @@ class Providers:
     # ---- arrivals -----------------------------------------------------------------------------
     def arrive(self, aid: str, provider: str, key: str | None, rank: int, seq: int,
                now: float, deadline: float, trajectory: str | None = None,
-               step: int | None = None) -> str:
+               step: int | None = None, tenant: str | None = None) -> str:
         """Queue a new action, or attach it to an identical call in flight or waiting (same
         provider and coalescing key: it costs no budget). Returns '' when it waits, else why it
         cannot (the core fails it at once): a spent budget in total, this hour, or of the
@@ -418,11 +482,15 @@ class Providers:
         if self.policy == "static-split":
             prov = self._slice(prov, trajectory, now)
         self.owner[aid] = prov.limits.name
-        self.enqueue(prov, aid, rank, seq, now, deadline)
+        self.enqueue(prov, aid, rank, seq, now, deadline, tenant)
         return ""
 
     def enqueue(self, prov: Provider, aid: str, rank: int, seq: int, now: float,
-                deadline: float) -> None:
+                deadline: float, tenant: str | None = None) -> None:
+        if self.tenant_weight is not None:  # (fair share: each tenant's calls apart)
+            prov.weight = self.tenant_weight
+            if tenant is not None:
+                prov.tenant_of[aid] = tenant
         prov.push(aid, rank, seq)
         self.deadline[aid] = deadline
         self._timer(now + self.aging_s, "age", aid)
@@ -468,6 +536,7 @@ class Providers:
                 if self.paced:
                     prov.bucket.take()
                 prov.inflight[aid] = now
+                prov.sent_one(aid)
                 prov.sent += 1
                 out.append(Dispatch(aid, base))
         return out
@@ -538,7 +607,10 @@ class Providers:
         if name is None:
             return None
         prov = self.by_name[name]
-        prov.inflight.pop(aid, None)
+        if prov.inflight.pop(aid, None) is not None:
+            prov.landed(aid, True)
+        else:
+            prov.tenant_of.pop(aid, None)
         return prov
 
     def uncharge(self, aid: str, answered: bool) -> tuple[str, int] | None:
@@ -566,6 +638,8 @@ class Providers:
         if name is None:
             return None
         prov = self.by_name[name]
+        if aid in prov.inflight:
+            prov.landed(aid, False)
         sent_at = prov.inflight.pop(aid, now)
         prov.throttles += 1
         if retry_after_s is not None:
@@ -598,6 +672,7 @@ class Providers:
                 prov.drop(aid)
             if aid not in prov.inflight:  # (in flight: its slot is held until its report)
                 del self.owner[aid]
+                prov.tenant_of.pop(aid, None)
             self.deadline.pop(aid, None)
         key = self.key_of.pop(aid, None)
         if key is not None and self.leaders.get(key) == aid:
@@ -644,6 +719,13 @@ class Providers:
                 bad.append(f"{name}: spent {prov.spent} > budget {lim.budget}")
             if lim.budget_per_hour is not None and prov.hour_spent > lim.budget_per_hour:
                 bad.append(f"{name}: {prov.hour_spent} this hour > {lim.budget_per_hour}")
+            if prov.weight is not None:  # (fair share: each tenant's slots counted right)
+                held: dict[str, int] = {}
+                for aid in prov.inflight:
+                    t = prov.tenant_of.get(aid, "")
+                    held[t] = held.get(t, 0) + 1
+                if held != prov.busy:
+                    bad.append(f"{name}: tenants' calls in flight {held} but counted {prov.busy}")
             cap = lim.budget_per_step
             for s, used in prov.step_used.items():
                 if cap is not None and used > cap:
