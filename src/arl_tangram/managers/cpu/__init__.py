@@ -19,7 +19,9 @@ checks it, docs/architecture.md draws it):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_face
 
 if TYPE_CHECKING:
     from .config import CpuManagerConfig
@@ -30,17 +32,4 @@ __all__ = ["POOL_KEY", "CaseResult", "CpuManager", "CpuManagerConfig", "RunResul
 _WHERE = {"CpuManagerConfig": "config", "CpuManager": "host.manager", "POOL_KEY": "host.manager",
           "RunResult": "host.result", "StageResult": "host.result", "CaseResult": "host.result"}
 
-
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_face(__name__, _WHERE, __all__)

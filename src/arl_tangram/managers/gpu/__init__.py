@@ -12,7 +12,9 @@ imports without the ``[gpu]`` extra (torch); `GpuManager` needs it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_face
 
 if TYPE_CHECKING:
     from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
@@ -36,17 +38,4 @@ _WHERE = {"BatchOutcome": "config", "DeviceInfo": "config", "GpuManagerConfig": 
           "build_tiny_models": "testing", "default_similarity_model_path": "testing",
           "tiny_model_specs": "testing"}
 
-
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_face(__name__, _WHERE, __all__)
