@@ -399,7 +399,7 @@ async def _manager_only(n: int, concurrency: int) -> dict:
     meter = CpuMeter(os.getpid())
     try:
         async def one() -> None:
-            a = run_code_action(RunCodeRequest(**TRIVIAL))
+            a = run_code_action(RunCodeRequest(**TRIVIAL).request())
             r = await mgr.run(a, a.demand)
             if r.status != "Success":
                 raise RuntimeError(f"manager failed: {r}")

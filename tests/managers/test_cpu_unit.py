@@ -10,6 +10,7 @@ import pytest
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Status
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import Resources
+from arl_tangram.kinds import CodeRequest
 from arl_tangram.managers import cpu
 from arl_tangram.managers.cpu.host.languages import Language
 from arl_tangram.managers.cpu.host.payload import (
@@ -102,9 +103,11 @@ def test_code_is_shown_an_elastic_maximum_and_a_rigid_allotment() -> None:
 
 
 def test_memory_limit_smaller_payload_wins() -> None:
-    assert memory_bytes({"memory_limit_MB": 100}, Resources(memory_mb=300), CFG) == 100 << 20
-    assert memory_bytes({"memory_limit_MB": 900}, Resources(memory_mb=300), CFG) == 300 << 20
-    assert memory_bytes({}, Resources(), CFG) == CFG.default_memory_mb << 20
+    assert memory_bytes(CodeRequest(code="", memory_limit_MB=100), Resources(memory_mb=300),
+                        CFG) == 100 << 20
+    assert memory_bytes(CodeRequest(code="", memory_limit_MB=900), Resources(memory_mb=300),
+                        CFG) == 300 << 20
+    assert memory_bytes(CodeRequest(code=""), Resources(), CFG) == CFG.default_memory_mb << 20
 
 
 def test_session_payload_language_is_checked() -> None:

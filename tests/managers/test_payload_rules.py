@@ -288,8 +288,11 @@ def test_machine_cpus_are_the_ones_this_process_may_use() -> None:
 
 
 def test_memory_comes_from_the_allotment_capped_by_the_payload() -> None:
+    def typed(p: dict[str, Any]) -> Any:  # (the typed request the manager reads it from)
+        return pl.request_of(ActionSpec(id="a", payload={"code": "x", **p}))
+
     def mb(p: dict[str, Any], alloc: float) -> float:
-        return pl.memory_bytes(p, {"memory_mb": alloc}, CFG) / (1 << 20)
+        return pl.memory_bytes(typed(p), {"memory_mb": alloc}, CFG) / (1 << 20)
 
     assert mb({}, 300) == 300 and mb({}, 0) == 512  # none allotted: the default
     assert mb({"memory_limit_MB": 100}, 300) == 100 and mb({"memory_limit_MB": 900}, 300) == 300
@@ -297,10 +300,10 @@ def test_memory_comes_from_the_allotment_capped_by_the_payload() -> None:
     assert mb({"memory_limit_MB": 1}, 300) == 1 and mb({"memory_limit_MB": 0.5}, 300) == 0.5
     assert mb({"memory_limit_MB": 0}, 300) == 300 and mb({"memory_limit_MB": -1}, 300) == 300
     assert mb({"memory_limit_MB": None}, 300) == 300
-    assert pl.memory_bytes({}, {}, CFG) == 512 << 20
-    assert isinstance(pl.memory_bytes({"memory_limit_MB": 1.5}, {}, CFG), int)
+    assert pl.memory_bytes(typed({}), {}, CFG) == 512 << 20
+    assert isinstance(pl.memory_bytes(typed({"memory_limit_MB": 1.5}), {}, CFG), int)
     with pytest.raises(InvalidAction) as e:
-        pl.memory_bytes({"memory_limit_MB": "1"}, {}, CFG)
+        pl.memory_bytes(typed({"memory_limit_MB": "1"}), {}, CFG)
     assert e.value.field == "payload.memory_limit_MB"
 
 

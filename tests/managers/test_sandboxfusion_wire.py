@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field
 from arl_tangram.api import jupyter as J
 from arl_tangram.api import jupyter_driver as D
 from arl_tangram.api.schemas import Language, RunCodeRequest
+from arl_tangram.api.translate import run_code_body as run_code_response
 from arl_tangram.core.actions import Status
 from arl_tangram.managers.cpu import CpuManager
-from arl_tangram.managers.cpu.host.result import run_code_response
 
 # ---- the peer's models, verbatim (types spelled in today's syntax) -----------------------------
 

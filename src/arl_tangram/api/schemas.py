@@ -15,12 +15,12 @@ that become paths somewhere are refused when they could name another path (`Sess
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..core.errors import InvalidAction
+from ..kinds import CodeRequest, CommandRunStatus, RunStatus
 from ..managers.cpu.images.layers import MIN_LAYER_MB
 
 
@@ -121,20 +121,9 @@ Language = Literal[
 ]
 
 
-class RunStatus(enum.StrEnum):
-    Success = "Success"
-    Failed = "Failed"
-    SandboxError = "SandboxError"
-
-
-class CommandRunStatus(enum.StrEnum):
-    Finished = "Finished"
-    Error = "Error"
-    TimeLimitExceeded = "TimeLimitExceeded"
-
-
 class RunCodeRequest(BaseModel):
-    """SandboxFusion's RunCodeRequest (a missing ``language`` means python)."""
+    """SandboxFusion's RunCodeRequest (a missing ``language`` means python); `request` is the
+    typed request it stands for."""
 
     compile_timeout: Num = Field(10, gt=0, le=3600, description="compile timeout (s)")
     run_timeout: Num = Field(10, gt=0, le=3600, description="run timeout (s)")
@@ -145,6 +134,14 @@ class RunCodeRequest(BaseModel):
     language: Language = Field("python", description="language or execution mode")
     files: dict[FileName, str | None] = Field(default_factory=dict, description="path -> base64")
     fetch_files: list[FileName] = Field(default_factory=list, description="paths to return")
+
+    def request(self) -> CodeRequest:
+        """The typed request (`arl_tangram.kinds`), built once here from the parsed fields."""
+        return CodeRequest(
+            code=self.code, language=self.language, stdin=self.stdin or "",
+            compile_timeout=self.compile_timeout, run_timeout=self.run_timeout,
+            memory_limit_MB=self.memory_limit_MB, files=self.files,
+            fetch_files=tuple(self.fetch_files))
 
 
 class CommandRunResult(BaseModel):

@@ -23,6 +23,7 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
 from ..core.images import check_name
 from ..core.resources import Resources
+from ..kinds import code_timeouts
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
@@ -59,13 +60,14 @@ class Service:
 
     async def run_code(self, req: RunCodeRequest, *, session: str | None = None,
                        tenant: str | None = None) -> dict[str, Any]:
-        spec = T.run_code_action(req, session=session)
+        code = req.request()
+        spec = T.run_code_action(code, session=session)
         if tenant is not None:
             self.tenancy.admit(tenant, (spec,))
         self.engine.submit_nowait(spec)
         if tenant is not None:
             self.tenancy.started(tenant, (spec,))
-        deadline = req.compile_timeout + req.run_timeout + self.config.limits.shed_grace_s
+        deadline = code_timeouts(code).within(self.config.limits.shed_grace_s)
         try:
             res = await self.engine.result(spec.id, wait=deadline)
         except asyncio.CancelledError:  # the client went away (`fastpath.until_disconnect`)

@@ -25,28 +25,32 @@ from ..core.actions import (
 )
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
-from ..managers.cpu.host import result as sandboxfusion
-from .schemas import ActionIn, RunCodeRequest, file_name_problem
-
-# Memory a sandbox gets when the request sets no memory_limit_MB (-1).
-DEFAULT_MEMORY_MB = 512
+from ..kinds import (
+    DEFAULT_MEMORY_MB,
+    EDGE_GRACE_S,
+    CodeRequest,
+    CommandRunStatus,
+    RunResult,
+    RunStatus,
+    StageResult,
+    code_timeouts,
+)
+from .schemas import ActionIn, file_name_problem
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def run_code_action(req: RunCodeRequest, *, action_id: str | None = None,
+def run_code_action(req: CodeRequest, *, action_id: str | None = None,
                     session: str | None = None) -> ActionSpec:
-    """SandboxFusion /run_code -> one CODE action."""
-    mem = req.memory_limit_MB if req.memory_limit_MB > 0 else DEFAULT_MEMORY_MB
-    payload = req.model_dump()
-    payload["stdin"] = payload["stdin"] or ""
+    """SandboxFusion /run_code (its typed request, `RunCodeRequest.request`) -> one CODE
+    action, carrying the request as its payload."""
     return ActionSpec(
         id=action_id or new_id(), kind=ActionKind.CODE,
-        demand=Resources(cpu=1, memory_mb=mem),
-        timeout_s=req.compile_timeout + req.run_timeout + 5.0,
-        tag=req.language, session=session, payload=payload,
+        demand=Resources(cpu=1, memory_mb=req.memory_mb),
+        timeout_s=code_timeouts(req).within(EDGE_GRACE_S),
+        tag=req.language, session=session, payload=req,
     )
 
 
@@ -133,9 +137,17 @@ def result_dict(r: ActionResult) -> dict[str, Any]:
     return {
         "id": r.id, "status": r.status.name.lower(), "finished": r.status.is_finished,
         "submit_time": r.submit_time, "start_time": r.start_time, "finish_time": r.finish_time,
-        "act": r.act, "node": r.node, "output": r.output, "reason": r.reason,
+        "act": r.act, "node": r.node, "output": output_body(r.output), "reason": r.reason,
         "attempts": r.attempts,
     }
+
+
+def output_body(output: Any) -> Any:
+    """An action's output as its wire body: a typed outcome rendered (`kinds`), any other
+    output (a manager's JSON-ready dict) as it is."""
+    if isinstance(output, RunResult):
+        return output.to_dict()
+    return output
 
 
 def pending_dict(action_id: str, status: Status) -> dict[str, Any]:
@@ -162,9 +174,34 @@ def join_group(group_id: str, parts: Sequence[ActionResult]) -> ActionResult:
 
 
 def run_code_response(r: ActionResult, pod: str | None = None) -> dict[str, Any]:
-    """A finished CODE action as SandboxFusion's RunCodeResponse (extras kept): the shape's one
-    owner is the CPU manager's result (`managers.cpu.host.result`)."""
-    return sandboxfusion.run_code_response(r.output, r.status, r.reason, r.node or pod)
+    """A finished CODE action as SandboxFusion's RunCodeResponse (extras kept)."""
+    return run_code_body(r.output, r.status, r.reason, r.node or pod)
+
+
+def run_code_body(output: Any, status: Status, reason: str, pod: str | None) -> dict[str, Any]:
+    """SandboxFusion's RunCodeResponse of a finished CODE action: ``output`` as the CPU manager
+    made it (`kinds.RunResult`, rendered with its extras; a RunCodeResponse-shaped dict of
+    another producer completed, ``pod`` where it names none), else the shape of an action no
+    sandbox answered (timed out before it ran, cancelled, its node lost), from its ``status``
+    and ``reason``. The shape's one owner is `kinds.RunResult.to_dict`."""
+    if isinstance(output, RunResult):
+        return output.to_dict()
+    if isinstance(output, Mapping) and output.get("status") in _RUN_STATUSES:
+        d = dict(output)
+        for key, empty in (("message", ""), ("compile_result", None), ("run_result", None),
+                           ("files", {})):
+            d.setdefault(key, empty)
+        d.setdefault("executor_pod_name", pod)
+        return d
+    reason = reason or status.name.lower()
+    if status == Status.TIMED_OUT:
+        return RunResult(status=RunStatus.Failed, message=reason, executor_pod_name=pod,
+                         run_result=StageResult(CommandRunStatus.TimeLimitExceeded)
+                         ).to_dict(extras=False)
+    return RunResult.sandbox_error(f"{status.name.lower()}: {reason}", pod).to_dict(extras=False)
+
+
+_RUN_STATUSES = frozenset(s.value for s in RunStatus)
 
 
 def score_of(output: Any) -> float:

@@ -14,26 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..core.actions import ActionSpec, Status
+    from ..core.actions import ActionSpec
     from ..core.resources import Resources
-
-
-class RunOutcome(Protocol):
-    """What a one-shot or session action produced (the CPU manager's `RunResult`)."""
-
-    @property
-    def action_status(self) -> Status:
-        """How the action ended, for the core."""
-        ...
-
-    @property
-    def cpu_time(self) -> float | None:
-        """CPU seconds the action's sandbox used (None: not measured)."""
-        ...
-
-    def to_dict(self) -> dict[str, Any]:
-        """The result as the action's output (SandboxFusion's RunCodeResponse shape)."""
-        ...
+    from ..kinds import RunResult
 
 
 class ImageRecord(Protocol):
@@ -87,8 +70,9 @@ class CodeRunner(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def run(self, action: ActionSpec, allotment: Resources) -> RunOutcome:
-        """Run one action on ``allotment``; never raises for anything the action contains."""
+    async def run(self, action: ActionSpec, allotment: Resources) -> RunResult:
+        """Run one action on ``allotment`` (its payload a `kinds.CodeRequest`, or a mapping
+        parsed as one); never raises for anything the action contains."""
         ...
 
     async def cancel(self, action_id: str) -> None: ...

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -47,11 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import commands as C
 from ..core import events as E
-from ..core.actions import Status
+from ..core.actions import ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
-from ..core.errors import ClosedError, ImageError, ImagesUnsupported
+from ..core.errors import ClosedError, ImageError, ImagesUnsupported, InvalidAction
 from ..core.images import check_name, warm_key
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
+from ..kinds import CodeRequest, code_request
 from ..managers.base import CodeRunner, ImageCache, ModelHost
 from ..managers.cpu.config import CpuManagerConfig
 from ..managers.gpu.config import GpuManagerConfig
@@ -74,14 +76,6 @@ def machine_capacity() -> Resources:
     with contextlib.suppress(OSError, ValueError):
         mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     return Resources({CPU: cores, MEMORY_MB: round(mem_mb)})
-
-
-def _status_of(value: Any) -> Status:
-    if isinstance(value, Status):
-        return value
-    if isinstance(value, str):
-        return Status[value.upper()]
-    return Status(int(value))
 
 
 class NodeHost:
@@ -385,21 +379,21 @@ class NodeHost:
         try:
             if a.kind.uses_model:
                 raise RuntimeError(f"{a.kind.value} actions run in batches (RunBatch), not alone")
-            image = a.payload.get("image") if a.session is None else None
-            if isinstance(image, str) and (self.image_sources or self.image_peers):
+            a, code = _typed(a)
+            image = code.image if code is not None and a.session is None else None
+            if image is not None and (self.image_sources or self.image_peers):
                 note = await self.ensure_image(image)
             # handed over: from here the CPU manager takes its resizes (no await in between)
             rr = await self.cpu.run(a, self._handing.pop(a.id, cmd.allotment))
-            out = rr.to_dict()
-            if note and isinstance(out, dict):
-                out.update(note)
-            self.emit(E.ActionFinished(time.monotonic(), a.id, _status_of(rr.action_status),
-                                       out, _reason(out), time.monotonic() - t0, rr.cpu_time))
+            if note:
+                rr = dataclasses.replace(rr, image_fetch=note)
+            self.emit(E.ActionFinished(time.monotonic(), a.id, rr.action_status, rr, rr.reason,
+                                       time.monotonic() - t0, rr.cpu_time))
             if a.session and not self.cpu.has_session(a.session):
                 # the manager closed it (its sandbox died): the core and the engine learn it
                 # now, rather than routing the next action to a session that is gone
                 self.emit(E.SessionClosed(time.monotonic(), a.session,
-                                          f"closed by node {self.name}: {_reason(out)}"))
+                                          f"closed by node {self.name}: {rr.reason}"))
         except asyncio.CancelledError:
             self.emit(E.ActionFinished(time.monotonic(), a.id, Status.CANCELLED, None,
                                        "node shut down", time.monotonic() - t0))
@@ -809,10 +803,17 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def _reason(out: Any) -> str:
-    if isinstance(out, Mapping) and out.get("status") not in (None, "Success"):
-        return str(out.get("message") or out.get("status"))
-    return ""
+def _typed(a: ActionSpec) -> tuple[ActionSpec, CodeRequest | None]:
+    """``a`` with its payload typed, and that request: parsed here, once, when it came as a
+    plain mapping (`kinds.code_request`); ``a`` as it is and None when the payload is not a
+    valid request (the CPU manager reports why)."""
+    if isinstance(a.payload, CodeRequest):
+        return a, a.payload
+    try:
+        req = code_request(a.kind, a.payload)
+    except InvalidAction:
+        return a, None
+    return dataclasses.replace(a, payload=req), req
 
 
 def _safe(fn: Callable[[], Any], default: Any) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import BrokenError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
+from arl_tangram.kinds import CodeRequest, Timeouts
 
 from ..config import CpuManagerConfig
 from ..images import layers
@@ -33,7 +34,7 @@ from . import direct, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
-from .result import FAILED, SUCCESS, CaseResult, RunResult, StageResult
+from .result import FAILED, SANDBOX_ERROR, SUCCESS, CaseResult, RunResult, StageResult
 from .sessions import SessionTable
 from .sessions import as_own_ids as _as
 from .supervisor import ForkServerSupervisor
@@ -273,17 +274,18 @@ class CpuManager:
         if self._closed or self._pool is None:
             return RunResult.sandbox_error("the CPU manager is not running")
         try:
-            req = payload.build_request(action, allotment, self._langs, self.config, self._env)
-            mem = payload.memory_bytes(action.payload, allotment, self.config)
+            code = payload.request_of(action)
+            req = payload.build_request(action, allotment, self._langs, self.config, self._env,
+                                        code)
+            mem = payload.memory_bytes(code, allotment, self.config)
         except InvalidAction as e:
             return RunResult.sandbox_error(str(e))
         self._quota[action.id] = req["quota"]
         try:
             if req["op"] == "session":
                 return await self._run_in_session(action, req)
-            image = action.payload.get("image") if isinstance(action.payload, dict) else None
-            if image is not None:
-                return await self._run_in_image(action, req, mem, image)
+            if code.image is not None:
+                return await self._run_in_image(action, req, mem, code)
             return await self._run_pooled(action, req, mem)
         finally:
             self._quota.pop(action.id, None)
@@ -329,7 +331,7 @@ class CpuManager:
         z = sb.maker
         if res.status == SUCCESS or sb.kept or self._closed or z is None or not z.exited():
             return res
-        return dataclasses.replace(res, status="SandboxError",
+        return dataclasses.replace(res, status=SANDBOX_ERROR,
                                    message="the sandbox fork server died while the action ran "
                                            "(its sandbox died with it; the fork server is "
                                            "restarted)")
@@ -345,10 +347,8 @@ class CpuManager:
         except OSError as e:
             return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
         n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
-        budget = (req["compile_timeout"] + 10
-                  + req["run_timeout"] * math.ceil(n / max(req["limits"]["cpus"], 1)))
-        if "total_timeout" in req:  # (a TEST action: its cases end within its timeout_s)
-            budget = min(budget, req["total_timeout"] + 10)
+        budget = Timeouts(req["compile_timeout"], req["run_timeout"], req.get("total_timeout")
+                          ).reply_budget_s(n, req["limits"]["cpus"])
         try:
             if sb.outs and direct.eligible(req):
                 reply = await direct.exchange(sb, req, budget, self._base_env)
@@ -368,10 +368,10 @@ class CpuManager:
             except (OSError, ValueError):
                 pass
         if action_id in self._cancelled:
-            return RunResult(status="SandboxError", message="cancelled", executor_pod_name=pod,
+            return RunResult(status=SANDBOX_ERROR, message="cancelled", executor_pod_name=pod,
                              **stats)
         if "error" in reply:
-            return RunResult(status="SandboxError", message=str(reply["error"]),
+            return RunResult(status=SANDBOX_ERROR, message=str(reply["error"]),
                              executor_pod_name=pod, **stats)
         return build_result(reply, pod, stats)
 
@@ -404,10 +404,11 @@ class CpuManager:
         return "applied"
 
     async def _run_in_image(self, action: ActionSpec, req: SandboxRequest, mem: int,
-                            name: Any) -> RunResult:
+                            code: CodeRequest) -> RunResult:
         """A one-shot action in an environment image: a fresh sandbox, the image mounted with
         a fresh writable layer, discarded with the sandbox."""
         assert self._pool is not None
+        name = code.image
         if self.images is None or not isinstance(name, str):
             return RunResult.sandbox_error("payload.image: must be the name of an image")
         try:
@@ -418,7 +419,7 @@ class CpuManager:
         held_mb = 0
         try:
             sb = await self._take(spawn=True)
-            layer_mb = int(action.payload.get("layer_mb") or self.config.image_layer_mb)
+            layer_mb = int(code.layer_mb or self.config.image_layer_mb)
             try:
                 held_mb, inside = await self._enter_image(sb, img, layer_mb)
             except ImageError as e:  # (the sandbox said why)

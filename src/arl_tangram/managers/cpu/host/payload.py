@@ -1,8 +1,12 @@
-"""Validation of action payloads (SandboxFusion RunCodeRequest fields and our TEST/TOOL forms).
+"""A code action's typed request (`arl_tangram.kinds.CodeRequest`) as the request a sandbox's
+init takes (`SandboxRequest`), with this node's rules and limits.
 
 Invariant: `build_request` either returns a complete, well-typed request for a sandbox or raises
-`InvalidAction` naming the payload field at fault; nothing untrusted reaches a sandbox init
-unchecked (paths are relative and stay inside the work directory).
+`InvalidAction` naming the payload field at fault. Types, defaults and timeouts are the typed
+request's (`kinds`: checked once, where it was built or parsed); what is checked here is what
+depends on this node and its sandboxes: the language installed (python or bash in a session),
+paths inside the work directory, base64 content, text a sandbox can take as UTF-8, the number of
+cases, the timeouts' cap. Nothing untrusted reaches a sandbox init unchecked.
 """
 
 from __future__ import annotations
@@ -14,25 +18,17 @@ import math
 import os
 import posixpath
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import CPU
+from arl_tangram.kinds import Case, CodeRequest, code_request, code_timeouts
 
 from ..config import CpuManagerConfig
 from .languages import ALL_LANGUAGES, Language, LangWire
 
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def _get(p: Mapping[str, Any], name: str, types: type | tuple[type, ...], default: Any) -> Any:
-    v = p.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, types) or (isinstance(v, bool) and bool not in _tuple(types)):
-        raise InvalidAction(f"payload.{name}", f"expected {_names(types)}, got {type(v).__name__}")
-    return v
 
 
 def _utf8(field: str, s: str) -> str:
@@ -47,23 +43,8 @@ def _utf8(field: str, s: str) -> str:
     return s
 
 
-def _tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
-    return t if isinstance(t, tuple) else (t,)
-
-
-def _names(t: type | tuple[type, ...]) -> str:
-    return " or ".join(x.__name__ for x in _tuple(t))
-
-
-def _timeout(p: Mapping[str, Any], name: str, default: float, cap: float) -> float:
-    v = float(_get(p, name, (int, float), default))
-    if not v > 0 or math.isinf(v):
-        raise InvalidAction(f"payload.{name}", f"must be a positive number, got {v!r}")
-    return min(v, cap)
-
-
-def _rel_path(name: str, path: Any) -> str:
-    if not isinstance(path, str) or not path:
+def _rel_path(name: str, path: str) -> str:
+    if not path:
         raise InvalidAction(name, f"file path must be a non-empty string, got {path!r}")
     norm = posixpath.normpath(path)
     if posixpath.isabs(path) and norm.startswith("/workdir/"):
@@ -73,12 +54,11 @@ def _rel_path(name: str, path: Any) -> str:
     return norm
 
 
-def _files(p: Mapping[str, Any]) -> dict[str, str]:
-    files = _get(p, "files", dict, {})
+def _files(files: Mapping[str, str | None]) -> dict[str, str]:
     out = {}
     for path, b64 in files.items():
         rel = _rel_path("payload.files", path)
-        if not isinstance(b64, str):
+        if b64 is None:
             raise InvalidAction("payload.files", f"content of {path!r} must be base64 text")
         try:
             base64.b64decode(b64, validate=True)
@@ -88,8 +68,7 @@ def _files(p: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _cases(p: Mapping[str, Any], lang: str, most: int) -> list[CaseWire]:
-    cases = _get(p, "cases", list, None)
+def _cases(cases: tuple[Case, ...] | None, most: int) -> list[CaseWire]:
     if not cases:
         raise InvalidAction("payload.cases", "a TEST action needs a non-empty list of cases")
     if len(cases) > most:
@@ -97,31 +76,21 @@ def _cases(p: Mapping[str, Any], lang: str, most: int) -> list[CaseWire]:
                             f"max_test_cases), got {len(cases)}")
     out: list[CaseWire] = []
     for i, c in enumerate(cases):
-        if not isinstance(c, dict):
-            raise InvalidAction(f"payload.cases[{i}]", "each case must be an object")
-        if "assert" in c:
-            if lang != "python":
-                raise InvalidAction(f"payload.cases[{i}].assert", "assert cases need python")
-            if not isinstance(c["assert"], str):
-                raise InvalidAction(f"payload.cases[{i}].assert", "must be a string")
-            out.append({"assert": _utf8(f"payload.cases[{i}].assert", c["assert"])})
+        if c.assert_ is not None:
+            out.append({"assert": _utf8(f"payload.cases[{i}].assert", c.assert_)})
             continue
-        stdin, exp = c.get("stdin", ""), c.get("expected_stdout")
-        if not isinstance(stdin, str) or (exp is not None and not isinstance(exp, str)):
-            raise InvalidAction(f"payload.cases[{i}]", "stdin and expected_stdout must be strings")
-        _utf8(f"payload.cases[{i}].stdin", stdin)
-        if exp is not None:
-            _utf8(f"payload.cases[{i}].expected_stdout", exp)
-        out.append({"stdin": stdin, "expected_stdout": exp})
+        _utf8(f"payload.cases[{i}].stdin", c.stdin)
+        if c.expected_stdout is not None:
+            _utf8(f"payload.cases[{i}].expected_stdout", c.expected_stdout)
+        out.append({"stdin": c.stdin, "expected_stdout": c.expected_stdout})
     return out
 
 
-def memory_bytes(p: Mapping[str, Any], allotment: Mapping[str, float],
+def memory_bytes(req: CodeRequest, allotment: Mapping[str, float],
                  cfg: CpuManagerConfig) -> int:
     mb = float(allotment.get("memory_mb", 0.0)) or float(cfg.default_memory_mb)
-    asked = _get(p, "memory_limit_MB", (int, float), -1)
-    if asked > 0:
-        mb = min(mb, float(asked))
+    if req.memory_limit_MB > 0:
+        mb = min(mb, float(req.memory_limit_MB))
     return int(mb * (1 << 20))
 
 
@@ -227,48 +196,52 @@ class SandboxRequest(TypedDict):
     tmpfs_mb: NotRequired[int]
 
 
+def request_of(action: ActionSpec) -> CodeRequest:
+    """``action``'s typed request: its payload when the edge built one, else its payload
+    parsed (`kinds.parse_code`: a native or library caller's plain mapping); InvalidAction
+    naming the field at fault."""
+    return code_request(action.kind, action.payload)
+
+
 def build_request(action: ActionSpec, allotment: Mapping[str, float],
                   langs: Mapping[str, Language], cfg: CpuManagerConfig,
-                  env_cache: dict[float, dict[str, str]] | None = None) -> SandboxRequest:
-    """The sandbox request for ``action``; raises InvalidAction naming the bad field.
+                  env_cache: dict[float, dict[str, str]] | None = None,
+                  request: CodeRequest | None = None) -> SandboxRequest:
+    """The sandbox request for ``action`` (``request``: its typed request, `request_of`, when
+    the caller has it); raises InvalidAction naming the bad field.
 
     ``quota`` is the allotment's cores (the sandbox's cgroup quota); ``limits.cpus`` and the
     environment carry the cores the code is shown (`visible_cpus` on this machine's cores).
     ``env_cache``: the caller's memo of `env_for` by CPU count, for one fixed ``langs``."""
-    p = action.payload
-    if not isinstance(p, Mapping):
-        raise InvalidAction("payload", "must be an object")
-    code = _get(p, "code", str, None)
-    if code is None:
-        raise InvalidAction("payload.code", "is required (a string)")
-    _utf8("payload.code", code)
-    lang_name = _get(p, "language", str, "python")
+    r = request_of(action) if request is None else request
+    _utf8("payload.code", r.code)
     session = action.kind == ActionKind.TOOL and action.session
-    if session and lang_name not in ("python", "bash"):
-        raise InvalidAction("payload.language", f"session actions run python or bash, not {lang_name!r}")
-    if lang_name not in langs:
-        why = "its toolchain is not installed here" if lang_name in ALL_LANGUAGES else "unknown"
-        raise InvalidAction("payload.language", f"language {lang_name!r} unavailable: {why}; "
+    if session and r.language not in ("python", "bash"):
+        raise InvalidAction("payload.language",
+                            f"session actions run python or bash, not {r.language!r}")
+    if r.language not in langs:
+        why = "its toolchain is not installed here" if r.language in ALL_LANGUAGES else "unknown"
+        raise InvalidAction("payload.language", f"language {r.language!r} unavailable: {why}; "
                             f"available: {sorted(langs)}")
     quota = float(allotment.get("cpu", 0.0)) or cfg.default_cpus
     cpus = visible_cpus(action, quota, machine_cpus())
-    run_timeout = _timeout(p, "run_timeout", min(cfg.default_run_timeout_s, action.timeout_s),
-                           cfg.max_timeout_s)
-    compile_timeout = _timeout(p, "compile_timeout", cfg.default_compile_timeout_s, cfg.max_timeout_s)
-    stdin = _utf8("payload.stdin", _get(p, "stdin", str, ""))
-    fetch = [_rel_path("payload.fetch_files", f) for f in _get(p, "fetch_files", list, [])]
+    test = action.kind == ActionKind.TEST
+    t = code_timeouts(r, action_timeout_s=action.timeout_s,
+                      default_compile_s=cfg.default_compile_timeout_s,
+                      default_run_s=cfg.default_run_timeout_s, cap_s=cfg.max_timeout_s, test=test)
+    stdin = _utf8("payload.stdin", r.stdin)
+    fetch = [_rel_path("payload.fetch_files", f) for f in r.fetch_files]
     req: SandboxRequest = {
         "op": "session" if session else "run",
-        "lang": langs[lang_name].wire(), "code": code, "stdin": stdin, "files": _files(p),
-        "fetch_files": fetch, "compile_timeout": compile_timeout, "run_timeout": run_timeout,
-        "env": _env(cpus, langs, env_cache), "cases": None, "quota": quota,
-        "stop_on_first_failure": bool(_get(p, "stop_on_first_failure", bool, False)),
-        "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid,
-                   "cpu_s": math.ceil(max(run_timeout, compile_timeout) * max(cpus, 1)) + 1,
+        "lang": langs[r.language].wire(), "code": r.code, "stdin": stdin,
+        "files": _files(r.files), "fetch_files": fetch, "compile_timeout": t.compile_s,
+        "run_timeout": t.run_s, "env": _env(cpus, langs, env_cache), "cases": None,
+        "quota": quota, "stop_on_first_failure": r.stop_on_first_failure,
+        "limits": {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_gid, "cpu_s": t.cpu_limit_s(cpus),
                    "fsize": cfg.workdir_max_mb << 20, "nofile": cfg.max_open_files,
                    "output": cfg.output_limit_bytes, "cpus": cpus},
     }
-    if action.kind == ActionKind.TEST:
-        req["cases"] = _cases(p, lang_name, cfg.max_test_cases)
-        req["total_timeout"] = min(float(action.timeout_s), cfg.max_timeout_s)
+    if test and t.total_s is not None:
+        req["cases"] = _cases(r.cases, cfg.max_test_cases)
+        req["total_timeout"] = t.total_s
     return req

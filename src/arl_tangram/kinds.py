@@ -1,0 +1,387 @@
+"""One typed request and one typed outcome per action kind, between the edge that parses a
+request and the manager that does it.
+
+Runs in: any process (pure data: no I/O, no asyncio). May import: `core` and the standard
+library only (below `api`, `runtime`, `sim` and `managers`; the core does not import it:
+pyproject.toml ``[tool.importlinter]``).
+
+Invariant: a request built here is complete and well typed: every field has its value (a default
+is applied once, here or by the edge's schema), so no room after the edge checks a type or
+applies a default again. The edge builds it once (`api/`: pydantic parses, `RunCodeRequest.request`
+builds); a payload that came as a plain mapping (`POST /v1/actions`, whose ``payload`` is opaque
+to the API, or a library caller's `ActionSpec`) is parsed by `code_request` where it is first
+read, by the same rules. The engine and the node carry it untouched in `ActionSpec.payload`; it
+is a read-only `Mapping` of its wire names, so the core, to which a payload is opaque, reads the
+keys it estimates by (``code``, ``language``, ``cases``) as before. What is left to the manager is
+what depends on its node: a language installed, paths inside the work directory, base64 content,
+text a sandbox can take, its caps.
+
+An outcome stays typed from the manager to `api/`, which alone renders it (`RunResult.to_dict`
+owns SandboxFusion's RunCodeResponse shape; a read-only `Mapping` view of it serves code that
+reads an output as the wire dict, such as the engine's Python callers). Statuses are enums whose
+values are SandboxFusion's strings, and every timeout of a code action comes from `code_timeouts`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core.actions import ActionKind, Status
+from .core.errors import InvalidAction
+
+# ---- statuses (SandboxFusion's RunStatus and CommandRunStatus, their strings on the wire) -------
+
+
+class RunStatus(enum.StrEnum):
+    # How a code action ended (SandboxFusion RunStatus). (No docstring: the API's schema shows
+    # these enums as SandboxFusion's, which have none.)
+    Success = "Success"
+    Failed = "Failed"
+    SandboxError = "SandboxError"
+
+
+class CommandRunStatus(enum.StrEnum):
+    # How one compile or run stage ended (SandboxFusion CommandRunStatus).
+    Finished = "Finished"
+    Error = "Error"
+    TimeLimitExceeded = "TimeLimitExceeded"
+
+
+# ---- timeouts of a code action ------------------------------------------------------------------
+
+EDGE_GRACE_S = 5.0  # /run_code: its action's timeout_s beyond compile + run (start-up, files)
+REPLY_GRACE_S = 10.0  # the manager waits this beyond the stages for a sandbox's reply
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """A code action's timeouts (`code_timeouts`), and what follows from them."""
+
+    compile_s: float  # the compile stage
+    run_s: float  # each run (each case)
+    total_s: float | None = None  # a TEST action's: compile and every case end within it
+
+    def within(self, grace_s: float) -> float:
+        """Compile plus one run plus ``grace_s``: a /run_code action's ``timeout_s``
+        (`EDGE_GRACE_S`), the service's wait for its answer (``shed_grace_s``)."""
+        return self.compile_s + self.run_s + grace_s
+
+    def cpu_limit_s(self, cpus: float) -> int:
+        """RLIMIT_CPU of one child shown ``cpus`` cores: the longer stage on all of them, + 1."""
+        return math.ceil(max(self.run_s, self.compile_s) * max(cpus, 1)) + 1
+
+    def reply_budget_s(self, runs: int, cpus: float) -> float:
+        """How long the manager waits for the reply of ``runs`` runs (cases + 1) run as many
+        at a time as the code is shown cores; a TEST action's at most its total + grace."""
+        budget = self.compile_s + REPLY_GRACE_S + self.run_s * math.ceil(runs / max(cpus, 1))
+        if self.total_s is not None:
+            budget = min(budget, self.total_s + REPLY_GRACE_S)
+        return budget
+
+
+def code_timeouts(req: CodeRequest, *, action_timeout_s: float | None = None,
+                  default_compile_s: float = 10.0, default_run_s: float = 10.0,
+                  cap_s: float = math.inf, test: bool = False) -> Timeouts:
+    """The one computation of a code action's timeouts: the request's own, else the node's
+    defaults (a run at most the action's ``timeout_s``), each at most ``cap_s``; a TEST
+    action's total is its ``timeout_s`` (at most ``cap_s``)."""
+    run = req.run_timeout
+    if run is None:
+        run = default_run_s if action_timeout_s is None else min(default_run_s, action_timeout_s)
+    comp = default_compile_s if req.compile_timeout is None else req.compile_timeout
+    total = min(float(action_timeout_s), cap_s) if test and action_timeout_s is not None else None
+    return Timeouts(min(comp, cap_s), min(run, cap_s), total)
+
+
+# ---- code, test, tool (the CPU manager) ---------------------------------------------------------
+
+DEFAULT_MEMORY_MB = 512  # the memory a code action asks for when it sets no memory_limit_MB
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One test case of a TEST action: an ``assert`` (Python), or stdin and expected stdout."""
+
+    assert_: str | None = None  # a statement run after the code; passes when it does not raise
+    stdin: str = ""  # fed to the run
+    expected_stdout: str | None = None  # compared with the run's stdout (None: exit code alone)
+
+    def wire(self) -> dict[str, Any]:
+        if self.assert_ is not None:
+            return {"assert": self.assert_}
+        return {"stdin": self.stdin, "expected_stdout": self.expected_stdout}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CodeRequest(Mapping[str, Any]):
+    """A code, test or tool action (SandboxFusion's RunCodeRequest, and our TEST/TOOL fields)."""
+
+    code: str  # the program's source
+    language: str = "python"  # a SandboxFusion language name (the node says which it has)
+    stdin: str = ""  # fed to the run (without cases)
+    compile_timeout: float | None = None  # seconds (None: the node's default)
+    run_timeout: float | None = None  # seconds, each run (None: the node's default)
+    memory_limit_MB: float = -1  # at most this much memory (-1: the allotment's)
+    files: Mapping[str, str | None] = field(default_factory=dict)  # path -> base64, written first
+    fetch_files: tuple[str, ...] = ()  # paths whose content comes back
+    cases: tuple[Case, ...] | None = None  # a TEST action's cases (None for other kinds)
+    stop_on_first_failure: bool = False  # cases: skip the rest after the first failure
+    image: str | None = None  # a one-shot action's environment image (None: the plain sandbox)
+    layer_mb: int | None = None  # ... its writable layer's cap in MiB (None: the node's default)
+
+    @property
+    def memory_mb(self) -> float:
+        """The memory this request asks for: its limit, else `DEFAULT_MEMORY_MB`."""
+        return self.memory_limit_MB if self.memory_limit_MB > 0 else DEFAULT_MEMORY_MB
+
+    # (the read-only Mapping of the wire names: what the core reads of an opaque payload)
+    def __getitem__(self, key: str) -> Any:
+        if key not in _CODE_KEYS or (key in _UNSET_NONE and getattr(self, key) is None):
+            raise KeyError(key)
+        if key == "cases":
+            return [c.wire() for c in self.cases or ()]
+        if key == "fetch_files":
+            return list(self.fetch_files)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in _CODE_KEYS if not (k in _UNSET_NONE and getattr(self, k) is None))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+_CODE_KEYS = ("code", "language", "stdin", "compile_timeout", "run_timeout", "memory_limit_MB",
+              "files", "fetch_files", "cases", "stop_on_first_failure", "image", "layer_mb")
+_UNSET_NONE = frozenset({"compile_timeout", "run_timeout", "cases", "image", "layer_mb"})
+
+
+def code_request(kind: ActionKind, payload: Mapping[str, Any]) -> CodeRequest:
+    """``payload`` as a typed request: itself when it is one, else parsed (`parse_code`)."""
+    if isinstance(payload, CodeRequest):
+        return payload
+    return parse_code(kind, payload)
+
+
+def _names(t: type | tuple[type, ...]) -> str:
+    return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
+
+
+def _get(p: Mapping[str, Any], name: str, types: type | tuple[type, ...], default: Any) -> Any:
+    v = p.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in
+                                    (types if isinstance(types, tuple) else (types,))):
+        raise InvalidAction(f"payload.{name}", f"expected {_names(types)}, got {type(v).__name__}")
+    return v
+
+
+def _timeout(p: Mapping[str, Any], name: str) -> float | None:
+    v = _get(p, name, (int, float), None)
+    if v is None:
+        return None
+    v = float(v)
+    if not v > 0 or math.isinf(v):
+        raise InvalidAction(f"payload.{name}", f"must be a positive number, got {v!r}")
+    return v
+
+
+def _path(field_name: str, path: Any) -> str:
+    if not isinstance(path, str) or not path:
+        raise InvalidAction(field_name, f"file path must be a non-empty string, got {path!r}")
+    return path
+
+
+def _cases(p: Mapping[str, Any], lang: str) -> tuple[Case, ...] | None:
+    cases = _get(p, "cases", list, None)
+    if not cases:
+        return None  # (the manager refuses a TEST action without cases)
+    out = []
+    for i, c in enumerate(cases):
+        if not isinstance(c, dict):
+            raise InvalidAction(f"payload.cases[{i}]", "each case must be an object")
+        if "assert" in c:
+            if lang != "python":
+                raise InvalidAction(f"payload.cases[{i}].assert", "assert cases need python")
+            if not isinstance(c["assert"], str):
+                raise InvalidAction(f"payload.cases[{i}].assert", "must be a string")
+            out.append(Case(assert_=c["assert"]))
+            continue
+        stdin, exp = c.get("stdin", ""), c.get("expected_stdout")
+        if not isinstance(stdin, str) or (exp is not None and not isinstance(exp, str)):
+            raise InvalidAction(f"payload.cases[{i}]", "stdin and expected_stdout must be strings")
+        out.append(Case(stdin=stdin, expected_stdout=exp))
+    return tuple(out)
+
+
+def parse_code(kind: ActionKind, p: Any) -> CodeRequest:
+    """A code, test or tool payload given as a plain mapping, typed; InvalidAction naming the
+    field at fault (a missing or mistyped field, a timeout that is not a positive number, an
+    assert case in another language than python). A None field means its default; other
+    kinds' ``cases`` are ignored."""
+    if not isinstance(p, Mapping):
+        raise InvalidAction("payload", "must be an object")
+    code = _get(p, "code", str, None)
+    if code is None:
+        raise InvalidAction("payload.code", "is required (a string)")
+    lang = _get(p, "language", str, "python")
+    run, comp = _timeout(p, "run_timeout"), _timeout(p, "compile_timeout")
+    stdin = _get(p, "stdin", str, "")
+    fetch = tuple(_path("payload.fetch_files", f) for f in _get(p, "fetch_files", list, []))
+    files = _get(p, "files", dict, {})
+    for path, b64 in files.items():
+        _path("payload.files", path)
+        if b64 is not None and not isinstance(b64, str):
+            raise InvalidAction("payload.files", f"content of {path!r} must be base64 text")
+    stop = bool(_get(p, "stop_on_first_failure", bool, False))
+    return CodeRequest(
+        code=code, language=lang, stdin=stdin, compile_timeout=comp, run_timeout=run,
+        memory_limit_MB=_get(p, "memory_limit_MB", (int, float), -1), files=dict(files),
+        fetch_files=fetch, cases=_cases(p, lang) if kind == ActionKind.TEST else None,
+        stop_on_first_failure=stop, image=_get(p, "image", str, None), layer_mb=_layer_mb(p))
+
+
+def _layer_mb(p: Mapping[str, Any]) -> int | None:
+    v = _get(p, "layer_mb", (int, float), None)
+    return None if v is None else int(v)
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    """One compile or run stage (SandboxFusion CommandRunResult)."""
+
+    status: CommandRunStatus
+    execution_time: float | None = None  # wall seconds
+    return_code: int | None = None  # exit code; -N when killed by signal N
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False  # stdout or stderr went past the output cap
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": str(self.status), "execution_time": self.execution_time,
+                "return_code": self.return_code, "stdout": self.stdout, "stderr": self.stderr}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> StageResult | None:
+        if d is None:
+            return None
+        return cls(status=CommandRunStatus(d["status"]), execution_time=d.get("execution_time"),
+                   return_code=d.get("return_code"), stdout=str(d.get("stdout") or ""),
+                   stderr=str(d.get("stderr") or ""), truncated=bool(d.get("truncated")))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == CommandRunStatus.Finished and self.return_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """One test case of a TEST action."""
+
+    index: int
+    passed: bool
+    run: StageResult | None  # None when skipped (stop_on_first_failure)
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "passed": self.passed, "skipped": self.skipped,
+                "run_result": self.run.to_dict() if self.run else None}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult(Mapping[str, Any]):
+    """What a code, test or tool action produced (the CPU manager's outcome)."""
+
+    status: RunStatus
+    message: str = ""
+    compile_result: StageResult | None = None
+    run_result: StageResult | None = None
+    executor_pod_name: str | None = None  # the node / sandbox that ran it
+    files: Mapping[str, str] = field(default_factory=dict)  # fetched files, path -> base64
+    memory_exceeded: bool = False  # the memory cgroup killed something
+    output_truncated: bool = False  # some stdout/stderr was dropped past the cap
+    cpu_time: float | None = None  # CPU seconds the whole sandbox used
+    peak_memory_mb: float | None = None  # peak memory of the sandbox
+    cases: tuple[CaseResult, ...] | None = None  # TEST actions: one per case
+    # session actions: what thawing, re-quota and freezing the session cost (`overlay`)
+    session_switch: Mapping[str, Any] | None = None
+    # the action's own `timeout_s` ended it (a TEST action's cases together; the message says
+    # how many finished): timed out even when no stage was running at that moment
+    timeout_s_exceeded: bool = False
+    # what the node waited for before the action could run (its image fetched:
+    # ``image_import_s``, and ``image_pull`` when it came from a peer; `runtime.node`)
+    image_fetch: Mapping[str, Any] | None = None
+
+    @classmethod
+    def sandbox_error(cls, message: str, pod: str | None = None) -> RunResult:
+        return cls(status=RunStatus.SandboxError, message=message, executor_pod_name=pod)
+
+    @property
+    def timed_out(self) -> bool:
+        if self.timeout_s_exceeded:
+            return True
+        stages = [self.compile_result, self.run_result]
+        stages += [c.run for c in self.cases or ()]
+        return any(s is not None and s.status == CommandRunStatus.TimeLimitExceeded
+                   for s in stages)
+
+    @property
+    def action_status(self) -> Status:
+        if self.status == RunStatus.Success:
+            return Status.SUCCEEDED
+        if self.timed_out:
+            return Status.TIMED_OUT
+        return Status.FAILED
+
+    @property
+    def reason(self) -> str:
+        """Why it did not succeed, in words ("" when it did)."""
+        return "" if self.status == RunStatus.Success else self.message or str(self.status)
+
+    def to_dict(self, extras: bool = True) -> dict[str, Any]:
+        """SandboxFusion's RunCodeResponse; with ``extras``, our keys after its own (SandboxFusion
+        clients ignore them). Stage stdout/stderr are strings, never null."""
+        d: dict[str, Any] = {
+            "status": str(self.status),
+            "message": self.message,
+            "compile_result": self.compile_result.to_dict() if self.compile_result else None,
+            "run_result": self.run_result.to_dict() if self.run_result else None,
+            "executor_pod_name": self.executor_pod_name,
+            "files": dict(self.files),
+        }
+        if not extras:
+            return d
+        d.update({
+            "memory_exceeded": self.memory_exceeded,
+            "output_truncated": self.output_truncated,
+            "cpu_time": self.cpu_time,
+            "peak_memory_mb": self.peak_memory_mb,
+        })
+        if self.cases is not None:
+            d["cases"] = [c.to_dict() for c in self.cases]
+        if self.session_switch is not None:
+            d["session_switch"] = dict(self.session_switch)
+        if self.image_fetch:
+            d.update(self.image_fetch)
+        return d
+
+    # (the read-only Mapping of the wire shape, `to_dict`: for callers that read an output as
+    # the wire dict, such as the engine's Python callers)
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+__all__ = ["DEFAULT_MEMORY_MB", "EDGE_GRACE_S", "REPLY_GRACE_S", "Case", "CaseResult", "CodeRequest",
+           "CommandRunStatus", "RunResult", "RunStatus", "StageResult", "Timeouts",
+           "code_request", "code_timeouts", "parse_code"]
