@@ -35,15 +35,15 @@ def test_shares_reach_the_core_and_cpu_share_stays_a_cap(tmp_path: Path) -> None
     cfg = load_service_config(p)
     assert [(t.name, t.share, t.cpu_share) for t in cfg.tenants] == [
         ("alice", 0.5, 0.25), ("bob", 0.5, None)]
-    sched = engine_config(cfg).scheduler
-    assert sched["tenant_shares"] == {"alice": 0.5, "bob": 0.5}
-    assert CoreConfig(**sched).tenant_shares == {"alice": 0.5, "bob": 0.5}
+    core = engine_config(cfg).core
+    assert isinstance(core, CoreConfig) and core.tenant_shares == {"alice": 0.5, "bob": 0.5}
 
 
 def test_no_share_named_no_fair_share() -> None:
     cfg = ServiceConfig(tenants=(TenantConfig(name="alice", token=A, cpu_share=0.5),))
     assert cfg.tenant_shares() is None
-    assert "tenant_shares" not in engine_config(cfg).scheduler
+    core = engine_config(cfg).core
+    assert core is not None and core.tenant_shares is None
 
 
 def test_admit_marks_each_action_with_its_tenant() -> None:

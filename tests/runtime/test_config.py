@@ -62,6 +62,7 @@ def test_scheduler_knobs_reach_the_core(tmp_path: Path) -> None:
     core = make_core(engine_config(cfg), [])
     assert core.config.warm_keys == ("python", "bash") and core.config.short_action_s == 0
     assert core.config.aging_s == 5
+    assert core.config is cfg.core  # built once, when the service config was (issue 36)
 
 
 def test_images_eager_reach_the_ray_executor(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ providers:
     s = cfg.providers[0]
     assert (s.auth_header, s.auth_prefix, s.keys) == ("X-API-KEY", "", ("secret-key-123",))
     assert "secret-key-123" not in repr(cfg)
-    lims = engine_config(cfg).scheduler["providers"]
+    core = engine_config(cfg).core
+    assert core is not None
+    lims = core.providers
     assert [(x.name, x.rate, x.burst, x.concurrency, x.budget) for x in lims] == [
         ("serper", 50.0, 50.0, 16, 1000), ("tavily", 1000 / 60, 1.0, 16, None)]
     eng = build_engine(cfg)

@@ -16,13 +16,8 @@ log = logging.getLogger(__name__)
 
 def engine_config(cfg: ServiceConfig) -> EngineConfig:
     lim = cfg.limits
-    from .providers import scheduler_providers
-
-    shares = cfg.tenant_shares()  # (the tenants' `share`: the core's fair share, issue 41)
     return EngineConfig(
-        policy=cfg.policy, models=cfg.models,
-        scheduler={**cfg.scheduler, **scheduler_providers(cfg.providers),
-                   **({"tenant_shares": shares} if shares else {})}, tick_s=lim.tick_s,
+        policy=cfg.policy, models=cfg.models, core=cfg.core, tick_s=lim.tick_s,
         result_ttl_s=lim.result_ttl_s, max_results=lim.max_results,
         idempotency_ttl_s=lim.idempotency_ttl_s, max_pending=lim.max_pending,
     )

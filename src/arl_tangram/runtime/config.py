@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.cluster import ModelSpec
-from ..core.config import POLICIES
+from ..core.config import POLICIES, CoreConfig
 from ..core.errors import SpecError
 from ..core.images import valid_name
 from ..core.resources import Resources
@@ -218,6 +218,9 @@ class ServiceConfig:
     # core schedules as capacity (`managers/api/config.py`; docs/search.md).
     providers: tuple[ProviderConfig, ...] = ()
     source: str = "<default>"  # where it came from (file path or <default>)
+    # The core's config, built once when this config is (`_core_config`): ``policy``, the
+    # ``scheduler`` knobs, the providers' limits and the tenants' shares.
+    core: CoreConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -242,14 +245,28 @@ class ServiceConfig:
         mnames = {m.name for m in self.models}
         if self.default_reward_model and self.default_reward_model not in mnames:
             raise ValueError(f"default_reward_model {self.default_reward_model!r} is not a model")
+        object.__setattr__(self, "core", self._core_config())
+
+    def _core_config(self) -> CoreConfig:
+        extra: dict[str, Any] = {}
+        if self.providers:  # (their limits are capacity the core schedules, issue 37)
+            extra["providers"] = tuple(p.limits for p in self.providers)
+        shares = self.tenant_shares()  # (the core's fair share, issue 41)
+        if shares:
+            extra["tenant_shares"] = shares
+        try:
+            return CoreConfig(policy=self.policy, **{**self.scheduler, **extra})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"scheduler: {exc}") from None
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
 
     def tenant_shares(self) -> dict[str, float] | None:
         """The tenants' ``share`` weights for the core (`CoreConfig.tenant_shares`); None when
-        no tenant names one."""
-        shares = {t.name: float(t.share) for t in self.all_tenants() if t.share is not None}
+        no tenant names one. (The named tenants: the single token's has no share, and is not
+        built here, where the core's config is, before a weak token is refused by name.)"""
+        shares = {t.name: float(t.share) for t in self.tenants if t.share is not None}
         return shares or None
 
     def all_tenants(self) -> tuple[TenantConfig, ...]:
@@ -483,9 +500,9 @@ class _Parser:
                 raise self.fail(r, f, str(exc)) from None
         return tuple(out)
 
-    def scheduler(self, raw: Any, parent: Any, policy: Any) -> dict[str, Any]:
-        from ..core.config import POLICIES, CoreConfig
-
+    def scheduler(self, raw: Any, parent: Any) -> dict[str, Any]:
+        """The ``scheduler`` knobs (`CoreConfig` fields but ``policy``), checked when the
+        `ServiceConfig` builds its `CoreConfig` (an error there names ``scheduler``)."""
         names = {f.name for f in fields(CoreConfig)} - {"policy"}
         d = _plain(self.mapping(raw, parent, "scheduler", names))
         for k, v in list(d.items()):
@@ -493,10 +510,6 @@ class _Parser:
                 d[k] = tuple(v)
             elif isinstance(v, Mapping):
                 d[k] = Resources(v)
-        try:
-            CoreConfig(policy=str(policy) if policy in POLICIES else "tangram", **d)
-        except (TypeError, ValueError) as exc:
-            raise self.fail(raw, "scheduler", str(exc)) from None
         return d
 
     def providers(self, raw: Any, parent: Any) -> tuple[ProviderConfig, ...]:
@@ -534,7 +547,7 @@ class _Parser:
             if token is not None:
                 self.strong(token, d.get("auth"), "auth.token_env")
         kw: dict[str, Any] = {"nodes": nodes, "models": models, "limits": limits,
-                              "scheduler": self.scheduler(d.get("scheduler"), data, d.get("policy")),
+                              "scheduler": self.scheduler(d.get("scheduler"), data),
                               "images": self.images(d.get("images"), data),
                               "image_import_dirs": self.image_import_dirs(d.get("images"), data),
                               **self.image_upload(d.get("images")),
@@ -558,6 +571,9 @@ class _Parser:
             return ServiceConfig(source=self.source, **kw)
         except (TypeError, ValueError) as exc:
             msg = str(exc)
+            if msg.startswith("scheduler: "):  # (the CoreConfig it builds)
+                raise self.fail(d.get("scheduler") or data, "scheduler",
+                                msg.removeprefix("scheduler: ")) from None
             fieldname = msg.split(" ", 1)[0] if msg.split(" ", 1)[0] in top | {"host", "port"} else "<root>"
             raise self.fail(data, fieldname, msg) from None
 

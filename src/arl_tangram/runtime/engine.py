@@ -28,6 +28,7 @@ from ..core import commands as C
 from ..core import events as E
 from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.cluster import ModelSpec, NodeSpec
+from ..core.config import CoreConfig
 from ..core.errors import ClosedError, InvalidAction, TangramError
 from ..core.images import warm_key
 from ..core.protocol import Inspectable, Scheduler
@@ -55,6 +56,9 @@ class EngineConfig:
     policy: str = "tangram"  # core policy name
     models: tuple[ModelSpec, ...] = ()  # reward models the core may schedule
     scheduler: Mapping[str, Any] = field(default_factory=dict)  # more CoreConfig fields
+    # the core's config as built already (`ServiceConfig.core`); None: built from ``policy``
+    # and ``scheduler``
+    core: CoreConfig | None = None
     tick_s: float = 0.5  # period of Tick events
     result_ttl_s: float = 600.0  # finished results kept this long
     max_results: int = 100_000  # and at most this many
@@ -74,10 +78,10 @@ class EngineConfig:
 def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Scheduler:
     """The production core for ``config.policy`` over ``nodes`` and ``config.models``."""
     from ..core.cluster import ClusterSpec
-    from ..core.core import Core, CoreConfig
+    from ..core.core import Core
 
-    return Core(ClusterSpec(tuple(nodes), tuple(config.models)),
-                CoreConfig(policy=config.policy, **config.scheduler))
+    core = config.core or CoreConfig(policy=config.policy, **config.scheduler)
+    return Core(ClusterSpec(tuple(nodes), tuple(config.models)), core)
 
 
 TTL_EXPIRED = "ttl expired"  # the reason of the core's CloseSession for an idle session
