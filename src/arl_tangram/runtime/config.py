@@ -4,7 +4,9 @@ Invariant: a `ServiceConfig` is validated when built; every error in a file is a
 naming ``file:line: field`` (like `core.cluster.parse_cluster`). A node's manager sections
 (``cpu``, ``gpu``) are built into the managers' own typed configs (`CpuManagerConfig`,
 `GpuManagerConfig`) when the file is parsed, once; an error names the key
-(``nodes[0].cpu.warm_max``).
+(``nodes[0].cpu.warm_max``). The core's `CoreConfig` is built once, with the `ServiceConfig`
+(``ServiceConfig.core``: ``policy``, ``scheduler``, the providers' limits, the tenants' shares),
+and handed to the engine as it is.
 
 Layout of the file (every key optional)::
 
