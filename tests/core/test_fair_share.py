@@ -156,6 +156,13 @@ def test_seeded_random_walks_with_tenants(policy: str, monkeypatch: pytest.Monke
         def arrive_cpu(self, kw, dt) -> None:  # type: ignore[no-untyped-def]
             super().arrive_cpu({**kw, "tenant": ("t0", "t1", None)[self.n % 3]}, dt)
 
+        def arrive_reward(self, model, idem) -> None:  # type: ignore[no-untyped-def]
+            from arl_tangram.core.actions import ActionKind
+
+            self.d.arrive(ActionSpec(self._new_id(), kind=ActionKind.REWARD, model=model,
+                                     demand=Resources(), idempotent=idem,
+                                     hints=WorkHints(tokens=50), tenant=("t0", "t1")[self.n % 2]))
+
     monkeypatch.setattr(sm, "_machine", lambda p: Fair)
     sm.test_seeded_random_walks(policy)
 
@@ -198,3 +205,37 @@ def test_provider_slots_are_shared_by_tenant() -> None:
     # shares: at t=1 c0 ends -> alice (0 in flight) gets the slot; c1 ends -> carol (0) vs
     # alice (1): carol; then alice's a1 when a0 ends, carol's in between
     assert _provider_order(HALF) == ["c0", "c1", "a0", "c2", "a1", "c3", "c4", "c5"]
+
+
+def _batch_order(shares: dict | None) -> list[tuple[str, ...]]:
+    """One reward-model instance, batches of at most 2: carol sends 6 actions at 0.5 s, alice
+    2 at 0.6 s; each batch ends 1 s after it starts. The batches, in order."""
+    from core_helpers import gpu_node, of, reward
+
+    from arl_tangram.core import events as ev
+    from arl_tangram.core.cluster import ModelSpec
+
+    rm = ModelSpec("rm", kind="scalar", memory_mb=1000, alpha=1.0, beta=0.0, max_batch=2,
+                   max_instances=1, load_s=0.0)
+    kw = {"tenant_shares": shares} if shares else {}
+    d = Driver([gpu_node("g0", gpus=1)], [rm], stagger_batches=False, **kw)
+    for ld in of(d.at(0.0).tick(), C.LoadModel):
+        d(ev.ModelLoaded(0.0, ld.instance_id))
+    got: list = []
+    got += of(d.at(0.5).arrive(*(reward(f"c{i}", tenant="carol") for i in range(6))), C.RunBatch)
+    got += of(d.at(0.6).arrive(*(reward(f"a{i}", tenant="alice") for i in range(2))), C.RunBatch)
+    done = 0
+    while done < len(got):
+        b = got[done]
+        done += 1
+        d.t += 1.0
+        got += of(d(ev.BatchFinished(d.t, b.batch_id, b.instance_id,
+                                     outputs={a.id: 1.0 for a in b.actions})), C.RunBatch)
+    return [tuple(a.id for a in b.actions) for b in got]
+
+
+def test_model_batches_are_shared_by_tenant() -> None:
+    # today: one order (arrival, same work): carol's six, then alice's
+    assert _batch_order(None) == [("c0",), ("c1", "c2"), ("c3", "c4"), ("c5", "a0"), ("a1",)]
+    # shares: start-time fair tags interleave the tenants' queued actions one for one
+    assert _batch_order(HALF) == [("c0",), ("c1", "a0"), ("c2", "a1"), ("c3", "c4"), ("c5",)]

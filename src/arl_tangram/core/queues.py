@@ -77,6 +77,10 @@ class Queues:
         # sessions with queued actions: a pass after capacity freed on a node looks at its
         # sessions among these, not at every session open there (`SchedulingPass.candidates`)
         self.waiting_sessions: set[str] = set()
+        # Tenants' fair share of a model's batches (start-time fair queueing: `model_tag`):
+        # model -> its virtual time; (model, tenant) -> the finish tag of its latest action
+        self._vtime: dict[str, int] = {}
+        self._vfinish: dict[tuple[str, str], int] = {}
 
     # ---- keys and order -------------------------------------------------------------------------
     def key_of(self, rec: ActionRecord) -> QueueKey:
@@ -129,6 +133,31 @@ class Queues:
         floors[group] = (rank, rec.spec.id)
         return rank
 
+    def model_tag(self, rec: ActionRecord, model: str) -> int:
+        """A model action's place with tenants (`CoreConfig.tenant_shares`): its start tag in
+        start-time fair queueing (Goyal, Vin and Cheng, SIGCOMM 1996) over the model's queue,
+        one action costing 1000 / its tenant's weight: the later of the model's virtual time
+        (the smallest tag waiting; with none waiting, the largest finish tag given) and its
+        tenant's last finish tag. A batch takes the smallest tags: the tenants' actions
+        interleave in proportion to their weights, each tenant's in arrival order."""
+        got = self.head(model_key(model))
+        v = self._vtime.get(model, 0)
+        if got is not None:
+            t = got[1][0]
+            if t > v:
+                v = t
+        else:
+            for (m, _t), f in self._vfinish.items():
+                if m == model and f > v:
+                    v = f
+        self._vtime[model] = v
+        k = (model, rec.tenant)
+        f = self._vfinish.get(k, 0)
+        start = v if v > f else f
+        cost = round(1000.0 / self.st.tenant_weight(rec.tenant))
+        self._vfinish[k] = start + (cost if cost > 1 else 1)
+        return start
+
     def aging_after(self, rec: ActionRecord) -> float:
         """How long ``rec`` may wait before it is served ahead of every non-aged action:
         `aging_relative` times its expected run, at least `aging_min_s`, at most `aging_s` and
@@ -159,7 +188,10 @@ class Queues:
         seq = rec.seq
         aging_after = self.aging_after(rec)
         aged = st.now - rec.submit_time >= aging_after
-        if aged:
+        if st.fair and rec.is_model:  # (tenants: fair tags, no aging past another tenant)
+            aged = False
+            entry = (self.model_tag(rec, key[1]), seq, gen, spec.id)
+        elif aged:
             entry = (AGED, seq, gen, spec.id)
             self.aged_pushes += 1
         else:
@@ -292,6 +324,8 @@ class Queues:
             rec = st.actions.get(aid)
             if rec is None or rec.seq != seq or rec.status is not _QUEUED:
                 continue
+            if st.fair and rec.is_model:
+                continue  # (its fair tag bounds its wait: no aging past other tenants)
             key = rec.queue_key
             assert key is not None  # (QUEUED: in a queue)
             rec.gen += 1
