@@ -207,7 +207,7 @@ def test_provider_slots_are_shared_by_tenant() -> None:
     assert _provider_order(HALF) == ["c0", "c1", "a0", "c2", "a1", "c3", "c4", "c5"]
 
 
-def _batch_order(shares: dict | None) -> list[tuple[str, ...]]:
+def _batch_order(shares: dict | None, alice: str = "alice") -> list[tuple[str, ...]]:
     """One reward-model instance, batches of at most 2: carol sends 6 actions at 0.5 s, alice
     2 at 0.6 s; each batch ends 1 s after it starts. The batches, in order."""
     from core_helpers import gpu_node, of, reward
@@ -223,7 +223,7 @@ def _batch_order(shares: dict | None) -> list[tuple[str, ...]]:
         d(ev.ModelLoaded(0.0, ld.instance_id))
     got: list = []
     got += of(d.at(0.5).arrive(*(reward(f"c{i}", tenant="carol") for i in range(6))), C.RunBatch)
-    got += of(d.at(0.6).arrive(*(reward(f"a{i}", tenant="alice") for i in range(2))), C.RunBatch)
+    got += of(d.at(0.6).arrive(*(reward(f"a{i}", tenant=alice) for i in range(2))), C.RunBatch)
     done = 0
     while done < len(got):
         b = got[done]
@@ -237,5 +237,9 @@ def _batch_order(shares: dict | None) -> list[tuple[str, ...]]:
 def test_model_batches_are_shared_by_tenant() -> None:
     # today: one order (arrival, same work): carol's six, then alice's
     assert _batch_order(None) == [("c0",), ("c1", "c2"), ("c3", "c4"), ("c5", "a0"), ("a1",)]
-    # shares: start-time fair tags interleave the tenants' queued actions one for one
-    assert _batch_order(HALF) == [("c0",), ("c1", "a0"), ("c2", "a1"), ("c3", "c4"), ("c5",)]
+    # shares (cost 1000 / 0.5 = 2000 an action): c0 left carol at 2000; alice's tag (0) is
+    # least: a0, her tag then from carol's 2000 to 4000; c1 (2000 < 4000): carol's from 4000
+    # to 6000; next batch a1 (4000 < 6000), c2; then carol's alone
+    assert _batch_order(HALF) == [("c0",), ("a0", "c1"), ("a1", "c2"), ("c3", "c4"), ("c5",)]
+    # one tenant with a share: its own order, as without shares
+    assert _batch_order(HALF, alice="carol") == _batch_order(None, alice="carol")

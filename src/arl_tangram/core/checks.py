@@ -163,6 +163,8 @@ def _check_actions(core: Core) -> None:
            f"arrived {core.arrived} != delivered {core.delivered} + live {len(core.st.actions)}")
     live: dict[QueueKey | None, int] = {}
     entries = {(e[3], e[2], key) for key, q in core.queues.heaps.items() for e in q}
+    entries |= {(e[3], e[2], key) for key, subs in core.queues.mheaps.items()  # (tenants)
+                for q in subs.values() for e in q}
     providers = core.providers
     for bad in providers.check(core.st.actions):
         _check(False, "providers", bad)

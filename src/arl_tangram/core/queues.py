@@ -77,10 +77,11 @@ class Queues:
         # sessions with queued actions: a pass after capacity freed on a node looks at its
         # sessions among these, not at every session open there (`SchedulingPass.candidates`)
         self.waiting_sessions: set[str] = set()
-        # Tenants' fair share of a model's batches (start-time fair queueing: `model_tag`):
-        # model -> its virtual time; (model, tenant) -> the finish tag of its latest action
-        self._vtime: dict[str, int] = {}
-        self._vfinish: dict[tuple[str, str], int] = {}
+        # Tenants' fair share of a model's batches (`CoreConfig.tenant_shares`): model queue
+        # key -> tenant -> its heap (`heaps` then holds none of that key), and (model,
+        # tenant) -> its finish tag (`_model_head`, `_served`)
+        self.mheaps: dict[QueueKey, dict[str, list[Entry]]] = {}
+        self._mfinish: dict[tuple[str, str], int] = {}
 
     # ---- keys and order -------------------------------------------------------------------------
     def key_of(self, rec: ActionRecord) -> QueueKey:
@@ -133,31 +134,6 @@ class Queues:
         floors[group] = (rank, rec.spec.id)
         return rank
 
-    def model_tag(self, rec: ActionRecord, model: str) -> int:
-        """A model action's place with tenants (`CoreConfig.tenant_shares`): its start tag in
-        start-time fair queueing (Goyal, Vin and Cheng, SIGCOMM 1996) over the model's queue,
-        one action costing 1000 / its tenant's weight: the later of the model's virtual time
-        (the smallest tag waiting; with none waiting, the largest finish tag given) and its
-        tenant's last finish tag. A batch takes the smallest tags: the tenants' actions
-        interleave in proportion to their weights, each tenant's in arrival order."""
-        got = self.head(model_key(model))
-        v = self._vtime.get(model, 0)
-        if got is not None:
-            t = got[1][0]
-            if t > v:
-                v = t
-        else:
-            for (m, _t), f in self._vfinish.items():
-                if m == model and f > v:
-                    v = f
-        self._vtime[model] = v
-        k = (model, rec.tenant)
-        f = self._vfinish.get(k, 0)
-        start = v if v > f else f
-        cost = round(1000.0 / self.st.tenant_weight(rec.tenant))
-        self._vfinish[k] = start + (cost if cost > 1 else 1)
-        return start
-
     def aging_after(self, rec: ActionRecord) -> float:
         """How long ``rec`` may wait before it is served ahead of every non-aged action:
         `aging_relative` times its expected run, at least `aging_min_s`, at most `aging_s` and
@@ -188,17 +164,22 @@ class Queues:
         seq = rec.seq
         aging_after = self.aging_after(rec)
         aged = st.now - rec.submit_time >= aging_after
-        if st.fair and rec.is_model:  # (tenants: fair tags, no aging past another tenant)
-            aged = False
-            entry = (self.model_tag(rec, key[1]), seq, gen, spec.id)
-        elif aged:
+        if aged:
             entry = (AGED, seq, gen, spec.id)
             self.aged_pushes += 1
         else:
             entry = (self.fifo_rank(rec), seq, gen, spec.id)
-        q = self.heaps.get(key)
-        if q is None:
-            q = self.heaps[key] = []
+        if st.fair and rec.is_model:  # (tenants: a heap per tenant, `_model_head`)
+            subs = self.mheaps.get(key)
+            if subs is None:
+                subs = self.mheaps[key] = {}
+            q = subs.get(rec.tenant)
+            if q is None:
+                q = subs[rec.tenant] = []
+        else:
+            q = self.heaps.get(key)
+            if q is None:
+                q = self.heaps[key] = []
         heapq.heappush(q, entry)
         live = self.live
         before = live.get(key, 0)
@@ -271,6 +252,10 @@ class Queues:
         """Off its queue, its node reservations dropped; whether its queue still has others."""
         key = rec.queue_key
         n = -1
+        if self.mheaps and key is not None:
+            subs = self.mheaps.get(key)
+            if subs is not None:
+                self._served(key[1], rec.tenant, subs)
         if key is not None:
             live = self.live
             n = live.get(key, 0) - 1
@@ -279,6 +264,8 @@ class Queues:
                 if type(key) is ShapeKey:
                     self.shape_keys.pop(key, None)
                 self.heaps.pop(key, None)
+                if self.mheaps:
+                    self.mheaps.pop(key, None)
                 if is_session_key(key):
                     self.waiting_sessions.discard(key[1])
             else:
@@ -295,6 +282,10 @@ class Queues:
         return n > 0
 
     def head(self, key: QueueKey) -> tuple[ActionRecord, Entry] | None:
+        if self.mheaps:
+            subs = self.mheaps.get(key)
+            if subs is not None:
+                return self._model_head(key, subs)
         q = self.heaps.get(key)
         actions = self.st.actions
         while q:
@@ -304,6 +295,50 @@ class Queues:
                 return rec, e
             heapq.heappop(q)
         return None
+
+    def _model_head(self, key: QueueKey, subs: dict[str, list[Entry]]
+                    ) -> tuple[ActionRecord, Entry] | None:
+        """A model queue's head with tenants: the head of the tenant with the least finish tag
+        (self-clocked fair queueing, `_served`), inside it the usual order (aged first, then
+        rank, then arrival); ties to the better head. One tenant: its heap's head, as without."""
+        actions = self.st.actions
+        model = key[1]
+        best: tuple[int, int, int] | None = None
+        got: tuple[ActionRecord, Entry] | None = None
+        for t, q in list(subs.items()):
+            while q:
+                e = q[0]
+                rec = actions.get(e[3])
+                if rec is not None and rec.gen == e[2] and rec.queue_key == key:
+                    break
+                heapq.heappop(q)
+            if not q:
+                del subs[t]
+                continue
+            e = q[0]
+            mine = (self._mfinish.get((model, t), 0), e[0], e[1])
+            if best is None or mine < best:
+                best = mine
+                got = (actions[e[3]], e)
+        return got
+
+    def _served(self, model: str, tenant: str, subs: dict[str, list[Entry]]) -> None:
+        """One of ``tenant``'s actions leaves ``model``'s queue (into a batch, or cancelled):
+        its finish tag moves on by 1000 / its weight, from at least the least tag of the other
+        tenants waiting (a tenant back from idle has no credit saved: self-clocked fair
+        queueing, Golestani 1994; start-time fair queueing, Goyal et al. 1996)."""
+        lo = -1
+        for t in subs:
+            if t != tenant:
+                f = self._mfinish.get((model, t), 0)
+                if lo < 0 or f < lo:
+                    lo = f
+        k = (model, tenant)
+        f = self._mfinish.get(k, 0)
+        if lo > f:
+            f = lo
+        cost = round(1000.0 / self.st.tenant_weight(tenant))
+        self._mfinish[k] = f + (cost if cost > 1 else 1)
 
     def queued_elastic(self) -> int:
         """Elastic actions waiting in the shared pool's queues."""
@@ -324,12 +359,17 @@ class Queues:
             rec = st.actions.get(aid)
             if rec is None or rec.seq != seq or rec.status is not _QUEUED:
                 continue
-            if st.fair and rec.is_model:
-                continue  # (its fair tag bounds its wait: no aging past other tenants)
             key = rec.queue_key
             assert key is not None  # (QUEUED: in a queue)
             rec.gen += 1
-            heapq.heappush(self.heaps[key], (AGED, rec.seq, rec.gen, aid))
+            subs = self.mheaps.get(key) if self.mheaps else None
+            if subs is not None:  # (a model queue with tenants: aged inside its tenant's heap)
+                q = subs.get(rec.tenant)
+                if q is None:
+                    q = subs[rec.tenant] = []
+                heapq.heappush(q, (AGED, rec.seq, rec.gen, aid))
+            else:
+                heapq.heappush(self.heaps[key], (AGED, rec.seq, rec.gen, aid))
             self.aged_pushes += 1
             rec.note(now, "aged", "aging")
             st.touched.add(key)
