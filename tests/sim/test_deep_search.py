@@ -66,6 +66,7 @@ def test_the_providers_published_limits_and_the_semaphores_are_the_sourced_ones(
     lim = JINA_READER.limits("tangram")
     assert (lim.burst, lim.concurrency) == (500, 500)  # a minute's requests; rate x 60 s
     assert JINA_READER.limits("semaphore").concurrency == 10
+    assert (TAVILY.limits("semaphore-little").concurrency, JINA_READER.little) == (42, 66)
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +102,9 @@ def test_tangram_simulate_compares_deep_search_with_the_bound(capsys: pytest.Cap
     assert main(["simulate", "--workload", "deep-search", "--compare", "--trajectories", "200",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out["reports"]) == ["tangram", "semaphore", "static-split"]
-    assert set(out["ratios"]) == {"semaphore", "static-split"} and out["best_static"] is None
+    assert list(out["reports"]) == ["tangram", "semaphore", "semaphore-little", "static-split"]
+    assert set(out["ratios"]) == {"semaphore", "semaphore-little", "static-split"}
+    assert out["best_static"] is None
     lowest = min(r["bound"]["act_avg"] for r in out["reports"].values())
     assert out["bound"]["act_avg"] == lowest
     assert main(["simulate", "--workload", "deep-search", "--policy", "fifo"]) == 2

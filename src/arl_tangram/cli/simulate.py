@@ -17,8 +17,8 @@ from typing import Any
 from ..core.errors import SpecError
 from ..sim.bounds import Bound, bound, table_bound
 from ..sim.deepsearch import COMPARE as PROVIDER_COMPARE
-from ..sim.deepsearch import POLICIES as PROVIDER_POLICIES
 from ..sim.deepsearch import PROVIDER_WORKLOADS, run_report
+from ..sim.deepsearch import SEARCH_FETCH_POLICIES as PROVIDER_POLICIES
 from ..sim.metrics import SimReport
 from ..sim.runner import (
     BASELINES,

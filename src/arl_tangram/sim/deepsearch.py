@@ -82,6 +82,13 @@ class SimProvider:
     semaphore: int  # ASearcher's per-process semaphore for this tool (the semaphore baseline)
 
     @property
+    def little(self) -> int:
+        """A semaphore sized by Little's law: the calls in flight at the published rate and
+        mean latency (``semaphore-little``: the semaphore at its best, no slot left idle below
+        the rate)."""
+        return math.ceil(self.per_min * self.mean_s / 60)
+
+    @property
     def rate(self) -> float:
         return self.per_min / 60.0
 
@@ -95,7 +102,8 @@ class SimProvider:
         """What the core is told: the published rate and `burst`; no cap is published, so
         the slots never bind below the rate (rate x the longest latency), except under the
         semaphore baseline, which has ASearcher's semaphore."""
-        conc = self.semaphore if policy == "semaphore" else math.ceil(self.per_min * LATENCY_MAX_S / 60)
+        conc = (self.semaphore if policy == "semaphore" else self.little
+                if policy == "semaphore-little" else math.ceil(self.per_min * LATENCY_MAX_S / 60))
         return ProviderLimits(name=self.name, rate=self.rate, burst=self.burst, concurrency=conc,
                               max_attempts=1000)
 
@@ -108,7 +116,9 @@ class SimProvider:
 TAVILY = SimProvider("tavily", ActionKind.SEARCH, 1000, 2.5, 20)
 JINA_READER = SimProvider("jina", ActionKind.FETCH, 500, 7.9, 10)
 SEARCH_FETCH = (TAVILY, JINA_READER)
-COMPARE = ("tangram", "semaphore", "static-split")  # `tangram simulate --compare` runs these
+# `tangram simulate --workload deep-search`: its policies, and those `--compare` runs
+SEARCH_FETCH_POLICIES = (*POLICIES, "semaphore-little")
+COMPARE = ("tangram", "semaphore", "semaphore-little", "static-split")
 
 
 def search_agent(rng: random.Random, step: int, index: int) -> Trajectory:
@@ -187,11 +197,12 @@ def simulate(cluster: ClusterSpec, batches: Iterable[Sequence[Trajectory]], poli
              providers: Sequence[SimProvider] = SEARCH_FETCH,
              ) -> tuple[SimReport, dict[str, VirtualProvider]]:
     """`run_report`, and the provider models after the run (their answers and 429s)."""
-    if policy not in POLICIES:
-        raise KeyError(f"unknown policy {policy!r} for a provider workload; known: {', '.join(POLICIES)}")
+    if policy not in SEARCH_FETCH_POLICIES:
+        raise KeyError(f"unknown policy {policy!r} for a provider workload; known: "
+                       f"{', '.join(SEARCH_FETCH_POLICIES)}")
     it = iter(batches)
     first = list(next(it, []))
-    name = "tangram" if policy.startswith("tangram") else policy
+    name = "tangram" if policy.startswith("tangram") else policy.removesuffix("-little")
     core = Core(cluster, CoreConfig(providers=tuple(p.limits(policy) for p in providers),
                                     provider_policy=name, trajectories=max(1, len(first)),
                                     provider_coalesce=policy == "tangram"))
