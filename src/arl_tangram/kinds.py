@@ -382,6 +382,96 @@ class RunResult(Mapping[str, Any]):
         return len(self.to_dict())
 
 
-__all__ = ["DEFAULT_MEMORY_MB", "EDGE_GRACE_S", "REPLY_GRACE_S", "Case", "CaseResult", "CodeRequest",
-           "CommandRunStatus", "RunResult", "RunStatus", "StageResult", "Timeouts",
-           "code_request", "code_timeouts", "parse_code"]
+# ---- score (reward and judge models) and retrieve (a local index): the GPU manager -------------
+
+DEFAULT_TOPK = 3  # documents a retrieval returns when it names no topk (Search-R1's default)
+
+
+class _View(Mapping[str, Any]):
+    """(the read-only Mapping of a request's set fields, by their wire names)"""
+
+    __slots__ = ()
+    _KEYS: tuple[str, ...] = ()
+
+    def __getitem__(self, key: str) -> Any:
+        v = getattr(self, key) if key in self._KEYS else None
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self._KEYS if getattr(self, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreRequest(_View):
+    """One response scored by a reward or judge model (REWARD, JUDGE kinds; OpenRLHF's
+    /get_reward, /classify). Which fields a model needs is the model's rule (`scoring.texts_for`:
+    a similarity model a reference, ...); None: not given."""
+
+    query: str | None = None  # the whole text scored (OpenRLHF's query: prompt + response)
+    prompt: str | None = None  # ... or the prompt and the response apart
+    response: str | None = None
+    reference: str | None = None  # a similarity model's reference (a label)
+    _KEYS = ("query", "prompt", "response", "reference")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrieveRequest(_View):
+    """One query of a local index's retriever (RETRIEVE kind; ``/retrieve``, a ``/v1/search``
+    naming an index)."""
+
+    query: str  # a non-empty query
+    topk: int = DEFAULT_TOPK  # the documents returned
+    _KEYS = ("query", "topk")
+
+
+def score_request(payload: Mapping[str, Any]) -> ScoreRequest:
+    """``payload`` as a typed request: itself when it is one, else parsed (a native or library
+    caller's mapping): each field given and not None, as text."""
+    if isinstance(payload, ScoreRequest):
+        return payload
+    got = {k: str(payload[k]) for k in ScoreRequest._KEYS if payload.get(k) is not None}
+    return ScoreRequest(**got)
+
+
+def retrieve_request(payload: Mapping[str, Any]) -> RetrieveRequest:
+    """``payload`` as a typed request: itself when it is one, else parsed; ValueError when it
+    has no non-empty query or a topk that is not a number."""
+    if isinstance(payload, RetrieveRequest):
+        return payload
+    q = payload.get("query")
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError("a retrieval needs a non-empty 'query' in the payload")
+    try:
+        topk = int(payload.get("topk", DEFAULT_TOPK))
+    except (TypeError, ValueError):
+        raise ValueError(f"a retrieval's 'topk' must be a number, got {payload.get('topk')!r}") \
+            from None
+    return RetrieveRequest(query=q, topk=topk)
+
+
+__all__ = [
+    "DEFAULT_MEMORY_MB",
+    "DEFAULT_TOPK",
+    "EDGE_GRACE_S",
+    "REPLY_GRACE_S",
+    "Case",
+    "CaseResult",
+    "CodeRequest",
+    "CommandRunStatus",
+    "RetrieveRequest",
+    "RunResult",
+    "RunStatus",
+    "ScoreRequest",
+    "StageResult",
+    "Timeouts",
+    "code_request",
+    "code_timeouts",
+    "parse_code",
+    "retrieve_request",
+    "score_request",
+]

@@ -29,13 +29,13 @@ from pydantic import BaseModel, ConfigDict
 from ..core.actions import ActionKind, ActionSpec, Status
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
+from ..kinds import DEFAULT_TOPK, RetrieveRequest
 from ..managers.api.manager import RequestError
 from ..managers.retrieval.index import MAX_TOPK
 from .middleware import TENANT_KEY
 
 MAX_QUERIES = 1024  # queries in one /retrieve
 MAX_QUERY_CHARS = 4096  # characters of one query
-DEFAULT_TOPK = 3  # Search-R1's retrieval_topk default
 
 
 class RetrieveIn(BaseModel):
@@ -177,7 +177,7 @@ def add_routes(app: FastAPI, svc: Any) -> None:
     async def retrieve(body: RetrieveIn) -> Response:
         name, topk = check_retrieve(body, retrievers(engine))
         specs = [ActionSpec(engine.new_id(), kind=ActionKind.RETRIEVE, model=name, tag=name,
-                            demand=Resources(), payload={"query": q, "topk": topk},
+                            demand=Resources(), payload=RetrieveRequest(query=q, topk=topk),
                             timeout_s=60.0) for q in body.queries]
         ids = engine.submit_nowait(specs)
         results = await asyncio.gather(*(engine.result(i) for i in ids))
@@ -202,7 +202,7 @@ def add_routes(app: FastAPI, svc: Any) -> None:
             raise InvalidAction("options.topk", f"must be an integer in [1, {MAX_TOPK}], got {topk!r}")
         spec = ActionSpec(engine.new_id(), kind=ActionKind.RETRIEVE, model=body.provider,
                           tag=body.provider, demand=Resources(), trajectory=body.trajectory,
-                          payload={"query": q, "topk": topk}, timeout_s=body.timeout_s)
+                          payload=RetrieveRequest(query=q, topk=topk), timeout_s=body.timeout_s)
         r = await engine.run(spec)
         out = r.output if isinstance(r.output, dict) else {}
         return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,

@@ -23,7 +23,7 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
 from ..core.images import check_name
 from ..core.resources import Resources
-from ..kinds import code_timeouts
+from ..kinds import ScoreRequest, code_timeouts
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
@@ -331,15 +331,15 @@ class Service:
                 raise InvalidAction(field, f"unknown model {n!r} (models: {known})")
         return names
 
-    async def score(self, payloads: list[dict[str, Any]], models: list[str], *,
+    async def score(self, requests: list[ScoreRequest], models: list[str], *,
                     tenant: str | None = None, field: str = "query") -> list[list[Any]]:
-        """Score each payload with each model; outputs per payload, in model order. At most
+        """Score each request with each model; outputs per request, in model order. At most
         `LimitsConfig.max_batch` actions in all (400 naming ``field`` else), as a submit."""
-        n, cap = len(payloads) * len(models), self.config.limits.max_batch
+        n, cap = len(requests) * len(models), self.config.limits.max_batch
         if n > cap:
-            raise InvalidAction(field, f"{len(payloads)} items x {len(models)} models = {n} "
+            raise InvalidAction(field, f"{len(requests)} items x {len(models)} models = {n} "
                                 f"actions, at most {cap} per request (limits.max_batch)")
-        groups = T.reward_actions(payloads, models)
+        groups = T.reward_actions(requests, models)
         flat = [s for g in groups for s in g]
         if tenant is not None:
             self.tenancy.admit(tenant, flat)
@@ -367,15 +367,10 @@ class Service:
             if spec is not None and spec.kind == "similarity" and body.labels is None:
                 raise InvalidAction("labels", f"model {m!r} scores similarity to a reference: "
                                               "send one label per query")
-        payloads = []
-        for i, q in enumerate(body.query):
-            p: dict[str, Any] = {"query": q}
-            if body.prompts is not None:
-                p["prompt"] = body.prompts[i]
-            if body.labels is not None:
-                p["reference"] = body.labels[i]
-            payloads.append(p)
-        outs = await self.score(payloads, models, tenant=tenant)
+        requests = [ScoreRequest(query=q, prompt=None if body.prompts is None else body.prompts[i],
+                                 reference=None if body.labels is None else body.labels[i])
+                    for i, q in enumerate(body.query)]
+        outs = await self.score(requests, models, tenant=tenant)
         per_model = [[T.score_of(o) for o in row] for row in outs]
         rewards = [sum(row) / len(row) for row in per_model]
         body_out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
@@ -393,7 +388,7 @@ class Service:
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs:
             raise InvalidAction("input", "must not be empty")
-        outs = await self.score([{"query": t} for t in inputs], [model], tenant=tenant,
+        outs = await self.score([ScoreRequest(query=t) for t in inputs], [model], tenant=tenant,
                                 field="input")
         data = []
         for i, (o,) in enumerate(outs):

@@ -32,6 +32,7 @@ from ..kinds import (
     CommandRunStatus,
     RunResult,
     RunStatus,
+    ScoreRequest,
     StageResult,
     code_timeouts,
 )
@@ -120,13 +121,13 @@ def native_actions(a: ActionIn, where: str = "action",
     return out
 
 
-def reward_actions(payloads: Sequence[Mapping[str, Any]], models: Sequence[str], *,
+def reward_actions(requests: Sequence[ScoreRequest], models: Sequence[str], *,
                    task: str = "rlhf") -> list[list[ActionSpec]]:
-    """One REWARD action per (payload, model); outer list per payload."""
+    """One REWARD action per (request, model), carrying the request; outer list per request."""
     return [
         [ActionSpec(id=new_id(), kind=ActionKind.REWARD, demand=Resources(), model=m, task=task,
-                    payload=dict(p), hints=WorkHints(items=1)) for m in models]
-        for p in payloads
+                    payload=r, hints=WorkHints(items=1)) for m in models]
+        for r in requests
     ]
 
 

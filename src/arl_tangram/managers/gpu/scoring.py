@@ -27,6 +27,7 @@ import torch
 
 from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError
+from ...kinds import retrieve_request, score_request
 
 Factory = Callable[[], tuple[Any, Any]]
 
@@ -89,37 +90,38 @@ def prepare(model: Any, tokenizer: Any) -> None:
 
 
 def _query(payload: Mapping[str, Any]) -> str:
-    if "query" in payload:
-        return str(payload["query"])
-    if "prompt" in payload and "response" in payload:
-        return f"{payload['prompt']}{payload['response']}"
-    if "response" in payload:
-        return str(payload["response"])
+    s = score_request(payload)
+    if s.query is not None:
+        return s.query
+    if s.prompt is not None and s.response is not None:
+        return f"{s.prompt}{s.response}"
+    if s.response is not None:
+        return s.response
     raise ValueError("payload needs 'query', or 'prompt' and 'response'")
 
 
 def texts_for(spec: ModelSpec, payload: Mapping[str, Any]) -> list[str]:
-    """The texts one action contributes (raises ValueError naming what is missing)."""
+    """The texts one action contributes, from its typed request (`kinds.ScoreRequest`, or
+    `kinds.RetrieveRequest` for a retriever; a plain mapping is parsed as one); raises
+    ValueError naming what this model needs and the request lacks."""
     if spec.kind == "similarity" and spec.options.get("index"):  # a retriever
-        q = payload.get("query")
-        if not isinstance(q, str) or not q.strip():
-            raise ValueError("a retrieval needs a non-empty 'query' in the payload")
-        return [q]
+        return [retrieve_request(payload).query]
+    s = score_request(payload)
     if spec.kind == "similarity":
-        if "reference" not in payload:
+        if s.reference is None:
             raise ValueError("a similarity reward needs 'reference' in the payload")
-        resp = payload.get("response", payload.get("query"))
+        resp = s.response if s.response is not None else s.query
         if resp is None:
             raise ValueError("a similarity reward needs 'response' (or 'query') in the payload")
-        return [str(resp), str(payload["reference"])]
+        return [resp, s.reference]
     if spec.kind == "judge":
         template = str(spec.options.get("template", DEFAULT_JUDGE_TEMPLATE))
-        if "prompt" in payload and "response" in payload and "query" not in payload:
-            query = f"Question: {payload['prompt']}\nResponse: {payload['response']}"
+        if s.prompt is not None and s.response is not None and s.query is None:
+            query = f"Question: {s.prompt}\nResponse: {s.response}"
         else:
-            query = _query(payload)
+            query = _query(s)
         return [template.format(query=query)]
-    return [_query(payload)]
+    return [_query(s)]
 
 
 # ---- forward passes ---------------------------------------------------------------------------
@@ -182,16 +184,15 @@ class Scorer:
         return [self._output([rows[i] for i in r]) for r in refs]
 
     def retrieve(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """A retriever's batch: each payload's ``query`` embedded, its ``topk`` (default 3)
+        """A retriever's batch: each request's ``query`` embedded, its ``topk`` (default 3)
         documents by exact inner product: ``{"result": [{"document", "score"}, ...]}``."""
         import numpy as np
 
-        queries = [str(p.get("query", "")) for p in payloads]
-        rows = torch.stack(self._forward_all(queries)).numpy().astype(np.float32)
+        reqs = [retrieve_request(p) for p in payloads]
+        rows = torch.stack(self._forward_all([r.query for r in reqs])).numpy().astype(np.float32)
         out: list[dict[str, Any]] = []
-        for i, p in enumerate(payloads):
-            k = int(p.get("topk", 3))
-            ids, scores = self.index.search(rows[i:i + 1], k)
+        for i, r in enumerate(reqs):
+            ids, scores = self.index.search(rows[i:i + 1], r.topk)
             out.append({"result": next(self.index.hits(ids, scores)), "model": self.spec.name})
         return out
 
