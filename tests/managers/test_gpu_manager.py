@@ -141,8 +141,10 @@ async def test_swap_in_from_host_vs_cold(specs: dict[str, ModelSpec]) -> None:
         acts = _actions("tiny-rm", _payloads("scalar"))
         cold_s = await mgr.load("i0", "tiny-rm", (0,))
         before = await mgr.run_batch("i0", acts)
+        pid = mgr.worker_pid("i0")
         assert await mgr.unload("i0", park=True) is True
         assert mgr.resident()["i0"]["state"] == "parked"
+        assert mgr.worker_pid("i0") == pid  # its process stays, holding the built model
         assert mgr.resident()["i0"]["devices"] == ()
         assert mgr.memory_free()[0] == mgr.devices()[0].memory_mb
         with pytest.raises(BrokenError, match="not loaded"):
@@ -150,6 +152,7 @@ async def test_swap_in_from_host_vs_cold(specs: dict[str, ModelSpec]) -> None:
         swap_s = await mgr.load("i1", "tiny-rm", (1,), from_host=True)  # other id, other device
         r = mgr.resident()
         assert "i0" not in r and r["i1"]["from_host"] and r["i1"]["state"] == "loaded"
+        assert mgr.worker_pid("i1") == pid  # swap-in reuses the parked process
         after = await mgr.run_batch("i1", acts)
         for a in acts:
             assert after.outputs[a.id]["score"] == pytest.approx(
@@ -160,7 +163,8 @@ async def test_swap_in_from_host_vs_cold(specs: dict[str, ModelSpec]) -> None:
         assert costs["load_s"] == cold_s and costs["swap_s"] == swap_s
         # nothing parked: from_host falls back to a cold load; park=False keeps nothing
         assert await mgr.unload("i1", park=False) is False
-        assert mgr.resident() == {}
+        assert mgr.resident() == {} and mgr.worker_pid("i1") is None
+        assert not Path(f"/proc/{pid}").exists()  # park=False ends the process (reaped)
         assert await mgr.unload("never-loaded") is False
         await mgr.load("i2", "tiny-rm", (0,), from_host=True)
         assert mgr.resident()["i2"]["from_host"] is False
@@ -261,10 +265,8 @@ async def test_factory_models_and_thread_budget(specs: dict[str, ModelSpec]) -> 
         await mgr.load("f", "fact", (0, 1))
         out = await mgr.run_batch("f", _actions("fact", [{"query": "hello"}]))
         assert isinstance(out.outputs["a0"]["score"], float)
-        import torch
-
-        inst = mgr._instances["f"]  # the worker thread runs with 2 devices x 1 thread
-        assert inst.executor.submit(torch.get_num_threads).result() == 2
+        # its process (the factory, a closure, was sent there) runs with 2 devices x 1 thread
+        assert mgr.worker_threads("f") == 2
     finally:
         await mgr.aclose()
 

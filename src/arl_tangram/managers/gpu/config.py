@@ -37,6 +37,9 @@ class GpuManagerConfig:
     """How long the dynamic batcher waits for more actions after the first one arrives."""
     pin_host_memory: bool = True
     """Pin parked weights (CUDA only) so swap-in is an asynchronous DMA copy."""
+    forward_timeout_s: float = 60.0
+    """Deadline of one batch's forward pass in an instance's process; past it the process is
+    killed and the instance replaced. A model's ``options["forward_timeout_s"]`` overrides it."""
 
     def __post_init__(self) -> None:
         if self.device not in _DEVICES:
@@ -47,6 +50,11 @@ class GpuManagerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GpuManagerConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.forward_timeout_s, int | float) or not self.forward_timeout_s > 0:
+            raise ValueError(
+                f"GpuManagerConfig.forward_timeout_s must be a number > 0, "
+                f"got {self.forward_timeout_s!r}"
+            )
         for name in ("cpu_device_memory_mb", "host_park_limit_mb", "batch_wait_ms"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:

@@ -2,46 +2,47 @@
 
 Invariant: the manager decides nothing. It executes the scheduler's LoadModel / UnloadModel /
 RunBatch on this node's devices and reports what it measured (load and swap-in seconds, batch
-latencies; `fitted_costs` turns them into the core's cost-model figures). Every instance sits on
-devices of ONE NVLink domain (checked with `core.topology`), device memory is never booked beyond
-a device's size, and each instance's work runs on its own worker thread, holding the locks of
-its devices, with the thread budget of its devices (CPU-backed devices) -- so two instances never
-oversubscribe one device, and the event loop never runs a forward pass.
+latencies, each measured inside the instance's process around the work itself; `fitted_costs`
+turns them into the core's cost-model figures). Every instance sits on devices of ONE NVLink
+domain (checked with `core.topology`), device memory is never booked beyond a device's size, and
+each instance's model lives in a process of its own (`worker.py`: forked from a fork server that
+preloaded torch; this process holds no model), driven by one thread of this process that holds
+the locks of its devices while the process works -- so two instances never oversubscribe one
+device, the event loop never waits on a forward pass, and each process runs with the thread
+budget of its devices (CPU-backed devices: ``threads_per_device`` x devices).
 
-Swap: ``unload(park=True)`` keeps the constructed model in host memory (on CUDA: moved to pinned
-CPU tensors); ``load(from_host=True)`` moves it back (a host->device copy) instead of reading and
-constructing it from disk. On CPU-backed devices, device and host memory are the same RAM: a
-parked model is an already-built model object, and swap-in skips disk reading, deserialization
-and construction -- it moves no bytes.
+Swap: ``unload(park=True)`` keeps the instance's process and its constructed model (on CUDA:
+moved to pinned CPU tensors); ``load(from_host=True)`` hands that process to the new instance and
+moves the model back (a host->device copy) instead of reading and constructing it from disk. On
+CPU-backed devices, device and host memory are the same RAM: a parked model is an already-built
+model object, and swap-in is one round trip to its process -- it moves no bytes.
+``unload(park=False)`` (and a park evicted by ``host_park_limit_mb``) ends the process.
 
-Supervision (issue 25): an instance's worker is a thread of this process, not a process of its
-own, so there is no worker to ``kill -9``; what can die is the worker thread's batch call. A batch
-whose worker is stopped (an exception that is not an ``Exception``: `WorkerKilled`, SystemExit,
-...), whose device reports a sticky error (a CUDA error other than out-of-memory: the instance's
-state can no longer be trusted), or whose worker thread has ended, ends the INSTANCE: it is
-removed (its devices free at once), ``on_worker_death(instance_id, reason)`` is called before the
-batch call raises `ModelWorkerDied`, and the node host reports it to the scheduler (an unsolicited
-``ModelUnloaded`` with the reason), which requeues the batch once and loads a replacement. Any
-other model error fails only that batch's actions and keeps the instance, as before.
-`crash_worker` stops a worker mid-batch (fault injection for tests and benchmarks).
+Supervision (issue 25, issue 41 item 5): an instance ENDS when its process dies (a segfault in
+native code, an OOM kill: the pipe reads EOF and the exit status names the signal), when a
+forward runs past its deadline (``forward_timeout_s``, per model ``options["forward_timeout_s"]``:
+the process is killed), or when its device reports a sticky error (a CUDA error other than
+out-of-memory: the instance's state can no longer be trusted; the process is killed). The
+instance is removed (its devices free at once), ``on_worker_death(instance_id, reason)`` is
+called before the batch call raises `ModelWorkerDied`, and the node host reports it to the
+scheduler (an unsolicited ``ModelUnloaded`` with the reason), which requeues the batch once and
+loads a replacement (a new process). A process that dies while idle is noticed on the event loop
+(its sentinel) and reported the same way, without a batch. Any other model error fails only that
+batch's actions and keeps the instance and its process. `crash_worker` sends a signal (SIGKILL
+by default) to an instance's process (fault injection for tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import logging
+import signal
 import threading
-import time
-import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from ...core.actions import ActionSpec
 from ...core.cluster import ModelSpec, NodeSpec
@@ -52,15 +53,10 @@ from .batcher import DynamicBatcher
 from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
 from .costs import CostTracker
 from .devices import discover, torch_device
-from .scoring import Factory, Scorer, cold_load, texts_for
+from .scoring import Factory, texts_for
+from .worker import Worker, WorkerGone, WorkerTimeout, start_fork_server
 
 log = logging.getLogger(__name__)
-
-
-class WorkerKilled(BaseException):
-    """Raised inside a worker thread by `GpuManager.crash_worker`: the thread is stopped where it
-    is, as a crash would stop it (a BaseException, so the model code's ``except Exception``
-    cannot swallow it)."""
 
 
 class ModelWorkerDied(BrokenError):
@@ -71,37 +67,8 @@ class ModelWorkerDied(BrokenError):
         self.instance_id, self.reason = instance_id, reason
 
 
-# Device errors after which an instance's state cannot be trusted (sticky CUDA errors). An
-# out-of-memory error is the batch's own: the instance stays.
-_STICKY = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
-           "uncorrectable ECC error")
-
-
-def _kills_worker(exc: BaseException) -> bool:
-    if not isinstance(exc, Exception) or isinstance(exc, _WorkerStopped):
-        return True
-    if type(exc).__name__ == "AcceleratorError":  # (torch >= 2.8: a CUDA error)
-        return True
-    msg = str(exc)
-    return "out of memory" not in msg and any(m in msg for m in _STICKY)
-
-
-def _release_frames(exc: BaseException) -> None:
-    """Clear the frames of ``exc``'s tracebacks (and of its causes): a dead worker's frames
-    hold its model and batch tensors, which must be freed with the instance."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if e.__traceback__ is not None:
-            traceback.clear_frames(e.__traceback__)
-            e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-
-
-class _WorkerStopped(Exception):
-    """A BaseException that stopped the worker thread, carried out of it as an Exception (a
-    SystemExit or KeyboardInterrupt must never reach the event loop)."""
+class _Died(Exception):
+    """Raised in an instance's driver thread: its process is gone (the message says how)."""
 
 
 @dataclass(eq=False)
@@ -111,26 +78,15 @@ class _Instance:
     id: str
     spec: ModelSpec
     devices: tuple[int, ...]
-    executor: ThreadPoolExecutor | None = None
-    scorer: Scorer | None = None
-    state: str = "loading"  # loading | loaded | parked
+    executor: ThreadPoolExecutor | None = None  # drives its process (one request at a time)
+    worker: Worker | None = None  # its process, which holds the model
+    state: str = "loading"  # loading | loaded | parked | dead
     from_host: bool = False  # the last load was a swap-in of parked weights
     load_s: float | None = None
     host_mb: float = 0.0  # bytes of its weights, in MB
-    worker: threading.Thread | None = None  # its worker thread (set when the thread starts)
-    batch_thread: int | None = None  # ident of the worker thread while a batch runs on it
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _init_worker(inst: _Instance, n: int) -> None:
-    inst.worker = threading.current_thread()
-    torch.set_num_threads(n)  # OpenMP: applies to this worker thread's parallel regions
-
-
-def _weights_mb(model: Any) -> float:
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    total += sum(b.numel() * b.element_size() for b in model.buffers())
-    return total / 2**20
+    threads: int = 0  # torch's intra-op threads in its process
+    busy: int = 0  # requests in flight to its process (an exit then is theirs to report)
+    watched: bool = False  # its process's exit is watched on the event loop
 
 
 class GpuManager:
@@ -147,7 +103,13 @@ class GpuManager:
         if len(self._specs) != len(models):
             raise ValueError("GpuManager: model names must be unique")
         self._factories = dict(factories or {})
+        for m in models:
+            t = m.options.get("forward_timeout_s")
+            if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or t <= 0):
+                raise ValueError(f"model {m.name}: options.forward_timeout_s must be a number "
+                                 f"> 0, got {t!r}")
         self._devices, self._domains = discover(self.config)
+        start_fork_server()  # (model processes fork from it: torch is imported there once)
         self._locks = {d.index: threading.Lock() for d in self._devices}
         self._booked_mb = {d.index: 0.0 for d in self._devices}
         self._instances: dict[str, _Instance] = {}
@@ -160,6 +122,7 @@ class GpuManager:
         self.on_worker_death: Callable[[str, str], None] | None = None
         self.worker_deaths = 0
         self.last_worker_death: str = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- node description ----------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
@@ -214,52 +177,89 @@ class GpuManager:
         self._book(inst, +1)
         self._instances[instance_id] = inst
         parked = self._take_parked(instance_id, model) if from_host else None
-        budget = self.config.threads_per_device * len(devices)
-        inst.executor = ThreadPoolExecutor(1, f"gpu-{instance_id}", _init_worker, (inst, budget))
+        if parked is not None:
+            self._unwatch(parked)
+            inst.worker, inst.host_mb = parked.worker, parked.host_mb
+            parked.worker = None
+        else:
+            factory = self._factory_blob(spec)
+        inst.executor = ThreadPoolExecutor(1, f"gpu-{instance_id}")
         loop = asyncio.get_running_loop()
+        inst.busy += 1
         try:
-            scorer, seconds = await loop.run_in_executor(
-                inst.executor, self._load_sync, inst, parked
-            )
+            if parked is not None:
+                seconds = await loop.run_in_executor(inst.executor, self._swap_in_sync, inst)
+            else:
+                seconds = await loop.run_in_executor(
+                    inst.executor, self._load_sync, inst, factory)
         except BaseException as exc:
-            if self._instances.get(instance_id) is inst:
+            inst.busy -= 1
+            unloaded = self._instances.get(instance_id) is not inst
+            if not unloaded:
                 del self._instances[instance_id]
                 self._book(inst, -1)
-            inst.executor.shutdown(wait=False)
+            await self._end(inst)
+            if unloaded:  # unload (or close) killed it while it was loading
+                raise BrokenError(
+                    f"instance {instance_id} was unloaded while it was loading") from exc
             if isinstance(exc, BrokenError):
                 raise
-            raise BrokenError(f"instance {instance_id} ({model}): load failed: {exc!r}") from exc
+            raise BrokenError(f"instance {instance_id} ({model}): load failed: {exc}") from exc
+        inst.busy -= 1
         if self._instances.get(instance_id) is not inst:  # unloaded (or closed) while loading
+            await self._end(inst)
             raise BrokenError(f"instance {instance_id} was unloaded while it was loading")
-        inst.scorer, inst.state, inst.load_s = scorer, "loaded", seconds
+        inst.state, inst.load_s = "loaded", seconds
         inst.from_host = parked is not None
-        inst.host_mb = _weights_mb(scorer.model)
+        self._watch(inst)
         self._costs[model].add_load(seconds, inst.from_host)
         return seconds
 
-    def _load_sync(self, inst: _Instance, parked: _Instance | None) -> tuple[Scorer, float]:
-        device = torch_device(self._devices[inst.devices[0]])
+    def _load_sync(self, inst: _Instance, factory: bytes | None) -> float:
+        """Start the instance's process and build the model there (its devices locked)."""
+        if self._instances.get(inst.id) is not inst:
+            raise BrokenError(f"instance {inst.id} was unloaded while it was loading")
+        inst.worker = Worker()
+        device = str(torch_device(self._devices[inst.devices[0]]))
+        msg = ("load", inst.spec, factory, device, self._threads(inst),
+               self.config.max_length, self.config.max_batch_tokens)
         with self._device_locks(inst.devices):
-            t0 = time.perf_counter()
-            if parked is not None and parked.scorer is not None:
-                scorer = parked.scorer
-                scorer.model.to(device, non_blocking=True)
-            else:
-                spec = inst.spec
-                model, tok = cold_load(spec, self._factories.get(spec.name), device)
-                scorer = Scorer(
-                    spec,
-                    model,
-                    tok,
-                    max_length=self.config.max_length,
-                    max_tokens=self.config.max_batch_tokens,
-                )
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return scorer, time.perf_counter() - t0
+            reply = self._call(inst, msg, None)
+        seconds, inst.host_mb, inst.threads = reply[1], reply[2], reply[3]
+        return float(seconds)
+
+    def _swap_in_sync(self, inst: _Instance) -> float:
+        device = str(torch_device(self._devices[inst.devices[0]]))
+        with self._device_locks(inst.devices):
+            reply = self._call(inst, ("to", device, self._threads(inst), False), None)
+        inst.threads = reply[2]
+        return float(reply[1])
+
+    def _call(self, inst: _Instance, msg: tuple[Any, ...], timeout: float | None) -> tuple[Any, ...]:
+        """One request to the instance's process. An error the model raised comes back as its
+        reply ("error", kills, text, broken); a dead or hung process raises `_Died`."""
+        worker = inst.worker
+        if worker is None:
+            raise _Died("its process had ended")
+        try:
+            reply = worker.call(msg, timeout)
+        except WorkerGone as exc:
+            raise _Died(str(exc)) from None
+        except WorkerTimeout:
+            worker.kill()
+            raise _Died(f"its forward pass ran past its {timeout:g} s deadline "
+                        f"(forward_timeout_s); process {worker.pid} was killed") from None
+        if reply[0] == "error":
+            if reply[1]:  # the instance's state cannot be trusted: its process ends
+                worker.kill()
+                raise _Died(str(reply[2]))
+            if msg[0] != "score":
+                raise BrokenError(reply[2]) if reply[3] else RuntimeError(reply[2])
+        return reply
 
     async def unload(self, instance_id: str, park: bool = True) -> bool:
-        """Free the instance's devices; with ``park``, keep its weights in host memory.
+        """Free the instance's devices; with ``park``, keep its weights in host memory (its
+        process stays, holding the built model); else its process ends.
 
         Returns whether the weights were parked (False when not asked, when they do not fit
         ``host_park_limit_mb``, or for an unknown or still-loading instance).
@@ -268,33 +268,41 @@ class GpuManager:
         if inst is None:
             return False
         self._batcher.drop(instance_id, f"instance {instance_id} was unloaded")
-        executor = inst.executor
+        parked = False
         try:
-            if executor is not None and inst.scorer is not None:
+            if inst.state == "loaded" and inst.executor is not None:
+                # (after the batch its process runs now, if any: the executor runs in order)
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(executor, self._unload_sync, inst, park)
+                inst.busy += 1
+                try:
+                    parked = await loop.run_in_executor(inst.executor, self._park_sync, inst, park)
+                finally:
+                    inst.busy -= 1
         finally:
             self._book(inst, -1)
-            if executor is not None:
-                executor.shutdown(wait=False)
+            if inst.executor is not None:
+                inst.executor.shutdown(wait=False)
             inst.executor = None
-        if park and inst.scorer is not None and self._admit_parked(inst):
+        if parked and self._admit_parked(inst):
             inst.state = "parked"
             self._parked[instance_id] = inst
             return True
-        inst.scorer = None
-        self._free_memory()
+        await self._end(inst)
         return False
 
-    def _unload_sync(self, inst: _Instance, park: bool) -> None:
-        assert inst.scorer is not None
-        if not park or self._devices[inst.devices[0]].kind != "cuda":
-            return  # CPU-backed: the built model object already lives in host RAM
-        model = inst.scorer.model.to("cpu")
-        if self.config.pin_host_memory:
-            for t in list(model.parameters()) + list(model.buffers()):
-                t.data = t.data.pin_memory()
-        torch.cuda.empty_cache()
+    def _park_sync(self, inst: _Instance, park: bool) -> bool:
+        """CUDA: move the weights to (pinned) host memory in its process. CPU-backed: nothing
+        moves (the built model object already lives in host RAM). False if its process died."""
+        if not park:
+            return False
+        if self._devices[inst.devices[0]].kind != "cuda":
+            return inst.worker is not None and inst.worker.alive()
+        try:
+            self._call(inst, ("to", "cpu", 0, self.config.pin_host_memory), None)
+        except (_Died, BrokenError, RuntimeError) as exc:
+            log.warning("instance %s could not be parked: %s", inst.id, exc)
+            return False
+        return True
 
     async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchOutcome:
         """Score ``actions`` in one batch; per-action reasons for the ones that cannot run."""
@@ -316,58 +324,56 @@ class GpuManager:
             good.append(a)
         if not good:
             return BatchOutcome({}, failed, 0.0, 0)
-        if inst.worker is not None and not inst.worker.is_alive():
-            self._worker_died(inst, "its worker thread had ended")
         loop = asyncio.get_running_loop()
-        died = ""
+        inst.busy += 1
         try:
-            outs, latency = await loop.run_in_executor(inst.executor, self._score_sync, inst, good)
-        except (Exception, WorkerKilled) as exc:
-            if not _kills_worker(exc):
-                # the model itself failed: every action of the batch did; the instance stays
-                reason = f"model {inst.spec.name} failed: {type(exc).__name__}: {exc}"
-                failed.update({a.id: reason for a in good})
-                return BatchOutcome({}, failed, 0.0, 0)
-            cause = exc.__cause__ if isinstance(exc, _WorkerStopped) else exc
-            died = f"{type(cause).__name__}: {cause}".rstrip(": ") or type(cause).__name__
-            _release_frames(exc)  # (they hold the dead model's tensors)
-        if died:
-            self._worker_died(inst, died)
+            reply = await loop.run_in_executor(inst.executor, self._score_sync, inst, good)
+        except _Died as exc:
+            self._worker_died(inst, str(exc))  # raises ModelWorkerDied
+            raise
+        finally:
+            inst.busy -= 1
+        if reply[0] == "error":
+            # the model itself failed: every action of the batch did; the instance stays
+            reason = f"model {inst.spec.name} failed: {reply[2]}"
+            failed.update({a.id: reason for a in good})
+            return BatchOutcome({}, failed, 0.0, 0)
+        outs, latency = reply[1], float(reply[2])
         self._costs[inst.spec.name].add_batch(len(good), latency)
         return BatchOutcome(
             {a.id: o for a, o in zip(good, outs, strict=True)}, failed, latency, len(good)
         )
 
-    def _score_sync(
-        self, inst: _Instance, actions: list[ActionSpec]
-    ) -> tuple[list[dict[str, Any]], float]:
-        assert inst.scorer is not None
-        inst.batch_thread = threading.get_ident()
-        try:
-            with self._device_locks(inst.devices):
-                t0 = time.perf_counter()
-                outs = inst.scorer.score([a.payload for a in actions])
-                return outs, time.perf_counter() - t0
-        except Exception:
-            raise
-        except BaseException as exc:  # the worker was stopped: carried out as an Exception
-            raise _WorkerStopped(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            inst.batch_thread = None
+    def _score_sync(self, inst: _Instance, actions: list[ActionSpec]) -> tuple[Any, ...]:
+        """One forward in the instance's process, under its deadline and its devices' locks;
+        the latency is the process's own measure of the forward (transfer excluded)."""
+        timeout = float(inst.spec.options.get("forward_timeout_s",
+                                              self.config.forward_timeout_s))
+        with self._device_locks(inst.devices):
+            return self._call(inst, ("score", [a.payload for a in actions]), timeout)
 
-    def _worker_died(self, inst: _Instance, cause: str) -> None:
-        """The instance's worker died: drop the instance (its devices free now), tell the
-        ``on_worker_death`` hook, raise `ModelWorkerDied`."""
+    def _worker_died(self, inst: _Instance, cause: str, *, raise_: bool = True) -> None:
+        """The instance's process died (or was killed: hung, or a sticky device error): drop
+        the instance (its devices free now), tell the ``on_worker_death`` hook, raise
+        `ModelWorkerDied` (when a batch call saw it)."""
         iid = inst.id
         reason = (f"the worker of model instance {iid} ({inst.spec.name}) died mid-batch: "
                   f"{cause}")
-        if self._instances.get(iid) is inst:
-            del self._instances[iid]
-            self._book(inst, -1)
+        if self._instances.get(iid) is not inst or inst.state == "dead":
+            if raise_:
+                raise ModelWorkerDied(iid, reason)
+            return
+        del self._instances[iid]
+        self._book(inst, -1)
         self._batcher.drop(iid, reason)
         if inst.executor is not None:
             inst.executor.shutdown(wait=False)
-        inst.executor, inst.scorer, inst.state = None, None, "dead"
+        inst.executor, inst.state = None, "dead"
+        self._unwatch(inst)
+        worker, inst.worker = inst.worker, None
+        if worker is not None:
+            worker.kill()
+            threading.Thread(target=worker.stop, name=f"reap-{iid}", daemon=True).start()
         self.worker_deaths += 1
         self.last_worker_death = reason
         log.warning("%s; instance dropped", reason)
@@ -377,20 +383,28 @@ class GpuManager:
                 hook(iid, reason)
             except Exception:
                 log.exception("on_worker_death hook failed for %s", iid)
-        self._free_memory()
-        raise ModelWorkerDied(iid, reason)
+        if raise_:
+            raise ModelWorkerDied(iid, reason)
 
-    def crash_worker(self, instance_id: str) -> bool:
-        """Fault injection (tests, benchmarks/bench_faults.py): stop the worker thread of
-        ``instance_id`` where it is, mid-batch, with an asynchronous `WorkerKilled` -- what a
-        crash of the thread does. False when it is not running a batch now."""
-        inst = self._instances.get(instance_id)
-        tid = inst.batch_thread if inst is not None else None
-        if tid is None:
+    def crash_worker(self, instance_id: str, sig: int = signal.SIGKILL) -> bool:
+        """Fault injection (tests, benchmarks/bench_faults.py): send ``sig`` (SIGKILL: what the
+        OOM killer does) to the process of ``instance_id``. False when it has none running."""
+        inst = self._instances.get(instance_id) or self._parked.get(instance_id)
+        worker = inst.worker if inst is not None else None
+        if worker is None or not worker.alive():
             return False
-        n = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                       ctypes.py_object(WorkerKilled))
-        return bool(n == 1)
+        worker.kill(sig)
+        return True
+
+    def worker_pid(self, instance_id: str) -> int | None:
+        """The pid of the process that holds ``instance_id``'s model (None: it has none)."""
+        inst = self._instances.get(instance_id) or self._parked.get(instance_id)
+        return inst.worker.pid if inst is not None and inst.worker is not None else None
+
+    def worker_threads(self, instance_id: str) -> int:
+        """torch's intra-op thread count in the instance's process (its devices' budget)."""
+        inst = self._instances.get(instance_id)
+        return inst.threads if inst is not None else 0
 
     def health(self) -> dict[str, Any]:
         """Supervision counters: worker deaths and the last one's reason."""
@@ -431,8 +445,8 @@ class GpuManager:
         await self._batcher.aclose()
         for iid in list(self._instances):
             await self.unload(iid, park=False)
-        self._parked.clear()
-        self._free_memory()
+        while self._parked:
+            await self._end(self._parked.popitem()[1])
 
     # ---- internals -------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -490,13 +504,65 @@ class GpuManager:
             return False
         while self._parked and sum(p.host_mb for p in self._parked.values()) + inst.host_mb > limit:
             _, old = self._parked.popitem(last=False)
-            old.scorer = None
+            self._end_soon(old)
         return True
 
-    def _free_memory(self) -> None:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    # ---- processes ---------------------------------------------------------------------------
+    def _threads(self, inst: _Instance) -> int:
+        return self.config.threads_per_device * len(inst.devices)
+
+    def _factory_blob(self, spec: ModelSpec) -> bytes | None:
+        """The model's factory, pickled for its process (cloudpickle: closures travel too)."""
+        factory: Factory | None = self._factories.get(spec.name)
+        if factory is None:
+            return None
+        import cloudpickle
+
+        try:
+            return bytes(cloudpickle.dumps(factory))
+        except Exception as exc:
+            raise BrokenError(f"model {spec.name}: its factory cannot be sent to a model "
+                              f"process: {type(exc).__name__}: {exc}") from exc
+
+    def _watch(self, inst: _Instance) -> None:
+        """Notice its process's exit while nothing is asked of it (an idle instance killed)."""
+        if inst.worker is None or inst.watched:
+            return
+        asyncio.get_running_loop().add_reader(inst.worker.sentinel, self._exited, inst)
+        inst.watched = True
+        self._loop = asyncio.get_running_loop()
+
+    def _unwatch(self, inst: _Instance) -> None:
+        if inst.watched and inst.worker is not None and self._loop is not None:
+            self._loop.remove_reader(inst.worker.sentinel)
+        inst.watched = False
+
+    def _exited(self, inst: _Instance) -> None:
+        self._unwatch(inst)
+        if inst.busy:
+            return  # the request in flight reports it
+        if inst.state == "parked":
+            if self._parked.get(inst.id) is inst:
+                del self._parked[inst.id]
+            log.warning("parked instance %s dropped: its process ended", inst.id)
+            self._end_soon(inst)
+        elif inst.state == "loaded" and inst.worker is not None:
+            self._worker_died(inst, inst.worker.ended(), raise_=False)
+
+    async def _end(self, inst: _Instance) -> None:
+        """End the instance's process (killed and reaped)."""
+        self._unwatch(inst)
+        worker, inst.worker = inst.worker, None
+        inst.state = "dead"
+        if worker is not None:
+            await asyncio.to_thread(worker.stop)
+
+    def _end_soon(self, inst: _Instance) -> None:
+        self._unwatch(inst)
+        worker, inst.worker = inst.worker, None
+        if worker is not None:
+            worker.kill()
+            threading.Thread(target=worker.stop, daemon=True).start()
 
 
 class _Locks:
