@@ -454,6 +454,37 @@ def retrieve_request(payload: Mapping[str, Any]) -> RetrieveRequest:
     return RetrieveRequest(query=q, topk=topk)
 
 
+# ---- search, fetch, http (a declared provider): the API manager ---------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderRequest(_View):
+    """One call to a declared provider (SEARCH, FETCH, HTTP kinds; the provider is the action's
+    ``tag``), as `runtime.providers.ProviderFront` builds it (`managers.api.ApiManager.prepare`).
+    The core reads ``coalesce``, ``cached`` and ``step`` (an opaque payload's keys to it)."""
+
+    kind: str  # search | fetch | http
+    request: Mapping[str, Any]  # normalized (`managers.api.normalize`): what the call sends
+    coalesce: str | None = None  # its key: identical calls in flight share one call; the cache's
+    step: int | None = None  # the RL step it is charged to (`budget_per_step`)
+    cached: Any = None  # the cache's answer on a hit: the core answers at arrival, no call
+    _KEYS = ("request", "kind", "coalesce", "step", "cached")
+
+
+def provider_request(payload: Mapping[str, Any]) -> ProviderRequest:
+    """``payload`` as a typed request: itself when it is one, else parsed (a library caller's
+    mapping: ``request``, ``kind``, ``coalesce``, ``step``, ``cached``; ``kind`` "" when absent:
+    the provider's own)."""
+    if isinstance(payload, ProviderRequest):
+        return payload
+    key, step = payload.get("coalesce"), payload.get("step")
+    return ProviderRequest(
+        kind=str(payload.get("kind") or ""), request=payload.get("request") or {},
+        coalesce=key if isinstance(key, str) and key else None,
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        cached=payload.get("cached"))
+
+
 __all__ = [
     "DEFAULT_MEMORY_MB",
     "DEFAULT_TOPK",
@@ -463,6 +494,7 @@ __all__ = [
     "CaseResult",
     "CodeRequest",
     "CommandRunStatus",
+    "ProviderRequest",
     "RetrieveRequest",
     "RunResult",
     "RunStatus",
@@ -472,6 +504,7 @@ __all__ = [
     "code_request",
     "code_timeouts",
     "parse_code",
+    "provider_request",
     "retrieve_request",
     "score_request",
 ]

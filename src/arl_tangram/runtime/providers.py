@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.resources import Resources
+from ..kinds import RetrieveRequest, provider_request
 from ..managers.api import ApiManager, ProviderConfig, RequestError, normalize
 from .engine import Engine
 
@@ -79,7 +80,7 @@ class ProviderFront:
         payload, key = self.api.prepare(kind, provider, request, tenant)
         step = check_step(request.get("step"))
         if step is not None:
-            payload["step"] = step
+            payload = dataclasses.replace(payload, step=step)
         spec = ActionSpec(action_id or uuid.uuid4().hex, kind=_KIND[kind], tag=provider,
                           demand=Resources(), timeout_s=timeout_s, weight=weight,
                           trajectory=trajectory, payload=payload)
@@ -118,7 +119,7 @@ class ProviderFront:
             r = await self.engine.run(ActionSpec(
                 uuid.uuid4().hex, kind=ActionKind.RETRIEVE, model=lf.index, tag=lf.index,
                 demand=Resources(), trajectory=trajectory, timeout_s=timeout_s,
-                payload={"query": query, "topk": lf.topk}))
+                payload=RetrieveRequest(query=query, topk=lf.topk)))
             hits = r.output.get("result") if isinstance(r.output, dict) else None
             local_score = float(hits[0]["score"]) if hits else None
             if r.status is not Status.SUCCEEDED or local_score is None:
@@ -156,7 +157,8 @@ class ProviderFront:
         hit = self.api.lookup(spec.tag or "", key)
         if hit is None:
             return spec
-        return dataclasses.replace(spec, payload={**spec.payload, "cached": hit})
+        return dataclasses.replace(
+            spec, payload=dataclasses.replace(provider_request(spec.payload), cached=hit))
 
     async def aclose(self) -> None:
         """Calls in flight cancelled (each reported), connection pools closed."""

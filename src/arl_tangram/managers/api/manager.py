@@ -43,6 +43,7 @@ from ...core import commands as C
 from ...core import events as E
 from ...core.actions import Status
 from ...core.errors import InvalidAction
+from ...kinds import ProviderRequest, provider_request
 from .config import ProviderConfig
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,8 @@ class ApiManager:
 
     # ---- the front door: keys and cache ---------------------------------------------------------
     def prepare(self, kind: str, provider: str, request: Mapping[str, Any], tenant: str,
-                ) -> tuple[dict[str, Any], str]:
-        """The action's payload and its key, for ``request`` of ``tenant`` to ``provider``.
+                ) -> tuple[ProviderRequest, str]:
+        """The action's typed request and its key, for ``request`` of ``tenant`` to ``provider``.
         Raises `RequestError` (``provider`` unknown or of another kind, a bad request)."""
         cfg = self.providers.get(provider)
         if cfg is None:
@@ -232,7 +233,7 @@ class ApiManager:
         if body is not None:
             norm = {**norm, "json": body}
         key = request_key(provider, kind, norm, "*" if cfg.cache_shared else tenant)
-        return {"request": norm, "kind": kind, "coalesce": key}, key
+        return ProviderRequest(kind=kind, request=norm, coalesce=key), key
 
     def lookup(self, provider: str, key: str) -> Any | None:
         """A cached answer (counted as a hit), or None (a miss): memory, then the provider's
@@ -295,9 +296,10 @@ class ApiManager:
 
     def _request(self, cfg: ProviderConfig, payload: Mapping[str, Any]) -> tuple[str, str, Any, Any]:
         """(method, url, json body, query params) of a call."""
-        req = payload.get("request") or {}
+        p = provider_request(payload)
+        req = p.request
         opts = dict(req.get("options") or {})
-        kind = payload.get("kind", cfg.kind)
+        kind = p.kind or cfg.kind
         if kind == "search":
             return "POST", cfg.base_url + cfg.path, {cfg.query_field: req.get("query"), **opts}, None
         if kind == "fetch":
@@ -383,7 +385,7 @@ class ApiManager:
                         return
                     st.ok += 1
                     out = {"provider": name, "result": data}
-                    key = cmd.action.payload.get("coalesce")
+                    key = provider_request(cmd.action.payload).coalesce
                     if isinstance(key, str) and cfg.cache_ttl_s > 0:
                         self.cache.put(key, out, self.clock(), cfg.cache_ttl_s)
                         if cfg.cache_dir:
