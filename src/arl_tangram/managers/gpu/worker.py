@@ -8,11 +8,12 @@ native crash (SIGSEGV), an OOM kill (SIGKILL) or a hang ends only that child: th
 pipe's end (EOF) or no reply by a deadline, and reads the exit status for the reason. The child
 dies with its parent (``PR_SET_PDEATHSIG``).
 
-Start method: ``forkserver``, with torch and this package's scoring module preloaded. The fork
+Start method: ``forkserver``, with torch, transformers and this package's scoring module
+preloaded (`_preload.py`). The fork
 server is a fresh interpreter (started like ``spawn``: no copy of the service's threads, event
 loop, locks or CUDA state); each model process is a fork of it, so a new or replacement process
-starts in milliseconds, not the seconds an interpreter and ``import torch`` take (10 s on a
-loaded 2-core machine). Nothing in the fork server touches CUDA; each process initializes its own.
+starts in milliseconds, not the seconds an interpreter, ``import torch`` and transformers take
+(20 s on a loaded 2-core machine). Nothing in the fork server touches CUDA; each process initializes its own.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 _CTX = multiprocessing.get_context("forkserver")
-_PRELOAD = ["torch", "arl_tangram.managers.gpu.scoring", "arl_tangram.managers.gpu.worker"]
+_PRELOAD = ["arl_tangram.managers.gpu._preload"]  # torch, transformers, scoring, this module
 
 
 def start_fork_server() -> None:
-    """Start the fork server (preloading torch) if it is not running; returns at once (the
-    first process waits for the preload)."""
+    """Start the fork server (preloading `_preload`) if it is not running; returns at once
+    (the first process waits for the preload)."""
     from multiprocessing import forkserver
 
     _CTX.set_forkserver_preload(_PRELOAD)
