@@ -18,6 +18,7 @@ routing's ACT over cost's (> 1: cost is better).
 
     .venv/bin/python benchmarks/bench_routing.py                     # loads 1, 2, 4; seed 0
     .venv/bin/python benchmarks/bench_routing.py --loads 1 --seeds 0,1 --workload genrm-engine
+    .venv/bin/python benchmarks/bench_routing.py --workload genrm-engine --loads 4 --max-seqs 16
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import functools
 import sys
 import time
+from dataclasses import replace
 
 from arl_tangram.core.config import ENGINE_ROUTINGS
 from arl_tangram.sim.runner import make_core, run_policy
@@ -33,11 +35,19 @@ from arl_tangram.sim.simulator import SimConfig
 from arl_tangram.sim.workloads import get_workload, with_load
 
 
-def run(workload: str, load: float, seed: int, routing: str) -> tuple[float, float, float]:
-    """(ACT avg, ACT p99, the run's bound on its avg ACT) of one seeded run."""
+def run(workload: str, load: float, seed: int, routing: str,
+        max_seqs: int = 0) -> tuple[float, float, float]:
+    """(ACT avg, ACT p99, the run's bound on its avg ACT) of one seeded run; ``max_seqs`` > 0
+    caps the engines' sequences per instance (the rest wait in the core's queue, in its order:
+    tangram's is shortest expected first)."""
     w = get_workload(workload)
     n = w.trajectories
-    rep = run_policy(w.cluster(n), with_load(lambda: w.batches(seed, n, None), load), "tangram",
+    cluster = w.cluster(n)
+    if max_seqs > 0:
+        cluster = replace(cluster, models=tuple(
+            replace(m, max_seqs=max_seqs, max_batch=min(m.max_batch, max_seqs)) if m.max_seqs else m
+            for m in cluster.models))
+    rep = run_policy(cluster, with_load(lambda: w.batches(seed, n, None), load), "tangram",
                      seed=seed, workload=workload, config=SimConfig(train_s=w.train_s),
                      core_factory=functools.partial(make_core, engine_routing=routing))
     assert rep.bound is not None
@@ -49,12 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="genrm-turns")
     ap.add_argument("--loads", default="1,2,4", help="load factors (default: 1,2,4)")
     ap.add_argument("--seeds", default="0", help="seeds (default: 0)")
+    ap.add_argument("--max-seqs", type=int, default=0,
+                    help="cap the engines' sequences per instance (default: the workload's)")
     args = ap.parse_args(argv)
     worst = 0.0
     for seed in (int(s) for s in args.seeds.split(",")):
         for load in (float(x) for x in args.loads.split(",")):
             t0 = time.process_time()
-            got = {r: run(args.workload, load, seed, r) for r in ENGINE_ROUTINGS}
+            got = {r: run(args.workload, load, seed, r, args.max_seqs) for r in ENGINE_ROUTINGS}
             floor = min(b for _, _, b in got.values())
             cost = got["cost"][0]
             print(f"{args.workload} seed {seed} load x{load:g}: bound {floor:.3f} s "

@@ -83,7 +83,7 @@ def test_cli_json_has_stable_keys_and_plot_is_written(tmp_path, capsys):
                         "utilization", "held_idle", "capacity", "cold_starts", "warm_starts",
                         "stalled", "stall", "setup_s", "wall_s", "events", "bound"}
     assert set(rep["bound"]) == {"count", "act_avg", "alone_act_avg", "srpt_act_avg",
-                                 "batch_wait_avg"}
+                                 "batch_wait_avg", "engine_act_avg"}
     assert set(rep["act"]) == {"count", "avg", "p50", "p99"}
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 

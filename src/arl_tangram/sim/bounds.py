@@ -1,6 +1,6 @@
 """The optimum every comparison is shown against: lower bounds on the average ACT.
 
-Two bounds, each valid on its own, and the larger of them is shown:
+Bounds, each valid on its own, and the largest of them is shown:
 
 (a) Each action alone (`action_bound`): what no scheduler on the same cluster could beat for
     that action -- no queueing, no cold start, no model load, its best allotment:
@@ -39,6 +39,13 @@ Two bounds, each valid on its own, and the larger of them is shown:
     avoids with static batches (continuous batching, which a batch of the simulator does not
     model, would avoid it).
 
+(d) Judge engines (`sim.engine_bound`, ``max_seqs > 0``): an engine's sequences share their
+    instance, so work per second needs sequences in flight, and every one in flight is an
+    action present; a dynamic program over the run's busy periods finds the least integral of
+    the actions present that the releases, the instances' most work per second at each number
+    in flight, and each action's time alone allow. For the GPU pool it replaces the engines'
+    actions' part of (a) (it is never below it).
+
 The simulator and the replay are closed loop: an action is submitted a generation time after
 its predecessor finished, so release times depend on the schedule, and a relaxation on the
 releases of an idealised run (every action at its bound) is NOT a lower bound -- a scheduler
@@ -69,6 +76,7 @@ import numpy as np
 from ..core.actions import Status
 from ..core.cluster import ClusterSpec
 from ..core.resources import CPU, GPU
+from .engine_bound import Job, engine_flow_bound
 from .executor import cfs_speed
 from .trace import SimAction, Trajectory
 
@@ -253,6 +261,7 @@ class RunBound:
     srpt_s: float  # sum of (b): SRPT per pool on the run's releases (timed out: its timeout)
     bound_s: float  # per pool the larger of the bounds, summed over the pools: the bound
     wait_s: float = 0.0  # (c)'s least waits for a batch start, over the model actions
+    engine_s: float = 0.0  # (d): the judge engines' actions' sum (`sim.engine_bound`)
 
     def _avg(self, s: float) -> float:
         return s / self.count if self.count else 0.0
@@ -263,7 +272,8 @@ class RunBound:
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "act_avg": self.act_avg, "alone_act_avg": self._avg(self.alone_s),
-                "srpt_act_avg": self._avg(self.srpt_s), "batch_wait_avg": self._avg(self.wait_s)}
+                "srpt_act_avg": self._avg(self.srpt_s), "batch_wait_avg": self._avg(self.wait_s),
+                "engine_act_avg": self._avg(self.engine_s)}
 
 
 _COUNTED = (Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT)
@@ -273,8 +283,8 @@ class ReleaseLog:
     """What a run's bound needs of each counted action, recorded as the run delivers it: its
     release, its bound alone and its charge on its pool (CPU or GPU)."""
 
-    __slots__ = ("_cluster", "_count", "_cpu", "_fixed", "_gpu", "_largest", "_pools", "_released",
-                 "_works")
+    __slots__ = ("_cluster", "_count", "_cpu", "_engine", "_engine_a", "_fixed", "_gpu", "_largest",
+                 "_pools", "_released", "_works")
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self._cluster = cluster
@@ -285,6 +295,8 @@ class ReleaseLog:
         self._gpu: list[tuple[float, float, float]] = []
         self._released: dict[str, list[float]] = {}  # model -> releases of its actions
         self._works: dict[str, list[float]] = {}  # model -> their works (same order)
+        self._engine: dict[str, list[Job]] = {}  # judge engine -> (release, finish, work), (d)
+        self._engine_a = 0.0  # (a) of those actions
         self._fixed = 0.0  # timeouts of the actions that timed out
         self._count = 0
 
@@ -308,23 +320,33 @@ class ReleaseLog:
             self._gpu.append((submit, gpu_charge(act, self._cluster, prefix), alone))
             self._released.setdefault(act.model, []).append(submit)
             self._works.setdefault(act.model, []).append(act.work_s)
+            model = self._cluster.model(act.model)
+            if model is not None and model.max_seqs > 0:
+                self._engine.setdefault(act.model, []).append((submit, finish, act.work_s))
+                self._engine_a += alone
         else:
             self._cpu.append((submit, cpu_charge(act, allotment), alone))
 
     def bound(self) -> RunBound:
         alone = srpt = best = self._fixed
         slots = model_slots(self._cluster)
-        wait = 0.0
+        wait = engine = 0.0
+        for name, jobs in self._engine.items():
+            model = self._cluster.model(name)
+            assert model is not None
+            engine += engine_flow_bound(jobs, model, slots.get(name, 0))
         for name, rel in self._released.items():
             model = self._cluster.model(name)
             if model is not None and model.max_seqs <= 0:  # (an engine's actions join at once)
                 wait += batch_wait_sum(rel, model.alpha, slots.get(name, 0),
                                        works=self._works[name])
-        for jobs, speed, w in zip((self._cpu, self._gpu), self._pools, (0.0, wait), strict=True):
+        for jobs, speed, w, d in zip((self._cpu, self._gpu), self._pools, (0.0, wait),
+                                     (0.0, engine), strict=True):
             a = sum(j[2] for j in jobs)
             b = srpt_flow_sum([(r, c / speed) for r, c, _ in jobs]) if speed > 0 and jobs else 0.0
-            alone, srpt, best = alone + a, srpt + b, best + max(a + w, b)
-        return RunBound(self._count, alone, srpt, best, wait)
+            e = a - self._engine_a + d if d > 0.0 else 0.0  # (d) in place of the engines' (a)
+            alone, srpt, best = alone + a, srpt + b, best + max(a + w, b, e)
+        return RunBound(self._count, alone, srpt, best, wait, engine)
 
 
 def previous_prompt(steps: Sequence[tuple[float, SimAction]], i: int) -> int:

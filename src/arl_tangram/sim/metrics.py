@@ -346,7 +346,7 @@ class SimReport:
     stall: Mapping[str, Any] | None = None  # what was left when a stalled run stopped
     # a lower bound on this run's avg ACT on its own release times (`sim.bounds.RunBound`):
     # count, act_avg, and its parts alone_act_avg (each action alone), srpt_act_avg and
-    # batch_wait_avg (the least wait for a batch start)
+    # batch_wait_avg (the least wait for a batch start), engine_act_avg (judge engines: (d))
     bound: Mapping[str, float] | None = None
     act_samples: Any = field(default=None, repr=False, compare=False)  # numpy array, for plots
     series: Any = field(default=None, repr=False, compare=False)  # [(t, {dim: busy frac})]
