@@ -107,6 +107,11 @@ async def test_each_route_and_its_reason(service: tuple[AsyncClient, ProviderSer
     lost = await client.search(ON_TOPIC, provider="lost")
     assert (lost["provider"], lost["route"], lost["route_reason"]) == (
         "lost", "web", "local index 'gone' is not served")
+    # naming the index itself: the retriever, no provider
+    own = await client.search(ON_TOPIC, provider="wiki")
+    assert (own["provider"], own["route"], own["route_reason"]) == (
+        "wiki", "local", "names a local index")
+    assert own["local_score"] == pytest.approx(top, abs=1e-5)  # (another batch: float noise)
     assert srv.requests == 4
 
 
@@ -122,6 +127,8 @@ async def test_bad_routing_requests_name_the_field(service: tuple[AsyncClient, P
         (client.search("x" * 5000, provider="serper"), "query",
          "must be at most 4096 characters, got 5000"),
         (client.search("x", provider="serper", step=-1), "step", "must be an integer >= 0, got -1"),
+        (client.search("x", provider="wiki", source="web"), "source",
+         "'wiki' is a local index: source must be auto or local, got 'web'"),
         (client.submit({"kind": "search", "payload": {"provider": "plain", "query": "x",
                                                       "step": "7"}}),
          "actions[0].payload.step", "must be an integer >= 0, got '7'"),

@@ -216,6 +216,9 @@ def add_routes(app: FastAPI, svc: Any) -> None:
                 front is None or body.provider not in front.api.providers):
             if not 0 < body.timeout_s <= 600:
                 raise InvalidAction("timeout_s", f"must be in (0, 600], got {body.timeout_s}")
+            if body.source not in ("auto", "local"):
+                raise InvalidAction("source", f"{body.provider!r} is a local index: source must be "
+                                              f"auto or local, got {body.source!r}")
             return await local_search(body)
         if front is None:
             raise InvalidAction("provider", f"unknown provider {body.provider!r} (providers: none declared)")
