@@ -22,14 +22,18 @@ that did not come back as set (issue 41: 0 wanted; the run fails otherwise).
 
 ``--case model-worker``: the service (this script, ``--serve-models``, in a child process: the
 engine and `create_app` under uvicorn, as `tangram serve` runs them) serves a tiny reward model
-built from a config (`build_tiny_models`) on one CPU-backed device, so ONE instance; N clients
-post one reward action each (``POST /v1/actions``, ``wait``) continuously. After ``--warmup``
-seconds SIGUSR1 makes the service stop that instance's worker thread mid-batch
-(`GpuManager.crash_worker`: instances are threads of the service, there is no worker process
-to kill). Printed as above, plus the actions of the dead batch that were requeued and scored
-on the replacement (``attempts`` 2), and the death counted in `/v1/cluster`.
+built from a config (`build_tiny_models`) on one CPU-backed device, so ONE instance, whose model
+lives in a process of its own (a child of the service's model fork server); N clients post one
+reward action each (``POST /v1/actions``, ``wait``) continuously. After ``--warmup`` seconds the
+fault (``--fault``): ``segv`` (default) or ``kill``: this script sends SIGSEGV / SIGKILL (an OOM
+kill) to the instance's process, found from outside in /proc (the fork server's child);
+``hang``: the model's next forward holds (its forward hook takes a file this script writes) past
+its 1 s ``forward_timeout_s``, and the service kills it. Printed as above, plus the actions of
+the dead batch that were requeued and scored on the replacement (``attempts`` 2), and the death
+counted in `/v1/cluster`. Goal: ready again within 2 s of the fault (of the deadline, for hang).
 
     .venv/bin/python benchmarks/bench_faults.py --case model-worker --clients 32
+    .venv/bin/python benchmarks/bench_faults.py --case model-worker --fault hang
 
 ``--case session-worker``: every client opens its own session (`POST /v1/sessions`) and runs
 bash turns in it (``sleep 0.05; echo ok``, ``wait``) continuously. After ``--warmup`` seconds
@@ -42,7 +46,7 @@ every turn after it succeeds on a fresh worker of the same session (its state lo
 
 Needs root (real sandboxes). Exit status 1 when a request after recovery failed, the node was not
 ready again within 2 s, or the old fork server was left a zombie (or, for a model worker, no
-worker was stopped).
+instance's process was found).
 """
 
 from __future__ import annotations
@@ -136,10 +140,14 @@ def main() -> int:
                     help="fork-server case: this many sessions opened first, each holding a "
                          "Python and a bash variable; after recovery each one's state is read "
                          "back (issue 41: a session lost fails the run)")
+    ap.add_argument("--fault", choices=("segv", "kill", "hang"), default="segv",
+                    help="model-worker case: SIGSEGV or SIGKILL to the instance's process, or "
+                         "its forward held past its 1 s deadline")
     ap.add_argument("--serve-models", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--arm", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_models:
-        return serve_models(args.serve_models)
+        return serve_models(args.serve_models, args.arm)
 
     proc = None
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115  (the service's stderr, read at the end)
@@ -149,9 +157,11 @@ def main() -> int:
         spid = args.pid
     else:
         port = free_port()
+        args.arm = os.path.join(tempfile.mkdtemp(prefix="bench-faults-arm-"), "hang")
         cmd = ([sys.executable, "-m", "arl_tangram.cli.main", "serve", "--no-models", "--port",
                 str(port), "--log-level", "warning"] if args.case != "model-worker" else
-               [sys.executable, os.path.abspath(__file__), "--serve-models", str(port)])
+               [sys.executable, os.path.abspath(__file__), "--serve-models", str(port),
+                "--arm", args.arm])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         spid = proc.pid
     try:
@@ -448,13 +458,36 @@ def run_sessions(args: argparse.Namespace, port: int, spid: int) -> int:
     return 0 if ok else 1
 
 
-# ---- a model instance's worker stopped mid-batch ------------------------------------------------
+# ---- a model instance's process killed (or hung) mid-batch -------------------------------------
 
 
-def serve_models(port: int) -> int:
-    """The service for ``--case model-worker``: tiny-rm on one CPU-backed device; SIGUSR1 stops
-    its instance's worker at the next batch (`GpuManager.crash_worker`)."""
+class HoldWhenArmed:
+    """tiny-rm's factory (it runs in the instance's process): a forward that finds the file
+    ``arm`` takes it and holds for 120 s (past its deadline: the service kills the process)."""
+
+    def __init__(self, path: str, arm: str) -> None:
+        self.path, self.arm = path, arm
+
+    def __call__(self) -> tuple:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
+        model.register_forward_pre_hook(self._hold)
+        return model, AutoTokenizer.from_pretrained(self.path)
+
+    def _hold(self, _m: object, _a: object) -> None:
+        try:
+            os.unlink(self.arm)
+        except FileNotFoundError:
+            return
+        time.sleep(120)
+
+
+def serve_models(port: int, arm: str | None) -> int:
+    """The service for ``--case model-worker``: tiny-rm on one CPU-backed device, its forward
+    deadline 1 s; a forward holds once the file ``arm`` exists."""
     import asyncio
+    import dataclasses
 
     import uvicorn
 
@@ -467,27 +500,15 @@ def serve_models(port: int) -> int:
 
     paths = build_tiny_models(tempfile.mkdtemp(prefix="bench-faults-models-"))
     spec = next(s for s in tiny_model_specs(paths) if s.name == "tiny-rm")
-    cfg = ServiceConfig(nodes=(NodeConfig(gpu=GpuManagerConfig(device="cpu", cpu_devices=1)),),
+    factories = {"tiny-rm": HoldWhenArmed(str(spec.path), arm)} if arm else None
+    spec = dataclasses.replace(spec, path=None if arm else spec.path)
+    cfg = ServiceConfig(nodes=(NodeConfig(gpu=GpuManagerConfig(device="cpu", cpu_devices=1,
+                                                               forward_timeout_s=1.0)),),
                         models=(spec,), port=port)
-    eng = build_engine(cfg)
+    eng = build_engine(cfg, gpu_factories=factories)
     app = create_app(eng, cfg, manage_engine=True)
 
-    async def crash() -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 10:
-            for host in eng._executor.hosts.values():  # type: ignore[attr-defined]
-                gpu = host.gpu
-                for iid in list(gpu.resident() if gpu is not None else ()):
-                    if gpu.crash_worker(iid):
-                        print(f"bench: stopped the worker of {iid} mid-batch", file=sys.stderr,
-                              flush=True)
-                        return
-            await asyncio.sleep(0.0005)
-        print("bench: no batch ran within 10 s: nothing stopped", file=sys.stderr, flush=True)
-
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGUSR1, lambda: loop.create_task(crash()))
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                log_level="warning", access_log=False,
                                                http=http_protocol()))
@@ -495,6 +516,20 @@ def serve_models(port: int) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def model_processes(spid: int) -> list[int]:
+    """The instances' processes under the service ``spid``: children of its model fork server
+    (a child of the service whose command line runs multiprocessing's forkserver)."""
+    def cmdline(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    servers = [p for p in children(spid) if "multiprocessing.forkserver" in cmdline(p)]
+    return [c for s in servers for c in children(s)]
 
 
 def _model_deaths(port: int) -> int:
@@ -548,8 +583,13 @@ def run_models(args: argparse.Namespace, port: int, spid: int, log_path: str) ->
     for t in threads:
         t.start()
     time.sleep(args.warmup)
+    victims = model_processes(spid)
     t_kill = time.monotonic()
-    os.kill(spid, signal.SIGUSR1)
+    if args.fault == "hang":
+        with open(args.arm, "w"):
+            pass
+    for pid in victims:
+        os.kill(pid, signal.SIGSEGV if args.fault == "segv" else signal.SIGKILL)
     seen_down = died = False
     t_ready = None
     while time.monotonic() - t_kill < 30:
@@ -580,9 +620,8 @@ def run_models(args: argparse.Namespace, port: int, spid: int, log_path: str) ->
         reload_s = [ln.split("ready again ", 1)[1].split(" s", 1)[0] for ln in f
                     if "ready again" in ln]
     with open(log_path) as f:
-        log_lines = [ln.rstrip() for ln in f if "bench:" in ln or "died" in ln
-                     or "ready again" in ln]
-    stopped = any("bench: stopped" in ln for ln in log_lines)
+        log_lines = [ln.rstrip() for ln in f if "died" in ln or "ready again" in ln]
+    stopped = len(victims) == 1 and bool(health) and health[0].get("model_worker_deaths") == 1
 
     before = [k for t0, k, _ in events if t0 < t_kill]
     during = [k for t0, k, _ in events if t_kill <= t0 < t_ready]
@@ -590,14 +629,16 @@ def run_models(args: argparse.Namespace, port: int, spid: int, log_path: str) ->
     inflight = [k for t0, k, _ in events if t0 < t_ready and k != "ok"]
     requeued = [k for _, k, n in events if n >= 2]
     failed_after = [k for k in after if k != "ok"]
-    ready_s = t_ready - t_kill
-    print("case                          model-worker (tiny-rm, one instance, CPU)")
+    ready_s = t_ready - t_kill - (1.0 if args.fault == "hang" else 0.0)
+    print(f"case                          model-worker, fault {args.fault} "
+          f"(tiny-rm, one instance, CPU; its process {victims})")
     print(f"clients                       {args.clients}")
-    print(f"requests before the stop      {len(before)} ({before.count('ok')} ok)")
-    print(f"requests stop..ready          {len(during)} ({during.count('ok')} ok)")
+    print(f"requests before the fault     {len(before)} ({before.count('ok')} ok)")
+    print(f"requests fault..ready         {len(during)} ({during.count('ok')} ok)")
     print(f"in-flight failures            {len(inflight)}")
     print(f"requeued, scored once after   {len(requeued)} ({requeued.count('ok')} ok)")
-    print(f"seconds until ready           {ready_s:.3f}  (503 seen: {seen_down}; "
+    print(f"seconds until ready           {ready_s:.3f}  (after the fault"
+          f"{', less the 1 s deadline' if args.fault == 'hang' else ''}; 503 seen: {seen_down}; "
           f"death -> replacement loaded, the service's log: {', '.join(reload_s) or '-'} s)")
     print(f"requests after recovery       {len(after)}")
     print(f"failures after recovery       {len(failed_after)}")
