@@ -270,10 +270,10 @@ def genrm_judge(rng: random.Random, step: int, index: int) -> Trajectory:
 
 
 # ---- genrm-engine: a generative judge on an inference engine, batching continuously (issue 38) ------
-# Judge generation lengths as frameworks configure them (surveyed in issue 38): verl's GenRM
-# example generates up to 4,096 tokens, ROLL's judge 2,048, NeMo Gym's pairwise GenRM up to
-# 16,384. Assumption: lognormal around 1,024 generated tokens (a reasoning verdict), capped at
-# verl's 4,096.
+# Judge generation lengths: verl's reward-loop GenRM example samples up to 4,096 tokens
+# (docs/advance/reward_loop.rst); issue 38 also quotes ROLL's judge at 2,048 and NeMo Gym's
+# pairwise GenRM at 16,384, not found in the configs read (docs/workloads.md). Assumption:
+# lognormal around 1,024 generated tokens (a reasoning verdict), capped at verl's 4,096.
 GENRM_MEDIAN_TOKENS = 1024
 GENRM_MAX_TOKENS = 4096
 ENGINE_JUDGE_MODEL = ModelSpec(
@@ -303,7 +303,7 @@ def genrm_engine(rng: random.Random, step: int, index: int) -> Trajectory:
 TURNS_FIRST_PROMPT = 2000  # assumption: system prompt and task statement, tokens
 TURNS_OBSERVATION = 500  # assumption: median tokens a turn's tool output adds to the context
 TURNS_VERDICT = 256  # assumption: median tokens of a turn's judgement (a short reasoned verdict)
-TURNS_VERDICT_MAX = 2048  # ROLL's judge generates up to 2,048 tokens (issue 38's survey)
+TURNS_VERDICT_MAX = 2048  # assumption (issue 38 quotes ROLL's judge at 2,048: not found, see docs)
 # Prefill of an 8B model: 2 x 8e9 FLOP per prompt token at ~40% of an H100's 989 TFLOP/s (the
 # figure rlhf-rm's beta is derived with): 40 us per token (attention's share ignored).
 TURNS_PREFILL_S = 2 * 8e9 / (0.4 * 989e12)
