@@ -588,7 +588,7 @@ def run_models(args: argparse.Namespace, port: int, spid: int, log_path: str) ->
     if args.fault == "hang":
         with open(args.arm, "w"):
             pass
-    for pid in victims:
+    for pid in victims if args.fault != "hang" else ():
         os.kill(pid, signal.SIGSEGV if args.fault == "segv" else signal.SIGKILL)
     seen_down = died = False
     t_ready = None
