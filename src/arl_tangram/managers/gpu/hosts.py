@@ -1,5 +1,5 @@
-"""One node's model host over two backends: the GPU manager (scalar, similarity, judge: a forward
-pass in this process) and the judge engines (genjudge: a vLLM process per instance).
+"""One node's model host over two backends: the GPU manager (scalar, similarity, judge: a process
+per instance, driven over a pipe) and the judge engines (genjudge: a vLLM server per instance).
 
 Invariant: each instance lives in exactly one backend, chosen by its model's kind at load; every
 command for it goes there. The node's devices and topology are the GPU manager's. Both report

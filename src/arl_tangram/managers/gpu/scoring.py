@@ -1,4 +1,5 @@
-"""Loading a reward model and scoring batches with it (synchronous; runs in a worker thread).
+"""Loading a reward model and scoring batches with it (synchronous; runs in the instance's
+process, `worker.py`).
 
 Invariant: the score of an input never depends on what else is in its batch. Inputs are grouped
 by token length into micro-batches, right-padded with an attention mask, and every read of a
