@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Mapping
 
 import pytest
 from _ray_helpers import OBJECT_STORE, wait_until
@@ -42,7 +43,7 @@ def _sleeper(aid: str, seconds: float, *, idempotent: bool = True, special: floa
 
 
 def _ok(res) -> bool:  # type: ignore[no-untyped-def]
-    out = res.output if isinstance(res.output, dict) else {}
+    out = res.output if isinstance(res.output, Mapping) else {}
     stdout = (out.get("run_result") or {}).get("stdout", "")
     return res.status is Status.SUCCEEDED and f"done {res.id!r}" in stdout
 

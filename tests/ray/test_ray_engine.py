@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 
 import pytest
 from _ray_helpers import OBJECT_STORE, wait_until
@@ -42,7 +43,7 @@ def sleeper(aid: str, seconds: float, *, idempotent: bool = True, special: float
 
 def ok(res) -> bool:
     """It ran to the end in a real sandbox and printed what it should."""
-    out = res.output if isinstance(res.output, dict) else {}
+    out = res.output if isinstance(res.output, Mapping) else {}
     stdout = (out.get("run_result") or {}).get("stdout", "")
     return res.status is Status.SUCCEEDED and f"done {res.id!r}" in stdout
 
