@@ -204,7 +204,11 @@ class GpuManager:
                     f"instance {instance_id} was unloaded while it was loading") from exc
             if isinstance(exc, BrokenError):
                 raise
-            raise BrokenError(f"instance {instance_id} ({model}): load failed: {exc}") from exc
+            hint = ("; its traceback is on the service's stderr (a script that starts the "
+                    "engine needs `if __name__ == \"__main__\":`: model processes import it)"
+                    if isinstance(exc, _Died) else "")
+            raise BrokenError(
+                f"instance {instance_id} ({model}): load failed: {exc}{hint}") from exc
         inst.busy -= 1
         if self._instances.get(instance_id) is not inst:  # unloaded (or closed) while loading
             await self._end(inst)
