@@ -6,11 +6,11 @@ Invariant: the service process never holds a model. Each instance's model is bui
 memory or swap in) and ``score`` go in; measured seconds, scores or an error's text come out. A
 native crash (SIGSEGV), an OOM kill (SIGKILL) or a hang ends only that child: the parent sees the
 pipe's end (EOF) or no reply by a deadline, and reads the exit status for the reason. The child
-dies with its parent (``PR_SET_PDEATHSIG``).
+dies with its parent, the fork server (``PR_SET_PDEATHSIG``), which ends with the service: after
+a kill -9 of the service no model process runs on.
 
 Start method: ``forkserver``, with torch, transformers and this package's scoring module
-preloaded (`_preload.py`). The fork
-server is a fresh interpreter (started like ``spawn``: no copy of the service's threads, event
+preloaded (`_preload.py`). The fork server is a fresh interpreter (started like ``spawn``: no copy of the service's threads, event
 loop, locks or CUDA state); each model process is a fork of it, so a new or replacement process
 starts in milliseconds, not the seconds an interpreter, ``import torch`` and transformers take
 (20 s on a loaded 2-core machine). Nothing in the fork server touches CUDA; each process initializes its own.
