@@ -9,11 +9,12 @@ pipe's end (EOF) or no reply by a deadline, and reads the exit status for the re
 dies with its parent, the fork server (``PR_SET_PDEATHSIG``), which ends with the service: after
 a kill -9 of the service no model process runs on.
 
-Start method: ``forkserver``, with torch, transformers and this package's scoring module
-preloaded (`_preload.py`). The fork server is a fresh interpreter (started like ``spawn``: no copy of the service's threads, event
-loop, locks or CUDA state); each model process is a fork of it, so a new or replacement process
-starts in milliseconds, not the seconds an interpreter, ``import torch`` and transformers take
-(20 s on a loaded 2-core machine). Nothing in the fork server touches CUDA; each process initializes its own.
+Start method: ``forkserver``, with torch, transformers and this package's scoring module preloaded
+(`_preload.py`). The fork server is a fresh interpreter (started like ``spawn``: no copy of the
+service's threads, event loop, locks or CUDA state); each model process is a fork of it, so a new
+or replacement process starts in milliseconds, not the seconds an interpreter, ``import torch`` and
+transformers take (20 s on a loaded 2-core machine). Nothing in the fork server touches CUDA; each
+process initializes its own.
 """
 
 from __future__ import annotations
