@@ -78,7 +78,7 @@ def usage(m: CpuManager) -> dict[str, float]:
     t, r = os.times(), resource.getrusage(resource.RUSAGE_SELF)
     out = {"manager": t.user + t.system, "manager_flt": float(r.ru_minflt),
            "zygote": 0.0, "zygote_flt": 0.0, "sandboxes": 0.0, "sandboxes_flt": 0.0}
-    zygote = getattr(getattr(m, "_zygote", None), "proc", None)
+    zygote = m.fork.zygote.proc if m.fork.zygote is not None else None
     if zygote is not None:
         with open(f"/proc/{zygote.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
