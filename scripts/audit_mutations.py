@@ -48,9 +48,9 @@ CORE = ("tests/core/test_weight_order.py", "tests/core/test_queue_keys.py",
         "tests/core/test_core_sessions_pools.py", "tests/core/test_core_stateful.py")
 SIM = ("tests/sim/test_bound_values.py", "tests/sim/test_bounds.py",
        "tests/sim/test_honest_baselines.py")
-CPU = ("tests/managers/test_cpu_clone_flags.py", "tests/managers/test_cpu_sandbox.py",
-       "tests/managers/test_cpu_hostile.py", "tests/managers/test_cpu_seccomp.py")
-GPU = ("tests/managers/test_gpu_judge_formula.py", "tests/managers/test_gpu_manager.py")
+CPU = ("tests/managers/cpu/test_cpu_clone_flags.py", "tests/managers/cpu/test_cpu_sandbox.py",
+       "tests/managers/cpu/test_cpu_hostile.py", "tests/managers/cpu/test_cpu_seccomp.py")
+GPU = ("tests/managers/gpu/test_gpu_judge_formula.py", "tests/managers/gpu/test_gpu_manager.py")
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation("C1", "core", "rank: weight inverted (est*share/weight -> *weight)",
@@ -93,7 +93,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              '"limits": {"uid": 0, "gid": cfg.sandbox_gid,\n', CPU),
     Mutation("H1", "managers/cpu", "hidden_paths ignored",
              '"hidden_paths": _inside([os.path.realpath(p) for p in cfg.hidden_paths], ro),',
-             '"hidden_paths": [],', ("tests/managers/test_cpu_host_hidden.py",)),
+             '"hidden_paths": [],', ("tests/managers/cpu/test_cpu_host_hidden.py",)),
     Mutation("A1", "api", "any Bearer token accepted",
              "if hmac.compare_digest(got, expected):",
              'if got.startswith(b"Bearer "):', ("tests/api/test_api.py",)),

@@ -59,9 +59,9 @@ PKG = "src/arl_tangram/"
 
 # A module's room: the tests that guard it (the first matching prefix wins).
 _ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("src/arl_tangram/managers/cpu/", ("tests/managers/test_cpu_*.py",)),
-    ("src/arl_tangram/managers/gpu/", ("tests/managers/test_gpu_*.py",)),
-    ("src/arl_tangram/managers/api/", ("tests/managers/test_api_manager.py",)),
+    ("src/arl_tangram/managers/cpu/", ("tests/managers/cpu/test_cpu_*.py",)),
+    ("src/arl_tangram/managers/gpu/", ("tests/managers/gpu/test_gpu_*.py",)),
+    ("src/arl_tangram/managers/api/", ("tests/managers/api/test_api_manager.py",)),
     ("src/arl_tangram/managers/", ("tests/managers",)),
     ("src/arl_tangram/core/", ("tests/core",)),
     ("src/arl_tangram/api/", ("tests/api",)),

@@ -3,7 +3,7 @@
 Behaviour, not timings: the quota test asserts the mechanism (a quarter-core slice is several
 times slower than a whole core, bounds wide), the elastic one that two cores are really used.
 Both need the cores they were given: where the rest of the machine took them meanwhile, the
-test says it cannot tell and skips (as tests/managers/test_cpu_growth.py does), after asserting
+test says it cannot tell and skips (as tests/managers/cpu/test_cpu_growth.py does), after asserting
 what holds at any load (a quarter-core quota never lets the action run faster than that).
 """
 

@@ -7,6 +7,6 @@ languages, cgroups, the start-up isolation probe (`isolation`) and entering an i
 (`overlay`: the manager's half; the init's half is `sandbox.imagebox`).
 May import: anything of `managers.cpu` (the ground floor `config`, `wire`, `_linux`; `images`;
 `zygote.server.sandbox_path`), `core`, and the standard library. Nothing here is imported by
-the fork server or a sandbox (`tests/managers/test_cpu_unit.py` checks the fork server's
+the fork server or a sandbox (`tests/managers/cpu/test_cpu_unit.py` checks the fork server's
 imports; `make lint` checks the contracts in pyproject.toml).
 """

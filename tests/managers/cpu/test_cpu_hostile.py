@@ -18,7 +18,8 @@ from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager, RunResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 os.environ.setdefault("TANGRAM_TEST_SECRET", "s3cret")  # a "token" of the service (collection time)
 
 

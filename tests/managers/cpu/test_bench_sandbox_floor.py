@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 from benchmark_module import load_benchmark
 
 bench = load_benchmark("bench_sandbox")

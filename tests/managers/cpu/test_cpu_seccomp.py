@@ -2,7 +2,7 @@
 """The default syscall filter (issue 16, item 2): every call it denies fails with EPERM inside a
 sandbox, clone3 with ENOSYS (so that the C library falls back to clone), and calls that work
 for an unprivileged process without the filter (checked here, on the host, in a child with the
-sandbox uid) fail inside. Every language still runs (tests/managers/test_cpu_sandbox.py)."""
+sandbox uid) fail inside. Every language still runs (tests/managers/cpu/test_cpu_sandbox.py)."""
 
 from __future__ import annotations
 
