@@ -14,13 +14,15 @@ from typing import Any
 def lazy_face(package: str, where: Mapping[str, str],
               names: Sequence[str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``: a public name is loaded from its
-    module (``where[name]``, relative to the package) when first asked for, then kept."""
+    module (``where[name]``, relative to the package, or absolute when it starts with
+    ``arl_tangram.``) when first asked for, then kept."""
 
     def getattr_(name: str) -> Any:
         mod = where.get(name)
         if mod is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{mod}"), name)
+        full = mod if mod.startswith("arl_tangram.") else f"{package}.{mod}"
+        value = getattr(importlib.import_module(full), name)
         setattr(sys.modules[package], name, value)
         return value
 

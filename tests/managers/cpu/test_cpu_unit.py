@@ -10,7 +10,7 @@ import pytest
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Status
 from arl_tangram.core.errors import InvalidAction
 from arl_tangram.core.resources import Resources
-from arl_tangram.kinds import CodeRequest
+from arl_tangram.kinds import CaseResult, CodeRequest, RunResult, StageResult
 from arl_tangram.managers import cpu
 from arl_tangram.managers.cpu.host.languages import Language
 from arl_tangram.managers.cpu.host.payload import (
@@ -19,7 +19,6 @@ from arl_tangram.managers.cpu.host.payload import (
     memory_bytes,
     visible_cpus,
 )
-from arl_tangram.managers.cpu.host.result import CaseResult, RunResult, StageResult
 
 LANGS = {"python": Language("python", "main.py", None, None, "py"),
          "cpp": Language("cpp", "main.cpp", ("/usr/bin/g++", "{file}"), ("./main",), "g++")}

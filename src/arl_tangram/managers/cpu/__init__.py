@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_face
 
 if TYPE_CHECKING:
+    from arl_tangram.kinds import CaseResult, RunResult, StageResult
+
     from .config import CpuManagerConfig
     from .host.manager import POOL_KEY, CpuManager
-    from .host.result import CaseResult, RunResult, StageResult
 
 __all__ = ["POOL_KEY", "CaseResult", "CpuManager", "CpuManagerConfig", "RunResult", "StageResult"]
 _WHERE = {"CpuManagerConfig": "config", "CpuManager": "host.manager", "POOL_KEY": "host.manager",
-          "RunResult": "host.result", "StageResult": "host.result", "CaseResult": "host.result"}
+          "RunResult": "arl_tangram.kinds", "StageResult": "arl_tangram.kinds",
+          "CaseResult": "arl_tangram.kinds"}
 
 __getattr__, __dir__ = lazy_face(__name__, _WHERE, __all__)

@@ -24,7 +24,15 @@ from typing import Any
 from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import BrokenError, InvalidAction, IsolationUnavailable
 from arl_tangram.core.resources import Resources
-from arl_tangram.kinds import CodeRequest, Timeouts
+from arl_tangram.kinds import (
+    CaseResult,
+    CodeRequest,
+    CommandRunStatus,
+    RunResult,
+    RunStatus,
+    StageResult,
+    Timeouts,
+)
 
 from ..config import CpuManagerConfig
 from ..images import layers
@@ -34,7 +42,6 @@ from . import direct, isolation, languages, overlay, payload, userns
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
-from .result import FAILED, SANDBOX_ERROR, SUCCESS, CaseResult, RunResult, StageResult
 from .sessions import SessionTable
 from .sessions import as_own_ids as _as
 from .supervisor import ForkServerSupervisor
@@ -294,22 +301,19 @@ class CpuManager:
         """A one-shot action in a sandbox of the warm pool."""
         assert self._pool is not None
         try:
-            sb = await self._take()
+            sb = await self.take_sandbox()
         except Exception as e:
             return RunResult.sandbox_error(f"no sandbox: {e}")
         req = _as(sb, req)
-        self._running[action.id] = sb
         tmp = payload.tmpfs_mb(mem, self.config)
         if tmp < self.config.workdir_max_mb:  # (a small memory limit: see `payload.tmpfs_mb`)
             req = {**req, "tmpfs_mb": tmp}
         try:
-            return self._lost(await self._exchange(action.id, sb, req, mem), sb)
+            return await self.exchange(action.id, sb, req, mem)
         finally:
-            self._running.pop(action.id, None)
-            self._cancelled.discard(action.id)
             self._pool.release(sb)
 
-    async def _take(self, spawn: bool = False) -> Sandbox:
+    async def take_sandbox(self, spawn: bool = False) -> Sandbox:
         """A sandbox from the pool (``spawn``: a new one, never a warm one). One the fork server
         died before making is asked for again, of the restarted one (its action never ran)."""
         assert self._pool is not None
@@ -329,17 +333,33 @@ class CpuManager:
         the sandbox's own fork server, not a count of restarts: a sandbox of the dead one
         handed out once a new one is up was reported as killed by SIGKILL.)"""
         z = sb.maker
-        if res.status == SUCCESS or sb.kept or self._closed or z is None or not z.exited():
+        if res.status == RunStatus.Success or sb.kept or self._closed or z is None or not z.exited():
             return res
-        return dataclasses.replace(res, status=SANDBOX_ERROR,
+        return dataclasses.replace(res, status=RunStatus.SandboxError,
                                    message="the sandbox fork server died while the action ran "
                                            "(its sandbox died with it; the fork server is "
                                            "restarted)")
 
+    def quota_of(self, action_id: str, default: float) -> float:
+        """``action_id``'s CPU quota in cores now (a resize that came while it waited for its
+        sandbox included); ``default`` when it has none here."""
+        return self._quota.get(action_id, default)
+
+    async def exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
+                       mem: int) -> RunResult:
+        """Run ``req`` in ``sb`` for ``action_id``: registered in `_running` from the call (no
+        await before) to its end, so a cancel or resize meanwhile reaches ``sb``; its quota
+        the action's latest (`quota_of`). The result says so when the fork server that made
+        ``sb`` died meanwhile (`_lost`)."""
+        self._running[action_id] = sb
+        try:
+            return self._lost(await self._exchange(action_id, sb, req, mem), sb)
+        finally:
+            self._running.pop(action_id, None)
+            self._cancelled.discard(action_id)
+
     async def _exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
                         mem: int) -> RunResult:
-        """Run ``req`` in ``sb``, registered in `_running` for ``action_id`` (no await between):
-        its quota is the action's latest (`_quota`, resized while it waited included)."""
         quota = self._quota.get(action_id, req["quota"])
         pod = f"{self._host}/sandbox-{sb.pid}"
         try:
@@ -368,10 +388,10 @@ class CpuManager:
             except (OSError, ValueError):
                 pass
         if action_id in self._cancelled:
-            return RunResult(status=SANDBOX_ERROR, message="cancelled", executor_pod_name=pod,
+            return RunResult(status=RunStatus.SandboxError, message="cancelled", executor_pod_name=pod,
                              **stats)
         if "error" in reply:
-            return RunResult(status=SANDBOX_ERROR, message=str(reply["error"]),
+            return RunResult(status=RunStatus.SandboxError, message=str(reply["error"]),
                              executor_pod_name=pod, **stats)
         return build_result(reply, pod, stats)
 
@@ -418,27 +438,24 @@ class CpuManager:
         sb = None
         held_mb = 0
         try:
-            sb = await self._take(spawn=True)
+            sb = await self.take_sandbox(spawn=True)
             layer_mb = int(code.layer_mb or self.config.image_layer_mb)
             try:
-                held_mb, inside = await self._enter_image(sb, img, layer_mb)
+                held_mb, inside = await self.enter_image(sb, img, layer_mb)
             except ImageError as e:  # (the sandbox said why)
                 return RunResult.sandbox_error(str(e))
             req = overlay.image_request(_as(sb, req), img, inside, layer_mb)
-            self._running[action.id] = sb
-            return self._lost(await self._exchange(action.id, sb, req, mem), sb)
+            return await self.exchange(action.id, sb, req, mem)
         except Exception as e:
             return RunResult.sandbox_error(f"image {name!r}: {type(e).__name__}: {e}")
         finally:
-            self._running.pop(action.id, None)
-            self._cancelled.discard(action.id)
             if sb is not None:
                 self._pool.release(sb)
             if held_mb and self.layers is not None:
                 self.layers.give_back(held_mb)
             self.images.release(name)
 
-    async def _enter_image(self, sb: Sandbox, img: Image, layer_mb: int,
+    async def enter_image(self, sb: Sandbox, img: Image, layer_mb: int,
                            owner: str | None = None) -> tuple[int, overlay.Inside]:
         """Mount ``img`` in ``sb`` over a writable layer of ``layer_mb`` MiB (on the node's disk
         where it has disk layers, else a tmpfs in the sandbox), as the image's user in the
@@ -558,7 +575,7 @@ def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunR
         ok, msg = run is not None and run.ok, ""
     if stats.get("memory_exceeded"):
         msg = "memory limit exceeded" + (f"; {msg}" if msg else "")
-    elif run is not None and run.status == "Finished" and run.return_code == -9:
+    elif run is not None and run.status == CommandRunStatus.Finished and run.return_code == -9:
         # neither the run timeout nor the memory limit: killed from outside (or by itself)
         msg = ("killed by SIGKILL, not by a limit of the sandbox (from outside it, or by the "
                "program itself)") + (f"; {msg}" if msg else "")
@@ -567,6 +584,6 @@ def build_result(reply: dict[str, Any], pod: str, stats: dict[str, Any]) -> RunR
     cut = bool(reply.get("timed_out"))
     if cut:  # the action's timeout_s ran out (`sandbox.init._run`): never a success
         ok, msg = False, f"{msg}; {reply['timed_out']}" if msg else str(reply["timed_out"])
-    return RunResult(status=SUCCESS if ok else FAILED, message=msg, compile_result=comp,
+    return RunResult(status=RunStatus.Success if ok else RunStatus.Failed, message=msg, compile_result=comp,
                      run_result=run, executor_pod_name=pod, files=dict(reply.get("files") or {}),
                      output_truncated=truncated, cases=cases, timeout_s_exceeded=cut, **stats)

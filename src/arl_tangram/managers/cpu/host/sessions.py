@@ -24,6 +24,7 @@ from typing import Protocol
 from arl_tangram.core.actions import ActionSpec
 from arl_tangram.core.errors import BrokenError, ClosedError
 from arl_tangram.core.resources import Resources
+from arl_tangram.kinds import RunResult, RunStatus
 
 from ..config import CpuManagerConfig
 from ..images.layers import LayerError, LayerStore
@@ -32,7 +33,6 @@ from . import overlay, payload
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
-from .result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +58,22 @@ class Session:
 
 
 class SessionHost(Protocol):
-    """What the table borrows of its manager: new sandboxes, images and layers, and the
-    exchange of one action with a sandbox (its quota and registration are the manager's)."""
+    """What the table borrows of its manager (`CpuManager`): new sandboxes, images and
+    layers, an action's quota, and the exchange of one action with a sandbox (its registration
+    for cancels and resizes, and the fork server's death, are the manager's)."""
 
     images: ImageStore | None
     layers: LayerStore | None
-    _running: dict[str, Sandbox]
-    _quota: dict[str, float]
 
-    async def _take(self, spawn: bool = False) -> Sandbox: ...
+    async def take_sandbox(self, spawn: bool = False) -> Sandbox: ...
 
-    async def _enter_image(self, sb: Sandbox, img: Image, layer_mb: int,
-                           owner: str | None = None) -> tuple[int, overlay.Inside]: ...
+    async def enter_image(self, sb: Sandbox, img: Image, layer_mb: int,
+                          owner: str | None = None) -> tuple[int, overlay.Inside]: ...
 
-    async def _exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
-                        mem: int) -> RunResult: ...
+    def quota_of(self, action_id: str, default: float) -> float: ...
 
-    def _lost(self, res: RunResult, sb: Sandbox) -> RunResult: ...
+    async def exchange(self, action_id: str, sb: Sandbox, req: SandboxRequest,
+                       mem: int) -> RunResult: ...
 
 
 class SessionTable:
@@ -136,7 +135,7 @@ class SessionTable:
         if image is not None and img is None:
             raise ImageError("no image cache on this node")
         try:
-            sb = await self.host._take(spawn=True)  # never a pooled one: a session is long-lived
+            sb = await self.host.take_sandbox(spawn=True)  # never a pooled one: a session is long-lived
         except BaseException:
             if img is not None and images is not None:
                 images.release(img.name)
@@ -159,7 +158,7 @@ class SessionTable:
         if s.image is not None and self.host.images is not None:
             mb = int(layer_mb or self.config.image_layer_mb)
             try:
-                s.layer_mb, s.inside = await self.host._enter_image(sb, s.image, mb, s.owner)
+                s.layer_mb, s.inside = await self.host.enter_image(sb, s.image, mb, s.owner)
             except LayerError as e:
                 raise ImageError(str(e)) from None
         # its init outlives the fork server (no PR_SET_PDEATHSIG): a fork server's crash
@@ -218,23 +217,20 @@ class SessionTable:
             s.last_used = time.monotonic()
             # the action's quota is the session's: its allotment, or a resize that came while
             # it waited for the session (no await from here until its sandbox is registered)
-            s.cpu = host._quota.get(action.id, req["quota"])
+            s.cpu = host.quota_of(action.id, req["quota"])
             sw = self._thaw(s)
             if s.sandbox.slot is not None:
                 s.sandbox.slot.reset_stats()
-            host._running[action.id] = s.sandbox
             try:
-                res = await host._exchange(action.id, s.sandbox, req, s.memory)
+                res = await host.exchange(action.id, s.sandbox, req, s.memory)
             finally:
-                host._running.pop(action.id, None)
                 s.last_used = time.monotonic()
                 self._freeze(s, sw)
             if sw is not None:
                 res = dataclasses.replace(res, session_switch=sw.to_dict())
-            res = host._lost(res, s.sandbox)
-        if s.sandbox.dead or res.status == "SandboxError":
+        if s.sandbox.dead or res.status == RunStatus.SandboxError:
             await self.close(sid)
-            if res.status == "SandboxError" and "session" not in res.message:
+            if res.status == RunStatus.SandboxError and "session" not in res.message:
                 res = dataclasses.replace(res, message=f"the session's sandbox ended "
                                           f"({res.message}); session {sid!r} is closed, its "
                                           "state lost: open a new one")
