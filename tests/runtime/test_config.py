@@ -38,6 +38,8 @@ def test_full_file(tmp_path: Path) -> None:
     ("nodes:\n  - name: a\n    cpu: {warm_min: 4, warm_max: 2}\n", 3, "nodes[0].cpu.warm_max"),
     ("nodes:\n  - name: a\n    cpu:\n      workdir_max_mb: 0\n", 4, "nodes[0].cpu.workdir_max_mb"),
     ("nodes:\n  - name: a\n    cpu:\n      colour: red\n", 4, "nodes[0].cpu.colour"),
+    ("nodes:\n  - name: a\n    cpu:\n      fork_server_max_crashes: 0\n", 4,
+     "nodes[0].cpu.fork_server_max_crashes"),
     ("nodes:\n  - name: a\n    cpu: [1]\n", 2, "nodes[0].cpu"),
     ("nodes:\n  - name: a\n  - name: b\n    gpu: {device: tpu}\n", 4, "nodes[1].gpu.device"),
     ("nodes:\n  - name: a\n    gpu:\n      max_length: 0\n", 4, "nodes[0].gpu.max_length"),

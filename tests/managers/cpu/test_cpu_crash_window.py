@@ -1,6 +1,7 @@
 """The fork server's crash counter forgets crashes older than its window (issue 43): a node whose
-fork server dies now and then (each death more than `crash_window_s` after the one before) is
-restarted every time and never marked down; `max_crashes` deaths within the window mark it down.
+fork server dies now and then (each death more than `fork_server_crash_window_s` after the one
+before) is restarted every time and never marked down; `fork_server_max_crashes` deaths within
+the window mark it down.
 The supervisor's clock is a fake the test moves (no waiting for a window)."""
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ async def m(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[CpuManager, 
     monkeypatch.setattr(supervisor_mod, "time", clock)
     mgr = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-cpu-test-"),
                                       sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
-                                      warm_min=1, warm_max=2))
+                                      warm_min=1, warm_max=2, fork_server_max_crashes=2,
+                                      fork_server_crash_window_s=100.0,
+                                      fork_server_restart_backoff_s=0.01,
+                                      fork_server_down_retry_s=600.0))
     try:
         await mgr.start()
     except IsolationUnavailable as e:
@@ -73,9 +77,6 @@ async def _kill_and_wait(mgr: CpuManager, restarts: int) -> None:
 async def test_crashes_further_apart_than_the_window_never_mark_the_node_down(
         m: tuple[CpuManager, _Clock]) -> None:
     mgr, clock = m
-    fork = mgr.fork
-    fork.max_crashes, fork.crash_window_s, fork.restart_backoff_s, fork.down_retry_s = \
-        2, 100.0, 0.01, 600.0
     for i in range(4):
         await _kill_and_wait(mgr, i + 1)
         assert mgr.fork.restarts == i + 1 and not mgr.health()["down"], mgr.health()

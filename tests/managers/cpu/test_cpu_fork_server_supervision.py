@@ -34,12 +34,14 @@ def _state(pid: int) -> str | None:
 
 
 @pytest_asyncio.fixture()
-async def m() -> AsyncIterator[CpuManager]:
+async def m(request: pytest.FixtureRequest) -> AsyncIterator[CpuManager]:
+    """A started manager; more `CpuManagerConfig` fields by indirect parametrization."""
     if os.geteuid() != 0:
         pytest.skip("sandboxes need root (namespaces, cgroups)")
     mgr = CpuManager(CpuManagerConfig(work_root=tempfile.mkdtemp(prefix="tangram-cpu-test-"),
                                       sandbox_uid=TEST_UID, sandbox_gid=TEST_UID,
-                                      warm_min=2, warm_max=8))
+                                      warm_min=2, warm_max=8,
+                                      **getattr(request, "param", {})))
     try:
         await mgr.start()
     except IsolationUnavailable as e:
@@ -109,8 +111,10 @@ async def test_killed_fork_server_is_reaped_restarted_and_only_in_flight_actions
     await _until(lambda: m.warm_state()["sandbox"] >= 1, 5.0)
 
 
+@pytest.mark.parametrize("m", [{"fork_server_max_crashes": 3,
+                                "fork_server_restart_backoff_s": 0.01,
+                                "fork_server_down_retry_s": 60.0}], indirect=True)
 async def test_repeated_deaths_mark_the_node_down(m: CpuManager) -> None:
-    m.fork.max_crashes, m.fork.restart_backoff_s, m.fork.down_retry_s = 3, 0.01, 60.0
     for _ in range(3):
         await _until(lambda: m.health()["ready"] and m.fork.zygote is not None
                      and m.fork.zygote.gone is None, 10)

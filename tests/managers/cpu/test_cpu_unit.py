@@ -32,10 +32,25 @@ def test_exports() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("workdir_max_mb", 0), ("sandbox_uid", 0), ("warm_min", -1), ("output_limit_bytes", -5),
-    ("work_root", "relative/dir"), ("pids_max", 3), ("default_cpus", 0)])
+    ("work_root", "relative/dir"), ("pids_max", 3), ("default_cpus", 0),
+    ("fork_server_max_crashes", 0), ("fork_server_max_crashes", 2.5),
+    ("fork_server_crash_window_s", 0), ("fork_server_restart_backoff_s", -0.1),
+    ("fork_server_down_retry_s", "30")])
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         cpu.CpuManagerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_config_fork_server_restart_settings() -> None:
+    cfg = cpu.CpuManagerConfig()
+    assert (cfg.fork_server_max_crashes, cfg.fork_server_crash_window_s,
+            cfg.fork_server_restart_backoff_s, cfg.fork_server_down_retry_s) == (5, 60.0, 0.1, 30.0)
+    with pytest.raises(ValueError) as e:
+        cpu.CpuManagerConfig(fork_server_max_crashes=True)
+    assert str(e.value) == "fork_server_max_crashes must be an integer >= 1, got True"
+    with pytest.raises(ValueError) as e:
+        cpu.CpuManagerConfig(fork_server_down_retry_s=0.0)
+    assert str(e.value) == "fork_server_down_retry_s must be a positive number, got 0.0"
 
 
 def test_config_warm_max_below_min() -> None:

@@ -81,6 +81,15 @@ class CpuManagerConfig:
     syscall_filter: bool = True
     # Seconds between checks for expired sessions.
     session_reap_interval_s: float = 1.0
+    # The sandbox fork server's restarts (`host/supervisor.py`): a death within
+    # `fork_server_crash_window_s` of an earlier one waits `fork_server_restart_backoff_s`
+    # before the restart, doubled per further death in the window (at most 5 s); the
+    # `fork_server_max_crashes`-th death in the window marks the node down (takes fail at once
+    # with the reason) and a restart is tried again every `fork_server_down_retry_s`.
+    fork_server_max_crashes: int = 5
+    fork_server_crash_window_s: float = 60.0
+    fork_server_restart_backoff_s: float = 0.1
+    fork_server_down_retry_s: float = 30.0
     # Hostname inside sandboxes.
     hostname: str = "sandbox"
     # Run a trivial one-shot Python action (no compile stage, no cases, no fetch_files) as PID 1
@@ -176,7 +185,12 @@ class CpuManagerConfig:
         _positive(self, "workdir_max_mb", "output_limit_bytes", "default_memory_mb",
                   "default_cpus", "pids_max", "default_compile_timeout_s",
                   "default_run_timeout_s", "max_timeout_s", "max_open_files",
-                  "session_reap_interval_s", "image_layer_mb", "max_test_cases")
+                  "session_reap_interval_s", "image_layer_mb", "max_test_cases",
+                  "fork_server_crash_window_s", "fork_server_restart_backoff_s",
+                  "fork_server_down_retry_s")
+        v = self.fork_server_max_crashes
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"fork_server_max_crashes must be an integer >= 1, got {v!r}")
         for name in ("images_dir", "layers_dir"):
             v = getattr(self, name)
             if v and not os.path.isabs(v):

@@ -5,10 +5,11 @@ Runs in: the service process (asyncio), for one `CpuManager`.
 Holds: the fork server (`Zygote`), the reaper (`Reaper`), the block of host ids the sandboxes
 use, the generation of fork servers, their deaths and restarts.
 Invariant: at most one restart runs at a time; once `stop` is called no fork server is started
-again. A death is counted once (`died`); after `max_crashes` within `crash_window_s` the node is
-down (`WarmPool.down`: waiting takes fail with the reason) and tried again every
-`down_retry_s`; a restart after the first death of a window waits `restart_backoff_s`, doubled
-per further death, up to `RESTART_BACKOFF_MAX_S`.
+again. A death is counted once (`died`); after `fork_server_max_crashes` within
+`fork_server_crash_window_s` the node is down (`WarmPool.down`: waiting takes fail with the
+reason) and tried again every `fork_server_down_retry_s`; a restart after the first death of a
+window waits `fork_server_restart_backoff_s`, doubled per further death, up to
+`RESTART_BACKOFF_MAX_S` (the settings are `CpuManagerConfig`'s).
 """
 
 from __future__ import annotations
@@ -28,11 +29,7 @@ from .reaper import Reaper
 
 log = logging.getLogger(__name__)
 
-MAX_CRASHES = 5
-CRASH_WINDOW_S = 60.0
-RESTART_BACKOFF_S = 0.1
 RESTART_BACKOFF_MAX_S = 5.0
-DOWN_RETRY_S = 30.0
 
 
 class ForkServerSupervisor:
@@ -48,8 +45,6 @@ class ForkServerSupervisor:
         self.not_ready: str | None = None  # why the node is not ready (None: ready)
         self.restarts = 0  # fork server restarts that came up
         self.deaths = 0  # fork server deaths seen
-        self.max_crashes, self.crash_window_s = MAX_CRASHES, CRASH_WINDOW_S
-        self.restart_backoff_s, self.down_retry_s = RESTART_BACKOFF_S, DOWN_RETRY_S
         self._wcfg: dict[str, Any] = {}  # what the reaper cleans (`reaper.server`)
         self._zcfg: dict[str, Any] = {}  # the fork server's configuration
         self._join_dirs: list[str] = []
@@ -123,22 +118,21 @@ class ForkServerSupervisor:
 
     def _down_for(self) -> str | None:
         """The death just seen counted in the window: why the node is down, or None."""
-        now = time.monotonic()
+        now, window = time.monotonic(), self.config.fork_server_crash_window_s
         self._crashes.append(now)
-        while self._crashes and self._crashes[0] < now - self.crash_window_s:
+        while self._crashes and self._crashes[0] < now - window:
             self._crashes.popleft()
         n = len(self._crashes)
-        if n >= self.max_crashes:
-            return (f"the sandbox fork server died {n} times within "
-                    f"{self.crash_window_s:g} s: node marked down")
+        if n >= self.config.fork_server_max_crashes:
+            return f"the sandbox fork server died {n} times within {window:g} s: node marked down"
         return None
 
     async def _restart(self) -> None:
         """Reap the dead fork server, start a new one (backing off on repeated deaths; after
-        `max_crashes` within `crash_window_s` the node is marked down and tried again every
-        `down_retry_s`), hand it to the pool, which refills."""
+        `fork_server_max_crashes` within `fork_server_crash_window_s` the node is marked down
+        and tried again every `fork_server_down_retry_s`), hand it to the pool, which refills."""
         assert self._pool is not None
-        pool = self._pool
+        pool, cfg = self._pool, self.config
         while not self._stopped:
             await self._reap_old()
             why = self._down_for()
@@ -146,16 +140,17 @@ class ForkServerSupervisor:
                 self.not_ready = why
                 pool.down = why
                 pool.up.set()  # (waiting takes fail now, with the reason)
-                log.error("CPU manager: %s; trying again in %g s", why, self.down_retry_s)
-                await asyncio.sleep(self.down_retry_s)
+                log.error("CPU manager: %s; trying again in %g s", why,
+                          cfg.fork_server_down_retry_s)
+                await asyncio.sleep(cfg.fork_server_down_retry_s)
                 self._crashes.clear()
                 if self._stopped:
                     return
                 pool.up.clear()
                 pool.down = None
             elif len(self._crashes) > 1:
-                await asyncio.sleep(min(self.restart_backoff_s * 2 ** (len(self._crashes) - 2),
-                                        RESTART_BACKOFF_MAX_S))
+                await asyncio.sleep(min(cfg.fork_server_restart_backoff_s
+                                        * 2 ** (len(self._crashes) - 2), RESTART_BACKOFF_MAX_S))
             if self._stopped:
                 return
             if await self._start_new(pool):
