@@ -191,6 +191,7 @@ class Provider:
         self.hour_spent = 0  # calls answered in it
         self.step: int | None = None  # the latest RL step a call named (`budget_per_step`)
         self.step_used: dict[int, int] = {}  # step -> calls charged (answered or in flight)
+        self.slice_idx = -1  # static-split: its place among the slices (-1: a provider itself)
         self.heap: list[tuple[int, int, str]] = []  # (rank, seq, id); stale entries skipped
         self.entry: dict[str, tuple[int, int]] = {}  # id -> its live (rank, seq)
         # Tenants' fair share (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair
@@ -391,6 +392,16 @@ class Providers:
             if lim.name in self.by_name:
                 raise ValueError(f"providers[{lim.name!r}]: declared twice")
             self.by_name[lim.name] = Provider(lim)
+        self.base = list(self.by_name.values())  # the declared providers, looked at every event
+        # static-split's slices (one per trajectory: thousands) are looked at only when one may
+        # send: `dirty` (a call arrived or a slot freed since the last `ready`) or its next
+        # token due (`wakes`, a heap of (time, slice); `wake_at`, each slice's live entry).
+        # Slices have no budgets and a fixed rate, so nothing else changes what they may send.
+        self.slices: list[Provider] = []
+        self.dirty: set[int] = set()
+        self.wakes: list[tuple[float, int]] = []
+        self.wake_at: dict[int, float] = {}
+        self._early = 0.0  # how early `ready` looks at a slice: its bucket's tolerance, and more
         self.aging_s = aging_s
         self.owner: dict[str, str] = {}  # live action id (waiting or in flight) -> provider
         self.deadline: dict[str, float] = {}  # waiting action -> when it times out waiting
@@ -434,7 +445,15 @@ class Providers:
                 decrease=lim.decrease, max_attempts=lim.max_attempts))
             if j:
                 got.bucket.pause(now, j / lim.rate)
+            got.slice_idx = len(self.slices)
+            self.slices.append(got)
+            self._early = max(self._early, 1e-6 + 2 * _EPS / got.bucket.rate)
         return got
+
+    def _touch(self, prov: Provider) -> None:
+        """``prov`` may send now where it could not (a call waits, or a slot came free)."""
+        if prov.slice_idx >= 0:
+            self.dirty.add(prov.slice_idx)
 
     def holds(self, aid: str) -> bool:
         """``aid`` is a provider action this part knows (waiting, in flight, leading or
@@ -492,6 +511,7 @@ class Providers:
             if tenant is not None:
                 prov.tenant_of[aid] = tenant
         prov.push(aid, rank, seq)
+        self._touch(prov)
         self.deadline[aid] = deadline
         self._timer(now + self.aging_s, "age", aid)
         if math.isfinite(deadline):
@@ -513,38 +533,66 @@ class Providers:
 
     # ---- what to send now ---------------------------------------------------------------------
     def ready(self, now: float) -> list[Dispatch]:
-        """The calls to send now, provider by provider: while a head waits, a token and a slot
-        are there and budget is left. Takes the token and the slot."""
+        """The calls to send now, provider by provider (the declared ones, then static-split's
+        slices, each in the order it was made): while a head waits, a token and a slot are there
+        and budget is left. Takes the token and the slot."""
         out: list[Dispatch] = []
-        for name, prov in self.by_name.items():
-            if not prov.entry:
-                continue
-            lim = prov.limits
-            prov.roll(now)
-            cap = lim.concurrency if self.paced else (self.semaphore or lim.concurrency)
-            base = name.partition("#")[0]
-            while prov.entry and len(prov.inflight) < cap:
-                left = prov.budget_left
-                if left is not None and left - len(prov.inflight) <= 0:
-                    break  # (calls in flight may still answer: the rest fail if they do)
-                if self.paced and not prov.bucket.ready(now):
-                    break
-                if prov.head() is None:
-                    break
-                aid = prov.pop()
-                self.deadline.pop(aid, None)
-                if self.paced:
-                    prov.bucket.take()
-                prov.inflight[aid] = now
-                prov.sent_one(aid)
-                prov.sent += 1
-                out.append(Dispatch(aid, base))
+        for prov in self.base:
+            if prov.entry:
+                self._send(prov, now, out)
+        if self.dirty or (self.wakes and self.wakes[0][0] <= now + self._early):
+            for j in self._due_slices(now):
+                prov = self.slices[j]
+                if prov.entry:
+                    self._send(prov, now, out)
+                if prov.entry and len(prov.inflight) < prov.limits.concurrency:
+                    t = prov.bucket.next_token_at(now)  # (waits for a token: woken then)
+                    self.wake_at[j] = t
+                    heapq.heappush(self.wakes, (t, j))
+                else:  # (nothing waits, or no slot: an arrival or a report touches it)
+                    self.wake_at.pop(j, None)
         return out
+
+    def _due_slices(self, now: float) -> list[int]:
+        """The slices that may send now: touched, or their next token due (within the bucket's
+        tolerance, `Bucket.ready`), in the order they were made."""
+        js = self.dirty
+        self.dirty = set()
+        lim = now + self._early
+        wakes = self.wakes
+        while wakes and wakes[0][0] <= lim:
+            t, j = heapq.heappop(wakes)
+            if self.wake_at.get(j) == t:
+                del self.wake_at[j]
+                js.add(j)
+        return sorted(js)
+
+    def _send(self, prov: Provider, now: float, out: list[Dispatch]) -> None:
+        lim = prov.limits
+        prov.roll(now)
+        cap = lim.concurrency if self.paced else (self.semaphore or lim.concurrency)
+        base = lim.name.partition("#")[0]
+        while prov.entry and len(prov.inflight) < cap:
+            left = prov.budget_left
+            if left is not None and left - len(prov.inflight) <= 0:
+                break  # (calls in flight may still answer: the rest fail if they do)
+            if self.paced and not prov.bucket.ready(now):
+                break
+            if prov.head() is None:
+                break
+            aid = prov.pop()
+            self.deadline.pop(aid, None)
+            if self.paced:
+                prov.bucket.take()
+            prov.inflight[aid] = now
+            prov.sent_one(aid)
+            prov.sent += 1
+            out.append(Dispatch(aid, base))
 
     def exhausted(self, now: float) -> list[tuple[str, str]]:
         """Waiting actions of providers whose budget is spent: (id, reason), to fail now."""
         out: list[tuple[str, str]] = []
-        for prov in self.by_name.values():
+        for prov in self.base:  # (slices have no budget)
             prov.roll(now)
             left = prov.budget_left
             if left is None or left > 0 or not prov.entry:
@@ -589,7 +637,7 @@ class Providers:
         best = math.inf
         if not self.paced:
             return best
-        for prov in self.by_name.values():
+        for prov in self.base:
             if not prov.entry or len(prov.inflight) >= prov.limits.concurrency:
                 continue
             left = prov.budget_left
@@ -598,6 +646,15 @@ class Providers:
             t = prov.bucket.next_token_at(now)
             if t < best:
                 best = t
+        wakes = self.wakes
+        while wakes:  # (static-split: the earliest slice that still waits for a token)
+            t, j = wakes[0]
+            sl = self.slices[j]
+            if self.wake_at.get(j) == t and sl.entry and len(sl.inflight) < sl.limits.concurrency:
+                return min(best, t)
+            heapq.heappop(wakes)
+            if self.wake_at.get(j) == t:
+                del self.wake_at[j]
         return best
 
     # ---- reports ------------------------------------------------------------------------------
@@ -609,6 +666,7 @@ class Providers:
         prov = self.by_name[name]
         if prov.inflight.pop(aid, None) is not None:
             prov.landed(aid, True)
+            self._touch(prov)
         else:
             prov.tenant_of.pop(aid, None)
         return prov
@@ -641,6 +699,7 @@ class Providers:
         if aid in prov.inflight:
             prov.landed(aid, False)
         sent_at = prov.inflight.pop(aid, now)
+        self._touch(prov)
         prov.throttles += 1
         if retry_after_s is not None:
             prov.bucket.pause(now, retry_after_s)
