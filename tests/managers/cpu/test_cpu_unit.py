@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 
@@ -204,3 +205,21 @@ def test_package_face_imports_nothing_else_of_it() -> None:
          "print(sorted(m for m in sys.modules if m.startswith('arl_tangram.managers.cpu.')))"],
         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_cancel_and_wait() -> None:
+    from arl_tangram.managers.cpu.host.tasks import cancel_and_wait
+
+    await cancel_and_wait(None)
+    t = asyncio.create_task(asyncio.sleep(60))
+    await asyncio.sleep(0)
+    await cancel_and_wait(t)
+    assert t.cancelled()
+
+    async def fails() -> None:
+        raise OSError("gone")
+
+    t2 = asyncio.create_task(fails())
+    await asyncio.sleep(0)  # (it raised before the cancel: swallowed, kept on the task)
+    await cancel_and_wait(t2)
+    assert not t2.cancelled() and str(t2.exception()) == "gone"

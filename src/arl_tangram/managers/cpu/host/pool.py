@@ -34,6 +34,7 @@ from arl_tangram.core.errors import BrokenError, ClosedError
 
 from .cgroups import CgroupTree, Slot
 from .client import Conn, Zygote
+from .tasks import cancel_and_wait
 
 WARMING_WEIGHT = 0.25  # CPU weight of a sandbox being prepared, relative to a running action
 MAX_BATCH = 64  # sandboxes per fork-server request (the fork server serves no more)
@@ -585,10 +586,7 @@ class WarmPool:
             self._kick.cancel()
             self._kick = None
         for t in (self._filler, self._cold_task):
-            if t is not None:
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
+            await cancel_and_wait(t)
         for f in self._cold:
             f.cancel()
         self._hand_out([])  # (takes waiting for a refill: the pool is closed)

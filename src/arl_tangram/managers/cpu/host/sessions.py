@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import logging
 import time
@@ -33,6 +32,7 @@ from . import overlay, payload
 from .cgroups import CgroupTree
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +103,7 @@ class SessionTable:
     async def aclose(self) -> None:
         """Every session closed, the reaper stopped."""
         self.closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reaper
+        await cancel_and_wait(self._reaper)
         for sid in list(self.by_id):
             await self.close(sid)
 

@@ -26,6 +26,7 @@ from . import ids
 from .client import Zygote
 from .pool import WarmPool
 from .reaper import Reaper
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +218,7 @@ class ForkServerSupervisor:
     async def stop(self) -> None:
         """No restart from now on; one under way is cancelled."""
         self._stopped = True
-        if self._restarter is not None:
-            self._restarter.cancel()
-            with contextlib.suppress(BaseException):
-                await self._restarter
+        await cancel_and_wait(self._restarter)
 
     def close_fork_server(self) -> None:
         """After the pool: the fork server ends (touches the event loop: stay on its thread)."""
