@@ -387,6 +387,23 @@ def test_a_per_step_budget_charges_no_follower_no_cache_hit_and_refunds_what_wai
     assert p.step_used == {1: 1} and d.core.providers.charged == {}
 
 
+def test_without_a_per_step_budget_step_used_counts_answered_or_in_flight_and_refunds_the_rest() -> None:
+    d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=1))
+    out = d.arrive(stepped("a", 4), stepped("b", 4), stepped("c", 4), stepped("n", None))
+    p = d.core.providers.by_name["p"]
+    assert calls(out) == ["a"] and p.step_used == {4: 3}  # (a call naming no step: not counted)
+    d.at(0.1).finish("a", status=Status.FAILED, reason="HTTP 500")  # unanswered: refunded
+    assert p.step_used == {4: 2}
+    d.at(0.2)(ev.CancelRequested(0.2, "c"))  # cancelled while waiting: refunded
+    assert d.result("c").status is Status.CANCELLED and p.step_used == {4: 1}
+    d.at(0.3).finish("b")  # answered: kept
+    assert p.step_used == {4: 1}
+    d.at(0.4).finish("n")
+    assert p.step_used == {4: 1} and d.core.providers.charged == {}
+    s = d.core.providers.stats()["p"]
+    assert (s["budget_per_step"], s["step"], s["step_used"], s["failed_step_budget"]) == (None, 4, 1, 0)
+
+
 def test_a_429_keeps_the_step_charge_and_a_cancelled_leader_hands_it_to_its_follower() -> None:
     d = driver(ProviderLimits(name="p", rate=100.0, burst=10.0, concurrency=4, budget_per_step=1))
     d.arrive(stepped("a", 3, key="t|q"), stepped("b", 3, key="t|q"))

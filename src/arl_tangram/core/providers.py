@@ -68,7 +68,8 @@ class ProviderLimits:
     budget_per_hour: int | None = None
     # calls per RL step (the action's ``payload["step"]``, else the latest step the provider
     # saw): each admitted call is charged at arrival, refunded if the provider never answers it;
-    # the call past it fails at once (None: unbounded)
+    # the call past it fails at once (None: unbounded; a call naming its step is still counted
+    # and refunded, so ``step_used`` reads the same either way)
     budget_per_step: int | None = None
     decrease: float = 0.5  # a 429 without Retry-After multiplies the rate by this
     min_rate: float | None = None  # the rate never falls below this (None: rate / 64)
@@ -488,13 +489,13 @@ class Providers:
         if left is not None and left <= 0:
             prov.failed_budget += 1
             return self.budget_reason(prov, now)
-        if prov.limits.budget_per_step is not None:
+        if prov.limits.budget_per_step is not None or step is not None:
+            # (without a budget a call naming its step is counted the same way, and refunded
+            # the same way: `step_used` is always the step's calls answered or in flight)
             charged, why = prov.charge_step(step)
             if why:
                 return why
             self.charged[aid] = (provider, charged)
-        elif step is not None:
-            prov.charge_step(step)  # (counted and shown in the stats; no budget to spend)
         if key:
             self.leaders[(provider, key)] = aid
             self.key_of[aid] = (provider, key)
