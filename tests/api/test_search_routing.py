@@ -115,6 +115,68 @@ async def test_each_route_and_its_reason(service: tuple[AsyncClient, ProviderSer
     assert srv.requests == 4
 
 
+async def test_v1_actions_kind_search_takes_the_same_routes(service: tuple[AsyncClient, ProviderServer]) -> None:
+    client, srv = service
+    keys = {"id", "status", "finished", "submit_time", "start_time", "finish_time", "act", "node",
+            "output", "reason", "attempts", "route", "route_reason", "local_score"}
+
+    async def act(aid: str, query: str, provider: str, **more: str) -> dict:
+        payload = {"provider": provider, "query": query, **more}
+        out = await client.submit({"id": aid, "kind": "search", "payload": payload})
+        assert out["ids"] == [aid]
+        got = await client.result(aid)
+        assert set(got) == keys and (got["id"], got["status"]) == (aid, "succeeded")
+        return got
+
+    on = await act("on", ON_TOPIC, "serper")  # the index answers: no provider call
+    top = on["local_score"]
+    assert top >= MIN_SCORE and top == on["output"]["result"][0]["score"]
+    assert (on["route"], on["route_reason"]) == ("local", f"local top score {top:.4f} >= min_score 0.5")
+    assert on["output"]["result"][0]["document"] == CORPUS[1] and srv.requests == 0
+    off = await act("off", OFF_TOPIC, "serper")  # below min_score: the provider
+    low = off["local_score"]
+    assert low is not None and low < MIN_SCORE
+    assert (off["route"], off["route_reason"]) == ("web", f"local top score {low:.4f} < min_score 0.5")
+    assert off["output"]["result"] == {"organic": [{"title": f"about {OFF_TOPIC}"}]}
+    assert srv.queries[OFF_TOPIC] == 1
+    web = await act("web", ON_TOPIC, "serper", source="web")
+    assert (web["route"], web["route_reason"], web["local_score"]) == ("web", "source: web", None)
+    assert srv.queries[ON_TOPIC] == 1
+    loc = await act("loc", OFF_TOPIC, "serper", source="local")
+    assert (loc["route"], loc["route_reason"], loc["local_score"]) == ("local", "source: local", low)
+    plain = await act("plain", ON_TOPIC, "plain")
+    assert (plain["route"], plain["route_reason"], plain["local_score"]) == (
+        "web", "no local_first index", None)
+    lost = await act("lost", ON_TOPIC, "lost")
+    assert (lost["route"], lost["route_reason"]) == ("web", "local index 'gone' is not served")
+    assert srv.requests == 4
+    # a retry with the same idempotency key: the same ids, routed as before, no second call
+    batch = [{"kind": "search", "id": "r-on", "payload": {"provider": "serper", "query": ON_TOPIC}},
+             {"kind": "search", "id": "r-off", "payload": {"provider": "serper", "query": OFF_TOPIC}}]
+    one = await client.submit(batch, idempotency_key="k1", wait=True)
+    two = await client.submit(batch, idempotency_key="k1", wait=True)
+    assert one["ids"] == two["ids"] == ["r-on", "r-off"]
+    assert [(r["route"], r["output"]["result"]) for r in one["results"]] == [
+        (r["route"], r["output"]["result"]) for r in two["results"]]
+    assert [r["route"] for r in one["results"]] == ["local", "web"]
+    assert srv.requests == 4  # (r-off's query: answered from the cache)
+    for call, field, msg in [
+        (client.submit({"kind": "search", "payload": {"provider": "serper", "query": "x",
+                                                      "source": "cloud"}}),
+         "actions[0].payload.source", "must be one of auto, local, web, got 'cloud'"),
+        (client.submit({"kind": "search", "payload": {"provider": "plain", "query": "x",
+                                                      "source": "local"}}),
+         "actions[0].payload.source", "provider 'plain' has no local_first index"),
+        (client.submit({"kind": "search", "id": "on", "payload": {"provider": "serper",
+                                                                  "query": "x"}}),
+         "actions[0].id", "duplicate action id 'on'"),
+    ]:
+        with pytest.raises(InvalidAction) as got:
+            await call
+        assert got.value.field == field and msg in str(got.value)
+    assert srv.requests == 4
+
+
 async def test_bad_routing_requests_name_the_field(service: tuple[AsyncClient, ProviderServer]) -> None:
     client, srv = service
     cases = [

@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict
 
-from ..core.actions import ActionKind, ActionSpec, Status
+from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
-from ..kinds import DEFAULT_TOPK, RetrieveRequest
+from ..kinds import DEFAULT_TOPK, RetrieveRequest, provider_request
 from ..managers.api.manager import RequestError
 from ..managers.retrieval.index import MAX_TOPK
 from .middleware import TENANT_KEY
@@ -150,6 +150,7 @@ def provider_action(engine: Any, spec: ActionSpec, where: str, tenant: str | Non
     answer attached on a hit. InvalidAction naming the field else."""
     front = engine.api
     payload = dict(spec.payload)
+    payload.pop("source", None)  # (the route: `Service.route`, which reads it first)
     provider = payload.pop("provider", None) or spec.tag
     if not isinstance(provider, str) or not provider:
         raise InvalidAction(f"{where}.payload.provider", "names the provider (search and fetch actions)")
@@ -165,6 +166,29 @@ def provider_action(engine: Any, spec: ActionSpec, where: str, tenant: str | Non
         raise InvalidAction(f"{where}.payload.{field}", str(exc).split(": ", 1)[-1]) from None
     out: ActionSpec = front.cached(got)
     return out
+
+
+async def route_action(engine: Any, spec: ActionSpec, where: str, source: Any = "auto",
+                       ) -> tuple[ActionResult | None, dict[str, Any]]:
+    """A ``search`` action of ``POST /v1/actions`` routed as ``/v1/search`` routes it (its
+    provider's ``local_first`` index first, ``payload.source`` auto | local | web): (the local
+    index's result when it answers, else None: the provider action goes as submitted) and the
+    answer's ``route``, ``route_reason`` and ``local_score``. InvalidAction naming the field."""
+    front = engine.api
+    if front is None or spec.kind is not ActionKind.SEARCH:
+        if source != "auto":
+            raise InvalidAction(f"{where}.payload.source", "only a search of a declared provider "
+                                "has a route")
+        return None, {}
+    query = provider_request(spec.payload).request.get("query", "")
+    try:
+        local, route, why, score = await front.local_step(
+            spec.tag or "", query, source if isinstance(source, str) else repr(source),
+            timeout_s=spec.timeout_s, trajectory=spec.trajectory)
+    except RequestError as exc:
+        raise InvalidAction(f"{where}.payload.{exc.field}", str(exc).split(": ", 1)[-1]) from None
+    fields = {"route": route, "route_reason": why, "local_score": score}
+    return (local if route == "local" else None), fields
 
 
 def add_routes(app: FastAPI, svc: Any) -> None:

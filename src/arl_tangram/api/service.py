@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -50,6 +51,10 @@ class Service:
     def __init__(self, engine: Engine, config: ServiceConfig) -> None:
         self.engine, self.config = engine, config
         self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        # a routed search (`search.route_action`): its id -> its answer's route fields, the
+        # local index's action when that answered (its result is the search's), and the
+        # idempotency key it came with (the same key again: a retry, answered the same)
+        self._routes: OrderedDict[str, tuple[dict[str, Any], str | None, str | None]] = OrderedDict()
         # idempotency key -> (digest of the body it came with, when), kept as long as the
         # engine keeps the key (`EngineConfig.idempotency_ttl_s`)
         self._idem_bodies: OrderedDict[str, tuple[str, float]] = OrderedDict()
@@ -83,15 +88,19 @@ class Service:
     # ---- native ---------------------------------------------------------------------------
 
     def _specs(self, body: ActionsIn, tenant: str | None = None
-               ) -> tuple[list[ActionSpec], list[list[ActionSpec]]]:
+               ) -> tuple[list[ActionSpec], list[list[ActionSpec]], dict[str, Any]]:
         if len(body.actions) > self.config.limits.max_batch:
             raise InvalidAction("actions", f"at most {self.config.limits.max_batch} per request")
         per_request: list[list[ActionSpec]] = []
+        sources: dict[str, Any] = {}  # search id -> its payload.source (absent: auto)
         for i, a in enumerate(body.actions):
             parts = T.native_actions(a, f"actions[{i}]", self.config.default_reward_model)
             if a.kind in ("search", "fetch"):  # a provider call (issue 37: api/search.py)
                 from .search import provider_action
 
+                for p in parts:  # (its route's source: `_route`)
+                    if isinstance(p.payload, dict) and "source" in p.payload:
+                        sources[p.id] = p.payload["source"]
                 parts = [provider_action(self.engine, p, f"actions[{i}]", tenant) for p in parts]
             for p in parts:
                 self._check_dims(p.demand, f"actions[{i}].demand")
@@ -103,7 +112,7 @@ class Service:
         if len(flat) > self.config.limits.max_batch:  # (each of several models is one action)
             raise InvalidAction("actions", f"{len(flat)} actions with their models fanned out, "
                                 f"at most {self.config.limits.max_batch} per request")
-        return flat, per_request
+        return flat, per_request, sources
 
     def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> None:
         """An action's ``payload.image`` as the tenant means it (its own, or a shared one)."""
@@ -130,11 +139,14 @@ class Service:
 
     async def submit(self, body: ActionsIn, *, idempotency_key: str | None = None,
                      tenant: str | None = None) -> dict[str, Any]:
-        specs, per_request = self._specs(body, tenant)
+        specs, per_request, sources = self._specs(body, tenant)
         key = self.tenancy.idempotency_key(tenant, idempotency_key or body.idempotency_key)
         if key is not None:
             self._check_key(key, body)
         self._check_ids(body, per_request, tenant)
+        local = await self._route(per_request, sources, key)
+        if local:
+            specs = [s for s in specs if s.id not in local]
         if tenant is not None:
             self.tenancy.admit(tenant, specs)
         submitted = self.engine.submit_nowait(specs, idempotency_key=key)
@@ -145,6 +157,11 @@ class Service:
         got = iter(submitted)
         ids: list[str] = []
         for parts in per_request:
+            if len(parts) == 1 and parts[0].id in local:  # (answered by the local index)
+                ids.append(parts[0].id)
+                if tenant is not None:
+                    self.tenancy.own(tenant, (parts[0].id,))
+                continue
             part_ids = tuple(next(got) for _ in parts)
             if len(parts) == 1:
                 ids.append(part_ids[0])
@@ -162,6 +179,38 @@ class Service:
             out["results"] = list(results)
         return out
 
+    async def _route(self, per_request: list[list[ActionSpec]], sources: dict[str, Any],
+                     key: str | None) -> set[str]:
+        """Searches routed local first (`search.route_action`), each before anything is
+        submitted: the ids the local index answered (not submitted to the provider). A search
+        id seen before is a retry with the same idempotency key (routed as it was), else a
+        duplicate (400, as the engine refuses an id it knows)."""
+        local: set[str] = set()
+        for i, parts in enumerate(per_request):
+            if len(parts) != 1 or parts[0].kind.value != "search":
+                if any(p.id in sources for p in parts):
+                    raise InvalidAction(f"actions[{i}].payload.source", "only a search has a route")
+                continue
+            prior = self._routes.get(parts[0].id)
+            if prior is not None:
+                if key is None or prior[2] != key:
+                    raise InvalidAction(f"actions[{i}].id", f"duplicate action id {parts[0].id!r}")
+                if prior[1] is not None:
+                    local.add(parts[0].id)
+                continue
+            from .search import route_action
+
+            got, fields = await route_action(self.engine, parts[0], f"actions[{i}]",
+                                             sources.get(parts[0].id, "auto"))
+            if not fields:
+                continue
+            self._routes[parts[0].id] = (fields, got.id if got is not None else None, key)
+            while len(self._routes) > self.config.limits.max_results:
+                self._routes.popitem(last=False)
+            if got is not None:
+                local.add(parts[0].id)
+        return local
+
     def _check_ids(self, body: ActionsIn, per_request: list[list[ActionSpec]],
                    tenant: str | None) -> None:
         """Group ids are action ids (issue 41, H1): the id a client chose for a fanned-out
@@ -174,7 +223,7 @@ class Service:
             if aid is None:
                 continue
             if len(parts) == 1:
-                taken = aid in self._groups
+                taken = aid in self._groups or (aid in self._routes and self.tenancy.owner(aid) != tenant)
             else:
                 owner = self.tenancy.owner(aid)
                 taken = (aid in self._groups and owner != tenant) or self._engine_knows(aid) \
@@ -249,6 +298,10 @@ class Service:
             self._groups.popitem(last=False)
 
     async def result(self, action_id: str, wait: float = 0.0) -> ActionResult | None:
+        routed = self._routes.get(action_id)
+        if routed is not None and routed[1] is not None:  # (the local index's answer)
+            r = await self.engine.result(routed[1], wait=wait)
+            return None if r is None else dataclasses.replace(r, id=action_id)
         parts = self._groups.get(action_id)
         if parts is None:
             return await self.engine.result(action_id, wait=wait)
@@ -262,8 +315,9 @@ class Service:
         self.tenancy.check_action(tenant, action_id)
         wait = min(max(wait, 0.0), self.config.limits.max_wait_s)
         res = await self.result(action_id, wait)
+        routed = self._routes.get(action_id)
         if res is not None:
-            return T.result_dict(res)
+            return {**T.result_dict(res), **routed[0]} if routed is not None else T.result_dict(res)
         parts = self._groups.get(action_id, (action_id,))
         return T.pending_dict(action_id, min(self.engine.status(p) for p in parts))
 

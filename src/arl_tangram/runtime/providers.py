@@ -99,47 +99,56 @@ class ProviderFront:
         calls the provider at once. Raises `RequestError` naming the field."""
         if source not in SOURCES:
             raise RequestError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
+        query = normalize("search", request)["query"] if source != "web" else ""
+        check_step(request.get("step"))
+        local, route, why, local_score = await self.local_step(
+            provider, query, source, timeout_s=timeout_s, trajectory=trajectory)
+        if local is not None and route == "local":
+            index = self.api.providers[provider].local_first
+            return answer(local, index.index if index is not None else provider, route, why,
+                          local_score)
+        r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
+                            trajectory=trajectory)
+        return answer(r, provider, "web", why, local_score)
+
+    async def local_step(self, provider: str, query: str, source: str, *,
+                         timeout_s: float = 60.0, trajectory: str | None = None,
+                         action_id: str | None = None,
+                         ) -> tuple[ActionResult | None, str, str, float | None]:
+        """A search's route (`search`; ``POST /v1/actions`` kind search too): (the index's
+        result or None when it was not asked, route "local" or "web", route_reason,
+        local_score). The index's ``retrieve`` action takes ``action_id`` when given. Raises
+        `RequestError` naming ``source`` when the route it asks for cannot be taken."""
+        if source not in SOURCES:
+            raise RequestError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
         cfg = self.api.providers.get(provider)
         lf = cfg.local_first if cfg is not None else None
         if lf is None or source == "web":
             if source == "local":
                 raise RequestError("source", f"provider {provider!r} has no local_first index")
-            why = "source: web" if lf is not None else "no local_first index"
-            r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
-                                trajectory=trajectory)
-            return answer(r, provider, "web", why, None)
-        query = normalize("search", request)["query"]  # (a bad query: a 400 before anything)
-        check_step(request.get("step"))
+            return None, "web", ("source: web" if lf is not None else "no local_first index"), None
         if lf.index not in self.served():
             if source == "local":
                 raise RequestError("source", f"local index {lf.index!r} is not served")
-            why = f"local index {lf.index!r} is not served"
-            local_score = None
-        else:
-            r = await self.engine.run(ActionSpec(
-                uuid.uuid4().hex, kind=ActionKind.RETRIEVE, model=lf.index, tag=lf.index,
-                demand=Resources(), trajectory=trajectory, timeout_s=timeout_s,
-                payload=RetrieveRequest(query=query, topk=lf.topk)))
-            hits = r.output.get("result") if isinstance(r.output, dict) else None
-            local_score = float(hits[0]["score"]) if hits else None
-            if r.status is not Status.SUCCEEDED or local_score is None:
-                if source == "local":
-                    return answer(r, lf.index, "local", "source: local", local_score)
-                why = (f"local index {lf.index!r} {r.status.name.lower()}: {r.reason}"
-                       if r.status is not Status.SUCCEEDED else f"local index {lf.index!r}: no documents")
-            elif source == "local":
-                return answer(r, lf.index, "local", "source: local", local_score)
-            elif lf.min_score is None:
-                return answer(r, lf.index, "local", "local index answered (no min_score)", local_score)
-            elif local_score >= lf.min_score:
-                return answer(r, lf.index, "local",
-                              f"local top score {local_score:.4f} >= min_score {lf.min_score:g}",
-                              local_score)
-            else:
-                why = f"local top score {local_score:.4f} < min_score {lf.min_score:g}"
-        r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
-                            trajectory=trajectory)
-        return answer(r, provider, "web", why, local_score)
+            return None, "web", f"local index {lf.index!r} is not served", None
+        r = await self.engine.run(ActionSpec(
+            action_id or uuid.uuid4().hex, kind=ActionKind.RETRIEVE, model=lf.index, tag=lf.index,
+            demand=Resources(), trajectory=trajectory, timeout_s=timeout_s,
+            payload=RetrieveRequest(query=query, topk=lf.topk)))
+        hits = r.output.get("result") if isinstance(r.output, dict) else None
+        local_score = float(hits[0]["score"]) if hits else None
+        if source == "local":
+            return r, "local", "source: local", local_score
+        if r.status is not Status.SUCCEEDED or local_score is None:
+            why = (f"local index {lf.index!r} {r.status.name.lower()}: {r.reason}"
+                   if r.status is not Status.SUCCEEDED else f"local index {lf.index!r}: no documents")
+            return r, "web", why, local_score
+        if lf.min_score is None:
+            return r, "local", "local index answered (no min_score)", local_score
+        if local_score >= lf.min_score:
+            return (r, "local", f"local top score {local_score:.4f} >= min_score {lf.min_score:g}",
+                    local_score)
+        return r, "web", f"local top score {local_score:.4f} < min_score {lf.min_score:g}", local_score
 
     async def call(self, kind: str, provider: str, request: Mapping[str, Any], *,
                    tenant: str = "", timeout_s: float = 60.0, weight: float = 1.0,
