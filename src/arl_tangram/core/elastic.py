@@ -9,7 +9,6 @@ StartAction left the core is sent as a bigger StartAction, otherwise as a Resize
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections.abc import Iterable
@@ -272,7 +271,8 @@ class Elastic:
         as others end. Waiting is waiting for the first full width anywhere: ``rec`` may start
         at its maximum on another node ``elsewhere`` seconds from now (`free_at`), if that
         comes before its turn here. On 2 cores with n equal jobs waiting this is "one after
-        another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs^2), no solver."""
+        another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs log jobs) (`_fluid`), no
+        solver."""
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
@@ -674,67 +674,105 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
     filling), and run at their speedup's speed: a fluid model, times from now. On a node
     with a ``measured`` parallel speedup (``base`` cores held there by others), each job's
     maximum is its useful width there (`_useful`) and every speed is scaled by what the
-    node's busy cores deliver (`_efficiency`)."""
-    left = [w for w, _ in jobs]
-    els = [e for _, e in jobs]
-    tops = [e.max for e in els]
-    if measured is not None:
-        seen: dict[int, float] = {}
-        for i, e in enumerate(els):
+    node's busy cores deliver (`_efficiency`).
+
+    O(jobs x (classes + log jobs)) (issue 40): jobs of one class (the same maximum and
+    parallel fraction) get the same width at every step, so they run at one speed; each
+    class keeps the work its jobs have done since time 0 (``done``) and a heap of its jobs
+    by work left plus ``done`` when they started (a job's work left is its key less the
+    class's ``done``), so a step looks at each class, not at each job, and the water filling
+    goes over the classes by maximum (a prefix of them capped at their maximum, the rest
+    sharing what is left equally)."""
+    n = len(jobs)
+    limit = lanes if lanes > n_run else n_run
+    seen: dict[int, float] = {}
+    cls_of: dict[tuple[float, float], int] = {}
+    tops: list[float] = []  # per class: its maximum (its useful width where measured)
+    pfs: list[float] = []  # per class: its parallel fraction (`Speedup.factor`, inlined)
+    job_cls: list[int] = []
+    for _, e in jobs:
+        top = e.max
+        if measured is not None:
             got = seen.get(id(e))
             if got is None:
                 got = seen[id(e)] = _useful(e, measured, base, e.max)
-            tops[i] = got
-    pfs = [e.speedup.parallel_fraction for e in els]  # (`Speedup.factor`, inlined below)
-    limit = lanes if lanes > n_run else n_run
-    n = len(jobs)
-    # the running jobs as (maximum, index), kept in that order as jobs end (filtered) and
-    # start (inserted): the water filling's order without a sort per step
-    order = sorted([(tops[i], i) for i in range(min(n, limit))])
-    nxt = len(order)
+            top = got
+        key = (top, e.speedup.parallel_fraction)
+        c = cls_of.get(key)
+        if c is None:
+            c = cls_of[key] = len(tops)
+            tops.append(top)
+            pfs.append(key[1])
+        job_cls.append(c)
+    n_cls = len(tops)
+    by_top = sorted(range(n_cls), key=tops.__getitem__)  # the water filling's order
+    done = [0.0] * n_cls
+    count = [0] * n_cls
+    heaps: list[list[tuple[float, int]]] = [[] for _ in range(n_cls)]
+    speed = [0.0] * n_cls
+    running = 0
+    nxt = 0
+    while nxt < n and running < limit:
+        c = job_cls[nxt]
+        heapq.heappush(heaps[c], (jobs[nxt][0], nxt))
+        count[c] += 1
+        running += 1
+        nxt += 1
     join = 0.0 if n_run < nxt else math.inf
-    speed = [0.0] * n
     t = cost = 0.0
-    while order:
-        # water filling: equal shares, each capped at its maximum
-        room, count = cap, len(order)
-        for top, i in order:
-            share = room / count
+    while running:
+        # water filling over the classes by maximum: equal shares, each capped at its maximum
+        room = cap
+        left_n = running
+        for c in by_top:
+            k = count[c]
+            if not k:
+                continue
+            share = room / left_n
+            top = tops[c]
             w = top if top < share else share
-            if w <= 0:  # `els[i].speedup.factor(w)`
-                speed[i] = 0.0
+            if w <= 0:  # `Speedup.factor(w)`
+                speed[c] = 0.0
             elif w <= 1.0:
-                speed[i] = w
+                speed[c] = w
             else:
-                p = pfs[i]
-                speed[i] = 1.0 / ((1.0 - p) + p / w)
-            room -= w
-            count -= 1
+                p = pfs[c]
+                speed[c] = 1.0 / ((1.0 - p) + p / w)
+            room -= w * k
+            left_n -= k
         if measured is not None:
             eff = _efficiency(measured, base + cap - room)
-            for _, i in order:
-                speed[i] *= eff
+            for c in by_top:
+                speed[c] *= eff
         dt = math.inf
-        for _, i in order:
-            v = speed[i]
-            if v > 0.0 and left[i] / v < dt:
-                dt = left[i] / v
+        for c in by_top:
+            v = speed[c]
+            if count[c] and v > 0.0:
+                d = (heaps[c][0][0] - done[c]) / v
+                if d < dt:
+                    dt = d
         if dt == math.inf:
             return math.inf, join
         t += dt
-        still: list[tuple[float, int]] = []
-        for job in order:
-            i = job[1]
-            left[i] -= dt * speed[i]
-            if left[i] <= 1e-9 * (1.0 + t):
+        tol = 1e-9 * (1.0 + t)
+        for c in by_top:
+            if not count[c]:
+                continue
+            done[c] += dt * speed[c]
+            h = heaps[c]
+            dc = done[c]
+            while h and h[0][0] - dc <= tol:
+                heapq.heappop(h)
                 cost += t
-            else:
-                still.append(job)
-        order = still
-        while len(order) < limit and nxt < n:
+                count[c] -= 1
+                running -= 1
+        while running < limit and nxt < n:
             if nxt == n_run:
                 join = t
-            bisect.insort(order, (tops[nxt], nxt))
+            c = job_cls[nxt]
+            heapq.heappush(heaps[c], (jobs[nxt][0] + done[c], nxt))
+            count[c] += 1
+            running += 1
             nxt += 1
     return cost, join
 

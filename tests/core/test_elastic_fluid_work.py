@@ -1,0 +1,146 @@
+"""The lane rule's fluid model (`elastic._fluid`) on a crowded node (issue 40): its work grows
+with the jobs as n log n, not n^2, and it prices every lane count as the step-by-step model did.
+
+The profile of `bench_scale.py --nodes 16 --trajectories 6000` (pure core, py-spy over the core
+alone): `_fluid` was 43% of `Core.handle` (0.3% at 2,000), called from `Elastic.plan` for a
+session's elastic test on a node whose elastic actions cannot all run at their maximum. It
+walked every running job at every step (one job ends per step): O(jobs^2) per lane count. Now
+jobs of one class (the same maximum and parallel fraction) share one speed, so each step looks
+at the classes and each job is pushed and popped once on its class's heap.
+
+The work is counted in calls (Python and builtin, under a profile hook, in a pure-core
+subprocess), not time: 8x the jobs made the step-by-step model ~60x the calls; here it stays
+under 12x. `REFERENCE` is the step-by-step model as it was (commit 841fbba), against which the
+incremental one is checked on seeded cases (the same sums to 1e-12: the same decisions but for
+ties within rounding, which golden streams check on whole runs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+from arl_tangram.core.actions import Elasticity, Speedup
+from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.elastic import _efficiency, _fluid, _useful
+from arl_tangram.core.resources import Resources
+
+PROBE = r"""
+import json, sys
+from arl_tangram.core.actions import Elasticity, Speedup
+from arl_tangram.core import elastic
+
+def calls(fn):
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" or event == "c_call":
+            count[0] += 1
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+EL = Elasticity(1, 4, speedup=Speedup(0.6))  # swe-agent's test
+def work(n_run):
+    # a 192-core node crowded with n_run running tests of distinct work left, and one more:
+    # waiting (as many lanes as run) and starting now (one more), as `_best_lanes` weighs them
+    runs = [(0.5 + 37.0 * ((7 * i) % n_run) / n_run, EL) for i in range(n_run)]
+    runs.sort(key=lambda j: j[0])
+    jobs = runs + [(10.0, EL)]
+    return sum(calls(lambda: elastic._fluid(192.0, lanes, jobs, n_run)) for lanes in (n_run, n_run + 1))
+
+print(json.dumps([work(50), work(400)]))
+"""
+
+
+def test_the_fluid_model_works_n_log_n_in_the_jobs_on_the_node() -> None:
+    env = dict(os.environ, ARL_TANGRAM_PURE="1")
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True, timeout=300)
+    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    assert small > 0
+    # 8x the jobs: n^2 work would be ~64x (the step-by-step model made 58x: 2,779 and 162,029 calls; this one 428 and 3,228); n log n ~8-9x
+    assert large < 12 * small, (small, large)
+
+
+def REFERENCE(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: int,
+              measured: NodeSpec | None = None, base: float = 0.0) -> tuple[float, float]:
+    """`_fluid` step by step, every running job at every step (as of commit 841fbba)."""
+    import bisect
+    left = [w for w, _ in jobs]
+    els = [e for _, e in jobs]
+    tops = [e.max if measured is None else _useful(e, measured, base, e.max) for e in els]
+    limit = lanes if lanes > n_run else n_run
+    n = len(jobs)
+    order = sorted([(tops[i], i) for i in range(min(n, limit))])
+    nxt = len(order)
+    join = 0.0 if n_run < nxt else math.inf
+    speed = [0.0] * n
+    t = cost = 0.0
+    while order:
+        room, count = cap, len(order)
+        for top, i in order:
+            w = min(top, room / count)
+            speed[i] = els[i].speedup.factor(w) if w > 0 else 0.0
+            room -= w
+            count -= 1
+        if measured is not None:
+            eff = _efficiency(measured, base + cap - room)
+            for _, i in order:
+                speed[i] *= eff
+        dt = min((left[i] / speed[i] for _, i in order if speed[i] > 0.0), default=math.inf)
+        if dt == math.inf:
+            return math.inf, join
+        t += dt
+        still = []
+        for job in order:
+            i = job[1]
+            left[i] -= dt * speed[i]
+            if left[i] <= 1e-9 * (1.0 + t):
+                cost += t
+            else:
+                still.append(job)
+        order = still
+        while len(order) < limit and nxt < n:
+            if nxt == n_run:
+                join = t
+            bisect.insort(order, (tops[nxt], nxt))
+            nxt += 1
+    return cost, join
+
+
+ELS = [Elasticity(1, 4, speedup=Speedup(0.6)), Elasticity(1, 8, speedup=Speedup(0.7)),
+       Elasticity(2, 8, speedup=Speedup(0.9)), Elasticity(0.5, 2, speedup=Speedup(0.95))]
+
+
+def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return all(u == v or abs(u - v) <= 1e-12 * max(abs(u), abs(v)) for u, v in zip(a, b, strict=True))
+
+
+def test_the_incremental_model_prices_every_lane_count_as_the_step_by_step_one() -> None:
+    rng = random.Random(40)
+    node = NodeSpec("n0", Resources(cpu=64, memory_mb=8192), pool="cpu",
+                    parallel_speedup=((2.0, 1.6), (8.0, 5.0), (64.0, 30.0)))
+    checked = 0
+    for trial in range(600):
+        n_run = rng.randint(0, 40)
+        kinds = ELS[:rng.randint(1, len(ELS))]
+        runs = sorted(((rng.choice([rng.uniform(0.001, 50.0), 3.0]), rng.choice(kinds))
+                       for _ in range(n_run)), key=lambda j: j[0])
+        jobs = runs + [(rng.uniform(0.01, 30.0), rng.choice(ELS))] * rng.randint(1, 5)
+        cap = rng.choice([8.0, 16.0, 64.0, rng.uniform(1.0, 64.0)])
+        for lanes in (n_run, n_run + 1, n_run + 3, len(jobs)):
+            want = REFERENCE(cap, lanes, jobs, n_run)
+            got = _fluid(cap, lanes, jobs, n_run)
+            assert _close(got, want), (trial, lanes, got, want)
+            if trial % 3 == 0:  # a measured node: useful widths, every speed scaled
+                want = REFERENCE(cap, lanes, jobs, n_run, node, 64.0 - cap)
+                got = _fluid(cap, lanes, jobs, n_run, node, 64.0 - cap)
+                assert _close(got, want), (trial, lanes, got, want)
+            checked += 1
+    assert checked == 2400
