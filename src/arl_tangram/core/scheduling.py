@@ -152,18 +152,7 @@ class SchedulingPass:
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
             aged, _, key, rec = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
-                # cheap first test: more CPU than any freed node has cannot fit
-                if rec.elastic and self.st.elastic_policy:  # (its width decides where: elastic.py)
-                    placed = rec.cpu <= limit and self.elastic.place(rec)
-                else:
-                    placed = rec.cpu <= limit and self.placer.place_among(rec, local)
-                if placed:  # the freed nodes have less now: keep the cheap test exact
-                    local_cpu = -1.0
-                    for n in local:
-                        c = n.free.get(CPU, 0.0)
-                        if c > local_cpu:
-                            local_cpu = c
-                    limit = local_cpu + 1e-9
+                placed, limit = self.try_local(rec, local, limit)
             else:
                 placed = self.try_place(rec, key)
             if placed:
@@ -214,17 +203,7 @@ class SchedulingPass:
             if not h:
                 del heaps[tenant]
             if local is not None and type(key) is ShapeKey and key not in touched:
-                if rec.elastic and st.elastic_policy:  # (its width decides where: elastic.py)
-                    placed = rec.cpu <= limit and self.elastic.place(rec)
-                else:
-                    placed = rec.cpu <= limit and self.placer.place_among(rec, local)
-                if placed:  # the freed nodes have less now: keep the cheap test exact
-                    local_cpu = -1.0
-                    for n in local:
-                        c = n.free.get(CPU, 0.0)
-                        if c > local_cpu:
-                            local_cpu = c
-                    limit = local_cpu + 1e-9
+                placed, limit = self.try_local(rec, local, limit)
             else:
                 placed = self.try_place(rec, key)
             if placed:
@@ -237,6 +216,23 @@ class SchedulingPass:
                     heapq.heappush(h2, (e[0], e[1], key, nxt))
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
+
+    def try_local(self, rec: ActionRecord, local: list[NodeState], limit: float) -> tuple[bool, float]:
+        """Try a shared-pool head untouched by this event on the freed nodes ``local`` only,
+        after the cheap test (more CPU than ``limit``, the most any of them has, cannot fit);
+        returns whether it was placed and the limit, lowered to what they have left after."""
+        if rec.elastic and self.st.elastic_policy:  # (its width decides where: elastic.py)
+            placed = rec.cpu <= limit and self.elastic.place(rec)
+        else:
+            placed = rec.cpu <= limit and self.placer.place_among(rec, local)
+        if placed:  # the freed nodes have less now: keep the cheap test exact
+            most = -1.0
+            for n in local:
+                c = n.free.get(CPU, 0.0)
+                if c > most:
+                    most = c
+            limit = most + 1e-9
+        return placed, limit
 
     def try_place(self, rec: ActionRecord, key: QueueKey) -> bool:
         spec = rec.spec
