@@ -454,6 +454,222 @@ def retrieve_request(payload: Mapping[str, Any]) -> RetrieveRequest:
     return RetrieveRequest(query=q, topk=topk)
 
 
+# ---- judge generation (a generative judge, kind genjudge): its engine host ----------------------
+
+JUDGE_ROUTES = ("chat/completions", "completions")  # an OpenAI-style completion's engine routes
+JUDGE_ROLES = ("system", "user", "assistant")
+_SAMPLING_KEYS = ("max_tokens", "n", "temperature", "top_p", "seed", "stop", "presence_penalty",
+                  "frequency_penalty", "ignore_eos")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """One message of a chat a judge reads."""
+
+    role: str  # system | user | assistant
+    content: str
+
+    def wire(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """What an OpenAI-style completion asks of the engine's sampler (None: the engine's own
+    default). The edge (`api/openai_compat.py`) checks the ranges against the model."""
+
+    max_tokens: int  # generated tokens at most, per choice
+    n: int = 1  # choices
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop sequences
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool | None = None  # vLLM's extension: generate max_tokens whatever comes
+
+    def body(self) -> dict[str, Any]:
+        """The engine request's sampling fields, the ones set."""
+        d: dict[str, Any] = {"max_tokens": self.max_tokens, "n": self.n}
+        for k in _SAMPLING_KEYS[2:]:
+            v = getattr(self, k)
+            if v is not None and k != "stop":
+                d[k] = v
+        if self.stop:
+            d["stop"] = list(self.stop)
+        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JudgeRequest(Mapping[str, Any]):
+    """A generative judge's action (JUDGE kind on a model of kind genjudge), in one of two forms.
+
+    A judgement (``route`` None): ``messages`` (a chat judged as given), or ``prompt`` and
+    ``response``, or ``query`` (the response alone), formatted by the model's template and
+    generated with the model's own sampling; its verdict read by the model's rule
+    (`managers.gpu.verdict`). A completion (``route`` one of `JUDGE_ROUTES`, OpenAI's
+    passthrough, `api/openai_compat.py`): ``messages`` (chat) or ``prompt`` (completions, one
+    text or several) generated with ``sampling``, the engine's answer returned as it is."""
+
+    messages: tuple[ChatTurn, ...] | None = None
+    prompt: str | tuple[str, ...] | None = None
+    response: str | None = None
+    query: str | None = None
+    route: str | None = None  # None: a judgement; else the completion's engine route
+    sampling: Sampling | None = None  # a completion's (required with a route)
+
+    def __post_init__(self) -> None:
+        if self.route is not None:
+            if self.route not in JUDGE_ROUTES:
+                raise InvalidAction("payload.openai.route", f"one of {', '.join(JUDGE_ROUTES)}")
+            if self.sampling is None:
+                raise InvalidAction("payload.openai.body.max_tokens", "is required")
+            chat = self.route == "chat/completions"
+            if chat and not self.messages:
+                raise InvalidAction("payload.openai.body.messages", "must not be empty")
+            if not chat and not self.prompt:
+                raise InvalidAction("payload.openai.body.prompt", "must not be empty")
+        elif not self.messages and self.response is None and self.query is None:
+            raise InvalidAction("payload", "needs query, prompt and response, or messages")
+
+    def openai_body(self) -> dict[str, Any]:
+        """A completion's engine request body (without ``model``: the instance's name)."""
+        assert self.sampling is not None
+        body = self.sampling.body()
+        if self.route == "chat/completions":
+            body["messages"] = [m.wire() for m in self.messages or ()]
+        else:
+            body["prompt"] = list(self.prompt) if isinstance(self.prompt, tuple) else self.prompt
+        return body
+
+    def wire(self) -> dict[str, Any]:
+        """The payload as a native caller writes it (``{"openai": {"route", "body"}}`` for a
+        completion)."""
+        if self.route is not None:
+            return {"openai": {"route": self.route, "body": self.openai_body()}}
+        d: dict[str, Any] = {}
+        if self.messages is not None:
+            d["messages"] = [m.wire() for m in self.messages]
+        for k in ("prompt", "response", "query"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = list(v) if isinstance(v, tuple) else v
+        return d
+
+    # (the read-only Mapping of the wire shape, `wire`)
+    def __getitem__(self, key: str) -> Any:
+        return self.wire()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.wire())
+
+    def __len__(self) -> int:
+        return len(self.wire())
+
+
+def _text(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise InvalidAction(where, f"must be a string, got {type(v).__name__}")
+    return v
+
+
+def _turns(msgs: Any, where: str) -> tuple[ChatTurn, ...]:
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidAction(where, "must be a non-empty list")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping) or not isinstance(m.get("content"), str) \
+                or m.get("role") not in JUDGE_ROLES:
+            raise InvalidAction(f"{where}[{i}]", "needs role (system|user|assistant) and "
+                                                 "content (a string)")
+        out.append(ChatTurn(str(m["role"]), str(m["content"])))
+    return tuple(out)
+
+
+def _sampling(body: Mapping[str, Any], where: str) -> Sampling:
+    kw: dict[str, Any] = {}
+    for k in ("max_tokens", "n", "seed"):
+        v = body.get(k)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "seed" else 1):
+                raise InvalidAction(f"{where}.{k}", f"must be an integer >= "
+                                                    f"{0 if k == 'seed' else 1}, got {v!r}")
+            kw[k] = v
+    if "max_tokens" not in kw:
+        raise InvalidAction(f"{where}.max_tokens", "is required (an integer >= 1)")
+    for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        v = body.get(k)
+        if v is not None:
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise InvalidAction(f"{where}.{k}", f"must be a finite number, got {v!r}")
+            kw[k] = float(v)
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+            raise InvalidAction(f"{where}.stop", "must be a string or a list of strings")
+        kw["stop"] = tuple(stops)
+    eos = body.get("ignore_eos")
+    if eos is not None:
+        if not isinstance(eos, bool):
+            raise InvalidAction(f"{where}.ignore_eos", f"must be a boolean, got {eos!r}")
+        kw["ignore_eos"] = eos
+    return Sampling(**kw)
+
+
+def judge_request(payload: Mapping[str, Any]) -> JudgeRequest:
+    """``payload`` as a typed request: itself when it is one, else parsed (a native or library
+    caller's mapping, or a `ScoreRequest` sent to a generative judge): ``messages``, or
+    ``prompt`` and ``response``, or ``query``; or ``{"openai": {"route", "body"}}``, a
+    completion whose body holds ``messages`` or ``prompt`` and the sampling fields
+    (`Sampling`). InvalidAction naming the field at fault (``payload.messages[0]``,
+    ``payload.openai.body.stop``, an unknown body field, ...)."""
+    if isinstance(payload, JudgeRequest):
+        return payload
+    if not isinstance(payload, Mapping):
+        raise InvalidAction("payload", "must be an object")
+    raw = payload.get("openai")
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            raise InvalidAction("payload.openai", "must be a mapping with route and body")
+        route, body = raw.get("route"), raw.get("body")
+        if route not in JUDGE_ROUTES:
+            raise InvalidAction("payload.openai.route", f"one of {', '.join(JUDGE_ROUTES)}")
+        where = "payload.openai.body"
+        if not isinstance(body, Mapping):
+            raise InvalidAction(where, "must be a mapping")
+        chat = route == "chat/completions"
+        text_key = "messages" if chat else "prompt"
+        unknown = sorted(set(body) - {*_SAMPLING_KEYS, text_key, "model"})
+        if unknown:
+            raise InvalidAction(f"{where}.{unknown[0]}", "not a field this route passes on "
+                                f"({', '.join((text_key, *_SAMPLING_KEYS))})")
+        if chat:
+            return JudgeRequest(route=route, messages=_turns(body.get("messages"),
+                                                             f"{where}.messages"),
+                                sampling=_sampling(body, where))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = tuple(_text(x, f"{where}.prompt[{i}]") for i, x in enumerate(prompt))
+        elif prompt is not None:
+            prompt = _text(prompt, f"{where}.prompt")
+        return JudgeRequest(route=route, prompt=prompt, sampling=_sampling(body, where))
+    msgs = payload.get("messages")
+    if msgs is not None:
+        return JudgeRequest(messages=_turns(msgs, "payload.messages"))
+    if "response" in payload:
+        prompt, response = payload.get("prompt", ""), payload["response"]
+    elif "query" in payload:
+        prompt, response = None, payload["query"]
+    else:
+        raise InvalidAction("payload", "needs query, prompt and response, or messages")
+    if (prompt is not None and not isinstance(prompt, str)) or not isinstance(response, str):
+        raise InvalidAction("payload", "prompt, response and query must be strings")
+    if "response" in payload:
+        return JudgeRequest(prompt=prompt, response=response)
+    return JudgeRequest(query=response)
+
+
 # ---- search, fetch, http (a declared provider): the API manager ---------------------------------
 
 
@@ -489,20 +705,25 @@ __all__ = [
     "DEFAULT_MEMORY_MB",
     "DEFAULT_TOPK",
     "EDGE_GRACE_S",
+    "JUDGE_ROUTES",
     "REPLY_GRACE_S",
     "Case",
     "CaseResult",
+    "ChatTurn",
     "CodeRequest",
     "CommandRunStatus",
+    "JudgeRequest",
     "ProviderRequest",
     "RetrieveRequest",
     "RunResult",
     "RunStatus",
+    "Sampling",
     "ScoreRequest",
     "StageResult",
     "Timeouts",
     "code_request",
     "code_timeouts",
+    "judge_request",
     "parse_code",
     "provider_request",
     "retrieve_request",

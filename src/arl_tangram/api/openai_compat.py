@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.actions import ActionKind, ActionSpec, Status, WorkHints
 from ..core.errors import BrokenError, InvalidAction
 from ..core.resources import Resources
+from ..kinds import ChatTurn, JudgeRequest, Sampling
 from .middleware import TENANT_KEY
 from .translate import new_id
 
@@ -85,8 +86,8 @@ def _text_of(content: str | list[dict[str, Any]], i: int) -> str:
     return "".join(parts)
 
 
-def _body(svc: Any, req: _Common) -> tuple[str, dict[str, Any], int]:
-    """The judge model's name, the request body for its engine, and max_tokens; InvalidAction
+def _sampling(svc: Any, req: _Common) -> tuple[str, Sampling]:
+    """The judge model's name and the request's sampling (`kinds.Sampling`); InvalidAction
     naming the field when the request cannot be served."""
     spec = svc.config.model(req.model)
     if spec is None:
@@ -104,28 +105,22 @@ def _body(svc: Any, req: _Common) -> tuple[str, dict[str, Any], int]:
     if asked is not None and asked >= ctx:
         raise InvalidAction(field, f"{asked} tokens: the model {req.model!r} has a context of "
                                    f"{ctx} tokens (max_tokens must be below it)")
-    max_tokens = asked if asked is not None else min(DEFAULT_MAX_TOKENS, ctx // 2)
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > MAX_STOP:
         raise InvalidAction("stop", f"at most {MAX_STOP} stop sequences, got {len(stop)}")
-    body: dict[str, Any] = {"max_tokens": max_tokens, "n": req.n}
-    for k in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
-              "ignore_eos"):
-        v = getattr(req, k)
-        if v is not None:
-            body[k] = v
-    if stop:
-        body["stop"] = stop
-    return spec.name, body, max_tokens
+    return spec.name, Sampling(
+        max_tokens=asked if asked is not None else min(DEFAULT_MAX_TOKENS, ctx // 2), n=req.n,
+        temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=tuple(stop or ()),
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        ignore_eos=req.ignore_eos)
 
 
-async def _run(svc: Any, request: Request, name: str, route: str, body: dict[str, Any],
+async def _run(svc: Any, request: Request, name: str, req: JudgeRequest,
                tokens: int) -> dict[str, Any]:
     t = request.scope.get(TENANT_KEY)
     tenant = t if isinstance(t, str) else None
     spec = ActionSpec(id=new_id(), kind=ActionKind.JUDGE, demand=Resources(), model=name,
-                      task="judge", payload={"openai": {"route": route, "body": body}},
-                      hints=WorkHints(items=1, tokens=tokens))
+                      task="judge", payload=req, hints=WorkHints(items=1, tokens=tokens))
     if tenant is not None:
         svc.tenancy.admit(tenant, [spec])
     svc.engine.submit_nowait([spec])
@@ -181,11 +176,11 @@ def add_routes(app: FastAPI, svc: Any) -> None:
     async def chat_completions(body: ChatIn, request: Request) -> Response:
         if not body.messages:
             raise InvalidAction("messages", "must not be empty")
-        name, out, tokens = _body(svc, body)
-        out["messages"] = [{"role": "system" if m.role == "developer" else m.role,
-                            "content": _text_of(m.content, i)}
-                           for i, m in enumerate(body.messages)]
-        raw = await _run(svc, request, name, "chat/completions", out, tokens * body.n)
+        name, sampling = _sampling(svc, body)
+        req = JudgeRequest(route="chat/completions", sampling=sampling, messages=tuple(
+            ChatTurn("system" if m.role == "developer" else m.role, _text_of(m.content, i))
+            for i, m in enumerate(body.messages)))
+        raw = await _run(svc, request, name, req, sampling.max_tokens * body.n)
         return JSONResponse(chat_response(name, raw))
 
     @app.post("/v1/completions", tags=["judge"], responses=_RESPONSES)
@@ -196,7 +191,8 @@ def add_routes(app: FastAPI, svc: Any) -> None:
         if len(prompts) * body.n > MAX_N:
             raise InvalidAction("prompt", f"{len(prompts)} prompts x n={body.n}: at most {MAX_N} "
                                           "completions per request")
-        name, out, tokens = _body(svc, body)
-        out["prompt"] = body.prompt
-        raw = await _run(svc, request, name, "completions", out, tokens * body.n * len(prompts))
+        name, sampling = _sampling(svc, body)
+        req = JudgeRequest(route="completions", sampling=sampling,
+                           prompt=body.prompt if isinstance(body.prompt, str) else tuple(prompts))
+        raw = await _run(svc, request, name, req, sampling.max_tokens * body.n * len(prompts))
         return JSONResponse(completion_response(name, raw))

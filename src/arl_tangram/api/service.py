@@ -24,7 +24,7 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
 from ..core.images import check_name
 from ..core.resources import Resources
-from ..kinds import ScoreRequest, code_timeouts
+from ..kinds import ScoreRequest, code_timeouts, judge_request
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
@@ -102,6 +102,7 @@ class Service:
                     if isinstance(p.payload, dict) and "source" in p.payload:
                         sources[p.id] = p.payload["source"]
                 parts = [provider_action(self.engine, p, f"actions[{i}]", tenant) for p in parts]
+            parts = [self._typed(p, f"actions[{i}]") for p in parts]
             for p in parts:
                 self._check_dims(p.demand, f"actions[{i}].demand")
                 self._check_model(p, f"actions[{i}].model", tenant)
@@ -113,6 +114,17 @@ class Service:
             raise InvalidAction("actions", f"{len(flat)} actions with their models fanned out, "
                                 f"at most {self.config.limits.max_batch} per request")
         return flat, per_request, sources
+
+    def _typed(self, spec: ActionSpec, where: str) -> ActionSpec:
+        """``spec`` carrying its typed request where its kind has one here: a generative
+        judge's (`kinds.judge_request`: InvalidAction naming ``<where>.payload...``)."""
+        m = self.config.model(spec.model) if spec.model is not None else None
+        if m is None or m.kind != "genjudge":
+            return spec
+        try:
+            return dataclasses.replace(spec, payload=judge_request(spec.payload))
+        except InvalidAction as exc:
+            raise InvalidAction(f"{where}.{exc.field}", str(exc).split(": ", 1)[1]) from None
 
     def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> None:
         """An action's ``payload.image`` as the tenant means it (its own, or a shared one)."""

@@ -10,15 +10,17 @@ its actions sent as concurrent requests: the engine's scheduler admits them into
 running (continuous batching), so several RunBatch of one instance run at once (the core sends
 up to ``ModelSpec.max_seqs`` actions in flight, which is also the engine's ``--max-num-seqs``).
 
-Generative judging: the payload (``query`` or ``prompt`` + ``response``, or ``messages``) is
-formatted by ``options.template``, sent as a chat (``chat_template: true``, the model's own
+Generative judging: the payload (`kinds.JudgeRequest`, typed at the edge; a library caller's
+mapping parsed here by `kinds.judge_request`: ``query`` or ``prompt`` + ``response``, or
+``messages``) is formatted by ``options.template``, sent as a chat (``chat_template: true``, the model's own
 template) or a plain completion, generated up to ``max_tokens``, and the verdict read by the
 configured rule (verdict.py). The output: ``score``, ``verdict`` (what the rule found),
 ``reasoning`` (the generated text), ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
 ``model``. No verdict: the action fails, naming the rule and the tokens generated
 (``on_no_verdict: fail``, the default), or gets the configured score with ``verdict: null``.
-An ``{"openai": {"route", "body"}}`` payload is an OpenAI-style request passed through as it is
-(api/openai_compat.py); its output is ``{"openai": <the engine's response>}``.
+A completion (`JudgeRequest.route` set; ``{"openai": {"route", "body"}}`` as a mapping) is an
+OpenAI-style request sent as its typed fields say (`JudgeRequest.openai_body`,
+api/openai_compat.py); its output is ``{"openai": <the engine's response>}``.
 
 Supervision: a process per instance gives fault isolation -- a crash, ``kill -9`` or the OOM
 killer ends one engine, never the service. An engine whose process exits, or that stops answering
@@ -54,6 +56,7 @@ import httpx
 from ...core.actions import ActionSpec
 from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError, ClosedError
+from ...kinds import JudgeRequest, judge_request
 from .config import BatchOutcome
 from .verdict import VerdictRule, parse
 
@@ -64,7 +67,6 @@ DEFAULT_TEMPLATE = (
     "Is the response correct? Think briefly, then give your final answer as \\boxed{{yes}} "
     "or \\boxed{{no}}."
 )
-ROUTES = ("chat/completions", "completions")
 
 
 class EngineDied(BrokenError):
@@ -200,29 +202,19 @@ def _tail(path: str, n: int = 12) -> str:
     return "\n".join(keep[-n:])
 
 
-def judge_messages(spec: ModelSpec, opts: JudgeOptions, payload: Mapping[str, Any]) -> list[dict[str, str]] | str:
-    """The chat messages (``chat_template``) or the prompt text of a judge payload; ValueError
-    naming the payload field when it is unusable."""
-    msgs = payload.get("messages")
-    if msgs is not None:
-        if not isinstance(msgs, list) or not msgs:
-            raise ValueError("payload.messages: must be a non-empty list")
-        out = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, Mapping) or not isinstance(m.get("content"), str) \
-                    or m.get("role") not in ("system", "user", "assistant"):
-                raise ValueError(f"payload.messages[{i}]: needs role (system|user|assistant) "
-                                 "and content (a string)")
-            out.append({"role": str(m["role"]), "content": str(m["content"])})
+def judge_messages(spec: ModelSpec, opts: JudgeOptions,
+                   payload: Mapping[str, Any]) -> list[dict[str, str]] | str:
+    """The chat messages (``chat_template``) or the prompt text of a judgement (its typed
+    request, `kinds.JudgeRequest`; a plain mapping is parsed as one: InvalidAction, a
+    ValueError, naming the payload field when it is unusable)."""
+    req = judge_request(payload)
+    if req.messages is not None:
+        out = [m.wire() for m in req.messages]
         return out if opts.chat_template else "\n".join(m["content"] for m in out)
-    if "response" in payload:
-        prompt, response = payload.get("prompt", ""), payload["response"]
-    elif "query" in payload:
-        prompt, response = "", payload["query"]
+    if req.response is not None:
+        prompt, response = req.prompt if isinstance(req.prompt, str) else "", req.response
     else:
-        raise ValueError("payload: needs query, prompt and response, or messages")
-    if not isinstance(prompt, str) or not isinstance(response, str):
-        raise ValueError("payload: prompt, response and query must be strings")
+        prompt, response = "", req.query or ""
     try:
         text = opts.template.format(prompt=prompt, response=response, query=response)
     except (KeyError, IndexError, ValueError) as exc:
@@ -408,12 +400,12 @@ class EngineJudgeHost:
         spec, opts = eng.spec, eng.opts
         if a.model is not None and a.model != spec.name:
             return None, f"action names model {a.model!r}; instance serves {spec.name!r}"
-        passthrough = a.payload.get("openai")
         try:
-            if passthrough is not None:
-                route, body = _passthrough(spec, passthrough)
+            req = judge_request(a.payload)  # (typed at the edge: itself)
+            if req.route is not None:
+                route, body = req.route, {**req.openai_body(), "model": spec.name}
             else:
-                route, body = self._judge_request(spec, opts, a.payload)
+                route, body = self._judge_request(spec, opts, req)
         except ValueError as exc:
             return None, f"bad payload: {exc}"
         assert eng.client is not None
@@ -427,13 +419,13 @@ class EngineJudgeHost:
         eng.served += 1
         data = r.json()
         data["model"] = spec.name
-        if passthrough is not None:
+        if req.route is not None:
             return {"openai": data, "model": spec.name}, ""
         return self._verdict(spec, opts, route, data)
 
     def _judge_request(self, spec: ModelSpec, opts: JudgeOptions,
-                       payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        got = judge_messages(spec, opts, payload)
+                       req: JudgeRequest) -> tuple[str, dict[str, Any]]:
+        got = judge_messages(spec, opts, req)
         body: dict[str, Any] = {"model": spec.name, "max_tokens": opts.max_tokens,
                                 "temperature": opts.temperature}
         if opts.seed is not None:
@@ -591,13 +583,3 @@ class EngineJudgeHost:
         for iid in list(self._engines):
             await self.unload(iid, park=False)
 
-
-def _passthrough(spec: ModelSpec, raw: Any) -> tuple[str, dict[str, Any]]:
-    if not isinstance(raw, Mapping):
-        raise ValueError("payload.openai: must be a mapping with route and body")
-    route, body = raw.get("route"), raw.get("body")
-    if route not in ROUTES:
-        raise ValueError(f"payload.openai.route: one of {', '.join(ROUTES)}")
-    if not isinstance(body, Mapping):
-        raise ValueError("payload.openai.body: must be a mapping")
-    return str(route), {**dict(body), "model": spec.name}
