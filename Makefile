@@ -48,8 +48,12 @@ system-deps:
 demo: install
 	$(BIN)/tangram demo
 
+# TEST_COVERAGE=FILE: the same run under coverage (pyproject's [tool.coverage.run]), each test's
+# lines under its node id (tests/_coverage_context.py), written to FILE: .ci/run hands it to the
+# check of changed lines (scripts/mutation_diff.py --coverage FILE)
 test: install system-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python $(if $(TEST_COVERAGE),-m coverage run --data-file=$(TEST_COVERAGE)) \
+		-m pytest -q -p no:cacheprovider
 
 # ruff, mypy, and the import contracts between the rooms (pyproject.toml [tool.importlinter])
 lint: install
@@ -63,11 +67,14 @@ lint: install
 mutation: install
 	$(BIN)/python scripts/mutation.py $(MUTANTS) $(if $(MUTATION_TESTS),--tests $(MUTATION_TESTS))
 
-# The mutants of the lines the last commit (or MUTATION_BASE..HEAD) changed, against the tests of
-# their room, within MUTATION_DIFF_BUDGET_S (240 s); fails on a changed line no test reaches or
-# a surviving mutant (scripts/mutation_diff.py, docs/testing.md section 5)
+# The mutants of the lines changed since .ci/mutation-base (or MUTATION_BASE..HEAD), against the
+# tests that reach them, within MUTATION_DIFF_BUDGET_S (240 s); fails on a changed line no test
+# reaches or a surviving mutant (scripts/mutation_diff.py, docs/testing.md section 5). Here it
+# measures the rooms' tests itself; MUTATION_COVERAGE=FILE reads a `make test TEST_COVERAGE=FILE`
+# run's data instead, as .ci/run does.
 mutation-diff: install
-	$(BIN)/python scripts/mutation_diff.py $(if $(MUTATION_BASE),--base $(MUTATION_BASE))
+	$(BIN)/python scripts/mutation_diff.py $(if $(MUTATION_BASE),--base $(MUTATION_BASE)) \
+		$(if $(MUTATION_COVERAGE),--coverage $(MUTATION_COVERAGE))
 
 bench: install
 	$(BIN)/python benchmarks/bench_core.py

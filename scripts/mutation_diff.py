@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""`make mutation-diff`: the mutants of the lines a change touched, against the tests of their
-room, in a copy of the committed tree (issue 43 item 3; docs/testing.md).
+"""`make mutation-diff`, and `.ci/run`'s check of changed lines: the mutants of the lines a
+change touched, against the tests that reach them, in a copy of the committed tree (issue 43
+item 3; docs/testing.md section 5).
 
-usage: scripts/mutation_diff.py [--base REV] [--head REV] [--budget S] [--max-mutants N] [--keep]
+usage: scripts/mutation_diff.py [--base REV] [--head REV] [--coverage FILE] [--budget S]
+                                [--measure-budget S] [--max-mutants N] [--keep]
 
-  --base REV     what the change is measured against (default: $MUTATION_BASE, else HEAD~1: the
-                 landed commit before HEAD, HEAD's first parent -- in CI, a fresh clone of main,
-                 that is the previous landing; for a branch of several commits give
-                 `--base $(git merge-base HEAD origin/main)`)
-  --budget S     hard cap on the whole run in seconds (default 240, $MUTATION_DIFF_BUDGET_S)
+  --base REV     what the change is measured against. Default: $MUTATION_BASE, else the commit
+                 in `.ci/mutation-base` (the commit the session that lands this change started
+                 from: a landing is many commits), else HEAD~1, saying so. A base not in this
+                 clone (a shallow clone) skips the check, saying so; one that is not an
+                 ancestor of HEAD is replaced by their merge base, saying so.
+  --coverage FILE  the coverage data of the suite's own run (`make test TEST_COVERAGE=FILE`,
+                 as `.ci/run` does), each test's lines under its node id
+                 (tests/_coverage_context.py): which tests reach a changed line is read there,
+                 with no coverage run of the check's own (see 2.)
+  --budget S     hard cap on the mutants' runs in seconds (default 240, $MUTATION_DIFF_BUDGET_S)
+  --measure-budget S  hard cap on the check's own coverage runs (default 600,
+                 $MUTATION_DIFF_MEASURE_S)
   --max-mutants N  at most this many mutants, the first ones in file and line order (default 40)
   --keep         keep the copy
 
@@ -18,21 +27,27 @@ the core runs as pure Python there, ARL_TANGRAM_PURE=1):
 1. the lines HEAD added or changed against the base in src/arl_tangram/**.py (`git diff -U0`),
    each mapped to the statement it belongs to (a continued line to its statement's first line;
    docstrings, comments, blank lines, `def`/`class`/`import` lines are not statements run);
-2. the tests of each file's room (`_ROOMS`: src/arl_tangram/core -> tests/core, ...; of those,
-   the files that name the module, e.g. ``jupyter``, where some do) run once under coverage, recording which test reached which line (a pytest plugin switches coverage's
-   context per test id); a changed statement no test of its room reaches FAILS the check, named
-   with file and line -- except in code that runs only in child processes coverage does not
-   follow (the fork server and the sandbox: `_CHILD_ONLY`), which is listed as not measured;
-3. for each changed statement, mutants (a comparison's operator flipped, + and -, * and /, `and`
-   and `or` swapped, a number + 1, True/False swapped, a `not` dropped, a return value None),
-   each run against only the tests that reached its line (`pytest -x`); a mutant that survives
-   FAILS the check, unless its line says `# pragma: no mutate` (mutmut's own marker: a mutant
-   shown equivalent).
+2. which tests reach each changed statement: from --coverage's data where it measured the file
+   as HEAD has it; else (no --coverage, a mypyc-compiled core module -- coverage cannot see
+   compiled lines --, or a file that differs from HEAD's in the measured tree) from one coverage
+   run of the tests of its room (`_ROOMS`: src/arl_tangram/core -> tests/core, ...; of those, the
+   files that name the module, e.g. ``jupyter``, where some do), pure Python, in the copy, a
+   plugin switching coverage's context per test id. A changed statement no test reaches FAILS
+   the check, named with file and line -- except in code that runs only in child processes
+   coverage does not follow (the fork server, the sandbox, the reaper: `_CHILD_ONLY`), listed
+   as not measured. A line run only at import (module and class bodies) counts as reached by
+   its room's tests that name the module;
+3. for each reached changed statement, mutants (a comparison's operator flipped, + and -, * and
+   /, `and` and `or` swapped, a number + 1, True/False swapped, a `not` dropped, a return value
+   None), each run against only the tests that reached its line (its room's first; `pytest -x`,
+   a parametrized test whole); a mutant that survives FAILS the check, unless its line says
+   `# pragma: no mutate` (mutmut's own marker: a mutant shown equivalent).
 
-Exit 0: nothing to do (no changed Python lines of the package) or every changed statement was
-reached and every mutant run was caught; 1: a changed statement no test reaches, or a mutant
-that survived; 2: bad use or the tests of a room failed unmutated. Past the budget, the mutants
-not yet run are listed as not run and do not fail the check (the check never fails for time).
+Exit 0: nothing to do (no changed Python lines of the package), or every changed statement was
+reached and no mutant run survived; 1: a changed statement no test reaches, or a mutant that
+survived; 2: bad use. The check never fails for time or load: past a budget what is left is
+listed as not run (not measured), and when a room's tests fail unmutated in the copy (a flaky
+test under load) their reach still counts but the room's mutants are not run, saying so.
 """
 
 from __future__ import annotations
@@ -71,7 +86,10 @@ _ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("src/arl_tangram/", ("tests",)),
 )
 # Code that runs only in processes coverage does not follow (the fork server and what it forks).
-_CHILD_ONLY = ("src/arl_tangram/managers/cpu/zygote/", "src/arl_tangram/managers/cpu/sandbox/")
+_CHILD_ONLY = ("src/arl_tangram/managers/cpu/zygote/", "src/arl_tangram/managers/cpu/sandbox/",
+               "src/arl_tangram/managers/cpu/reaper/server.py",
+               "src/arl_tangram/managers/gpu/_preload.py")
+BASE_FILE = ".ci/mutation-base"
 PRAGMA = "pragma: no mutate"
 
 # The pytest plugin the coverage run loads (-p): one coverage context per test id.
@@ -85,8 +103,8 @@ def pytest_runtest_setup(item):
         cov.switch_context(item.nodeid)
 '''
 
-def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+def git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd or ROOT, check=True, capture_output=True,
                           text=True).stdout
 
 
@@ -266,28 +284,108 @@ def _pytest(work: Path, args: list[str], env: dict[str, str], timeout: float,
 
 
 # Tests of the build, not of behaviour: the copy has no compiled core (it runs pure Python).
-_IGNORE = ("--ignore=tests/core/test_native.py",)
+_IGNORED = ("tests/core/test_native.py",)
+_IGNORE = tuple(f"--ignore={t}" for t in _IGNORED)
+
+
+def resolve_base(arg: str | None, root: Path | None = None) -> tuple[str, str]:
+    """The base to diff against and where it came from: ``arg`` (--base or $MUTATION_BASE),
+    else the commit `.ci/mutation-base` names (its first line that is not blank or a comment),
+    else HEAD~1."""
+    if arg:
+        return arg, "given"
+    f = (root or ROOT) / BASE_FILE
+    if f.is_file():
+        for line in f.read_text().splitlines():
+            word = line.split("#", 1)[0].strip()
+            if word:
+                return word, BASE_FILE
+    return "HEAD~1", f"no {BASE_FILE}: HEAD~1, the last commit alone"
+
+
+def _stem_tests(nodeids: set[str], room: list[str]) -> list[str]:
+    """Node ids -> the tests to run: a parametrized test whole (its ids can hold anything), the
+    room's files first."""
+    ids = {n.split("[", 1)[0] for n in nodeids if n}
+    inroom = tuple(room)
+    return sorted(ids, key=lambda n: (not n.startswith(inroom), n))
+
+
+def suite_reach(cov_path: str, todo: dict[str, set[int]],
+                head_text: dict[str, str]) -> dict[str, dict[int, set[str]]]:
+    """From the suite's coverage data: file -> line -> the node ids that ran it (the empty
+    context, import time, as ""), for the files it measured as HEAD has them."""
+    import coverage
+
+    data = coverage.CoverageData(basename=cov_path)
+    data.read()
+    by_rel: dict[str, str] = {}
+    for f in data.measured_files():
+        k = f.rfind("/" + PKG)
+        if k >= 0:
+            by_rel[f[k + 1:]] = f
+    out: dict[str, dict[int, set[str]]] = {}
+    for p in todo:
+        f = by_rel.get(p)
+        if f is None:
+            continue
+        try:
+            same = Path(f).read_text() == head_text[p]
+        except OSError:
+            same = False
+        if same:
+            out[p] = {ln: set(cs) for ln, cs in data.contexts_by_lineno(f).items()}
+    return out
+
+
+def _compiled(path: str) -> bool:
+    """A core module mypyc compiled in this checkout (coverage sees none of its lines)."""
+    import importlib.machinery
+
+    f = ROOT / path
+    return path.startswith(PKG + "core/") and any(
+        f.with_name(f.stem + sfx).exists() for sfx in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default=os.environ.get("MUTATION_BASE") or "HEAD~1")
+    ap.add_argument("--base", default=os.environ.get("MUTATION_BASE") or None)
+    ap.add_argument("--coverage", default=None, metavar="FILE")
     ap.add_argument("--budget", type=float,
                     default=float(os.environ.get("MUTATION_DIFF_BUDGET_S") or 240))
+    ap.add_argument("--measure-budget", type=float,
+                    default=float(os.environ.get("MUTATION_DIFF_MEASURE_S") or 600))
     ap.add_argument("--max-mutants", type=int, default=40)
     ap.add_argument("--head", default="HEAD", help="the change's last commit (default HEAD)")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args(argv)
+    if a.coverage is not None and not Path(a.coverage).is_file():
+        print(f"mutation-diff: --coverage {a.coverage}: no such file (was the suite run with "
+              "`make test TEST_COVERAGE=FILE`?)", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
-    deadline = t0 + a.budget
+    rev, why = resolve_base(a.base)
     try:
-        base = git("rev-parse", "--verify", a.base + "^{commit}").strip()
+        head = git("rev-parse", "--verify", a.head + "^{commit}").strip()
     except subprocess.CalledProcessError:
-        print(f"mutation-diff: no base {a.base!r} (a first commit, or a shallow clone): skipped")
+        print(f"mutation-diff: --head {a.head!r} is not a commit here", file=sys.stderr)
+        return 2
+    try:
+        base = git("rev-parse", "--verify", rev + "^{commit}").strip()
+    except subprocess.CalledProcessError:
+        print(f"mutation-diff: base {rev!r} ({why}) is not in this clone (a shallow clone, or "
+              "a first commit): skipped")
         return 0
-    head = git("rev-parse", "--verify", a.head + "^{commit}").strip()
+    if why != "given":
+        print(f"mutation-diff: base {base[:10]} ({why})")
+    if subprocess.run(["git", "merge-base", "--is-ancestor", base, head], cwd=ROOT).returncode:
+        mb = git("merge-base", base, head).strip()
+        print(f"mutation-diff: base {base[:10]} is not an ancestor of {head[:10]}: "
+              f"their merge base {mb[:10]} instead")
+        base = mb
     changed = changed_lines(base, head)
     todo: dict[str, set[int]] = {}
+    head_text: dict[str, str] = {}
     for path, lines in sorted(changed.items()):
         text = git("show", f"{head}:{path}")
         stmts = statements(ast.parse(text))
@@ -295,18 +393,20 @@ def main(argv: list[str] | None = None) -> int:
         s = {stmts[ln] for ln in lines if ln in stmts and PRAGMA not in src_lines[ln - 1]}
         if s:
             todo[path] = s
+            head_text[path] = text
     print(f"mutation-diff: {base[:10]}..{head[:10]}: "
           f"{sum(len(v) for v in todo.values())} changed statements in {len(todo)} files")
     if not todo:
         print("mutation-diff: no changed statements of the package: nothing to check")
         return 0
+    suite = suite_reach(a.coverage, todo, head_text) if a.coverage else {}
     base_dir = os.environ.get("TMPDIR") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
     work = Path(tempfile.mkdtemp(prefix="tangram-mutdiff-", dir=base_dir))
     try:
         arch = subprocess.run(["git", "archive", head], cwd=ROOT, check=True,
                               capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(work)], input=arch, check=True)
-        return _run(work, todo, a, deadline, t0)
+        return _run(work, todo, suite, a, t0)
     finally:
         if a.keep:
             print(f"mutation-diff: the copy is kept in {work}")
@@ -314,72 +414,111 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(work: Path, todo: dict[str, set[int]], a: argparse.Namespace, deadline: float,
-         t0: float) -> int:
-    env = _env(work)
+def _measure(work: Path, paths: list[str], tests: list[str], env: dict[str, str],
+             deadline: float) -> tuple[dict[str, dict[int, set[str]]] | None, int]:
+    """One coverage run of ``tests`` in the copy, pure Python, a context per test: file -> line
+    -> node ids ("" for import time), and pytest's exit status (-1: past the deadline)."""
     (work / "_mutation_diff_plugin.py").write_text(_PLUGIN)
     cov_file = work / ".coverage.mutation-diff"
-    by_room: dict[tuple[str, ...], list[str]] = {}
-    for path in todo:
-        by_room.setdefault(room_of(path), []).append(path)
-    reached: dict[str, dict[int, set[str]]] = {}
-    unreached: list[str] = []
-    not_measured: list[str] = []
-    for room, paths in by_room.items():
-        tests = _mentioning(work, _expand(work, room), paths)
-        files = [str(work / p) for p in paths]
-        cenv = dict(env, PYTHONPATH=os.pathsep.join([str(work), str(work / "src")]))
-        # (under `coverage run`, so that what runs at import -- module and class bodies -- is
-        # seen too, with the empty context: reached by every test that imports it)
-        rc = _pytest(work, ["-p", "_mutation_diff_plugin", *tests], cenv,
-                     deadline - time.monotonic(),
-                     pre=["-m", "coverage", "run", f"--data-file={cov_file}",
-                          f"--include={','.join(files)}"], show=True)
-        if rc == -1:
-            print(f"mutation-diff: the tests of {' '.join(room)} ran past the budget: "
-                  "nothing measured (not failed)")
-            return 0
-        if rc not in (0, 5):
-            print(f"mutation-diff: the tests of {' '.join(room)} fail unmutated (rc {rc}); "
-                  "run them first", file=sys.stderr)
-            return 2
-        import coverage
+    cov_file.unlink(missing_ok=True)
+    files = [str(work / p) for p in paths]
+    cenv = dict(env, PYTHONPATH=os.pathsep.join([str(work), str(work / "src")]))
+    # (under `coverage run`, so that what runs at import -- module and class bodies -- is
+    # seen too, with the empty context)
+    rc = _pytest(work, ["-p", "_mutation_diff_plugin", *tests], cenv,
+                 deadline - time.monotonic(),
+                 pre=["-m", "coverage", "run", f"--data-file={cov_file}",
+                      f"--include={','.join(files)}"], show=True)
+    if rc == -1 or not cov_file.exists():
+        return None, rc
+    import coverage
 
-        data = coverage.CoverageData(basename=str(cov_file))
-        data.read()
-        for p in paths:
-            ctx = data.contexts_by_lineno(str(work / p))
-            # a line run at import only (the empty context): every selected test imports it
-            got = {ln: ({c for c in cs if c} or set(tests)) for ln, cs in ctx.items()}
-            reached[p] = got
-            for ln in sorted(todo[p]):
-                if got.get(ln):
-                    continue
-                (not_measured if p.startswith(_CHILD_ONLY) else unreached).append(f"{p}:{ln}")
-        cov_file.unlink(missing_ok=True)
+    data = coverage.CoverageData(basename=str(cov_file))
+    data.read()
+    out = {p: {ln: set(cs) for ln, cs in data.contexts_by_lineno(str(work / p)).items()}
+           for p in paths}
+    cov_file.unlink(missing_ok=True)
+    return out, rc
+
+
+def _run(work: Path, todo: dict[str, set[int]], suite: dict[str, dict[int, set[str]]],
+         a: argparse.Namespace, t0: float) -> int:
+    env = _env(work)
+    measure_deadline = time.monotonic() + a.measure_budget
+    room_tests: dict[str, list[str]] = {}  # file -> its room's tests that name it
+    reach: dict[str, dict[int, set[str]]] = {}
+    flaky: set[str] = set()  # files whose room's tests failed unmutated in the copy
+    not_measured: list[str] = []
+    own: dict[tuple[str, ...], list[str]] = {}
+    for path in todo:
+        room_tests[path] = _mentioning(work, _expand(work, room_of(path)), [path])
+        if path in suite:
+            reach[path] = suite[path]
+        else:
+            own.setdefault(room_of(path), []).append(path)
+    if suite:
+        print(f"mutation-diff: reach of {len(suite)} files from the suite's coverage data")
+    for room, paths in own.items():
+        why = "compiled core, measured pure" if all(map(_compiled, paths)) else "measured here"
+        tests = _mentioning(work, _expand(work, room), paths)
+        t1 = time.monotonic()
+        got, rc = _measure(work, paths, tests, env, measure_deadline)
+        print(f"mutation-diff: {len(paths)} files ({why}) by {len(tests)} test paths of "
+              f"{' '.join(room)}: {time.monotonic() - t1:.0f} s, rc {rc}")
+        if got is None:
+            print(f"mutation-diff: the tests of {' '.join(room)} ran past --measure-budget "
+                  f"({a.measure_budget:.0f} s): {', '.join(paths)} not measured (not failed)")
+            not_measured += [f"{p}:{ln}" for p in paths for ln in sorted(todo[p])]
+            continue
+        if rc not in (0, 5):
+            print(f"mutation-diff: the tests of {' '.join(room)} fail unmutated in the copy "
+                  f"(rc {rc}): their reach counts, their mutants are not run")
+            flaky.update(paths)
+        reach.update(got)
+    unreached: list[str] = []
+    for p in sorted(todo):
+        if p not in reach:
+            continue
+        by_line = reach[p]
+        for ln in sorted(todo[p]):
+            if by_line.get(ln):
+                continue
+            (not_measured if p.startswith(_CHILD_ONLY) else unreached).append(f"{p}:{ln}")
     for where in not_measured:
-        print(f"  not measured (runs in a child process): {where}")
+        print(f"  not measured: {where}")
     for where in unreached:
-        print(f"  UNREACHED: {where}: no test of its room runs this changed line")
+        print(f"  UNREACHED: {where}: no test runs this changed line")
     mutants: list[Mutant] = []
     for path, lines in sorted(todo.items()):
+        if path not in reach or path in flaky:
+            continue
         text = (work / path).read_text()
-        mutants += [m for m in mutants_of(path, text, lines) if reached[path].get(m.line)]
+        for m in mutants_of(path, text, lines):
+            ids = reach[path].get(m.line) or set()
+            if not ids:
+                continue
+            # a line run only at import: its room's tests that name the module
+            tests = _stem_tests(ids, room_tests[path]) if ids - {""} else room_tests[path]
+            m.tests = [t for t in tests if not t.startswith(_IGNORED)]
+            mutants.append(m)
     shown = mutants[:a.max_mutants]
+    deadline = time.monotonic() + a.budget
     for m in shown:
         left = deadline - time.monotonic()
         if left < 5:
             break
-        m.tests = sorted(reached[m.path][m.line])
-        p = work / m.path
-        orig = p.read_text()
-        p.write_text(m.source)
+        if not m.tests:
+            continue  # (not run: no test to run it against)
+        mod = work / m.path
+        orig = mod.read_text()
+        mod.write_text(m.source)
         try:
             rc = _pytest(work, ["-x", *m.tests], env, left)
         finally:
-            p.write_text(orig)
-        m.outcome = "caught" if rc not in (0, 5, -1) else ("survived" if rc in (0, 5)
-                                                             else "not run")
+            mod.write_text(orig)
+        # 1: a test failed; 2: collection failed (the mutant does not import). 0 alone is a
+        # survivor; 3-5 (pytest's own errors, nothing collected) and -1 (the budget) are not run.
+        m.outcome = "caught" if rc in (1, 2) else ("survived" if rc == 0 else "not run")
     survived = [m for m in shown if m.outcome == "survived"]
     counts = {k: sum(1 for m in shown if m.outcome == k) for k in ("caught", "survived", "not run")}
     counts["not run"] += len(mutants) - len(shown)

@@ -46,6 +46,9 @@ def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
     return True
 
 
+# Under `coverage run` (.ci/run), each test's lines are recorded under its node id (issue 43).
+from _coverage_context import pytest_runtest_setup  # noqa: E402,F401
+
 # The skip policy (issue 27): isolation skips fail on root Linux; skips are logged for .ci/run.
 from _skip_policy import (  # noqa: E402,F401
     pytest_runtest_logreport,

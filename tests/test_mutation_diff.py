@@ -53,3 +53,122 @@ def test_a_modules_room() -> None:
     assert md.room_of("src/arl_tangram/specfile.py") == ("tests",)
     files = md._mentioning(ROOT, ["tests/api"], ["src/arl_tangram/api/jupyter.py"])
     assert "tests/api/test_jupyter_translate.py" in files
+
+
+# ---- the base of a change, and the check end to end (issue 43: wired into .ci/run) --------------
+
+
+def test_the_base_of_a_change(tmp_path: Path) -> None:
+    assert md.resolve_base("abc123", tmp_path) == ("abc123", "given")
+    assert md.resolve_base(None, tmp_path) == (
+        "HEAD~1", "no .ci/mutation-base: HEAD~1, the last commit alone")
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci/mutation-base").write_text("# a comment\n\n  0123abcd  # the start\n")
+    assert md.resolve_base(None, tmp_path) == ("0123abcd", ".ci/mutation-base")
+    assert md.resolve_base("HEAD~2", tmp_path) == ("HEAD~2", "given")
+    # the committed file names one full commit
+    rev, why = md.resolve_base(None, ROOT)
+    assert why == ".ci/mutation-base" and len(rev) == 40 and int(rev, 16) >= 0
+
+
+def test_the_tests_a_mutant_runs() -> None:
+    ids = {"tests/api/test_a.py::test_x[1-2]", "tests/api/test_a.py::test_x[3]", "",
+           "tests/core/test_b.py::test_y", "tests/api/test_c.py::T::test_z"}
+    assert md._stem_tests(ids, ["tests/core/test_b.py"]) == [
+        "tests/core/test_b.py::test_y", "tests/api/test_a.py::test_x",
+        "tests/api/test_c.py::T::test_z"]
+
+
+_BASE_MOD = "def f(x):\n    return x\n"
+_HEAD_MOD = '''LIMIT = 4
+
+
+def f(x):
+    return x
+
+
+def g(x):
+    """A new function; its first branch is reached by no test."""
+    if x is None:
+        return -1
+    return x + LIMIT
+'''
+_TEST = '''from arl_tangram.mod import f, g
+
+
+def test_f():
+    assert f(3) == 3
+
+
+def test_g():
+    assert g(1) == 5
+'''
+
+
+def _repo(tmp_path: Path) -> tuple[Path, str]:
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "src/arl_tangram").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "src/arl_tangram/__init__.py").write_text("")
+    (repo / "src/arl_tangram/mod.py").write_text(_BASE_MOD)
+    (repo / "tests/test_mod.py").write_text("from arl_tangram.mod import f\n\n\ndef test_f():\n"
+                                            "    assert f(3) == 3\n")
+    # the suite's own plugin, as the copy's conftest: the contexts .ci/run's data carries
+    (repo / "tests/conftest.py").write_text((ROOT / "tests/_coverage_context.py").read_text())
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "base")
+    base = git("rev-parse", "HEAD")
+    (repo / "src/arl_tangram/mod.py").write_text(_HEAD_MOD)
+    (repo / "tests/test_mod.py").write_text(_TEST)
+    git("commit", "-qam", "g")
+    return repo, base
+
+
+def test_a_changed_line_no_test_reaches_fails_the_check(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    repo, base = _repo(tmp_path)
+    monkeypatch.setattr(md, "ROOT", repo)
+    monkeypatch.delenv("MUTATION_BASE", raising=False)
+    # (pytest without the suite's plugins -- schemathesis, hypothesis, ...: the toy needs none)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    # the suite's run under coverage, as `make test TEST_COVERAGE=FILE` makes it
+    cov = tmp_path / "coverage"
+    subprocess.run([md.PY, "-m", "coverage", "run", f"--data-file={cov}", "-m", "pytest", "-q",
+                    "-p", "no:cacheprovider", "tests"], cwd=repo, check=True, capture_output=True,
+                   env={**md.os.environ, "PYTHONPATH": str(repo / "src")})
+    (repo / ".ci").mkdir()
+    (repo / ".ci/mutation-base").write_text(base + "\n")  # (untracked: read from the checkout)
+    rc = md.main(["--coverage", str(cov), "--budget", "120"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert f"base {base[:10]} (.ci/mutation-base)" in out
+    assert "4 changed statements in 1 files" in out  # LIMIT = 4, the if, both returns
+    assert "reach of 1 files from the suite's coverage data" in out
+    assert "UNREACHED: src/arl_tangram/mod.py:11: no test runs this changed line" in out
+    assert out.count("UNREACHED") == 1
+    # LIMIT's 4 -> 5 (import time: the tests naming the module), `is` -> `is not`, + -> -,
+    # the return's value None: each caught by test_g
+    assert '{"caught": 4, "survived": 0, "not run": 0}' in out
+
+    # the same change with the branch tested passes; a base not in the clone skips
+    (repo / "tests/test_mod.py").write_text(_TEST + "\n\ndef test_g_none():\n"
+                                            "    assert g(None) == -1\n")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "t"],
+                   cwd=repo, check=True)
+    rc = md.main(["--base", base, "--budget", "120"])  # (no data: the check measures itself)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "UNREACHED" not in out and '"survived": 0' in out
+    (repo / ".ci/mutation-base").write_text("f" * 40 + "\n")
+    assert md.main([]) == 0
+    assert "is not in this clone (a shallow clone, or a first commit): skipped" in \
+        capsys.readouterr().out
