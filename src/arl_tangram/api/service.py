@@ -24,7 +24,7 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
 from ..core.images import check_name
 from ..core.resources import Resources
-from ..kinds import ScoreRequest, code_timeouts, judge_request
+from ..kinds import CodeRequest, ScoreRequest, code_timeouts, judge_request
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
@@ -106,8 +106,8 @@ class Service:
             for p in parts:
                 self._check_dims(p.demand, f"actions[{i}].demand")
                 self._check_model(p, f"actions[{i}].model", tenant)
-                if tenant is not None:
-                    self._own_image(p, f"actions[{i}].payload.image", tenant)
+            if tenant is not None:
+                parts = [self._own_image(p, f"actions[{i}].payload.image", tenant) for p in parts]
             per_request.append(parts)
         flat = [p for parts in per_request for p in parts]
         if len(flat) > self.config.limits.max_batch:  # (each of several models is one action)
@@ -126,16 +126,22 @@ class Service:
         except InvalidAction as exc:
             raise InvalidAction(f"{where}.{exc.field}", str(exc).split(": ", 1)[1]) from None
 
-    def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> None:
-        """An action's ``payload.image`` as the tenant means it (its own, or a shared one)."""
+    def _own_image(self, spec: ActionSpec, where: str, tenant: str) -> ActionSpec:
+        """``spec`` with its ``payload.image`` as the tenant means it (its own, or a shared one):
+        a new spec and payload when the stored name differs; the caller's payload is never
+        changed."""
         payload = spec.payload
-        img = payload.get("image") if isinstance(payload, dict) else None
-        if not isinstance(img, str) or not isinstance(payload, dict):
-            return
+        img = payload.get("image")
+        if not isinstance(img, str):
+            return spec
         stored = self.tenancy.image_for_use(tenant, img)
         if stored is None:
             raise InvalidAction(where, f"no image {img!r} on any node")
-        payload["image"] = stored
+        if stored == img:
+            return spec
+        if isinstance(payload, CodeRequest):
+            return dataclasses.replace(spec, payload=dataclasses.replace(payload, image=stored))
+        return dataclasses.replace(spec, payload={**payload, "image": stored})
 
     def _check_model(self, spec: ActionSpec, where: str, tenant: str | None = None) -> None:
         if spec.model is not None and self.config.model(spec.model) is None:
