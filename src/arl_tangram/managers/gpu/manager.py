@@ -49,11 +49,12 @@ from ...core.cluster import ModelSpec, NodeSpec
 from ...core.errors import BrokenError, ClosedError
 from ...core.resources import Resources
 from ...core.topology import can_ever_place, choose_devices
+from ...kinds import RetrieveRequest, ScoreRequest
 from .batcher import DynamicBatcher
 from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
 from .costs import CostTracker
 from .devices import discover, torch_device
-from .scoring import Factory, texts_for
+from .scoring import Factory, request_for
 from .worker import Worker, WorkerGone, WorkerTimeout, start_fork_server
 
 log = logging.getLogger(__name__)
@@ -316,12 +317,13 @@ class GpuManager:
             raise BrokenError(f"instance {instance_id} is not loaded on this node")
         failed: dict[str, str] = {}
         good: list[ActionSpec] = []
+        reqs: list[ScoreRequest | RetrieveRequest] = []  # parsed once here, typed to the process
         for a in actions:
             if a.model is not None and a.model != inst.spec.name:
                 failed[a.id] = f"action names model {a.model!r}; instance serves {inst.spec.name!r}"
                 continue
             try:
-                texts_for(inst.spec, a.payload)
+                reqs.append(request_for(inst.spec, a.payload))
             except ValueError as exc:
                 failed[a.id] = f"bad payload: {exc}"
                 continue
@@ -331,7 +333,7 @@ class GpuManager:
         loop = asyncio.get_running_loop()
         inst.busy += 1
         try:
-            reply = await loop.run_in_executor(inst.executor, self._score_sync, inst, good)
+            reply = await loop.run_in_executor(inst.executor, self._score_sync, inst, reqs)
         except _Died as exc:
             self._worker_died(inst, str(exc))  # raises ModelWorkerDied
             raise
@@ -348,13 +350,14 @@ class GpuManager:
             {a.id: o for a, o in zip(good, outs, strict=True)}, failed, latency, len(good)
         )
 
-    def _score_sync(self, inst: _Instance, actions: list[ActionSpec]) -> tuple[Any, ...]:
+    def _score_sync(self, inst: _Instance,
+                    reqs: list[ScoreRequest | RetrieveRequest]) -> tuple[Any, ...]:
         """One forward in the instance's process, under its deadline and its devices' locks;
         the latency is the process's own measure of the forward (transfer excluded)."""
         timeout = float(inst.spec.options.get("forward_timeout_s",
                                               self.config.forward_timeout_s))
         with self._device_locks(inst.devices):
-            return self._call(inst, ("score", [a.payload for a in actions]), timeout)
+            return self._call(inst, ("score", reqs), timeout)
 
     def _worker_died(self, inst: _Instance, cause: str, *, raise_: bool = True) -> None:
         """The instance's process died (or was killed: hung, or a sticky device error): drop

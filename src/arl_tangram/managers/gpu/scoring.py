@@ -28,7 +28,7 @@ import torch
 
 from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError
-from ...kinds import retrieve_request, score_request
+from ...kinds import RetrieveRequest, ScoreRequest, retrieve_request, score_request
 
 Factory = Callable[[], tuple[Any, Any]]
 
@@ -99,6 +99,19 @@ def _query(payload: Mapping[str, Any]) -> str:
     if s.response is not None:
         return s.response
     raise ValueError("payload needs 'query', or 'prompt' and 'response'")
+
+
+def request_for(spec: ModelSpec, payload: Mapping[str, Any]) -> ScoreRequest | RetrieveRequest:
+    """An action's payload as the typed request this model reads, parsed once (itself when it
+    came typed: `kinds.ScoreRequest`, or `kinds.RetrieveRequest` for a retriever) and checked
+    against what the model needs (`texts_for`); ValueError naming what it lacks. The manager
+    calls it when a batch arrives and sends the typed requests to the instance's process, whose
+    `Scorer` reads them without parsing again."""
+    if spec.kind == "similarity" and spec.options.get("index"):  # a retriever
+        return retrieve_request(payload)
+    s = score_request(payload)
+    texts_for(spec, s)
+    return s
 
 
 def texts_for(spec: ModelSpec, payload: Mapping[str, Any]) -> list[str]:
