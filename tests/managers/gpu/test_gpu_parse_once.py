@@ -14,7 +14,12 @@ import pytest
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.cluster import ModelSpec
 from arl_tangram.kinds import RetrieveRequest, ScoreRequest
-from arl_tangram.managers.gpu import GpuManager, GpuManagerConfig, build_tiny_models, tiny_model_specs
+from arl_tangram.managers.gpu import (
+    GpuManager,
+    GpuManagerConfig,
+    build_tiny_models,
+    tiny_model_specs,
+)
 from arl_tangram.managers.gpu import scoring as sc
 
 pytestmark = pytest.mark.integration
@@ -28,7 +33,7 @@ def test_request_for_parses_once_and_checks_the_models_needs() -> None:
     assert got == ScoreRequest(prompt="p", response="r")
     assert sc.request_for(rm, got) is got  # typed: itself
     assert sc.request_for(ret, {"query": "q", "topk": 5}) == RetrieveRequest(query="q", topk=5)
-    with pytest.raises(ValueError, match="^a similarity reward needs 'reference' in the payload$"):
+    with pytest.raises(ValueError, match=r"^a similarity reward needs 'reference' in the payload$"):
         sc.request_for(sim, {"response": "r"})
     assert pickle.loads(pickle.dumps(got)) == got  # (it crosses to the instance's process)
 
