@@ -1,11 +1,16 @@
 """Tenants' fair share (issue 41 item 3) on this machine: a real `tangram serve` (uvicorn, real
 sandboxes), the review's M1 at a smaller flood: carol submits ``--flood`` one-second Python CPU
 loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
-``POST /v1/actions`` with her own token. Three runs, each on a fresh service:
+``POST /v1/actions`` with her own token. Four runs, each on a fresh service:
 
 - ``alone``: alice only (the lower bound of her ACT);
+- ``share``: alice only, on a node of one core (``capacity: {cpu: 1}``, her 0.5 of two): what
+  generalized processor sharing guarantees her while carol is backlogged;
 - ``today``: both tenants, no shares (one order for all: what the review measured);
-- ``fair``: both, ``share: 0.5`` each.
+- ``wait``: both, ``share: 0.5`` each, lent CPU not taken back (``scheduler: {lend_floor:
+  1.0}``): alice's share comes back as carol's loops end;
+- ``fair``: both, ``share: 0.5`` each, the default: lent CPU taken back at once (carol's
+  running loops' CPU quotas lowered, core/lending.py).
 
 Printed per run: alice's mean ACT (the service's own finish - submit of each action) and its
 ratio to alone, and carol's completion (her last finish - her first submit) and its ratio to
@@ -40,15 +45,16 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(d: Path, shares: bool) -> Path:
+def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
-    cfg.write_text("tenants:\n"
+    cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
                    f"  - {{name: alice, token: {ALICE}{extra}}}\n"
                    f"  - {{name: carol, token: {CAROL}{extra}}}\n"
                    "limits: {max_pending: 100000}\n"
                    "nodes:\n  - name: local\n    gpu: false\n"
-                   f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8}}\n")
+                   + (f"    capacity: {{cpu: {cpus:g}}}\n" if cpus else "")
+                   + f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8}}\n")
     return cfg
 
 
@@ -79,7 +85,8 @@ def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float |
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-        proc = subprocess.Popen([tangram, "serve", "--config", str(_config(d, mode == "fair")),
+        proc = subprocess.Popen([tangram, "serve", "--config", str(_config(d, mode in ("fair", "wait"), mode != "wait",
+                                                                            1.0 if mode == "share" else None)),
                                  "--no-models", "--port", str(port), "--log-level", "warning"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         try:
@@ -95,7 +102,7 @@ def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float |
                 for tok, code in ((ALICE, "print(1)"), (CAROL, "print(2)")):
                     _results(c, tok, _submit(c, tok, [{"kind": "code", "payload": {"code": code, "language": "python"}}]))
                 carol: list[str] = []
-                if mode != "alone":
+                if mode not in ("alone", "share"):
                     carol = _submit(c, CAROL, [{"kind": "code", "payload": {"code": LOOP, "language": "python"},
                                                 "timeout_s": 600} for _ in range(flood)])
                     time.sleep(after)
@@ -122,7 +129,7 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=40)
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--after", type=float, default=1.5, help="seconds between the flood and alice")
-    ap.add_argument("--modes", nargs="+", default=["alone", "today", "fair"])
+    ap.add_argument("--modes", nargs="+", default=["alone", "share", "today", "wait", "fair"])
     args = ap.parse_args()
     got: dict[str, tuple[float, float | None]] = {}
     for mode in args.modes:
@@ -130,9 +137,11 @@ def main() -> None:
         load = Path("/proc/loadavg").read_text().split()[:3]
         a, done = got[mode]
         base = got.get("alone", (None, None))[0]
+        share = got.get("share", (None, None))[0]
         today = got.get("today", (None, None))[1]
         print(f"{mode:>6}: alice mean ACT {a * 1000:9.1f} ms"
-              + (f" ({a / base:7.2f}x alone)" if base else "")
+              + (f" ({a / base:7.2f}x alone" if base else " (")
+              + (f", {a / share:6.2f}x on her share)" if share else ")")
               + (f"; carol done in {done:7.2f} s" if done is not None else "")
               + (f" ({done / today:5.3f}x today)" if done is not None and today else "")
               + f"  [load {' '.join(load)}]", flush=True)

@@ -1,7 +1,9 @@
 """Tenants' fair share (issue 41 item 3, docs/core.md "Tenants' fair share"): with
 `CoreConfig.tenant_shares`, each free slot goes to the tenant with the least dominant share of
 what is in use over its weight (DRF), inside a tenant in the policy's order; capacity a tenant
-leaves idle is lent; nothing running is ever preempted. Exact dispatch orders of small cases."""
+leaves idle is lent. Exact dispatch orders of small cases. The pass's own order is pinned with
+``lend_floor=1.0`` (nothing running is squeezed: a lent core comes back as its action ends);
+taking lent CPU back at once (the default) is tests/core/test_lending.py's."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def test_without_shares_the_short_tenant_waits_for_the_whole_flood() -> None:
 
 
 def test_equal_shares_alternate_freed_cores_and_lend_what_is_idle() -> None:
-    r = simulate([cpu_node("n", cpu=2)], _flood_and_short(), tenant_shares=HALF)
+    r = simulate([cpu_node("n", cpu=2)], _flood_and_short(), tenant_shares=HALF, lend_floor=1.0)
     # t=10: c0 ends -> alice (holds nothing) gets it; c1 ends -> carol (1 of 2 cores over 0.5
     # against alice's 1 of 2) ties on share, her head ranks first (same class, earlier arrival)
     # -> c2; alice keeps one core until her four are done; then carol takes both again
@@ -50,8 +52,9 @@ def test_equal_shares_alternate_freed_cores_and_lend_what_is_idle() -> None:
 
 def test_a_flooders_weight_and_hints_reorder_only_its_own_actions() -> None:
     gaming = {"weight": 1e300, "hints": WorkHints(expected_s=0.001)}
-    plain = simulate([cpu_node("n", cpu=2)], _flood_and_short(), tenant_shares=HALF)
-    r = simulate([cpu_node("n", cpu=2)], _flood_and_short(carol_kw=gaming), tenant_shares=HALF)
+    plain = simulate([cpu_node("n", cpu=2)], _flood_and_short(), tenant_shares=HALF, lend_floor=1.0)
+    r = simulate([cpu_node("n", cpu=2)], _flood_and_short(carol_kw=gaming), tenant_shares=HALF,
+                 lend_floor=1.0)
     # her heads rank first on ties now (c2 before a1 as before), but never past alice's share
     assert r.starts == plain.starts
     assert r.act(["a0", "a1", "a2", "a3"]) == 11.5
@@ -61,7 +64,7 @@ def test_weights_split_the_cores_in_proportion() -> None:
     # 4 cores, shares 3:1, both tenants always backlogged with 1 s actions of one kind
     arr = ([(0.0, act(f"x{i}", tag="w", tenant="x"), 1.0) for i in range(30)]
            + [(0.0, act(f"y{i}", tag="w", tenant="y"), 1.0) for i in range(30)])
-    r = simulate([cpu_node("n", cpu=4)], arr, tenant_shares={"x": 3.0, "y": 1.0})
+    r = simulate([cpu_node("n", cpu=4)], arr, tenant_shares={"x": 3.0, "y": 1.0}, lend_floor=1.0)
     for t in (1.0, 2.0, 3.0, 4.0, 5.0):
         running = [a for a in r.starts if r.start[a] == t]
         assert sorted(a[0] for a in running) == ["x", "x", "x", "y"], (t, running)
@@ -72,11 +75,11 @@ def test_weights_split_the_cores_in_proportion() -> None:
 
 
 def test_an_idle_tenants_share_is_lent_and_taken_back_by_order() -> None:
-    # carol alone: both cores are hers (lent); alice's arrival preempts nothing, and takes the
-    # next core to free
+    # carol alone: both cores are hers (lent); without taking back (lend_floor 1.0) alice's
+    # arrival squeezes nothing, and takes the next core to free
     arr = ([(0.0, act(f"c{i}", tag="loop", tenant="carol"), 4.0) for i in range(4)]
            + [(1.0, act("a0", tag="loop", tenant="alice"), 1.0)])
-    r = simulate([cpu_node("n", cpu=2)], arr, tenant_shares=HALF)
+    r = simulate([cpu_node("n", cpu=2)], arr, tenant_shares=HALF, lend_floor=1.0)
     assert r.starts == ["c0", "c1", "a0", "c2", "c3"]
     assert (r.start["a0"], r.start["c2"], r.start["c3"]) == (4.0, 4.0, 5.0)
 

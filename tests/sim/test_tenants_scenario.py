@@ -1,7 +1,7 @@
 """The review's M1 scenario in virtual time (`arl_tangram.sim.tenants`, issue 41 item 3):
 carol's flood of one-second loops, alice's eight 4 ms ``print(1)`` at t=1.5, on 2 CPUs --
-today (one order), under the ``cpu_share`` cap, and with the core's fair share. Exact values
-(virtual time is deterministic)."""
+today (one order), under the ``cpu_share`` cap, with the core's fair share without taking
+lent CPU back (``wait``) and with it (``fair``). Exact values (virtual time is deterministic)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def test_the_cap_keeps_alice_fast_but_idles_half_the_cluster() -> None:
     assert o.last["carol"] == 100.0  # one core of two: twice as long as alone
 
 
-def test_fair_share_waits_one_flood_action_at_most_and_lends_the_rest() -> None:
+def test_fair_share_without_taking_back_waits_one_flood_action_at_most() -> None:
     carol, alice = m1_streams(100, alice_at=1.5)
-    o = run([carol, alice], 2, "fair")
+    o = run([carol, alice], 2, "wait")
     alone = run([alice], 2, "today")
     assert alone.mean_act("alice") == pytest.approx(0.010)  # 8 x 4 ms on 2 cores
     # t=2: both of carol's running loops end; alice (holds nothing) gets each freed core
@@ -36,8 +36,25 @@ def test_fair_share_waits_one_flood_action_at_most_and_lends_the_rest() -> None:
     assert o.mean_act("alice") == pytest.approx(0.518)
     assert o.last["carol"] == pytest.approx(50.032)  # + alice's 32 ms of work, no more
     assert o.starts[:6] == ["carol-0", "carol-1", "carol-2", "carol-3", "alice-0", "carol-4"]
+    assert o.resizes == 0
+
+
+@pytest.mark.parametrize("flood", [100, 300])
+def test_fair_share_takes_the_lent_core_back_at_once(flood: int) -> None:
+    carol, alice = m1_streams(flood, alice_at=1.5)
+    o = run([carol, alice], 2, "fair")
+    # t=1.5: carol's two running loops go to half a core each, alice's first starts at once;
+    # her eight run one after another on her share (one core): 4, 8, ..., 32 ms -- exactly
+    # alone on one core, GPS's guarantee (alone on both cores: 10 ms, her eight two at a time)
+    assert o.mean_act("alice") == pytest.approx(0.018)
+    assert o.mean_act("alice") == pytest.approx(run([alice], 1, "today").mean_act("alice"))
+    assert o.starts[4:12] == [f"alice-{i}" for i in range(8)]
+    # squeezed at 1.5, grown back at 1.532 (a squeeze and a regrowth between alice's actions
+    # cancel out): carol's two loops lost 16 ms each, the flood 16 ms
+    assert o.resizes == 4
+    assert o.last["carol"] == pytest.approx(flood / 2 + 0.016)
 
 
 def test_a_bad_mode_is_refused() -> None:
-    with pytest.raises(ValueError, match="mode must be one of today, cap, fair"):
+    with pytest.raises(ValueError, match="mode must be one of today, cap, wait, fair"):
         run(m1_streams(1), 2, "preempt")

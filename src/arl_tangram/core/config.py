@@ -163,6 +163,11 @@ class CoreConfig:
     # here (and actions naming none, as one tenant) weighs the smallest weight named.
     # None (default): no tenants, every action in one order, as before.
     tenant_shares: Mapping[str, float] | None = None
+    # With tenants' shares: the least fraction of its CPU a running action of a tenant above
+    # its share keeps when a tenant below its share takes its share back at once (its cgroup
+    # quota lowered for a while: time-slicing, `lending.py`). 1.0: nothing is taken back; a
+    # tenant then waits for a lent core to free (the rest of one running action).
+    lend_floor: float = 0.5
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -204,6 +209,7 @@ class CoreConfig:
                           math.inf)
         self._check_range("memory_high_watermark", self.memory_high_watermark, 0.0, 1.0,
                           low_open=True)
+        self._check_range("lend_floor", self.lend_floor, 0.0, 1.0, low_open=True)
         for name in ("session_ttl_s", "rate_window_s", "peak_memory_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
         for name in ("max_load_failures", "history", "fit_candidates"):

@@ -44,6 +44,7 @@ from .commands import CallProvider, CancelAction, Command, WakeAt
 from .config import POLICIES, CoreConfig
 from .elastic import Elastic
 from .estimator import DurationEstimator
+from .lending import Lending
 from .modelsched import ModelPlanner
 from .partitioning import Partitions
 from .placement import Placer
@@ -107,6 +108,10 @@ class Core:
         self.elastic = Elastic(st, self.queues, self.placer, self.warm)
         self.planner = ModelPlanner(st, self.queues)
         self.scheduling = SchedulingPass(st, self.queues, self.placer, self.elastic, self.partitions)
+        # tenants' lent CPU taken back at once (time-slicing: lending.py); None without shares
+        self.lending: Lending | None = None
+        if st.fair and cfg.lend_floor < 1.0:
+            self.lending = self.scheduling.lending = Lending(st, self.placer)
         for spec in cluster.nodes:
             self._add_node(spec)
         self._warm_pools = self.st.policy.warm_pools
@@ -216,6 +221,9 @@ class Core:
         if placer.rewake:
             st.touched.update(placer.woken())
         if st.dirty or st.touched or (self.partitions.stale and st.partitioned):
+            lending = self.lending
+            if lending is not None and lending.squeezed and st.dirty:
+                lending.regrow(st.dirty)  # (squeezed actions first, then the pass)
             self._schedule()  # (with none of them set, the pass has nothing to look at)
             if placer.rewake:
                 self.scheduling.run_pass(placer.woken(), None, -1.0)
@@ -243,6 +251,9 @@ class Core:
         """flush: the event's change sets cleared, its aging entries parked, providers pumped
         (timeouts, sends, the next wake), the free index brought up to date."""
         st = self.st
+        lending = self.lending
+        if lending is not None and (lending.changed or lending.at >= 0):
+            lending.emit()
         if st.dirty:
             st.dirty.clear()
         if st.touched:
@@ -479,6 +490,8 @@ class Core:
         node.running.discard(aid)
         if rec.elastic:
             node.elastic.pop(aid, None)
+        if self.lending is not None:
+            self.lending.released(rec)
         node.give(alloc)
         if self.st.fair:
             self.st.tenant_take(rec.tenant, alloc._d, -1.0)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from .elastic import Elastic
 from .fit import fits_besides_cpu
+from .lending import Lending
 from .partitioning import Partitions
 from .placement import Placer
 from .queues import AGED, Queues
@@ -53,6 +54,7 @@ class SchedulingPass:
         self.placer = placer
         self.elastic = elastic
         self.partitions = partitions
+        self.lending: Lending | None = None  # with tenants' shares (Core sets it)
 
     # ---- the pass -------------------------------------------------------------------------------
     def candidates(self) -> set[QueueKey]:
@@ -174,6 +176,7 @@ class SchedulingPass:
         touched = st.touched
         head = self.queues.head
         heaps: dict[str, list[tuple[int, int, QueueKey, ActionRecord]]] = {}  # tenant -> (rank, seq, key, head)
+        lending = self.lending
         limit = local_cpu + 1e-9
         for key in keys:
             got = head(key)
@@ -181,8 +184,9 @@ class SchedulingPass:
                 continue
             rec, e = got
             if (e[0] != AGED and local is not None and type(key) is ShapeKey and rec.cpu > limit
-                    and key not in touched):
-                continue  # more CPU than any freed node has: still blocked (aged heads go on)
+                    and key not in touched and not (lending is not None and lending.owed(rec))):
+                continue  # more CPU than any freed node has: still blocked (aged heads go on,
+                # and those owed their tenant's share: lent CPU is taken back for them)
             h = heaps.get(rec.tenant)
             if h is None:
                 h = heaps[rec.tenant] = []
@@ -206,6 +210,10 @@ class SchedulingPass:
                 placed, limit = self.try_local(rec, local, limit)
             else:
                 placed = self.try_place(rec, key)
+            if not placed and lending is not None and lending.owed(rec):
+                placed = self.take_back(rec, key)
+                if placed and local:  # (it may have started on a freed node: keep the test exact)
+                    limit = max(n.free.get(CPU, 0.0) for n in local) + 1e-9
             if placed:
                 got = head(key)
                 if got is not None:
@@ -233,6 +241,21 @@ class SchedulingPass:
                     most = c
             limit = most + 1e-9
         return placed, limit
+
+    def take_back(self, rec: ActionRecord, key: QueueKey) -> bool:
+        """Owed ``rec`` did not fit: start it on CPU its tenant's share takes back from the
+        tenants above theirs (lending.py); a shared-pool head on any node, a session's on its
+        session's node; never a partition's."""
+        lending = self.lending
+        assert lending is not None
+        if type(key) is ShapeKey:
+            return lending.take_back(rec, list(self.st.nodes.values()), True)
+        if is_partition_key(key) or rec.partition is not None:
+            return False
+        sess = self.st.sessions.get(key[1])
+        if sess is None or sess.node is None:
+            return False
+        return lending.take_back(rec, [self.st.nodes[sess.node]], False)
 
     def try_place(self, rec: ActionRecord, key: QueueKey) -> bool:
         spec = rec.spec
@@ -320,9 +343,11 @@ class SchedulingPass:
         heads until one is blocked; a blocked, aged shared-pool head reserves a node."""
         head = self.queues.head
         got = head(key)
+        lending = self.lending
         while got is not None:
             rec = got[0]
-            if not self.try_place(rec, key):
+            if not self.try_place(rec, key) and not (
+                    lending is not None and lending.owed(rec) and self.take_back(rec, key)):
                 if got[1][0] == AGED:
                     self.placer.reserve_for(rec, key)
                 return

@@ -12,8 +12,17 @@ Three ways to run it (`Mode`):
   ``cap`` x the cluster's CPUs of a tenant's actions unfinished; a submit beyond gets 429, so
   the client sends its next action the moment one of its own finishes (the best a client can
   do under the cap: a closed loop, no back-off lost);
-- ``fair``: the core's fair share (`CoreConfig.tenant_shares`), no caps.
-Each tenant also runs alone (the others' streams left out): the lower bound of its ACT.
+- ``wait``: the core's fair share without taking lent CPU back (`CoreConfig.lend_floor`
+  1.0): a tenant's share comes back only as the lent actions end;
+- ``fair``: the core's fair share (`CoreConfig.tenant_shares`), no caps, lent CPU taken back
+  at once by lowering the lenders' CPU quotas (`core/lending.py`, default ``lend_floor``).
+Each tenant also runs alone (the others' streams left out): the lower bound of its ACT; and
+alone on its share of the cores (``cpus x share``): what generalized processor sharing
+guarantees it when every tenant is backlogged.
+
+A running action's speed is its CPU quota over its demand (a ResizeAction changes it from
+then on; a one-core loop at 0.5 runs at half speed): CFS bandwidth control's average, without
+the first period's unthrottled burst (`executor.cfs_speed`), which only favours the squeezed.
 
 Time ties: an action's finish is handled before an arrival at the same instant (the flood's
 first actions end at t=1, when alice arrives in the review's timing, so `alice_at` is swept
@@ -36,7 +45,7 @@ from ..core.cluster import ClusterSpec, NodeSpec
 from ..core.resources import Resources
 
 PRINT1_S = 0.004  # a trivial print(1) action's run, p50 (docs/sandbox.md: 3.34-4.91 ms)
-MODES = ("today", "cap", "fair")
+MODES = ("today", "cap", "wait", "fair")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class Outcome:
     acts: dict[str, list[float]] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
     starts: list[str] = field(default_factory=list)
+    resizes: int = 0  # ResizeActions run (quotas lowered to take lent CPU back, raised again)
 
     def mean_act(self, tenant: str) -> float:
         a = self.acts[tenant]
@@ -79,7 +89,9 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     tenants = [s.tenant for s in streams]
     shares = dict(shares) if shares else {t: 1.0 / len(tenants) for t in tenants}
-    cfg = CoreConfig(tenant_shares=shares) if mode == "fair" else CoreConfig()
+    cfg = (CoreConfig(tenant_shares=shares) if mode == "fair"
+           else CoreConfig(tenant_shares=shares, lend_floor=1.0) if mode == "wait"
+           else CoreConfig())
     node = NodeSpec("local", Resources(cpu=cpus, memory_mb=1 << 20), pool="cpu")
     core = Core(ClusterSpec((node,)), cfg)
     # cap: at most this many of a tenant's (one-core) actions unfinished at once
@@ -104,6 +116,9 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         heapq.heappush(q, (s.at_s, 1, seq, s.tenant))
         seq += 1
     started: dict[str, bool] = {}
+    # running: id -> [work left (s at full speed), speed, since]
+    running: dict[str, list[float]] = {}
+    ends: dict[str, int] = {}  # id -> the seq of its finish in ``q`` (earlier ones are stale)
 
     def submit_more(tenant: str, now: float) -> list[C.Command]:
         got: list[C.Command] = []
@@ -114,8 +129,19 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
             got += core.handle(ev.ActionArrived(now, sp))
         return got
 
+    def finish_at(aid: str, now: float) -> None:
+        nonlocal seq
+        r = running[aid]
+        ends[aid] = seq
+        heapq.heappush(q, (now + r[0] / r[1], 0, seq, aid))
+        seq += 1
+
     while q:
-        now, kind, _, x = heapq.heappop(q)
+        now, kind, n, x = heapq.heappop(q)
+        if kind == 0:
+            if ends.get(x) != n:
+                continue  # stale: its speed changed since
+            del running[x], ends[x]
         if kind == 1:
             started[x] = True
             cmds = submit_more(x, now)
@@ -130,6 +156,12 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         for c in cmds:
             if isinstance(c, C.StartAction):
                 out.starts.append(c.action.id)
-                heapq.heappush(q, (now + runs[c.action.id], 0, seq, c.action.id))
-                seq += 1
+                running[c.action.id] = [runs[c.action.id], c.allotment.get("cpu"), now]
+                finish_at(c.action.id, now)
+            elif isinstance(c, C.ResizeAction) and c.action_id in running:
+                r = running[c.action_id]
+                r[0] = max(0.0, r[0] - (now - r[2]) * r[1])  # its work up to now, at the old speed
+                r[1], r[2] = c.allotment.get("cpu"), now
+                out.resizes += 1
+                finish_at(c.action_id, now)
     return out

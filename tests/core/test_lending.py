@@ -1,0 +1,147 @@
+"""Lent CPU taken back at once (issue 41 item 3; core/lending.py, docs/core.md "Tenants' fair
+share"): a tenant below its share whose action does not fit squeezes the CPU quotas of the
+running actions of tenants above theirs (never below `lend_floor` of their quota, at most
+their excess), starts at its full demand, and the squeezed grow back first as capacity frees.
+Exact commands, accounts and virtual times."""
+
+from __future__ import annotations
+
+import pytest
+from core_helpers import Driver, act, cpu_node, elastic
+from fair_sim import simulate
+
+from arl_tangram.core import CoreConfig
+from arl_tangram.core import commands as C
+
+HALF = {"alice": 0.5, "carol": 0.5}
+
+
+def _cmds(out: list[C.Command]) -> list[tuple[str, str, float]]:
+    """Starts and resizes as (kind, action id, cpu quota), in order; nothing else."""
+    got = []
+    for c in out:
+        if isinstance(c, C.StartAction):
+            got.append(("start", c.action.id, c.allotment.get("cpu")))
+        elif isinstance(c, C.ResizeAction):
+            got.append(("resize", c.action_id, c.allotment.get("cpu")))
+    return got
+
+
+def _flooded(cpu: float = 2, n: int = 4, **cfg: object) -> Driver:
+    d = Driver([cpu_node("n", cpu=cpu)], tenant_shares=HALF, **cfg)
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(n)])
+    return d
+
+
+def test_an_owed_head_squeezes_the_lenders_and_starts_at_its_demand() -> None:
+    d = _flooded()
+    out = d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    # the lowered quotas go out before the start: the lender slows before the newcomer runs
+    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    st = d.core.st
+    assert st.tenant_use["carol"]["cpu"] == 1.0 and st.tenant_use["alice"]["cpu"] == 1.0
+    assert st.nodes["n"].free["cpu"] == 0.0
+    assert d.core.lending is not None and d.core.lending.taken_back == 1
+    assert any("lent CPU taken back" in line for line in d.core.story("c0"))
+    # alice now holds her share (1 of 2 cores): her next one waits, nothing more is squeezed
+    assert _cmds(d.at(1.001).arrive(act("a1", tag="print", tenant="alice"))) == []
+
+
+def test_the_squeezed_grow_back_first_and_a_squeeze_and_regrowth_cancel_out() -> None:
+    d = _flooded()
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"), act("a1", tag="print", tenant="alice"))
+    # a0 ends: c0, c1 grow back and are squeezed again for a1 in the same event: no resize
+    assert _cmds(d.at(1.004).finish("a0")) == [("start", "a1", 1.0)]
+    # a1 ends, alice has nothing queued: carol's two grow back; the node is full again, so
+    # carol's queued c2 still waits
+    assert _cmds(d.at(1.008).finish("a1")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+    assert d.core.lending is not None and d.core.lending.squeezed == {}
+    assert d.core.st.tenant_use["carol"]["cpu"] == 2.0
+
+
+def test_a_squeezed_actions_end_lets_its_squeezed_neighbour_grow_back() -> None:
+    d = _flooded()
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    # c0 ends first: its 0.5 goes to c1 (squeezed, same tenant) before carol's queued c2
+    assert _cmds(d.at(1.5).finish("c0")) == [("resize", "c1", 1.0)]
+    assert d.core.st.tenant_use["carol"]["cpu"] == 1.0
+
+
+def test_lend_floor_one_takes_nothing_back() -> None:
+    d = _flooded(lend_floor=1.0)
+    assert d.core.lending is None
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+
+
+def test_a_lender_keeps_its_floor() -> None:
+    # 0.75 of one core each: two running loops can lend 0.5 of a core, not the one alice needs
+    d = _flooded(lend_floor=0.75)
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+    # four running loops on four cores lend 0.25 each: exactly a core
+    d = _flooded(cpu=4, n=6, lend_floor=0.75)
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == [
+        ("resize", "c0", 0.75), ("resize", "c1", 0.75), ("resize", "c2", 0.75),
+        ("resize", "c3", 0.75), ("start", "a0", 1.0)]
+
+
+def test_the_longest_expected_lends_first() -> None:
+    # c0 is expected to run 100 s, c1 1 s (hints): c1 keeps its core (SRPT), c0 gives 0.5,
+    # then c1 gives what is still short
+    from arl_tangram.core.actions import WorkHints
+
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_floor=0.25)
+    d.at(0.0).arrive(act("c0", tag="loop", tenant="carol", hints=WorkHints(expected_s=100.0)),
+                     act("c1", tag="loop", tenant="carol", hints=WorkHints(expected_s=1.0)))
+    assert _cmds(d.at(0.5).arrive(act("a0", tag="print", tenant="alice"))) == [
+        ("resize", "c0", 0.25), ("resize", "c1", 0.75), ("start", "a0", 1.0)]
+
+
+def test_only_a_tenants_excess_is_lent_and_never_its_own_actions() -> None:
+    # three tenants of equal weight on 3 cores: carol holds 2, bob 1 (his share), alice none:
+    # alice takes her core from carol's excess only; bob's action keeps its quota
+    shares = {"alice": 1.0, "bob": 1.0, "carol": 1.0}
+    d = Driver([cpu_node("n", cpu=3)], tenant_shares=shares)
+    d.at(0.0).arrive(act("c0", tag="l", tenant="carol"), act("c1", tag="l", tenant="carol"),
+                     act("b0", tag="l", tenant="bob"), act("c2", tag="l", tenant="carol"))
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+        ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    # a second head of alice's is over her share (2 of 3 > 1/3): it waits
+    assert _cmds(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == []
+
+
+def test_memory_does_not_stretch() -> None:
+    # carol's two loops hold the node's whole memory: nothing alice could squeeze frees it
+    d = Driver([cpu_node("n", cpu=2, mem=1024)], tenant_shares=HALF)
+    d.at(0.0).arrive(*[act(f"c{i}", mem=512, tag="loop", tenant="carol") for i in range(3)])
+    assert _cmds(d.at(1.0).arrive(act("a0", mem=256, tag="print", tenant="alice"))) == []
+
+
+def test_elastic_actions_are_not_squeezed() -> None:
+    # an elastic test lends by its own rule (elastic.reclaim), never by a quota squeeze
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, policy="fifo")
+    d.at(0.0).arrive(elastic("c0", lo=2, hi=2, tenant="carol"))
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+
+
+def test_the_short_tenant_runs_on_its_share_at_once_and_the_flooder_loses_only_its_work() -> None:
+    # carol floods 2 cores with six 10 s loops at t=0; alice sends four 1 s actions at t=1
+    arr = ([(0.0, act(f"c{i}", tag="loop", tenant="carol"), 10.0) for i in range(6)]
+           + [(1.0, act(f"a{i}", tag="loop", tenant="alice"), 1.0) for i in range(4)])
+    r = simulate([cpu_node("n", cpu=2)], arr, tenant_shares=HALF)
+    # alice's four start at once on her share (one core), one after another: 1, 2, 3, 4
+    assert [r.start[f"a{i}"] for i in range(4)] == [1.0, 2.0, 3.0, 4.0]
+    assert r.act([f"a{i}" for i in range(4)]) == 2.5  # alone on her one-core share: 2.5 too
+    # c0, c1 ran at half speed for alice's 4 s: each 2 s late; carol's 60 s of work plus
+    # alice's 4 s on 2 cores end at 32 s (alone: 30 s)
+    assert (r.finish["c0"], r.finish["c1"]) == (12.0, 12.0)
+    assert max(r.finish[f"c{i}"] for i in range(6)) == 32.0
+    assert r.resizes == [(1.0, "c0", 0.5), (1.0, "c1", 0.5), (5.0, "c0", 1.0), (5.0, "c1", 1.0)]
+    # without taking back, alice waits for a loop to end (t=10), the pass order as before
+    w = simulate([cpu_node("n", cpu=2)], arr, tenant_shares=HALF, lend_floor=1.0)
+    assert w.act([f"a{i}" for i in range(4)]) == 11.5 and w.resizes == []
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, float("nan")])
+def test_a_bad_lend_floor_is_refused_naming_it(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"CoreConfig.lend_floor: must be in \(0, 1\], got "):
+        CoreConfig(lend_floor=bad)
