@@ -314,7 +314,8 @@ def _stem_tests(nodeids: set[str], room: list[str]) -> list[str]:
 def suite_reach(cov_path: str, todo: dict[str, set[int]],
                 head_text: dict[str, str]) -> dict[str, dict[int, set[str]]]:
     """From the suite's coverage data: file -> line -> the node ids that ran it (the empty
-    context, import time, as ""), for the files it measured as HEAD has them."""
+    context, import time, as ""), for the files it measured as HEAD has them, and nothing for
+    a plain one it never imported."""
     import coverage
 
     data = coverage.CoverageData(basename=cov_path)
@@ -328,6 +329,13 @@ def suite_reach(cov_path: str, todo: dict[str, set[int]],
     for p in todo:
         f = by_rel.get(p)
         if f is None:
+            # not imported by any test: nothing of it reached -- unless it is compiled (then
+            # coverage could not see it) or the checkout has it other than HEAD
+            try:
+                if not _compiled(p) and (ROOT / p).read_text() == head_text[p]:
+                    out[p] = {}
+            except OSError:
+                pass
             continue
         try:
             same = Path(f).read_text() == head_text[p]

@@ -127,8 +127,10 @@ def _repo(tmp_path: Path) -> tuple[Path, str]:
     git("commit", "-qm", "base")
     base = git("rev-parse", "HEAD")
     (repo / "src/arl_tangram/mod.py").write_text(_HEAD_MOD)
+    (repo / "src/arl_tangram/other.py").write_text("def h():\n    return 2\n")  # no test imports it
     (repo / "tests/test_mod.py").write_text(_TEST)
-    git("commit", "-qam", "g")
+    git("add", ".")
+    git("commit", "-qm", "g")
     return repo, base
 
 
@@ -151,10 +153,12 @@ def test_a_changed_line_no_test_reaches_fails_the_check(tmp_path: Path, monkeypa
     out = capsys.readouterr().out
     assert rc == 1, out
     assert f"base {base[:10]} (.ci/mutation-base)" in out
-    assert "4 changed statements in 1 files" in out  # LIMIT = 4, the if, both returns
-    assert "reach of 1 files from the suite's coverage data" in out
+    # LIMIT = 4, the if, both returns; other.py's return
+    assert "5 changed statements in 2 files" in out
+    assert "reach of 2 files from the suite's coverage data" in out  # (no run of its own)
     assert "UNREACHED: src/arl_tangram/mod.py:11: no test runs this changed line" in out
-    assert out.count("UNREACHED") == 1
+    assert "UNREACHED: src/arl_tangram/other.py:2: no test runs this changed line" in out
+    assert out.count("UNREACHED") == 2
     # LIMIT's 4 -> 5 (import time: the tests naming the module), `is` -> `is not`, + -> -,
     # the return's value None: each caught by test_g
     assert '{"caught": 4, "survived": 0, "not run": 0}' in out
@@ -162,6 +166,7 @@ def test_a_changed_line_no_test_reaches_fails_the_check(tmp_path: Path, monkeypa
     # the same change with the branch tested passes; a base not in the clone skips
     (repo / "tests/test_mod.py").write_text(_TEST + "\n\ndef test_g_none():\n"
                                             "    assert g(None) == -1\n")
+    (repo / "src/arl_tangram/other.py").unlink()
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "t"],
                    cwd=repo, check=True)
     rc = md.main(["--base", base, "--budget", "120"])  # (no data: the check measures itself)
