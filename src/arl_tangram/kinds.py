@@ -670,6 +670,153 @@ def judge_request(payload: Mapping[str, Any]) -> JudgeRequest:
     return JudgeRequest(query=response)
 
 
+# ---- outcomes of score, retrieve, judge generation and provider calls ---------------------------
+
+
+class Outcome(Mapping[str, Any]):
+    """An outcome made by its manager and rendered to JSON only in `api/` (``to_dict``: its
+    wire body, whose one owner it is). Also a read-only Mapping of that body, for code that reads
+    an output as the wire dict (the engine's Python callers, `translate.score_of`)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreResult(Outcome):
+    """A reward or judge model's score of one response (REWARD, JUDGE kinds on a scalar,
+    similarity or judge model: `managers.gpu.scoring.Scorer`)."""
+
+    model: str
+    score: float  # the reward: a scalar head's value, a class's probability, a cosine, P(yes)
+    p_yes: float | None = None  # a judge model's probabilities of its yes and no tokens
+    p_no: float | None = None
+    probs: tuple[float, ...] | None = None  # a classifier's probability of each label
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"score": self.score}
+        if self.p_yes is not None:
+            d["p_yes"] = self.p_yes
+        if self.p_no is not None:
+            d["p_no"] = self.p_no
+        if self.probs is not None:
+            d["probs"] = list(self.probs)
+        d["model"] = self.model
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One document a retriever found, and its score (inner product of the embeddings)."""
+
+    document: Any  # the corpus record as indexed (Search-R1's: ``id``, ``contents``)
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"document": self.document, "score": self.score}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrieveResult(Outcome):
+    """A retriever's answer to one query (RETRIEVE kind), best first."""
+
+    model: str  # the index
+    hits: tuple[Hit, ...] = ()
+
+    @property
+    def top_score(self) -> float | None:
+        """The best document's score (None: no document)."""
+        return self.hits[0].score if self.hits else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": [h.to_dict() for h in self.hits], "model": self.model}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JudgeVerdict(Outcome):
+    """A generative judge's judgement (`JudgeRequest` without a route): what it generated and
+    the verdict its model's rule read there (None: none found, scored by ``on_no_verdict``)."""
+
+    model: str
+    reasoning: str  # the generated text
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    score: float
+    verdict: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "reasoning": self.reasoning,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "finish_reason": self.finish_reason, "score": self.score,
+                "verdict": self.verdict}
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One choice of a completion: its text (a chat's message content), why it ended."""
+
+    index: int
+    text: str
+    finish_reason: str  # "stop" when the engine named none
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion(Outcome):
+    """A generative judge's completion (`JudgeRequest` with a route): the engine's
+    OpenAI-style answer, read once (``choices``, ``usage``) and kept whole (``response``, the
+    native output's ``openai``)."""
+
+    model: str
+    route: str  # chat/completions | completions
+    choices: tuple[Choice, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    response: Mapping[str, Any]  # the engine's answer as it came (``model`` the judge's name)
+
+    @classmethod
+    def of(cls, model: str, route: str, data: Mapping[str, Any]) -> Completion:
+        """The engine's answer ``data`` of ``route``, read."""
+        chat = route == "chat/completions"
+        choices = []
+        for i, c in enumerate(data.get("choices") or []):
+            text = (c.get("message") or {}).get("content") if chat else c.get("text")
+            choices.append(Choice(int(c.get("index", i)), text or "",
+                                  c.get("finish_reason") or "stop"))
+        u = data.get("usage")
+        u = u if isinstance(u, Mapping) else {}
+        return cls(model=model, route=route, choices=tuple(choices),
+                   prompt_tokens=int(u.get("prompt_tokens") or 0),
+                   completion_tokens=int(u.get("completion_tokens") or 0), response=data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"openai": dict(self.response), "model": self.model}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderResult(Outcome):
+    """A provider's answer to one call (SEARCH, FETCH, HTTP kinds): its JSON body as it came,
+    and whether the front door's cache answered it (no call)."""
+
+    provider: str
+    result: Any  # the provider's JSON body
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"provider": self.provider, "result": self.result, "cached": self.cached}
+
+
 # ---- search, fetch, http (a declared provider): the API manager ---------------------------------
 
 
@@ -710,15 +857,23 @@ __all__ = [
     "Case",
     "CaseResult",
     "ChatTurn",
+    "Choice",
     "CodeRequest",
     "CommandRunStatus",
+    "Completion",
+    "Hit",
     "JudgeRequest",
+    "JudgeVerdict",
+    "Outcome",
     "ProviderRequest",
+    "ProviderResult",
     "RetrieveRequest",
+    "RetrieveResult",
     "RunResult",
     "RunStatus",
     "Sampling",
     "ScoreRequest",
+    "ScoreResult",
     "StageResult",
     "Timeouts",
     "code_request",

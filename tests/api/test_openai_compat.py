@@ -183,6 +183,39 @@ def test_get_reward_through_the_judge(url: str) -> None:
     assert len(rewards) == 2 and all(isinstance(x, float) for x in rewards)
 
 
+def test_native_judge_outputs_pinned(url: str) -> None:
+    """POST /v1/actions to the judge (issue 36, item 2): a judgement's output (`JudgeVerdict`,
+    the model's policy scoring no verdict 0.0) and a completion's (`Completion`: the engine's
+    answer whole under ``openai``), each body whole."""
+    r = httpx.post(f"{url}/v1/actions", timeout=300, json={
+        "kind": "judge", "model": "gj", "payload": {"prompt": "2+2?", "response": "4"},
+        "wait": True, "wait_s": 300})
+    (res,) = r.json()["results"]
+    out = res["output"]
+    assert res["status"] == "succeeded", res
+    assert out == {"model": "gj", "reasoning": out["reasoning"],
+                   "prompt_tokens": out["prompt_tokens"],
+                   "completion_tokens": out["completion_tokens"],
+                   "finish_reason": out["finish_reason"], "score": out["score"],
+                   "verdict": out["verdict"]}
+    assert list(out) == ["model", "reasoning", "prompt_tokens", "completion_tokens",
+                         "finish_reason", "score", "verdict"]
+    assert isinstance(out["reasoning"], str) and out["prompt_tokens"] > 5
+    assert 1 <= out["completion_tokens"] <= 8  # (options.max_tokens)
+    if out["verdict"] is None:
+        assert out["score"] == 0.0  # (on_no_verdict: 0.0)
+    r = httpx.post(f"{url}/v1/actions", timeout=300, json={
+        "kind": "judge", "model": "gj", "wait": True, "wait_s": 300, "payload": {"openai": {
+            "route": "completions", "body": {"prompt": "x", "max_tokens": 2,
+                                             "ignore_eos": True}}}})
+    (res,) = r.json()["results"]
+    out = res["output"]
+    assert res["status"] == "succeeded" and list(out) == ["openai", "model"], res
+    assert out["model"] == "gj" and out["openai"]["model"] == "gj"
+    assert out["openai"]["usage"]["completion_tokens"] == 2
+    assert [c["index"] for c in out["openai"]["choices"]] == [0]
+
+
 def test_engine_killed_mid_flight_requests_requeued_and_answered(url: str) -> None:
     """Last in the module: SIGKILL to the engine's process group while 16 requests wait."""
     (pid,) = _engine_pids(url)

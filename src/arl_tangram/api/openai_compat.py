@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.actions import ActionKind, ActionSpec, Status, WorkHints
 from ..core.errors import BrokenError, InvalidAction
 from ..core.resources import Resources
-from ..kinds import ChatTurn, JudgeRequest, Sampling
+from ..kinds import ChatTurn, Completion, JudgeRequest, Sampling
 from .middleware import TENANT_KEY
 from .translate import new_id
 
@@ -116,7 +116,7 @@ def _sampling(svc: Any, req: _Common) -> tuple[str, Sampling]:
 
 
 async def _run(svc: Any, request: Request, name: str, req: JudgeRequest,
-               tokens: int) -> dict[str, Any]:
+               tokens: int) -> Completion:
     t = request.scope.get(TENANT_KEY)
     tenant = t if isinstance(t, str) else None
     spec = ActionSpec(id=new_id(), kind=ActionKind.JUDGE, demand=Resources(), model=name,
@@ -132,36 +132,30 @@ async def _run(svc: Any, request: Request, name: str, req: JudgeRequest,
         if " answered 400: " in reason:  # the engine refused the request itself
             raise InvalidAction("body", reason.split(" answered 400: ", 1)[1][:500])
         raise BrokenError(f"judge {name} failed: {r.status.name.lower() if r else 'lost'}: {reason}")
-    out = r.output.get("openai") if isinstance(r.output, dict) else None
-    if not isinstance(out, dict):
+    if not isinstance(r.output, Completion):
         raise BrokenError(f"judge {name} gave no completion")
-    return out
+    return r.output
 
 
-def _usage(raw: Any) -> dict[str, int]:
-    u = raw if isinstance(raw, dict) else {}
-    p, c = int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+def _usage(c: Completion) -> dict[str, int]:
+    p, n = c.prompt_tokens, c.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
 
-def chat_response(name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    choices = []
-    for i, c in enumerate(raw.get("choices") or []):
-        msg = c.get("message") or {}
-        choices.append({"index": int(c.get("index", i)),
-                        "message": {"role": "assistant", "content": msg.get("content") or ""},
-                        "logprobs": None, "finish_reason": c.get("finish_reason") or "stop"})
+def chat_response(name: str, c: Completion) -> dict[str, Any]:
+    """OpenAI's chat.completion body of a judge's completion (its one owner)."""
+    choices = [{"index": ch.index, "message": {"role": "assistant", "content": ch.text},
+                "logprobs": None, "finish_reason": ch.finish_reason} for ch in c.choices]
     return {"id": f"chatcmpl-{new_id()}", "object": "chat.completion",
-            "created": int(time.time()), "model": name, "choices": choices,
-            "usage": _usage(raw.get("usage"))}
+            "created": int(time.time()), "model": name, "choices": choices, "usage": _usage(c)}
 
 
-def completion_response(name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    choices = [{"index": int(c.get("index", i)), "text": c.get("text") or "", "logprobs": None,
-                "finish_reason": c.get("finish_reason") or "stop"}
-               for i, c in enumerate(raw.get("choices") or [])]
+def completion_response(name: str, c: Completion) -> dict[str, Any]:
+    """OpenAI's text_completion body of a judge's completion (its one owner)."""
+    choices = [{"index": ch.index, "text": ch.text, "logprobs": None,
+                "finish_reason": ch.finish_reason} for ch in c.choices]
     return {"id": f"cmpl-{new_id()}", "object": "text_completion", "created": int(time.time()),
-            "model": name, "choices": choices, "usage": _usage(raw.get("usage"))}
+            "model": name, "choices": choices, "usage": _usage(c)}
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.errors import InvalidAction
 from ..core.resources import Resources
-from ..kinds import DEFAULT_TOPK, RetrieveRequest, provider_request
+from ..kinds import DEFAULT_TOPK, ProviderResult, RetrieveRequest, RetrieveResult, provider_request
 from ..managers.api.manager import RequestError
 from ..managers.retrieval.index import MAX_TOPK
 from .middleware import TENANT_KEY
@@ -210,8 +210,9 @@ def add_routes(app: FastAPI, svc: Any) -> None:
             if r is None or r.status is not Status.SUCCEEDED:
                 why = "no result" if r is None else f"{r.status.name.lower()}: {r.reason}"
                 return JSONResponse({"error": f"index {name!r}: {why}", "field": "index"}, 502)
-            hits = r.output.get("result", []) if isinstance(r.output, dict) else []
-            out.append(hits if body.return_scores else [h["document"] for h in hits])
+            hits = r.output.hits if isinstance(r.output, RetrieveResult) else ()
+            out.append([h.to_dict() for h in hits] if body.return_scores
+                       else [h.document for h in hits])
         return JSONResponse({"result": out})
 
     async def local_search(body: ProviderIn) -> Response:
@@ -228,11 +229,12 @@ def add_routes(app: FastAPI, svc: Any) -> None:
                           tag=body.provider, demand=Resources(), trajectory=body.trajectory,
                           payload=RetrieveRequest(query=q, topk=topk), timeout_s=body.timeout_s)
         r = await engine.run(spec)
-        out = r.output if isinstance(r.output, dict) else {}
+        out = r.output if isinstance(r.output, RetrieveResult) else None
         return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,
-                             "result": out.get("result"), "cached": False, "reason": r.reason,
-                             "act_s": r.act, "route": "local", "route_reason": "names a local index",
-                             "local_score": out["result"][0]["score"] if out.get("result") else None})
+                             "result": None if out is None else [h.to_dict() for h in out.hits],
+                             "cached": False, "reason": r.reason, "act_s": r.act,
+                             "route": "local", "route_reason": "names a local index",
+                             "local_score": None if out is None else out.top_score})
 
     async def provider_call(kind: str, body: ProviderIn, request: Request) -> Response:
         front = engine.api
@@ -262,9 +264,10 @@ def add_routes(app: FastAPI, svc: Any) -> None:
                                  timeout_s=body.timeout_s, trajectory=body.trajectory)
         except RequestError as exc:
             raise InvalidAction(exc.field, str(exc).split(": ", 1)[-1]) from None
-        out = r.output if isinstance(r.output, dict) else {}
+        out = r.output if isinstance(r.output, ProviderResult) else None
         return JSONResponse({"id": r.id, "status": r.status.name.lower(), "provider": body.provider,
-                             "result": out.get("result"), "cached": bool(out.get("cached", False)),
+                             "result": None if out is None else out.result,
+                             "cached": out is not None and out.cached,
                              "reason": r.reason, "act_s": r.act})
 
     @app.post("/v1/search", tags=["search"])

@@ -24,7 +24,7 @@ from ..core.actions import ActionResult, ActionSpec, Status
 from ..core.errors import BrokenError, ImageError, InvalidAction, TangramError
 from ..core.images import check_name
 from ..core.resources import Resources
-from ..kinds import CodeRequest, ScoreRequest, code_timeouts, judge_request
+from ..kinds import CodeRequest, ScoreRequest, ScoreResult, code_timeouts, judge_request
 from ..runtime.config import ServiceConfig
 from ..runtime.engine import Engine, UnknownAction
 from . import translate as T
@@ -464,8 +464,7 @@ class Service:
                                 field="input")
         data = []
         for i, (o,) in enumerate(outs):
-            probs = o.get("probs") if isinstance(o, dict) else None
-            probs = [float(x) for x in probs] if probs else [T.score_of(o)]
+            probs = list(o.probs) if isinstance(o, ScoreResult) and o.probs else [T.score_of(o)]
             best = max(range(len(probs)), key=probs.__getitem__)
             data.append({"index": i, "label": str(best), "probs": probs,
                          "num_classes": len(probs)})

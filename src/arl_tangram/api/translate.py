@@ -30,9 +30,12 @@ from ..kinds import (
     EDGE_GRACE_S,
     CodeRequest,
     CommandRunStatus,
+    JudgeVerdict,
+    Outcome,
     RunResult,
     RunStatus,
     ScoreRequest,
+    ScoreResult,
     StageResult,
     code_timeouts,
 )
@@ -144,9 +147,9 @@ def result_dict(r: ActionResult) -> dict[str, Any]:
 
 
 def output_body(output: Any) -> Any:
-    """An action's output as its wire body: a typed outcome rendered (`kinds`), any other
-    output (a manager's JSON-ready dict) as it is."""
-    if isinstance(output, RunResult):
+    """An action's output as its wire body: a typed outcome rendered (`kinds`: `RunResult`, an
+    `Outcome`), any other output (a manager's JSON-ready dict) as it is."""
+    if isinstance(output, RunResult | Outcome):
         return output.to_dict()
     return output
 
@@ -163,7 +166,7 @@ def join_group(group_id: str, parts: Sequence[ActionResult]) -> ActionResult:
     scores = {}
     for p in parts:
         model = p.id.rsplit(".", 1)[-1]
-        scores[model] = p.output if p.status == Status.SUCCEEDED else {"error": p.reason}
+        scores[model] = output_body(p.output) if p.status == Status.SUCCEEDED else {"error": p.reason}
     finishes = [p.finish_time for p in parts if p.finish_time is not None]
     starts = [p.start_time for p in parts if p.start_time is not None]
     return ActionResult(
@@ -206,6 +209,10 @@ _RUN_STATUSES = frozenset(s.value for s in RunStatus)
 
 
 def score_of(output: Any) -> float:
+    """The reward of a score's outcome (`kinds.ScoreResult`, a generative judge's
+    `kinds.JudgeVerdict`; a mapping with a numeric ``score``, from a library's manager)."""
+    if isinstance(output, ScoreResult | JudgeVerdict):
+        return float(output.score)
     if isinstance(output, Mapping) and isinstance(output.get("score"), int | float):
         return float(output["score"])
     raise ValueError(f"no score in output {output!r}")

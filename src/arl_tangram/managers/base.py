@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..core.actions import ActionSpec
     from ..core.resources import Resources
-    from ..kinds import RunResult
+    from ..kinds import Outcome, RunResult
 
 
 class ImageRecord(Protocol):
@@ -104,7 +104,7 @@ class BatchResult(Protocol):
     """What one batch on a model instance produced (the GPU manager's `BatchOutcome`)."""
 
     @property
-    def outputs(self) -> Mapping[str, dict[str, Any]]: ...
+    def outputs(self) -> Mapping[str, Outcome]: ...
 
     @property
     def failed(self) -> Mapping[str, str]: ...

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.resources import Resources
-from ..kinds import RetrieveRequest, provider_request
+from ..kinds import ProviderResult, RetrieveRequest, RetrieveResult, provider_request
 from ..managers.api import ApiManager, ProviderConfig, RequestError, normalize
 from .engine import Engine
 
@@ -45,9 +45,11 @@ def check_step(step: Any) -> int | None:
 def answer(r: ActionResult, provider: str, route: str, why: str,
            local_score: float | None) -> dict[str, Any]:
     """The ``/v1/search`` (``Client.search``) answer of the action that answered."""
-    out = r.output if isinstance(r.output, dict) else {}
+    out = r.output
+    result = out.result if isinstance(out, ProviderResult) else \
+        [h.to_dict() for h in out.hits] if isinstance(out, RetrieveResult) else None
     return {"id": r.id, "status": r.status.name.lower(), "provider": provider,
-            "result": out.get("result"), "cached": bool(out.get("cached", False)),
+            "result": result, "cached": isinstance(out, ProviderResult) and out.cached,
             "reason": r.reason, "act_s": r.act, "route": route, "route_reason": why,
             "local_score": local_score}
 
@@ -135,8 +137,7 @@ class ProviderFront:
             action_id or uuid.uuid4().hex, kind=ActionKind.RETRIEVE, model=lf.index, tag=lf.index,
             demand=Resources(), trajectory=trajectory, timeout_s=timeout_s,
             payload=RetrieveRequest(query=query, topk=lf.topk)))
-        hits = r.output.get("result") if isinstance(r.output, dict) else None
-        local_score = float(hits[0]["score"]) if hits else None
+        local_score = r.output.top_score if isinstance(r.output, RetrieveResult) else None
         if source == "local":
             return r, "local", "source: local", local_score
         if r.status is not Status.SUCCEEDED or local_score is None:

@@ -90,9 +90,10 @@ def test_verdict_outputs_and_the_no_verdict_policy() -> None:
     data = {"choices": [{"message": {"content": "ok \\boxed{yes}"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 30, "completion_tokens": 5}}
     out, reason = EngineJudgeHost._verdict(spec, JudgeOptions.of(spec), "chat/completions", data)
-    assert reason == "" and out == {"model": "gj", "reasoning": "ok \\boxed{yes}",
-                                    "prompt_tokens": 30, "completion_tokens": 5,
-                                    "finish_reason": "stop", "score": 1.0, "verdict": "yes"}
+    assert reason == "" and out is not None
+    assert list(out.to_dict().items()) == [  # (the native output's wire body, in its order)
+        ("model", "gj"), ("reasoning", "ok \\boxed{yes}"), ("prompt_tokens", 30),
+        ("completion_tokens", 5), ("finish_reason", "stop"), ("score", 1.0), ("verdict", "yes")]
     garbage = {"choices": [{"text": "xyz", "finish_reason": "length"}],
                "usage": {"prompt_tokens": 3, "completion_tokens": 7}}
     out, reason = EngineJudgeHost._verdict(spec, JudgeOptions.of(spec), "completions", garbage)

@@ -3,7 +3,7 @@
 The core decides *when* a call leaves (a token and a slot of its provider: core/providers.py);
 this manager only sends it (`call`, one `CallProvider`) and reports back exactly once:
 
-- a 2xx with a JSON body -> `ActionFinished(SUCCEEDED, output={"provider", "result"})`, the
+- a 2xx with a JSON body -> `ActionFinished(SUCCEEDED, output=kinds.ProviderResult)`, the
   answer cached under the call's key for ``cache_ttl_s``;
 - a 429 -> `ProviderThrottled` (``Retry-After`` in seconds or an HTTP date, when sent): the
   core lowers or pauses the provider's bucket and the call waits again for a token there, never
@@ -43,7 +43,7 @@ from ...core import commands as C
 from ...core import events as E
 from ...core.actions import Status
 from ...core.errors import InvalidAction
-from ...kinds import ProviderRequest, provider_request
+from ...kinds import ProviderRequest, ProviderResult, provider_request
 from .config import ProviderConfig
 
 log = logging.getLogger(__name__)
@@ -235,8 +235,8 @@ class ApiManager:
         key = request_key(provider, kind, norm, "*" if cfg.cache_shared else tenant)
         return ProviderRequest(kind=kind, request=norm, coalesce=key), key
 
-    def lookup(self, provider: str, key: str) -> Any | None:
-        """A cached answer (counted as a hit), or None (a miss): memory, then the provider's
+    def lookup(self, provider: str, key: str) -> ProviderResult | None:
+        """A cached answer (counted as a hit; ``cached`` true), or None (a miss): memory, then the provider's
         ``cache_dir`` (an answer found there is kept in memory for what is left of its TTL)."""
         st = self.stats.get(provider)
         got = self.cache.get(key, self.clock())
@@ -250,7 +250,10 @@ class ApiManager:
                 st.misses += 1
             else:
                 st.hits += 1
-        return None if got is None else {**got, "cached": True}
+        if got is None:
+            return None
+        return ProviderResult(provider=str(got.get("provider", provider)), result=got.get("result"),
+                              cached=True)
 
     # ---- calls --------------------------------------------------------------------------------
     def call(self, cmd: C.CallProvider | C.CancelAction) -> None:
@@ -390,7 +393,8 @@ class ApiManager:
                         self.cache.put(key, out, self.clock(), cfg.cache_ttl_s)
                         if cfg.cache_dir:
                             _disk_put(cfg.cache_dir, key, out, cfg.cache_ttl_s)
-                    self._finish(aid, Status.SUCCEEDED, output={**out, "cached": False}, run_s=lat)
+                    self._finish(aid, Status.SUCCEEDED, run_s=lat,
+                                 output=ProviderResult(provider=name, result=data))
                     return
                 if code < 500:
                     self._error(st, f"http_{code}")

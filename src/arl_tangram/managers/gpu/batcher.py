@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ...core.actions import ActionSpec
 from ...core.errors import BrokenError, ClosedError
+from ...kinds import Outcome
 from .config import BatchOutcome
 
 RunFn = Callable[[str, list[ActionSpec]], Awaitable[BatchOutcome]]
@@ -25,17 +25,17 @@ class DynamicBatcher:
 
     def __init__(self, run: RunFn, knee: Callable[[str], int], wait_s: float) -> None:
         self._run, self._knee, self._wait_s = run, knee, wait_s
-        self._queues: dict[str, list[tuple[ActionSpec, asyncio.Future[dict[str, Any]]]]] = {}
+        self._queues: dict[str, list[tuple[ActionSpec, asyncio.Future[Outcome]]]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         self.batch_sizes: list[int] = []  # sizes of the batches run, in order (for reports)
 
-    async def submit(self, instance_id: str, action: ActionSpec) -> dict[str, Any]:
+    async def submit(self, instance_id: str, action: ActionSpec) -> Outcome:
         """Score one action on ``instance_id``; returns its output or raises BrokenError."""
         if self._closed:
             raise ClosedError("the GPU manager's batcher is closed")
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(instance_id, []).append((action, fut))
         self._wakeups.setdefault(instance_id, asyncio.Event()).set()
         if instance_id not in self._tasks:
@@ -59,7 +59,7 @@ class DynamicBatcher:
             await self._serve(iid, take)
 
     async def _serve(
-        self, iid: str, take: list[tuple[ActionSpec, asyncio.Future[dict[str, Any]]]]
+        self, iid: str, take: list[tuple[ActionSpec, asyncio.Future[Outcome]]]
     ) -> None:
         self.batch_sizes.append(len(take))
         try:

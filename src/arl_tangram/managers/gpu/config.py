@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...kinds import Outcome
 
 _DEVICES = ("auto", "cuda", "cpu")
 
@@ -86,7 +89,7 @@ class DeviceInfo:
 class BatchOutcome:
     """What a RunBatch produced: per-action outputs or reasons, and the measured latency."""
 
-    outputs: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # action id -> output
+    outputs: Mapping[str, Outcome] = field(default_factory=dict)  # action id -> its outcome
     failed: Mapping[str, str] = field(default_factory=dict)  # action id -> reason
     latency_s: float = 0.0  # measured compute time of the batch (queueing excluded)
     batch_size: int = 0  # number of actions that were scored

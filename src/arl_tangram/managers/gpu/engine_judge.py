@@ -14,13 +14,14 @@ Generative judging: the payload (`kinds.JudgeRequest`, typed at the edge; a libr
 mapping parsed here by `kinds.judge_request`: ``query`` or ``prompt`` + ``response``, or
 ``messages``) is formatted by ``options.template``, sent as a chat (``chat_template: true``, the model's own
 template) or a plain completion, generated up to ``max_tokens``, and the verdict read by the
-configured rule (verdict.py). The output: ``score``, ``verdict`` (what the rule found),
-``reasoning`` (the generated text), ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
-``model``. No verdict: the action fails, naming the rule and the tokens generated
+configured rule (verdict.py). The output (`kinds.JudgeVerdict`): ``score``, ``verdict`` (what
+the rule found), ``reasoning`` (the generated text), ``prompt_tokens``, ``completion_tokens``,
+``finish_reason``, ``model``. No verdict: the action fails, naming the rule and the tokens generated
 (``on_no_verdict: fail``, the default), or gets the configured score with ``verdict: null``.
 A completion (`JudgeRequest.route` set; ``{"openai": {"route", "body"}}`` as a mapping) is an
 OpenAI-style request sent as its typed fields say (`JudgeRequest.openai_body`,
-api/openai_compat.py); its output is ``{"openai": <the engine's response>}``.
+api/openai_compat.py); its output (`kinds.Completion`) is ``{"openai": <the engine's
+response>, "model"}`` on the wire.
 
 Supervision: a process per instance gives fault isolation -- a crash, ``kill -9`` or the OOM
 killer ends one engine, never the service. An engine whose process exits, or that stops answering
@@ -56,7 +57,7 @@ import httpx
 from ...core.actions import ActionSpec
 from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError, ClosedError
-from ...kinds import JudgeRequest, judge_request
+from ...kinds import Completion, JudgeRequest, JudgeVerdict, Outcome, judge_request
 from .config import BatchOutcome
 from .verdict import VerdictRule, parse
 
@@ -387,7 +388,7 @@ class EngineJudgeHost:
             eng.in_flight -= len(actions)
         if eng.dead:
             raise EngineDied(instance_id, eng.dead)
-        outputs: dict[str, dict[str, Any]] = {}
+        outputs: dict[str, Outcome] = {}
         failed: dict[str, str] = {}
         for a, (out, reason) in zip(actions, got, strict=True):
             if out is not None:
@@ -396,7 +397,7 @@ class EngineJudgeHost:
                 failed[a.id] = reason
         return BatchOutcome(outputs, failed, time.perf_counter() - t0, len(outputs))
 
-    async def _one(self, eng: _Engine, a: ActionSpec) -> tuple[dict[str, Any] | None, str]:
+    async def _one(self, eng: _Engine, a: ActionSpec) -> tuple[Outcome | None, str]:
         spec, opts = eng.spec, eng.opts
         if a.model is not None and a.model != spec.name:
             return None, f"action names model {a.model!r}; instance serves {spec.name!r}"
@@ -420,7 +421,7 @@ class EngineJudgeHost:
         data = r.json()
         data["model"] = spec.name
         if req.route is not None:
-            return {"openai": data, "model": spec.name}, ""
+            return Completion.of(spec.name, route, data), ""
         return self._verdict(spec, opts, route, data)
 
     def _judge_request(self, spec: ModelSpec, opts: JudgeOptions,
@@ -436,27 +437,26 @@ class EngineJudgeHost:
 
     @staticmethod
     def _verdict(spec: ModelSpec, opts: JudgeOptions, route: str,
-                 data: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+                 data: Mapping[str, Any]) -> tuple[JudgeVerdict | None, str]:
         choice = (data.get("choices") or [{}])[0]
         text = (choice.get("message") or {}).get("content") if route.startswith("chat") \
             else choice.get("text")
         text = text or ""
         usage = data.get("usage") or {}
-        out: dict[str, Any] = {
-            "model": spec.name, "reasoning": text,
-            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-            "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "finish_reason": choice.get("finish_reason"),
-        }
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        finish = choice.get("finish_reason")
         v = parse(text, opts.verdict)
-        if v is not None:
-            return {**out, "score": v.score, "verdict": v.found}, ""
-        if opts.on_no_verdict == "fail":
+        if v is None and opts.on_no_verdict == "fail":
             shown = text[-120:].replace("\n", "\\n")
             return None, (f"model {spec.name}: no verdict (rule {opts.verdict.rule}) in "
-                          f"{out['completion_tokens']} generated tokens "
-                          f"(finish_reason {out['finish_reason']}): ...{shown!r}")
-        return {**out, "score": float(opts.on_no_verdict), "verdict": None}, ""
+                          f"{completion_tokens} generated tokens "
+                          f"(finish_reason {finish}): ...{shown!r}")
+        return JudgeVerdict(
+            model=spec.name, reasoning=text, prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, finish_reason=finish,
+            score=v.score if v is not None else float(opts.on_no_verdict),
+            verdict=v.found if v is not None else None), ""
 
     async def step_costs(self, instance_id: str, *, k: int = 32,
                          tokens: int = 64) -> tuple[float, float, float, float]:

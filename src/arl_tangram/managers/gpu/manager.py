@@ -49,7 +49,7 @@ from ...core.cluster import ModelSpec, NodeSpec
 from ...core.errors import BrokenError, ClosedError
 from ...core.resources import Resources
 from ...core.topology import can_ever_place, choose_devices
-from ...kinds import RetrieveRequest, ScoreRequest
+from ...kinds import Outcome, RetrieveRequest, ScoreRequest
 from .batcher import DynamicBatcher
 from .config import BatchOutcome, DeviceInfo, GpuManagerConfig
 from .costs import CostTracker
@@ -418,7 +418,7 @@ class GpuManager:
         return {"model_worker_deaths": self.worker_deaths,
                 "last_model_worker_death": self.last_worker_death}
 
-    async def submit(self, instance_id: str, action: ActionSpec) -> dict[str, Any]:
+    async def submit(self, instance_id: str, action: ActionSpec) -> Outcome:
         """Score one action through the dynamic batcher (merges concurrent submits)."""
         self._check_open()
         return await self._batcher.submit(instance_id, action)

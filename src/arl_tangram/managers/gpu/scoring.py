@@ -28,7 +28,15 @@ import torch
 
 from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError
-from ...kinds import RetrieveRequest, ScoreRequest, retrieve_request, score_request
+from ...kinds import (
+    Hit,
+    RetrieveRequest,
+    RetrieveResult,
+    ScoreRequest,
+    ScoreResult,
+    retrieve_request,
+    score_request,
+)
 
 Factory = Callable[[], tuple[Any, Any]]
 
@@ -185,8 +193,8 @@ class Scorer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def score(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """One output dict per payload, in order. Raises on a model failure (whole batch)."""
+    def score(self, payloads: Sequence[Mapping[str, Any]]) -> list[ScoreResult] | list[RetrieveResult]:
+        """One outcome per payload, in order. Raises on a model failure (whole batch)."""
         if self.index is not None:
             return self.retrieve(payloads)
         uniq: dict[str, int] = {}  # identical texts (a shared reference) are encoded once
@@ -197,17 +205,18 @@ class Scorer:
         rows = self._forward_all(list(uniq))
         return [self._output([rows[i] for i in r]) for r in refs]
 
-    def retrieve(self, payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def retrieve(self, payloads: Sequence[Mapping[str, Any]]) -> list[RetrieveResult]:
         """A retriever's batch: each request's ``query`` embedded, its ``topk`` (default 3)
-        documents by exact inner product: ``{"result": [{"document", "score"}, ...]}``."""
+        documents by exact inner product (`kinds.RetrieveResult`, best first)."""
         import numpy as np
 
         reqs = [retrieve_request(p) for p in payloads]
         rows = torch.stack(self._forward_all([r.query for r in reqs])).numpy().astype(np.float32)
-        out: list[dict[str, Any]] = []
+        out: list[RetrieveResult] = []
         for i, r in enumerate(reqs):
             ids, scores = self.index.search(rows[i:i + 1], r.topk)
-            out.append({"result": next(self.index.hits(ids, scores)), "model": self.spec.name})
+            hits = tuple(Hit(h["document"], h["score"]) for h in next(self.index.hits(ids, scores)))
+            out.append(RetrieveResult(model=self.spec.name, hits=hits))
         return out
 
     def _chat(self, text: str) -> str:
@@ -267,21 +276,22 @@ class Scorer:
             return head(hidden[rows, last])
         return self.model(**batch).logits[rows, last]
 
-    def _output(self, rows: Sequence[torch.Tensor]) -> dict[str, Any]:
+    def _output(self, rows: Sequence[torch.Tensor]) -> ScoreResult:
         name, kind = self.spec.name, self.spec.kind
         if kind == "similarity":
-            return {"score": float(torch.dot(rows[0], rows[1])), "model": name}
+            return ScoreResult(model=name, score=float(torch.dot(rows[0], rows[1])))
         logits = rows[0]
         if kind == "judge":
             yes, no = self.yes_no_ids()
             probs = torch.softmax(logits, -1)
             p_yes, p_no = float(probs[yes]), float(probs[no])
-            return {"score": p_yes / (p_yes + p_no), "p_yes": p_yes, "p_no": p_no, "model": name}
+            return ScoreResult(model=name, score=p_yes / (p_yes + p_no), p_yes=p_yes, p_no=p_no)
         if logits.numel() == 1:
-            return {"score": float(logits[0]), "model": name}
+            return ScoreResult(model=name, score=float(logits[0]))
         probs = torch.softmax(logits, -1)
         pos = int(self.spec.options.get("positive_label", logits.numel() - 1))
-        return {"score": float(probs[pos]), "probs": [float(x) for x in probs], "model": name}
+        return ScoreResult(model=name, score=float(probs[pos]),
+                           probs=tuple(float(x) for x in probs))
 
     def yes_no_ids(self) -> tuple[int, int]:
         if self._yes_no is None:
