@@ -9,14 +9,25 @@ import json
 from typing import Any
 
 from arl_tangram.api.app import _health
+from arl_tangram.core.resources import Resources
+from arl_tangram.core.view import NodeView
+from arl_tangram.runtime.views import ClusterView, NodeRow
 
 
 class _Eng:
+    """The engine's cluster view of nodes given as their ``alive`` (the core's) and their own
+    report (``ready``, ``not_ready_reason``)."""
+
     def __init__(self, *nodes: dict[str, Any]) -> None:
         self.nodes = list(nodes)
 
-    def cluster(self) -> dict[str, Any]:
-        return {"nodes": self.nodes}
+    def cluster_view(self) -> ClusterView:
+        rows = tuple(NodeRow(core=NodeView(n["name"], "default", Resources(), Resources(),
+                                           Resources(), 0, n["alive"], {}),
+                             report={k: v for k, v in n.items() if k not in ("name", "alive")})
+                     for n in self.nodes)
+        return ClusterView(nodes=rows, policy="tangram", models=(), instances=(),
+                           models_down={}, sessions=0)
 
 
 def _body(*nodes: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -259,16 +259,14 @@ def _health(engine: Engine) -> JSONResponse:
     (Ray: its machine or agent died; the scheduler places nothing there, and a replacement
     agent joins under a new name) is listed, not ready, but does not hold the service down."""
     nodes = {}
-    for n in engine.cluster().get("nodes", []):
-        alive = bool(n.get("alive", True))
-        ready = alive and bool(n.get("ready", True))
+    for n in engine.cluster_view().nodes:
+        ready = n.alive and n.ready
         entry: dict[str, Any] = {"ready": ready}
-        if not alive:
+        if not n.alive:
             entry["lost"] = True
         if not ready:
-            entry["reason"] = (n.get("not_ready_reason") if alive
-                               else "the node is lost") or "not ready"
-        nodes[str(n.get("name"))] = entry
+            entry["reason"] = (n.reason if n.alive else "the node is lost") or "not ready"
+        nodes[n.name] = entry
     live = {k: v for k, v in nodes.items() if not v.get("lost")}
     ready = bool(live) and all(v["ready"] for v in live.values())
     body: dict[str, Any] = {"ready": ready, "nodes": nodes}
@@ -351,11 +349,12 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     async def cluster(request: Request) -> Response:
         """Nodes, their use and warm state; a tenant sees its own and the shared images, of
         others' only how many (`Tenancy.cluster_view`)."""
-        return JSONResponse(svc.tenancy.cluster_view(tenant_of(request), svc.engine.cluster()))
+        return JSONResponse(svc.tenancy.cluster_view(tenant_of(request),
+                                                     svc.engine.cluster_view().to_dict()))
 
     @app.get("/v1/stats", tags=["native"])
     async def stats() -> Response:
-        return JSONResponse(svc.engine.stats())
+        return JSONResponse(svc.engine.stats_view().to_dict())
 
     @app.post("/get_reward", tags=["reward"],
               responses={**_BUSY, 502: _doc("the model failed to score")})

@@ -286,8 +286,7 @@ class Service:
         for k in demand:
             if k in self._dims:
                 continue
-            self._dims = frozenset(d for n in self.engine.cluster().get("nodes", [])
-                                   for d in (n.get("capacity") or {}))
+            self._dims = self.engine.cluster_view().dims()
             if k not in self._dims and self._dims:
                 raise InvalidAction(f"{field}.{k}", f"unknown resource {k!r} (this cluster's "
                                     f"resources: {', '.join(sorted(self._dims))})")
@@ -295,19 +294,20 @@ class Service:
     def _check_demand(self, demand: Resources, field: str) -> None:
         """A demand of the cluster's dimensions that some node can hold (400 else, as an
         action's would be rejected); no check while the cluster has no node yet."""
-        nodes = self.engine.cluster().get("nodes", [])
-        if not nodes:
+        view = self.engine.cluster_view()
+        if not view.nodes:
             return
-        dims = sorted({k for n in nodes for k in (n.get("capacity") or {})})
+        dims = sorted(view.dims())
         for k in demand:
             if k not in dims:
                 raise InvalidAction(f"{field}.{k}", f"unknown resource {k!r} (this cluster's "
                                     f"resources: {', '.join(dims)})")
-        if not any(all(float(v) <= float((n.get("capacity") or {}).get(k, 0.0)) + 1e-9
+        nodes = view.nodes
+        if not any(all(float(v) <= n.capacity.get(k, 0.0) + 1e-9
                        for k, v in demand.items()) for n in nodes):
             raise InvalidAction(field, f"no node can ever satisfy demand {dict(demand.items())} "
                                 "(largest capacity: " + "; ".join(
-                                    f"{n.get('name')}: {n.get('capacity')}" for n in nodes[:4])
+                                    f"{n.name}: {n.capacity.as_dict()}" for n in nodes[:4])
                                 + ")")
 
     def _remember_group(self, gid: str, parts: tuple[str, ...]) -> None:

@@ -37,6 +37,7 @@ from ..core.view import InstanceView, NodeView
 from .clock import Clock, MonotonicClock
 from .executor import Executor
 from .stats import Live, StatsBook
+from .views import ClusterView, ModelDown, NodeRow, StatsView
 
 log = logging.getLogger(__name__)
 
@@ -751,45 +752,46 @@ class Engine:
         return self._executor.has_image(name)
 
     def cluster(self) -> dict[str, Any]:
-        """Nodes with capacity, use, warm pools and resident models (JSON-ready)."""
+        """Nodes with capacity, use, warm pools and resident models (JSON-ready):
+        `cluster_view` rendered."""
+        return self.cluster_view().to_dict()
+
+    def cluster_view(self) -> ClusterView:
+        """The cluster as the core sees it (its nodes and instances), each node with its own
+        report (`Executor.node_info`) and whether a dead model worker holds it not ready."""
         info = self._executor.node_info()
         view = self.core.view() if isinstance(self.core, Inspectable) else None
         node_views: Sequence[NodeView] = view.nodes if view is not None else ()
         instance_views: Sequence[InstanceView] = view.instances if view is not None else ()
-        nodes = []
         now = self.clock.now()
-        down = {m: {**d, "down_s": round(now - float(d["since"]), 3)}
+        down = {m: ModelDown(node=d["node"], reason=d["reason"],
+                             down_s=round(now - float(d["since"]), 3))
                 for m, d in self._models_down.items()}
+        nodes = []
         for nv in node_views:
-            cap, used = nv.capacity, nv.used
             spec = self.nodes.get(nv.name)
-            nodes.append({
-                "name": nv.name, "pool": nv.pool, "alive": nv.alive,
-                "capacity": cap.as_dict(), "used": used.as_dict(), "free": nv.free.as_dict(),
-                "utilization": {k: round(min(1.0, used.get(k) / v), 4) for k, v in cap.items() if v > 0},
-                "running": nv.running, "warm": dict(nv.warm),
-                "gpu_domains": [list(d) for d in spec.gpu_domains] if spec else [],
-                **{k: v for k, v in self._sourced(info.get(nv.name, {})).items()
-                   if k not in ("name", "pool")},
-            })
-            dead_here = sorted(m for m, d in down.items() if d["node"] == nv.name)
-            if dead_here and nodes[-1].get("ready", True):  # a model's worker died here
+            report = self._sourced(info.get(nv.name, {}))
+            dead_here = sorted(m for m, d in down.items() if d.node == nv.name)
+            why = None
+            if dead_here and report.get("ready", True):  # a model's worker died here
                 m = dead_here[0]
-                nodes[-1]["ready"] = False
-                nodes[-1]["not_ready_reason"] = (
-                    f"model {m} has no instance up: {down[m]['reason']} ({down[m]['down_s']} s "
-                    "ago; reloading)")
-        instances = [{"instance_id": i.id, "model": i.model, "node": i.node,
-                      "devices": list(i.devices), "state": i.state, "queue": i.queue}
-                     for i in instance_views]
-        return {"nodes": nodes, "policy": self.config.policy,
-                "models": [m.name for m in self.config.models], "instances": instances,
-                "models_down": {m: {k: v for k, v in d.items() if k != "since"}
-                                for m, d in down.items()},
-                "sessions": len(self._sessions)}
+                why = (f"model {m} has no instance up: {down[m].reason} ({down[m].down_s} s "
+                       "ago; reloading)")
+            nodes.append(NodeRow(core=nv, report=report, not_ready_reason=why,
+                                 gpu_domains=tuple(tuple(d) for d in spec.gpu_domains)
+                                 if spec else ()))
+        return ClusterView(nodes=tuple(nodes), policy=self.config.policy,
+                           models=tuple(m.name for m in self.config.models),
+                           instances=tuple(instance_views), models_down=down,
+                           sessions=len(self._sessions))
 
     def stats(self) -> dict[str, Any]:
-        """ACT percentiles per kind, queue lengths, counters (JSON-ready)."""
+        """ACT percentiles per kind, queue lengths, counters (JSON-ready): `stats_view`
+        rendered."""
+        return self.stats_view().to_dict()
+
+    def stats_view(self) -> StatsView:
+        """ACT percentiles per kind, what waits and runs, the counters."""
         queued: dict[str, int] = {}
         running: dict[str, int] = {}
         for live in self._live.values():
@@ -800,21 +802,19 @@ class Engine:
         for (kind, status), n in sb.finished.items():
             finished.setdefault(kind, {})[status] = n
         now = self.clock.now()
-        return {
-            "policy": self.config.policy,
-            "uptime_s": round(now - self.started_at, 3) if self.started_at is not None else 0.0,
-            "act": sb.act_summary(), "queued": queued, "running": running,
-            "queue_length": sum(queued.values()), "running_total": sum(running.values()),
-            "submitted": dict(sb.submitted), "finished": finished,
-            "warm_hits": sb.warm_hits, "warm_misses": sb.warm_misses,
-            "model_loads": sb.model_loads, "model_swaps": sb.model_swaps,
-            "model_load_failures": sb.model_load_failures, "shed": sb.shed,
-            "session_evictions": sb.session_evictions,
-            "results_kept": len(self._results), "sessions": len(self._sessions),
-            "resizes": self._resizes(),
-            "estimator": self._estimator_errors(),
-            **{name: fn() for name, fn in self.extra_stats.items()},
-        }
+        return StatsView(
+            policy=self.config.policy,
+            uptime_s=round(now - self.started_at, 3) if self.started_at is not None else 0.0,
+            act=sb.act_summary(), queued=queued, running=running,
+            submitted=dict(sb.submitted), finished=finished,
+            warm_hits=sb.warm_hits, warm_misses=sb.warm_misses,
+            model_loads=sb.model_loads, model_swaps=sb.model_swaps,
+            model_load_failures=sb.model_load_failures, shed=sb.shed,
+            session_evictions=sb.session_evictions,
+            results_kept=len(self._results), sessions=len(self._sessions),
+            resizes=self._resizes(), estimator=self._estimator_errors(),
+            extra={name: fn() for name, fn in self.extra_stats.items()},
+        )
 
     def _estimator_errors(self) -> dict[str, dict[str, float]]:
         """The core's duration estimator, scored per kind: how far its predictions at arrival

@@ -1,0 +1,83 @@
+"""``GET /v1/cluster`` and ``GET /v1/stats`` from typed views (`runtime.views.ClusterView`,
+`StatsView`: issue 36, item 3), their whole bodies pinned, key order too, so a renamed, added or
+dropped field fails: an engine on a fake node after one action, with a model marked down (its
+worker died: the node not ready, the reason named); /v1/health reads the same view."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from fakes import FakeExecutor, core_factory
+
+from arl_tangram.api.app import create_app
+from arl_tangram.runtime.config import ServiceConfig
+from arl_tangram.runtime.engine import Engine, EngineConfig
+
+
+async def test_cluster_and_stats_bodies_whole() -> None:
+    eng = Engine(FakeExecutor(cpu=2, memory_mb=4096), EngineConfig(tick_s=0.05),
+                 core_factory=core_factory)
+    await eng.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
+                eng, ServiceConfig())), base_url="http://t") as c:
+            r = await c.post("/v1/actions", json={"kind": "custom", "payload": {"sleep": 0},
+                                                  "demand": {"cpu": 1, "memory_mb": 10},
+                                                  "wait": True})
+            assert r.json()["results"][0]["status"] == "succeeded", r.text
+            body = (await c.get("/v1/cluster")).json()
+            assert list(body) == ["nodes", "policy", "models", "instances", "models_down",
+                                  "sessions"]
+            (node,) = body["nodes"]
+            assert node == {"name": "fake", "pool": node["pool"], "alive": True,
+                            "capacity": {"cpu": 2.0, "memory_mb": 4096.0},
+                            "used": node["used"], "free": node["free"],
+                            "utilization": node["utilization"], "running": 0,
+                            "warm": node["warm"], "gpu_domains": [],
+                            "warm_pools": {"python": 1}, "languages": ["python"]}
+            assert list(node)[:10] == ["name", "pool", "alive", "capacity", "used", "free",
+                                       "utilization", "running", "warm", "gpu_domains"]
+            assert set(node["utilization"]) <= {"cpu", "memory_mb"}
+            assert body == {"nodes": [node], "policy": "tangram", "models": [], "instances": [],
+                            "models_down": {}, "sessions": 0}
+            assert (await c.get("/v1/health")).json() == {"ready": True,
+                                                       "nodes": {"fake": {"ready": True}}}
+            # a model's worker died on the node: it is not ready, and says why
+            eng._model_died({"model": "rm", "node": "fake", "instance_id": "i1"},
+                            "worker killed", eng.clock.now())
+            body = (await c.get("/v1/cluster")).json()
+            down = body["models_down"]["rm"]
+            assert down == {"node": "fake", "reason": "worker killed", "down_s": down["down_s"]}
+            why = f"model rm has no instance up: worker killed ({down['down_s']} s ago; reloading)"
+            assert body["nodes"][0] == {**node, "ready": False, "not_ready_reason": why}
+            assert list(body["nodes"][0])[-2:] == ["ready", "not_ready_reason"]
+            h = await c.get("/v1/health")
+            assert h.status_code == 503
+            hw = h.json()["nodes"]["fake"]["reason"]  # (asked later: its own down_s)
+            assert re.fullmatch(r"model rm has no instance up: worker killed \([0-9.]+ s ago; "
+                                r"reloading\)", hw), hw
+            assert h.json() == {"ready": False, "nodes": {"fake": {"ready": False, "reason": hw}},
+                                "reason": f"fake: {hw}"}
+            st = (await c.get("/v1/stats")).json()
+            assert st == {
+                "policy": "tangram", "uptime_s": st["uptime_s"], "act": st["act"],
+                "queued": {}, "running": {}, "queue_length": 0, "running_total": 0,
+                "submitted": {"custom": 1}, "finished": {"custom": {"succeeded": 1}},
+                "warm_hits": st["warm_hits"], "warm_misses": st["warm_misses"],
+                "model_loads": 0, "model_swaps": 0, "model_load_failures": 0, "shed": 0,
+                "session_evictions": 0, "results_kept": 1, "sessions": 0,
+                "resizes": {"applied": 0, "deferred": 0, "dropped": 0},
+                "estimator": st["estimator"]}
+            assert list(st) == ["policy", "uptime_s", "act", "queued", "running",
+                                "queue_length", "running_total", "submitted", "finished",
+                                "warm_hits", "warm_misses", "model_loads", "model_swaps",
+                                "model_load_failures", "shed", "session_evictions",
+                                "results_kept", "sessions", "resizes", "estimator"]
+            assert st["warm_hits"] + st["warm_misses"] == 1 and list(st["act"]) == ["custom"]
+            view = eng.stats_view()
+            assert (view.queue_length, view.running_total, view.submitted) == (0, 0,
+                                                                              {"custom": 1})
+            assert eng.cluster_view().dims() == {"cpu", "memory_mb"}
+    finally:
+        await eng.aclose()
