@@ -1,7 +1,7 @@
 """``GET /v1/cluster`` and ``GET /v1/stats`` from typed views (`runtime.views.ClusterView`,
 `StatsView`: issue 36, item 3), their whole bodies pinned, key order too, so a renamed, added or
 dropped field fails: an engine on a fake node after one action, with a model marked down (its
-worker died: the node not ready, the reason named); /v1/health reads the same view."""
+worker died: the node not ready, the reason named); /v1/health and /metrics read the same views."""
 
 from __future__ import annotations
 
@@ -59,6 +59,20 @@ async def test_cluster_and_stats_bodies_whole() -> None:
                                 r"reloading\)", hw), hw
             assert h.json() == {"ready": False, "nodes": {"fake": {"ready": False, "reason": hw}},
                                 "reason": f"fake: {hw}"}
+            metrics = (await c.get("/metrics")).text  # (read from the same views)
+            for line in ('tangram_node_ready{node="fake"} 0.0',
+                         'tangram_capacity{node="fake",resource="cpu"} 2.0',
+                         'tangram_capacity{node="fake",resource="memory_mb"} 4096.0',
+                         'tangram_warm_executors{key="python",node="fake"} 1.0',
+                         'tangram_resident_models{node="fake"} 0.0',
+                         'tangram_fork_server_deaths_total{node="fake"} 0.0',
+                         'tangram_actions_submitted_total{kind="custom"} 1.0',
+                         'tangram_actions_finished_total{kind="custom",status="succeeded"} 1.0',
+                         'tangram_queue_length{kind="custom"} 0.0',
+                         'tangram_running_actions{kind="custom"} 0.0',
+                         'tangram_resizes_total{outcome="applied"} 0.0',
+                         'tangram_shed_total 0.0', 'tangram_session_evictions_total 0.0'):
+                assert line in metrics.splitlines(), line
             st = (await c.get("/v1/stats")).json()
             assert st == {
                 "policy": "tangram", "uptime_s": st["uptime_s"], "act": st["act"],

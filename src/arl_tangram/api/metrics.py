@@ -7,7 +7,6 @@ process (tests) never collide; scraping reads state, it never changes it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -19,6 +18,7 @@ from prometheus_client.core import (
 
 from ..runtime.engine import Engine
 from ..runtime.stats import ACT_BUCKETS
+from ..runtime.views import ClusterView, StatsView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -31,48 +31,48 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         e = self.engine
-        st = e.stats()
+        st = e.stats_view()
         yield from self._actions(st)
         yield self._act_histogram()
         q = GaugeMetricFamily("tangram_queue_length", "Actions waiting to start", labels=["kind"])
         r = GaugeMetricFamily("tangram_running_actions", "Actions running", labels=["kind"])
-        for kind in sorted(set(st["queued"]) | set(st["submitted"])):
-            q.add_metric([kind], st["queued"].get(kind, 0))
-            r.add_metric([kind], st["running"].get(kind, 0))
+        for kind in sorted(set(st.queued) | set(st.submitted)):
+            q.add_metric([kind], st.queued.get(kind, 0))
+            r.add_metric([kind], st.running.get(kind, 0))
         yield q
         yield r
-        yield from self._utilization(e.cluster())
+        yield from self._utilization(e.cluster_view())
         hits = CounterMetricFamily("tangram_warm_pool_starts", "Action starts by warmth",
                                    labels=["warm"])
-        hits.add_metric(["true"], st["warm_hits"])
-        hits.add_metric(["false"], st["warm_misses"])
+        hits.add_metric(["true"], st.warm_hits)
+        hits.add_metric(["false"], st.warm_misses)
         yield hits
         loads = CounterMetricFamily("tangram_model_loads", "Model instance loads", labels=["how"])
-        loads.add_metric(["cold"], st["model_loads"])
-        loads.add_metric(["swap"], st["model_swaps"])
-        loads.add_metric(["failed"], st["model_load_failures"])
+        loads.add_metric(["cold"], st.model_loads)
+        loads.add_metric(["swap"], st.model_swaps)
+        loads.add_metric(["failed"], st.model_load_failures)
         yield loads
         resizes = CounterMetricFamily("tangram_resizes", "Elastic resizes on the nodes, by outcome",
                                       labels=["outcome"])
-        for outcome, n in sorted(st["resizes"].items()):
+        for outcome, n in sorted(st.resizes.items()):
             resizes.add_metric([outcome], n)
         yield resizes
         shed = CounterMetricFamily("tangram_shed", "Submits refused for overload")
-        shed.add_metric([], st["shed"])
+        shed.add_metric([], st.shed)
         yield shed
         evicted = CounterMetricFamily("tangram_session_evictions",
                                       "Sessions evicted: their node ran short of memory")
-        evicted.add_metric([], st.get("session_evictions", 0))
+        evicted.add_metric([], st.session_evictions)
         yield evicted
 
-    def _actions(self, st: dict[str, Any]) -> Iterator[Metric]:
+    def _actions(self, st: StatsView) -> Iterator[Metric]:
         sub = CounterMetricFamily("tangram_actions_submitted", "Actions submitted", labels=["kind"])
-        for kind, n in sorted(st["submitted"].items()):
+        for kind, n in sorted(st.submitted.items()):
             sub.add_metric([kind], n)
         yield sub
         fin = CounterMetricFamily("tangram_actions_finished", "Actions finished",
                                   labels=["kind", "status"])
-        for kind, by in sorted(st["finished"].items()):
+        for kind, by in sorted(st.finished.items()):
             for status, n in sorted(by.items()):
                 fin.add_metric([kind, status], n)
         yield fin
@@ -88,7 +88,7 @@ class EngineCollector:
             h.add_metric([kind], buckets, ks.act_sum)
         return h
 
-    def _utilization(self, cluster: dict[str, Any]) -> Iterator[Metric]:
+    def _utilization(self, cluster: ClusterView) -> Iterator[Metric]:
         u = GaugeMetricFamily("tangram_utilization", "Share of capacity in use",
                               labels=["node", "resource"])
         c = GaugeMetricFamily("tangram_capacity", "Capacity", labels=["node", "resource"])
@@ -107,21 +107,21 @@ class EngineCollector:
         mdeaths = CounterMetricFamily("tangram_model_worker_deaths",
                                       "Model instances on the node whose worker died mid-batch",
                                       labels=["node"])
-        for node in cluster["nodes"]:
-            ok = bool(node.get("alive", True)) and bool(node.get("ready", True))
-            gh = node.get("gpu_health") or {}
-            mdeaths.add_metric([node["name"]], float(gh.get("model_worker_deaths", 0)))
-            ready.add_metric([node["name"]], 1.0 if ok else 0.0)
-            h = node.get("cpu_health") or {}
-            deaths.add_metric([node["name"]], float(h.get("fork_server_deaths", 0)))
-            restarts.add_metric([node["name"]], float(h.get("fork_server_restarts", 0)))
-            for res, share in node["utilization"].items():
-                u.add_metric([node["name"], res], share)
-            for res, cap in node["capacity"].items():
-                c.add_metric([node["name"], res], cap)
-            for key, n in (node.get("warm_pools") or {}).items():
-                w.add_metric([node["name"], str(key)], float(n))
-            m.add_metric([node["name"]], len(node.get("resident_models") or []))
+        for node in cluster.nodes:
+            name, rep = node.name, node.report  # (the node's own report: its managers' health)
+            gh = rep.get("gpu_health") or {}
+            mdeaths.add_metric([name], float(gh.get("model_worker_deaths", 0)))
+            ready.add_metric([name], 1.0 if node.alive and node.ready else 0.0)
+            h = rep.get("cpu_health") or {}
+            deaths.add_metric([name], float(h.get("fork_server_deaths", 0)))
+            restarts.add_metric([name], float(h.get("fork_server_restarts", 0)))
+            for res, share in node.utilization.items():
+                u.add_metric([name, res], share)
+            for res, cap in node.capacity.as_dict().items():
+                c.add_metric([name, res], cap)
+            for key, n in (rep.get("warm_pools") or {}).items():
+                w.add_metric([name, str(key)], float(n))
+            m.add_metric([name], len(rep.get("resident_models") or []))
         yield u
         yield c
         yield w
