@@ -95,3 +95,25 @@ async def test_cluster_and_stats_bodies_whole() -> None:
             assert eng.cluster_view().dims() == {"cpu", "memory_mb"}
     finally:
         await eng.aclose()
+
+
+async def test_a_sessions_demand_is_checked_against_the_cluster_view() -> None:
+    """The session route reads the nodes' capacities from the view: a resource no node has, and
+    a demand no node could ever hold (the largest capacities named), are 400s."""
+    eng = Engine(FakeExecutor(cpu=2, memory_mb=4096), EngineConfig(tick_s=0.05),
+                 core_factory=core_factory)
+    await eng.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
+                eng, ServiceConfig())), base_url="http://t") as c:
+            r = await c.post("/v1/sessions", json={"demand": {"cpu": 1, "unicorns": 1}})
+            assert r.status_code == 400 and r.json()["field"] == "demand.unicorns", r.text
+            assert r.json()["detail"] == ("demand.unicorns: unknown resource 'unicorns' (this "
+                                          "cluster's resources: cpu, memory_mb)")
+            r = await c.post("/v1/sessions", json={"demand": {"cpu": 64, "memory_mb": 10}})
+            assert r.status_code == 400 and r.json()["field"] == "demand", r.text
+            assert r.json()["detail"] == (
+                "demand: no node can ever satisfy demand {'cpu': 64.0, 'memory_mb': 10.0} "
+                "(largest capacity: fake: {'cpu': 2.0, 'memory_mb': 4096.0})")
+    finally:
+        await eng.aclose()

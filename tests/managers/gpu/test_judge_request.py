@@ -100,3 +100,33 @@ def test_the_engine_host_reads_the_typed_request_as_the_mapping() -> None:
     assert judge_messages(SPEC, o, JudgeRequest(prompt="1+1?", response="2")) == [
         {"role": "system", "content": "Be strict."},
         {"role": "user", "content": o.template.format(prompt="1+1?", response="2")}]
+
+
+def test_a_request_built_directly_keeps_the_same_rules() -> None:
+    """`api/openai_compat.py` builds its request itself: the type refuses what judge_request
+    would (each named), and its Mapping view has the wire's length."""
+    sampling = Sampling(max_tokens=2)
+    for kw, message in (
+        ({"route": "embeddings", "sampling": sampling},
+         "payload.openai.route: one of chat/completions, completions"),
+        ({"route": "completions", "prompt": "x"}, "payload.openai.body.max_tokens: is required"),
+        ({"route": "chat/completions", "sampling": sampling},
+         "payload.openai.body.messages: must not be empty"),
+        ({"route": "completions", "sampling": sampling, "prompt": ()},
+         "payload.openai.body.prompt: must not be empty"),
+        ({}, "payload: needs query, prompt and response, or messages"),
+    ):
+        with pytest.raises(InvalidAction) as got:
+            JudgeRequest(**kw)
+        assert str(got.value) == message
+    assert len(JudgeRequest(prompt="p", response="r")) == 2
+    assert len(JudgeRequest(route="completions", prompt="x", sampling=sampling)) == 1
+    for bad, message in (
+        ({"openai": {"route": "completions", "body": {"prompt": "x", "max_tokens": 2,
+                                                       "ignore_eos": 1}}},
+         "payload.openai.body.ignore_eos: must be a boolean, got 1"),
+        (["not", "a", "mapping"], "payload: must be an object"),
+    ):
+        with pytest.raises(InvalidAction) as got:
+            judge_request(bad)  # type: ignore[arg-type]
+        assert str(got.value) == message

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from arl_tangram.api import translate as T
 from arl_tangram.api.openai_compat import chat_response, completion_response
 from arl_tangram.kinds import (
@@ -13,6 +15,7 @@ from arl_tangram.kinds import (
     Completion,
     Hit,
     JudgeVerdict,
+    Outcome,
     ProviderResult,
     RetrieveResult,
     ScoreResult,
@@ -26,7 +29,7 @@ ENGINE_CHAT = {"id": "x", "object": "chat.completion", "model": "gj",
 
 
 def test_each_outcome_renders_its_wire_body_in_order() -> None:
-    cases = [
+    cases: list[tuple[Outcome, list[tuple[str, object]]]] = [
         (ScoreResult(model="rm", score=0.5), [("score", 0.5), ("model", "rm")]),
         (ScoreResult(model="j", score=0.75, p_yes=0.3, p_no=0.1),
          [("score", 0.75), ("p_yes", 0.3), ("p_no", 0.1), ("model", "j")]),
@@ -48,6 +51,9 @@ def test_each_outcome_renders_its_wire_body_in_order() -> None:
         assert T.output_body(outcome) == dict(wire) and type(T.output_body(outcome)) is dict
         assert dict(outcome) == dict(wire)  # (the Mapping view reads the same)
         assert pickle.loads(pickle.dumps(outcome)) == outcome
+    assert [len(o) for o, _ in cases] == [len(w) for _, w in cases]
+    with pytest.raises(NotImplementedError):  # (the base renders nothing of its own)
+        Outcome.to_dict(cases[0][0])
     assert RetrieveResult(model="w").top_score is None
     assert T.score_of(ScoreResult(model="rm", score=0.25)) == 0.25
     assert T.score_of(cases[5][0]) == 1.0
