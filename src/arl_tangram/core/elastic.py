@@ -34,6 +34,12 @@ class Elastic:
         self.placer = placer
         self.warm = warm
         self.largest_min_cpu = 0.0  # the largest minimum CPU demand an action arrived with
+        # `remaining`'s answers at one instant and one state of the estimator: action seq ->
+        # (work done by now, work left); the node's scans in one event read each action's
+        # work left once (issue 40)
+        self._left: dict[int, tuple[float, float]] = {}
+        self._left_now = -1.0
+        self._left_version = -1
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -101,12 +107,15 @@ class Elastic:
             return
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
+        cpu_only = not self.placer.other_dims  # (every action here stretches in CPU)
         while heap:
             _, _, aid = heapq.heappop(heap)
             rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
+            if cpu_only and spare <= 1e-9:
+                break  # no spare CPU left: every later turn would give nothing (issue 40)
             k = rec.allotment.get(el.dim)
             delta = min(el.max - k, spare)
             if delta > step:
@@ -192,18 +201,20 @@ class Elastic:
         if short <= 1e-9:
             return True
         step = self.st.config.elastic_step
-        heap: list[tuple[float, int, str]] = []
+        lenders: list[ActionRecord] = []
         spare = 0.0
-        for aid, rec in node.elastic.items():  # (the heap's keys decide the order)
+        for rec in node.elastic.values():  # (the heap's keys decide the order)
             el = rec.spec.elasticity
             if el is None or el.dim != CPU or rec.allotment is None:
                 continue
-            extra = rec.allotment.get(CPU) - _floor_of(el, floor)
+            extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
             if extra > 1e-9:
                 spare += extra
-                heap.append((-self.remaining(rec), rec.seq, aid))
+                lenders.append(rec)
         if spare < short - 1e-9:
-            return False
+            return False  # (summed before any work left is read: a reclaim that cannot make
+            # room costs one pass over the widths, not an estimate per lender; issue 40)
+        heap = [(-self.remaining(rec), rec.seq, rec.spec.id) for rec in lenders]
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while short > 1e-9 and heap:
@@ -233,13 +244,28 @@ class Elastic:
         """Expected work left of a running action (seconds at speed 1), given the work its
         allotments have done since it started (`done`, brought up to now): the estimator's
         mean excess (`remaining_work`), else its estimate less that work."""
+        st = self.st
+        now = st.now
         done = rec.done
-        if rec.allotment is not None and self.st.now > rec.since:
-            done += (self.st.now - rec.since) * rec.speed()
-        left = self.st.estimator.remaining_work(rec.ekey, rec.units, done)
+        if rec.allotment is not None and now > rec.since:
+            done += (now - rec.since) * rec.speed()
+        est = st.estimator
+        memo = self._left
+        if now != self._left_now or est.version != self._left_version:
+            memo.clear()  # (another instant, or the estimator learned: answers may differ)
+            self._left_now = now
+            self._left_version = est.version
+        else:
+            got = memo.get(rec.seq)
+            if got is not None and got[0] == done:  # (the same work done: the same answer)
+                return got[1]
+        left = est.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
-        return left if left > 1e-9 else 1e-9
+        if left <= 1e-9:
+            left = 1e-9
+        memo[rec.seq] = (done, left)
+        return left
 
     def retime(self, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""

@@ -140,6 +140,9 @@ class DurationEstimator:
         # (key, basis) -> q -> v, for keys answering from their own history
         self._cache: dict[tuple[str, str], dict[float, float]] = {}
         self._neutral: dict[str, float] = {}  # basis -> the neutral unit time (None: recompute)
+        # how many observations it has taken: an answer (`remaining_work`) kept by a caller
+        # holds while this is unchanged (`Elastic.remaining`)
+        self.version = 0
         # general key -> [predictions scored, sum of |log2(actual / predicted)|, within 2x]
         self._errors: dict[str, list[float]] = {}
 
@@ -191,6 +194,7 @@ class DurationEstimator:
             self._neutral.clear()
 
     def _add(self, key: tuple[str, str], unit: float) -> None:
+        self.version += 1
         sk = self._sketches.get(key)
         if sk is None:
             sk = self._sketches[key] = _Sketch(self._reservoir)
