@@ -288,6 +288,13 @@ _IGNORED = ("tests/core/test_native.py",)
 _IGNORE = tuple(f"--ignore={t}" for t in _IGNORED)
 
 
+def room_tests(work: Path, room: tuple[str, ...], paths: list[str]) -> list[str]:
+    """The test files of ``room`` that name ``paths``' modules (all of it where none does), less
+    the tests of the build (`_IGNORED`: a file named on pytest's command line is collected,
+    --ignore or not)."""
+    return [t for t in _mentioning(work, _expand(work, room), paths) if not t.startswith(_IGNORED)]
+
+
 def resolve_base(arg: str | None, root: Path | None = None) -> tuple[str, str]:
     """The base to diff against and where it came from: ``arg`` (--base or $MUTATION_BASE),
     else the commit `.ci/mutation-base` names (its first line that is not blank or a comment),
@@ -453,13 +460,13 @@ def _run(work: Path, todo: dict[str, set[int]], suite: dict[str, dict[int, set[s
          a: argparse.Namespace, t0: float) -> int:
     env = _env(work)
     measure_deadline = time.monotonic() + a.measure_budget
-    room_tests: dict[str, list[str]] = {}  # file -> its room's tests that name it
+    by_file: dict[str, list[str]] = {}  # file -> its room's tests that name it
     reach: dict[str, dict[int, set[str]]] = {}
     flaky: set[str] = set()  # files whose room's tests failed unmutated in the copy
     not_measured: list[str] = []
     own: dict[tuple[str, ...], list[str]] = {}
     for path in todo:
-        room_tests[path] = _mentioning(work, _expand(work, room_of(path)), [path])
+        by_file[path] = room_tests(work, room_of(path), [path])
         if path in suite:
             reach[path] = suite[path]
         else:
@@ -468,7 +475,7 @@ def _run(work: Path, todo: dict[str, set[int]], suite: dict[str, dict[int, set[s
         print(f"mutation-diff: reach of {len(suite)} files from the suite's coverage data")
     for room, paths in own.items():
         why = "compiled core, measured pure" if all(map(_compiled, paths)) else "measured here"
-        tests = _mentioning(work, _expand(work, room), paths)
+        tests = room_tests(work, room, paths)
         t1 = time.monotonic()
         got, rc = _measure(work, paths, tests, env, measure_deadline)
         print(f"mutation-diff: {len(paths)} files ({why}) by {len(tests)} test paths of "
@@ -506,7 +513,7 @@ def _run(work: Path, todo: dict[str, set[int]], suite: dict[str, dict[int, set[s
             if not ids:
                 continue
             # a line run only at import: its room's tests that name the module
-            tests = _stem_tests(ids, room_tests[path]) if ids - {""} else room_tests[path]
+            tests = _stem_tests(ids, by_file[path]) if ids - {""} else by_file[path]
             m.tests = [t for t in tests if not t.startswith(_IGNORED)]
             mutants.append(m)
     shown = mutants[:a.max_mutants]
