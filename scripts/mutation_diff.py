@@ -130,8 +130,9 @@ def statements(tree: ast.Module) -> dict[int, int]:
     statement's first line (what coverage counts). Docstrings are left out."""
     out: dict[int, int] = {}
     for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt) or isinstance(node, ast.Import | ast.ImportFrom):
-            continue
+        if not isinstance(node, ast.stmt) or isinstance(
+                node, ast.Import | ast.ImportFrom | ast.Global | ast.Nonlocal):
+            continue  # (`global`/`nonlocal` declare: no code runs, coverage never sees them)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue  # (a def runs at import: every test "reaches" it)
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
