@@ -379,7 +379,7 @@ class Service:
             image = None
         sid = await self.engine.open_session(body.session_id, demand=demand, ttl_s=body.ttl_s,
                                              node=body.node, image=image,
-                                             layer_mb=body.layer_mb)
+                                             layer_mb=body.layer_mb, owner=tenant)
         if tenant is not None:
             self.tenancy.own_session(tenant, sid)
         return {"session_id": sid}

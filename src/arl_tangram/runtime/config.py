@@ -130,13 +130,17 @@ class TenantConfig:
     max_concurrent_actions: int | None = None
     cpu_share: float | None = None
     share: float | None = None
+    # MiB of each node's layer budget kept for its image sessions' writable layers (issue 41,
+    # M3; `CpuManagerConfig.layer_reservations`): below it, never refused because other
+    # tenants filled the node. None: the shared part only.
+    layer_reserve_mb: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not TENANT_NAME_RE.match(self.name):
             raise ValueError(f"name must match {TENANT_NAME_RE.pattern}, got {self.name!r}")
         if not isinstance(self.token, str) or not self.token.strip():
             raise ValueError("token must be a non-blank string")
-        for k in ("max_sessions", "max_concurrent_actions"):
+        for k in ("max_sessions", "max_concurrent_actions", "layer_reserve_mb"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"{k} must be a positive integer, got {v!r}")
@@ -248,6 +252,12 @@ class ServiceConfig:
         if self.default_reward_model and self.default_reward_model not in mnames:
             raise ValueError(f"default_reward_model {self.default_reward_model!r} is not a model")
         object.__setattr__(self, "core", self._core_config())
+        reserve = {t.name: t.layer_reserve_mb for t in self.tenants if t.layer_reserve_mb}
+        if reserve:  # each node's CPU manager keeps them (its start fails if they pass its budget)
+            object.__setattr__(self, "nodes", tuple(
+                replace(n, cpu=replace(n.cpu, layer_reservations={**n.cpu.layer_reservations,
+                                                                  **reserve}))
+                for n in self.nodes))
 
     def _core_config(self) -> CoreConfig:
         extra: dict[str, Any] = {}
@@ -482,7 +492,7 @@ class _Parser:
             return ()
         if not isinstance(raw, list):
             raise self.fail(parent, "tenants", "must be a list of {name, token | token_file, "
-                            "max_sessions, max_concurrent_actions, cpu_share, share}")
+                            "max_sessions, max_concurrent_actions, cpu_share, share, layer_reserve_mb}")
         names = {f.name for f in fields(TenantConfig)} | {"token_file"}
         out = []
         for i, r in enumerate(raw):

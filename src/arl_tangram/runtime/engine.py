@@ -137,7 +137,7 @@ class Engine:
         self._sessions: dict[str, Resources] = {}
         self._session_nodes: dict[str, str] = {}
         # sessions opened in an environment image: (image, layer_mb), until their OpenSession
-        self._session_images: dict[str, tuple[str, int | None]] = {}
+        self._session_images: dict[str, tuple[str, int | None, str | None]] = {}
         # sessions evicted because their node ran short of memory (issue 26) -> why, for the
         # next action naming one (oldest forgotten past `max_results`)
         self._evicted: OrderedDict[str, str] = OrderedDict()
@@ -650,15 +650,16 @@ class Engine:
             return cmd
         from .images import with_image
 
-        return with_image(cmd, got[0], got[1])
+        return with_image(cmd, got[0], got[1], got[2])
 
     async def open_session(
         self, session_id: str | None = None, *, demand: Resources | None = None,
         ttl_s: float = 600.0, node: str | None = None, image: str | None = None,
-        layer_mb: int | None = None,
+        layer_mb: int | None = None, owner: str | None = None,
     ) -> str:
         """Open a session (its state lives on one node); actions naming it run there; with
-        ``image``, in that environment image (a writable layer of ``layer_mb`` MiB)."""
+        ``image``, in that environment image (a writable layer of ``layer_mb`` MiB, counted
+        against ``owner``'s reservation of the node's layer budget: a tenant's name)."""
         self._check_open()
         sid = session_id or f"s-{uuid.uuid4().hex[:16]}"
         if sid in self._sessions:
@@ -670,7 +671,7 @@ class Engine:
         dem = demand if demand is not None else Resources(memory_mb=256)
         self._sessions[sid] = dem
         if image is not None:
-            self._session_images[sid] = (image, layer_mb)
+            self._session_images[sid] = (image, layer_mb, owner)
         # a node already holding the image is preferred (it reports "image:NAME" warm)
         wkey = warm_key(image) if image is not None else None
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))

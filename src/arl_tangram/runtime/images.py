@@ -30,11 +30,14 @@ from ..core.errors import ImageError, ImageInUse, ImagesUnsupported, ImageTooLar
 class ImageOpenSession(C.OpenSession):
     image: str | None = None
     layer_mb: int | None = None
+    owner: str | None = None  # its tenant: whose share of the node's layer budget it takes
 
 
-def with_image(cmd: C.OpenSession, image: str, layer_mb: int | None) -> ImageOpenSession:
+def with_image(cmd: C.OpenSession, image: str, layer_mb: int | None,
+               owner: str | None = None) -> ImageOpenSession:
     return ImageOpenSession(session_id=cmd.session_id, node=cmd.node, demand=cmd.demand,
-                            ttl_s=cmd.ttl_s, cause=cmd.cause, image=image, layer_mb=layer_mb)
+                            ttl_s=cmd.ttl_s, cause=cmd.cause, image=image, layer_mb=layer_mb,
+                            owner=owner)
 
 
 def raise_remote(err: dict[str, Any]) -> None:

@@ -467,7 +467,8 @@ class NodeHost:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
             else:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s, image=image,
-                                            layer_mb=getattr(cmd, "layer_mb", None))
+                                            layer_mb=getattr(cmd, "layer_mb", None),
+                                            owner=getattr(cmd, "owner", None))
         except Exception as exc:
             self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
                                       f"could not open: {type(exc).__name__}: {exc}"))

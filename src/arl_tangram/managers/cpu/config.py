@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -147,6 +148,10 @@ class CpuManagerConfig:
     layers_dir: str = ""
     layer_budget_mb: int = 0
     layers_warm: int = 2
+    # owner (a tenant) -> MiB of `layer_budget_mb` kept for its image sessions (issue 41, M3:
+    # a tenant below its reservation is never refused because others filled the node; the
+    # rest is shared, first come). The service fills it from each tenant's `layer_reserve_mb`.
+    layer_reservations: Mapping[str, int] = field(default_factory=dict)
     # Image sandboxes run as the image's own user (OCI `User`, root when unset) inside a user
     # namespace (issue 26): one per node, mapping uids and gids 0..`image_id_count`-1 inside to
     # `image_id_base`.. on the host (inside root is host uid `image_id_base`, with no capability
@@ -195,6 +200,10 @@ class CpuManagerConfig:
             v = getattr(self, name)
             if v and not os.path.isabs(v):
                 raise ValueError(f"{name} must be an absolute path, got {v!r}")
+        for owner, mb in self.layer_reservations.items():
+            if not isinstance(mb, int) or isinstance(mb, bool) or mb < 0:
+                raise ValueError(f"layer_reservations[{owner!r}] must be an integer >= 0 (MiB), "
+                                 f"got {mb!r}")
         for name in ("layer_budget_mb", "layers_warm", "frozen_memory_refresh"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:

@@ -168,6 +168,8 @@ class CpuManager:
             self.layers = await asyncio.to_thread(
                 LayerStore, cfg.layers_dir or layers.default_dir(cfg.work_root),
                 cfg.image_layer_mb, cfg.layer_budget_mb, cfg.layers_warm)
+            if cfg.layer_reservations:  # (a sum past the budget fails the start, saying so)
+                self.layers.reserve(dict(cfg.layer_reservations))
         self._report["image_user"] = await asyncio.to_thread(self._make_userns)
         self._report["image_layer"] = (
             "disk" if self.layers is not None and self.layers.available else
