@@ -1,7 +1,8 @@
 """Issue 41, review M3 end to end: a tenant's ``layer_reserve_mb`` reaches each node's CPU
 manager, an image session opened over HTTP counts its writable layer against its own tenant,
 and so one tenant filling the node's layer budget cannot refuse another below its
-reservation; the one past its share is told why with its next action. Real service (ASGI),
+reservation; the one past its share is refused with the node's reason when it asks (POST
+/v1/sessions answers once the node opened the session, or could not). Real service (ASGI),
 real engine and node, real disk layers."""
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ async def test_a_tenant_below_its_reservation_opens_although_another_filled_the_
         app = create_app(eng, cfg)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://t") as c:
-            async def open_(tok: str, sid: str) -> None:
-                r = await c.post("/v1/sessions", json={"session_id": sid, "image": "mini",
-                                                       "layer_mb": 12},
-                                 headers={"Authorization": f"Bearer {tok}"})
-                assert r.status_code == 201, r.text
+            async def open_(tok: str, sid: str) -> httpx.Response:
+                return await c.post("/v1/sessions", json={"session_id": sid, "image": "mini",
+                                                          "layer_mb": 12},
+                                    headers={"Authorization": f"Bearer {tok}"})
 
             async def run(tok: str, sid: str) -> dict:
                 r = await c.post("/v1/actions", headers={"Authorization": f"Bearer {tok}"},
@@ -76,18 +76,23 @@ async def test_a_tenant_below_its_reservation_opens_although_another_filled_the_
 
             # bob takes 24 of the 24 MiB not kept for alice: his third is refused on the node
             for sid in ("b1", "b2"):
-                await open_(B, sid)
+                r = await open_(B, sid)
+                assert (r.status_code, r.json()) == (201, {"session_id": sid, "state": "open"})
                 assert (await run(B, sid))["stdout"] == "ok\n"
             assert mgr.layers.held == {"bob": 24}
-            await open_(B, "b3")  # (answered before the node tries: its action says why)
-            assert await run(B, "b3") == {
-                "stdout": None, "status": "SandboxError",
-                "message": "session 'b3' is not open on this node: it could not be opened "
-                           "(ImageError: the node's layer budget is spent: 24 of 40 MiB held by "
-                           "open layers, 16 MiB kept for other tenants below their "
-                           "reservation, 12 MiB asked)"}
+            r = await open_(B, "b3")  # refused on the node: the client is told why, at once
+            assert (r.status_code, r.json()) == (503, {
+                "detail": "session 'b3' is not open: could not open: ImageError: the node's "
+                          "layer budget is spent: 24 of 40 MiB held by open layers, 16 MiB "
+                          "kept for other tenants below their reservation, 12 MiB asked"})
+            # and it is gone: an action naming it is rejected with the same reason
+            r = await c.post("/v1/actions", headers={"Authorization": f"Bearer {B}"},
+                             json={"actions": [{"kind": "tool", "session": "b3",
+                                                "payload": {"code": "echo x"}}]})
+            assert r.status_code == 400 and "could not open: ImageError" in r.text, r.text
             # alice, below her 16 MiB, opens and runs
-            await open_(A, "a1")
+            r = await open_(A, "a1")
+            assert (r.status_code, r.json()) == (201, {"session_id": "a1", "state": "open"})
             assert (await run(A, "a1"))["stdout"] == "ok\n"
             assert mgr.layers.held == {"bob": 24, "alice": 12}
         for sid in ("b1", "b2", "a1"):

@@ -39,7 +39,7 @@ from .schemas import (
     SessionIn,
     check_session_id,
 )
-from .service import KeyReused, Service, Shed, TooManySessions
+from .service import KeyReused, Service, SessionNotOpened, Shed, TooManySessions
 from .tenancy import QuotaExceeded
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     Overloaded: _overloaded,
     Shed: lambda e: _err(504, str(e)),
     KeyReused: lambda e: _err(422, str(e), field="idempotency_key"),
+    SessionNotOpened: lambda e: _err(503, str(e)),
     TooManySessions: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
                                             headers={"retry-after": "1"}),
     QuotaExceeded: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
@@ -326,11 +327,14 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         return JSONResponse({"id": action_id,
                              "cancelled": await svc.cancel(action_id, tenant=tenant_of(request))})
 
-    @app.post("/v1/sessions", tags=["native"], status_code=201, responses=_BUSY)
+    @app.post("/v1/sessions", tags=["native"], status_code=201, responses={
+        **_BUSY, 202: _doc("not open yet after limits.session_open_wait_s: waiting for room on "
+                           "a node (state 'opening')"),
+        503: _doc("the node could not open it (the node's reason), or overloaded")})
     async def open_session(request: Request, body: SessionIn | None = None) -> Response:
         out = await svc.open_session(body or SessionIn.model_validate({}),
                                      tenant=tenant_of(request))
-        return JSONResponse(out, status_code=201)
+        return JSONResponse(out, status_code=201 if out["state"] == "open" else 202)
 
     @app.delete("/v1/sessions/{session_id}", tags=["native"], responses={**_UNKNOWN, **_BUSY})
     async def close_session(request: Request, session_id: str) -> Response:

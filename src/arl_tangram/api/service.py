@@ -45,6 +45,10 @@ class TooManySessions(TangramError):
     """The service holds `LimitsConfig.max_sessions` open sessions (429)."""
 
 
+class SessionNotOpened(TangramError):
+    """The node could not open a session (503, with the node's reason)."""
+
+
 class Service:
     """The routes' logic over one engine."""
 
@@ -382,7 +386,13 @@ class Service:
                                              layer_mb=body.layer_mb, owner=tenant)
         if tenant is not None:
             self.tenancy.own_session(tenant, sid)
-        return {"session_id": sid}
+        try:  # (a session that fails is gone from the engine and its tenant's count)
+            why = await self.engine.wait_open(sid, self.config.limits.session_open_wait_s)
+        except TimeoutError:
+            return {"session_id": sid, "state": "opening"}
+        if why is not None:
+            raise SessionNotOpened(why)
+        return {"session_id": sid, "state": "open"}
 
     async def close_session(self, session_id: str, *, tenant: str | None = None) -> bool:
         if not self.tenancy.session_visible(tenant, session_id):

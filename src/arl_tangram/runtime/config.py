@@ -91,6 +91,9 @@ class LimitsConfig:
     max_batch: int = 4096  # actions in one POST /v1/actions
     max_wait_s: float = 300.0  # longest long-poll a client may ask for
     max_sessions: int = 1024  # open sessions; POST /v1/sessions beyond this gets 429
+    # POST /v1/sessions answers once its node opened the session (201) or could not (503, the
+    # node's reason); still waiting for room on a node after this long: 202 "opening"
+    session_open_wait_s: float = 30.0
     # slow clients (issue 35, M4; api/transport.py `ConnectionGuard`): a request's headers must
     # be whole within header_timeout_s of the connection (or of its first byte on a kept-alive
     # one), its body may go body_timeout_s without a byte while the server waits for one; past

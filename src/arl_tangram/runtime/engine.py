@@ -35,7 +35,7 @@ from ..core.protocol import Inspectable, Scheduler
 from ..core.resources import Resources
 from ..core.view import InstanceView, NodeView
 from .clock import Clock, MonotonicClock
-from .executor import Executor
+from .executor import Executor, SessionOpened
 from .stats import Live, StatsBook
 from .views import ClusterView, ModelDown, NodeRow, StatsView
 
@@ -138,6 +138,10 @@ class Engine:
         self._session_nodes: dict[str, str] = {}
         # sessions opened in an environment image: (image, layer_mb), until their OpenSession
         self._session_images: dict[str, tuple[str, int | None, str | None]] = {}
+        # sessions asked for and not yet open on their node -> what `wait_open` awaits: None
+        # when the node opened it, else why it is not open (only for an executor whose nodes
+        # report opens: `Executor.reports_session_open`)
+        self._opening: dict[str, asyncio.Future[str | None]] = {}
         # sessions evicted because their node ran short of memory (issue 26) -> why, for the
         # next action naming one (oldest forgotten past `max_results`)
         self._evicted: OrderedDict[str, str] = OrderedDict()
@@ -212,6 +216,8 @@ class Engine:
         for aid, live in list(self._live.items()):
             self._deliver(ActionResult(aid, Status.CANCELLED, live.submit_time, finish_time=now,
                                        reason="engine closed"))
+        for sid in list(self._opening):
+            self._open_result(sid, "the engine closed before it opened")
 
     async def _drained(self) -> None:
         while self._live:
@@ -270,6 +276,9 @@ class Engine:
                 return
 
     def _handle(self, ev: E.Event) -> list[C.Command]:
+        if type(ev) is SessionOpened:  # (the engine's own: its client is answered)
+            self._open_result(ev.session_id, None)
+            return []
         self._observe(ev)
         core = self.core
         assert core is not None  # (made by `start`, before the loop runs)
@@ -410,6 +419,7 @@ class Engine:
         is told (`on_session_gone`) and, with ``remember``, an action naming it later is told
         ``why`` (`session_gone`) instead of running in a new sandbox (issue 41, H3)."""
         self._session_nodes.pop(sid, None)
+        self._open_result(sid, why)
         if self._sessions.pop(sid, None) is None:
             return
         if remember:
@@ -422,6 +432,22 @@ class Engine:
                 fn(sid, why)
             except Exception:
                 log.exception("a session-gone listener failed on %s", sid)
+
+    def _open_result(self, sid: str, why: str | None) -> None:
+        fut = self._opening.pop(sid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(why)
+
+    async def wait_open(self, session_id: str, timeout: float) -> str | None:
+        """Wait until ``session_id`` (just asked for) is open on its node: None once it is (or
+        at once where the nodes do not report opens), else why it could not be opened (the
+        node's reason: the layer budget spent, a sandbox that could not start, ...).
+        TimeoutError when it is still waiting after ``timeout`` s (for room on a node: it
+        opens later)."""
+        fut = self._opening.get(session_id)
+        if fut is None:
+            return None
+        return await asyncio.wait_for(asyncio.shield(fut), timeout)
 
     def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
         """An instance died under the core (its worker): while its model has no other loaded
@@ -672,6 +698,8 @@ class Engine:
         self._sessions[sid] = dem
         if image is not None:
             self._session_images[sid] = (image, layer_mb, owner)
+        if self._executor.reports_session_open:
+            self._opening[sid] = asyncio.get_running_loop().create_future()
         # a node already holding the image is preferred (it reports "image:NAME" warm)
         wkey = warm_key(image) if image is not None else None
         self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core import commands as C
@@ -32,8 +33,22 @@ from ..core.events import Event
 Emit = Callable[[Event], None]  # called on the engine's event loop thread
 
 
+@dataclass(frozen=True, slots=True)
+class SessionOpened(Event):
+    """A node opened a session (its `OpenSession` went through): for the engine, which answers
+    the client that asked (`Engine.wait_open`); the core needs no word of it (a failure comes
+    as `SessionClosed`, which it does need)."""
+
+    session_id: str
+    node: str
+
+
 class Executor(abc.ABC):
     """Runs commands on nodes; reports events."""
+
+    # whether its nodes report each opened session (`SessionOpened`); without, a session counts
+    # as open once the core placed it
+    reports_session_open = False
 
     @abc.abstractmethod
     async def start(self, emit: Emit) -> list[NodeSpec]:

@@ -23,6 +23,8 @@ from .node import NodeHost
 class LocalExecutor(Executor):
     """Hosts one NodeHost per configured node, in-process."""
 
+    reports_session_open = True  # (`NodeHost._open_session`)
+
     def __init__(
         self,
         nodes: Sequence[NodeConfig] = (NodeConfig(),),

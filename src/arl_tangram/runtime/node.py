@@ -57,6 +57,7 @@ from ..kinds import CodeRequest, code_request
 from ..managers.base import CodeRunner, ImageCache, ModelHost
 from ..managers.cpu.config import CpuManagerConfig
 from ..managers.gpu.config import GpuManagerConfig
+from .executor import SessionOpened
 
 if TYPE_CHECKING:
     from .images import ImagePeer
@@ -469,6 +470,7 @@ class NodeHost:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s, image=image,
                                             layer_mb=getattr(cmd, "layer_mb", None),
                                             owner=getattr(cmd, "owner", None))
+            self.emit(SessionOpened(time.monotonic(), cmd.session_id, self.name))
         except Exception as exc:
             self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
                                       f"could not open: {type(exc).__name__}: {exc}"))

@@ -125,6 +125,8 @@ class _Node:
 class RayExecutor(Executor):
     """Executes commands on Ray nodes through one NodeAgent actor per node."""
 
+    reports_session_open = True  # (each agent's `NodeHost._open_session`)
+
     def __init__(
         self,
         config: RayExecutorConfig | None = None,
