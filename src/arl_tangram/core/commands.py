@@ -6,7 +6,7 @@ led to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .actions import ActionResult, ActionSpec
 from .resources import Resources
@@ -48,6 +48,7 @@ class OpenSession(Command):
     demand: Resources
     ttl_s: float
     cause: str = ""
+    attachment: object = field(default=None, repr=False)  # `SessionRequested.attachment`
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,9 @@ class SessionRequested(Event):
     # opened preferably on a node whose warm state holds this key (`WarmPoolReport`), e.g.
     # "image:NAME" for a session in an environment image: elsewhere it pays the cold cost
     warm_key: str | None = None
+    # the driver's, opaque to the core: carried to the node on the session's `OpenSession`
+    # (the runtime attaches the environment image there: `runtime.images.SessionImage`)
+    attachment: object = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

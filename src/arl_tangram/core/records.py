@@ -352,13 +352,16 @@ class NodeState:
 class SessionRecord:
     """An open (or waiting to open) session."""
 
-    __slots__ = ("actions", "charge", "demand", "id", "last_active", "node", "peak_mb", "task",
-                 "trajectory", "ttl_s", "warm_key")
+    __slots__ = ("actions", "attachment", "charge", "demand", "id", "last_active", "node",
+                 "peak_mb", "task", "trajectory", "ttl_s", "warm_key")
 
     def __init__(self, sid: str, demand: Resources, ttl_s: float, time: float,
                  trajectory: str | None = None, task: str | None = None,
-                 warm_key: str | None = None) -> None:
+                 warm_key: str | None = None, attachment: object = None) -> None:
         self.id = sid
+        # what the driver attached to its request, opaque to the core: carried to its node on
+        # its `OpenSession` (the runtime's: the environment image, `runtime.images.SessionImage`)
+        self.attachment = attachment
         self.demand = demand
         self.ttl_s = ttl_s
         self.trajectory = trajectory  # whose slice / pool it opens in (partitioned policies)

@@ -100,7 +100,7 @@ class Sessions:
         if e.session_id in st.sessions:
             return
         sess = SessionRecord(e.session_id, e.demand, e.ttl_s, e.time, e.trajectory, e.task,
-                             e.warm_key)
+                             e.warm_key, e.attachment)
         st.sessions[e.session_id] = sess
         self.open(sess, pin=e.node)
 
@@ -126,7 +126,8 @@ class Sessions:
         self.caps[node.name] = self.caps.get(node.name, 0.0) + sess.demand.get(MEMORY_MB)
         node.take(sess.charge)
         st.index.update(node.name, node.free)  # (touches `ranks`: the node's sessions changed)
-        st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause))
+        st.out.append(OpenSession(sess.id, node.name, sess.demand, sess.ttl_s, cause=st.cause,
+                                  attachment=sess.attachment))
         heapq.heappush(self.expiry, (sess.last_active + sess.ttl_s, sess.id))
         st.touched.add(session_key(sess.id))
 

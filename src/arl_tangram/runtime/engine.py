@@ -36,6 +36,7 @@ from ..core.resources import Resources
 from ..core.view import InstanceView, NodeView
 from .clock import Clock, MonotonicClock
 from .executor import Executor, SessionOpened
+from .images import SessionImage
 from .stats import Live, StatsBook
 from .views import ClusterView, ModelDown, NodeRow, StatsView
 
@@ -136,8 +137,6 @@ class Engine:
         self._waiters: dict[str, list[asyncio.Future[ActionResult | None]]] = {}
         self._sessions: dict[str, Resources] = {}
         self._session_nodes: dict[str, str] = {}
-        # sessions opened in an environment image: (image, layer_mb), until their OpenSession
-        self._session_images: dict[str, tuple[str, int | None, str | None]] = {}
         # sessions asked for and not yet open on their node -> what `wait_open` awaits: None
         # when the node opened it, else why it is not open (only for an executor whose nodes
         # report opens: `Executor.reports_session_open`)
@@ -263,8 +262,6 @@ class Engine:
                     continue
                 commands.extend(self._handle(ev))
             out = [c for c in commands if not self._take(c)]
-            if self._session_images:  # the image travels with the session's OpenSession
-                out = [self._imaged(c) if isinstance(c, C.OpenSession) else c for c in out]
             if out and not self._closed:
                 try:
                     await self._executor.submit(out)
@@ -353,7 +350,6 @@ class Engine:
         its tenant's), and an action naming it is told why (`session_gone`); the core is asked
         to close what it may hold of it."""
         sid = ev.session_id
-        self._session_images.pop(sid, None)
         self._drop_session(sid, f"session {sid!r} could not be opened: {why}", remember=True)
         if self.core is None:
             return []
@@ -670,14 +666,6 @@ class Engine:
         self._put(E.CancelRequested(self.clock.now(), action_id))
         return True
 
-    def _imaged(self, cmd: C.OpenSession) -> C.Command:
-        got = self._session_images.pop(cmd.session_id, None)
-        if got is None:
-            return cmd
-        from .images import with_image
-
-        return with_image(cmd, got[0], got[1], got[2])
-
     async def open_session(
         self, session_id: str | None = None, *, demand: Resources | None = None,
         ttl_s: float = 600.0, node: str | None = None, image: str | None = None,
@@ -696,13 +684,13 @@ class Engine:
             raise InvalidAction("node", f"unknown node {node!r}")
         dem = demand if demand is not None else Resources(memory_mb=256)
         self._sessions[sid] = dem
-        if image is not None:
-            self._session_images[sid] = (image, layer_mb, owner)
         if self._executor.reports_session_open:
             self._opening[sid] = asyncio.get_running_loop().create_future()
         # a node already holding the image is preferred (it reports "image:NAME" warm)
         wkey = warm_key(image) if image is not None else None
-        self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey))
+        att = SessionImage(image, layer_mb, owner) if image is not None else None
+        self._put(E.SessionRequested(self.clock.now(), sid, dem, ttl_s, node, warm_key=wkey,
+                                     attachment=att))
         return sid
 
     def live_count(self) -> int:

@@ -2,10 +2,10 @@
 image, the error of an executor without images, and the errors a remote node answers with.
 
 Invariant: the core does not know images; it knows warm state. The engine asks for a session
-in an image with ``SessionRequested(warm_key=core.images.warm_key(NAME))``, so the core prefers
-a node whose `NodeHost` reported that image held (``WarmPoolReport``), and attaches the image to
-the core's `OpenSession` (`ImageOpenSession`, a subclass, so everything that handles an
-`OpenSession` handles it) on its way to the node, whose CPU manager mounts it. Image import /
+in an image with ``SessionRequested(warm_key=core.images.warm_key(NAME),
+attachment=SessionImage(...))``, so the core prefers a node whose `NodeHost` reported that
+image held (``WarmPoolReport``) and carries the attachment, opaque to it, on the session's
+`OpenSession` to the node, whose CPU manager mounts the image. Image import /
 list / remove are operations of the `Executor` seam (`runtime.executor`):
 - a local executor imports at once on every node (or the one named), so the core's choice of
   node finds the image there (`LocalExecutor`);
@@ -27,17 +27,18 @@ from ..core.errors import ImageError, ImageInUse, ImagesUnsupported, ImageTooLar
 
 
 @dataclass(frozen=True, slots=True)
-class ImageOpenSession(C.OpenSession):
-    image: str | None = None
-    layer_mb: int | None = None
+class SessionImage:
+    """A session's environment image, attached to its request (`OpenSession.attachment`)."""
+
+    image: str  # the name the node's image cache holds it under
+    layer_mb: int | None = None  # its writable layer's cap (None: the node's default)
     owner: str | None = None  # its tenant: whose share of the node's layer budget it takes
 
 
-def with_image(cmd: C.OpenSession, image: str, layer_mb: int | None,
-               owner: str | None = None) -> ImageOpenSession:
-    return ImageOpenSession(session_id=cmd.session_id, node=cmd.node, demand=cmd.demand,
-                            ttl_s=cmd.ttl_s, cause=cmd.cause, image=image, layer_mb=layer_mb,
-                            owner=owner)
+def session_image(cmd: C.OpenSession) -> SessionImage | None:
+    """The environment image an `OpenSession` carries (None: a plain session)."""
+    att = cmd.attachment
+    return att if isinstance(att, SessionImage) else None
 
 
 def raise_remote(err: dict[str, Any]) -> None:

@@ -58,6 +58,7 @@ from ..managers.base import CodeRunner, ImageCache, ModelHost
 from ..managers.cpu.config import CpuManagerConfig
 from ..managers.gpu.config import GpuManagerConfig
 from .executor import SessionOpened
+from .images import session_image
 
 if TYPE_CHECKING:
     from .images import ImagePeer
@@ -459,17 +460,17 @@ class NodeHost:
 
     async def _open_session(self, cmd: C.OpenSession) -> None:
         try:
-            image = getattr(cmd, "image", None)  # (`runtime.images.ImageOpenSession`)
-            if image is not None:
-                note = await self.ensure_image(image)
+            img = session_image(cmd)  # (the engine's attachment, carried by the core)
+            if img is not None:
+                note = await self.ensure_image(img.image)
                 if note:
                     self._image_note[cmd.session_id] = note
-            if image is None:
+            if img is None:
                 await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s)
             else:
-                await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s, image=image,
-                                            layer_mb=getattr(cmd, "layer_mb", None),
-                                            owner=getattr(cmd, "owner", None))
+                await self.cpu.open_session(cmd.session_id, cmd.demand, cmd.ttl_s,
+                                            image=img.image, layer_mb=img.layer_mb,
+                                            owner=img.owner)
             self.emit(SessionOpened(time.monotonic(), cmd.session_id, self.name))
         except Exception as exc:
             self.emit(E.SessionClosed(time.monotonic(), cmd.session_id,
