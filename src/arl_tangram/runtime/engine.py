@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import threading
 import uuid
@@ -49,6 +50,16 @@ class Overloaded(TangramError):
 
 class UnknownAction(TangramError, KeyError):
     """No action (live or remembered) has this id."""
+
+
+class Opening(enum.Enum):
+    """`Engine.wait_open`'s answer for a session not open yet (no node has room for it, or
+    its node has not answered in time): it opens later, or its next action is told why not."""
+
+    OPENING = "opening"
+
+
+OPENING = Opening.OPENING
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +151,7 @@ class Engine:
         # sessions asked for and not yet open on their node -> what `wait_open` awaits: None
         # when the node opened it, else why it is not open (only for an executor whose nodes
         # report opens: `Executor.reports_session_open`)
-        self._opening: dict[str, asyncio.Future[str | None]] = {}
+        self._opening: dict[str, asyncio.Future[str | Opening | None]] = {}
         # sessions evicted because their node ran short of memory (issue 26) -> why, for the
         # next action naming one (oldest forgotten past `max_results`)
         self._evicted: OrderedDict[str, str] = OrderedDict()
@@ -284,10 +295,14 @@ class Engine:
             if ev is None:
                 return []
         try:
-            return list(core.handle(ev))
+            out = list(core.handle(ev))
         except Exception as exc:
             log.exception("core failed on %r", ev)
             return self._core_failed(ev, exc)
+        if type(ev) is E.SessionRequested and ev.session_id in self._opening and not any(
+                type(c) is C.OpenSession and c.session_id == ev.session_id for c in out):
+            self._open_result(ev.session_id, OPENING)  # (no node has room yet: it waits)
+        return out
 
     def _core_failed(self, ev: E.Event, exc: Exception) -> list[C.Command]:
         """The core raised on ``ev``: no action it names is left waiting for a result that
@@ -429,21 +444,24 @@ class Engine:
             except Exception:
                 log.exception("a session-gone listener failed on %s", sid)
 
-    def _open_result(self, sid: str, why: str | None) -> None:
+    def _open_result(self, sid: str, why: str | Opening | None) -> None:
         fut = self._opening.pop(sid, None)
         if fut is not None and not fut.done():
             fut.set_result(why)
 
-    async def wait_open(self, session_id: str, timeout: float) -> str | None:
+    async def wait_open(self, session_id: str, timeout: float) -> str | Opening | None:
         """Wait until ``session_id`` (just asked for) is open on its node: None once it is (or
-        at once where the nodes do not report opens), else why it could not be opened (the
-        node's reason: the layer budget spent, a sandbox that could not start, ...).
-        TimeoutError when it is still waiting after ``timeout`` s (for room on a node: it
-        opens later)."""
+        at once where the nodes do not report opens); `OPENING` when the core found no node
+        with room for it yet (it opens when room frees: not waited for), or when its node has
+        not answered within ``timeout`` s; else why it could not be opened (the node's
+        reason: the layer budget spent, a sandbox that could not start, ...)."""
         fut = self._opening.get(session_id)
         if fut is None:
             return None
-        return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return OPENING
 
     def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
         """An instance died under the core (its worker): while its model has no other loaded
