@@ -145,3 +145,20 @@ def test_the_short_tenant_runs_on_its_share_at_once_and_the_flooder_loses_only_i
 def test_a_bad_lend_floor_is_refused_naming_it(bad: float) -> None:
     with pytest.raises(ValueError, match=r"CoreConfig.lend_floor: must be in \(0, 1\], got "):
         CoreConfig(lend_floor=bad)
+
+
+def test_a_sessions_owed_action_takes_back_on_its_sessions_node() -> None:
+    # alice's session lives on n; carol's loops hold both cores; alice's action in her session
+    # can only run there: it takes its share back from carol's loops on that node
+    from arl_tangram.core import events as ev
+    from arl_tangram.core.resources import Resources
+
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
+    out = d(ev.SessionRequested(0.0, "s", Resources(memory_mb=256), 600.0))
+    assert [c.node for c in out if isinstance(c, C.OpenSession)] == ["n"]
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
+    out = d.at(1.0).arrive(act("a0", tag="sh", tenant="alice", session="s"))
+    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    assert [c.warm for c in out if isinstance(c, C.StartAction)] == [True]  # (its session's)
+    # its end: carol's loops grow back, her queued c2 still waits (the node is full again)
+    assert _cmds(d.at(2.0).finish("a0")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
