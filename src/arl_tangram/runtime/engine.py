@@ -148,10 +148,11 @@ class Engine:
         self._waiters: dict[str, list[asyncio.Future[ActionResult | None]]] = {}
         self._sessions: dict[str, Resources] = {}
         self._session_nodes: dict[str, str] = {}
-        # sessions asked for and not yet open on their node -> what `wait_open` awaits: None
-        # when the node opened it, else why it is not open (only for an executor whose nodes
-        # report opens: `Executor.reports_session_open`)
-        self._opening: dict[str, asyncio.Future[str | Opening | None]] = {}
+        # sessions asked for -> what `wait_open` answers: None once the node opened it, else why
+        # it is not open, or OPENING (only for an executor whose nodes report opens:
+        # `Executor.reports_session_open`); kept until read (oldest answered ones forgotten
+        # past `max_results`)
+        self._opening: OrderedDict[str, asyncio.Future[str | Opening | None]] = OrderedDict()
         # sessions evicted because their node ran short of memory (issue 26) -> why, for the
         # next action naming one (oldest forgotten past `max_results`)
         self._evicted: OrderedDict[str, str] = OrderedDict()
@@ -445,7 +446,7 @@ class Engine:
                 log.exception("a session-gone listener failed on %s", sid)
 
     def _open_result(self, sid: str, why: str | Opening | None) -> None:
-        fut = self._opening.pop(sid, None)
+        fut = self._opening.get(sid)
         if fut is not None and not fut.done():
             fut.set_result(why)
 
@@ -462,6 +463,8 @@ class Engine:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             return OPENING
+        finally:
+            self._opening.pop(session_id, None)  # (answered: read once)
 
     def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
         """An instance died under the core (its worker): while its model has no other loaded
@@ -704,6 +707,11 @@ class Engine:
         self._sessions[sid] = dem
         if self._executor.reports_session_open:
             self._opening[sid] = asyncio.get_running_loop().create_future()
+            while len(self._opening) > self.config.max_results:
+                old, fut = next(iter(self._opening.items()))
+                if not fut.done():
+                    break  # (the oldest still open: kept, and so the rest)
+                del self._opening[old]
         # a node already holding the image is preferred (it reports "image:NAME" warm)
         wkey = warm_key(image) if image is not None else None
         att = SessionImage(image, layer_mb, owner) if image is not None else None
