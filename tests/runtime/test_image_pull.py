@@ -28,6 +28,9 @@ class _Cpu:
     def __init__(self, root: str) -> None:
         self.images = ImageStore(root)
 
+    def health(self) -> dict:
+        return {"ready": True}
+
 
 def host(name: str, tmp_path, events: list) -> NodeHost:
     h = NodeHost(name, emit=events.append, cpu_manager=_Cpu(str(tmp_path / name)))  # type: ignore[arg-type]

@@ -30,6 +30,8 @@ class ImageRecord(Protocol):
 class ImageCache(Protocol):
     """A node's cache of environment images (`managers.cpu.images.store.ImageStore`)."""
 
+    root: str  # its directory on the node (kept out of what a client reads)
+
     def has(self, name: str) -> bool: ...
 
     def users(self, name: str) -> int: ...
@@ -100,6 +102,21 @@ class CodeRunner(Protocol):
 
     def languages(self) -> Mapping[str, str]: ...
 
+    def health(self) -> Mapping[str, Any]:
+        """``ready`` (it can run actions now), ``reason`` when not, and its supervision
+        counters (the node's readiness, `GET /v1/health`)."""
+        ...
+
+    def memory_use(self) -> tuple[dict[str, tuple[int, int]], int]:
+        """Its open sessions' memory now and their peak since the last call (bytes, by
+        session id), and what its other sandboxes use (the node's `MemoryReport`)."""
+        ...
+
+    async def reclaim_idle(self, need_bytes: int) -> int:
+        """Give back up to ``need_bytes`` of idle sessions' page cache (their state kept); the
+        bytes freed."""
+        ...
+
 
 class BatchResult(Protocol):
     """What one batch on a model instance produced (the GPU manager's `BatchOutcome`)."""
@@ -133,5 +150,9 @@ class ModelHost(Protocol):
     async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchResult: ...
 
     def resident(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+    def health(self) -> Mapping[str, Any]:
+        """Its supervision counters (model processes replaced, ...), JSON-ready."""
+        ...
 
     async def aclose(self) -> None: ...

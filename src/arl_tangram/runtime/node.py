@@ -175,8 +175,7 @@ class NodeHost:
                 raise ValueError(f"node {self.name}: images: {name} ({path}): {exc}") from None
         self._report_images()
         self._spawn("warm-reporter", self._report_warm())
-        if callable(getattr(self.cpu, "memory_use", None)):
-            self._spawn("memory-reporter", self._report_memory())
+        self._spawn("memory-reporter", self._report_memory())
         return self.spec
 
     def _make_cpu(self) -> CodeRunner:
@@ -290,7 +289,7 @@ class NodeHost:
         while not self._closed:
             await asyncio.sleep(self.memory_report_s)
             try:
-                use, other = self.cpu.memory_use()  # type: ignore[attr-defined]
+                use, other = self.cpu.memory_use()
             except Exception as exc:  # (a manager that cannot tell: nothing reported)
                 log.warning("node %s: memory use unreadable: %s; not reported", self.name, exc)
                 return
@@ -318,16 +317,15 @@ class NodeHost:
         """Above `memory_reclaim_at` of the node's memory: idle sessions' page cache
         reclaimed down to it (their state kept, frozen), and the use read again."""
         cap = self.spec.capacity.get("memory_mb") if self.spec is not None else 0.0
-        reclaim = getattr(self.cpu, "reclaim_idle", None)
         used = other + sum(cur for cur, _ in use.values())
-        if not cap or reclaim is None or used <= self.memory_reclaim_at * cap * (1 << 20):
+        if not cap or used <= self.memory_reclaim_at * cap * (1 << 20):
             return use, other
         try:
-            freed = await reclaim(int(used - self.memory_reclaim_at * cap * (1 << 20)))
+            freed = await self.cpu.reclaim_idle(int(used - self.memory_reclaim_at * cap * (1 << 20)))
             if freed:
                 log.info("node %s: short of memory: %d MB of idle sessions' page cache "
                          "reclaimed", self.name, freed >> 20)
-                return self.cpu.memory_use()  # type: ignore[attr-defined]
+                return self.cpu.memory_use()
         except Exception as exc:
             log.warning("node %s: reclaiming idle sessions' memory: %s", self.name, exc)
         return use, other
@@ -497,7 +495,7 @@ class NodeHost:
 
     def _images(self) -> ImageCache | None:
         """This node's image cache (None: no CPU manager, or one without a cache)."""
-        return getattr(self._cpu, "images", None)  # (a test double may have none)
+        return self._cpu.images if self._cpu is not None else None
 
     def _report_images(self) -> None:
         """Every image the cache holds, as warm state for the core."""
@@ -515,7 +513,7 @@ class NodeHost:
         try:
             img = await asyncio.to_thread(store.import_path, path, name)
         except ImageError as exc:  # (no host path in what a client reads: issue 35, L2)
-            raise _redacted(exc, path, getattr(store, "root", None)) from None
+            raise _redacted(exc, path, store.root) from None
         self.image_sources[name] = path
         self.emit(E.WarmPoolReport(time.monotonic(), self.name, warm_key(name), 1))
         return img
@@ -749,17 +747,16 @@ class NodeHost:
         not, and the CPU manager's supervision counters (``cpu_health``)."""
         if self._closed:
             return {"ready": False, "not_ready_reason": "the node is closed"}
-        health = getattr(self._cpu, "health", None)
-        h = _safe(health, {}) if callable(health) else {}
-        ready = bool(h.get("ready", self._cpu is not None))
+        cpu = self._cpu
+        h = _safe(cpu.health, {}) if cpu is not None else {}
+        ready = bool(h.get("ready", cpu is not None))
         out: dict[str, Any] = {"ready": ready}
         if not ready:
             out["not_ready_reason"] = str(h.get("reason") or "the CPU manager is not running")
         if h:
             out["cpu_health"] = _jsonable(h)
-        ghealth = getattr(self.gpu, "health", None)
-        if callable(ghealth):
-            out["gpu_health"] = _jsonable(_safe(ghealth, {}))
+        if self.gpu is not None:
+            out["gpu_health"] = _jsonable(_safe(self.gpu.health, {}))
         return out
 
     def info(self) -> dict[str, Any]:
