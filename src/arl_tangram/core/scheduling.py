@@ -140,15 +140,19 @@ class SchedulingPass:
         head = self.queues.head
         heap: list[tuple[int, int, QueueKey, ActionRecord]] = []  # (rank, seq, key, head)
         limit = local_cpu + 1e-9
+        plain = not self.partitions.by_node  # (slices: their own accounting, see `_short_besides_cpu`)
         for key in keys:
             got = head(key)
             if got is None:
                 continue
-            e = got[1]
-            if (e[0] != AGED and local is not None and type(key) is ShapeKey and got[0].cpu > limit
-                    and key not in touched):
-                continue  # more CPU than any freed node has: still blocked (aged heads go on)
-            heap.append((e[0], e[1], key, got[0]))
+            rec, e = got
+            if e[0] != AGED and key not in touched:
+                if type(key) is ShapeKey:
+                    if local is not None and rec.cpu > limit:
+                        continue  # more CPU than any freed node has: still blocked (aged heads go on)
+                elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
+                    continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
+            heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
@@ -164,6 +168,24 @@ class SchedulingPass:
                     heapq.heappush(heap, (e[0], e[1], key, got[0]))
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
+
+    def _short_besides_cpu(self, rec: ActionRecord, sid: str) -> bool:
+        """Whether session ``sid``'s head ``rec`` cannot start in this pass whatever else
+        starts first: its session's node (one without GPUs) lacks a dimension other than CPU
+        for it. `try_place` would say no (a rigid head: `reclaim` stretches CPU only; an
+        elastic one: `fits_besides_cpu`), and no try in a pass frees memory on a CPU node
+        (starts take, reclaims give back CPU, parked models free GPUs), so a head not aged
+        (whose failure reserves nothing) is left out of the pass: on a crowded node (issue 40)
+        the sessions waiting for memory there were each tried on every event of the node."""
+        if rec.partition is not None:
+            return False
+        sess = self.st.sessions.get(sid)
+        if sess is None or sess.node is None:
+            return False
+        node = self.st.nodes[sess.node]
+        if node.cap.get("gpu", 0.0) > 0.0:
+            return False
+        return not fits_besides_cpu(node, rec.shape)
 
     def run_fair(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:
         """`run_pass` with tenants (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair
