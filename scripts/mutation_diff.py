@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy as _copy
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,15 +275,29 @@ def _env(work: Path) -> dict[str, str]:
 
 def _pytest(work: Path, args: list[str], env: dict[str, str], timeout: float,
             pre: list[str] | None = None, show: bool = False) -> int:
+    """pytest in the copy; -1 past ``timeout``. Past it, pytest is interrupted (SIGINT: its
+    fixtures tear down what they started -- a judge engine runs in a session of its own, which a
+    kill of pytest would leave behind), then its process group killed after TEARDOWN_S."""
+    p = subprocess.Popen([PY, *(pre or []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          *_IGNORE, *args], cwd=work, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        r = subprocess.run([PY, *(pre or []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *_IGNORE, *args], cwd=work, env=env, capture_output=True, text=True,
-                           timeout=max(1.0, timeout))
+        out, _ = p.communicate(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.communicate(timeout=TEARDOWN_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return -1
-    if show and r.returncode not in (0, 5):
-        print("\n".join((r.stdout + r.stderr).splitlines()[-15:]), file=sys.stderr)
-    return r.returncode
+    if show and p.returncode not in (0, 5):
+        print("\n".join(out.splitlines()[-15:]), file=sys.stderr)
+    return p.returncode
+
+
+TEARDOWN_S = 60.0  # how long an interrupted pytest may take to tear down
 
 
 # Tests of the build, not of behaviour: the copy has no compiled core (it runs pure Python).
