@@ -162,3 +162,57 @@ def test_a_sessions_owed_action_takes_back_on_its_sessions_node() -> None:
     assert [c.warm for c in out if isinstance(c, C.StartAction)] == [True]  # (its session's)
     # its end: carol's loops grow back, her queued c2 still waits (the node is full again)
     assert _cmds(d.at(2.0).finish("a0")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+
+
+def test_a_tenant_whose_memory_is_its_share_is_not_owed_cpu() -> None:
+    # alice's running action holds half the node's memory (her share), one core of four: a
+    # second action would pass her dominant share (memory), so nothing is squeezed for it
+    d = Driver([cpu_node("n", cpu=4, mem=8192)], tenant_shares=HALF)
+    d.at(0.0).arrive(act("a0", mem=4096, tag="big", tenant="alice"),
+                     *[act(f"c{i}", mem=256, tag="loop", tenant="carol") for i in range(4)])
+    assert d.core.st.tenant_use["alice"] == {"cpu": 1.0, "memory_mb": 4096.0}
+    assert _cmds(d.at(1.0).arrive(act("a1", mem=256, tag="print", tenant="alice"))) == []
+
+
+def test_a_lender_whose_excess_is_spent_gives_no_more() -> None:
+    # 4.5 cores, three tenants of equal weight: 1.5 each. carol holds 2 (0.5 above), dave 2.5
+    # (1.0 above). carol's c0 (longest) gives her 0.5 of excess; her c1 then gives nothing
+    # though it could; dave's d0 gives the rest
+    from arl_tangram.core.actions import WorkHints
+
+    shares = {"alice": 1.0, "carol": 1.0, "dave": 1.0}
+    d = Driver([cpu_node("n", cpu=4.5)], tenant_shares=shares)
+    d.at(0.0).arrive(act("c0", tag="l", tenant="carol", hints=WorkHints(expected_s=100.0)),
+                     act("c1", tag="l", tenant="carol", hints=WorkHints(expected_s=90.0)),
+                     act("d0", cpu=2.5, tag="m", tenant="dave", hints=WorkHints(expected_s=10.0)))
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+        ("resize", "c0", 0.5), ("resize", "d0", 2.0), ("start", "a0", 1.0)]
+
+
+def test_an_action_of_a_session_not_open_yet_takes_nothing_back() -> None:
+    # alice's session waits for room (carol's loops hold both cores); her action in it waits
+    # with it: there is no node to take her share back on
+    from arl_tangram.core import events as ev
+    from arl_tangram.core.resources import Resources
+
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
+    assert _cmds(d(ev.SessionRequested(0.5, "s", Resources(cpu=1, memory_mb=256), 600.0))) == []
+    assert d.core.st.sessions["s"].node is None
+    assert _cmds(d.at(1.0).arrive(act("a0", tag="sh", tenant="alice", session="s"))) == []
+
+
+def test_a_tenant_holding_its_share_of_another_resource_is_not_owed_cpu() -> None:
+    # alice's running action holds the node's one "gpu" (a dimension her next action does not
+    # ask for): her dominant share is already past her half, so nothing is squeezed for her
+    from arl_tangram.core.actions import ActionSpec
+    from arl_tangram.core.cluster import NodeSpec
+    from arl_tangram.core.resources import Resources
+
+    node = NodeSpec("n", Resources(cpu=4, memory_mb=8192, gpu=1), pool="cpu")
+    d = Driver([node], tenant_shares=HALF)
+    d.at(0.0).arrive(ActionSpec("a0", demand=Resources(cpu=1, memory_mb=256, gpu=1), tag="g",
+                                tenant="alice"),
+                     *[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
+    assert d.core.st.tenant_use["alice"]["gpu"] == 1.0
+    assert _cmds(d.at(1.0).arrive(act("a1", tag="print", tenant="alice"))) == []

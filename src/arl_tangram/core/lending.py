@@ -222,9 +222,7 @@ class Lending:
         st = self.st
         now = st.now
         for name in sorted(names & self.squeezed.keys()) if len(names) > 1 else names & self.squeezed.keys():
-            node = st.nodes[name]
-            if not node.alive:
-                continue
+            node = st.nodes[name]  # (alive: a lost node's actions were released, and forgotten)
             free = node.free.get(CPU, 0.0)
             if free <= _EPS:
                 continue
@@ -257,9 +255,8 @@ class Lending:
         raised ones at the end."""
         st = self.st
         lowered: list[ResizeAction] = []
-        for aid, rec in self.changed.items():
-            if rec.allotment is None or rec.node is None:
-                continue
+        for aid, rec in self.changed.items():  # (each running: an ended one left `changed`)
+            assert rec.allotment is not None and rec.node is not None
             cpu = rec.allotment.get(CPU)
             last = self.sent[aid]
             if abs(cpu - self.full[aid]) <= _EPS and (rec.node not in self.squeezed
