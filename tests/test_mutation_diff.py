@@ -45,6 +45,14 @@ def test_a_declaration_is_not_a_statement_run() -> None:
     assert md.statements(ast.parse(src)) == {2: 2, 7: 7, 9: 9}
 
 
+def test_a_stubs_ellipsis_is_not_a_statement_run() -> None:
+    """A Protocol method's body `...` never runs (the class is a type, not a base): read as a
+    statement it made every new method of a seam an unreached line (managers/base.py)."""
+    src = "class P(Protocol):\n    def f(self) -> int: ...\n\n    def g(self) -> int:\n" \
+          "        \"\"\"Doc.\"\"\"\n        ...\n\nx = ...\n"
+    assert md.statements(ast.parse(src)) == {8: 8}  # (an assignment of `...` does run)
+
+
 def test_the_mutants_of_a_line() -> None:
     got = {(m.line, m.what) for m in md.mutants_of("x.py", SRC, {8, 9, 10, 12})}
     assert got == {(8, "Lt -> LtE"), (8, "And -> Or"), (8, "not dropped"),
