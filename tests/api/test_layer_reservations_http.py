@@ -103,3 +103,16 @@ async def test_a_tenant_below_its_reservation_opens_although_another_filled_the_
             await asyncio.sleep(0.02)
     finally:
         await eng.aclose()
+
+
+def test_a_bad_reservation_is_refused_naming_it(tmp_path) -> None:
+    from arl_tangram.managers.cpu import CpuManagerConfig as Cfg
+
+    with pytest.raises(ValueError, match=r"layer_reservations\['a'\] must be an integer >= 0 "
+                                         r"\(MiB\), got -1"):
+        Cfg(work_root=str(tmp_path), layer_reservations={"a": -1})
+    p = tmp_path / "c.yaml"
+    p.write_text("tenants: alice\n")
+    with pytest.raises(ValueError, match=r"tenants.*must be a list of \{name, token \| "
+                                         r"token_file, .*layer_reserve_mb\}"):
+        load_service_config(p)

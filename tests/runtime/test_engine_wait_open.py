@@ -72,3 +72,15 @@ async def test_without_reported_opens_a_session_counts_as_open() -> None:
         assert await asyncio.wait_for(eng.wait_open(sid, 30.0), 1.0) is None
     finally:
         await eng.aclose()
+
+
+async def test_a_session_still_opening_when_the_engine_closes_is_told_so() -> None:
+    ex = _Reporting()
+    ex.answer = "silent"
+    eng = Engine(ex, EngineConfig(tick_s=0.05))
+    await eng.start()
+    sid = await eng.open_session("s", demand=Resources(memory_mb=256))
+    waiting = asyncio.ensure_future(eng.wait_open(sid, 30.0))
+    await asyncio.sleep(0.05)
+    await eng.aclose()
+    assert await asyncio.wait_for(waiting, 5.0) == "the engine closed before it opened"
