@@ -293,8 +293,28 @@ class CaseResult:
                 "run_result": self.run.to_dict() if self.run else None}
 
 
+class Outcome(Mapping[str, Any]):
+    """An outcome made by its manager and rendered to JSON only in `api/` (``to_dict``: its
+    wire body, whose one owner it is). Also a read-only Mapping of that body, for code that reads
+    an output as the wire dict (the engine's Python callers, `translate.score_of`)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
 @dataclass(frozen=True, slots=True)
-class RunResult(Mapping[str, Any]):
+class RunResult(Outcome):
     """What a code, test or tool action produced (the CPU manager's outcome)."""
 
     status: RunStatus
@@ -370,16 +390,6 @@ class RunResult(Mapping[str, Any]):
             d.update(self.image_fetch)
         return d
 
-    # (the read-only Mapping of the wire shape, `to_dict`: for callers that read an output as
-    # the wire dict, such as the engine's Python callers)
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
 
 
 # ---- score (reward and judge models) and retrieve (a local index): the GPU manager -------------
@@ -671,26 +681,6 @@ def judge_request(payload: Mapping[str, Any]) -> JudgeRequest:
 
 
 # ---- outcomes of score, retrieve, judge generation and provider calls ---------------------------
-
-
-class Outcome(Mapping[str, Any]):
-    """An outcome made by its manager and rendered to JSON only in `api/` (``to_dict``: its
-    wire body, whose one owner it is). Also a read-only Mapping of that body, for code that reads
-    an output as the wire dict (the engine's Python callers, `translate.score_of`)."""
-
-    __slots__ = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

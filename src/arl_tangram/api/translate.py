@@ -149,7 +149,7 @@ def result_dict(r: ActionResult) -> dict[str, Any]:
 def output_body(output: Any) -> Any:
     """An action's output as its wire body: a typed outcome rendered (`kinds`: `RunResult`, an
     `Outcome`), any other output (a manager's JSON-ready dict) as it is."""
-    if isinstance(output, RunResult | Outcome):
+    if isinstance(output, Outcome):  # (a RunResult is one too)
         return output.to_dict()
     return output
 
