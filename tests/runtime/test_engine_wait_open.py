@@ -93,12 +93,15 @@ async def test_answers_nobody_read_are_forgotten_past_max_results_oldest_first()
     try:
         for sid in ("a", "b"):  # opened, their answers never read
             await eng.open_session(sid, demand=Resources(memory_mb=64))
-            await asyncio.sleep(0.05)
+            fut = eng._opening[sid]
+            for _ in range(1000):  # (until the engine has handled the node's answer)
+                if fut.done():
+                    break
+                await asyncio.sleep(0.01)
         assert list(eng._opening) == ["b"]  # ("a" answered and forgotten: one kept)
         ex.answer = "silent"
-        for sid in ("c", "d"):
+        for sid in ("c", "d"):  # (forgetting happens as one is opened: nothing to wait for)
             await eng.open_session(sid, demand=Resources(memory_mb=64))
-            await asyncio.sleep(0.05)
         # "b" answered, forgotten; "c" still waits for its node: kept, and "d" behind it
         assert list(eng._opening) == ["c", "d"]
     finally:
