@@ -62,10 +62,12 @@ def encode_request(msg: Mapping[str, Any]) -> bytes:
 
 
 # A compact direct request (`encode_direct`): this magic (a marshal body never starts with a NUL
-# byte), then uid, gid, cpu_s, fsize, nofile, cpus, and the lengths of the main file's name, the
-# code and stdin (UTF-8), followed by those three. Read by the compiled `_fastpath.direct_take`.
+# byte), then uid, gid, cpu_s, fsize, nofile, cpus, the tmpfs size in MiB (0: as mounted; else the
+# sandbox's /workdir + /tmp is remounted to it first, `payload.tmpfs_mb`), and the lengths of the
+# main file's name, the code and stdin (UTF-8), followed by those three. Read by the compiled
+# `_fastpath.direct_take`.
 DIRECT_MAGIC = b"\0TGD"
-DIRECT = struct.Struct("<4sqqqqqdIII")
+DIRECT = struct.Struct("<4sqqqqqdIIII")
 
 
 def encode_direct(req: Mapping[str, Any], base_env: dict[str, str] | None) -> bytes | None:
@@ -75,14 +77,15 @@ def encode_direct(req: Mapping[str, Any], base_env: dict[str, str] | None) -> by
     lang, lim = req["lang"], req["limits"]
     name = str(lang["file"])
     if (req.get("files") or "/" in name or not name or lang["name"] == "java"
-            or base_env is None or req["env"] != base_env or req.get("tmpfs_mb")):
+            or base_env is None or req["env"] != base_env):
         return None
     try:
         nm, code, stdin = name.encode(), req["code"].encode(), (req.get("stdin") or "").encode()
     except UnicodeEncodeError:  # (lone surrogates: the general form carries them)
         return None
     body = b"".join((DIRECT.pack(DIRECT_MAGIC, lim["uid"], lim["gid"], lim["cpu_s"], lim["fsize"],
-                                 lim["nofile"], float(lim["cpus"]), len(nm), len(code),
+                                 lim["nofile"], float(lim["cpus"]), int(req.get("tmpfs_mb") or 0),
+                                 len(nm), len(code),
                                  len(stdin)), nm, code, stdin))
     if len(body) > MAX_FRAME:
         return None

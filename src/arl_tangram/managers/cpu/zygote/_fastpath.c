@@ -294,13 +294,14 @@ static void cannot_start(const char *what) {  /* like `_run_direct`: report, exi
  * signal module's own `signal` function and the signals whose disposition a job's process
  * resets (`child.default_signals`), `child.code_failed` (exit code and printing of code that
  * raised), the work directory with its slash ("/workdir/"), the syscall filter (raw BPF, or
- * None: none). Forks inherit them; reading them writes nothing. */
-static PyObject *signal_fn, *default_signals, *code_failed, *workdir_slash, *filter;
+ * None: none), the directory of the sandbox's tmpfs (`sandbox.init.SANDBOX_DIR`, remounted
+ * smaller for a small memory limit). Forks inherit them; reading them writes nothing. */
+static PyObject *signal_fn, *default_signals, *code_failed, *workdir_slash, *filter, *sandbox_dir;
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *fn, *sigs, *failed, *wd, *bpf;
-    if (!PyArg_ParseTuple(args, "OO!OO!O", &fn, &PyTuple_Type, &sigs, &failed, &PyBytes_Type,
-                          &wd, &bpf))
+    PyObject *fn, *sigs, *failed, *wd, *bpf, *sbdir;
+    if (!PyArg_ParseTuple(args, "OO!OO!OO!", &fn, &PyTuple_Type, &sigs, &failed, &PyBytes_Type,
+                          &wd, &bpf, &PyBytes_Type, &sbdir))
         return NULL;
     if (bpf != Py_None && !PyBytes_Check(bpf))
         return PyErr_Format(PyExc_TypeError, "configure: the filter is bytes or None");
@@ -309,6 +310,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_XSETREF(code_failed, Py_NewRef(failed));
     Py_XSETREF(workdir_slash, Py_NewRef(wd));
     Py_XSETREF(filter, Py_NewRef(bpf));
+    Py_XSETREF(sandbox_dir, Py_NewRef(sbdir));
     Py_RETURN_NONE;
 }
 
@@ -451,7 +453,7 @@ broken:  /* (our own step failed, not the code: like child.exec_job, report and 
 struct direct_head {  /* after the magic; little-endian, packed as wire.DIRECT (struct "<") */
     long long uid, gid, cpu_s, fsize, nofile;
     double cpus;
-    unsigned int name_len, code_len, stdin_len;
+    unsigned int tmpfs_mb, name_len, code_len, stdin_len;
 } __attribute__((packed));
 
 /* direct_take(fd) -> bytes. Reads the next request frame from the
@@ -499,6 +501,13 @@ static PyObject *direct_take(PyObject *self, PyObject *arg) {
         return PyErr_Format(PyExc_ValueError, "malformed direct request");
     }
     char path[512];
+    if (h.tmpfs_mb > 0) {  /* sandbox._fit_tmpfs: a small memory limit's smaller tmpfs */
+        snprintf(path, sizeof path, "size=%um,nr_inodes=%llu", h.tmpfs_mb,
+                 (unsigned long long)h.tmpfs_mb * 256);  /* (INODES_PER_MB) */
+        if (mount("tmpfs", PyBytes_AS_STRING(sandbox_dir), "tmpfs",
+                  MS_REMOUNT | MS_NOSUID | MS_NODEV, path) != 0)
+            cannot_start("remounting the tmpfs");
+    }
     snprintf(path, sizeof path, "%s%.*s", wds, (int)h.name_len, name);
     PyObject *src = PyUnicode_DecodeUTF8(code, h.code_len, "strict");
     PyObject *fname = PyUnicode_FromString(path);

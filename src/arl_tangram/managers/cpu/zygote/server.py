@@ -492,7 +492,7 @@ def main() -> None:
         if child.FAST is not None:  # what its compact direct path (`direct_take`) needs
             child.FAST.configure(_linux.raw_signal.signal, _linux.CHILD_DEFAULT_SIGNALS,
                                 child.code_failed, init.WORKDIR_SLASH.encode(),
-                                child.filter_bpf())
+                                child.filter_bpf(), init.SANDBOX_DIR.encode())
         hello["compiled_setup"] = child.FAST is not None
         hello["cgroup_join"] = bool(cfg["cg_dirs"])
         if cfg.get("env"):  # the sandboxes' usual environment (nothing of the service's own)
