@@ -234,3 +234,44 @@ async def test_invalid_image_names_from_a_tenant_are_4xx() -> None:
             assert r.status_code == 404, r.text
     finally:
         await eng.aclose()
+
+
+def test_cluster_view_filters_the_typed_view_per_tenant() -> None:
+    """`Tenancy.cluster_view` (issue 36, item 3): the typed `ClusterView` filtered per tenant
+    before rendering: its own and the shared images, sources, transfers and warm keys, others'
+    counted (``images_of_others``, ``warm_of_others``, last in the node's body)."""
+    from arl_tangram.core.resources import Resources
+    from arl_tangram.core.view import NodeView
+    from arl_tangram.runtime.views import ClusterView, NodeRow
+
+    cfg = ServiceConfig(token="operator-token-0123456789",
+                        tenants=(TenantConfig(name="alice", token=A),
+                                 TenantConfig(name="bob", token=B)))
+    t = Tenancy(_Images(), cfg)  # type: ignore[arg-type]
+    cap = Resources(cpu=2)
+    core = NodeView("n1", "default", cap, Resources(), cap, 0, True,
+                    {"python": 2, "image:base": 1, "image:alice+mine": 3, "image:bob+his": 4})
+    report = {"ready": True,
+              "images": [{"name": "base"}, {"name": "alice+mine"}, {"name": "bob+his"}, "odd"],
+              "image_sources": {"base": "config", "alice+mine": "import", "bob+his": "upload"},
+              "image_transfers": [{"image": "alice+mine", "state": "done"},
+                                  {"image": "bob+his", "state": "done"}, "odd"]}
+    view = ClusterView(nodes=(NodeRow(core=core, report=report, not_ready_reason="down"),),
+                       policy="tangram", models=(), instances=(), models_down={}, sessions=3)
+    assert t.cluster_view(None, view) is view
+    got = t.cluster_view("alice", view)
+    assert got.sessions == 3 and got.policy == "tangram"
+    node = got.to_dict()["nodes"][0]
+    assert node["warm"] == {"python": 2, "image:base": 1, "image:mine": 3}
+    assert node["images"] == [{"name": "base"}, {"name": "mine"}]
+    assert node["image_sources"] == {"base": "config", "mine": "import"}
+    assert node["image_transfers"] == [{"image": "mine", "state": "done"}]
+    assert list(node)[-3:] == ["not_ready_reason", "images_of_others", "warm_of_others"]
+    assert node["ready"] is False
+    assert (node["images_of_others"], node["warm_of_others"]) == (2, 4)
+    assert view.nodes[0].report is report and view.nodes[0].core.warm["image:bob+his"] == 4
+    bare = ClusterView(nodes=(NodeRow(core=core),), policy="p", models=(), instances=(),
+                       models_down={}, sessions=0)
+    (row,) = t.cluster_view("bob", bare).to_dict()["nodes"]
+    assert "images" not in row and "images_of_others" not in row
+    assert (row["warm"], row["warm_of_others"]) == ({"python": 2, "image:base": 1, "image:his": 4}, 3)

@@ -354,7 +354,7 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
         """Nodes, their use and warm state; a tenant sees its own and the shared images, of
         others' only how many (`Tenancy.cluster_view`)."""
         return JSONResponse(svc.tenancy.cluster_view(tenant_of(request),
-                                                     svc.engine.cluster_view().to_dict()))
+                                                     svc.engine.cluster_view()).to_dict())
 
     @app.get("/v1/stats", tags=["native"])
     async def stats() -> Response:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -34,8 +34,23 @@ from ..managers.api.manager import RequestError
 from ..managers.retrieval.index import MAX_TOPK
 from .middleware import TENANT_KEY
 
+if TYPE_CHECKING:
+    from ..runtime.providers import Routed
+
 MAX_QUERIES = 1024  # queries in one /retrieve
 MAX_QUERY_CHARS = 4096  # characters of one query
+
+
+def search_body(a: Routed) -> dict[str, Any]:
+    """The ``/v1/search`` (``Client.search``) body of a routed search
+    (`runtime.providers.ProviderFront.search`)."""
+    r, out = a.result, a.result.output
+    result = out.result if isinstance(out, ProviderResult) else \
+        [h.to_dict() for h in out.hits] if isinstance(out, RetrieveResult) else None
+    return {"id": r.id, "status": r.status.name.lower(), "provider": a.provider,
+            "result": result, "cached": isinstance(out, ProviderResult) and out.cached,
+            "reason": r.reason, "act_s": r.act, "route": a.route, "route_reason": a.route_reason,
+            "local_score": a.local_score}
 
 
 class RetrieveIn(BaseModel):
@@ -257,9 +272,9 @@ def add_routes(app: FastAPI, svc: Any) -> None:
             raise InvalidAction("timeout_s", f"must be in (0, 600], got {body.timeout_s}")
         try:
             if kind == "search":  # (routed: the provider's local_first index first)
-                return JSONResponse(await front.search(
+                return JSONResponse(search_body(await front.search(
                     body.provider, req, source=body.source, tenant=_tenant(request),
-                    timeout_s=body.timeout_s, trajectory=body.trajectory))
+                    timeout_s=body.timeout_s, trajectory=body.trajectory)))
             r = await front.call(kind, body.provider, req, tenant=_tenant(request),
                                  timeout_s=body.timeout_s, trajectory=body.trajectory)
         except RequestError as exc:

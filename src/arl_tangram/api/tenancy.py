@@ -22,6 +22,7 @@ another tenant is refused as taken; ids the service generates are random (128 bi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,7 @@ from ..core.errors import ImageError, TangramError
 from ..core.images import warm_key
 from ..runtime.config import DEFAULT_TENANT, ServiceConfig, TenantConfig
 from ..runtime.engine import Engine, Overloaded, UnknownAction
+from ..runtime.views import ClusterView, NodeRow
 
 log = logging.getLogger(__name__)
 
@@ -322,54 +324,56 @@ class Tenancy:
         return {**listing, "nodes": nodes}
 
 
-    def cluster_view(self, tenant: str | None, cluster: dict[str, Any]) -> dict[str, Any]:
-        """``Engine.cluster``'s answer as ``tenant`` sees it (issue 41, H5): of each node's
+    def cluster_view(self, tenant: str | None, view: ClusterView) -> ClusterView:
+        """``Engine.cluster_view`` as ``tenant`` sees it (issue 41, H5): of each node's
         images (their records with the OCI config, ``in_use``, sizes), their sources, the
         transfers of them and the ``image:NAME`` warm keys, only those it sees (its own, named
         without the prefix, and the shared ones); of the others only how many there are
-        (``images_of_others``, ``warm_of_others``). Counts that are not ids (sessions,
-        running actions, capacity) are the cluster's."""
+        (``images_of_others``, ``warm_of_others``: `NodeRow.of_others`). Counts that are not
+        ids (sessions, running actions, capacity) are the cluster's."""
         if tenant is None:
-            return cluster
-        nodes = []
-        for n in cluster.get("nodes") or ():
-            out = dict(n)
+            return view
+        return dataclasses.replace(view, nodes=tuple(self._node_view(tenant, n)
+                                                     for n in view.nodes))
+
+    def _node_view(self, tenant: str, row: NodeRow) -> NodeRow:
+        """One node of `cluster_view`: its report's images, sources and transfers, and the
+        core's warm keys, as ``tenant`` sees them."""
+        report = dict(row.report)
+        others: dict[str, int] = {}
+        if isinstance(report.get("images"), list):
+            recs = []
             hidden = 0
-            if isinstance(n.get("images"), list):
-                recs = []
-                for r in n["images"]:
-                    shown = self.shown_image(tenant, str(r.get("name", ""))) \
-                        if isinstance(r, dict) else None
-                    if shown is None:
-                        hidden += 1
-                    else:
-                        recs.append({**r, "name": shown})
-                out["images"] = recs
-                out["images_of_others"] = hidden
-            for key in ("image_sources",):
-                if isinstance(n.get(key), dict):
-                    out[key] = {shown: v for k, v in n[key].items()
-                                if (shown := self.shown_image(tenant, str(k))) is not None}
-            if isinstance(n.get("image_transfers"), list):
-                out["image_transfers"] = [
-                    {**t, "image": shown} for t in n["image_transfers"]
-                    if isinstance(t, dict)
-                    and (shown := self.shown_image(tenant, str(t.get("image", "")))) is not None]
-            if isinstance(n.get("warm"), dict):
-                warm: dict[str, Any] = {}
-                others = 0
-                for k, v in n["warm"].items():
-                    name = str(k)[len(_WARM_IMAGE):] if str(k).startswith(_WARM_IMAGE) else None
-                    if name is None:
-                        warm[k] = v
-                    elif (shown := self.shown_image(tenant, name)) is not None:
-                        warm[_WARM_IMAGE + shown] = v
-                    else:
-                        others += int(v) if isinstance(v, int | float) else 1
-                out["warm"] = warm
-                out["warm_of_others"] = others
-            nodes.append(out)
-        return {**cluster, "nodes": nodes}
+            for r in report["images"]:
+                shown = self.shown_image(tenant, str(r.get("name", ""))) \
+                    if isinstance(r, dict) else None
+                if shown is None:
+                    hidden += 1
+                else:
+                    recs.append({**r, "name": shown})
+            report["images"] = recs
+            others["images_of_others"] = hidden
+        if isinstance(report.get("image_sources"), dict):
+            report["image_sources"] = {
+                shown: v for k, v in report["image_sources"].items()
+                if (shown := self.shown_image(tenant, str(k))) is not None}
+        if isinstance(report.get("image_transfers"), list):
+            report["image_transfers"] = [
+                {**t, "image": shown} for t in report["image_transfers"]
+                if isinstance(t, dict)
+                and (shown := self.shown_image(tenant, str(t.get("image", "")))) is not None]
+        warm: dict[str, int] = {}
+        hidden_warm = 0
+        for k, v in row.core.warm.items():
+            if not k.startswith(_WARM_IMAGE):
+                warm[k] = v
+            elif (shown := self.shown_image(tenant, k[len(_WARM_IMAGE):])) is not None:
+                warm[_WARM_IMAGE + shown] = v
+            else:
+                hidden_warm += v
+        others["warm_of_others"] = hidden_warm
+        return dataclasses.replace(row, core=dataclasses.replace(row.core, warm=warm),
+                                   report=report, of_others=others)
 
 
 _WARM_IMAGE = warm_key("")  # "image:": the warm keys of nodes holding an image

@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
 from ..core.resources import Resources
-from ..kinds import ProviderResult, RetrieveRequest, RetrieveResult, provider_request
+from ..kinds import RetrieveRequest, RetrieveResult, provider_request
 from ..managers.api import ApiManager, ProviderConfig, RequestError, normalize
 from .engine import Engine
 
@@ -42,16 +43,18 @@ def check_step(step: Any) -> int | None:
     return step
 
 
-def answer(r: ActionResult, provider: str, route: str, why: str,
-           local_score: float | None) -> dict[str, Any]:
-    """The ``/v1/search`` (``Client.search``) answer of the action that answered."""
-    out = r.output
-    result = out.result if isinstance(out, ProviderResult) else \
-        [h.to_dict() for h in out.hits] if isinstance(out, RetrieveResult) else None
-    return {"id": r.id, "status": r.status.name.lower(), "provider": provider,
-            "result": result, "cached": isinstance(out, ProviderResult) and out.cached,
-            "reason": r.reason, "act_s": r.act, "route": route, "route_reason": why,
-            "local_score": local_score}
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routed search's outcome (`ProviderFront.search`): the action that answered, the
+    provider (or index) it names, the route taken and why, the index's top score (None: the
+    index was not asked or found nothing). Rendered as the ``/v1/search`` body in `api/`
+    (`api.search.search_body`)."""
+
+    result: ActionResult
+    provider: str
+    route: str  # "local" or "web"
+    route_reason: str
+    local_score: float | None
 
 
 def scheduler_providers(configs: Sequence[ProviderConfig]) -> dict[str, Any]:
@@ -94,7 +97,7 @@ class ProviderFront:
 
     async def search(self, provider: str, request: Mapping[str, Any], *, source: str = "auto",
                      tenant: str = "", timeout_s: float = 60.0, trajectory: str | None = None,
-                     ) -> dict[str, Any]:
+                     ) -> Routed:
         """One search, routed: the provider's ``local_first`` index first (``source``
         "auto"), then the provider when the index's top score is below ``min_score`` or the
         index fails; ``source`` "local" takes the index's answer whatever its score, "web"
@@ -107,11 +110,11 @@ class ProviderFront:
             provider, query, source, timeout_s=timeout_s, trajectory=trajectory)
         if local is not None and route == "local":
             index = self.api.providers[provider].local_first
-            return answer(local, index.index if index is not None else provider, route, why,
+            return Routed(local, index.index if index is not None else provider, route, why,
                           local_score)
         r = await self.call("search", provider, request, tenant=tenant, timeout_s=timeout_s,
                             trajectory=trajectory)
-        return answer(r, provider, "web", why, local_score)
+        return Routed(r, provider, "web", why, local_score)
 
     async def local_step(self, provider: str, query: str, source: str, *,
                          timeout_s: float = 60.0, trajectory: str | None = None,

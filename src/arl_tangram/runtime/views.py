@@ -29,6 +29,9 @@ class NodeRow:
     gpu_domains: tuple[tuple[int, ...], ...] = ()  # its NVLink domains (its spec)
     report: Mapping[str, Any] = field(default_factory=dict)  # the node's own (less name, pool)
     not_ready_reason: str | None = None  # a model's worker died here and none is up yet
+    # how many of what the viewer does not see (a tenant's view, `api.tenancy.Tenancy.
+    # cluster_view`: ``images_of_others``, ``warm_of_others``), last in the wire body
+    of_others: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -75,6 +78,7 @@ class NodeRow:
         if self.not_ready_reason is not None:
             d["ready"] = False
             d["not_ready_reason"] = self.not_ready_reason
+        d.update(self.of_others)
         return d
 
 
