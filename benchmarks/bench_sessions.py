@@ -209,7 +209,7 @@ class ViaEngine(Crowd):
         self.mgr = self.host.cpu
 
     async def import_image(self, path: str, name: str) -> None:
-        await self.host.import_image(path, name)
+        await self.host.images.import_(path, name)
 
     async def open(self, sid: str, demand: Resources, image: str | None, layer_mb: int | None
                    ) -> None:
@@ -219,7 +219,7 @@ class ViaEngine(Crowd):
                                     ttl_s=3600.0, image=image, layer_mb=layer_mb)
         t = time.monotonic()
         # placed by the core, then opened by the node (its sandbox in the image)
-        while not self.mgr.has_session(sid) or sid in self.host._opening:
+        while not self.mgr.has_session(sid) or sid in self.host.sessions.opening:
             why = self.eng.session_gone(sid)
             if why is not None or not self.eng.has_session(sid):
                 raise RuntimeError(why or "closed")

@@ -17,6 +17,7 @@ from arl_tangram.core.errors import (
     ClosedError,
     ImageError,
     ImageInUse,
+    ImagesUnsupported,
     InvalidAction,
     IsolationUnavailable,
     SpecError,
@@ -26,7 +27,6 @@ from arl_tangram.managers.api import ProviderConfigError, RequestError
 from arl_tangram.managers.cpu.images.layers import LayerError
 from arl_tangram.managers.retrieval.index import RetrievalIndexError
 from arl_tangram.runtime.engine import Overloaded, UnknownAction
-from arl_tangram.runtime.images import ImagesUnsupported
 
 CASES: list[tuple[Exception, int | None]] = [
     (BodyTooLarge(4096), 413),

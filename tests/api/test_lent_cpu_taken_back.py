@@ -79,7 +79,7 @@ async def test_an_owed_tenant_takes_its_share_back_from_running_sandboxes(tmp_pa
             await asyncio.sleep(0.01)
         assert [_quota(sb) for sb in loops] == [1.0, 1.0]
         # two lowered, two raised: each applied to a live sandbox, none lost
-        assert ex.hosts["n1"].resizes == {"applied": 4, "deferred": 0, "dropped": 0}
+        assert ex.hosts["n1"].actions.resizes == {"applied": 4, "deferred": 0, "dropped": 0}
         for aid in ("c0", "c1", "c2"):
             await eng.cancel(aid)
     finally:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fakes import FakeExecutor
 
+from arl_tangram.core.errors import ImagesUnsupported
 from arl_tangram.runtime.engine import Engine
-from arl_tangram.runtime.images import ImagesUnsupported
 
 
 async def test_an_executor_without_images_says_so_through_the_engine() -> None:

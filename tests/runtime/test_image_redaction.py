@@ -5,7 +5,7 @@ its class stays (a bound passed is still ImageTooLarge: 413)."""
 from __future__ import annotations
 
 from arl_tangram.core.errors import ImageError, ImageTooLarge
-from arl_tangram.runtime.node import _redacted
+from arl_tangram.runtime.images.cache import redacted as _redacted
 
 
 def test_the_spool_and_the_cache_are_not_named() -> None:

@@ -43,7 +43,7 @@ async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(
     async with Engine(ex) as eng:
         await ex.import_image(image_tar, "mini", node="n1")
         await eng.run(bash("warm-up", "true"))  # (the warm report has reached the core)
-        assert eng.cluster()["nodes"][0]["warm"].get("image:mini") == 1
+        assert eng.cluster_view().to_dict()["nodes"][0]["warm"].get("image:mini") == 1
         plain = await eng.open_session("plain")
         [r] = await eng.submit([bash("p", "true", session=plain)])
         assert (await eng.result(r)).node == "n2"
@@ -53,16 +53,16 @@ async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(
         assert "ID=tangram-mini" in res.output["run_result"]["stdout"]
         assert "image_import_s" not in res.output  # it was there already
         # n2 learns the source (as a Ray node does) and lacks the image: imported on first use
-        assert ex.hosts["n2"].add_image_source("mini", image_tar)["held"] is False
+        assert ex.hosts["n2"].images.add_source("mini", image_tar)["held"] is False
         sid2 = await eng.open_session("img2", image="mini", node="n2")
         res = await eng.run(bash("b", "cat /etc/os-release", session=sid2))
         assert res.status is Status.SUCCEEDED and res.node == "n2", res
         assert "ID=tangram-mini" in res.output["run_result"]["stdout"]
         assert res.output["image_import_s"] > 0
-        assert all(n["warm"].get("image:mini") == 1 for n in eng.cluster()["nodes"])
+        assert all(n["warm"].get("image:mini") == 1 for n in eng.cluster_view().to_dict()["nodes"])
         # a one-shot action in an image a node knows only by its source: imported there first
         for h in ex.hosts.values():
-            h.add_image_source("mini2", image_tar)
+            h.images.add_source("mini2", image_tar)
         res = await eng.run(ActionSpec("once", demand=Resources(cpu=1, memory_mb=128), timeout_s=30,
                                        payload={"code": "cat /etc/os-release", "language": "bash",
                                                 "image": "mini2"}))
@@ -76,4 +76,4 @@ async def test_image_session_opens_where_the_image_is_and_imports_on_first_use(
         assert sorted(out["removed"]) == ["n1", "n2"]
         await ex.remove_image("mini2")
         await eng.run(bash("settle2", "true"))
-        assert all(n["warm"].get("image:mini") == 0 for n in eng.cluster()["nodes"])
+        assert all(n["warm"].get("image:mini") == 0 for n in eng.cluster_view().to_dict()["nodes"])

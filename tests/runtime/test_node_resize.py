@@ -65,7 +65,7 @@ async def test_resizes_before_during_and_after_an_action(tmp_path) -> None:
         # ended: nothing to resize
         host.submit(C.ResizeAction("b", "n1", one))
         for _ in range(100):
-            if sum(host.resizes.values()) == 3:
+            if sum(host.actions.resizes.values()) == 3:
                 break
             await asyncio.sleep(0.01)
         assert host.info()["resizes"] == {"applied": 1, "deferred": 1, "dropped": 1}

@@ -16,14 +16,14 @@ from ..core.cluster import ModelSpec, NodeSpec
 from ..core.errors import ImageError, ImagesUnsupported, InvalidAction
 from .config import NodeConfig, ServiceConfig
 from .executor import Emit, Executor, unknown_node_events
-from .images import ImagePeer, in_use
+from .images import in_use
 from .node import NodeHost
 
 
 class LocalExecutor(Executor):
     """Hosts one NodeHost per configured node, in-process."""
 
-    reports_session_open = True  # (`NodeHost._open_session`)
+    reports_session_open = True  # (`node.sessions.SessionPath`)
 
     def __init__(
         self,
@@ -99,27 +99,27 @@ class LocalExecutor(Executor):
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
         out = {}
         for h in self._image_hosts(node):
-            out[h.name] = (await h.import_image(path, name)).to_dict()
+            out[h.name] = (await h.images.import_(path, name)).to_dict()
         return {"name": name, "nodes": out}
 
     def list_images(self, node: str | None = None) -> dict[str, Any]:
-        return {"nodes": {h.name: h.list_images() for h in self._image_hosts(node)}}
+        return {"nodes": {h.name: h.images.list() for h in self._image_hosts(node)}}
 
     async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
-        hosts = [h for h in self._image_hosts(node) if h.has_image(name)]
+        hosts = [h for h in self._image_hosts(node) if h.images.has(name)]
         if not hosts:
             raise ImageError(f"no image {name!r}")
         for h in hosts:  # refuse before touching any node
-            n = h.image_users(name)
+            n = h.images.users(name)
             if n:
                 raise in_use(name, n, h.name)
         for h in hosts:
-            await asyncio.to_thread(h.remove_image, name)
+            await asyncio.to_thread(h.images.remove, name)
         return {"name": name, "removed": [h.name for h in hosts]}
 
     def has_image(self, name: str) -> bool | None:
         try:
-            return any(h.has_image(name) for h in self.hosts.values())
+            return any(h.images.has(name) for h in self.hosts.values())
         except ImagesUnsupported:  # (a node without a CPU manager's image cache)
             return None
 
@@ -127,21 +127,3 @@ class LocalExecutor(Executor):
         hosts, self.hosts = list(self.hosts.values()), {}
         await asyncio.gather(*(h.aclose() for h in hosts), return_exceptions=True)
 
-
-class HostPeer(ImagePeer):
-    """A `NodeHost` of this process as a peer (local executors, tests)."""
-
-    def __init__(self, host: NodeHost) -> None:
-        self.host, self.name = host, host.name
-
-    async def manifest(self, image: str) -> dict[str, Any]:
-        return self.host.image_manifest(image)
-
-    async def open_layer(self, key: str, chunk_bytes: int) -> str:
-        return await self.host.open_layer_stream(key, chunk_bytes)
-
-    async def next_chunk(self, stream: str) -> bytes:
-        return await self.host.next_layer_chunk(stream)
-
-    async def close_layer(self, stream: str) -> dict[str, Any]:
-        return await self.host.close_layer_stream(stream)

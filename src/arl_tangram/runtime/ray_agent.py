@@ -27,19 +27,20 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..core.actions import Status
 from ..core.cluster import ModelSpec, NodeSpec
 from ..core.commands import Command, StartAction
-from ..core.errors import ImagesUnsupported
+from ..core.errors import ImageError, ImagesUnsupported
 from ..core.events import ActionFinished, ActionStarted, Event
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
-from .images import ImagePeer
+from .images import Fetched, ImagePeer, NodeImages, PeersSet, RemoteError, unwrap
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LABEL_POOL = "tangram.io/pool"
 LABEL_NVLINK = "tangram.io/nvlink-domains"
@@ -59,6 +60,11 @@ class Host(Protocol):
     def info(self) -> dict[str, Any]: ...
 
     async def aclose(self) -> None: ...
+
+    @property
+    def images(self) -> NodeImages | None:
+        """The node's image cache (None: a host without one)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,9 +114,9 @@ def make_node_host(setup: AgentSetup, emit: Callable[[Event], None]) -> Host:
         cpu_config=cpu_config, gpu_config=gpu_config, models=setup.models,
         labels=setup.labels, images=setup.images, eager_images=setup.eager_images,
     )
-    host.image_chunk_bytes = int(setup.image_chunk_bytes)
+    host.images.pulls.chunk_bytes = int(setup.image_chunk_bytes)
     for name, pairs in setup.image_peers:
-        host.image_peers[name] = [RayPeer(n, h) for n, h in pairs if n != setup.name]
+        host.images.pulls.peers[name] = [RayPeer(n, h) for n, h in pairs if n != setup.name]
     return host
 
 
@@ -123,12 +129,7 @@ class RayPeer(ImagePeer):
         self.name, self.handle = name, handle
 
     async def manifest(self, image: str) -> dict[str, Any]:
-        from .images import raise_remote
-
-        got = await self.handle.image_op.remote("manifest", (image,))
-        if "error" in got:
-            raise_remote({**got, "error": f"node {self.name}: {got['error']}"})
-        return dict(got["ok"])
+        return dict(unwrap(await self.handle.image_manifest.remote(image), self.name))
 
     async def open_layer(self, key: str, chunk_bytes: int) -> str:
         return str(await self.handle.layer_open.remote(key, int(chunk_bytes)))
@@ -202,51 +203,74 @@ class NodeAgent:
     def ping(self) -> float:
         return time.monotonic()
 
-    async def image_op(self, op: str, args: Sequence[Any]) -> dict[str, Any]:
-        """An environment-image operation on this node's host: ``source`` (name, path: import
-        on first use), ``import`` (path, name: now), ``users`` (name), ``remove`` (name),
-        ``list``; between nodes: ``readable`` (path: can this node read it), ``peers`` (name,
-        ((node, agent handle), ...): who holds it), ``pull`` (name: fetch it now), ``manifest``
-        (name: its record). Answers ``{"ok": value}`` or ``{"error": message, "type": class
-        name}``."""
-        host: Any = self._host
-        try:
-            if host is None or not hasattr(host, "add_image_source"):
-                raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
-            if op == "source":
-                value: Any = host.add_image_source(*args)
-            elif op == "import":
-                value = (await host.import_image(*args)).to_dict()
-            elif op == "users":
-                value = host.image_users(*args)
-            elif op == "remove":
-                value = host.remove_image(*args)
-            elif op == "list":
-                value = host.list_images()
-            elif op == "readable":
-                path = str(args[0])
-                value = os.path.isabs(path) and os.access(path, os.R_OK)
-            elif op == "peers":
-                name, pairs = args
-                value = host.set_image_peers(name, [RayPeer(n, h) for n, h in pairs])
-            elif op == "pull":
-                value = await host.ensure_image(*args)
-                if not host.has_image(*args):
-                    from ..core.errors import ImageError
+    # ---- environment images: one call per operation, answering its value or a RemoteError --
 
-                    raise ImageError(f"node {self._setup.name}: no source or peer of image "
-                                     f"{args[0]!r}")
-            elif op == "manifest":
-                value = host.image_manifest(*args)
-            else:
-                raise ValueError(f"unknown image operation {op!r}")
-            return {"ok": value}
+    def _images(self) -> NodeImages:
+        images = self._host.images if self._host is not None else None
+        if images is None:
+            raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
+        return images
+
+    def _answer(self, op: Callable[[NodeImages], T]) -> T | RemoteError:
+        try:
+            return op(self._images())
         except Exception as exc:
-            return {"error": str(exc), "type": type(exc).__name__}
+            return RemoteError.of(exc)
+
+    async def _answer_later(self, op: Callable[[NodeImages], Awaitable[T]]) -> T | RemoteError:
+        try:
+            return await op(self._images())
+        except Exception as exc:
+            return RemoteError.of(exc)
+
+    async def image_source(self, name: str, path: str) -> dict[str, Any] | RemoteError:
+        """Remember ``path`` as where ``name`` comes from: imported on first use."""
+        return self._answer(lambda im: im.add_source(name, path))
+
+    async def image_import(self, path: str, name: str) -> dict[str, Any] | RemoteError:
+        """Import ``path`` as ``name`` now: the image's record."""
+        async def op(im: NodeImages) -> dict[str, Any]:
+            return (await im.import_(path, name)).to_dict()
+
+        return await self._answer_later(op)
+
+    async def image_users(self, name: str) -> int | RemoteError:
+        """How many sessions and actions here use ``name``."""
+        return self._answer(lambda im: im.users(name))
+
+    async def image_remove(self, name: str) -> bool | RemoteError:
+        """Remove ``name`` here (False: not held here)."""
+        return self._answer(lambda im: im.remove(name))
+
+    async def image_list(self) -> list[dict[str, Any]] | RemoteError:
+        return self._answer(lambda im: im.list())
+
+    async def image_readable(self, path: str) -> bool | RemoteError:
+        """Whether this node can read ``path`` (an absolute path)."""
+        return self._answer(lambda im: os.path.isabs(path) and os.access(path, os.R_OK))
+
+    async def image_peers(self, name: str, pairs: Sequence[tuple[str, Any]]
+                          ) -> PeersSet | RemoteError:
+        """The nodes holding ``name``: (node name, its NodeAgent handle) each."""
+        return self._answer(lambda im: im.set_peers(name, [RayPeer(n, h) for n, h in pairs]))
+
+    async def image_pull(self, name: str) -> Fetched | RemoteError:
+        """Fetch ``name`` here now (from a peer, else its path): what it took."""
+        async def op(im: NodeImages) -> Fetched:
+            got = await im.ensure(name)
+            if not im.has(name):
+                raise ImageError(f"node {self._setup.name}: no source or peer of image {name!r}")
+            return got
+
+        return await self._answer_later(op)
+
+    async def image_manifest(self, name: str) -> dict[str, Any] | RemoteError:
+        """The record of ``name`` in this node's cache (for a peer pulling it)."""
+        return self._answer(lambda im: im.server.manifest(name))
 
     # an archive the driver sends in chunks (`RayExecutor.upload_image`), imported here
     async def upload_open(self) -> str:
-        spool = await asyncio.to_thread(self._image_host()._store().new_spool)
+        spool = await asyncio.to_thread(self._images().store().new_spool)
         sid = os.path.basename(spool.path)
         self._uploads[sid] = spool
         return sid
@@ -256,32 +280,26 @@ class NodeAgent:
         await asyncio.to_thread(spool.write, data)
         return int(spool.size)
 
-    async def upload_import(self, sid: str, name: str) -> dict[str, Any]:
-        """Import the sent archive as ``name``: ``{"ok": record}`` or ``{"error", "type"}``."""
+    async def upload_import(self, sid: str, name: str) -> dict[str, Any] | RemoteError:
+        """Import the sent archive as ``name``: its record."""
         spool = self._uploads.pop(sid)
         try:
             spool.close()
-            return {"ok": (await self._image_host().import_image(spool.path, name)).to_dict()}
+            return (await self._images().import_(spool.path, name)).to_dict()
         except Exception as exc:
-            return {"error": str(exc), "type": type(exc).__name__}
+            return RemoteError.of(exc)
         finally:
             spool.discard()
 
     # a layer of this node's image cache, in chunks, to a peer pulling it (`RayPeer`)
     async def layer_open(self, key: str, chunk_bytes: int) -> str:
-        return str(await self._image_host().open_layer_stream(key, chunk_bytes))
+        return str(await self._images().server.open(key, chunk_bytes))
 
     async def layer_chunk(self, stream: str) -> bytes:
-        return bytes(await self._image_host().next_layer_chunk(stream))
+        return bytes(await self._images().server.next(stream))
 
     async def layer_close(self, stream: str) -> dict[str, Any]:
-        return dict(await self._image_host().close_layer_stream(stream))
-
-    def _image_host(self) -> Any:
-        host: Any = self._host
-        if host is None or not hasattr(host, "open_layer_stream"):
-            raise ImagesUnsupported(f"node {self._setup.name}: no image cache")
-        return host
+        return dict(await self._images().server.close(stream))
 
     async def shutdown(self) -> list[Event]:
         """Close the host (running actions end CANCELLED) and return every undelivered event."""
@@ -302,6 +320,7 @@ class EchoHost:
         self._setup, self._emit = setup, emit
         self.name = setup.name
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.images: NodeImages | None = None  # (no image cache)
 
     async def start(self) -> NodeSpec:
         cap = self._setup.capacity or Resources(cpu=1, memory_mb=1024)

@@ -33,7 +33,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from ..core.errors import BrokenError, ClosedError, ImageError, InvalidAction
 from ..core.events import Event, NodeAdded, NodeLost
 from ..core.images import check_name
 from .executor import Emit, Executor, unknown_node_events
-from .images import in_use, raise_remote
+from .images import RemoteError, in_use, unwrap
 from .ray_agent import (
     AgentSetup,
     NodeAgent,
@@ -125,7 +125,7 @@ class _Node:
 class RayExecutor(Executor):
     """Executes commands on Ray nodes through one NodeAgent actor per node."""
 
-    reports_session_open = True  # (each agent's `NodeHost._open_session`)
+    reports_session_open = True  # (each agent's `node.sessions.SessionPath`)
 
     def __init__(
         self,
@@ -455,23 +455,22 @@ class RayExecutor(Executor):
 
     # ---- environment images ------------------------------------------------------------------
 
-    async def image_call(self, op: str, args: Sequence[Any], node: str | None = None) -> dict[str, Any]:
-        """`NodeAgent.image_op` on every node that is up (or on ``node``): node -> its answer;
-        the first node's error is raised (`runtime.images.raise_remote`)."""
+    async def image_call(self, call: Callable[[Any], Any], node: str | None = None
+                         ) -> dict[str, Any]:
+        """An image call of `NodeAgent` on every node that is up (or on ``node``): ``call``
+        makes it from the agent's handle (``lambda a: a.image_users.remote(name)``); node ->
+        its answer. The first node's error is raised (`runtime.images.unwrap`)."""
         up = [n for n in self._current.values() if n.state is _State.UP]
         if node is not None:
             up = [n for n in up if n.name == node]
             if not up:
                 raise InvalidAction("node", f"unknown node {node!r}")
-        answers = await asyncio.gather(*(n.actor.image_op.remote(op, tuple(args)) for n in up),
-                                       return_exceptions=True)
+        answers = await asyncio.gather(*(call(n.actor) for n in up), return_exceptions=True)
         out: dict[str, Any] = {}
         for n, a in zip(up, answers, strict=True):
             if isinstance(a, BaseException):
                 raise a
-            if "error" in a:
-                raise_remote({**a, "error": f"node {n.name}: {a['error']}"})
-            out[n.name] = a["ok"]
+            out[n.name] = unwrap(a, n.name)
         return out
 
     async def import_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
@@ -484,7 +483,7 @@ class RayExecutor(Executor):
         target = node if node is not None else await self._reader_of(path)
         if target is None:
             return await self.upload_image(path, name)
-        got = await self.image_call("import", (path, name), target)
+        got = await self.image_call(lambda a: a.image_import.remote(path, name), target)
         return await self._imported(name, path, target, got, record_source=node is None)
 
     async def upload_image(self, path: str, name: str, node: str | None = None) -> dict[str, Any]:
@@ -509,13 +508,11 @@ class RayExecutor(Executor):
             with open(src, "rb") as f:
                 while data := await asyncio.to_thread(f.read, chunk):
                     await actor.upload_chunk.remote(sid, data)
-            got = {target: await actor.upload_import.remote(sid, name)}
+            answer = await actor.upload_import.remote(sid, name)
         finally:
             if tmp is not None:
                 await asyncio.to_thread(shutil.rmtree, tmp, True)
-        if "error" in got[target]:
-            raise_remote({**got[target], "error": f"node {target}: {got[target]['error']}"})
-        got = {target: got[target]["ok"]}
+        got = {target: unwrap(answer, target)}
         out = await self._imported(name, path, target, got, record_source=False)
         out["uploaded"] = True
         return out
@@ -539,8 +536,9 @@ class RayExecutor(Executor):
             raise ImageError(f"no node is known to hold image {name!r}")
         up = [n.name for n in self._current.values() if n.state is _State.UP
               and n.name not in self.image_holders[name] and (node is None or n.name == node)]
-        answers = await asyncio.gather(*(self.image_call("pull", (name,), n) for n in up))
-        got = {k: v for a in answers for k, v in a.items()}
+        answers = await asyncio.gather(*(self.image_call(lambda a: a.image_pull.remote(name), n)
+                                         for n in up))
+        got = {k: v.to_dict() for a in answers for k, v in a.items()}
         self.image_holders[name].update(got)
         if got:
             await self._push_peers(name)
@@ -551,7 +549,7 @@ class RayExecutor(Executor):
         None when only the driver can (ImageError: nobody can)."""
         import ray
 
-        readable = await self.image_call("readable", (path,))
+        readable = await self.image_call(lambda a: a.image_readable.remote(path))
         nodes = sorted(n for n, ok in readable.items() if ok)
         if not nodes:
             if os.path.isabs(path) and os.access(path, os.R_OK):
@@ -581,12 +579,12 @@ class RayExecutor(Executor):
         """Tell every live node which nodes hold ``name`` (a node lacking it pulls from them)."""
         pairs = self._holder_pairs(name)
         up = [n for n in self._current.values() if n.state is _State.UP]
-        answers = await asyncio.gather(*(n.actor.image_op.remote("peers", (name, pairs))
-                                         for n in up), return_exceptions=True)
+        answers = await asyncio.gather(*(n.actor.image_peers.remote(name, pairs) for n in up),
+                                       return_exceptions=True)
         for n, a in zip(up, answers, strict=True):
-            if isinstance(a, BaseException) or "error" in a:
+            if isinstance(a, BaseException | RemoteError):
                 log.warning("node %s: could not be told the holders of image %s: %s",
-                            n.name, name, a if isinstance(a, BaseException) else a["error"])
+                            n.name, name, a.message if isinstance(a, RemoteError) else a)
 
     def list_images(self, node: str | None = None) -> dict[str, Any]:
         """As of the last refresh of node info (at most ``membership_interval_s`` old)."""
@@ -601,12 +599,12 @@ class RayExecutor(Executor):
                               if (node is None or n == node) and d.get("image_transfers")}}
 
     async def remove_image(self, name: str, node: str | None = None) -> dict[str, Any]:
-        users = await self.image_call("users", (name,), node)
+        users = await self.image_call(lambda a: a.image_users.remote(name), node)
         known = name in self.image_sources
         for n, count in users.items():  # refuse before touching any node
             if count:
                 raise in_use(name, count, n)
-        removed = await self.image_call("remove", (name,), node)
+        removed = await self.image_call(lambda a: a.image_remove.remote(name), node)
         if node is None:
             self.image_sources.pop(name, None)
             self.image_holders.pop(name, None)

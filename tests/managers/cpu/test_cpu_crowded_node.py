@@ -185,7 +185,7 @@ async def test_node_short_of_memory_reclaims_idle_sessions_before_its_report() -
     reports: list[E.MemoryReport] = []
     node = NodeHost("short", emit=lambda e: reports.append(e) if isinstance(
         e, E.MemoryReport) else None, capacity=Resources(cpu=2, memory_mb=32), cpu_manager=m)
-    node.memory_report_s = 0.05
+    node.reports.memory_report_s = 0.05
     try:
         try:
             await node.start()
