@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grimp
 
-PACKAGES = ("arl_tangram.managers.cpu", "arl_tangram.core")
+PACKAGES = ("arl_tangram.managers.cpu", "arl_tangram.core", "arl_tangram.runtime")
 
 
 def _circles(nodes: set[str], edges: set[tuple[str, str]]) -> list[list[str]]:
