@@ -6,7 +6,7 @@ primary records and raises ``AssertionError`` naming the first broken invariant.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from .actions import Status
 from .elastic import Elastic
@@ -14,7 +14,15 @@ from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
 from .providers import Providers
 from .queues import Queues
-from .records import InstState, QueueKey, is_session_key, model_key, session_key
+from .records import (
+    ActionRecord,
+    InstState,
+    NodeState,
+    QueueKey,
+    is_session_key,
+    model_key,
+    session_key,
+)
 from .resources import Resources, total
 from .sessions import Sessions
 from .state import CoreState
@@ -267,15 +275,16 @@ def _check_work_conserving(core: Core) -> None:
                        f"{got[0].spec.id} ({demand}) fits free {node.free} of {node.name}")
 
 
-def _idle_for(core: Core, rec: Any, node: Any) -> bool:
+def _idle_for(core: Core, rec: ActionRecord, node: NodeState) -> bool:
     """Whether ``node`` has CPU for elastic ``rec`` that its own elastic actions cannot take."""
     el = rec.spec.elasticity
+    assert el is not None  # (an elastic head: its callers ask only of one)
     if not fits_besides_cpu(node, rec.shape):
         return False
     return node.free.get("cpu", 0.0) - core.elastic.absorb(node) >= el.min - 1e-9
 
 
-def _check_elastic_head(core: Core, rec: Any) -> None:
+def _check_elastic_head(core: Core, rec: ActionRecord) -> None:
     nodes = [n for n in core.st.nodes.values() if n.alive and n.name not in core.st.reserved]
     idle = [n for n in nodes if _idle_for(core, rec, n)]
     if not idle:

@@ -527,7 +527,10 @@ class Core:
         """Close a session; its queued actions are cancelled (all its actions lost, ``lost``;
         failed, ``evicted``)."""
         status = S.NODE_LOST if lost else S.FAILED if evicted else S.CANCELLED
-        for aid in self.sessions.close(sess, reason, lost, evicted):
+        aids, grew = self.sessions.close(sess, reason, lost, evicted)
+        if grew is not None:  # its charge came back: the pass looks at the node
+            self.st.dirty.add(grew)
+        for aid in aids:
             rec = self.st.actions.get(aid)
             if rec is not None and (rec.status is S.QUEUED or lost):
                 self._end(rec, status, reason=f"session {sess.id} closed: {reason}")

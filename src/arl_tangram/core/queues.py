@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
 
 from .actions import Status
 from .records import (
@@ -71,7 +70,7 @@ class Queues:
         self.aged_pushes = 0  # aged queue entries ever pushed (0: every live head is non-aged)
         # (estimator key, units) -> (rank, id) of the last action of that work enqueued: FIFO
         # among actions of the same work (`fifo_rank`)
-        self._fifo_floors: dict[Any, tuple[int, str]] = {}
+        self._fifo_floors: dict[tuple[object, ...], tuple[int, str]] = {}
         # partition -> the session queues holding its actions
         self.partition_sessions: dict[str, set[SessionKey]] = {}
         # sessions with queued actions: a pass after capacity freed on a node looks at its
@@ -121,7 +120,7 @@ class Queues:
         if rank <= _RANK_NONE or not self.st.policy.ordered:
             return rank
         floors = self._fifo_floors
-        group: Any = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
+        group: tuple[object, ...] = (rec.ekey, rec.units, rec.spec.weight)  # (a heavier action may overtake)
         if self.st.fair:
             group = (*group, rec.tenant)  # (in its tenant's order only: fair share)
         got = floors.get(group)

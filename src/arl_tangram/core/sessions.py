@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
 
 from .commands import CloseSession, EvictSession, OpenSession
 from .events import SessionRequested
@@ -104,7 +103,8 @@ class Sessions:
         st.sessions[e.session_id] = sess
         self.open(sess, pin=e.node)
 
-    def open(self, sess: SessionRecord, pin: str | None = None, hint: Any = None) -> None:
+    def open(self, sess: SessionRecord, pin: str | None = None,
+             hint: ActionRecord | None = None) -> None:
         """Open ``sess`` on ``pin`` if it fits there, else where `node_for` finds room; with
         none, it waits (`pending`)."""
         st = self.st
@@ -249,15 +249,18 @@ class Sessions:
         return max(recs, key=_memory_then_seq, default=None)
 
     # ---- closing --------------------------------------------------------------------------------
-    def close(self, sess: SessionRecord, reason: str, lost: bool, evicted: bool = False) -> list[str]:
+    def close(self, sess: SessionRecord, reason: str, lost: bool, evicted: bool = False
+              ) -> tuple[list[str], str | None]:
         """Close ``sess`` (its node gets its charge back; a CloseSession unless the node is
-        lost); the ids of its live actions, in order (the core ends the queued ones, or all
-        when ``lost``)."""
+        lost): the ids of its live actions, in order (the core ends the queued ones, or all
+        when ``lost``), and the alive node whose free capacity grew (None: none did; the core
+        marks it for the pass)."""
         st = self.st
         del st.sessions[sess.id]
         if self.pending.pop(sess.id, None) is not None:
             self._unwait(sess.id)
         node = st.nodes.get(sess.node) if sess.node else None
+        grew: str | None = None
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
             if node.sessions:
@@ -269,11 +272,11 @@ class Sessions:
             node.give(sess.charge)
             if node.alive:
                 st.index.update(node.name, node.free)  # (touches `ranks`, as in `open`)
-                st.dirty.add(node.name)
+                grew = node.name
         if node is not None and not lost:
             close = EvictSession if evicted else CloseSession
             st.out.append(close(sess.id, node.name, reason=reason, cause=st.cause))
-        return sorted(sess.actions)
+        return sorted(sess.actions), grew
 
     def expired(self) -> list[SessionRecord]:
         """The open sessions whose TTL ran out with no live action, in the order they expired
@@ -299,7 +302,7 @@ class Sessions:
         return out
 
     # ---- where ----------------------------------------------------------------------------------
-    def node_for(self, sess: SessionRecord, hint: Any) -> NodeState | None:
+    def node_for(self, sess: SessionRecord, hint: ActionRecord | None) -> NodeState | None:
         """Where a session opens: only where it and one of its actions can always run (the
         sessions already there, this one and the room for an action within capacity) and it
         fits now; inside its trajectory's slice or task's pool for partitioned policies; else
@@ -307,7 +310,7 @@ class Sessions:
         nodes warm for the session's `warm_key` (an image they hold) come first; without one
         the spread decides and the session pays the cold cost there. None: it waits for room."""
         st, parts = self.st, self.partitions
-        rec = hint if isinstance(hint, ActionRecord) else None
+        rec = hint
         if rec is None:  # a pending session: open it where its waiting actions can run
             rec = self._largest_waiting(sess)
         act = self.action_room if rec is None else rec.spec.demand

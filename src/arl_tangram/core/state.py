@@ -11,7 +11,7 @@ could ever fit where, the largest capacity) are caches of the nodes, dropped by
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable, Iterable
 
 from .cluster import ClusterSpec, ModelSpec
 from .commands import Command
@@ -19,7 +19,7 @@ from .config import CoreConfig
 from .estimator import DurationEstimator
 from .nodeindex import FreeIndex
 from .policies import POLICY_TABLE, Policy
-from .records import ActionRecord, NodeState, QueueKey, SessionRecord
+from .records import ActionRecord, NodeState, QueueKey, SessionRecord, ShapeKey
 from .resources import Resources
 
 
@@ -49,8 +49,10 @@ class CoreState:
         self.elastic_nodes: set[str] = set()
         self.reserved: dict[str, str] = {}  # node -> the aged action it is held for
         # capacity facts, dropped by `capacity_changed`
-        self.fits_some: dict[Any, bool] = {}  # demand key -> some alive node could ever fit it
-        self.shares: dict[Any, float] = {}  # demand shape -> dominant share of `largest`
+        # demand key (a `ShapeKey`, a model's `ModelKey`, a demand's sorted items) -> some
+        # alive node could ever fit it
+        self.fits_some: dict[Hashable, bool] = {}
+        self.shares: dict[ShapeKey, float] = {}  # demand shape -> dominant share of `largest`
         self._largest: dict[str, float] | None = None  # (None: recompute)
         policy = self.policy
         self.elastic_policy = policy.elastic
@@ -150,7 +152,7 @@ class CoreState:
             share = self.shares[rec.skey] = rec.spec.demand.dominant_share(self.largest())
         return share
 
-    def fits_some_node(self, demand: Resources, key: object) -> bool:
+    def fits_some_node(self, demand: Resources, key: Hashable) -> bool:
         ok = self.fits_some.get(key)
         if ok is None:
             ok = any(n.alive and demand.fits_in(n.cap) for n in self.nodes.values())
@@ -164,7 +166,7 @@ class CoreState:
         return rec.est if got is None else got
 
 
-def largest_capacity(nodes: Any) -> dict[str, float]:
+def largest_capacity(nodes: Iterable[NodeState]) -> dict[str, float]:
     ref: dict[str, float] = {}
     for n in nodes:
         if n.alive:
