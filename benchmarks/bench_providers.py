@@ -43,6 +43,7 @@ import httpx
 from arl_tangram.core import commands as C
 from arl_tangram.core.actions import Status
 from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.config import CoreConfig
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.api import parse_providers
 from arl_tangram.managers.api.testing import ProviderServer
@@ -76,7 +77,7 @@ async def run_tangram(a: argparse.Namespace, url: str) -> list[tuple[float, floa
     cfgs = parse_providers([{"name": "p", "kind": "search", "base_url": url, "cache_ttl_s": 0,
                              "limits": {"rate_per_s": a.rate, "burst": a.burst,
                                         "concurrency": a.concurrency, "max_attempts": 50}}], env={})
-    engine = Engine(_IdleNode(), EngineConfig(scheduler=scheduler_providers(cfgs)))
+    engine = Engine(_IdleNode(), EngineConfig(core=CoreConfig(**scheduler_providers(cfgs))))
     await engine.start()
     api = attach_api(engine, cfgs)
     front = ProviderFront(engine, api)

@@ -57,12 +57,12 @@ async def test_a_stopped_agent_is_not_ready_then_lost_replaced_and_its_actions_r
             assert r is not None and r.status is Status.SUCCEEDED, r
             pids[r.output["node"]] = r.output["pid"]
         await wait_until(lambda: _health_body(eng)[0] == 200, 30, "ready")
-        cap = sum(int(n["capacity"].get("cpu", 0)) for n in eng.cluster()["nodes"])
+        cap = sum(int(n["capacity"].get("cpu", 0)) for n in eng.cluster_view().to_dict()["nodes"])
         # fill every CPU with 6 s actions; the victim is a node that runs some of them
         ids = await eng.submit([_act(f"a{i}", 6.0) for i in range(cap)])
-        await wait_until(lambda: sum(n["running"] for n in eng.cluster()["nodes"]) == cap, 30,
+        await wait_until(lambda: sum(n["running"] for n in eng.cluster_view().to_dict()["nodes"]) == cap, 30,
                          "every CPU busy")
-        victim = next(n["name"] for n in eng.cluster()["nodes"]
+        victim = next(n["name"] for n in eng.cluster_view().to_dict()["nodes"]
                       if n["running"] and n["name"] in pids)
         pid = pids[victim]
         os.kill(pid, signal.SIGSTOP)

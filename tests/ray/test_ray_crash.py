@@ -62,11 +62,11 @@ def _power_off(raylet_pid: int) -> None:
 
 
 def _running_on(eng: Engine, node: str) -> int:
-    return sum(n["running"] for n in eng.cluster()["nodes"] if n["name"] == node)
+    return sum(n["running"] for n in eng.cluster_view().to_dict()["nodes"] if n["name"] == node)
 
 
 def _instances_on(eng: Engine, node: str) -> list[dict]:
-    return [i for i in eng.cluster()["instances"] if i["node"] == node]
+    return [i for i in eng.cluster_view().to_dict()["instances"] if i["node"] == node]
 
 
 async def test_raylet_sigkill_loses_nothing_and_drops_the_model_instance(ray_cluster, tmp_path):
@@ -114,7 +114,7 @@ async def test_raylet_sigkill_loses_nothing_and_drops_the_model_instance(ray_clu
         rerun = [res[a] for a in idem if res[a].attempts >= 2]
         assert len(rerun) == 2 and all(r.node in base for r in rerun), rerun
         await wait_until(lambda: new not in ex.nodes_up(), 60, "the crashed node reported lost")
-        alive = {n["name"] for n in eng.cluster()["nodes"] if n["alive"]}
+        alive = {n["name"] for n in eng.cluster_view().to_dict()["nodes"] if n["alive"]}
         assert alive == base
         assert _instances_on(eng, new) == []  # the instance died with its node
         # the model is still served, by an instance on a surviving node

@@ -71,7 +71,7 @@ async def test_actions_spread_across_nodes(ray_cluster):
         assert not bad
         used = {r.node for r in res.values()}
         assert len(used) >= 3, used
-        view = eng.cluster()
+        view = eng.cluster_view().to_dict()
         assert {n["name"] for n in view["nodes"]} >= set(eng.nodes)
         assert all("ray" in n for n in view["nodes"])
         # a resize reaches its node's agent through Ray; one for an ended action is dropped,
@@ -86,7 +86,7 @@ async def test_actions_spread_across_nodes(ray_cluster):
 
 
 def running_on(eng: Engine, node: str) -> int:
-    return sum(n["running"] for n in eng.cluster()["nodes"] if n["name"] == node)
+    return sum(n["running"] for n in eng.cluster_view().to_dict()["nodes"] if n["name"] == node)
 
 
 async def test_node_added_mid_run_gets_work_and_removed_node_loses_nothing(ray_cluster):
@@ -126,7 +126,7 @@ async def test_node_added_mid_run_gets_work_and_removed_node_loses_nothing(ray_c
         rerun = [res[a] for a in idem if res[a].attempts >= 2]
         assert len(rerun) == 2  # exactly the two that were on the lost node ran again...
         assert all(r.node in base for r in rerun)  # ...elsewhere
-        alive = {n["name"] for n in eng.cluster()["nodes"] if n["alive"]}
+        alive = {n["name"] for n in eng.cluster_view().to_dict()["nodes"] if n["alive"]}
         assert alive == base and set(ex.nodes_up()) == base
     finally:
         if extra is not None:

@@ -35,7 +35,7 @@ def bash(aid: str, code: str, session: str) -> ActionSpec:
 
 
 def warm_on(eng: Engine, key: str) -> set[str]:
-    return {n["name"] for n in eng.cluster()["nodes"] if n["warm"].get(key, 0) > 0}
+    return {n["name"] for n in eng.cluster_view().to_dict()["nodes"] if n["warm"].get(key, 0) > 0}
 
 
 async def test_image_imported_on_one_node_and_sessions_follow_it(ray_cluster, tmp_path) -> None:

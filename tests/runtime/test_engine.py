@@ -113,7 +113,7 @@ async def test_aclose_cancels_running_and_refuses_new() -> None:
 
 async def test_cluster_view_lists_nodes() -> None:
     eng, _ = await engine()
-    cl = eng.cluster()
+    cl = eng.cluster_view().to_dict()
     if cl["nodes"]:  # the real core exposes a view
         node = cl["nodes"][0]
         assert node["name"] == "fake" and node["capacity"]["cpu"] == 2

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.actions import ActionSpec
 from ..core.cluster import ClusterSpec
+from ..core.config import CoreConfig
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, Resources
 
 
@@ -66,7 +67,8 @@ class EmbeddedBackend(Backend):
                              **dict(core_kw or {}))
 
         self.executor = LocalExecutor(nodes, models, images=tuple((images or {}).items()))
-        self.engine = Engine(self.executor, EngineConfig(policy=policy, models=models, tick_s=tick_s),
+        self.engine = Engine(self.executor, EngineConfig(core=CoreConfig(policy=policy), models=models,
+                                                          tick_s=tick_s),
                              core_factory=core_factory)
 
     async def start(self) -> None:

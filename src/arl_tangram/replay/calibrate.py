@@ -33,6 +33,7 @@ from typing import Any
 
 from ..core.actions import ActionKind, ActionSpec
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from ..core.config import CoreConfig
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
 from .work import program
 
@@ -223,7 +224,8 @@ async def _engine_figures(say: Say, repeats: int) -> dict[str, float]:
     from ..runtime.engine import Engine, EngineConfig
     from ..runtime.local import LocalExecutor
 
-    eng = Engine(LocalExecutor((NodeConfig(name="cal", gpu=None),)), EngineConfig(policy="fifo"))
+    eng = Engine(LocalExecutor((NodeConfig(name="cal", gpu=None),)),
+                 EngineConfig(core=CoreConfig(policy="fifo")))
     await eng.start()
     out: dict[str, float] = {}
     try:

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def engine_config(cfg: ServiceConfig) -> EngineConfig:
     lim = cfg.limits
     return EngineConfig(
-        policy=cfg.policy, models=cfg.models, core=cfg.core, tick_s=lim.tick_s,
+        core=cfg.core, models=cfg.models, tick_s=lim.tick_s,
         result_ttl_s=lim.result_ttl_s, max_results=lim.max_results,
         idempotency_ttl_s=lim.idempotency_ttl_s, max_pending=lim.max_pending,
     )

@@ -64,14 +64,12 @@ OPENING = Opening.OPENING
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    """Knobs of the engine (the service config's ``policy`` and ``limits`` map onto these)."""
+    """Knobs of the engine (the service config's ``limits`` map onto these) and the core's
+    config, built once (`ServiceConfig.core`): the one way to name the policy and the
+    scheduler's fields."""
 
-    policy: str = "tangram"  # core policy name
+    core: CoreConfig = field(default_factory=CoreConfig)  # the policy and the core's knobs
     models: tuple[ModelSpec, ...] = ()  # reward models the core may schedule
-    scheduler: Mapping[str, Any] = field(default_factory=dict)  # more CoreConfig fields
-    # the core's config as built already (`ServiceConfig.core`); None: built from ``policy``
-    # and ``scheduler``
-    core: CoreConfig | None = None
     tick_s: float = 0.5  # period of Tick events
     result_ttl_s: float = 600.0  # finished results kept this long
     max_results: int = 100_000  # and at most this many
@@ -87,14 +85,18 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def policy(self) -> str:
+        """The core's policy (`CoreConfig.policy`)."""
+        return self.core.policy
+
 
 def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Scheduler:
     """The production core for ``config.policy`` over ``nodes`` and ``config.models``."""
     from ..core.cluster import ClusterSpec
     from ..core.core import Core
 
-    core = config.core or CoreConfig(policy=config.policy, **config.scheduler)
-    return Core(ClusterSpec(tuple(nodes), tuple(config.models)), core)
+    return Core(ClusterSpec(tuple(nodes), tuple(config.models)), config.core)
 
 
 TTL_EXPIRED = "ttl expired"  # the reason of the core's CloseSession for an idle session
@@ -793,11 +795,6 @@ class Engine:
 
     def has_image(self, name: str) -> bool | None:
         return self._executor.has_image(name)
-
-    def cluster(self) -> dict[str, Any]:
-        """Nodes with capacity, use, warm pools and resident models (JSON-ready):
-        `cluster_view` rendered."""
-        return self.cluster_view().to_dict()
 
     def cluster_view(self) -> ClusterView:
         """The cluster as the core sees it (its nodes and instances), each node with its own

@@ -58,7 +58,7 @@ class Routed:
 
 
 def scheduler_providers(configs: Sequence[ProviderConfig]) -> dict[str, Any]:
-    """The `CoreConfig` fields (``EngineConfig.scheduler``) that declare these providers."""
+    """The `CoreConfig` fields that declare these providers."""
     return {"providers": tuple(c.limits for c in configs)} if configs else {}
 
 

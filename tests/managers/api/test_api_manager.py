@@ -21,6 +21,7 @@ import pytest
 from arl_tangram.core import commands as C
 from arl_tangram.core.actions import Status
 from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.config import CoreConfig
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.api import ProviderConfigError, RequestError, parse_providers
 from arl_tangram.managers.api.config import LocalFirst
@@ -58,7 +59,8 @@ def provider(name: str, url: str, *, rate: float = 50.0, burst: float = 5.0,
 class Rig:
     def __init__(self, raw: list[dict[str, Any]], env: dict[str, str] | None = None) -> None:
         self.configs = parse_providers(raw, env=env or {})
-        self.engine = Engine(IdleNode(), EngineConfig(scheduler=scheduler_providers(self.configs)))
+        self.engine = Engine(IdleNode(),
+                             EngineConfig(core=CoreConfig(**scheduler_providers(self.configs))))
 
     async def __aenter__(self) -> Rig:
         await self.engine.start()
