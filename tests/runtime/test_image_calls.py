@@ -181,9 +181,24 @@ async def test_the_driver_imports_sends_and_replicates_over_typed_calls(
             f.write(os.urandom(1000))
         with pytest.raises(ImageError, match=r"^node c: "):
             await ex.upload_image(bad, "bad", node="c")
+        # removal: counted everywhere first, then removed; a node's holders told
+        assert await ex.remove_image("one", node="b") == {"name": "one", "removed": ["b"]}
+        assert ex.image_holders["one"] == {"a"}
+        with pytest.raises(ImagesUnsupported, match="^node e: "):
+            await ex.remove_image("one")
         with pytest.raises(ImageInUse) as busy:
             unwrap(RemoteError.of(ImageInUse("busy")), "c")
         assert str(busy.value) == "node c: busy"
     finally:
         for agent in agents.values():
             await agent.shutdown()
+
+
+def test_the_real_host_is_told_its_chunk_size_and_peers() -> None:
+    from arl_tangram.runtime.ray_agent import make_node_host
+
+    setup = AgentSetup(name="x", ray_node_id="r-x", image_chunk_bytes=1234,
+                       image_peers=(("one", (("a", None), ("x", None))),))
+    host = make_node_host(setup, lambda e: None)
+    assert host.images is not None and host.images.pulls.chunk_bytes == 1234
+    assert [p.name for p in host.images.pulls.peers["one"]] == ["a"]

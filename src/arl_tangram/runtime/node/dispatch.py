@@ -3,7 +3,8 @@ handler that runs it and the key of the task it runs in, like the core's dispatc
 
 A handler does at once what must precede the next command (note an action being handed, a
 session opening) and returns the coroutine to run as a task, or None when nothing is left to
-run. Tasks are kept by key until they end; `cancel` ends every one (`NodeHost.aclose`).
+run. A command of a subclass runs as its base (an `EvictSession` is a `CloseSession`). Tasks
+are kept by key until they end; `cancel` ends every one (`NodeHost.aclose`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Dispatcher:
     def submit(self, cmd: C.Command) -> None:
         """Start executing one command; its outcome comes back through the node's events."""
         got = self.table.get(type(cmd))
+        if got is None:  # a subclass (EvictSession is a CloseSession) runs as its base
+            got = next((self.table[t] for t in type(cmd).__mro__ if t in self.table), None)
         if got is None:
             log.warning("node %s: ignoring unknown command %r", self.node, cmd)
             return
