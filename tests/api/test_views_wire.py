@@ -11,6 +11,7 @@ import httpx
 from fakes import FakeExecutor, core_factory
 
 from arl_tangram.api.app import create_app
+from arl_tangram.core.view import InstanceView
 from arl_tangram.runtime.config import ServiceConfig
 from arl_tangram.runtime.engine import Engine, EngineConfig
 
@@ -44,7 +45,7 @@ async def test_cluster_and_stats_bodies_whole() -> None:
             assert (await c.get("/v1/health")).json() == {"ready": True,
                                                        "nodes": {"fake": {"ready": True}}}
             # a model's worker died on the node: it is not ready, and says why
-            eng._model_died({"model": "rm", "node": "fake", "instance_id": "i1"},
+            eng._model_died(InstanceView("i1", "rm", "fake", (), "ready", 0),
                             "worker killed", eng.clock.now())
             body = (await c.get("/v1/cluster")).json()
             down = body["models_down"]["rm"]

@@ -122,3 +122,18 @@ def test_a_scored_batch_resets_the_count_of_deaths() -> None:
         (b,) = of(d(ev.ModelLoaded(t + 0.5, ld.instance_id)), cmd.RunBatch)
         d(ev.BatchFinished(t + 1.0, b.batch_id, ld.instance_id, outputs={f"x{t}": 1.0}))
         assert d.result(f"x{t}").status is Status.SUCCEEDED
+
+
+def test_the_cores_instances_asked_one_by_one() -> None:
+    """`Core.instance` and `Core.instances_of` (what the engine asks instead of keeping a copy:
+    issue 36, item 3) show what `Core.view` shows, by id."""
+    d = Driver([gpu_node("g0", gpus=2)], [RM], policy="tangram", model_prewarm=False)
+    (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
+    got = d.core.instance(ld.instance_id)
+    assert got == d.core.view().instances[0]
+    assert (got.model, got.node, got.state, got.queue) == ("rm", "g0", "loading", 0)
+    assert d.core.instances_of("rm") == [got]
+    assert d.core.instance("nope") is None and d.core.instances_of("other") == []
+    d(ev.ModelUnloaded(1.0, ld.instance_id, False, DIED))
+    assert d.core.instance(ld.instance_id) is None
+    assert [i.id for i in d.core.instances_of("rm")] == [i.id for i in d.core.view().instances]

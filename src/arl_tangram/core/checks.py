@@ -16,6 +16,7 @@ from .providers import Providers
 from .queues import Queues
 from .records import (
     ActionRecord,
+    InstanceRecord,
     InstState,
     NodeState,
     QueueKey,
@@ -321,6 +322,15 @@ def _check_sessions_served(core: Core) -> None:
                f"{got[0].spec.id} ({got[0].spec.demand}) fits free {node.free} of {node.name}")
 
 
+def instance_view(i: InstanceRecord) -> InstanceView:
+    """A model instance as `Core.view` (and `Core.instance`) shows it."""
+    return InstanceView(
+        id=i.id, model=i.model.name, node=i.node, devices=i.devices,
+        state="loading" if i.state is InstState.LOADING else ("busy" if i.batch else "ready"),
+        queue=i.seqs(),
+    )
+
+
 def build_view(core: Core) -> CoreView:
     nodes = tuple(
         NodeView(
@@ -330,14 +340,8 @@ def build_view(core: Core) -> CoreView:
         )
         for n in core.st.nodes.values()
     )
-    insts = tuple(
-        InstanceView(
-            id=i.id, model=i.model.name, node=i.node, devices=i.devices,
-            state="loading" if i.state is InstState.LOADING else ("busy" if i.batch else "ready"),
-            queue=i.seqs(),
-        )
-        for i in sorted(core.planner.instances.values(), key=lambda i: i.id)
-    )
+    insts = tuple(instance_view(i)
+                  for i in sorted(core.planner.instances.values(), key=lambda i: i.id))
     sessions = tuple(
         SessionView(id=s.id, node=s.node, demand=s.demand, actions=len(s.actions), last_active=s.last_active)
         for s in sorted(core.st.sessions.values(), key=lambda s: s.id)

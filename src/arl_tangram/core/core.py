@@ -66,7 +66,7 @@ from .scheduling import SchedulingPass
 from .sessionmem import SessionMemory
 from .sessions import Sessions
 from .state import CoreState, largest_capacity
-from .view import CoreView
+from .view import CoreView, InstanceView
 from .warmpools import WarmPools
 
 __all__ = ["POLICIES", "Core", "CoreConfig"]
@@ -282,6 +282,20 @@ class Core:
         from .checks import build_view
 
         return build_view(self)
+
+    def instance(self, instance_id: str) -> InstanceView | None:
+        """One model instance as `view` shows it (None: the core holds none of that id)."""
+        from .checks import instance_view
+
+        got = self.planner.instances.get(instance_id)
+        return instance_view(got) if got is not None else None
+
+    def instances_of(self, model: str) -> list[InstanceView]:
+        """The instances of ``model`` the core holds (loading, ready or busy), by id."""
+        from .checks import instance_view
+
+        insts = self.planner.instances
+        return [instance_view(insts[i]) for i in sorted(self.planner.by_model.get(model, ()))]
 
     def validate(self) -> None:
         from .checks import validate

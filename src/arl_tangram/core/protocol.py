@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .commands import Command
     from .estimator import DurationEstimator
     from .events import Event
-    from .view import CoreView
+    from .view import CoreView, InstanceView
 
 
 class Scheduler(Protocol):
@@ -25,9 +25,14 @@ class Scheduler(Protocol):
 
 @runtime_checkable
 class Inspectable(Protocol):
-    """A scheduler that shows its state: a frozen snapshot and its duration estimator."""
+    """A scheduler that shows its state: a frozen snapshot, its model instances one by one
+    (typed queries: the engine asks, it keeps no copy), and its duration estimator."""
 
     def view(self) -> CoreView: ...
+
+    def instance(self, instance_id: str) -> InstanceView | None: ...
+
+    def instances_of(self, model: str) -> list[InstanceView]: ...
 
     @property
     def estimator(self) -> DurationEstimator: ...

@@ -91,6 +91,15 @@ class EngineConfig:
         return self.core.policy
 
 
+@dataclass(frozen=True, slots=True)
+class _Down:
+    """A model with no instance up since one died (`Engine._model_died`)."""
+
+    node: str  # where its instance died
+    reason: str
+    since: float  # engine time of the death
+
+
 def make_core(config: EngineConfig, nodes: Sequence[NodeSpec]) -> Scheduler:
     """The production core for ``config.policy`` over ``nodes`` and ``config.models``."""
     from ..core.cluster import ClusterSpec
@@ -158,10 +167,10 @@ class Engine:
         # sessions evicted because their node ran short of memory (issue 26) -> why, for the
         # next action naming one (oldest forgotten past `max_results`)
         self._evicted: OrderedDict[str, str] = OrderedDict()
-        self._instances: dict[str, dict[str, Any]] = {}
         # models whose last ready instance died (an unsolicited ModelUnloaded): model -> the
-        # death's node, reason and engine time, until an instance of it is loaded again
-        self._models_down: dict[str, dict[str, Any]] = {}
+        # death's node, reason and engine time, until an instance of it is loaded again (the
+        # instances themselves are the core's: `_instance`, `Inspectable.instances_of`)
+        self._models_down: dict[str, _Down] = {}
         self.model_recoveries: list[float] = []  # seconds from each such death to the reload
         self._queue: asyncio.Queue[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -403,21 +412,19 @@ class Engine:
             live = self._live.get(ev.action_id)
             if live is not None:
                 live.started = True
-        elif isinstance(ev, E.ModelLoaded):
-            inst = self._instances.get(ev.instance_id)
-            sb = self.stats_book
+        elif isinstance(ev, E.ModelLoaded):  # (the core has not seen it yet: it holds the
+            sb = self.stats_book                # instance as loading)
             if not ev.ok:
                 sb.model_load_failures += 1
-                self._instances.pop(ev.instance_id, None)
             else:
                 sb.model_swaps += ev.from_host
                 sb.model_loads += not ev.from_host
+                inst = self._instance(ev.instance_id)
                 if inst is not None:
-                    inst["state"] = "loaded"
-                    self._model_up(str(inst["model"]), ev.time)
-        elif isinstance(ev, E.ModelUnloaded):
-            inst = self._instances.pop(ev.instance_id, None)
-            if ev.reason and inst is not None:
+                    self._model_up(inst.model, ev.time)
+        elif isinstance(ev, E.ModelUnloaded) and ev.reason:  # (died: the core still holds it)
+            inst = self._instance(ev.instance_id)
+            if inst is not None:
                 self._model_died(inst, ev.reason, ev.time)
         elif isinstance(ev, E.SessionClosed) and ev.reason != "closed by client":
             # (a client's close left the count at `close_session`: the id may be open again)
@@ -468,22 +475,31 @@ class Engine:
         finally:
             self._opening.pop(session_id, None)  # (answered: read once)
 
-    def _model_died(self, inst: Mapping[str, Any], reason: str, now: float) -> None:
+    def _instance(self, instance_id: str) -> InstanceView | None:
+        """The core's model instance of that id (None: it holds none, or shows none)."""
+        core = self.core
+        return core.instance(instance_id) if isinstance(core, Inspectable) else None
+
+    def _model_died(self, inst: InstanceView, reason: str, now: float) -> None:
         """An instance died under the core (its worker): while its model has no other loaded
-        instance, the model is down and its node reports itself not ready."""
-        model = str(inst["model"])
-        log.warning("model %s: instance %s on node %s died: %s", model, inst.get("instance_id"),
-                    inst.get("node"), reason)
+        instance (ready or busy, in the core), the model is down and its node reports itself
+        not ready."""
+        model = inst.model
+        log.warning("model %s: instance %s on node %s died: %s", model, inst.id, inst.node,
+                    reason)
         if model in self._models_down:
             return
-        if any(i["model"] == model and i["state"] == "loaded" for i in self._instances.values()):
+        core = self.core
+        others: list[InstanceView] = (core.instances_of(model) if isinstance(core, Inspectable)
+                                      else [])
+        if any(i.id != inst.id and i.state != "loading" for i in others):
             return
-        self._models_down[model] = {"node": inst.get("node"), "reason": reason, "since": now}
+        self._models_down[model] = _Down(inst.node, reason, now)
 
     def _model_up(self, model: str, now: float) -> None:
         down = self._models_down.pop(model, None)
         if down is not None:
-            took = now - float(down["since"])
+            took = now - down.since
             self.model_recoveries.append(took)
             log.warning("model %s: ready again %.3f s after its instance died", model, took)
 
@@ -507,10 +523,6 @@ class Engine:
             live = self._live.get(cmd.action_id)
             if live is not None:
                 live.allotment = cmd.allotment
-        elif isinstance(cmd, C.LoadModel):
-            self._instances[cmd.instance_id] = {
-                "instance_id": cmd.instance_id, "model": cmd.model, "node": cmd.node,
-                "devices": list(cmd.devices), "state": "loading"}
         elif isinstance(cmd, C.OpenSession):
             self._session_nodes[cmd.session_id] = cmd.node
             self._sessions[cmd.session_id] = cmd.demand
@@ -804,8 +816,7 @@ class Engine:
         node_views: Sequence[NodeView] = view.nodes if view is not None else ()
         instance_views: Sequence[InstanceView] = view.instances if view is not None else ()
         now = self.clock.now()
-        down = {m: ModelDown(node=d["node"], reason=d["reason"],
-                             down_s=round(now - float(d["since"]), 3))
+        down = {m: ModelDown(node=d.node, reason=d.reason, down_s=round(now - d.since, 3))
                 for m, d in self._models_down.items()}
         nodes = []
         for nv in node_views:
