@@ -59,6 +59,7 @@ class EmbeddedBackend(Backend):
             nodes.append(NodeConfig(name=n.name, pool=n.pool, capacity=n.capacity,
                                     cpu=cpu, gpu=gpu, labels=dict(n.labels)))
         self.cluster = cluster
+        self.tick_s = tick_s
         self.cpu_capacity = cluster.total_capacity().get(CPU)
         models = tuple(cluster.models)
 

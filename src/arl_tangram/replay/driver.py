@@ -64,6 +64,12 @@ def action_payload(act: SimAction, model: ModelSpec | None, units_per_s: float, 
             return {"response": text, "reference": _TEXTS[(index + 1) % len(_TEXTS)]}
         if model is not None and model.kind == "judge":
             return {"prompt": "Is this correct?", "response": text}
+        if model is not None and model.kind == "genjudge" and act.hints.tokens:
+            # a generative judge on an engine: exactly the trace's tokens generated (its work),
+            # through the OpenAI-style completion a judge action may carry (`kinds.JudgeRequest`)
+            body = {"prompt": f"Is this correct? {text}", "max_tokens": int(act.hints.tokens),
+                    "temperature": 0.0, "ignore_eos": True}
+            return {"openai": {"route": "completions", "body": body}}
         return {"query": text}
     el = act.elasticity
     p = el.speedup.parallel_fraction if el is not None else 0.0
@@ -376,16 +382,27 @@ def core_settings(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
     return max(1, n), (runner.measured_task_shares(first, cluster) if first else {})
 
 
-async def _settle(backend: Any, timeout_s: float = 3.0) -> None:
-    """Let a fresh node's warm pool fill before the first arrival (every policy alike)."""
+async def _settle(backend: Any, timeout_s: float = 3.0, models_s: float = 600.0) -> None:
+    """Let a fresh node's warm pool fill, and the model instances the core loads at its start
+    finish loading, before the first arrival (every policy alike): the simulator's set-up
+    (`Simulator.run`), which no step or ACT includes."""
     if not isinstance(backend, EmbeddedBackend):
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ready = [sum(h.cpu.warm_state().values()) for h in backend.executor.hosts.values()]
         if all(r >= 2 for r in ready):
-            return
+            break
         await asyncio.sleep(0.05)
+    if not backend.cluster.models:
+        return
+    # the core places its first instances at its first events (ticks): give it two, then wait
+    # out their loads
+    await asyncio.sleep(2 * backend.tick_s)
+    deadline = time.monotonic() + models_s
+    while any(i.state == "loading" for i in backend.engine.cluster_view().instances) \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
 
 
 def warm_process(cluster: ClusterSpec) -> None:

@@ -10,7 +10,9 @@ fudge factor on its outputs):
   the spec, ``dispatch_s`` and ``parallel_speedup``, which the virtual executor applies itself;
   a spec written before they existed, with ``calibration.dispatch_s``, gets it as the node's);
 - each model action's ``work_s`` := its model's measured ``beta`` (a real model scores the
-  replay's texts in the time it takes, not in the trace's figure; alpha is in the spec).
+  replay's texts in the time it takes, not in the trace's figure; alpha is in the spec); on a
+  judge engine (``max_seqs > 0``) its generated tokens (``hints.tokens``, what the replay asks
+  the engine for) x the measured decode step alone, ``alpha + beta`` (`sim.engine_model`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
     cold = cal.get("cold_start_s")
     sess_cold = cal.get("session_open_s")
     betas = {m.name: m.beta for m in cluster.models}
+    steps_alone = {m.name: m.alpha + m.beta for m in cluster.models if m.max_seqs > 0}
 
     def action(a: SimAction) -> SimAction:
         kw: dict[str, Any] = {}
         if cold is not None:
             kw["cold_start_s"] = float(cold)
-        if a.kind.uses_model and a.model in betas:
+        if a.kind.uses_model and a.model in steps_alone and a.hints.tokens:
+            kw["work_s"] = a.hints.tokens * steps_alone[a.model]
+        elif a.kind.uses_model and a.model in betas:
             kw["work_s"] = betas[a.model]
         return dataclasses.replace(a, **kw)
 

@@ -1,0 +1,76 @@
+"""A judge trace replayed on an engine (issue 38): what each judgement asks the engine for, what
+the prediction charges it, and a replay that starts once the core's first instances are loaded
+(the simulator's set-up, which no ACT includes)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.core.actions import ActionKind, WorkHints
+from arl_tangram.core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.replay.driver import action_payload
+from arl_tangram.replay.predict import measured_trace
+from arl_tangram.sim.trace import SimAction, Trajectory
+
+ENGINE = ModelSpec("gj", kind="genjudge", alpha=0.002, beta=0.0005, max_seqs=8, max_batch=8)
+SCALAR = ModelSpec("rm", kind="scalar", alpha=0.002, beta=0.0001)
+
+
+def _judge(tokens: int | None, model: str = "gj") -> SimAction:
+    return SimAction(ActionKind.JUDGE if model == "gj" else ActionKind.REWARD, 9.0, Resources(),
+                     hints=WorkHints(tokens=tokens), model=model)
+
+
+def test_a_judgement_on_an_engine_asks_for_exactly_its_tokens() -> None:
+    got = action_payload(_judge(37), ENGINE, 1000.0, 1, in_session=False)
+    assert got == {"openai": {"route": "completions", "body": {
+        "prompt": "Is this correct? The answer is 4 because 2 + 2 = 4.", "max_tokens": 37,
+        "temperature": 0.0, "ignore_eos": True}}}
+    # no tokens in the trace: a plain judgement (the model's own max_tokens)
+    assert action_payload(_judge(None), ENGINE, 1000.0, 1, in_session=False) == {
+        "query": "The answer is 4 because 2 + 2 = 4."}
+
+
+def test_the_prediction_charges_an_engine_judgement_its_tokens_at_the_step_alone() -> None:
+    cluster = ClusterSpec((NodeSpec("n", Resources(cpu=2, gpu=1)),), (ENGINE, SCALAR))
+    traj = Trajectory("t", "judge", ((0.1, _judge(37)), (0.1, _judge(None)),
+                                     (0.1, _judge(12, model="rm"))), 0.0, {}, 0)
+    (batch,) = measured_trace([[traj]], cluster, {})
+    works = [a.work_s for _, a in batch[0].steps]
+    # 37 tokens x (alpha + beta); without tokens, and on a forward-pass model, its beta
+    assert works == [pytest.approx(37 * 0.0025, rel=1e-12), 0.0005, 0.0001]
+
+
+@pytest.mark.needs_root
+def test_a_replay_starts_once_the_first_instances_are_loaded(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from arl_tangram.core.errors import IsolationUnavailable
+    from arl_tangram.managers.gpu.testing import build_tiny_models
+    from arl_tangram.replay.backends import EmbeddedBackend
+    from arl_tangram.replay.driver import _settle
+
+    paths = build_tiny_models(tmp_path, seed=0)
+    rm = ModelSpec("tiny-rm", kind="scalar", path=paths["scalar"], memory_mb=64, load_s=0.1,
+                   alpha=0.002, beta=0.0001)
+    cluster = ClusterSpec((NodeSpec("local", Resources(cpu=2, memory_mb=4096, gpu=1,
+                                                       gpu_memory_mb=1024)),), (rm,))
+
+    async def go() -> list[tuple[str, str]]:
+        b = EmbeddedBackend(cluster, "tangram", 1, {})
+        try:
+            await b.start()
+        except IsolationUnavailable as e:
+            pytest.skip(f"isolation unavailable here: {e}")
+        try:
+            await _settle(b)
+            return [(i.model, i.state) for i in b.engine.cluster_view().instances]
+        finally:
+            await b.aclose()
+
+    # the core loads one instance at its first events (model_min_instances); the replay's
+    # first arrival waits for it
+    assert asyncio.run(go()) == [("tiny-rm", "ready")]
