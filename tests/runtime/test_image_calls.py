@@ -184,7 +184,7 @@ async def test_the_driver_imports_sends_and_replicates_over_typed_calls(
         # removal: counted everywhere first, then removed; a node's holders told
         assert await ex.remove_image("one", node="b") == {"name": "one", "removed": ["b"]}
         assert ex.image_holders["one"] == {"a"}
-        with pytest.raises(ImagesUnsupported, match="^node e: "):
+        with pytest.raises(ImagesUnsupported, match=r"^node e: "):
             await ex.remove_image("one")
         with pytest.raises(ImageInUse) as busy:
             unwrap(RemoteError.of(ImageInUse("busy")), "c")
