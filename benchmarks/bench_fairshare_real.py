@@ -10,7 +10,10 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
 - ``wait``: both, ``share: 0.5`` each, lent CPU not taken back (``scheduler: {lend_floor:
   1.0}``): alice's share comes back as carol's loops end;
 - ``fair``: both, ``share: 0.5`` each, the default: lent CPU taken back at once (carol's
-  running loops' CPU quotas lowered, core/lending.py).
+  running loops' CPU quotas lowered, core/lending.py, and their CPU weight set to the kernel's
+  least, `CpuManagerConfig.squeezed_weight`, so that they yield within the quota's period);
+- ``fair-quota``: as ``fair`` with ``squeezed_weight: 1.0`` (the quotas lowered, the weights
+  left as any action's: what ``fair`` was before the weight).
 
 Printed per run: alice's mean ACT (the service's own finish - submit of each action) and its
 ratio to alone, and carol's completion (her last finish - her first submit) and its ratio to
@@ -45,7 +48,8 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None) -> Path:
+def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
+            weight: float | None = None) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
     cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
@@ -54,7 +58,8 @@ def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None)
                    "limits: {max_pending: 100000}\n"
                    "nodes:\n  - name: local\n    gpu: false\n"
                    + (f"    capacity: {{cpu: {cpus:g}}}\n" if cpus else "")
-                   + f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8}}\n")
+                   + f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8"
+                   + (f", squeezed_weight: {weight:g}" if weight is not None else "") + "}\n")
     return cfg
 
 
@@ -85,8 +90,9 @@ def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float |
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-        proc = subprocess.Popen([tangram, "serve", "--config", str(_config(d, mode in ("fair", "wait"), mode != "wait",
-                                                                            1.0 if mode == "share" else None)),
+        cfg = _config(d, mode in ("fair", "wait", "fair-quota"), mode != "wait",
+                      1.0 if mode == "share" else None, 1.0 if mode == "fair-quota" else None)
+        proc = subprocess.Popen([tangram, "serve", "--config", str(cfg),
                                  "--no-models", "--port", str(port), "--log-level", "warning"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         try:
@@ -129,7 +135,7 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=40)
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--after", type=float, default=1.5, help="seconds between the flood and alice")
-    ap.add_argument("--modes", nargs="+", default=["alone", "share", "today", "wait", "fair"])
+    ap.add_argument("--modes", nargs="+", default=["alone", "share", "today", "wait", "fair-quota", "fair"])
     args = ap.parse_args()
     got: dict[str, tuple[float, float | None]] = {}
     for mode in args.modes:

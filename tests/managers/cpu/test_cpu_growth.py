@@ -184,3 +184,40 @@ async def test_session_actions_see_their_own_cores(mgr: CpuManager, py_rootfs: s
                     assert r.run_result.stdout.split() == seen, (sid, lang, lo, hi, r)
         finally:
             await mgr.close_session(sid)
+
+
+def _weight(sb: Sandbox) -> int:
+    assert sb.slot is not None
+    name = "cpu.shares" if sb.slot.version == "v1" else "cpu.weight"
+    with open(f"{sb.slot.dirs['cpu']}/{name}") as f:
+        return int(f.read())
+
+
+async def test_a_squeezed_action_yields_at_once(mgr: CpuManager) -> None:
+    """Lent CPU taken back (issue 41): an action resized below the cores it started with gets
+    the kernel's least CPU weight (`squeezed_weight` 0), so it yields within the quota's period
+    to anything else that wants a core; back at its start's cores, a normal task's weight."""
+    assert mgr.config.squeezed_weight == 0.0
+    a = spec("import time\ntime.sleep(3)\n", lo=0, hi=0)
+    run = asyncio.create_task(mgr.run(a, allot(cpu=1)))
+    sb = await _registered(mgr, a.id)
+    v1 = sb.slot is not None and sb.slot.version == "v1"
+    normal, least = (1024, 2) if v1 else (100, 1)
+    assert (_quota(sb), _weight(sb)) == (1.0, normal)
+    assert await mgr.resize(a.id, allot(cpu=0.5)) == "applied"
+    assert (_quota(sb), _weight(sb)) == (0.5, least)
+    assert mgr.weight_of(a.id, 0.5) == 0.0 and mgr.weight_of(a.id, 1.0) == 1.0
+    assert await mgr.resize(a.id, allot(cpu=1)) == "applied"
+    assert (_quota(sb), _weight(sb)) == (1.0, normal)
+    await mgr.cancel(a.id)
+    await run
+    assert mgr.weight_of(a.id, 0.5) == 1.0  # (ended: nothing to compare with)
+
+
+async def test_squeezed_weight_is_a_fraction() -> None:
+    from arl_tangram.managers.cpu import CpuManagerConfig
+
+    for bad in (-0.1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match=r"squeezed_weight must be a number from 0 to 1"):
+            CpuManagerConfig(squeezed_weight=bad)  # type: ignore[arg-type]
+    assert CpuManagerConfig(squeezed_weight=1).squeezed_weight == 1

@@ -58,6 +58,12 @@ class CpuManagerConfig:
     default_memory_mb: int = 512
     # CPU cores of an action when the allotment gives none.
     default_cpus: float = 1.0
+    # CPU weight (relative to a normal task) of an action squeezed below the cores it started
+    # with (the core took lent CPU back from it, `core/lending.py`): its quota caps what it gets
+    # over a scheduling period; this low weight makes it yield at once, within the period, to
+    # any other sandbox and to the service's own processes that want a core. 0: the kernel's
+    # least (cpu.shares 2, cpu.weight 1); 1.0: the same weight as any action.
+    squeezed_weight: float = 0.0
     # Maximum number of processes/threads inside one sandbox (cgroup pids.max).
     pids_max: int = 256
     # Default timeouts (seconds) when the payload gives none; and the hard upper bounds.
@@ -193,6 +199,9 @@ class CpuManagerConfig:
                   "session_reap_interval_s", "image_layer_mb", "max_test_cases",
                   "fork_server_crash_window_s", "fork_server_restart_backoff_s",
                   "fork_server_down_retry_s")
+        v = self.squeezed_weight
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"squeezed_weight must be a number from 0 to 1, got {v!r}")
         v = self.fork_server_max_crashes
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"fork_server_max_crashes must be an integer >= 1, got {v!r}")

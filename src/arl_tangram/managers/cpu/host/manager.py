@@ -87,6 +87,7 @@ class CpuManager:
         # action -> its CPU quota in cores, from `run` to its end; a resize that comes before
         # the action's sandbox registers in `_running` waits here and is set when it registers
         self._quota: dict[str, float] = {}
+        self._started: dict[str, float] = {}  # action id -> the quota it started with
         self._cancelled: set[str] = set()
         self._closed = False
         self._host = socket.gethostname()
@@ -289,7 +290,7 @@ class CpuManager:
             mem = payload.memory_bytes(code, allotment, self.config)
         except InvalidAction as e:
             return RunResult.sandbox_error(str(e))
-        self._quota[action.id] = req["quota"]
+        self._quota[action.id] = self._started[action.id] = req["quota"]
         try:
             if req["op"] == "session":
                 return await self._run_in_session(action, req)
@@ -298,6 +299,7 @@ class CpuManager:
             return await self._run_pooled(action, req, mem)
         finally:
             self._quota.pop(action.id, None)
+            self._started.pop(action.id, None)
 
     async def _run_pooled(self, action: ActionSpec, req: SandboxRequest, mem: int) -> RunResult:
         """A one-shot action in a sandbox of the warm pool."""
@@ -342,6 +344,12 @@ class CpuManager:
                                            "(its sandbox died with it; the fork server is "
                                            "restarted)")
 
+    def weight_of(self, action_id: str, cpus: float) -> float:
+        """The CPU weight of ``action_id`` at a quota of ``cpus``: `squeezed_weight` below the
+        quota it started with (lent CPU taken back from it), else a normal task's."""
+        started = self._started.get(action_id, cpus)
+        return self.config.squeezed_weight if cpus < started - 1e-9 else 1.0
+
     def quota_of(self, action_id: str, default: float) -> float:
         """``action_id``'s CPU quota in cores now (a resize that came while it waited for its
         sandbox included); ``default`` when it has none here."""
@@ -365,7 +373,7 @@ class CpuManager:
         quota = self._quota.get(action_id, req["quota"])
         pod = f"{self._host}/sandbox-{sb.pid}"
         try:
-            sb.set_limits(quota, mem)
+            sb.set_limits(quota, mem, self.weight_of(action_id, quota))
         except OSError as e:
             return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
         n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
@@ -420,7 +428,7 @@ class CpuManager:
         if sb.slot is None or sb.dead:
             return "dropped"
         try:
-            sb.set_limits(cpus, sb.memory, sb.weight)
+            sb.set_limits(cpus, sb.memory, self.weight_of(action_id, cpus))
         except OSError:
             return "dropped"
         return "applied"
