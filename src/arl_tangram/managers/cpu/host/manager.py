@@ -539,7 +539,7 @@ class CpuManager:
         """Memory short: reclaim idle (frozen) sessions' page cache, the largest by their last
         reading first, until ``need_bytes`` went or none is left (`reclaim_session`); none is
         closed. The bytes freed. What the node host does before its report when its measured
-        use passes `NodeHost.memory_reclaim_at` (issue 40, item 2), so the core's watermark
+        use passes `runtime.node.reports.Reporters.memory_reclaim_at` (issue 40, item 2), so the core's watermark
         (which evicts) sees what the sessions cannot give back."""
         return await self.sessions.reclaim_idle(need_bytes)
 
