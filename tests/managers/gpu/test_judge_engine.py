@@ -15,6 +15,7 @@ import pytest
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.cluster import ModelSpec
+from arl_tangram.core.errors import BrokenError
 from arl_tangram.managers.gpu.engine_judge import (
     EngineDied,
     EngineJudgeHost,
@@ -129,14 +130,26 @@ def test_a_batch_joins_while_another_runs(engine: Any) -> None:
     assert not deaths
 
 
-def test_step_costs_for_the_simulators_engine_model(engine: Any) -> None:
-    """`tangram calibrate --judge-engine`'s measurement: the decode step alone and with 8 at
-    once, solved into alpha + beta x sequences."""
+def test_step_costs_for_the_simulators_engine_model(engine: Any, monkeypatch: Any) -> None:
+    """`tangram calibrate --judge-engine`'s measurement: the decode step at 1, 2, 4 and 8
+    sequences at once (twice each), fitted into alpha + beta x sequences."""
+    from arl_tangram.managers.gpu import engine_judge
+
     host, loop, deaths, _ = engine
-    alpha, beta, s1, sk = loop.run_until_complete(host.step_costs("gj#1", k=8, tokens=16))
-    assert s1 > 0 and sk > 0 and alpha >= 0 and beta >= 0
-    if sk >= s1 and beta <= s1:  # (neither clamp applied: the fit reproduces both)
-        assert alpha + beta == pytest.approx(s1) and alpha + 8 * beta == pytest.approx(sk)
+    seen: list[list[tuple[int, float]]] = []
+    fit = engine_judge.fit_alpha_beta
+    monkeypatch.setattr(engine_judge, "fit_alpha_beta",
+                        lambda samples, n: seen.append(list(samples)) or fit(samples, n))
+    alpha, beta, s1, sk = loop.run_until_complete(host.step_costs("gj#1", k=8, tokens=16,
+                                                                  repeats=2))
+    (samples,) = seen
+    assert [n for n, _ in samples] == [1, 2, 4, 8, 1, 2, 4, 8]
+    assert (alpha, beta) == fit(samples, 2) and alpha >= 0 and beta >= 0
+    # the medians of the two samples at 1 and at 8
+    assert s1 == pytest.approx((samples[0][1] + samples[4][1]) / 2)
+    assert sk == pytest.approx((samples[3][1] + samples[7][1]) / 2)
+    with pytest.raises(BrokenError, match="repeats < 1"):
+        loop.run_until_complete(host.step_costs("gj#1", k=8, tokens=16, repeats=0))
     assert not deaths
 
 

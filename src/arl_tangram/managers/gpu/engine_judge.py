@@ -44,6 +44,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ from ...core.cluster import ModelSpec
 from ...core.errors import BrokenError, ClosedError
 from ...kinds import Completion, JudgeRequest, JudgeVerdict, Outcome, judge_request
 from .config import BatchOutcome
+from .costs import fit_alpha_beta
 from .verdict import VerdictRule, parse
 
 log = logging.getLogger(__name__)
@@ -458,16 +460,20 @@ class EngineJudgeHost:
             score=v.score if v is not None else float(opts.on_no_verdict),
             verdict=v.found if v is not None else None), ""
 
-    async def step_costs(self, instance_id: str, *, k: int = 32,
-                         tokens: int = 64) -> tuple[float, float, float, float]:
+    async def step_costs(self, instance_id: str, *, k: int = 32, tokens: int = 64,
+                         repeats: int = 1) -> tuple[float, float, float, float]:
         """The engine's decode step ``alpha + beta * seqs`` (the simulator's engine model,
-        `tangram calibrate`): one request of ``tokens`` tokens alone, then ``k`` at once, each
-        generating exactly ``tokens`` (ignore_eos); per-step seconds ``s1`` and ``sk`` give
-        ``beta = (sk - s1) / (k - 1)`` and ``alpha = s1 - beta`` (each at least 0). Returns
-        (alpha, beta, s1, sk). The first request warms the engine and is not counted."""
+        `tangram calibrate`): ``n`` requests at once for ``n`` = 1, 2, 4, ... up to ``k`` (and
+        ``k``), each generating exactly ``tokens`` (ignore_eos), each width ``repeats`` times;
+        the per-step seconds (the batch's time over ``tokens``) fitted by `costs.fit_alpha_beta`
+        (one point per width, its median; weighted for relative error). Returns (alpha, beta,
+        s1, sk): the fit, and the medians at 1 and at ``k``. The first request warms the
+        engine and is not counted."""
         eng = self._engines.get(instance_id)
-        if eng is None or eng.state != "loaded" or eng.client is None or k < 2 or tokens < 1:
-            raise BrokenError(f"instance {instance_id} is not loaded (or k < 2, tokens < 1)")
+        if eng is None or eng.state != "loaded" or eng.client is None or k < 2 or tokens < 1 \
+                or repeats < 1:
+            raise BrokenError(f"instance {instance_id} is not loaded (or k < 2, tokens < 1, "
+                              f"repeats < 1)")
         client = eng.client
         body = {"model": eng.spec.name, "prompt": "calibrate", "max_tokens": tokens,
                 "temperature": 0.0, "ignore_eos": True}
@@ -477,14 +483,18 @@ class EngineJudgeHost:
             r.raise_for_status()
 
         await one()
-        t0 = time.perf_counter()
-        await one()
-        s1 = (time.perf_counter() - t0) / tokens
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(k)))
-        sk = (time.perf_counter() - t0) / tokens
-        beta = max(0.0, (sk - s1) / (k - 1))
-        return max(0.0, s1 - beta), beta, s1, sk
+        widths = sorted({*(1 << i for i in range(k.bit_length()) if 1 << i <= k), k})
+        samples: list[tuple[int, float]] = []
+        for _ in range(repeats):
+            for n in widths:
+                t0 = time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(n)))
+                samples.append((n, (time.perf_counter() - t0) / tokens))
+        fit = fit_alpha_beta(samples, 2)
+        assert fit is not None  # (two widths at least: k >= 2)
+        s1 = statistics.median(y for n, y in samples if n == 1)
+        sk = statistics.median(y for n, y in samples if n == k)
+        return fit[0], fit[1], s1, sk
 
     # ---- supervision ---------------------------------------------------------------------
     async def _check_alive(self, eng: _Engine, seen: str) -> None:
