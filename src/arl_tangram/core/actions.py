@@ -170,6 +170,11 @@ class ActionSpec:
     # the core serves tenants in weighted fair order (docs/core.md, "Tenants' fair share").
     # Not in the repr: the streams of runs without tenants stay as they were.
     tenant: str | None = field(default=None, repr=False)
+    # the client's name for the action's siblings (the GRPO answers of one prompt: issue 39), whose
+    # sizes are alike: the estimator blends what its finished siblings took into its estimate
+    # (docs/core.md, "Estimates from siblings"); scoped by tenant. Not in the repr, as tenant.
+    # (Not the API's fan-out groups: those are the parts of one request.)
+    siblings: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -70,8 +70,8 @@ make_result = fast_constructor(ActionResult)
 # (result, cause)
 make_deliver = fast_constructor(Deliver)
 # (id, kind, demand, elasticity, hints, task, trajectory, session, model, tag, timeout_s, weight,
-#  idempotent, payload[, tenant]) -- payload is not defaulted: pass a fresh dict, as its factory
-#  does; tenant defaults to None
+#  idempotent, payload[, tenant[, siblings]]) -- payload is not defaulted: pass a fresh dict, as
+#  its factory does; tenant and siblings default to None
 make_spec = fast_constructor(ActionSpec)
 # (time, action)
 make_arrived = fast_constructor(ActionArrived)

@@ -15,19 +15,30 @@ the kind and tag alone; then the neutral estimate. A key answers from its own hi
 has `min_samples` observations, blended from the next key up before. Each key keeps a bounded
 reservoir of the most recent unit times; quantiles, means and mean excesses come from it.
 Prediction errors (actual over predicted work) are kept per kind (`errors`).
+
+Siblings (issue 39): an action that names its ``siblings`` (the GRPO answers of one prompt, scoped
+by tenant) gets a grouped key, its basis followed by `SEP` and the group's name. Each finished
+sibling adds its unit time to the group's stats (its count and the sum of the logs) and teaches the
+key as an action without siblings would; a sibling's estimate is the key's, shrunk toward the
+geometric mean of what its finished siblings took: ``exp((sum log u_i + k log prior) / (n + k))``
+with ``k = sibling_prior`` (a credibility weight ``n / (n + k)``: Buhlmann's, as James-Stein
+shrinks a group's mean toward the grand one; ``k = (1 - rho) / rho`` for a correlation ``rho`` of
+the logs within a group). Its mean and mean excess are the key's, scaled by the same factor. At
+most ``max_groups`` groups are kept, the least recently taught dropped first.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 from .actions import ActionSpec, WorkHints
 
 # Prior unit time per basis, used until a (key, basis) has observations.
 PRIORS = {"expected": 1.0, "tests": 0.05, "tokens": 2e-4, "items": 0.01, "none": 1.0}
 _MIN_UNIT = 1e-6
+SEP = "\x1f"  # between a grouped key's basis and its group (`DurationEstimator.work_of`)
 
 
 def basis_of(hints: WorkHints) -> tuple[str, float]:
@@ -133,7 +144,8 @@ class _Sketch:
 class DurationEstimator:
     """Per ``ActionSpec.estimator_key`` quantile estimates of execution time at one unit."""
 
-    def __init__(self, reservoir: int = 128, min_samples: int = 3) -> None:
+    def __init__(self, reservoir: int = 128, min_samples: int = 3, sibling_prior: float = 1.0,
+                 max_groups: int = 4096) -> None:
         self._sketches: dict[tuple[str, str], _Sketch] = {}
         self._reservoir = reservoir
         self._min_samples = min_samples
@@ -145,6 +157,10 @@ class DurationEstimator:
         self.version = 0
         # general key -> [predictions scored, sum of |log2(actual / predicted)|, within 2x]
         self._errors: dict[str, list[float]] = {}
+        # grouped key -> [finished siblings, sum of the logs of their unit times], least recent first
+        self._groups: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        self._sibling_prior = sibling_prior  # k: the key's estimate counts as k siblings
+        self._max_groups = max_groups
 
     def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
         """Learn from one finished run of ``action`` that took ``run_s`` at ``speed``."""
@@ -177,6 +193,10 @@ class DurationEstimator:
             key = _WORK_KEYS[mk] = (name, basis)
             if name != general:
                 _PARENT[key] = (general, basis)
+        sib = action.siblings
+        if sib is not None:  # (scoped by tenant: another's siblings of the same name are not these)
+            tenant = action.tenant
+            key = (key[0], key[1] + SEP + (sib if tenant is None else tenant + SEP + sib))
         return key, units
 
     def observe_work(self, key: tuple[str, str], units: float, run_s: float, speed: float) -> None:
@@ -186,12 +206,44 @@ class DurationEstimator:
         # max(_MIN_UNIT, run_s * max(speed, _MIN_UNIT) / units), without the builtin's calls
         u = run_s * (_MIN_UNIT if speed < _MIN_UNIT else speed) / units
         unit = u if u > _MIN_UNIT else _MIN_UNIT
+        if SEP in key[1]:
+            self._sibling_done(key, unit)
+            key = (key[0], key[1].partition(SEP)[0])
         self._add(key, unit)
         parent = _PARENT.get(key)
         if parent is not None:
             self._add(parent, unit)
         if self._neutral:
             self._neutral.clear()
+
+    def _sibling_done(self, key: tuple[str, str], unit: float) -> None:
+        """Note a finished sibling's unit time in its group's stats (LRU-bounded)."""
+        groups = self._groups
+        st = groups.get(key)
+        if st is None:
+            st = groups[key] = [0.0, 0.0]
+            if len(groups) > self._max_groups:
+                groups.popitem(last=False)
+        else:
+            groups.move_to_end(key)
+        st[0] += 1.0
+        st[1] += math.log(unit)
+
+    def _sibling_unit(self, key: tuple[str, str], q: float) -> tuple[float, float]:
+        """(the grouped key's unit estimate at ``q``, that of its key without the group)."""
+        base = (key[0], key[1].partition(SEP)[0])
+        prior = self.predict_work(base, 1.0, q)
+        st = self._groups.get(key)
+        if st is None:
+            return prior, prior
+        k = self._sibling_prior
+        return math.exp((st[1] + k * math.log(prior)) / (st[0] + k)), prior
+
+    def sibling_stats(self, key: tuple[str, str]) -> tuple[int, float] | None:
+        """(finished siblings, geometric mean of their unit times) of a grouped key, None
+        before any (or once dropped)."""
+        st = self._groups.get(key)
+        return None if st is None else (int(st[0]), math.exp(st[1] / st[0]))
 
     def _add(self, key: tuple[str, str], unit: float) -> None:
         self.version += 1
@@ -245,6 +297,8 @@ class DurationEstimator:
         """Score one prediction (work at speed 1, made at arrival) against the work done."""
         if not (predicted > 0.0 and actual > 0.0 and actual < _INF):
             return
+        if SEP in key[1]:
+            key = (key[0], key[1].partition(SEP)[0])
         name = _PARENT.get(key, key)[0]
         e = self._errors.get(name)
         if e is None:
@@ -265,7 +319,10 @@ class DurationEstimator:
     def predict(self, action: ActionSpec, q: float = 0.5, speed: float = 1.0) -> float:
         """Expected execution time (quantile ``q``) of ``action`` running at ``speed``."""
         key, units = self.work_of(action)
-        unit = self.unit_quantile(key[0], key[1], q)
+        if SEP in key[1]:
+            unit = self._sibling_unit(key, q)[0]
+        else:
+            unit = self.unit_quantile(key[0], key[1], q)
         return unit * units / max(speed, _MIN_UNIT)
 
     def predict_work(self, key: tuple[str, str], units: float, q: float) -> float:
@@ -275,6 +332,8 @@ class DurationEstimator:
             v = cached.get(q)
             if v is not None:
                 return v * units
+        if SEP in key[1]:  # (a grouped key is never cached)
+            return self._sibling_unit(key, q)[0] * units
         sk = self._sketches.get(key)
         s = sk._sorted if sk is not None and sk.count >= self._min_samples else None
         if cached is not None and s is not None:  # `unit_quantile` -> `sk.quantile(q)`, inlined
@@ -294,6 +353,11 @@ class DurationEstimator:
         mean of the learned unit times x units; None before `min_samples` observations (the
         caller keeps its quantile estimate). Sizes in the sum-of-completion-times comparisons
         of elastic widths are means, as that objective asks, not medians."""
+        if SEP in key[1]:  # the key's, scaled as its median is by the siblings
+            unit, prior = self._sibling_unit(key, 0.5)
+            base = (key[0], key[1].partition(SEP)[0])
+            got = self.mean_work(base, units)
+            return None if got is None else got * (unit / prior)
         sk = self._mature(key)
         return None if sk is None else sk.mean() * units
 
@@ -311,6 +375,11 @@ class DurationEstimator:
         mean excess of the learned unit times over what it did per unit (a run that has
         outlived its median is likely longer than its median says: SERPT, not SRPT on a
         stale guess); None before `min_samples` observations."""
+        if SEP in key[1]:  # the key's distribution, scaled by the siblings: f * excess(a / f)
+            unit, prior = self._sibling_unit(key, 0.5)
+            f = unit / prior
+            base = (key[0], key[1].partition(SEP)[0])
+            return self.remaining_work(base, units * f, done)
         sk = self._mature(key)
         if sk is None or units <= 0:
             return None
