@@ -204,6 +204,9 @@ class ActionIn(BaseModel):
     hints: HintsIn | None = None
     task: str = Field("default", max_length=200)
     trajectory: str | None = Field(None, max_length=200)
+    # the client's name for this action's siblings (a GRPO group's answers to one prompt): the
+    # estimator learns from the finished ones (issue 39); scoped by tenant. Not a fan-out group.
+    siblings: str | None = Field(None, min_length=1, max_length=200)
     session: SessionId | None = None
     model: str | None = Field(None, max_length=200)
     models: list[str] | None = Field(None, min_length=1, max_length=64)

@@ -117,7 +117,7 @@ def native_actions(a: ActionIn, where: str = "action",
                 id=aid if len(models) == 1 else f"{aid}.{m}", kind=kind, demand=demand,
                 elasticity=el, hints=hints, task=a.task, trajectory=a.trajectory,
                 session=a.session, model=m, tag=a.tag, timeout_s=a.timeout_s, weight=a.weight,
-                idempotent=a.idempotent, payload=dict(a.payload),
+                idempotent=a.idempotent, payload=dict(a.payload), siblings=a.siblings,
             ))
         except ValueError as exc:
             raise InvalidAction(where, str(exc)) from None
