@@ -292,7 +292,7 @@ class _TrajectoryRunner:
             id=f"{self.policy}:{traj.id}#{i}", kind=act.kind, demand=act.demand,
             elasticity=act.elasticity, hints=act.hints, task=traj.task,
             trajectory=traj.id, session=sid, model=act.model, tag=act.tag,
-            timeout_s=act.timeout_s, weight=act.weight,
+            timeout_s=act.timeout_s, weight=act.weight, siblings=traj.siblings,
             payload=action_payload(act, self.models.get(act.model or ""), self.units_per_s, i,
                                    in_session))
 

@@ -200,10 +200,12 @@ class Simulator:
                     E.SessionRequested(now, sid, ttl_s=ttl, trajectory=traj.id, task=traj.task)
                 self._emit(req)
         aid = f"{traj.id}#{live.index}"
-        # `act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid)`, inlined
+        # `act.spec(aid, task=traj.task, trajectory=traj.id, session_id=sid,
+        # siblings=traj.siblings)`, inlined
         spec = make_spec(aid, act.kind, act.demand, act.elasticity, act.hints, traj.task, traj.id,
                          sid, act.model, act.tag, act.timeout_s, act.weight, True,
-                         {} if act.query is None else self._query_payload(act, now))
+                         {} if act.query is None else self._query_payload(act, now), None,
+                         traj.siblings)
         self.truth[aid] = act
         self.owner[aid] = (live, str(act.kind))  # StrEnum: its value
         if act.model is not None:  # scored together with whatever else arrives now

@@ -48,13 +48,16 @@ class SimAction:
     # (``payload.coalesce``) and are answered from the simulator's cache when it has one
     query: str | None = None
 
-    def spec(self, action_id: str, *, task: str, trajectory: str, session_id: str | None) -> ActionSpec:
+    def spec(self, action_id: str, *, task: str, trajectory: str, session_id: str | None,
+             siblings: str | None = None) -> ActionSpec:
         """The `ActionSpec` the core sees: no true work, no true cold start, no outcome."""
         # ActionSpec(id, kind, demand, elasticity, hints, task, trajectory, session, model, tag,
-        # timeout_s, weight, idempotent=True, payload={}), built fast (core.build)
+        # timeout_s, weight, idempotent=True, payload={}, tenant=None, siblings), built fast
+        # (core.build)
         return make_spec(action_id, self.kind, self.demand, self.elasticity, self.hints, task,
                          trajectory, session_id, self.model, self.tag, self.timeout_s, self.weight,
-                         True, {"coalesce": self.query} if self.query is not None else {})
+                         True, {"coalesce": self.query} if self.query is not None else {}, None,
+                         siblings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,8 @@ class Trajectory:
     start: float = 0.0  # offset from the start of its RL step
     sessions: Mapping[str, SessionDef] = field(default_factory=dict)
     rl_step: int = 0  # which RL step's rollout it belongs to
+    # its GRPO group (the answers to one prompt: `ActionSpec.siblings` of its actions; issue 39)
+    siblings: str | None = None
 
     def session_id(self, name: str) -> str:
         return f"{self.id}/{name}"
@@ -87,7 +92,7 @@ class Trajectory:
 # ---- parsing -------------------------------------------------------------------------------------
 
 _KINDS = {k.value: k for k in ActionKind}
-_TRAJ_KEYS = {"id", "task", "start", "steps", "sessions", "step"}
+_TRAJ_KEYS = {"id", "task", "start", "steps", "sessions", "step", "siblings"}
 _ACTION_KEYS = {
     "kind", "demand", "elasticity", "work_s", "hints", "session", "model", "tag",
     "timeout_s", "weight", "cold_start_s", "fails",
@@ -242,6 +247,9 @@ def parse_trajectory(obj: Any, file: str = "<trace>", line: int = 1) -> Trajecto
     if isinstance(rl_step, bool) or not isinstance(rl_step, int) or rl_step < 0:
         raise ctx.fail("step", f"must be a non-negative integer, got {rl_step!r}")
     sessions = _sessions(ctx, m["sessions"]) if "sessions" in m else {}
+    siblings = m.get("siblings")
+    if siblings is not None and (not isinstance(siblings, str) or not siblings):
+        raise ctx.fail("siblings", f"must be a non-empty string, got {siblings!r}")
     raw_steps = m.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ctx.fail("steps", "must be a non-empty list of [gen_s, action] pairs")
@@ -252,7 +260,7 @@ def parse_trajectory(obj: Any, file: str = "<trace>", line: int = 1) -> Trajecto
             raise ctx.fail(where, "must be a pair [gen_s, action]")
         gen = _number(ctx, pair[0], f"{where}[0]")
         steps.append((gen, _action(ctx, pair[1], f"{where}[1]", sessions)))
-    return Trajectory(str(tid), task, tuple(steps), start, sessions, rl_step)
+    return Trajectory(str(tid), task, tuple(steps), start, sessions, rl_step, siblings)
 
 
 def iter_trace(path: str | Path) -> Iterator[Trajectory]:
@@ -315,6 +323,8 @@ def trajectory_json(t: Trajectory) -> dict[str, Any]:
     out: dict[str, Any] = {"id": t.id, "task": t.task, "start": t.start}
     if t.rl_step:
         out["step"] = t.rl_step
+    if t.siblings is not None:
+        out["siblings"] = t.siblings
     if t.sessions:
         out["sessions"] = {
             n: {"demand": s.demand.as_dict(), "ttl_s": s.ttl_s, "cold_start_s": s.cold_start_s,

@@ -405,6 +405,45 @@ def humaneval_tests(rng: random.Random, step: int, index: int) -> Trajectory:
                       0.0, {}, step)
 
 
+# ---- grpo-siblings: code-rl's answers in GRPO groups of correlated sizes (issue 39) --------------
+# The GRPO answers to one prompt run the prompt's own test suite (the same number of tests) and,
+# Seer finds (arXiv 2511.14617), "requests sharing the same prompt exhibit strong similarities in
+# output lengths": an answer's run time per test shares its prompt's factor. Seer gives no
+# correlation figure we could find: SIBLINGS_RHO = 0.5 (the correlation of the log of the per-test
+# time between two answers of one group) is an assumption. The marginal is code-rl's per-test
+# time, lognormal(0.15 s, 1.0) (here one time for all of an answer's tests).
+SIBLINGS_RHO = 0.5
+
+
+class SiblingCode:
+    """A maker of code-rl answers in groups of ``size`` (consecutive indexes of a step, called in
+    order: the group's first answer draws the prompt: its tests and its factor)."""
+
+    def __init__(self, rho: float = SIBLINGS_RHO, size: int = GROUP_SIZE) -> None:
+        self.rho, self.size = rho, size
+        self._prompt: tuple[int, float] = (1, 1.0)  # (tests, the prompt's log factor)
+
+    def __call__(self, rng: random.Random, step: int, index: int) -> Trajectory:
+        if index % self.size == 0:
+            tests = round(lognormal(rng, 12, 0.8, 1, 200))  # as code-rl's
+            self._prompt = (tests, math.sqrt(self.rho) * rng.gauss(0.0, 1.0))
+        tests, shared = self._prompt
+        gen = gen_seconds(rng, 5000, 0.5, 16000)  # as code-rl's
+        own = math.sqrt(1.0 - self.rho) * rng.gauss(0.0, 1.0)
+        per_test = min(6.0, max(0.02, 0.15 * math.exp(shared + own)))
+        act = SimAction(
+            ActionKind.TEST, tests * per_test, Resources(cpu=1, memory_mb=1024),
+            Elasticity(1, 8, speedup=Speedup(0.9)), WorkHints(test_count=tests), tag="python",
+            timeout_s=max(60.0, 6.0 * tests), cold_start_s=DOCKER_COLD_S)
+        group = f"s{step}-g{index // self.size}"
+        return Trajectory(f"s{step}-sib-{index}", "code-rl", ((gen, act),), 0.0, {}, step, group)
+
+
+def without_siblings(batch: Iterable[Trajectory]) -> list[Trajectory]:
+    """The same trajectories naming no siblings (what the scheduler knew before issue 39)."""
+    return [replace(t, siblings=None) for t in batch]
+
+
 # ---- the table ------------------------------------------------------------------------------------
 Maker = Callable[[random.Random, int, int], Trajectory]
 
@@ -517,6 +556,11 @@ WORKLOADS: dict[str, Workload] = {
                  ((humaneval_tests, 1.0),),
                  lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * CODE_CORES_PER_TRAJ))),
                  trajectories=128, steps=3, train_s=60.0),  # as code-rl (assumption)
+        Workload("grpo-siblings", "code-rl's answers in GRPO groups of 16 that name their "
+                 "siblings: one prompt's tests, per-test times correlated (rho 0.5; issue 39)",
+                 ((SiblingCode(), 1.0),),
+                 lambda n: ClusterSpec(tuple(cpu_nodes("cpu", n * CODE_CORES_PER_TRAJ))),
+                 trajectories=128, steps=3, train_s=60.0),  # as code-rl
         Workload("mixed", "multi-task RL over nine data sources: SWE sessions, code tests of three "
                  "difficulties, python tools, and answers scored by two reward models and a judge",
                  MIXED_SOURCES, _mixed_cluster, trajectories=288, steps=2, train_s=120.0,
