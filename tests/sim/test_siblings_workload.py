@@ -73,3 +73,23 @@ def test_the_simulated_core_learns_from_siblings() -> None:
                                      siblings="s0-g0"))
     n, _ = est.sibling_stats(key)
     assert n == 16
+
+
+class _Rng:
+    """Every normal draw the same: the clamps of tests and per-test time are reached."""
+
+    def __init__(self, z: float) -> None:
+        self.z = z
+
+    def gauss(self, _mu: float, _sigma: float) -> float:
+        return self.z
+
+
+def test_the_draws_are_clamped_as_code_rls() -> None:
+    far = SiblingCode()(_Rng(5.0), 2, 32)  # 12 e^4 tests -> 200; 0.15 e^(5 sqrt 2) s -> 6 s
+    a = far.steps[0][1]
+    assert (far.siblings, a.hints.test_count, a.work_s, a.timeout_s) == ("s2-g2", 200, 1200.0, 1200.0)
+    near = SiblingCode()(_Rng(-5.0), 0, 3)  # 12 e^-4 tests -> 1; per-test -> 0.02 s
+    b = near.steps[0][1]
+    assert (near.siblings, b.hints.test_count, b.work_s, b.timeout_s) == ("s0-g0", 1, 0.02, 60.0)
+    assert near.steps[0][0] == pytest.approx(5000 * math.exp(-2.5) / 40.0, rel=1e-12)  # as code-rl
