@@ -10,7 +10,7 @@ the runtime makes them), and a test double need only have the methods a test cal
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -133,6 +133,14 @@ class BatchResult(Protocol):
 
 class ModelHost(Protocol):
     """Loads, parks and swaps reward-model instances on a node's devices; scores batches."""
+
+    # Told ``(instance_id, reason)`` when an instance's worker died, before its batches' calls
+    # fail (the node host sets it: the core hears `ModelUnloaded(reason)` first).
+    on_worker_death: Callable[[str, str], None] | None
+
+    async def start(self) -> None:
+        """Before the first load (the node's start)."""
+        ...
 
     def node_capacity(self) -> Resources: ...
 

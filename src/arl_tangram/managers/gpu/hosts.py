@@ -81,6 +81,9 @@ class ModelHosts:
     def fitted_costs(self, model: str) -> dict[str, Any]:
         return self.gpu.fitted_costs(model)
 
+    async def start(self) -> None:
+        await self.gpu.start()
+
     async def aclose(self) -> None:
         await self.engines.aclose()
         await self.gpu.aclose()

@@ -445,6 +445,9 @@ class GpuManager:
         """Sizes of the batches the dynamic batcher ran (in order)."""
         return list(self._batcher.batch_sizes)
 
+    async def start(self) -> None:
+        """Nothing to start: instances load on demand (`load`)."""
+
     async def aclose(self) -> None:
         if self._closed:
             return

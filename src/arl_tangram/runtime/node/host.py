@@ -108,9 +108,8 @@ class NodeHost:
         await seat.cpu.start()
         if seat.gpu is None and self.models.models and self._gpu_config is not None:
             seat.gpu = self._make_gpu()
-        if seat.gpu is not None and hasattr(seat.gpu, "on_worker_death"):
-            setattr(seat.gpu, "on_worker_death", self.models.worker_died)  # noqa: B010
-        if seat.gpu is not None and hasattr(seat.gpu, "start"):
+        if seat.gpu is not None:
+            seat.gpu.on_worker_death = self.models.worker_died
             await seat.gpu.start()
         self.spec = self._node_spec()
         self.reports.memory_mb = self.spec.capacity.get(MEMORY_MB)
