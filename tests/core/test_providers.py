@@ -402,6 +402,7 @@ def test_without_a_per_step_budget_step_used_counts_answered_or_in_flight_and_re
     assert p.step_used == {4: 1} and d.core.providers.charged == {}
     s = d.core.providers.stats()["p"]
     assert (s["budget_per_step"], s["step"], s["step_used"], s["failed_step_budget"]) == (None, 4, 1, 0)
+    assert d.core.provider_stats() == d.core.providers.stats()  # (the engine's typed query)
 
 
 def test_a_429_keeps_the_step_charge_and_a_cancelled_leader_hands_it_to_its_follower() -> None:

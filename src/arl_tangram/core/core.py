@@ -264,6 +264,9 @@ class Core:
             self._pump_providers()
         st.index.flush()
 
+    def provider_stats(self) -> dict[str, dict[str, Any]]:
+        return self.providers.stats()
+
     def status(self, action_id: str) -> Status | None:
         rec = self.st.actions.get(action_id)
         if rec is not None:

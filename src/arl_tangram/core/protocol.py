@@ -8,9 +8,10 @@ a scheduler: `Core` implements `Scheduler`, and so may a test fake (tests/runtim
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from .actions import Status
     from .commands import Command
     from .estimator import DurationEstimator
     from .events import Event
@@ -33,6 +34,14 @@ class Inspectable(Protocol):
     def instance(self, instance_id: str) -> InstanceView | None: ...
 
     def instances_of(self, model: str) -> list[InstanceView]: ...
+
+    def status(self, action_id: str) -> Status | None:
+        """An action's status (None: never seen, or forgotten)."""
+        ...
+
+    def provider_stats(self) -> dict[str, dict[str, Any]]:
+        """Per provider, the core's view of its calls (rate, tokens, waiting, coalesced)."""
+        ...
 
     @property
     def estimator(self) -> DurationEstimator: ...

@@ -327,11 +327,11 @@ class Engine:
         names neither (a tick, a node's report) is only logged."""
         why = f"the scheduler could not take this event ({type(exc).__name__}: {exc})"
         if isinstance(ev, E.ActionsArrived):
-            status_of = getattr(self.core, "status", None)
+            core = self.core
             out: list[C.Command] = []
             failed: list[str] = []
             for spec in ev.actions:
-                st = status_of(spec.id) if callable(status_of) else Status.PENDING
+                st = core.status(spec.id) if isinstance(core, Inspectable) else Status.PENDING
                 if st is None:  # not reached before the raise: on its own
                     out.extend(self._handle(E.ActionArrived(ev.time, spec)))
                 elif st is Status.PENDING or st.is_finished:  # the one that raised (or its

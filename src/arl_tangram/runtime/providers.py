@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.actions import ActionKind, ActionResult, ActionSpec, Status
+from ..core.protocol import Inspectable
 from ..core.resources import Resources
 from ..kinds import RetrieveRequest, RetrieveResult, provider_request
 from ..managers.api import ApiManager, ProviderConfig, RequestError, normalize
@@ -180,8 +181,8 @@ class ProviderFront:
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per provider: the core's view (rate now, tokens, waiting, coalesced, budget) and
         the manager's (calls, errors, latency, cache hits). No key appears."""
-        core = getattr(self.engine.core, "providers", None)
-        sched = core.stats() if core is not None and hasattr(core, "stats") else {}
+        core = self.engine.core
+        sched: dict[str, dict[str, Any]] = core.provider_stats() if isinstance(core, Inspectable) else {}
         out: dict[str, dict[str, Any]] = {}
         for name, s in self.api.stats_view().items():
             out[name] = {**s, **sched.get(name, {})}
