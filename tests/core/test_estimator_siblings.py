@@ -107,3 +107,43 @@ def test_groups_are_lru_bounded() -> None:
     assert est.sibling_stats(keys["g1"]) == (2, pytest.approx(0.1, rel=1e-12))
     assert est.sibling_stats(keys["g2"]) is None
     assert est.sibling_stats(keys["g3"]) == (1, pytest.approx(0.1, rel=1e-12))
+
+
+def _pairs(est: DurationEstimator, first: float, second: float, groups: int, tag: str = "") -> None:
+    """``groups`` groups of two siblings: unit times e^first then e^second (per test)."""
+    for g in range(groups):
+        for i, d in enumerate((first, second)):
+            est.observe(_test(f"{tag}{g}-{i}", siblings=f"{tag}g{g}"), 10 * math.exp(d))
+
+
+def _settled() -> DurationEstimator:
+    est = DurationEstimator()
+    for i in range(100):
+        est.observe(_test(f"k{i}"), 10.0)  # the key's median: 1.0 per test (log 0), whatever follows
+    return est
+
+
+def test_k_is_estimated_from_the_siblings_seen() -> None:
+    est = _settled()
+    _pairs(est, 0.25, 1.0, 7)
+    assert est.sibling_k() == 1.0  # 7 pairs: not yet
+    _pairs(est, 0.25, 1.0, 1, tag="x")
+    # rho = sum(1.0 x 0.25) / sum(1.0 ** 2) = 0.25: k = 0.75 / 0.25
+    assert est.sibling_k() == pytest.approx(3.0, rel=1e-12)
+    est.observe(_test("n0", siblings="new"), 10 * math.e)  # one sibling at e per test
+    key, units = est.work_of(_test("n1", siblings="new"))
+    # (log e + 3 log 1) / (1 + 3)
+    assert est.predict_work(key, units, 0.5) == pytest.approx(10 * math.exp(0.25), rel=1e-12)
+
+
+def test_k_stays_within_its_bounds() -> None:
+    est = _settled()
+    _pairs(est, 1.0, 0.25, 8)  # rho 4: at most 0.99
+    assert est.sibling_k() == pytest.approx(0.01 / 0.99, rel=1e-12)
+    est = _settled()
+    _pairs(est, -1.0, 1.0, 8)  # rho -1: at least 0.01
+    assert est.sibling_k() == pytest.approx(99.0, rel=1e-12)
+    est = _settled()
+    _pairs(est, 1.0, 0.0, 8)  # every later sibling at the key's estimate: no spread to measure
+    assert est.sibling_k() == 1.0
+    assert DurationEstimator(sibling_prior=2.5).sibling_k() == 2.5

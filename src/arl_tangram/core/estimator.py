@@ -21,9 +21,9 @@ by tenant) gets a grouped key, its basis followed by `SEP` and the group's name.
 sibling adds its unit time to the group's stats (its count and the sum of the logs) and teaches the
 key as an action without siblings would; a sibling's estimate is the key's, shrunk toward the
 geometric mean of what its finished siblings took: ``exp((sum log u_i + k log prior) / (n + k))``
-with ``k = sibling_prior`` (a credibility weight ``n / (n + k)``: Buhlmann's, as James-Stein
-shrinks a group's mean toward the grand one; ``k = (1 - rho) / rho`` for a correlation ``rho`` of
-the logs within a group). Its mean and mean excess are the key's, scaled by the same factor. At
+(a credibility weight ``n / (n + k)``: Buhlmann's, as James-Stein shrinks a group's mean toward
+the grand one), ``k = (1 - rho) / rho`` for a correlation ``rho`` of the logs within a group:
+``sibling_prior`` when given, else estimated from the siblings seen (`sibling_k`). Its mean and mean excess are the key's, scaled by the same factor. At
 most ``max_groups`` groups are kept, the least recently taught dropped first.
 """
 
@@ -144,8 +144,8 @@ class _Sketch:
 class DurationEstimator:
     """Per ``ActionSpec.estimator_key`` quantile estimates of execution time at one unit."""
 
-    def __init__(self, reservoir: int = 128, min_samples: int = 3, sibling_prior: float = 1.0,
-                 max_groups: int = 4096) -> None:
+    def __init__(self, reservoir: int = 128, min_samples: int = 3,
+                 sibling_prior: float | None = None, max_groups: int = 4096) -> None:
         self._sketches: dict[tuple[str, str], _Sketch] = {}
         self._reservoir = reservoir
         self._min_samples = min_samples
@@ -160,6 +160,9 @@ class DurationEstimator:
         # grouped key -> [finished siblings, sum of the logs of their unit times], least recent first
         self._groups: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._sibling_prior = sibling_prior  # k: the key's estimate counts as k siblings
+        # for `sibling_k`: [pairs, sum d_new * d_group, sum d_new ** 2] of the log deviations from
+        # the key's estimate of a finishing sibling (d_new) and of its group's mean so far
+        self._rho = [0.0, 0.0, 0.0]
         self._max_groups = max_groups
 
     def observe(self, action: ActionSpec, run_s: float, speed: float = 1.0) -> None:
@@ -220,14 +223,36 @@ class DurationEstimator:
         """Note a finished sibling's unit time in its group's stats (LRU-bounded)."""
         groups = self._groups
         st = groups.get(key)
+        lu = math.log(unit)
         if st is None:
             st = groups[key] = [0.0, 0.0]
             if len(groups) > self._max_groups:
                 groups.popitem(last=False)
         else:
             groups.move_to_end(key)
+            lp = math.log(self.predict_work((key[0], key[1].partition(SEP)[0]), 1.0, 0.5))
+            d_new = lu - lp
+            r = self._rho
+            r[0] += 1.0
+            r[1] += d_new * (st[1] / st[0] - lp)
+            r[2] += d_new * d_new
         st[0] += 1.0
-        st[1] += math.log(unit)
+        st[1] += lu
+
+    def sibling_k(self) -> float:
+        """The weight ``k`` of the key's estimate, in siblings: ``sibling_prior`` when given;
+        else ``(1 - rho) / rho`` with ``rho`` the moment estimate of the correlation of
+        siblings' logs, ``sum d_new * d_group / sum d_new ** 2`` (the deviations from the key's
+        estimate of each sibling finishing after others, and of its group's mean so far:
+        ``E[d_new d_group] = tau^2`` the variance between groups, ``E[d_new^2] = tau^2 +
+        sigma^2``), within [0.01, 0.99]; 1.0 (rho 0.5) before 8 such siblings."""
+        if self._sibling_prior is not None:
+            return self._sibling_prior
+        n, sxy, sxx = self._rho
+        if n < 8 or sxx <= 0.0:
+            return 1.0
+        rho = min(0.99, max(0.01, sxy / sxx))
+        return (1.0 - rho) / rho
 
     def _sibling_unit(self, key: tuple[str, str], q: float) -> tuple[float, float]:
         """(the grouped key's unit estimate at ``q``, that of its key without the group)."""
@@ -236,7 +261,7 @@ class DurationEstimator:
         st = self._groups.get(key)
         if st is None:
             return prior, prior
-        k = self._sibling_prior
+        k = self.sibling_k()
         return math.exp((st[1] + k * math.log(prior)) / (st[0] + k)), prior
 
     def sibling_stats(self, key: tuple[str, str]) -> tuple[int, float] | None:
