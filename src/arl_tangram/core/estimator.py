@@ -248,10 +248,11 @@ class DurationEstimator:
         sigma^2``), within [0.01, 0.99]; 1.0 (rho 0.5) before 8 such siblings."""
         if self._sibling_prior is not None:
             return self._sibling_prior
-        n, sxy, sxx = self._rho
-        if n < 8 or sxx <= 0.0:
+        r = self._rho
+        sxx = r[2]
+        if r[0] < 8 or sxx <= 0.0:
             return 1.0
-        rho = min(0.99, max(0.01, sxy / sxx))
+        rho = min(0.99, max(0.01, r[1] / sxx))
         return (1.0 - rho) / rho
 
     def _sibling_unit(self, key: tuple[str, str], q: float) -> tuple[float, float]:
