@@ -20,3 +20,10 @@ def test_siblings_reach_the_spec() -> None:
 def test_an_empty_siblings_name_is_refused() -> None:
     with pytest.raises(pydantic.ValidationError, match="siblings"):
         ActionIn(id="a", siblings="")
+
+
+def test_siblings_names_of_1_to_200_characters() -> None:
+    assert ActionIn(siblings="p").siblings == "p"
+    assert ActionIn(siblings="x" * 200).siblings == "x" * 200
+    with pytest.raises(pydantic.ValidationError, match="siblings"):
+        ActionIn(siblings="x" * 201)

@@ -147,3 +147,14 @@ def test_k_stays_within_its_bounds() -> None:
     _pairs(est, 1.0, 0.0, 8)  # every later sibling at the key's estimate: no spread to measure
     assert est.sibling_k() == 1.0
     assert DurationEstimator(sibling_prior=2.5).sibling_k() == 2.5
+
+
+def test_a_siblings_error_is_scored_under_its_general_kind() -> None:
+    est = DurationEstimator()
+    spec = ActionSpec("a", kind=ActionKind.TEST, tag="python", task="t",
+                      hints=WorkHints(test_count=10), siblings="p1")
+    key, _ = est.work_of(spec)
+    general, _ = est.work_of(_test("b"))
+    assert key[0] == general[0] + "@t"  # (the task's key, which falls back to the kind's)
+    est.note_error(key, 1.0, 4.0)
+    assert est.errors() == {general[0]: {"scored": 1, "mean_abs_log2": 2.0, "within_2x": 0.0}}
