@@ -158,3 +158,23 @@ def test_a_siblings_error_is_scored_under_its_general_kind() -> None:
     assert key[0] == general[0] + "@t"  # (the task's key, which falls back to the kind's)
     est.note_error(key, 1.0, 4.0)
     assert est.errors() == {general[0]: {"scored": 1, "mean_abs_log2": 2.0, "within_2x": 0.0}}
+
+
+def test_k_measures_deviations_from_the_keys_estimate_and_the_groups_mean_so_far() -> None:
+    est = DurationEstimator()
+    for i in range(100):
+        est.observe(_test(f"k{i}"), 10 * math.e)  # the key's median: e per test (log 1)
+    for tag in ("go", "rust"):  # other kinds: the neutral estimate (5) is not the key's
+        for i in range(3):
+            est.observe(ActionSpec(f"{tag}{i}", kind=ActionKind.TEST, tag=tag,
+                                   hints=WorkHints(test_count=10)), 50.0)
+    for g in range(4):  # three siblings 0.5, 0.5 and 1.0 above the key's log estimate
+        for i, d in enumerate((0.5, 0.5, 1.0)):
+            est.observe(_test(f"{g}-{i}", siblings=f"g{g}"), 10 * math.exp(1.0 + d))
+    # per group: the second 0.5 x 0.5, the third 1.0 x mean(0.5, 0.5); squares 0.25 + 1.0
+    # rho = 0.75 / 1.25 = 0.6, k = 0.4 / 0.6
+    assert est.sibling_k() == pytest.approx(2 / 3, rel=1e-12)
+    est.observe(_test("n0", siblings="new"), 10 * math.exp(2.0))
+    key, units = est.work_of(_test("n1", siblings="new"))
+    # (2 + k x 1) / (1 + k)
+    assert est.predict_work(key, units, 0.5) == pytest.approx(10 * math.exp(1.6), rel=1e-12)
