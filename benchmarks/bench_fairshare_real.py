@@ -116,6 +116,9 @@ def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float |
                                            for _ in range(short)])
                 a = _results(c, ALICE, alice)
                 act = sum(x["act"] for x in a) / len(a)
+                wait = sum(x["start_time"] - x["submit_time"] for x in a) / len(a)
+                print(f"  alice: mean wait for a start {wait * 1000:.1f} ms, run "
+                      f"{(act - wait) * 1000:.1f} ms", flush=True)
                 done = None
                 if carol:
                     cr = _results(c, CAROL, carol)
