@@ -278,9 +278,12 @@ def _pytest(work: Path, args: list[str], env: dict[str, str], timeout: float,
     """pytest in the copy; -1 past ``timeout``. Past it, pytest is interrupted (SIGINT: its
     fixtures tear down what they started -- a judge engine runs in a session of its own, which a
     kill of pytest would leave behind), then its process group killed after TEARDOWN_S."""
+    # (SIGINT at its default in the child: a shell starts a background job with it ignored,
+    # and an ignored signal stays ignored across exec -- the interrupt would then do nothing)
     p = subprocess.Popen([PY, *(pre or []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           *_IGNORE, *args], cwd=work, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=_default_sigint)
     try:
         out, _ = p.communicate(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
@@ -298,6 +301,10 @@ def _pytest(work: Path, args: list[str], env: dict[str, str], timeout: float,
 
 
 TEARDOWN_S = 60.0  # how long an interrupted pytest may take to tear down
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # Tests of the build, not of behaviour: the copy has no compiled core (it runs pure Python).
