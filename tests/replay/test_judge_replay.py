@@ -60,7 +60,7 @@ def test_a_replay_starts_once_the_first_instances_are_loaded(tmp_path: Path) -> 
                                                        gpu_memory_mb=1024)),), (rm,))
 
     async def go() -> list[tuple[str, str]]:
-        b = EmbeddedBackend(cluster, "tangram", 1, {})
+        b = EmbeddedBackend(cluster, "tangram", 1, {}, tick_s=0.02)  # (checked while loading)
         try:
             await b.start()
         except IsolationUnavailable as e:
@@ -74,3 +74,38 @@ def test_a_replay_starts_once_the_first_instances_are_loaded(tmp_path: Path) -> 
     # the core loads one instance at its first events (model_min_instances); the replay's
     # first arrival waits for it
     assert asyncio.run(go()) == [("tiny-rm", "ready")]
+
+
+def test_calibration_fits_the_engine_step_over_widths(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """`tangram calibrate --judge-engine`: the engine's start and its step fitted over widths
+    up to 32 requests of 64 tokens, three times each, into the spec the simulator reads (the
+    engine itself is measured in tests/managers/gpu/test_judge_engine.py)."""
+    from arl_tangram.managers.gpu import engine_judge
+    from arl_tangram.replay import calibrate
+
+    calls: list[tuple] = []
+
+    class Host:
+        def __init__(self, specs: list[ModelSpec]) -> None:
+            calls.append(("host", [s.name for s in specs]))
+
+        async def load(self, iid: str, model: str, devices: tuple[int, ...]) -> float:
+            calls.append(("load", iid, model, devices))
+            return 21.234
+
+        async def step_costs(self, iid: str, **kw: int) -> tuple[float, float, float, float]:
+            calls.append(("steps", iid, kw))
+            return 0.0027, 0.00019, 0.0029, 0.0089
+
+        async def aclose(self) -> None:
+            calls.append(("close",))
+
+    monkeypatch.setattr(engine_judge, "EngineJudgeHost", Host)
+    (tmp_path / "genjudge").mkdir()
+    (tmp_path / "genjudge" / "config.json").write_text("{}")  # (no model built: the host is fake)
+    spec = asyncio.run(calibrate._judge_engine_figures(tmp_path, lambda m: None))
+    assert calls == [("host", ["tiny-genjudge"]), ("load", "cal-gj", "tiny-genjudge", (0,)),
+                     ("steps", "cal-gj", {"k": 32, "tokens": 64, "repeats": 3}), ("close",)]
+    assert (spec.name, spec.kind, spec.load_s, spec.alpha, spec.beta, spec.max_seqs) == (
+        "tiny-genjudge", "genjudge", 21.23, 0.0027, 0.00019, 64)

@@ -343,6 +343,13 @@ async def test_a_node_without_a_cache_has_no_images() -> None:
         await images.start()
 
 
+async def test_a_fetch_with_neither_peer_nor_source_is_refused_by_name() -> None:
+    # (`ensure` does not fetch such a name; a peer list emptied meanwhile reaches this guard)
+    images = NodeImages("n0", lambda: _Cache(), lambda e: None)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ImageError, match=r"^node n0: no source of image 'gone'$"):
+        await images._fetch("gone")
+
+
 async def test_a_fetch_falls_back_to_the_source_path_or_fails(tmp_path, caplog) -> None:
     cache = _Cache()
     images = NodeImages("n0", lambda: cache, lambda e: None)  # type: ignore[arg-type, return-value]
