@@ -68,8 +68,11 @@ class EmbeddedBackend(Backend):
                              **dict(core_kw or {}))
 
         self.executor = LocalExecutor(nodes, models, images=tuple((images or {}).items()))
-        self.engine = Engine(self.executor, EngineConfig(core=CoreConfig(policy=policy), models=models,
-                                                          tick_s=tick_s),
+        # (the core itself is `core_factory`'s, from the label; the config names the policy
+        # without a static pool's size: "static-pool:2" -> "static-pool")
+        self.engine = Engine(self.executor,
+                             EngineConfig(core=CoreConfig(policy=policy.partition(":")[0]),
+                                          models=models, tick_s=tick_s),
                              core_factory=core_factory)
 
     async def start(self) -> None:
