@@ -217,28 +217,47 @@ def test_native_judge_outputs_pinned(url: str) -> None:
 
 
 def test_engine_killed_mid_flight_requests_requeued_and_answered(url: str) -> None:
-    """Last in the module: SIGKILL to the engine's process group while 16 requests wait."""
+    """Last in the module: SIGKILL to the engine's process group while 16 requests wait (some
+    generating, the rest queued)."""
     (pid,) = _engine_pids(url)
 
     async def go() -> tuple[list[httpx.Response], set[str], list[int]]:
         down: set[str] = set()
         health: list[int] = []
         async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+            before = (await c.get("/v1/stats")).json()["submitted"].get("judge", 0)
             reqs = [asyncio.create_task(c.post("/v1/completions", json={
                 "model": "gj", "prompt": f"q{i}", "max_tokens": 300, "ignore_eos": True}))
                 for i in range(16)]
-            while True:  # every request is in the engine
+            # the engine generating, then stopped (SIGSTOP) until every request is submitted:
+            # the kill finds requests in flight and the rest queued. (Waiting for all 16 in
+            # flight at once hung CI: on a loaded machine under coverage the first were
+            # answered before the last arrived.)
+            deadline, seen = time.monotonic() + 120, (0, 0)
+            stopped = False
+            while True:
+                submitted = (await c.get("/v1/stats")).json()["submitted"]["judge"] - before
                 nodes = (await c.get("/v1/cluster")).json()["nodes"]
                 inflight = sum(r.get("in_flight", 0) for n in nodes
                                for r in (n.get("resident_models") or {}).values())
-                if inflight == 16:
+                seen = (submitted, inflight)
+                if inflight >= 1 and not stopped:
+                    os.killpg(pid, signal.SIGSTOP)
+                    stopped = True
+                if stopped and submitted == 16:
                     break
+                assert time.monotonic() < deadline, f"(submitted, in flight) stayed {seen}"
                 await asyncio.sleep(0.05)
+            assert not all(t.done() for t in reqs), "all 16 answered before the engine stopped"
             os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 600
             while not all(t.done() for t in reqs):
                 cl = (await c.get("/v1/cluster")).json()
                 down |= set(cl.get("models_down") or {})
                 health.append((await c.get("/v1/health")).status_code)
+                assert time.monotonic() < deadline, (
+                    f"{sum(not t.done() for t in reqs)} of 16 never answered after the kill; "
+                    f"cluster: {cl}")
                 await asyncio.sleep(0.2)
             return [t.result() for t in reqs], down, health
 

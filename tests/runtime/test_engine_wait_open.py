@@ -15,7 +15,7 @@ from fakes import FakeExecutor
 from arl_tangram.core import commands as C
 from arl_tangram.core import events as E
 from arl_tangram.core.resources import Resources
-from arl_tangram.runtime.engine import OPENING, Engine, EngineConfig
+from arl_tangram.runtime.engine import EXPIRED, OPENING, Engine, EngineConfig
 from arl_tangram.runtime.executor import SessionOpened
 
 
@@ -104,5 +104,22 @@ async def test_answers_nobody_read_are_forgotten_past_max_results_oldest_first()
             await eng.open_session(sid, demand=Resources(memory_mb=64))
         # "b" answered, forgotten; "c" still waits for its node: kept, and "d" behind it
         assert list(eng._opening) == ["c", "d"]
+    finally:
+        await eng.aclose()
+
+
+async def test_a_session_whose_ttl_passes_before_its_node_opens_it_is_told_expired() -> None:
+    """(The schemathesis run of CI: ``ttl_s`` tiny, the core's TTL close came before the
+    node's report, and the open was answered as the node's failure: a 503.)"""
+    ex = _Reporting()
+    ex.answer = "silent"  # (the node never reports: the TTL passes first)
+    eng = Engine(ex, EngineConfig(tick_s=0.05))
+    await eng.start()
+    try:
+        sid = await eng.open_session("brief", demand=Resources(memory_mb=256), ttl_s=0.05)
+        assert await asyncio.wait_for(eng.wait_open(sid, 30.0), 5.0) is EXPIRED
+        assert eng.session_count() == 0
+        assert eng.session_gone(sid) == ("session 'brief' is not open: it expired (no action "
+                                         "for its ttl_s); its state is gone (open a new session)")
     finally:
         await eng.aclose()

@@ -39,7 +39,7 @@ from .schemas import (
     SessionIn,
     check_session_id,
 )
-from .service import KeyReused, Service, SessionNotOpened, Shed, TooManySessions
+from .service import KeyReused, Service, SessionExpired, SessionNotOpened, Shed, TooManySessions
 from .tenancy import QuotaExceeded
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ _ERRORS: dict[type[Exception], Callable[[Any], JSONResponse]] = {
     Shed: lambda e: _err(504, str(e)),
     KeyReused: lambda e: _err(422, str(e), field="idempotency_key"),
     SessionNotOpened: lambda e: _err(503, str(e)),
+    SessionExpired: lambda e: _err(410, str(e), field="ttl_s"),
     TooManySessions: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
                                             headers={"retry-after": "1"}),
     QuotaExceeded: lambda e: JSONResponse({"detail": str(e)}, status_code=429,
@@ -330,6 +331,7 @@ def _routes(app: FastAPI, svc: Service, config: ServiceConfig,
     @app.post("/v1/sessions", tags=["native"], status_code=201, responses={
         **_BUSY, 202: _doc("not open yet after limits.session_open_wait_s: waiting for room on "
                            "a node (state 'opening')"),
+        410: _doc("its own ttl_s passed before its node opened it (field ttl_s)"),
         503: _doc("the node could not open it (the node's reason), or overloaded")})
     async def open_session(request: Request, body: SessionIn | None = None) -> Response:
         out = await svc.open_session(body or SessionIn.model_validate({}),

@@ -26,7 +26,7 @@ from ..core.images import check_name
 from ..core.resources import MEMORY_MB, Resources
 from ..kinds import CodeRequest, ScoreRequest, ScoreResult, code_timeouts, judge_request
 from ..runtime.config import ServiceConfig
-from ..runtime.engine import OPENING, Engine, UnknownAction
+from ..runtime.engine import EXPIRED, OPENING, Engine, UnknownAction
 from . import translate as T
 from .schemas import ActionsIn, ClassifyIn, GetRewardIn, RunCodeRequest, SessionIn
 from .tenancy import QuotaExceeded, Tenancy
@@ -52,6 +52,11 @@ MIN_SESSION_MB = 1.0
 
 class SessionNotOpened(TangramError):
     """The node could not open a session (503, with the node's reason)."""
+
+
+class SessionExpired(TangramError):
+    """A session's own ``ttl_s`` passed before its node opened it (410: open it again with a
+    longer ``ttl_s``)."""
 
 
 class Service:
@@ -399,6 +404,11 @@ class Service:
         why = await self.engine.wait_open(sid, self.config.limits.session_open_wait_s)
         if why is OPENING:
             return {"session_id": sid, "state": "opening"}
+        if why is EXPIRED:
+            raise SessionExpired(f"ttl_s: session {sid!r} expired before its node opened it "
+                                 f"(ttl_s={body.ttl_s:g} s, counted from the request, is "
+                                 "shorter than its open took); its state is gone: open it "
+                                 "again with a longer ttl_s")
         if why is not None:
             raise SessionNotOpened(why)
         return {"session_id": sid, "state": "open"}

@@ -53,13 +53,16 @@ class UnknownAction(TangramError, KeyError):
 
 
 class Opening(enum.Enum):
-    """`Engine.wait_open`'s answer for a session not open yet (no node has room for it, or
-    its node has not answered in time): it opens later, or its next action is told why not."""
+    """`Engine.wait_open`'s answers that are not a node's: ``OPENING``, a session not open yet
+    (no node has room for it, or its node has not answered in time: it opens later, or its next
+    action is told why not); ``EXPIRED``, one whose own ``ttl_s`` passed before its node
+    reported it open (the client's choice, not the node's failure)."""
 
     OPENING = "opening"
+    EXPIRED = "expired"
 
 
-OPENING = Opening.OPENING
+OPENING, EXPIRED = Opening.OPENING, Opening.EXPIRED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -536,6 +539,7 @@ class Engine:
             # the core's own close: the session was idle past its ttl_s (a client's close left
             # the count at `close_session`; a node's report at `_observe`)
             sid = cmd.session_id
+            self._open_result(sid, EXPIRED)  # (one still opening: its open is answered so)
             self._drop_session(sid, f"session {sid!r} is not open: it expired (no action for "
                                "its ttl_s); its state is gone (open a new session)", remember=True)
         return False
