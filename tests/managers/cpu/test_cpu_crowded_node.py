@@ -211,3 +211,69 @@ async def test_node_short_of_memory_reclaims_idle_sessions_before_its_report() -
         await node.aclose()
         await m.aclose()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_fifty_frozen_idle_sessions_answer_with_their_state(
+        crowd: CpuManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 sessions open at once (every other in an image), each leaves a file, a variable and a
+    working directory, then idles frozen; while they idle each report reads exactly the
+    sessions whose turn it is (by id); short of memory, their page cache is reclaimed; and each
+    answers its next action, thawed and frozen again, with its state. (The 1,000-session run is benchmarks/bench_sessions.py.)"""
+    from arl_tangram.managers.cpu.host.cgroups import Slot
+
+    img = await _image_with(crowd)
+    n = 50
+    sids = [f"many{i:02d}" for i in range(n)]
+    try:
+        for k in range(0, n, 10):  # (10 at a time: the warm pool refills meanwhile)
+            await asyncio.gather(*(crowd.open_session(
+                sid, Resources(cpu=1, memory_mb=256), ttl_s=600,
+                image=img if i % 2 else None, layer_mb=8 if i % 2 else None)
+                for i, sid in enumerate(sids) if k <= i < k + 10))
+        order = [sid for sid in crowd.sessions.by_id if sid in sids]
+        assert sorted(order) == sids and list(crowd.sessions.by_id) == order  # only these
+
+        async def leave(i: int, sid: str) -> None:
+            r = await sh(crowd, sid, f"mkdir -p w && cd w && echo {sid} > mark && "
+                                     f"export KEEP={sid}-{i * 7} && echo ok")
+            assert r.status == "Success" and r.run_result.stdout == "ok\n", (sid, r)
+            assert r.session_switch is not None and r.session_switch["frozen"]
+
+        await asyncio.gather(*(leave(i, sid) for i, sid in enumerate(sids)))
+        assert all(crowd.sessions.by_id[sid].freezer.frozen for sid in sids)  # type: ignore[union-attr]
+
+        read: list[str] = []
+        by_slot = {crowd.sessions.by_id[sid].sandbox.slot.name: sid for sid in sids}  # type: ignore[union-attr]
+        sample = Slot.memory_sample
+
+        def spy(slot: Slot) -> tuple[int, int]:
+            read.append(by_slot[slot.name])
+            return sample(slot)
+
+        monkeypatch.setattr(Slot, "memory_sample", spy)
+        crowd.memory_use()  # the first report after their actions reads every one
+        assert sorted(read) == sids and crowd.sessions.memory_reads == n
+        for _ in range(EVERY):  # then each once every EVERY reports, by its place
+            read.clear()
+            c = crowd.sessions.memory_calls + 1
+            crowd.memory_use()
+            assert read == [order[i] for i in sorted(_turn(c, n))]
+            assert len(read) in (n // EVERY, n // EVERY + 1)
+        monkeypatch.undo()
+        # memory runs short: every idle one's page cache is reclaimed; none closed, none thawed
+        await crowd.reclaim_idle(1 << 40)
+        assert [sid for sid in crowd.sessions.by_id if sid in sids] == order
+        assert all(crowd.sessions.by_id[sid].freezer.frozen for sid in sids)  # type: ignore[union-attr]
+
+        async def back(i: int, sid: str) -> None:
+            r = await sh(crowd, sid, "pwd; cat mark; echo $KEEP")
+            assert r.status == "Success", (sid, r)
+            assert r.run_result.stdout.splitlines()[1:] == [sid, f"{sid}-{i * 7}"], (sid, r)
+            assert r.run_result.stdout.splitlines()[0].endswith("/w"), (sid, r)
+            assert r.session_switch is not None and r.session_switch["frozen"]
+
+        await asyncio.gather(*(back(i, sid) for i, sid in enumerate(sids)))
+        assert all(crowd.sessions.by_id[sid].freezer.frozen for sid in sids)  # type: ignore[union-attr]
+    finally:
+        for sid in sids:
+            await crowd.close_session(sid)
