@@ -4,8 +4,9 @@ Opens ``--sessions`` sessions (``--image-fraction`` of them in a small image mad
 machine's programs, `imagekit.host_rootfs`, each over a writable layer of ``--layer-mb`` MiB) on
 one CPU manager hosted by a real `NodeHost` (whose memory reporter reads every session every
 0.5 s, as in service), holds them open and idle (frozen between actions), runs ``--bursts``
-bursts of ``--burst`` actions in random sessions (each appends a line to a file of its session
-and counts the lines: the count checks the session's state), then closes everything. Prints:
+bursts of ``--burst`` actions (5% of the sessions) in random sessions (each appends a line to a
+file of its session and counts the lines: the count checks the session's state), then closes
+everything. Prints:
 
 - open latency p50/p99 at 0, 500 and 1,000 open (the ``--window`` opens from each mark; the
   last mark's are opened past the crowd and closed again);
@@ -19,7 +20,10 @@ and counts the lines: the count checks the session's state), then closes everyth
 
 ``--frozen-memory-refresh 0`` reads every session at every memory report (the behaviour before
 issue 40's item 3) to measure the difference. Loopback only; everything it opens it closes.
-Needs root. Run: ``.venv/bin/python benchmarks/bench_sessions.py`` (1,000 sessions: minutes).
+Needs root. Run: ``.venv/bin/python benchmarks/bench_sessions.py`` (1,000 sessions: minutes;
+``--quick``: 100 sessions, seconds). Through the engine at 1,000, its admission wants smaller
+caps than its defaults admit on 24 GiB: ``--engine --memory-mb 64 --floor-mb 8``
+(docs/measurements/crowded-node.md). SIGTERM or ^C closes what it opened before it exits.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -91,7 +96,8 @@ async def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="opens in flight at once")
     ap.add_argument("--window", type=int, default=20, help="opens timed at each mark")
     ap.add_argument("--bursts", type=int, default=3)
-    ap.add_argument("--burst", type=int, default=50, help="actions per burst, all at once")
+    ap.add_argument("--burst", type=int, default=None,
+                    help="actions per burst, all at once (default: 5%% of the sessions)")
     ap.add_argument("--idle-s", type=float, default=20.0, help="CPU measured over this window")
     ap.add_argument("--frozen-memory-refresh", type=int, default=20)
     ap.add_argument("--timeout-s", type=float, default=1500.0, help="gives up past this")
@@ -101,7 +107,13 @@ async def main() -> int:
                          "session opens, and the manager's CPU includes the core's")
     ap.add_argument("--floor-mb", type=float, default=None,
                     help="--engine: the core's session_memory_floor_mb (default: its default)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short run: 100 sessions, 10 timed at each mark, 5 s idle")
     a = ap.parse_args()
+    if a.quick:
+        a.sessions, a.window, a.idle_s = 100, 10, 5.0
+    if a.burst is None:
+        a.burst = max(1, a.sessions // 20)
     if os.geteuid() != 0:
         print("needs root (namespaces, cgroups)", file=sys.stderr)
         return 2
@@ -121,9 +133,19 @@ async def main() -> int:
           f"{'through the engine' if a.engine else 'on the manager and its node host'}; "
           f"{os.cpu_count()} cores; {load()}", flush=True)
     opened: dict[str, str] = {}  # sid -> kind
+    # SIGTERM and SIGINT cancel the run: every session it opened is closed all the same
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
     try:
         await asyncio.wait_for(run(a, crowd, opened, root), a.timeout_s)
+    except asyncio.CancelledError:
+        print("interrupted: closing what was opened", flush=True)
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         t = time.perf_counter()
         for sid in list(opened):
             await crowd.close(sid)
@@ -336,18 +358,24 @@ async def run(a: argparse.Namespace, crowd: Crowd, opened: dict[str, str], root:
         procs["fork server"] = mgr.fork.zygote.proc.pid
     if mgr.fork.watchdog is not None:
         procs["reaper"] = mgr.fork.watchdog.proc.pid
+    table, reads = mgr.sessions, [0]
+    sample = table.memory_use
+
+    def counted() -> tuple[dict[str, tuple[int, int]], int]:  # (no poll of its counter)
+        out = sample()
+        reads[0] += table.memory_reads
+        return out
+
+    table.memory_use = counted  # type: ignore[method-assign]
     ticks0 = {who: cpu_ticks(p) for who, p in procs.items()}
-    r0, m0, reads = crowd.reports, mgr.sessions.memory_calls, 0
+    r0 = crowd.reports
     t = time.perf_counter()
-    while time.perf_counter() - t < a.idle_s:
-        await asyncio.sleep(0.05)
-        if mgr.sessions.memory_calls != m0:
-            reads += mgr.sessions.memory_reads
-            m0 = mgr.sessions.memory_calls
+    await asyncio.sleep(a.idle_s)
     dt = time.perf_counter() - t
     ticks1 = {who: cpu_ticks(p) for who, p in procs.items()}
+    table.memory_use = sample  # type: ignore[method-assign]
     print(f"idle CPU over {dt:.0f} s with {len(opened)} idle sessions "
-          f"({crowd.reports - r0} memory reports, {reads} session cgroup reads; {load()}):")
+          f"({crowd.reports - r0} memory reports, {reads[0]} session cgroup reads; {load()}):")
     for who in procs:
         print(f"  {who:24s} {100 * (ticks1[who] - ticks0[who]) / TICK / dt:5.1f} % of a core")
 
