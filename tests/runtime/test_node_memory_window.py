@@ -4,10 +4,15 @@ while a session whose figure holds (a frozen idle one) keeps one sample, not the
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import random
+from types import SimpleNamespace
+from typing import Any
 
-from arl_tangram.runtime.node.reports import window_peak
+from arl_tangram.core import events as E
+from arl_tangram.runtime.node.reports import Reporters, window_peak
+from arl_tangram.runtime.node.seat import Seat
 
 
 def test_the_peak_is_the_windows_max_sample_for_sample() -> None:
@@ -40,3 +45,25 @@ def test_exact_answers_and_what_is_kept() -> None:
         assert list(w) == [(41.0 + k / 2, 2.0)]
     assert window_peak(w, 100.0, 7.0, 0.0) == 7.0  # no window: the sample alone
     assert window_peak(w, 100.5, 6.0, 0.0) == 6.0 and list(w) == [(100.5, 6.0)]
+
+
+async def test_reports_carry_each_sessions_window_peak_to_the_thousandth() -> None:
+    got: list[E.MemoryReport] = []
+    seat = Seat("n0", lambda e: got.append(e) if isinstance(e, E.MemoryReport) else None)
+    reports = Reporters(seat)
+    reports.memory_report_s, reports.memory_window_s = 0.0, 3600.0
+    mib = 1 << 20
+    reads = iter([({"a": (int(1.2344 * mib), int(2.71828 * mib))}, 0),
+                  ({"a": (int(1.0001 * mib), int(1.5 * mib))}, 0)])
+
+    def use() -> Any:
+        try:
+            return next(reads)
+        except StopIteration:
+            seat.closed = True
+            return {}, 0
+
+    seat.cpu_manager = SimpleNamespace(memory_use=use)  # type: ignore[assignment]
+    await asyncio.wait_for(reports.memory(), 1)
+    assert [(dict(r.current_mb), dict(r.peak_mb)) for r in got] == [
+        ({"a": 1.234}, {"a": 2.718}), ({"a": 1.0}, {"a": 2.718})]  # (the peak held: 1 h window)
