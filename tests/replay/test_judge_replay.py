@@ -79,7 +79,7 @@ def test_a_replay_starts_once_the_first_instances_are_loaded(tmp_path: Path) -> 
 def test_calibration_fits_the_engine_step_over_widths(monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     """`tangram calibrate --judge-engine`: the engine's start and its step fitted over widths
-    up to 32 requests of 64 tokens, three times each, into the spec the simulator reads (the
+    up to 32 requests of 64 tokens, five times each (median per width), into the spec the simulator reads (the
     engine itself is measured in tests/managers/gpu/test_judge_engine.py)."""
     from arl_tangram.managers.gpu import engine_judge
     from arl_tangram.replay import calibrate
@@ -106,6 +106,6 @@ def test_calibration_fits_the_engine_step_over_widths(monkeypatch: pytest.Monkey
     (tmp_path / "genjudge" / "config.json").write_text("{}")  # (no model built: the host is fake)
     spec = asyncio.run(calibrate._judge_engine_figures(tmp_path, lambda m: None))
     assert calls == [("host", ["tiny-genjudge"]), ("load", "cal-gj", "tiny-genjudge", (0,)),
-                     ("steps", "cal-gj", {"k": 32, "tokens": 64, "repeats": 3}), ("close",)]
+                     ("steps", "cal-gj", {"k": 32, "tokens": 64, "repeats": 5}), ("close",)]
     assert (spec.name, spec.kind, spec.load_s, spec.alpha, spec.beta, spec.max_seqs) == (
         "tiny-genjudge", "genjudge", 21.23, 0.0027, 0.00019, 64)

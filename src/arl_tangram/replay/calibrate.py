@@ -343,7 +343,7 @@ async def _judge_engine_figures(model_dir: Path, say: Say) -> ModelSpec:
     host = EngineJudgeHost([spec])
     try:
         load_s = await host.load("cal-gj", spec.name, (0,))
-        alpha, beta, s1, sk = await host.step_costs("cal-gj", k=32, tokens=64, repeats=3)
+        alpha, beta, s1, sk = await host.step_costs("cal-gj", k=32, tokens=64, repeats=5)
     finally:
         await host.aclose()
     say(f"judge engine {spec.name}: start {load_s:.1f} s, decode step {1000 * alpha:.2f} ms + "
