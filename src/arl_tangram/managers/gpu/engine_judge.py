@@ -30,9 +30,18 @@ dropped, and reported through ``on_worker_death(instance, reason)`` before its b
 raise `EngineDied` -- the same path as the GPU manager's dead workers: the core requeues the
 batches once, loads a replacement, and the engine marks the model down meanwhile.
 
-Sleep and wake: on CPU an unload ends the process and a load starts a new one (no parking:
-``unload`` returns False and the core counts the instance as gone); vLLM's sleep mode is CUDA
-only and not used yet (docs/reward-models.md, "Judge engines").
+Sleep and wake: vLLM's sleep mode is the GPU manager's park (the paper's state restorable from
+CPU memory), on CUDA only (vLLM: CUDA, ROCm, XPU). On ``device="cuda"`` (and ``sleep_level`` 1
+or 2) each engine starts with ``--enable-sleep-mode`` and its dev routes; an ``unload`` asked to
+park puts it to sleep (``POST /sleep?level=L``: level 1 offloads the weights to CPU memory,
+level 2 drops them) and returns True; a ``load`` with ``from_host`` wakes a sleeping engine of
+the model on the same devices (``POST /wake_up``) instead of starting one, and says so in
+`resident` (``from_host``) and `events` (``sleep`` / ``wake``, measured seconds). A sleeping
+engine is bound to its devices (its CUDA context); one that cannot be woken there is ended, and
+at most ``max_asleep`` sleep (the oldest ended first). On CPU an unload ends the process and a
+load starts a new one (``unload`` returns False: the core counts the instance as gone).
+NOT YET RUN ON A GPU: the sleep path is tested here against a stand-in server speaking vLLM's
+routes (tests/managers/gpu/test_gpu_judge_sleep.py), never against vLLM on CUDA (docs/reward-models.md).
 """
 
 from __future__ import annotations
@@ -188,6 +197,7 @@ class _Engine:
     dead: str = ""
     watch: asyncio.Task[None] | None = None
     served: int = 0  # requests answered
+    from_host: bool = False  # woken from sleep (vLLM's sleep mode), not started
 
 
 def _free_port() -> int:
@@ -232,10 +242,19 @@ class EngineJudgeHost:
     """Judge engines (kind genjudge) on one node: one vLLM server process per instance."""
 
     def __init__(self, models: Sequence[ModelSpec], *, device: str = "cpu",
-                 python: str | None = None, log_dir: str | None = None) -> None:
+                 python: str | None = None, log_dir: str | None = None,
+                 sleep_level: int | None = None, max_asleep: int = 4) -> None:
         self._specs = {m.name: m for m in models}
         self._opts = {m.name: JudgeOptions.of(m) for m in models}
         self.device = device  # "cpu" | "cuda"
+        # vLLM's sleep mode as the park (module doc): its level, 0 for none (CUDA: 1 unless told)
+        self.sleep_level = (1 if device == "cuda" else 0) if sleep_level is None else sleep_level
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"sleep_level: 0 (none), 1 or 2, got {self.sleep_level!r}")
+        if max_asleep < 0:
+            raise ValueError(f"max_asleep: must be >= 0, got {max_asleep}")
+        self.max_asleep = max_asleep
+        self._asleep: dict[str, _Engine] = {}  # instance id -> a sleeping engine (oldest first)
         self.python = python or engine_python()
         self._log_dir = log_dir or tempfile.mkdtemp(prefix="tangram-judge-")
         self._engines: dict[str, _Engine] = {}
@@ -262,6 +281,10 @@ class EngineJudgeHost:
         why = None if self.python != engine_python() else engine_available()
         if why is not None:
             raise BrokenError(why)
+        if from_host:
+            woken = await self._wake(instance_id, model, tuple(devices))
+            if woken is not None:
+                return woken
         eng = _Engine(instance_id, spec, self._opts[model], tuple(devices))
         self._engines[instance_id] = eng
         t0 = time.perf_counter()
@@ -295,6 +318,8 @@ class EngineJudgeHost:
             # no torch.compile warm-up (tens of seconds on CPU), and the worker in the engine's
             # process (uni): one interpreter to start instead of three (with the env below)
             argv += ["--enforce-eager", "--distributed-executor-backend", "uni"]
+        if self.sleep_level:
+            argv.append("--enable-sleep-mode")
         return [*argv, *o.extra_args]
 
     async def _start(self, eng: _Engine) -> None:
@@ -307,7 +332,10 @@ class EngineJudgeHost:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("VLLM_DO_NOT_TRACK", "1")
         env["HF_HUB_OFFLINE"] = "1"
-        env.pop("VLLM_SERVER_DEV_MODE", None)  # (no dev routes: sleep mode is not used yet)
+        if self.sleep_level:  # (/sleep and /wake_up are dev routes)
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        else:
+            env.pop("VLLM_SERVER_DEV_MODE", None)
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in eng.devices)
         else:  # the engine core in the server's process (CPU: 34 s to start instead of 45-90)
@@ -361,11 +389,17 @@ class EngineJudgeHost:
             os.killpg(proc.pid, signal.SIGKILL)
 
     async def unload(self, instance_id: str, park: bool = True) -> bool:
-        """End the instance's engine; never parks (False): a later load starts a new one."""
+        """End the instance's engine, or with ``park`` where sleep mode is on, put it to sleep
+        (True: a later ``load`` with ``from_host`` wakes it)."""
         eng = self._engines.pop(instance_id, None)
         if eng is None:
             return False
         t0 = time.perf_counter()
+        if park and self.sleep_level and self.max_asleep and await self._sleep(eng):
+            self.events.append({"event": "sleep", "instance": instance_id,
+                                "model": eng.spec.name, "seconds": time.perf_counter() - t0,
+                                "level": self.sleep_level})
+            return True
         eng.state = "stopping"
         if eng.watch is not None:
             eng.watch.cancel()
@@ -374,6 +408,58 @@ class EngineJudgeHost:
                             "seconds": time.perf_counter() - t0, "parked": False,
                             "pid": eng.proc.pid if eng.proc is not None else None})
         return False
+
+    async def _sleep(self, eng: _Engine) -> bool:
+        """Put a loaded, idle engine to sleep (kept in `_asleep`, oldest ended past
+        `max_asleep`); False, changing nothing, when it cannot."""
+        if eng.state != "loaded" or eng.in_flight or eng.client is None or eng.dead:
+            return False
+        try:
+            r = await eng.client.post("/sleep", params={"level": self.sleep_level}, timeout=120.0)
+        except httpx.HTTPError as exc:
+            log.warning("judge engine %s: sleep failed (%s): ended instead", eng.id, exc)
+            return False
+        if r.status_code != 200:
+            log.warning("judge engine %s: sleep answered %d: ended instead", eng.id, r.status_code)
+            return False
+        if eng.watch is not None:
+            eng.watch.cancel()
+            eng.watch = None
+        eng.state = "asleep"
+        self._asleep[eng.id] = eng
+        while len(self._asleep) > self.max_asleep:  # (the oldest asleep ends first)
+            await self._stop(self._asleep.pop(next(iter(self._asleep))))
+        return True
+
+    async def _wake(self, instance_id: str, model: str,
+                    devices: tuple[int, ...]) -> float | None:
+        """Wake a sleeping engine of ``model`` on ``devices`` as ``instance_id`` (its own id
+        first); measured seconds, or None (none there, or it would not wake: ended)."""
+        picks = [e for e in self._asleep.values()
+                 if e.spec.name == model and e.devices == devices]
+        picks.sort(key=lambda e: e.id != instance_id)
+        if not picks:
+            return None
+        eng = picks[0]
+        del self._asleep[eng.id]
+        t0 = time.perf_counter()
+        assert eng.client is not None
+        try:
+            r = await eng.client.post("/wake_up", timeout=eng.opts.start_timeout_s)
+            ok = r.status_code == 200 and r.json().get("status") == "awake"
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("judge engine %s: wake failed (%s): a new one starts", eng.id, exc)
+            ok = False
+        if not ok or eng.proc is None or eng.proc.returncode is not None:
+            await self._stop(eng, kill=True)
+            return None
+        eng.id, eng.state, eng.from_host = instance_id, "loaded", True
+        eng.load_s = time.perf_counter() - t0
+        self._engines[instance_id] = eng
+        eng.watch = asyncio.create_task(self._watch(eng), name=f"judge-watch-{instance_id}")
+        self.events.append({"event": "wake", "instance": instance_id, "model": model,
+                            "seconds": eng.load_s, "from_host": True})
+        return eng.load_s
 
     async def run_batch(self, instance_id: str, actions: Sequence[ActionSpec]) -> BatchOutcome:
         """Send each action as its own request (the engine batches them continuously)."""
@@ -581,7 +667,7 @@ class EngineJudgeHost:
 
     def resident(self) -> dict[str, dict[str, Any]]:
         return {iid: {"model": e.spec.name, "devices": e.devices, "state": e.state,
-                      "from_host": False, "load_s": e.load_s, "engine": "vllm",
+                      "from_host": e.from_host, "load_s": e.load_s, "engine": "vllm",
                       "pid": e.proc.pid if e.proc is not None else None,
                       "in_flight": e.in_flight}
                 for iid, e in self._engines.items()}
@@ -592,4 +678,6 @@ class EngineJudgeHost:
         self._closed = True
         for iid in list(self._engines):
             await self.unload(iid, park=False)
+        while self._asleep:
+            await self._stop(self._asleep.popitem()[1])
 
