@@ -17,6 +17,12 @@ set-up), then predicts tangram's run with the simulator on that round's calibrat
 (`replay.predict`: each judgement's work = its tokens x the measured step alone). Prints per
 round and policy the measured average ACT, the prediction and its error, and the medians.
 
+With ``--own-engine`` tangram's replay engine is also measured itself, once loaded and before
+the first arrival (`EngineJudgeHost.step_costs`, the calibration's widths and repeats), and the
+prediction is made a second time on those figures: the engine's speed moves between processes
+and minutes on this VM (the same engine's step, four times in a row: alpha 2.35-3.06 ms), so a
+calibration taken on another engine carries that spread into the prediction.
+
     .venv/bin/python benchmarks/bench_judge_replay.py [--rounds 3] [--policies tangram,fifo]
 
 Needs root (the sandboxes' warm pool starts with the engine) and the judge engine
@@ -31,8 +37,10 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from arl_tangram.core.actions import ActionKind, WorkHints
+from arl_tangram.core.cluster import ClusterSpec
 from arl_tangram.core.resources import GPU, Resources
 from arl_tangram.sim.trace import SimAction, Trajectory
 
@@ -62,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trajectories", type=int, default=12)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--tokens", type=int, default=96, help="median tokens a judgement generates")
+    p.add_argument("--own-engine", action="store_true",
+                   help="also predict from tangram's replay engine, measured before its replay")
     args = p.parse_args(argv)
 
     from arl_tangram.managers.gpu.engine_judge import engine_available
@@ -76,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = args.policies.split(",")
     acts: dict[str, list[float]] = {k: [] for k in labels}
     errors: list[float] = []
+    own_errors: list[float] = []
     for r in range(args.rounds):
         spec = calibrate(with_models=False, repeats=1, judge_engine=True,
                          say=lambda m: print(f"  {m}", flush=True))
@@ -87,9 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps = [judge_trace(m["name"], trajectories=args.trajectories, turns=args.turns,
                              tokens=args.tokens)]
         order = labels[r % len(labels):] + labels[:r % len(labels)]
+        own: tuple[float, float, float, float] | None = None
         for label in order:
-            rep = asyncio.run(replay_policy(cluster, steps, label, trace="judge",
-                                            units_per_s=float(cal["units_per_s"]), train_s=0.0))
+            if args.own_engine and label == "tangram":
+                rep, own = asyncio.run(measured_replay(cluster, steps, label,
+                                                       float(cal["units_per_s"])))
+            else:
+                rep = asyncio.run(replay_policy(cluster, steps, label, trace="judge",
+                                                units_per_s=float(cal["units_per_s"]),
+                                                train_s=0.0))
             acts[label].append(rep.act["avg"])
             bad = {k: v for k, v in rep.by_status.items() if k != "succeeded"}
             print(f"round {r + 1} {label:<8} ACT avg {rep.act['avg']:.3f} s, p99 "
@@ -101,6 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"round {r + 1} tangram predicted {pred.act['avg']:.3f} s "
                   f"({100 * errors[-1]:+.1f}% of the measured) at this round's calibration "
                   f"(alpha {1000 * m['alpha']:.2f} ms, beta {1000 * m['beta']:.3f} ms)", flush=True)
+            if own is not None:
+                mine = own_cluster(spec, own)
+                pred = predict(mine, steps, "tangram", cal, label="judge")
+                own_errors.append(pred.act["avg"] / acts["tangram"][-1] - 1.0)
+                print(f"round {r + 1} tangram predicted {pred.act['avg']:.3f} s "
+                      f"({100 * own_errors[-1]:+.1f}% of the measured) on its own engine's "
+                      f"step (alpha {1000 * own[0]:.2f} ms, beta {1000 * own[1]:.3f} ms)",
+                      flush=True)
     print(f"\nmedian ACT avg over {args.rounds} rounds:")
     for k in labels:
         print(f"  {k:<8} {statistics.median(acts[k]):.3f} s  rounds "
@@ -111,8 +136,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  tangram's prediction error, median of the rounds: {100 * err:+.1f}% "
               f"({'within' if ok else 'NOT within'} 15%); rounds "
               + ", ".join(f"{100 * e:+.1f}%" for e in errors))
+        if own_errors:
+            own_err = statistics.median(own_errors)
+            print(f"  on its own engine's step: median {100 * own_err:+.1f}%; rounds "
+                  + ", ".join(f"{100 * e:+.1f}%" for e in own_errors))
         return 0 if ok else 1
     return 0
+
+
+async def measured_replay(cluster: ClusterSpec, steps: list[list[Trajectory]], label: str,
+                          units_per_s: float) -> tuple[Any, tuple[float, float, float, float]]:
+    """`replay_policy` on the embedded engine, its judge engine measured (`step_costs`) once
+    loaded, before the first arrival (the warm-up the simulator's set-up leaves out)."""
+    from arl_tangram.managers.gpu.hosts import ModelHosts
+    from arl_tangram.replay import driver
+
+    n, shares = driver.core_settings(steps, cluster)
+    backend = driver.EmbeddedBackend(cluster, label, n, shares,
+                                     core_kw=driver.warm_settings(steps))
+    await backend.start()
+    try:
+        await driver._settle(backend)
+        own = None
+        for host in backend.executor.hosts.values():
+            if isinstance(host.gpu, ModelHosts):
+                for iid in host.gpu.engines.resident():
+                    own = await host.gpu.engines.step_costs(iid, k=32, tokens=64, repeats=5)
+        if own is None:
+            raise RuntimeError("no judge engine was loaded before the replay")
+        rep = await driver.replay(backend, steps, cluster, policy=label, trace="judge",
+                                  units_per_s=units_per_s, train_s=0.0)
+        return rep, own
+    finally:
+        await backend.aclose()
+
+
+def own_cluster(spec: dict[str, Any], own: tuple[float, float, float, float]) -> ClusterSpec:
+    """The round's cluster with the judge model's step replaced by ``own``'s (alpha, beta)."""
+    from arl_tangram.replay.calibrate import cluster_of
+
+    mine = {**spec, "models": [{**spec["models"][0], "alpha": own[0], "beta": own[1]}]}
+    return cluster_of(mine)
 
 
 if __name__ == "__main__":
