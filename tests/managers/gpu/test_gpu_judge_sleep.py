@@ -109,6 +109,8 @@ def test_a_parked_engine_sleeps_and_a_load_from_host_wakes_it(stand_in: Path) ->
             (start,) = [c for c in _log(stand_in) if c["call"] == "start"]
             assert "--enable-sleep-mode" in start["argv"] and start["dev"] == "1"
             assert start["cuda"] == "0" and "--enforce-eager" not in start["argv"]
+            i = start["argv"].index("--kv-cache-memory-bytes")  # (kv_cache_gb 1.0: not 90% of it)
+            assert start["argv"][i + 1] == str(1 << 30)
             pid = host.engine_pid("gj#1")
             assert pid is not None
             # a park: asleep (True), the process kept, out of `resident`
@@ -159,6 +161,7 @@ def test_on_cpu_nothing_sleeps(stand_in: Path) -> None:
             await host.load("gj#1", "gj", (0,))
             (start,) = [c for c in _log(stand_in) if c["call"] == "start"]
             assert "--enable-sleep-mode" not in start["argv"] and start["dev"] is None
+            assert "--kv-cache-memory-bytes" not in start["argv"]  # (CPU: VLLM_CPU_KVCACHE_SPACE)
             assert await host.unload("gj#1", park=True) is False
             assert [c["call"] for c in _log(stand_in)] == ["start"]  # (no /sleep)
             assert [e["event"] for e in host.events] == ["load", "unload"]

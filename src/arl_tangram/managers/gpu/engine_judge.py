@@ -318,6 +318,9 @@ class EngineJudgeHost:
             # no torch.compile warm-up (tens of seconds on CPU), and the worker in the engine's
             # process (uni): one interpreter to start instead of three (with the env below)
             argv += ["--enforce-eager", "--distributed-executor-backend", "uni"]
+        else:  # its KV cache sized as on CPU (`kv_cache_gb`), not 90% of the device: several
+            # judges share one device (vLLM's --gpu-memory-utilization would take it whole)
+            argv += ["--kv-cache-memory-bytes", str(int(o.kv_cache_gb * (1 << 30)))]
         if self.sleep_level:
             argv.append("--enable-sleep-mode")
         return [*argv, *o.extra_args]
