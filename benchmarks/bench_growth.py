@@ -39,6 +39,7 @@ from typing import NamedTuple
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+from arl_tangram.replay.calibrate import rate_from, span_start
 from arl_tangram.replay.work import program
 
 ONE, TWO = Resources(cpu=1, memory_mb=256), Resources(cpu=2, memory_mb=256)
@@ -94,25 +95,7 @@ SAMPLE_S = 0.005  # the cgroup's CPU time is read this often after the resize
 WATCH_S = 1.0  # ... for this long
 
 
-def reach_delay(samples: Sequence[tuple[float, float]], target: float, window: float,
-                rising: bool) -> float | None:
-    """Start of the first span of at least ``window`` seconds, beginning at or after time 0 (the
-    resize), whose CPU rate reaches ``target`` cores (``rising``: at least; else at most).
-    ``samples``: (seconds since the resize, cgroup CPU seconds), in time order. None: no span."""
-    j = 0
-    for i, (ta, ca) in enumerate(samples):
-        if ta < 0:
-            continue
-        j = max(j, i + 1)
-        while j < len(samples) and samples[j][0] - ta < window:
-            j += 1
-        if j == len(samples):
-            return None
-        tb, cb = samples[j]
-        rate = (cb - ca) / (tb - ta)
-        if (rate >= target) if rising else (rate <= target):
-            return ta
-    return None
+reach_delay = span_start  # (the same span rule `tangram calibrate` measures resize_delay_s by)
 
 
 class Cost(NamedTuple):
@@ -205,10 +188,7 @@ async def _timed(m: CpuManager, a: ActionSpec, start: Resources,
 
 def steady_rate(samples: Sequence[tuple[float, float]]) -> float | None:
     """Cores used from time 0 to the last sample; None without two samples there."""
-    after = [s for s in samples if s[0] >= 0]
-    if len(after) < 2 or after[-1][0] <= after[0][0]:
-        return None
-    return (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+    return rate_from(samples, 0.0)
 
 
 def delay_target(grow: bool, rate: float | None) -> float:

@@ -6,7 +6,8 @@ CPU-second), a fresh sandbox's start (cold) and one taken from the warm pool, a 
 open, the engine's own cost of one action (submit -> delivered, zero work, idle engine, per
 path: one-shot code, a test with cases, a tool call in a session), and for each model its
 cold load, its swap-in from host memory and its batch latency ``alpha + beta * batch``
-(least squares over batch sizes 1..16, `managers.gpu.costs.fit_alpha_beta`). Nothing is
+(least squares over batch sizes 1..16, `managers.gpu.costs.fit_alpha_beta`), and how long a
+running elastic action grown from one core to two takes to use them (``resize_delay_s``). Nothing is
 assumed; a figure that cannot be measured is left out and said so.
 
 The spec (docs/trace-format.md) has fields for node capacity, the model costs, and the node's
@@ -27,11 +28,11 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.actions import ActionKind, ActionSpec
+from ..core.actions import ActionKind, ActionSpec, Elasticity
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
 from ..core.config import CoreConfig
 from ..core.resources import CPU, GPU, GPU_MEMORY_MB, MEMORY_MB, Resources
@@ -115,6 +116,7 @@ async def _cpu_figures(say: Say, repeats: int) -> dict[str, float]:
         out.update(await _quarter_core(run))
         out.update(await _parallel_speedups(run, repeats))
         say(_quota_line(out, repeats))
+        out.update(await _resize_delay(mgr, out["units_per_s"], say))
         out.update(await _sandbox_starts(mgr, repeats, say))
     finally:
         await mgr.aclose()
@@ -189,6 +191,103 @@ def _quota_line(out: Mapping[str, float], repeats: int) -> str:
                         f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items())
             + (f"; other jobs kept {out['other_load_cores']:.2f} cores busy meanwhile"
                if "other_load_cores" in out else ""))
+
+
+def span_start(samples: Sequence[tuple[float, float]], target: float, window: float,
+               rising: bool = True) -> float | None:
+    """Start of the first span of at least ``window`` seconds, beginning at or after time 0 (a
+    resize), whose CPU rate reaches ``target`` cores (``rising``: at least; else at most).
+    ``samples``: (seconds since the resize, CPU seconds), in time order. None: no such span."""
+    j = 0
+    for i, (ta, ca) in enumerate(samples):
+        if ta < 0:
+            continue
+        j = max(j, i + 1)
+        while j < len(samples) and samples[j][0] - ta < window:
+            j += 1
+        if j == len(samples):
+            return None
+        tb, cb = samples[j]
+        rate = (cb - ca) / (tb - ta)
+        if (rate >= target) if rising else (rate <= target):
+            return ta
+    return None
+
+
+def rate_from(samples: Sequence[tuple[float, float]], since: float) -> float | None:
+    """Cores used from ``since`` to the last sample; None without two samples there."""
+    after = [s for s in samples if s[0] >= since]
+    if len(after) < 2 or after[-1][0] <= after[0][0]:
+        return None
+    return (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+
+
+RESIZE_SPAN_S = 0.1  # the CFS period: over one, a one-core quota cannot show more than one core
+_RESIZE_AT_S = 0.2  # the grow comes this long after the action's sandbox registered
+_RESIZE_WORK_S = 1.6  # one-core seconds of work of each grown action
+_SAMPLE_S = 0.005
+
+
+def resize_delay(samples: Sequence[tuple[float, float]]) -> float | None:
+    """From a grow (1 -> 2 cores) at time 0 to the start of the first `RESIZE_SPAN_S` span at 90 %
+    of the rate the action held from 0.3 s after it to its end (what the machine gave two cores
+    then; at most 1.8 cores). None where that rate cannot be read or was not above one core."""
+    rate = rate_from(samples, 0.3)
+    if rate is None or rate <= 1.0:
+        return None
+    return span_start(samples, 0.9 * min(2.0, rate), RESIZE_SPAN_S)
+
+
+async def _grown_samples(mgr: Any, a: ActionSpec,
+                         task: asyncio.Task[Any]) -> list[tuple[float, float]]:
+    """Grow ``a`` (running as ``task``) to two cores `_RESIZE_AT_S` after its sandbox registered;
+    (seconds since the resize call, its cgroup's CPU seconds), every `_SAMPLE_S` until it ends."""
+    while a.id not in mgr._running and not task.done():
+        await asyncio.sleep(0.002)
+    sb = mgr._running.get(a.id)
+    if sb is None or sb.slot is None:
+        return []
+    await asyncio.sleep(_RESIZE_AT_S)
+    samples: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    if await mgr.resize(a.id, Resources(cpu=2, memory_mb=512)) != "applied":
+        return []
+    while not task.done():
+        try:
+            samples.append((time.monotonic() - t0, sb.slot.cpu_seconds()))
+        except OSError:  # (its cgroup went with it)
+            break
+        await asyncio.sleep(_SAMPLE_S)
+    return samples
+
+
+async def _resize_delay(mgr: Any, units_per_s: float, say: Say) -> dict[str, float]:
+    """Two elastic (1..2 cores) runs of the work program (two workers) started at one core and
+    grown to two: the median `resize_delay`, where both read one; nothing on a one-core machine."""
+    from .driver import machine_cores
+
+    if machine_cores() < 2:
+        return {}
+    delays = []
+    for i in range(2):
+        a = ActionSpec(id=f"cal-grow-{i}-{time.monotonic_ns()}", kind=ActionKind.CODE,
+                       elasticity=Elasticity(1, 2), demand=Resources(cpu=1, memory_mb=512),
+                       payload={"code": program(round(_RESIZE_WORK_S * units_per_s), 1.0, 2),
+                                "language": "python"})
+        task = asyncio.create_task(mgr.run(a, Resources(cpu=1, memory_mb=512)))
+        samples = await _grown_samples(mgr, a, task)
+        rr = await task
+        if rr.status != "Success":
+            raise RuntimeError(f"calibration program failed: {rr.message}")
+        delays.append(resize_delay(samples))
+    got = [d for d in delays if d is not None]
+    if len(got) < 2:
+        say("resize: the grow's delay not measured (the rest of the machine left two cores "
+            "no time, or the sandbox was not seen)")
+        return {}
+    say(f"resize: a running elastic action grown 1 -> 2 cores used them after "
+        f"{1000 * _median(got):.1f} ms (2 runs: {', '.join(f'{1000 * d:.1f}' for d in got)})")
+    return {"resize_delay_s": _median(got)}
 
 
 async def _sandbox_starts(mgr: Any, repeats: int, say: Say) -> dict[str, float]:
@@ -397,6 +496,8 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
     }
     if "other_load_cores" in cpu:
         spec["calibration"]["other_load_cores"] = round(cpu["other_load_cores"], 3)
+    if "resize_delay_s" in cpu:
+        spec["calibration"]["resize_delay_s"] = round(cpu["resize_delay_s"], 4)
     for k in sorted(speedups):
         spec["calibration"][f"parallel_speedup_range_{k}"] = [
             round(cpu[f"speedup_{k}_min"], 3), round(cpu[f"speedup_{k}_max"], 3)]
@@ -448,7 +549,8 @@ def write_spec(spec: Mapping[str, Any], path: str | Path) -> None:
 
 
 _CAL_NUMBERS = {"units_per_s", "cold_start_s", "warm_start_s", "session_open_s",
-                "quarter_core_slowdown", "other_load_cores", "two_core_speedup"}  # (the last: files of before)
+                "quarter_core_slowdown", "other_load_cores", "two_core_speedup",
+                "resize_delay_s"}  # (the last: files of before)
 _CAL_STRINGS = {"host", "measured_at"}
 
 
