@@ -55,11 +55,13 @@ def test_rate_from_and_resize_delay() -> None:
 
 
 class _Slot:
-    def __init__(self) -> None:
-        self.t0, self.grown_at = time.monotonic(), None
+    def __init__(self, gone: bool = False) -> None:
+        self.t0, self.grown_at, self.gone = time.monotonic(), None, gone
 
     def cpu_seconds(self) -> float:
         now = time.monotonic()
+        if self.gone and self.grown_at is not None:
+            raise OSError(2, "its cgroup went with it")
         if self.grown_at is None:
             return now - self.t0
         return (self.grown_at - self.t0) + 2 * (now - self.grown_at)
@@ -69,9 +71,10 @@ class _Mgr:
     """Runs an action for ``wall`` seconds; its slot burns one core, two once resized."""
 
     def __init__(self, wall: float = 0.7, outcome: str = "applied", status: str = "Success",
-                 registers: bool = True) -> None:
+                 registers: bool = True, gone: bool = False) -> None:
         self._running: dict[str, Any] = {}
         self.wall, self.outcome, self.status, self.registers = wall, outcome, status, registers
+        self.gone = gone
         self.resized: list[tuple[str, float]] = []
 
     async def run(self, a: Any, allotment: Any) -> Any:
@@ -79,7 +82,7 @@ class _Mgr:
         assert "_units, _p, _w = 8000, 1.0, 2" in a.payload["code"]  # 1.6 s at 5000 units/s
         assert a.payload["language"] == "python"
         if self.registers:
-            self._running[a.id] = SimpleNamespace(slot=_Slot())
+            self._running[a.id] = SimpleNamespace(slot=_Slot(self.gone))
         await asyncio.sleep(self.wall)
         self._running.pop(a.id, None)
         return SimpleNamespace(status=self.status, message="boom")
@@ -106,7 +109,7 @@ def test_resize_delay_measured_through_the_manager(monkeypatch: pytest.MonkeyPat
     assert said[0].startswith("resize: a running elastic action grown 1 -> 2 cores used them after ")
 
 
-@pytest.mark.parametrize("mgr", [_Mgr(outcome="dropped"), _Mgr(registers=False)])
+@pytest.mark.parametrize("mgr", [_Mgr(outcome="dropped"), _Mgr(registers=False), _Mgr(gone=True)])
 def test_resize_delay_left_out_when_not_seen(monkeypatch: pytest.MonkeyPatch, mgr: _Mgr) -> None:
     monkeypatch.setattr("arl_tangram.replay.driver.machine_cores", lambda: 2)
     got, said = _measure(mgr)

@@ -197,17 +197,15 @@ def span_start(samples: Sequence[tuple[float, float]], target: float, window: fl
                rising: bool = True) -> float | None:
     """Start of the first span of at least ``window`` seconds, beginning at or after time 0 (a
     resize), whose CPU rate reaches ``target`` cores (``rising``: at least; else at most).
-    ``samples``: (seconds since the resize, CPU seconds), in time order. None: no such span."""
-    j = 0
+    ``samples``: (seconds since the resize, CPU seconds), in time order; ``window`` > 0. None:
+    no such span."""
     for i, (ta, ca) in enumerate(samples):
         if ta < 0:
             continue
-        j = max(j, i + 1)
-        while j < len(samples) and samples[j][0] - ta < window:
-            j += 1
-        if j == len(samples):
+        later = [s for s in samples[i:] if s[0] - ta >= window]
+        if not later:
             return None
-        tb, cb = samples[j]
+        tb, cb = later[0]
         rate = (cb - ca) / (tb - ta)
         if (rate >= target) if rising else (rate <= target):
             return ta
@@ -217,7 +215,7 @@ def span_start(samples: Sequence[tuple[float, float]], target: float, window: fl
 def rate_from(samples: Sequence[tuple[float, float]], since: float) -> float | None:
     """Cores used from ``since`` to the last sample; None without two samples there."""
     after = [s for s in samples if s[0] >= since]
-    if len(after) < 2 or after[-1][0] <= after[0][0]:
+    if not after or after[-1][0] <= after[0][0]:
         return None
     return (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
 
