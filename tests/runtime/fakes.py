@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from arl_tangram.core import commands as C
@@ -117,3 +117,18 @@ async def forgotten(eng: Engine, aid: str) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"result {aid} never expired")
+
+
+def scripted_memory_use(seat: Any, reads: Iterable[tuple[dict[str, tuple[int, int]], int]],
+                        ) -> Callable[[], tuple[dict[str, tuple[int, int]], int]]:
+    """A CPU manager's ``memory_use`` answering ``reads`` in turn, then closing ``seat`` (the
+    node's memory reporter stops) and answering nothing."""
+    it = iter(reads)
+
+    def use() -> tuple[dict[str, tuple[int, int]], int]:
+        try:
+            return next(it)
+        except StopIteration:
+            seat.closed = True
+            return {}, 0
+    return use

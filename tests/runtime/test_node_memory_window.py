@@ -8,7 +8,8 @@ import asyncio
 import collections
 import random
 from types import SimpleNamespace
-from typing import Any
+
+from fakes import scripted_memory_use
 
 from arl_tangram.core import events as E
 from arl_tangram.runtime.node.reports import Reporters, window_peak
@@ -56,12 +57,7 @@ async def test_reports_carry_each_sessions_window_peak_to_the_thousandth() -> No
     reads = iter([({"a": (int(1.2344 * mib), int(2.71828 * mib))}, 0),
                   ({"a": (int(1.0001 * mib), int(1.5 * mib))}, 0)])
 
-    def use() -> Any:
-        try:
-            return next(reads)
-        except StopIteration:
-            seat.closed = True
-            return {}, 0
+    use = scripted_memory_use(seat, reads)
 
     seat.cpu_manager = SimpleNamespace(memory_use=use)  # type: ignore[assignment]
     await asyncio.wait_for(reports.memory(), 1)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import scripted_memory_use
 
 from arl_tangram.core import commands as C
 from arl_tangram.core import events as E
@@ -236,12 +237,7 @@ async def test_memory_windows_follow_the_sessions_and_a_failed_reclaim_is_logged
     reads = iter([({"a": (1 << 20, 2 << 20), "b": (0, 0)}, 0), ({"a": (1 << 20, 1 << 20)}, 0),
                   ({"a": (1 << 20, 1 << 20)}, 0)])
 
-    def use() -> Any:
-        try:
-            return next(reads)
-        except StopIteration:
-            seat.closed = True
-            return {}, 0
+    use = scripted_memory_use(seat, reads)
 
     async def reclaim(n: int) -> int:
         raise RuntimeError("frozen already")

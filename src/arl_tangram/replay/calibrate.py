@@ -548,7 +548,7 @@ def write_spec(spec: Mapping[str, Any], path: str | Path) -> None:
 
 _CAL_NUMBERS = {"units_per_s", "cold_start_s", "warm_start_s", "session_open_s",
                 "quarter_core_slowdown", "other_load_cores", "two_core_speedup",
-                "resize_delay_s"}  # (the last: files of before)
+                "resize_delay_s"}  # (two_core_speedup: files of before)
 _CAL_STRINGS = {"host", "measured_at"}
 
 
