@@ -201,6 +201,10 @@ def _check_actions(core: Core) -> None:
     waiting = {k[1] for k in live if k is not None and is_session_key(k)}
     _check(waiting == core.queues.waiting_sessions, "waiting-sessions",
            f"{sorted(waiting)} vs {sorted(core.queues.waiting_sessions)}")
+    for sid in waiting:  # the pass finds each waiting session through its node
+        sess = core.st.sessions.get(sid)
+        if sess is not None and sess.node is not None:
+            _check(sid in core.st.waiting_on.get(sess.node, ()), "waiting-on-node", f"{sid} on {sess.node}")
 
 
 def _check_sessions(core: Core) -> None:

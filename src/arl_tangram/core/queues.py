@@ -196,7 +196,14 @@ class Queues:
             look = not before or aged or bool(st.dirty) or (skey.elastic and st.elastic_policy)
         elif is_session_key(key):
             if not before:
-                self.waiting_sessions.add(key[1])
+                sid = key[1]
+                self.waiting_sessions.add(sid)
+                sess = st.sessions.get(sid)
+                if sess is not None and sess.node is not None:
+                    waiting = st.waiting_on.get(sess.node)
+                    if waiting is None:
+                        waiting = st.waiting_on[sess.node] = set()
+                    waiting.add(sid)
             if rec.partition is not None:
                 self.partition_sessions.setdefault(rec.partition, set()).add(key)
         elif is_model_key(key):

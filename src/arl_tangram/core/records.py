@@ -296,6 +296,7 @@ class NodeState:
         "dev_free",
         "elastic",
         "free",
+        "grown",
         "instances",
         "name",
         "running",
@@ -320,6 +321,9 @@ class NodeState:
         self.instances: set[str] = set()
         self.dev_free: set[int] = set(range(spec.gpu_count))
         self.warm: dict[str, int] = {}
+        # how many times capacity came back (`give`): where it is unchanged, nothing fits
+        # that did not (`Sessions.open_pending` looks again only where it moved)
+        self.grown = 0
 
     def take(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
@@ -330,6 +334,7 @@ class NodeState:
 
     def give(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
+        self.grown += 1
         for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) - v
             if u < 1e-9:

@@ -64,13 +64,15 @@ class SchedulingPass:
             keys.update(k for k in touched if not is_model_key(k))
         nodes, part_by_node = self.st.nodes, self.partitions.by_node
         waiting = self.queues.waiting_sessions
+        waiting_on = self.st.waiting_on
         for name in self.st.dirty:
-            sessions = nodes[name].sessions
-            if sessions and waiting:  # (the smaller side scanned: sessions with queued actions)
-                if len(waiting) < len(sessions):
-                    keys.update(session_key(sid) for sid in waiting if sid in sessions)
-                else:
-                    keys.update(session_key(sid) for sid in sessions if sid in waiting)
+            on = waiting_on.get(name)
+            if on:  # the node's sessions that may wait (`CoreState.waiting_on`): those that
+                sessions = nodes[name].sessions  # no longer do, or left, are dropped here
+                gone = [sid for sid in on if sid not in waiting or sid not in sessions]
+                for sid in gone:
+                    on.discard(sid)
+                keys.update(session_key(sid) for sid in on)
             if part_by_node:
                 keys.update(partition_key(p) for p in part_by_node.get(name, ()))
         return keys

@@ -50,6 +50,11 @@ class Sessions:
         # or their actions changed); all of them when `action_room` grew (`_room` is older)
         self._stale: dict[str, None] = {}
         self._room = st.config.session_action_demand  # (`action_room` as it starts)
+        # the shapes that found no node at the last pass, and each node (with its `grown`) as
+        # that pass saw it: a node whose capacity has not come back since has no room for
+        # them now either, so the next pass looks for them only on the others (issue 40)
+        self._blocked: set[Shape] = set()
+        self._seen: dict[str, tuple[NodeState, int]] = {}
         self.expiry: list[tuple[float, str]] = []  # (when it may expire, session id)
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
@@ -122,6 +127,10 @@ class Sessions:
             self._unwait(sess.id)
         sess.node = node.name
         node.sessions.add(sess.id)
+        waiting = st.waiting_on.get(node.name)  # (its actions may already wait: the pass
+        if waiting is None:  # drops it there if none does)
+            waiting = st.waiting_on[node.name] = set()
+        waiting.add(sess.id)
         self.held[node.name] = self.held.get(node.name, _NONE) + sess.charge
         self.caps[node.name] = self.caps.get(node.name, 0.0) + sess.demand.get(MEMORY_MB)
         node.take(sess.charge)
@@ -158,15 +167,40 @@ class Sessions:
                 heads.append((top[0], top[2], shape))
         heapq.heapify(heads)  # (places are unique: the shapes are never compared)
         sessions = self.st.sessions
+        before = self._blocked
+        blocked: set[Shape] = set()
+        grown: list[NodeState] | None = None
         while heads:
             _, sid, shape = heapq.heappop(heads)
             sess = sessions[sid]
-            self.open(sess)
+            if shape in before:  # no node had room for it: only one whose capacity came back may
+                if grown is None:
+                    grown = self._grown_since()
+                node = self.spread(grown, shape[0], shape[1], False, shape[2]) if grown else None
+                if node is not None:  # (`node_for`'s choice: the others still have no room)
+                    self.open(sess, pin=node.name)
+            else:
+                self.open(sess)
             if sess.node is None:
+                blocked.add(shape)
                 continue  # no room for its shape: the rest of it waits for the next pass
             top = self._first(shape)
             if top is not None:
                 heapq.heappush(heads, (top[0], top[2], shape))
+        self._blocked = blocked
+        if blocked:
+            self._seen = {name: (node, node.grown) for name, node in self.st.nodes.items()}
+
+    def _grown_since(self) -> list[NodeState]:
+        """The alive nodes whose capacity came back (or that came) since the last pass."""
+        seen = self._seen
+        out: list[NodeState] = []
+        for name, node in self.st.nodes.items():
+            if node.alive:
+                was = seen.get(name)
+                if was is None or was[0] is not node or was[1] != node.grown:
+                    out.append(node)
+        return out
 
     def _open_pending_walk(self) -> None:
         """`open_pending` under a partitioning policy: every waiting session in order, bar

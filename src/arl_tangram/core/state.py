@@ -36,6 +36,11 @@ class CoreState:
         self.estimator = DurationEstimator()
         self.actions: dict[str, ActionRecord] = {}  # live actions
         self.sessions: dict[str, SessionRecord] = {}  # open sessions and those waiting for room
+        # node -> the sessions opened there that may have queued actions: every session on the
+        # node whose queue is not empty is in it (added as it opens and as its queue fills,
+        # dropped lazily by the pass: `SchedulingPass.candidates`), so the pass over a node
+        # whose capacity grew looks at its waiting sessions, not at all it holds (issue 40)
+        self.waiting_on: dict[str, set[str]] = {}
         self.now = 0.0  # the time of the latest event
         self.out: list[Command] = []  # the commands of the event in progress
         self.cause = ""  # the cause those commands carry

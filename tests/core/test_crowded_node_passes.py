@@ -1,0 +1,104 @@
+"""A crowded node's passes look at what can have changed, not at all it holds (issue 40).
+
+Two indexes, each exact:
+
+- `Sessions.open_pending`: a shape of waiting sessions that found no node at the last pass is
+  looked for, at the next, only on the nodes whose capacity came back since (`NodeState.grown`,
+  counted by `give`) or that came; the others still have no room for it. Shown by giving one
+  node room behind the core's back (its sessions' held sum lowered, no `give`): a full search
+  would open there, the pass does not; a node added since is searched.
+- `CoreState.waiting_on`: the sessions of a node that may have queued actions; the pass over a
+  node whose capacity grew takes its session queues from there and drops those that no longer
+  wait or left, so a node holding hundreds of idle sessions costs a pass only its waiting ones.
+
+`tests/core/test_waiting_sessions.py` compares `open_pending` with the walk over every waiting
+session on random streams; `Core.validate` checks every waiting session is in its node's set.
+"""
+
+from __future__ import annotations
+
+from core_helpers import Driver, act, cpu_node, starts
+
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import WorkHints
+from arl_tangram.core.resources import Resources
+
+GB = Resources(memory_mb=1024)
+
+
+def _full(nodes) -> Driver:
+    """Sessions of 1 GB on ``nodes`` (4 GB each, room kept for a 1 GB action) until one waits:
+    three a node, the next (``late``) waiting; then an action of no session ends on ``n0``, so
+    a pass finds ``late``'s shape blocked everywhere."""
+    d = Driver(nodes, policy="tangram", session_ttl_s=1e6)
+    for i in range(3 * len(nodes)):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", GB))
+    d(ev.SessionRequested(0.5, "late", GB))
+    assert list(d.core.sessions.pending) == ["late"]
+    d.at(0.6).arrive(act("x", cpu=1, mem=64))
+    d.at(0.7).finish("x")
+    return d
+
+
+def test_a_blocked_shape_is_looked_for_only_where_capacity_came_back() -> None:
+    d = _full([cpu_node("n0", cpu=4, mem=4096), cpu_node("n2", cpu=16, mem=4096)])
+    sessions, nodes = d.core.sessions, d.core.st.nodes
+    shape = (GB, sessions.action_room, None)
+    assert sessions._blocked == {shape}
+    assert {name: (node is nodes[name], g) for name, (node, g) in sessions._seen.items()} == {
+        "n0": (True, nodes["n0"].grown), "n2": (True, nodes["n2"].grown)}
+    # n2 gets room for one more session without giving anything back (not a core path): a
+    # search of every node would open `late` there (4 of 16 cores' sessions rank before 3 of 4)
+    sessions.held["n2"] = sessions.held["n2"] - GB
+    on_n0 = sorted(sid for sid in nodes["n0"].sessions)
+    g_n2 = nodes["n2"].grown
+    d.core.handle(ev.SessionClosed(1.0, on_n0[0]))  # n0's capacity comes back: only n0 is looked at
+    assert d.core.st.sessions["late"].node == "n0"
+    assert nodes["n2"].grown == g_n2 and sessions._blocked == set()
+    assert not sessions.pending
+
+
+def test_a_node_that_came_since_is_looked_at() -> None:
+    d = _full([cpu_node("n0", cpu=4, mem=4096), cpu_node("n1", cpu=4, mem=4096)])
+    sessions = d.core.sessions
+    assert sessions._seen["n1"][1] == 0  # (nothing came back on n1 yet)
+    d(ev.NodeLost(1.0, "n1", reason="gone"))
+    assert list(sessions.pending) == ["late"]
+    # back under the same name: a new node whose count of returns (0) equals the old one's
+    d(ev.NodeAdded(2.0, cpu_node("n1", cpu=4, mem=4096)))
+    assert d.core.st.sessions["late"].node == "n1"
+    assert not sessions.pending
+
+
+def test_the_pass_over_a_node_takes_its_waiting_sessions_and_drops_the_others() -> None:
+    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    for i in range(3):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=256)))
+    waiting_on = d.core.st.waiting_on
+    # each as it opened; s0's first event was also the pass over the new node, which dropped it
+    assert waiting_on == {"n0": {"s1", "s2"}}
+    long = WorkHints(expected_s=100)
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=2, session="s0", hints=long)))
+    assert starts(d.at(0.2).arrive(act("a1", cpu=1, session="s1", hints=long))) == {}
+    # a0 ends: the pass over n0 takes s1 (waiting), drops s0 and s2 (nothing queued); a1 starts
+    assert "a1" in starts(d.at(0.3).finish("a0"))
+    assert waiting_on == {"n0": {"s1"}}
+    assert starts(d.at(0.4).arrive(act("a2", cpu=2, session="s2", hints=long))) == {}
+    assert waiting_on == {"n0": {"s1", "s2"}}  # (s2 as its queue filled)
+    assert "a2" in starts(d.at(0.5).finish("a1"))  # s1 dropped, s2 taken: a2 starts
+    assert waiting_on == {"n0": {"s2"}}
+    d.at(0.6).finish("a2")
+    assert waiting_on == {"n0": set()}
+
+
+def test_a_session_waiting_for_room_joins_its_node_as_it_opens() -> None:
+    d = Driver([cpu_node("n0", cpu=2, mem=2048)], policy="tangram", session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "s0", Resources(memory_mb=1024)))
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=1, mem=1024, session="s0",
+                                                hints=WorkHints(expected_s=100))))
+    d.at(0.2).arrive(act("b0", cpu=1, mem=512, session="s1"))  # s1 opens implicitly: no room
+    assert d.core.st.sessions["s1"].node is None and d.core.queues.waiting_sessions == {"s1"}
+    assert d.core.st.waiting_on == {"n0": {"s0"}}  # (a queue of a session with no node: no node's)
+    d.at(0.3).finish("a0")  # s0's action ends: s1 opens on n0 and b0 starts there
+    assert d.core.st.sessions["s1"].node == "n0"
+    assert d.core.status("b0") is not None and "b0" in d.core.st.nodes["n0"].running
