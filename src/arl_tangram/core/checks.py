@@ -203,7 +203,9 @@ def _check_actions(core: Core) -> None:
            f"{sorted(waiting)} vs {sorted(core.queues.waiting_sessions)}")
     for sid in waiting:  # the pass finds each waiting session through its node
         sess = core.st.sessions.get(sid)
-        if sess is not None and sess.node is not None:
+        _check(sess is not None, "waiting-session-known", sid)
+        assert sess is not None
+        if sess.node is not None:
             _check(sid in core.st.waiting_on.get(sess.node, ()), "waiting-on-node", f"{sid} on {sess.node}")
 
 

@@ -199,11 +199,8 @@ class Queues:
                 sid = key[1]
                 self.waiting_sessions.add(sid)
                 sess = st.sessions.get(sid)
-                if sess is not None and sess.node is not None:
-                    waiting = st.waiting_on.get(sess.node)
-                    if waiting is None:
-                        waiting = st.waiting_on[sess.node] = set()
-                    waiting.add(sid)
+                if sess is not None and sess.node is not None:  # (its node's set: made as it opened)
+                    st.waiting_on[sess.node].add(sid)
             if rec.partition is not None:
                 self.partition_sessions.setdefault(rec.partition, set()).add(key)
         elif is_model_key(key):

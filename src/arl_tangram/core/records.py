@@ -334,7 +334,7 @@ class NodeState:
 
     def give(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
-        self.grown += 1
+        self.grown += 1  # pragma: no mutate (any step counts a return)
         for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) - v
             if u < 1e-9:
