@@ -2,7 +2,7 @@
 prediction (issue 22's real acceptance): tangram's median average ACT no worse than any
 baseline's median (within 3% is a tie), and its predicted ACT within 15% of its measured one.
 
-Two traces, each replayed for real (the engine, real sandboxes and models) ``--rounds`` times
+Three traces, each replayed for real (the engine, real sandboxes and models) ``--rounds`` times
 under every policy, the policies' order rotated every round so that the machine's drift does
 not favour one of them:
 
@@ -10,7 +10,14 @@ not favour one of them:
   this machine, `cli.demo.sample_trace`);
 - ``elastic``: a trace of our own, built here from a seeded generator: rigid tool calls and
   elastic unit tests (1 to 2 cores, parallel fraction 0.9, their test counts given as hints),
-  interleaved with generation pauses -- where the width of a test matters.
+  interleaved with generation pauses -- where the width of a test matters;
+- ``humaneval``: sourced sizes (issue 39 item 4): one RL step of the simulator's
+  ``humaneval-tests`` workload (HumanEval's 164 problems, each suite's checks counted and its
+  work measured, docs/workloads.md), ``--humaneval-trajectories`` single-turn trajectories at
+  once on this machine's cores: sizes that differ by two orders of magnitude, in a burst.
+
+Beside each trace's ratios, the optimum (`replay.predict.optimum`: each action alone at its best
+allotment, no queueing; a lower bound) at the first calibration, and each median over it.
 
     .venv/bin/python benchmarks/bench_real.py                 # calibrate, 3 rounds of each
     .venv/bin/python benchmarks/bench_real.py --cluster me.yaml --rounds 1 --only elastic
@@ -65,11 +72,22 @@ def elastic_trace(seed: int = 7, trajectories: int = 6, turns: int = 16) -> list
     return out
 
 
+def humaneval_trace(trajectories: int = 48, seed: int = 0) -> list[Trajectory]:
+    """One step of the `humaneval-tests` workload (every size sourced or measured: its
+    docs/workloads.md section), ``trajectories`` of them at once."""
+    from arl_tangram.sim.workloads import get_workload
+
+    return list(next(iter(get_workload("humaneval-tests").batches(seed, trajectories, 1))))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster", default=None, help="a calibrated spec (default: calibrate now)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--only", default="demo,elastic")
+    p.add_argument("--only", default="demo,elastic", help="traces, comma-separated: demo, elastic, humaneval")
+    p.add_argument("--humaneval-trajectories", type=int, default=48,
+                   help="the humaneval trace's trajectories (48: the simulator predicts tangram "
+                        "~1.5x ahead of the best static pool on 2 cores)")
     p.add_argument("--policies", default=None, help="comma-separated labels (default: all)")
     args = p.parse_args(argv)
 
@@ -77,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from arl_tangram.cli.replay import policy_labels
     from arl_tangram.replay.calibrate import calibrate, cluster_of, read_calibration
     from arl_tangram.replay.driver import machine_cores, replay_policy, warm_process
-    from arl_tangram.replay.predict import predict
+    from arl_tangram.replay.predict import optimum, predict
     from arl_tangram.specfile import load_cluster_yaml
 
     if args.cluster:
@@ -105,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces["demo"] = sample_trace("mixed", cores, 0, None, 12.0, models)[0]
     if "elastic" in args.only:
         traces["elastic"] = elastic_trace()
+    if "humaneval" in args.only:
+        traces["humaneval"] = humaneval_trace(args.humaneval_trajectories)
     labels = args.policies.split(",") if args.policies else list(policy_labels(cluster))
     units = float(cal["units_per_s"])
     warm_process(cluster)
@@ -136,11 +156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{p_r:.4f} s ({100 * errors[-1]:+.1f}%)", flush=True)
         med = {k: statistics.median(v) for k, v in acts.items()}
         sim = predict(cluster, steps, "tangram", cal, label=name).act["avg"] if "tangram" in med else None
-        print(f"\n{name}: median ACT avg over {args.rounds} rounds (ratio: baseline / tangram)")
+        opt = optimum(cluster, steps, cal)
+        print(f"\n{name}: median ACT avg over {args.rounds} rounds (ratio: baseline / tangram; "
+              f"x optimum: over the lower bound, {opt:.4f} s at the first calibration)")
         for k in labels:
             ratio = med[k] / med["tangram"] if "tangram" in med and med["tangram"] > 0 else float("nan")
-            print(f"  {k:<18} {med[k]:.4f} s  x{ratio:.3f}  rounds "
+            print(f"  {k:<18} {med[k]:.4f} s  x{ratio:.3f}  ({med[k] / opt:.2f} x optimum)  rounds "
                   + " ".join(f"{x:.4f}" for x in acts[k]))
+        if sim is not None:
+            pred = {k: predict(cluster, steps, k, cal, label=name).act["avg"] for k in labels if k != "tangram"}
+            best = min(pred, key=lambda k: pred[k])
+            print(f"  predicted at the first calibration: tangram {sim:.4f} s, the best baseline "
+                  f"{best} {pred[best]:.4f} s (x{pred[best] / sim:.3f}), optimum {opt:.4f} s")
         if sim is not None:
             err = sim / med["tangram"] - 1.0
             if errors:
