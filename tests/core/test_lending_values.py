@@ -296,3 +296,13 @@ def test_squeezed_actions_on_two_nodes_freed_in_one_event_grow_back_node_by_node
     assert {c.session_id for c in out if isinstance(c, C.CloseSession)} == {"s0", "s1", "s2"}
     assert _cmds(out) == ([("resize", "c0", 1.0)] if s0_cpu else []) + [
         ("resize", "c2", 1.0), ("resize", "c3", 1.0)]
+
+
+def test_a_node_without_cpu_is_never_taken_back_on() -> None:
+    # g has memory and no CPU: alice's head takes its share back on n, where carol's loops run
+    g = NodeSpec("g", Resources(memory_mb=8192, gpu=1), pool="gpu")
+    d = Driver([g, cpu_node("n", cpu=2)], tenant_shares=HALF)
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
+    out = d.at(1.0).arrive(act("a0", tag="loop", tenant="alice"))
+    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    assert {c.node for c in out if isinstance(c, (C.StartAction, C.ResizeAction))} == {"n"}
