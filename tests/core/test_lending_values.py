@@ -133,6 +133,11 @@ def test_a_node_with_some_free_cpu_is_squeezed_only_for_the_rest() -> None:
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
     assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("start", "a0", 1.0)]
+    lending = d.core.lending
+    assert lending is not None and lending.squeezed == {"n": {"c0": lending.squeezed["n"]["c0"]}}
+    # c0, the node's only squeezed action, ends: the node is forgotten with it
+    assert _cmds(d.at(2.0).finish("c0")) == []
+    assert lending.squeezed == {} and lending.full == {} and lending.sent == {}
 
 
 def test_the_node_with_most_free_cpu_is_taken_back_on_ties_to_the_first() -> None:
