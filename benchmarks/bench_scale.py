@@ -29,6 +29,11 @@ trajectories on 160 x 192 cores.
     .venv/bin/python benchmarks/bench_scale.py                     # 16 nodes, 2k and 6k (minutes)
     .venv/bin/python benchmarks/bench_scale.py --nodes 16,160 --trajectories 2000,6000,20000,50000
         [--workloads swe-agent,mixed] [--no-memory] [--same-load] [--json]
+    .venv/bin/python benchmarks/bench_scale.py --nodes 2 --trajectories 400,6400 --session-mb 128
+        # issue 40's crowded node: 3,200 sessions a node (DSec's density) against 200
+
+``--session-mb`` gives every session that much memory: swe-agent's 2 GB sessions fill a 768 GB
+node at ~375, so DSec's 3,200 a node needs small (paused, shared-base) ones.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from arl_tangram.core import FORM
@@ -49,6 +54,7 @@ from arl_tangram.core.cluster import ClusterSpec, NodeSpec
 from arl_tangram.core.resources import Resources
 from arl_tangram.sim.runner import make_core, run_policy
 from arl_tangram.sim.simulator import SimConfig
+from arl_tangram.sim.trace import Trajectory
 from arl_tangram.sim.workloads import get_workload
 
 NODE_CPU, NODE_MEMORY_MB = 192, 786_432  # DSec's node size (issue 24)
@@ -82,10 +88,20 @@ def cluster_for(workload: str, nodes: int, trajectories: int) -> ClusterSpec:
     return ClusterSpec(cpu + others, own.models)
 
 
-def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool) -> dict[str, Any]:
+def with_session_mb(batch: list[Trajectory], mb: float) -> list[Trajectory]:
+    """``batch`` with every session holding ``mb`` of memory (its other demands kept)."""
+    return [replace(t, sessions={k: replace(d, demand=d.demand.with_amount("memory_mb", mb))
+                                 for k, d in t.sessions.items()}) for t in batch]
+
+
+def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
+            session_mb: float | None = None) -> dict[str, Any]:
     w = get_workload(workload)
     cluster = cluster_for(workload, nodes, trajectories)
-    batches = lambda: w.batches(0, trajectories, 1)  # noqa: E731
+    if session_mb is None:
+        batches = lambda: w.batches(0, trajectories, 1)  # noqa: E731
+    else:
+        batches = lambda: (with_session_mb(b, session_mb) for b in w.batches(0, trajectories, 1))  # noqa: E731
     made: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     recorders: list[Recorder] = []
 
@@ -119,6 +135,7 @@ def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool) -> di
     lat.sort()
     row = {
         "workload": workload, "nodes": nodes, "trajectories": trajectories, "actions": actions,
+        "session_mb": session_mb,
         "events": len(events), "sim_wall_s": wall, "sim_actions_per_s": actions / wall,
         "sim_events_per_s": len(events) / wall, "sim_own_s": wall - rec.handle_s,
         "sim_cpu_s": cpu, "sim_actions_per_cpu_s": actions / cpu,  # (what other load takes off)
@@ -148,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-memory", action="store_true", help="skip the (slower) memory pass")
     p.add_argument("--same-load", action="store_true",
                    help="also run each larger count at the first count's trajectories per node")
+    p.add_argument("--session-mb", type=float, default=None,
+                   help="every session holds this much memory (default: the workload's; DSec's "
+                        "density, 3,200 sessions a node: --nodes 2 --trajectories 400,6400 "
+                        "--session-mb 128)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     rows = []
@@ -156,14 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for nodes in (int(x) for x in a.nodes.split(",")):
             first: dict[str, Any] | None = None
             for n in (int(x) for x in a.trajectories.split(",")):
-                row = run_one(wl, nodes, n, memory=not a.no_memory)
+                row = run_one(wl, nodes, n, memory=not a.no_memory, session_mb=a.session_mb)
                 first = first or row
                 row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
                 rows.append(row)
                 _say(row)
                 if a.same_load and row is not first:
                     wide = nodes * n // first["trajectories"]  # the first count's load per node
-                    floor = run_one(wl, wide, n, memory=False)
+                    floor = run_one(wl, wide, n, memory=False, session_mb=a.session_mb)
                     floor["sim_actions_ratio_to_first"] = floor["sim_actions_per_s"] / first["sim_actions_per_s"]
                     floor["same_load_of"] = nodes
                     row["sim_actions_ratio_to_same_load"] = row["sim_actions_per_s"] / floor["sim_actions_per_s"]
