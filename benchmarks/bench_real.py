@@ -133,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps = [trajs]
         acts: dict[str, list[float]] = {k: [] for k in labels}
         errors: list[float] = []  # per round: tangram's prediction at this round's calibration
+        # per round, policy and action kind: the prediction at the round's calibration / measured - 1
+        kind_errors: dict[tuple[str, str], list[float]] = {}
+        kinds: dict[str, dict[str, float]] = {}  # this round's measured mean ACT per policy and kind
         for r in range(args.rounds):
             order = labels[r % len(labels):] + labels[:r % len(labels)]
             run_on = cluster
@@ -143,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rep: Any = asyncio.run(replay_policy(run_on, steps, label, trace=name,
                                                      units_per_s=units, train_s=0.0, url=None))
                 acts[label].append(rep.act["avg"])
+                kinds[label] = {k: statistics.fmean(v) for k, v in rep.acts_by_kind.items() if v}
                 print(f"{name} round {r + 1} {label:<18} ACT avg {rep.act['avg']:.4f} s", flush=True)
             if "tangram" in labels and not args.cluster:
                 # the same work (the replay's units) at this round's speed
@@ -150,7 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 now_steps = [[dataclasses.replace(t, steps=tuple(
                     (g, a if a.kind.uses_model else dataclasses.replace(a, work_s=a.work_s * f))
                     for g, a in t.steps)) for t in trajs]]
-                p_r = predict(here, now_steps, "tangram", here_cal, label=name).act["avg"]
+                for label in labels:  # every policy, every kind, at this round's calibration
+                    pred = predict(here, now_steps, label, here_cal, label=name)
+                    for kind, real in kinds[label].items():
+                        got = pred.act_by_kind.get(kind)
+                        if got and real > 0:
+                            kind_errors.setdefault((label, kind), []).append(got["avg"] / real - 1.0)
+                    kind_errors.setdefault((label, "all"), []).append(pred.act["avg"] / acts[label][-1] - 1.0)
+                p_r = (1.0 + kind_errors[("tangram", "all")][-1]) * acts["tangram"][-1]
                 errors.append(p_r / acts["tangram"][-1] - 1.0)
                 print(f"{name} round {r + 1} tangram predicted at this round's calibration "
                       f"{p_r:.4f} s ({100 * errors[-1]:+.1f}%)", flush=True)
@@ -163,6 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratio = med[k] / med["tangram"] if "tangram" in med and med["tangram"] > 0 else float("nan")
             print(f"  {k:<18} {med[k]:.4f} s  x{ratio:.3f}  ({med[k] / opt:.2f} x optimum)  rounds "
                   + " ".join(f"{x:.4f}" for x in acts[k]))
+        if kind_errors:
+            print("  prediction error at each round's calibration, median of the rounds (per policy: "
+                  "all actions, then each kind):")
+            for k in labels:
+                parts = [f"{kind} {100 * statistics.median(v):+.1f}%"
+                         for (lab, kind), v in sorted(kind_errors.items()) if lab == k]
+                print(f"    {k:<18} " + ", ".join(parts))
         if sim is not None:
             pred = {k: predict(cluster, steps, k, cal, label=name).act["avg"] for k in labels if k != "tangram"}
             best = min(pred, key=lambda k: pred[k])
