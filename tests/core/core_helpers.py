@@ -86,5 +86,16 @@ def starts(cmds) -> dict[str, cmd.StartAction]:
     return {c.action.id: c for c in of(cmds, cmd.StartAction)}
 
 
+def cpu_commands(out) -> list[tuple[str, str, float]]:
+    """Starts and resizes as (kind, action id, cpu quota), in order; nothing else."""
+    got = []
+    for c in out:
+        if isinstance(c, cmd.StartAction):
+            got.append(("start", c.action.id, c.allotment.get("cpu")))
+        elif isinstance(c, cmd.ResizeAction):
+            got.append(("resize", c.action_id, c.allotment.get("cpu")))
+    return got
+
+
 def models(*specs: ModelSpec) -> tuple[ModelSpec, ...]:
     return specs

@@ -7,7 +7,7 @@ Exact commands, accounts and virtual times."""
 from __future__ import annotations
 
 import pytest
-from core_helpers import Driver, act, cpu_node, elastic
+from core_helpers import Driver, act, cpu_commands, cpu_node, elastic
 from fair_sim import simulate
 
 from arl_tangram.core import CoreConfig
@@ -15,16 +15,6 @@ from arl_tangram.core import commands as C
 
 HALF = {"alice": 0.5, "carol": 0.5}
 
-
-def _cmds(out: list[C.Command]) -> list[tuple[str, str, float]]:
-    """Starts and resizes as (kind, action id, cpu quota), in order; nothing else."""
-    got = []
-    for c in out:
-        if isinstance(c, C.StartAction):
-            got.append(("start", c.action.id, c.allotment.get("cpu")))
-        elif isinstance(c, C.ResizeAction):
-            got.append(("resize", c.action_id, c.allotment.get("cpu")))
-    return got
 
 
 def _flooded(cpu: float = 2, n: int = 4, **cfg: object) -> Driver:
@@ -37,24 +27,24 @@ def test_an_owed_head_squeezes_the_lenders_and_starts_at_its_demand() -> None:
     d = _flooded()
     out = d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
     # the lowered quotas go out before the start: the lender slows before the newcomer runs
-    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    assert cpu_commands(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
     st = d.core.st
     assert st.tenant_use["carol"]["cpu"] == 1.0 and st.tenant_use["alice"]["cpu"] == 1.0
     assert st.nodes["n"].free["cpu"] == 0.0
     assert d.core.lending is not None and d.core.lending.taken_back == 1
     assert any("lent CPU taken back" in line for line in d.core.story("c0"))
     # alice now holds her share (1 of 2 cores): her next one waits, nothing more is squeezed
-    assert _cmds(d.at(1.001).arrive(act("a1", tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.001).arrive(act("a1", tag="print", tenant="alice"))) == []
 
 
 def test_the_squeezed_grow_back_first_and_a_squeeze_and_regrowth_cancel_out() -> None:
     d = _flooded()
     d.at(1.0).arrive(act("a0", tag="print", tenant="alice"), act("a1", tag="print", tenant="alice"))
     # a0 ends: c0, c1 grow back and are squeezed again for a1 in the same event: no resize
-    assert _cmds(d.at(1.004).finish("a0")) == [("start", "a1", 1.0)]
+    assert cpu_commands(d.at(1.004).finish("a0")) == [("start", "a1", 1.0)]
     # a1 ends, alice has nothing queued: carol's two grow back; the node is full again, so
     # carol's queued c2 still waits
-    assert _cmds(d.at(1.008).finish("a1")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+    assert cpu_commands(d.at(1.008).finish("a1")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
     assert d.core.lending is not None and d.core.lending.squeezed == {}
     assert d.core.st.tenant_use["carol"]["cpu"] == 2.0
 
@@ -63,23 +53,23 @@ def test_a_squeezed_actions_end_lets_its_squeezed_neighbour_grow_back() -> None:
     d = _flooded()
     d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
     # c0 ends first: its 0.5 goes to c1 (squeezed, same tenant) before carol's queued c2
-    assert _cmds(d.at(1.5).finish("c0")) == [("resize", "c1", 1.0)]
+    assert cpu_commands(d.at(1.5).finish("c0")) == [("resize", "c1", 1.0)]
     assert d.core.st.tenant_use["carol"]["cpu"] == 1.0
 
 
 def test_lend_floor_one_takes_nothing_back() -> None:
     d = _flooded(lend_floor=1.0)
     assert d.core.lending is None
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
 
 
 def test_a_lender_keeps_its_floor() -> None:
     # 0.75 of one core each: two running loops can lend 0.5 of a core, not the one alice needs
     d = _flooded(lend_floor=0.75)
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
     # four running loops on four cores lend 0.25 each: exactly a core
     d = _flooded(cpu=4, n=6, lend_floor=0.75)
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == [
         ("resize", "c0", 0.75), ("resize", "c1", 0.75), ("resize", "c2", 0.75),
         ("resize", "c3", 0.75), ("start", "a0", 1.0)]
 
@@ -92,7 +82,7 @@ def test_the_longest_expected_lends_first() -> None:
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_floor=0.25)
     d.at(0.0).arrive(act("c0", tag="loop", tenant="carol", hints=WorkHints(expected_s=100.0)),
                      act("c1", tag="loop", tenant="carol", hints=WorkHints(expected_s=1.0)))
-    assert _cmds(d.at(0.5).arrive(act("a0", tag="print", tenant="alice"))) == [
+    assert cpu_commands(d.at(0.5).arrive(act("a0", tag="print", tenant="alice"))) == [
         ("resize", "c0", 0.25), ("resize", "c1", 0.75), ("start", "a0", 1.0)]
 
 
@@ -103,24 +93,24 @@ def test_only_a_tenants_excess_is_lent_and_never_its_own_actions() -> None:
     d = Driver([cpu_node("n", cpu=3)], tenant_shares=shares)
     d.at(0.0).arrive(act("c0", tag="l", tenant="carol"), act("c1", tag="l", tenant="carol"),
                      act("b0", tag="l", tenant="bob"), act("c2", tag="l", tenant="carol"))
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
     # a second head of alice's is over her share (2 of 3 > 1/3): it waits
-    assert _cmds(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == []
 
 
 def test_memory_does_not_stretch() -> None:
     # carol's two loops hold the node's whole memory: nothing alice could squeeze frees it
     d = Driver([cpu_node("n", cpu=2, mem=1024)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", mem=512, tag="loop", tenant="carol") for i in range(3)])
-    assert _cmds(d.at(1.0).arrive(act("a0", mem=256, tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a0", mem=256, tag="print", tenant="alice"))) == []
 
 
 def test_elastic_actions_are_not_squeezed() -> None:
     # an elastic test lends by its own rule (elastic.reclaim), never by a quota squeeze
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, policy="fifo")
     d.at(0.0).arrive(elastic("c0", lo=2, hi=2, tenant="carol"))
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == []
 
 
 def test_the_short_tenant_runs_on_its_share_at_once_and_the_flooder_loses_only_its_work() -> None:
@@ -158,10 +148,10 @@ def test_a_sessions_owed_action_takes_back_on_its_sessions_node() -> None:
     assert [c.node for c in out if isinstance(c, C.OpenSession)] == ["n"]
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
     out = d.at(1.0).arrive(act("a0", tag="sh", tenant="alice", session="s"))
-    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    assert cpu_commands(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
     assert [c.warm for c in out if isinstance(c, C.StartAction)] == [True]  # (its session's)
     # its end: carol's loops grow back, her queued c2 still waits (the node is full again)
-    assert _cmds(d.at(2.0).finish("a0")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+    assert cpu_commands(d.at(2.0).finish("a0")) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
 
 
 def test_a_tenant_whose_memory_is_its_share_is_not_owed_cpu() -> None:
@@ -171,7 +161,7 @@ def test_a_tenant_whose_memory_is_its_share_is_not_owed_cpu() -> None:
     d.at(0.0).arrive(act("a0", mem=4096, tag="big", tenant="alice"),
                      *[act(f"c{i}", mem=256, tag="loop", tenant="carol") for i in range(4)])
     assert d.core.st.tenant_use["alice"] == {"cpu": 1.0, "memory_mb": 4096.0}
-    assert _cmds(d.at(1.0).arrive(act("a1", mem=256, tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a1", mem=256, tag="print", tenant="alice"))) == []
 
 
 def test_a_lender_whose_excess_is_spent_gives_no_more() -> None:
@@ -185,7 +175,7 @@ def test_a_lender_whose_excess_is_spent_gives_no_more() -> None:
     d.at(0.0).arrive(act("c0", tag="l", tenant="carol", hints=WorkHints(expected_s=100.0)),
                      act("c1", tag="l", tenant="carol", hints=WorkHints(expected_s=90.0)),
                      act("d0", cpu=2.5, tag="m", tenant="dave", hints=WorkHints(expected_s=10.0)))
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "d0", 2.0), ("start", "a0", 1.0)]
 
 
@@ -197,9 +187,9 @@ def test_an_action_of_a_session_not_open_yet_takes_nothing_back() -> None:
 
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
-    assert _cmds(d(ev.SessionRequested(0.5, "s", Resources(cpu=1, memory_mb=256), 600.0))) == []
+    assert cpu_commands(d(ev.SessionRequested(0.5, "s", Resources(cpu=1, memory_mb=256), 600.0))) == []
     assert d.core.st.sessions["s"].node is None
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="sh", tenant="alice", session="s"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="sh", tenant="alice", session="s"))) == []
 
 
 def test_a_tenant_holding_its_share_of_another_resource_is_not_owed_cpu() -> None:
@@ -215,4 +205,4 @@ def test_a_tenant_holding_its_share_of_another_resource_is_not_owed_cpu() -> Non
                                 tenant="alice"),
                      *[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
     assert d.core.st.tenant_use["alice"]["gpu"] == 1.0
-    assert _cmds(d.at(1.0).arrive(act("a1", tag="print", tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(act("a1", tag="print", tenant="alice"))) == []

@@ -7,7 +7,7 @@ where the lowered quotas go in the commands, the story lines, and the squeezed g
 from __future__ import annotations
 
 import pytest
-from core_helpers import Driver, act, cpu_node
+from core_helpers import Driver, act, cpu_commands, cpu_node
 
 from arl_tangram.core import commands as C
 from arl_tangram.core.actions import ActionSpec, WorkHints
@@ -16,15 +16,6 @@ from arl_tangram.core.resources import Resources
 
 HALF = {"alice": 0.5, "carol": 0.5}
 
-
-def _cmds(out: list[C.Command]) -> list[tuple[str, str, float]]:
-    got = []
-    for c in out:
-        if isinstance(c, C.StartAction):
-            got.append(("start", c.action.id, c.allotment.get("cpu")))
-        elif isinstance(c, C.ResizeAction):
-            got.append(("resize", c.action_id, c.allotment.get("cpu")))
-    return got
 
 
 def _hint(s: float) -> WorkHints:
@@ -40,20 +31,20 @@ def test_the_lender_with_most_work_left_gives_first_counting_its_run_time_and_re
                      act("f", tag="l", tenant="carol", hints=_hint(5.0)),
                      act("cC", tag="l", tenant="carol", hints=_hint(3.0)),
                      act("cB", tag="l", tenant="carol", hints=_hint(8.0)))
-    assert _cmds(d.at(5.0).finish("f")) == [("start", "cB", 1.0)]
+    assert cpu_commands(d.at(5.0).finish("f")) == [("start", "cB", 1.0)]
     out = d.at(6.0).arrive(act("a0", cpu=1.5, tag="p", tenant="alice"))
-    assert _cmds(out) == [("resize", "cB", 0.25), ("resize", "cA", 0.25), ("start", "a0", 1.5)]
+    assert cpu_commands(out) == [("resize", "cB", 0.25), ("resize", "cA", 0.25), ("start", "a0", 1.5)]
     # every resize names its node and the event's cause (the start's)
     start = next(c for c in out if isinstance(c, C.StartAction))
     assert {(c.node, c.cause) for c in out if isinstance(c, C.ResizeAction)} == {("n", start.cause)}
     assert start.cause is not None
     # cC ends at t=7 (1 core): the least work left grows first: cA (3 s) to its core, cB
     # (6 s) gets the last 0.25; cB stays squeezed
-    assert _cmds(d.at(7.0).finish("cC")) == [("resize", "cA", 1.0), ("resize", "cB", 0.5)]
+    assert cpu_commands(d.at(7.0).finish("cC")) == [("resize", "cA", 1.0), ("resize", "cB", 0.5)]
     lending = d.core.lending
     assert lending is not None and set(lending.squeezed["n"]) == {"cB"}
     # a0 ends: cB grows back to its core
-    assert _cmds(d.at(8.0).finish("a0")) == [("resize", "cB", 1.0)]
+    assert cpu_commands(d.at(8.0).finish("a0")) == [("resize", "cB", 1.0)]
     assert lending.squeezed == {} and lending.full == {} and lending.sent == {}
     assert d.core.st.tenant_use["carol"]["cpu"] == 2.0
     assert [s for s in d.core.story("cB") if "cpu quota" in s] == [
@@ -67,7 +58,7 @@ def test_a_later_lender_with_more_work_left_gives_before_an_earlier_one() -> Non
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_floor=0.25)
     d.at(0.0).arrive(act("c0", tag="l", tenant="carol", hints=_hint(1.0)),
                      act("c1", tag="l", tenant="carol", hints=_hint(100.0)))
-    assert _cmds(d.at(0.5).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(0.5).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c1", 0.25), ("resize", "c0", 0.75), ("start", "a0", 1.0)]
 
 
@@ -76,7 +67,7 @@ def test_a_lenders_floor_is_of_its_first_quota_and_of_quotas_above_one_core() ->
     d = Driver([cpu_node("n", cpu=4)], tenant_shares=HALF)
     d.at(0.0).arrive(act("c0", cpu=2, tag="l", tenant="carol"), act("c1", cpu=2, tag="l", tenant="carol"),
                      act("c2", cpu=2, tag="l", tenant="carol"))
-    assert _cmds(d.at(1.0).arrive(act("a0", cpu=2, tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", cpu=2, tag="p", tenant="alice"))) == [
         ("resize", "c0", 1.0), ("resize", "c1", 1.0), ("start", "a0", 2.0)]
 
 
@@ -85,9 +76,9 @@ def test_a_second_take_back_in_a_later_event_squeezes_others_and_lowers_before_i
     # them below it: c2, c3 give; their lowered quotas go out before a1's start
     d = Driver([cpu_node("n", cpu=4)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
-    assert _cmds(d.at(2.0).arrive(act("a1", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(2.0).arrive(act("a1", tag="p", tenant="alice"))) == [
         ("resize", "c2", 0.5), ("resize", "c3", 0.5), ("start", "a1", 1.0)]
     lending = d.core.lending
     assert lending is not None and lending.taken_back == 2
@@ -104,7 +95,7 @@ def test_two_take_backs_in_one_event_lower_every_quota_before_the_first_start() 
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
     out = d(_both(1.0, act("a0", tag="loop", tenant="alice"), act("a1", tag="loop", tenant="alice")))
     assert [type(c) for c in out] == [C.ResizeAction] * 4 + [C.StartAction] * 2
-    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("resize", "c2", 0.5),
+    assert cpu_commands(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("resize", "c2", 0.5),
                           ("resize", "c3", 0.5), ("start", "a0", 1.0), ("start", "a1", 1.0)]
     assert d.core.lending is not None and d.core.lending.taken_back == 2
 
@@ -121,22 +112,22 @@ def test_a_squeeze_and_a_regrowth_that_cancel_send_nothing_and_a_raise_goes_afte
     # resize), c1's raise goes out after a1's start
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"),
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"),
                                   act("a1", cpu=0.5, tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
-    assert _cmds(d.at(2.0).finish("a0")) == [("start", "a1", 0.5), ("resize", "c1", 1.0)]
+    assert cpu_commands(d.at(2.0).finish("a0")) == [("start", "a1", 0.5), ("resize", "c1", 1.0)]
 
 
 def test_a_node_with_some_free_cpu_is_squeezed_only_for_the_rest() -> None:
     # 2.5 cores, two loops running: 0.5 free; a0 (1 core) takes only 0.5 from c0
     d = Driver([cpu_node("n", cpu=2.5)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("start", "a0", 1.0)]
     lending = d.core.lending
     assert lending is not None and lending.squeezed == {"n": {"c0": lending.squeezed["n"]["c0"]}}
     # c0, the node's only squeezed action, ends: the node is forgotten with it
-    assert _cmds(d.at(2.0).finish("c0")) == []
+    assert cpu_commands(d.at(2.0).finish("c0")) == []
     assert lending.squeezed == {} and lending.full == {} and lending.sent == {}
 
 
@@ -179,7 +170,7 @@ def test_a_lenders_budget_is_its_excess_over_an_entitlement_that_counts_the_aske
                      act("c2", cpu=0.5, tag="m", tenant="carol", hints=_hint(80.0)),
                      act("d0", cpu=3, tag="d", tenant="dave", hints=_hint(10.0)))
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
-    assert _cmds(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "d0", 2.5), ("start", "a1", 1.0)]
 
 
@@ -192,7 +183,7 @@ def test_a_heavier_lenders_entitlement_is_its_own_weight() -> None:
                      act("c1", cpu=1.5, tag="k", tenant="carol", hints=_hint(90.0)),
                      act("d0", cpu=2.5, tag="d", tenant="dave", hints=_hint(10.0)))
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))) == [
         ("resize", "c0", 1.5), ("resize", "d0", 2.0), ("start", "a0", 1.0)]
 
 
@@ -205,7 +196,7 @@ def test_a_tenant_holding_no_cpu_is_no_lender() -> None:
                      *[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
     assert d.core.st.tenant_use["bob"] == {"memory_mb": 256.0, "gpu": 1.0}
     # alice asks 1.5 of 3 cores: her half of W = 2 (bob, holding no CPU, is not counted)
-    assert _cmds(d.at(1.0).arrive(act("a0", cpu=1.5, tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", cpu=1.5, tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("resize", "c2", 0.5), ("start", "a0", 1.5)]
 
 
@@ -218,7 +209,7 @@ def test_a_heavier_askers_entitlement_is_its_own_weight() -> None:
                      act("c0", cpu=2, tag="l", tenant="carol", hints=_hint(100.0)),
                      act("c1", cpu=2, tag="k", tenant="carol", hints=_hint(90.0)))
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
-    assert _cmds(d.at(1.0).arrive(act("a1", cpu=1.5, tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a1", cpu=1.5, tag="p", tenant="alice"))) == [
         ("resize", "c0", 1.0), ("resize", "c1", 1.5), ("start", "a1", 1.5)]
 
 
@@ -228,7 +219,7 @@ def test_an_elastic_head_is_not_owed() -> None:
 
     d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
-    assert _cmds(d.at(1.0).arrive(elastic("a0", lo=1, hi=2, tenant="alice"))) == []
+    assert cpu_commands(d.at(1.0).arrive(elastic("a0", lo=1, hi=2, tenant="alice"))) == []
     assert d.core.lending is not None and d.core.lending.taken_back == 0
 
 
@@ -242,7 +233,7 @@ def test_a_head_owed_counts_every_dimension_it_asks_even_a_single_device() -> No
     d = Driver([_gpu_node(2, 1)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
     head = ActionSpec("a0", demand=Resources(cpu=1, memory_mb=256, gpu=1), tag="g", tenant="alice")
-    assert _cmds(d.at(1.0).arrive(head)) == []
+    assert cpu_commands(d.at(1.0).arrive(head)) == []
 
 
 def test_a_dimension_the_asker_holds_none_of_counts_from_zero() -> None:
@@ -252,7 +243,7 @@ def test_a_dimension_the_asker_holds_none_of_counts_from_zero() -> None:
     d.at(0.0).arrive(act("a0", tag="h", tenant="alice", hints=_hint(500.0)),
                      *[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
     head = ActionSpec("a1", demand=Resources(cpu=1, memory_mb=256, gpu=1), tag="g", tenant="alice")
-    assert _cmds(d.at(1.0).arrive(head)) == [("resize", "c0", 0.5), ("resize", "c1", 0.5),
+    assert cpu_commands(d.at(1.0).arrive(head)) == [("resize", "c0", 0.5), ("resize", "c1", 0.5),
                                               ("start", "a1", 1.0)]
 
 
@@ -263,7 +254,7 @@ def test_a_dimension_the_asker_holds_and_does_not_ask_counts_as_its_share() -> N
     d.at(0.0).arrive(ActionSpec("a0", demand=Resources(memory_mb=256, gpu=1), tag="g", tenant="alice"),
                      *[act(f"c{i}", tag="loop", tenant="carol") for i in range(5)])
     assert d.core.st.tenant_use["alice"] == {"memory_mb": 256.0, "gpu": 1.0}
-    assert _cmds(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a1", tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a1", 1.0)]
 
 
@@ -273,7 +264,7 @@ def test_an_ended_squeezed_action_is_forgotten() -> None:
     d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))
     lending = d.core.lending
     assert lending is not None and lending.full == {"c0": 1.0, "c1": 1.0}
-    assert _cmds(d.at(2.0).finish("c0")) == [("resize", "c1", 1.0)]
+    assert cpu_commands(d.at(2.0).finish("c0")) == [("resize", "c1", 1.0)]
     assert lending.full == {} and lending.sent == {} and lending.squeezed == {}
 
 
@@ -293,13 +284,13 @@ def test_squeezed_actions_on_two_nodes_freed_in_one_event_grow_back_node_by_node
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(6)])
     where = {c.action.id: c.node for c in d.log if isinstance(c, C.StartAction)}
     assert where == {"c0": "n0", "c1": "n0", "c2": "n1", "c3": "n1", "c4": "n2", "c5": "n2"}
-    assert _cmds(d.at(1.0).arrive(act("a0", tag="loop", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="loop", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
-    assert _cmds(d.at(1.5).arrive(act("a1", tag="loop", tenant="alice"))) == [
+    assert cpu_commands(d.at(1.5).arrive(act("a1", tag="loop", tenant="alice"))) == [
         ("resize", "c2", 0.5), ("resize", "c3", 0.5), ("start", "a1", 1.0)]
     out = d.at(7.0).tick()
     assert {c.session_id for c in out if isinstance(c, C.CloseSession)} == {"s0", "s1", "s2"}
-    assert _cmds(out) == ([("resize", "c0", 1.0)] if s0_cpu else []) + [
+    assert cpu_commands(out) == ([("resize", "c0", 1.0)] if s0_cpu else []) + [
         ("resize", "c2", 1.0), ("resize", "c3", 1.0)]
 
 
@@ -309,5 +300,5 @@ def test_a_node_without_cpu_is_never_taken_back_on() -> None:
     d = Driver([g, cpu_node("n", cpu=2)], tenant_shares=HALF)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
     out = d.at(1.0).arrive(act("a0", tag="loop", tenant="alice"))
-    assert _cmds(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    assert cpu_commands(out) == [("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
     assert {c.node for c in out if isinstance(c, (C.StartAction, C.ResizeAction))} == {"n"}
