@@ -12,7 +12,9 @@ the whole cluster once was) makes the opens ~8x; the index of nodes in spread or
 actions queued: a scan of the queue per event would make the second ~8x. And a session's close
 (which frees room) with 200 and with 1,600 sessions waiting for room: a walk over the waiting
 ones at each pass would make the second ~8x; their groups by shape (`Sessions._groups`) do
-not."""
+not. And an end on a node with 20 and with 160 session heads waiting there (issue 40): a plan
+per head, each over every elastic action running on the node, made the work grow with both;
+heads with no less work than one that just waited there wait without one (`Elastic.width_on`)."""
 
 from __future__ import annotations
 
@@ -107,10 +109,47 @@ def calls_with_waiting(waiting, probes=20):
             core.handle(ev.SessionClosed(t + 0.001 * (i + 1), f"s{2 * i}"))
     return calls(closes) / probes
 
+def plans_per_end(heads, probes=2):
+    # one node of 16 cores: 16 sessions each with a long elastic test (1-8 cores; 8 run, 8
+    # queue), ``heads`` more sessions each with one queued (of the same expected work); then
+    # running ones end: each end's pass tries every waiting head on the node. Counted: the
+    # calls of `Elastic.plan` (the fluid model over every elastic action running there)
+    from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, WorkHints
+    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=16, memory_mb=1 << 20)),)),
+                CoreConfig(policy="tangram", session_ttl_s=1e6))
+    el = Elasticity(1, 8, speedup=Speedup(0.9))
+    def test(aid, sid, s):
+        return ActionSpec(aid, kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=64),
+                          elasticity=el, session=sid, hints=WorkHints(expected_s=s))
+    t = 0.0
+    for i in range(16):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, test(f"r{i}", f"s{i}", 100.0 + i)))
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, test(f"q{i}", f"h{i}", 50.0)))
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "plan":
+            count[0] += 1
+    out = []
+    for i in range(probes):
+        count[0] = 0
+        sys.setprofile(hook)
+        try:
+            core.handle(ev.ActionFinished(t + 1.0 + i, f"r{i}"))
+        finally:
+            sys.setprofile(None)
+        waiting = sum(1 for a in core.st.actions.values() if a.allotment is None)
+        out.append([count[0], waiting])
+    return out
+
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
 elif sys.argv[1] == "waiting":
     print(json.dumps([calls_with_waiting(200), calls_with_waiting(1600)]))
+elif sys.argv[1] == "heads":
+    print(json.dumps([plans_per_end(20), plans_per_end(160)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
 else:
@@ -152,3 +191,10 @@ def test_a_close_costs_the_same_with_eight_times_the_sessions_waiting_for_room()
     assert small > 0
     # a walk over the waiting sessions at each pass would be ~8x; the groups by shape are not
     assert large < 1.5 * small, (small, large)
+
+
+def test_an_end_plans_once_with_eight_times_the_heads_waiting_on_the_node() -> None:
+    # (per end: [calls of `Elastic.plan`, actions still queued]) every waiting head of the same
+    # elasticity with at least the work of one that waited at this instant, on the node as it
+    # was, waits without a plan (`Elastic.width_on`); a plan per head made these 28 and 168
+    assert _probe("heads") == [[[1, 28], [1, 28]], [[1, 168], [1, 168]]]

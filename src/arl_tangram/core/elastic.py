@@ -40,6 +40,13 @@ class Elastic:
         self._left: dict[int, tuple[float, float]] = {}
         self._left_now = -1.0
         self._left_version = -1
+        # at the same instant and state of the estimator: (node, its `moves`, elasticity) ->
+        # the least expected work of a session's head that waited there (`width_on`)
+        self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
+        # and `plan`'s view of a node's elastic runs: node -> (its `moves`, CPU they hold, their
+        # (work left, elasticity) in start order, the same sorted by work left once asked)
+        self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]],
+                                          list[tuple[float, Elasticity]] | None]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -252,9 +259,7 @@ class Elastic:
         est = st.estimator
         memo = self._left
         if now != self._left_now or est.version != self._left_version:
-            memo.clear()  # (another instant, or the estimator learned: answers may differ)
-            self._left_now = now
-            self._left_version = est.version
+            self._forget()  # (another instant, or the estimator learned: answers may differ)
         else:
             got = memo.get(rec.seq)
             if got is not None and got[0] == done:  # (the same work done: the same answer)
@@ -266,6 +271,15 @@ class Elastic:
             left = 1e-9
         memo[rec.seq] = (done, left)
         return left
+
+    def _forget(self) -> None:
+        """Forget the answers of another instant or state of the estimator (`remaining`'s,
+        `width_on`'s)."""
+        self._left.clear()
+        self._waited.clear()
+        self._runs.clear()
+        self._left_now = self.st.now
+        self._left_version = self.st.estimator.version
 
     def retime(self, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""
@@ -302,14 +316,23 @@ class Elastic:
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
-        held = 0.0
-        runs: list[tuple[float, Elasticity]] = []  # (work left, elasticity) of its elastic runs
-        for other in node.elastic.values():  # (`elastic_on`, without its list)
-            oel = other.spec.elasticity
-            assert oel is not None
-            if oel.dim == CPU:
-                held += other.width
-                runs.append((self.remaining(other), oel))
+        st = self.st
+        if st.now != self._left_now or st.estimator.version != self._left_version:
+            self._forget()
+        seen = self._runs.get(node)
+        if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
+            held, runs, by_work = seen[1], seen[2], seen[3]
+        else:
+            held = 0.0
+            runs = []  # (work left, elasticity) of its elastic runs
+            for other in node.elastic.values():  # (`elastic_on`, without its list)
+                oel = other.spec.elasticity
+                assert oel is not None
+                if oel.dim == CPU:
+                    held += other.width
+                    runs.append((self.remaining(other), oel))
+            by_work = None
+            self._runs[node] = (node.moves, held, runs, None)
         cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
@@ -325,8 +348,10 @@ class Elastic:
         if behind == 0 and measured is None and elsewhere == math.inf:
             best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el)
         if best_lanes < 0:
-            runs.sort(key=_first)
-            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base)
+            if by_work is None:
+                by_work = sorted(runs, key=_first)
+                self._runs[node] = (node.moves, held, runs, by_work)
+            best_lanes = _best_lanes(cap, top, lo, by_work, x, el, behind, elsewhere, measured, base)
         if best_lanes <= n_run:
             return 0.0, 0.0
         step = self.st.config.elastic_step
@@ -367,7 +392,14 @@ class Elastic:
         hold above ``floor`` allow; where the plan says wait but the node's elastic actions
         could not take its free CPU (at their maximum, or none), what they cannot take (an
         idle core helps no one, and the action grows as cores free: growth is real); once
-        overdue (`overdue`), any width from its minimum."""
+        overdue (`overdue`), any width from its minimum.
+
+        A session's head (``behind`` 0, nowhere ``elsewhere``: `SchedulingPass.try_place`) that
+        would start no sooner than one of the same elasticity that waited on the same node at
+        the same instant, with nothing started, ended or resized there since (`NodeState
+        .moves`), and with at least its expected work, waits too without a plan: heSRPT never
+        gives a longer job more than a shorter one (issue 40: on a crowded node every event
+        planned each of the node's waiting heads over every elastic action running there)."""
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
@@ -380,6 +412,17 @@ class Elastic:
             if free + self.lendable(node, 0.0) >= el.min - 1e-9:
                 return el.min, 0.0  # (`reclaim` takes lent cores down to their minimum)
             return 0.0, 0.0
+        key: tuple[NodeState, int, Elasticity] | None = None
+        x = 0.0
+        if behind == 0 and elsewhere == math.inf:
+            st = self.st
+            if st.now != self._left_now or st.estimator.version != self._left_version:
+                self._forget()
+            key = (node, node.moves, el)
+            x = st.expected_work(rec)
+            least = self._waited.get(key)
+            if least is not None and x >= least:
+                return 0.0, 0.0
         width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
             if self.st.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
@@ -393,6 +436,8 @@ class Elastic:
         left = free - self.absorb(node)
         if left >= el.min - 1e-9:
             return (left if left < widest else widest), 0.0
+        if key is not None:  # (none waited there yet, or only with more work)
+            self._waited[key] = x
         return 0.0, 0.0
 
     def elastic_on(self, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:

@@ -298,6 +298,7 @@ class NodeState:
         "free",
         "grown",
         "instances",
+        "moves",
         "name",
         "running",
         "sessions",
@@ -324,9 +325,13 @@ class NodeState:
         # how many times capacity came back (`give`): where it is unchanged, nothing fits
         # that did not (`Sessions.open_pending` looks again only where it moved)
         self.grown = 0
+        # how many times its allotments changed (`take` or `give`): where it is unchanged at
+        # one instant, an elastic head that waited there waits again (`Elastic.width_on`)
+        self.moves = 0
 
     def take(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
+        self.moves += 1  # pragma: no mutate (any step counts a change)
         for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) + v
             used[k] = u
@@ -335,6 +340,7 @@ class NodeState:
     def give(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
         self.grown += 1  # pragma: no mutate (any step counts a return)
+        self.moves += 1  # pragma: no mutate (any step counts a change)
         for k, v in (r._d if type(r) is Resources else r).items():
             u = used.get(k, 0.0) - v
             if u < 1e-9:
