@@ -17,7 +17,7 @@ session on random streams; `Core.validate` checks every waiting session is in it
 
 from __future__ import annotations
 
-from core_helpers import Driver, act, cpu_node, starts
+from core_helpers import Driver, act, cpu_commands, cpu_node, elastic, starts
 
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import WorkHints
@@ -102,3 +102,34 @@ def test_a_session_waiting_for_room_joins_its_node_as_it_opens() -> None:
     d.at(0.3).finish("a0")  # s0's action ends: s1 opens on n0 and b0 starts there
     assert d.core.st.sessions["s1"].node == "n0"
     assert d.core.status("b0") is not None and "b0" in d.core.st.nodes["n0"].running
+
+
+def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
+    """`Elastic.plan` keeps its view of a node's elastic runs (work left, by work left) while
+    the node is unchanged (`NodeState.moves`) at one instant, and reads them again at the next
+    instant or once an allotment there changed."""
+    d = Driver([cpu_node("n0", cpu=4, mem=8192)], policy="tangram")
+    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)),
+                                         elastic("e2", 1, 2, 1.0, hints=WorkHints(expected_s=20)))) == [
+        ("start", "e1", 2.0), ("start", "e2", 2.0)]
+    core, node = d.core, d.core.st.nodes["n0"]
+    plan, recs = core.elastic.plan, core.st.actions
+    el = recs["e1"].spec.elasticity
+    moves = node.moves
+    d.at(1.0).tick()  # (nothing changes on the node: both run at their maximum)
+    assert node.moves == moves
+    plan(recs["e2"], node, 0)
+    # work left: the estimate less 1 s at 2 cores (parallel fraction 1: speed 2)
+    assert core.elastic._runs == {node: (moves, 4.0, [(8.0, el), (18.0, el)])}
+    recs["e1"].done += 1.0  # (behind the core's back: the view is kept at this instant)
+    plan(recs["e2"], node, 0)
+    assert core.elastic._runs[node][2] == [(8.0, el), (18.0, el)]
+    recs["e1"].done -= 1.0
+    d.at(2.0).tick()
+    plan(recs["e2"], node, 0)  # the next instant: read again
+    assert node.moves == moves
+    assert core.elastic._runs == {node: (moves, 4.0, [(6.0, el), (16.0, el)])}
+    d.at(2.0).finish("e1")  # an allotment changed: read again at the same instant
+    assert node.moves > moves
+    plan(recs["e2"], node, 0)
+    assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)])}

@@ -44,9 +44,8 @@ class Elastic:
         # the least expected work of a session's head that waited there (`width_on`)
         self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
         # and `plan`'s view of a node's elastic runs: node -> (its `moves`, CPU they hold, their
-        # (work left, elasticity) in start order, the same sorted by work left once asked)
-        self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]],
-                                          list[tuple[float, Elasticity]] | None]] = {}
+        # (work left, elasticity) by work left)
+        self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]]]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -321,7 +320,7 @@ class Elastic:
             self._forget()
         seen = self._runs.get(node)
         if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
-            held, runs, by_work = seen[1], seen[2], seen[3]
+            held, runs = seen[1], seen[2]
         else:
             held = 0.0
             runs = []  # (work left, elasticity) of its elastic runs
@@ -331,8 +330,8 @@ class Elastic:
                 if oel.dim == CPU:
                     held += other.width
                     runs.append((self.remaining(other), oel))
-            by_work = None
-            self._runs[node] = (node.moves, held, runs, None)
+            runs.sort(key=_first)
+            self._runs[node] = (node.moves, held, runs)
         cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
@@ -348,10 +347,7 @@ class Elastic:
         if behind == 0 and measured is None and elsewhere == math.inf:
             best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el)
         if best_lanes < 0:
-            if by_work is None:
-                by_work = sorted(runs, key=_first)
-                self._runs[node] = (node.moves, held, runs, by_work)
-            best_lanes = _best_lanes(cap, top, lo, by_work, x, el, behind, elsewhere, measured, base)
+            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base)
         if best_lanes <= n_run:
             return 0.0, 0.0
         step = self.st.config.elastic_step
@@ -413,7 +409,7 @@ class Elastic:
                 return el.min, 0.0  # (`reclaim` takes lent cores down to their minimum)
             return 0.0, 0.0
         key: tuple[NodeState, int, Elasticity] | None = None
-        x = 0.0
+        x = 0.0  # pragma: no mutate (read only where `key` is set, and set with it)
         if behind == 0 and elsewhere == math.inf:
             st = self.st
             if st.now != self._left_now or st.estimator.version != self._left_version:
