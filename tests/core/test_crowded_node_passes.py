@@ -133,3 +133,31 @@ def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
     assert node.moves > moves
     plan(recs["e2"], node, 0)
     assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)])}
+
+
+def test_a_head_waits_without_a_plan_only_as_a_session_head_at_the_same_instant() -> None:
+    """`Elastic.width_on`'s memo of heads that waited on a node: it answers "wait" for a
+    session's head (nothing behind it, nowhere else to go) with at least the least work that
+    waited there, on the node as it was, at the same instant; a shared-pool head (others
+    queued behind it, or a node elsewhere) is always planned, and the next instant plans anew."""
+    d = Driver([cpu_node("n0", cpu=4, mem=8192)], policy="tangram")
+    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
+        ("start", "e1", 2.0)]
+    core, node = d.core, d.core.st.nodes["n0"]
+    E, rec = core.elastic, core.st.actions["e1"]
+    d.at(0.5).tick()
+    assert core.st.expected_work(rec) == 10.0 and node.free.get("cpu") == 2.0
+    # planned: 2 free cores, so a head like e1 starts at its maximum
+    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
+    key = (node, node.moves, rec.spec.elasticity)
+    E._waited[key] = 10.0  # (as if a head of 10 s had waited here now: no more work than it)
+    assert E.width_on(rec, node, 0) == (0.0, 0.0)
+    assert E.width_on(rec, node, 1) == (2.0, 2.0)  # (one queued behind it: planned)
+    assert E.width_on(rec, node, 0, 5.0) == (2.0, 2.0)  # (a node elsewhere frees in 5 s: planned)
+    E._waited[key] = 10.5  # (only a larger head waited: this one is planned, and starts)
+    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {key: 10.5}
+    E._waited[key] = 9.5  # (a smaller head waited: this one, with more work, waits too)
+    assert E.width_on(rec, node, 0) == (0.0, 0.0)
+    d.at(1.0).tick()  # the next instant, the node unchanged: the memo is forgotten
+    assert node.moves == key[1] and E._waited == {key: 9.5}
+    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
