@@ -161,3 +161,20 @@ def test_a_head_waits_without_a_plan_only_as_a_session_head_at_the_same_instant(
     d.at(1.0).tick()  # the next instant, the node unchanged: the memo is forgotten
     assert node.moves == key[1] and E._waited == {key: 9.5}
     assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
+
+
+def test_a_head_that_waits_is_remembered_with_its_work() -> None:
+    """A session-like head planned to wait on a full node (the running action ends sooner at
+    its maximum than both at one core each) is remembered under the node as it is, with its
+    expected work; one that starts is not."""
+    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram")
+    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
+        ("start", "e1", 2.0)]
+    core, node = d.core, d.core.st.nodes["n0"]
+    E, rec = core.elastic, core.st.actions["e1"]
+    d.at(0.5).tick()
+    # waiting: e1 ends at 4.5 s, then the head at 9.5 s (14); sharing: 9 and 9.5 s (18.5)
+    assert E.width_on(rec, node, 0) == (0.0, 0.0)
+    assert E._waited == {(node, node.moves, rec.spec.elasticity): 10.0}
+    assert E.width_on(rec, node, 1) == (0.0, 0.0)  # (planned, not remembered: not a session's head)
+    assert E._waited == {(node, node.moves, rec.spec.elasticity): 10.0}

@@ -327,7 +327,7 @@ class NodeState:
         self.grown = 0
         # how many times its allotments changed (`take` or `give`): where it is unchanged at
         # one instant, an elastic head that waited there waits again (`Elastic.width_on`)
-        self.moves = 0
+        self.moves = 0  # pragma: no mutate (only compared with itself)
 
     def take(self, r: Mapping[str, float]) -> None:
         used, free, cap = self.used, self.free, self.cap
