@@ -357,3 +357,83 @@ def test_warm_keys_and_boot_count_one_shot_cpu_actions_by_tag_or_kind() -> None:
     # per key, the trajectories with such an action (t0's two python actions count once)
     assert runner.warm_boot(batch) == {"python": 2, "code": 1, "test": 1}
     assert runner.warm_keys([]) == () and runner.warm_boot([]) == {}
+
+
+# ---- run_policy ----------------------------------------------------------------------------------------
+
+
+def _two_batches() -> tuple[list[Trajectory], list[Trajectory]]:
+    b1 = [Trajectory("t0", "a", ((1.0, _act(2.0, 1)),)),  # 1 s + 2 s
+          Trajectory("t1", "b", ((0.0, _act(1.0, 2)),)),  # 1 s on 2 cores
+          Trajectory("j", "c", ((0.0, _act(1.0, 0, model="rm")),))]  # no CPU: no slice, no pool
+    b2 = [Trajectory("t2", "a", ((0.5, _act(1.0, 1)),), rl_step=1)]
+    return b1, b2
+
+
+def test_run_policy_sizes_by_the_first_batch_and_runs_every_batch() -> None:
+    b1, b2 = _two_batches()
+    seen: list[tuple[str, int, dict[str, float], dict[str, Any]]] = []
+
+    def factory(cluster: ClusterSpec, policy: str, n: int, shares: Any, **kw: Any) -> Any:
+        seen.append((policy, n, dict(shares), kw))
+        return runner.make_core(cluster, policy, n, shares, **kw)
+
+    for policy in ("task-isolated", "tangram"):
+        r = runner.run_policy(_cluster(), lambda: [b1, b2], policy, seed=5, workload="w",
+                              config=SimConfig(train_s=1.0), core_factory=factory)
+        assert (r.policy, r.workload, r.seed, r.actions, r.stalled) == (policy, "w", 5, 4, False)
+        # (the judge's action is refused: this cluster serves no model "rm")
+        assert dict(r.by_status) == {"rejected": 1, "succeeded": 3}
+        # step 1: t0's 3 s + 1 s of training; step 2: t2's 1.5 s + 1 s
+        assert r.step_s == (4.0, 2.5)
+    # 2 trajectories with CPU work; only task-isolated gets the tasks' peaks (a: 1 core, b: 2)
+    assert seen == [("task-isolated", 2, {"a": 1.0, "b": 2.0},
+                     {"warm_keys": ("code",), "warm_boot": {"code": 2}}),
+                    ("tangram", 2, {}, {"warm_keys": ("code",), "warm_boot": {"code": 2}})]
+    seen.clear()
+    # sized by shares_from, run on the replay: defaults seed 0, workload "?", no training
+    r = runner.run_policy(_cluster(), lambda: [b2], "task-isolated", shares_from=b1,
+                          core_factory=factory)
+    assert (r.workload, r.seed, r.actions, r.step_s) == ("?", 0, 1, (1.5,))
+    assert seen == [("task-isolated", 2, {"a": 1.0, "b": 2.0},
+                     {"warm_keys": ("code",), "warm_boot": {"code": 2}})]
+    seen.clear()
+    # no trajectory with CPU work: one slice all the same
+    runner.run_policy(_cluster(), lambda: [b1[2:]], "trajectory-bound", core_factory=factory)
+    assert seen == [("trajectory-bound", 1, {}, {"warm_keys": (), "warm_boot": {}})]
+
+
+def test_run_policy_of_an_empty_replay_and_of_a_bad_label() -> None:
+    r = runner.run_policy(_cluster(), lambda: [], "task-isolated")
+    assert (r.actions, r.step_s, r.stalled) == (0, (), False)
+
+    def never() -> Any:
+        raise AssertionError("sampled before the label was checked")
+
+    with pytest.raises(KeyError, match="unknown policy 'nope'"):
+        runner.run_policy(_cluster(), never, "nope")
+
+
+def test_the_static_policies_hold_their_slices_and_pools_idle() -> None:
+    # one 2 s action on 1 of 4 cores from 1 s to 3 s: trajectory-bound's one slice and
+    # task-isolated's one pool are the whole 4 cores, 3 of them held idle over the 2 s
+    for policy, idle in (("trajectory-bound", 0.75), ("task-isolated", 0.75), ("tangram", 0.0)):
+        r = runner.run_policy(_cluster(), lambda: [_one_action()], policy)
+        assert r.makespan_s == 2.0 and r.utilization["cpu"] == 0.25
+        assert r.held_idle["cpu"] == idle, policy
+
+
+def test_the_collector_is_off_while_a_run_is_set_up_unless_told_otherwise() -> None:
+    import gc
+
+    on: list[bool] = []
+
+    def factory(*args: Any, **kw: Any) -> Any:
+        on.append(gc.isenabled())
+        return runner.make_core(*args, **kw)
+
+    assert gc.isenabled()
+    runner.run_policy(_cluster(), lambda: [_one_action()], "tangram", core_factory=factory)
+    runner.run_policy(_cluster(), lambda: [_one_action()], "tangram", core_factory=factory,
+                      config=SimConfig(gc_tuning=False))
+    assert on == [False, True] and gc.isenabled()
