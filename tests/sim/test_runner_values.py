@@ -279,6 +279,10 @@ def test_a_task_share_is_its_peak_of_cpu_demand_on_the_closed_loop_replay() -> N
         Trajectory("D", "b", ((1.5, _act(1.0, 1)),)),
     ]
     assert runner.measured_task_shares(a + b, _cluster()) == {"a": 6.0, "b": 1.5}
+    # a batch with no CPU action at all: every task an equal share of 1
+    judges = [Trajectory("j", "j", ((0.0, _act(1.0, 1, model="rm")),)),
+              Trajectory("k", "k", ((0.0, _act(1.0, 0)),))]
+    assert runner.measured_task_shares(judges, _cluster()) == {"j": 1.0, "k": 1.0}
 
 
 def test_what_the_static_policies_hold_for_their_live_trajectories() -> None:
