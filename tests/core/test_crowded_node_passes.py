@@ -135,17 +135,23 @@ def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
     assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)])}
 
 
+def _one_running(cpu: float):
+    """Node n0 of ``cpu`` cores running e1 (1-2 cores, parallel fraction 1, 10 s expected) at
+    2 cores since t=0, seen at t=0.5: (driver, core, node, its `Elastic`, e1's record)."""
+    d = Driver([cpu_node("n0", cpu=cpu, mem=8192)], policy="tangram")
+    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
+        ("start", "e1", 2.0)]
+    core, node = d.core, d.core.st.nodes["n0"]
+    d.at(0.5).tick()
+    return d, core, node, core.elastic, core.st.actions["e1"]
+
+
 def test_a_head_waits_without_a_plan_only_as_a_session_head_at_the_same_instant() -> None:
     """`Elastic.width_on`'s memo of heads that waited on a node: it answers "wait" for a
     session's head (nothing behind it, nowhere else to go) with at least the least work that
     waited there, on the node as it was, at the same instant; a shared-pool head (others
     queued behind it, or a node elsewhere) is always planned, and the next instant plans anew."""
-    d = Driver([cpu_node("n0", cpu=4, mem=8192)], policy="tangram")
-    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
-        ("start", "e1", 2.0)]
-    core, node = d.core, d.core.st.nodes["n0"]
-    E, rec = core.elastic, core.st.actions["e1"]
-    d.at(0.5).tick()
+    d, core, node, E, rec = _one_running(cpu=4)
     assert core.st.expected_work(rec) == 10.0 and node.free.get("cpu") == 2.0
     # planned: 2 free cores, so a head like e1 starts at its maximum
     assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
@@ -167,12 +173,7 @@ def test_a_head_that_waits_is_remembered_with_its_work() -> None:
     """A session-like head planned to wait on a full node (the running action ends sooner at
     its maximum than both at one core each) is remembered under the node as it is, with its
     expected work; one that starts is not."""
-    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram")
-    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
-        ("start", "e1", 2.0)]
-    core, node = d.core, d.core.st.nodes["n0"]
-    E, rec = core.elastic, core.st.actions["e1"]
-    d.at(0.5).tick()
+    _, _, node, E, rec = _one_running(cpu=2)
     # waiting: e1 ends at 4.5 s, then the head at 9.5 s (14); sharing: 9 and 9.5 s (18.5)
     assert E.width_on(rec, node, 0) == (0.0, 0.0)
     assert E._waited == {(node, node.moves, rec.spec.elasticity): 10.0}
