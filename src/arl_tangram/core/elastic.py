@@ -257,7 +257,9 @@ class Elastic:
             done += (now - rec.since) * rec.speed()
         est = st.estimator
         memo = self._left
-        if not self._renew():
+        if now != self._left_now or est.version != self._left_version:
+            self._forget()  # (another instant, or the estimator learned: answers may differ)
+        else:
             got = memo.get(rec.seq)
             if got is not None and got[0] == done:  # (the same work done: the same answer)
                 return got[1]
@@ -269,18 +271,14 @@ class Elastic:
         memo[rec.seq] = (done, left)
         return left
 
-    def _renew(self) -> bool:
-        """Forget the memos (`remaining`'s, `plan`'s, `width_on`'s) at another instant or state
-        of the estimator, where their answers may differ; whether it did."""
-        st = self.st
-        if st.now == self._left_now and st.estimator.version == self._left_version:
-            return False
+    def _forget(self) -> None:
+        """Forget the answers of another instant or state of the estimator (`remaining`'s,
+        `width_on`'s)."""
         self._left.clear()
         self._waited.clear()
         self._runs.clear()
-        self._left_now = st.now
-        self._left_version = st.estimator.version
-        return True
+        self._left_now = self.st.now
+        self._left_version = self.st.estimator.version
 
     def retime(self, rec: ActionRecord) -> None:
         """Bring an action's `done` up to now, before its allotment changes."""
@@ -317,7 +315,9 @@ class Elastic:
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
-        self._renew()
+        st = self.st
+        if st.now != self._left_now or st.estimator.version != self._left_version:
+            self._forget()
         seen = self._runs.get(node)
         if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
             held, runs = seen[1], seen[2]
@@ -411,9 +411,11 @@ class Elastic:
         key: tuple[NodeState, int, Elasticity] | None = None
         x = 0.0  # pragma: no mutate (read only where `key` is set, and set with it)
         if behind == 0 and elsewhere == math.inf:
-            self._renew()
+            st = self.st
+            if st.now != self._left_now or st.estimator.version != self._left_version:
+                self._forget()
             key = (node, node.moves, el)
-            x = self.st.expected_work(rec)
+            x = st.expected_work(rec)
             least = self._waited.get(key)
             if least is not None and x >= least:
                 return 0.0, 0.0
