@@ -179,3 +179,96 @@ def test_a_head_that_waits_is_remembered_with_its_work() -> None:
     assert E._waited == {(node, node.moves, rec.spec.elasticity): 10.0}
     assert E.width_on(rec, node, 1) == (0.0, 0.0)  # (planned, not remembered: not a session's head)
     assert E._waited == {(node, node.moves, rec.spec.elasticity): 10.0}
+
+
+def _parked() -> Driver:
+    """Node n0 (8 cores, 8 GB): sessions a, b, c of 64 MB; a long action `hog` of 5,876 MB and
+    `y` of 1,100 MB leave 1,024 MB free; then a, b, c each queue an action of 2,048, 3,072 and
+    1,536 MB (none fits), and a short shared-pool action `p0` ends there: the pass over n0 parks
+    the three sessions (their heads lack memory there)."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    for i, sid in enumerate("abc"):
+        d(ev.SessionRequested(0.01 * i, sid, Resources(memory_mb=64)))
+    long = WorkHints(expected_s=100)
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=5876, hints=long), act("y", mem=1100, hints=long)))) == {
+        "hog", "y"}
+    assert d.core.st.nodes["n0"].free.get("memory_mb") == 1024.0
+    for t, (sid, mb) in zip((0.2, 0.21, 0.22), (("a", 2048), ("b", 3072), ("c", 1536)), strict=True):
+        assert starts(d.at(t).arrive(act(f"q{sid}", mem=mb, session=sid))) == {}
+    st = d.core.st
+    assert st.parked == {} and st.waiting_on == {"n0": {"a", "b", "c"}}  # (tried as they came)
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    return d
+
+
+def test_heads_short_of_memory_are_parked_until_the_node_has_what_they_need() -> None:
+    """Issue 40: the pass over a node leaves out a session head that lacks memory there, and
+    parks its session (`CoreState.park`): out of the node's waiting set, on a heap by the memory
+    it needs; the passes that follow look at it only once the node's free memory reaches that
+    (`unpark_fitting`), so an end that frees less costs nothing per parked head."""
+    d = _parked()
+    st = d.core.st
+    assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0}
+    assert st.waiting_on == {"n0": set()}
+    assert sorted(st.short_on["n0"]) == [(1536.0, "c"), (2048.0, "a"), (3072.0, "b")]
+    # y ends: 2,124 MB free; a (2,048) and c (1,536) are looked at again, b (3,072) is not; a
+    # comes first (it arrived first) and starts, then c does not fit: it stays in the node's set
+    # (and a too, until a pass finds it waits no more)
+    assert set(starts(d.at(0.4).finish("y"))) == {"qa"}
+    assert st.parked == {"b": 3072.0} and st.waiting_on == {"n0": {"a", "c"}}
+    assert st.short_on["n0"] == [(3072.0, "b")]
+    # the next pass over n0 drops a and parks c again (76 MB free)
+    d.at(0.5).arrive(act("p1", mem=16))
+    d.at(0.51).finish("p1")
+    assert st.parked == {"b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
+    # the hog ends: 5,952 MB free, both fit and start (c first: the least memory first off the
+    # heap, but the pass's order decides: b arrived before c)
+    assert set(starts(d.at(0.6).finish("hog"))) == {"qb", "qc"}
+    assert st.parked == {} and st.short_on["n0"] == []
+
+
+def test_a_parked_session_whose_queue_changes_is_looked_at_again() -> None:
+    """A parked session's queue touched by an event (a new head, one that aged, an action
+    taken off it) is back in its node's set at the event's end; one whose queue empties is no
+    longer parked at all."""
+    d = _parked()
+    st = d.core.st
+    # b gets an action that ranks first (1 ms expected): a new head, which fits and starts;
+    # b's queue was touched, so b is looked at again by the node's next pass
+    assert set(starts(d.at(0.4).arrive(act("b2", mem=16, session="b",
+                                               hints=WorkHints(expected_s=0.001))))) == {"b2"}
+    assert st.parked == {"a": 2048.0, "c": 1536.0} and st.waiting_on == {"n0": {"b"}}
+    d.at(0.5).arrive(act("p1", mem=16))
+    d.at(0.51).finish("p1")  # (b2 still holds its 16 MB: 1,008 free)
+    assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
+    # c's only action is cancelled: c waits no more, nor is parked
+    d(ev.CancelRequested(0.6, "qc"))
+    assert st.parked == {"a": 2048.0, "b": 3072.0} and "c" not in d.core.queues.waiting_sessions
+    # a's and b's heads age (30 s): touched, so back in the set, and tried by every pass
+    # (aged heads are never left out: one that does not fit holds a node for itself)
+    d.at(31.0).tick()
+    assert st.parked == {} and st.waiting_on == {"n0": {"a", "b"}}
+    d.at(31.1).finish("b2")
+    assert st.parked == {} and st.waiting_on == {"n0": {"a", "b"}}
+
+
+def test_a_node_s_heap_of_parked_heads_keeps_its_live_entries_only() -> None:
+    """Each park pushes an entry; one whose session was looked at again since goes stale
+    (skipped when popped). Past twice the live entries of the last compaction plus 32, the heap
+    keeps its live ones only, so a session parked and touched over and over costs bounded room."""
+    d = _parked()
+    st = d.core.st
+    sizes = []
+    for i in range(40):  # b: a new head that starts (touched), then a pass parks b again
+        t = 1.0 + 0.5 * i  # (all before the heads' aging at 30 s)
+        assert set(starts(d.at(t).arrive(act(f"b{i}", mem=16, session="b",
+                                               hints=WorkHints(expected_s=0.001))))) == {f"b{i}"}
+        d.at(t + 0.25).finish(f"b{i}")
+        assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0}
+        sizes.append(len(st.short_on["n0"]))
+    # 3 entries, one more per round; at 33 (> 2 x 0 + 32) the three live ones are kept (the
+    # next cut would come past 2 x 3 + 32 = 38)
+    assert sizes == [*range(4, 33), *range(3, 14)]
+    assert st._short_kept == {"n0": 3}
+    assert sorted(set(st.short_on["n0"])) == [(1536.0, "c"), (2048.0, "a"), (3072.0, "b")]

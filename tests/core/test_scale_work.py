@@ -144,6 +144,33 @@ def plans_per_end(heads, probes=2):
         out.append([count[0], waiting])
     return out
 
+def calls_with_short(heads, probes=20):
+    # one node of 8 cores and 1 TB: ``heads`` sessions of 64 MB open, a long action takes all
+    # the memory but 2 GB, then each session queues an action that needs 4 GB; then short
+    # actions of the shared pool arrive and end there, each end a pass over the node. Counted:
+    # all calls of the ends, and the sessions parked after the first (heads short of memory)
+    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=8, memory_mb=1 << 20)),)),
+                CoreConfig(policy="tangram", session_ttl_s=1e6))
+    t = 0.0
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.SessionRequested(t, f"h{i}", Resources(memory_mb=64)))
+    hog = (1 << 20) - 64 * heads - 2048
+    core.handle(ev.ActionArrived(t, ActionSpec("hog", demand=Resources(cpu=1, memory_mb=hog))))
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=4096),
+                                                   session=f"h{i}")))
+    def end(i):
+        core.handle(ev.ActionArrived(t + 0.01 * i, ActionSpec(f"p{i}", demand=Resources(cpu=1, memory_mb=16))))
+        core.handle(ev.ActionFinished(t + 0.01 * i + 0.005, f"p{i}"))
+    end(0)  # (the first pass over the node parks them)
+    parked = len(core.st.parked)
+    total = 0
+    for i in range(1, probes + 1):
+        total += calls(lambda: end(i))
+    return total / probes, parked
+
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
 elif sys.argv[1] == "waiting":
@@ -152,6 +179,8 @@ elif sys.argv[1] == "heads":
     print(json.dumps([plans_per_end(20), plans_per_end(160)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
+elif sys.argv[1] == "short":
+    print(json.dumps([calls_with_short(20), calls_with_short(160)]))
 else:
     print(json.dumps([calls_on_nodes(16), calls_on_nodes(128)]))
 """
@@ -198,3 +227,14 @@ def test_an_end_plans_once_with_eight_times_the_heads_waiting_on_the_node() -> N
     # elasticity with at least the work of one that waited at this instant, on the node as it
     # was, waits without a plan (`Elastic.width_on`); a plan per head made these 28 and 168
     assert _probe("heads") == [[[1, 28], [1, 28]], [[1, 168], [1, 168]]]
+
+
+def test_an_end_costs_the_same_with_eight_times_the_heads_short_of_memory_on_the_node() -> None:
+    """Issue 40: a session head that lacks memory on its node is parked out of the node's
+    waiting set (`CoreState.park`) until the node's free memory reaches it, so a pass over the
+    node for an end that frees too little does not look at it; before, every pass looked at
+    each (its queue's head, then `_short_besides_cpu`) and an end cost ~8x with 8x the heads."""
+    (small, parked_small), (large, parked_large) = _probe("short")
+    assert (parked_small, parked_large) == (20, 160)  # every head parked by the first pass
+    assert small > 0
+    assert large < 1.5 * small, (small, large)

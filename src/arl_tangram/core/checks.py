@@ -13,7 +13,7 @@ from .elastic import Elastic
 from .fit import fits_besides_cpu
 from .modelsched import ModelPlanner
 from .providers import Providers
-from .queues import Queues
+from .queues import AGED, Queues
 from .records import (
     ActionRecord,
     InstanceRecord,
@@ -24,7 +24,7 @@ from .records import (
     model_key,
     session_key,
 )
-from .resources import Resources, total
+from .resources import MEMORY_MB, Resources, total
 from .sessions import Sessions
 from .state import CoreState
 from .view import CoreView, InstanceView, NodeView, SessionView
@@ -206,7 +206,21 @@ def _check_actions(core: Core) -> None:
         _check(sess is not None, "waiting-session-known", sid)
         assert sess is not None
         if sess.node is not None:
-            _check(sid in core.st.waiting_on.get(sess.node, ()), "waiting-on-node", f"{sid} on {sess.node}")
+            _check(sid in core.st.waiting_on.get(sess.node, ()) or sid in core.st.parked,
+                   "waiting-on-node", f"{sid} on {sess.node}")
+    for sid, need in core.st.parked.items():  # parked: its head lacks that memory on its node
+        sess = core.st.sessions.get(sid)
+        _check(sid in waiting and sess is not None and sess.node is not None, "parked-waits", sid)
+        assert sess is not None and sess.node is not None
+        node = core.st.nodes[sess.node]
+        got = core.queues.head(session_key(sid))
+        assert got is not None
+        rec, entry = got
+        _check(entry[0] != AGED and dict(rec.shape).get(MEMORY_MB) == need, "parked-head",
+               f"{sid}: {entry} needs {dict(rec.shape).get(MEMORY_MB)}, parked with {need}")
+        _check(need > node.free.get(MEMORY_MB, 0.0) + 1e-9, "parked-short",
+               f"{sid} needs {need} MB, {sess.node} has {node.free.get(MEMORY_MB, 0.0)} free")
+        _check((need, sid) in core.st.short_on.get(sess.node, ()), "parked-in-heap", sid)
 
 
 def _check_sessions(core: Core) -> None:

@@ -56,6 +56,7 @@ from .records import (
     NodeState,
     SessionRecord,
     describe_story,
+    is_session_key,
     model_key,
     partition_key,
     shape_key,
@@ -257,6 +258,10 @@ class Core:
         if st.dirty:
             st.dirty.clear()
         if st.touched:
+            if st.parked:  # a parked session whose queue changed: its node's passes look again
+                for key in st.touched:
+                    if is_session_key(key):
+                        st.unpark(key[1])
             st.touched.clear()
         if self.queues.aging_new:
             self.queues.park_aging()

@@ -271,6 +271,8 @@ class Queues:
                     self.mheaps.pop(key, None)
                 if is_session_key(key):
                     self.waiting_sessions.discard(key[1])
+                    if self.st.parked:
+                        self.st.parked.pop(key[1], None)  # (nothing waits: not parked either)
             else:
                 live[key] = n
         rec.queue_key = None

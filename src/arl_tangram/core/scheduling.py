@@ -22,6 +22,7 @@ made in all three.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 from .elastic import Elastic
@@ -40,7 +41,7 @@ from .records import (
     partition_key,
     session_key,
 )
-from .resources import CPU
+from .resources import CPU, MEMORY_MB
 from .state import CoreState
 
 
@@ -62,10 +63,14 @@ class SchedulingPass:
         touched = self.st.touched
         if touched:
             keys.update(k for k in touched if not is_model_key(k))
-        nodes, part_by_node = self.st.nodes, self.partitions.by_node
+        st = self.st
+        nodes, part_by_node = st.nodes, self.partitions.by_node
         waiting = self.queues.waiting_sessions
-        waiting_on = self.st.waiting_on
-        for name in self.st.dirty:
+        waiting_on = st.waiting_on
+        short_on = st.short_on
+        for name in st.dirty:
+            if short_on:  # parked heads that fit the node's memory now (all: with slices, none is left out)
+                st.unpark_fitting(name, nodes[name].free.get(MEMORY_MB, 0.0) if not part_by_node else math.inf)
             on = waiting_on.get(name)
             if on:  # the node's sessions that may wait (`CoreState.waiting_on`): those that
                 sessions = nodes[name].sessions  # no longer do, or left, are dropped here
@@ -153,6 +158,7 @@ class SchedulingPass:
                     if local is not None and rec.cpu > limit:
                         continue  # more CPU than any freed node has: still blocked (aged heads go on)
                 elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
+                    self._park(key[1], rec)
                     continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
             heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
@@ -184,6 +190,21 @@ class SchedulingPass:
         # (no node, a partition's head: never while the pass looks at it, kept safe all the same)
         return (node is not None and rec.partition is None and node.cap.get("gpu", 0.0) <= 0.0
                 and not fits_besides_cpu(node, rec.shape))
+
+    def _park(self, sid: str, rec: ActionRecord) -> None:
+        """Session ``sid``'s head ``rec``, left out of the pass (`_short_besides_cpu`), parked
+        (`CoreState.park`) when it is memory it lacks: the passes over its node leave it out,
+        without a look, until the node's free memory reaches what it needs (`candidates`) or
+        its queue changes (`Core`'s flush, `Queues.remove`). One short of another dimension
+        only stays in the node's set, looked at by each pass as before."""
+        sess = self.st.sessions[sid]
+        assert sess.node is not None  # (`_short_besides_cpu` found its node)
+        node = self.st.nodes[sess.node]
+        for dim, need in rec.shape:
+            if dim == MEMORY_MB:
+                if need > node.free.get(MEMORY_MB, 0.0) + 1e-9:
+                    self.st.park(sid, sess.node, need)
+                return
 
     def run_fair(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:
         """`run_pass` with tenants (`CoreConfig.tenant_shares`; docs/core.md, "Tenants' fair

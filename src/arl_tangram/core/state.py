@@ -11,6 +11,7 @@ could ever fit where, the largest capacity) are caches of the nodes, dropped by
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Hashable, Iterable
 
 from .cluster import ClusterSpec, ModelSpec
@@ -41,6 +42,15 @@ class CoreState:
         # dropped lazily by the pass: `SchedulingPass.candidates`), so the pass over a node
         # whose capacity grew looks at its waiting sessions, not at all it holds (issue 40)
         self.waiting_on: dict[str, set[str]] = {}
+        # Sessions parked out of `waiting_on` (issue 40): the head of each lacked memory on its
+        # node when the pass last looked (`SchedulingPass.run_pass` left it out), and nothing
+        # it needs has changed since. sid -> the head's memory; node -> a heap of (memory, sid)
+        # the pass pops as the node's free memory grows (entries whose sid is no longer parked
+        # with that amount are stale and skipped). `unpark` puts a session back in its node's
+        # set: when its queue is touched (a new head, an aged one) or loses an action.
+        self.parked: dict[str, float] = {}
+        self.short_on: dict[str, list[tuple[float, str]]] = {}
+        self._short_kept: dict[str, int] = {}  # node -> its heap's size at its last compaction
         self.now = 0.0  # the time of the latest event
         self.out: list[Command] = []  # the commands of the event in progress
         self.cause = ""  # the cause those commands carry
@@ -73,7 +83,62 @@ class CoreState:
         self.tenant_use: dict[str, dict[str, float]] = {}
         self._total: dict[str, float] | None = None  # (None: recompute)
 
+    # ---- sessions parked for memory (issue 40) ---------------------------------------------------
+    def park(self, sid: str, node: str, need: float) -> None:
+        """Session ``sid``'s head lacks memory on ``node`` (it needs ``need`` MB): out of the
+        node's `waiting_on` until the node's free memory reaches ``need`` or its queue changes."""
+        self.parked[sid] = need
+        on = self.waiting_on.get(node)
+        if on is not None:
+            on.discard(sid)
+        heap = self.short_on.get(node)
+        if heap is None:
+            heap = self.short_on[node] = []
+        heapq.heappush(heap, (need, sid))
+        kept = self._short_kept.get(node, 0)
+        if len(heap) > 2 * kept + 32:  # stale entries pile up: keep the live ones (amortized O(1))
+            parked, sessions = self.parked, self.sessions
+            live: set[tuple[float, str]] = set()
+            for e in heap:
+                sess = sessions.get(e[1])
+                if parked.get(e[1]) == e[0] and sess is not None and sess.node == node:
+                    live.add(e)
+            heap[:] = sorted(live)
+            self._short_kept[node] = len(heap)
+
+    def unpark(self, sid: str) -> None:
+        """Session ``sid`` back in its node's `waiting_on` (the pass looks at it again), if parked."""
+        if self.parked.pop(sid, None) is None:
+            return
+        sess = self.sessions.get(sid)
+        if sess is not None and sess.node is not None:
+            on = self.waiting_on.get(sess.node)
+            if on is None:
+                on = self.waiting_on[sess.node] = set()
+            on.add(sid)
+
+    def unpark_fitting(self, node: str, memory: float) -> None:
+        """The sessions parked on ``node`` whose heads need at most ``memory`` MB, back in its
+        `waiting_on` (the pass over a node whose capacity grew; all of them: ``memory`` inf)."""
+        heap = self.short_on.get(node)
+        if not heap:
+            return
+        parked = self.parked
+        on = self.waiting_on.get(node)
+        if on is None:
+            on = self.waiting_on[node] = set()
+        limit = memory + 1e-9  # (`fits_besides_cpu`'s tolerance)
+        sessions = self.sessions
+        while heap and heap[0][0] <= limit:
+            need, sid = heapq.heappop(heap)
+            if parked.get(sid) == need:
+                sess = sessions.get(sid)
+                if sess is not None and sess.node == node:  # (else parked on its own node)
+                    del parked[sid]
+                    on.add(sid)
+
     # ---- the event in progress ------------------------------------------------------------------
+
     def begin(self, time: float, cause: str) -> list[Command]:
         """Start an event at ``time`` (the clock never goes back): a fresh command list."""
         if time > self.now:
