@@ -17,10 +17,12 @@ session on random streams; `Core.validate` checks every waiting session is in it
 
 from __future__ import annotations
 
+import pytest
 from core_helpers import Driver, act, cpu_commands, cpu_node, elastic, starts
 
 from arl_tangram.core import events as ev
-from arl_tangram.core.actions import WorkHints
+from arl_tangram.core.actions import ActionSpec, WorkHints
+from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
 
 GB = Resources(memory_mb=1024)
@@ -202,30 +204,44 @@ def _parked() -> Driver:
     return d
 
 
+def _needs(st) -> dict[str, float]:
+    """The parked sessions and the memory their heads need."""
+    return {sid: dict(shape)["memory_mb"] for sid, (shape, _) in st.parked.items()}
+
+
+def _groups(st, node: str) -> dict[float, list[tuple[int, str]]]:
+    """A node's groups of parked heads: memory needed -> (seq, session) in the queues' order."""
+    return {g.need: [(e[1], e[2]) for e in sorted(g.heap)] for g in st.short_on.get(node, {}).values()}
+
+
 def test_heads_short_of_memory_are_parked_until_the_node_has_what_they_need() -> None:
     """Issue 40: the pass over a node leaves out a session head that lacks memory there, and
-    parks its session (`CoreState.park`): out of the node's waiting set, on a heap by the memory
-    it needs; the passes that follow look at it only once the node's free memory reaches that
-    (`unpark_fitting`), so an end that frees less costs nothing per parked head."""
+    parks its session (`CoreState.park`): out of the node's waiting set, into the node's group
+    of its shape; the passes that follow look at it only once the node's free memory reaches
+    what it needs (`unpark_fitting`), so an end that frees less costs nothing per parked head."""
     d = _parked()
     st = d.core.st
-    assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0}
+    seq = {sid: st.actions[f"q{sid}"].seq for sid in "abc"}
+    assert st.parked == {"a": ((("cpu", 1.0), ("memory_mb", 2048.0)), seq["a"]),
+                         "b": ((("cpu", 1.0), ("memory_mb", 3072.0)), seq["b"]),
+                         "c": ((("cpu", 1.0), ("memory_mb", 1536.0)), seq["c"])}
     assert st.waiting_on == {"n0": set()}
-    assert sorted(st.short_on["n0"]) == [(1536.0, "c"), (2048.0, "a"), (3072.0, "b")]
+    assert _groups(st, "n0") == {2048.0: [(seq["a"], "a")], 3072.0: [(seq["b"], "b")],
+                                 1536.0: [(seq["c"], "c")]}
+    assert all(g.rigid for g in st.short_on["n0"].values())
     # y ends: 2,124 MB free; a (2,048) and c (1,536) are looked at again, b (3,072) is not; a
     # comes first (it arrived first) and starts, then c does not fit: it stays in the node's set
-    # (and a too, until a pass finds it waits no more)
+    # (and a too, until a pass finds it waits no more); the emptied groups are gone
     assert set(starts(d.at(0.4).finish("y"))) == {"qa"}
-    assert st.parked == {"b": 3072.0} and st.waiting_on == {"n0": {"a", "c"}}
-    assert st.short_on["n0"] == [(3072.0, "b")]
+    assert _needs(st) == {"b": 3072.0} and st.waiting_on == {"n0": {"a", "c"}}
+    assert _groups(st, "n0") == {3072.0: [(seq["b"], "b")]}
     # the next pass over n0 drops a and parks c again (76 MB free)
     d.at(0.5).arrive(act("p1", mem=16))
     d.at(0.51).finish("p1")
-    assert st.parked == {"b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
-    # the hog ends: 5,952 MB free, both fit and start (c first: the least memory first off the
-    # heap, but the pass's order decides: b arrived before c)
+    assert _needs(st) == {"b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
+    # the hog ends: 5,952 MB free, both fit and start
     assert set(starts(d.at(0.6).finish("hog"))) == {"qb", "qc"}
-    assert st.parked == {} and st.short_on["n0"] == []
+    assert st.parked == {} and st.short_on["n0"] == {}
 
 
 def test_a_parked_session_whose_queue_changes_is_looked_at_again() -> None:
@@ -238,13 +254,13 @@ def test_a_parked_session_whose_queue_changes_is_looked_at_again() -> None:
     # b's queue was touched, so b is looked at again by the node's next pass
     assert set(starts(d.at(0.4).arrive(act("b2", mem=16, session="b",
                                                hints=WorkHints(expected_s=0.001))))) == {"b2"}
-    assert st.parked == {"a": 2048.0, "c": 1536.0} and st.waiting_on == {"n0": {"b"}}
+    assert _needs(st) == {"a": 2048.0, "c": 1536.0} and st.waiting_on == {"n0": {"b"}}
     d.at(0.5).arrive(act("p1", mem=16))
     d.at(0.51).finish("p1")  # (b2 still holds its 16 MB: 1,008 free)
-    assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
+    assert _needs(st) == {"a": 2048.0, "b": 3072.0, "c": 1536.0} and st.waiting_on == {"n0": set()}
     # c's only action is cancelled: c waits no more, nor is parked
     d(ev.CancelRequested(0.6, "qc"))
-    assert st.parked == {"a": 2048.0, "b": 3072.0} and "c" not in d.core.queues.waiting_sessions
+    assert _needs(st) == {"a": 2048.0, "b": 3072.0} and "c" not in d.core.queues.waiting_sessions
     # a's and b's heads age (30 s): touched, so back in the set, and tried by every pass
     # (aged heads are never left out: one that does not fit holds a node for itself)
     d.at(31.0).tick()
@@ -253,22 +269,93 @@ def test_a_parked_session_whose_queue_changes_is_looked_at_again() -> None:
     assert st.parked == {} and st.waiting_on == {"n0": {"a", "b"}}
 
 
-def test_a_node_s_heap_of_parked_heads_keeps_its_live_entries_only() -> None:
+def test_of_rigid_heads_of_one_shape_only_those_the_memory_can_hold_are_looked_at() -> None:
+    """Issue 40: six sessions' heads of one shape (1 core, 1,024 MB) parked; an end that frees
+    2,124 MB puts back only the first two in the queues' order (two such heads fit: the pass
+    would try the others in vain), and both start; the rest stay parked."""
+    d = Driver([cpu_node("n0", cpu=16, mem=16384)], policy="tangram", session_ttl_s=1e6)
+    for i in range(6):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=64)))
+    long = WorkHints(expected_s=100)
+    hog = 16384 - 6 * 64 - 1100 - 1000
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=hog, hints=long), act("y", mem=1100, hints=long)))) == {
+        "hog", "y"}
+    for i in range(6):
+        assert starts(d.at(0.2 + 0.01 * i).arrive(act(f"q{i}", mem=1024, session=f"s{i}"))) == {}
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    st = d.core.st
+    seq = [st.actions[f"q{i}"].seq for i in range(6)]
+    assert _groups(st, "n0") == {1024.0: [(seq[i], f"s{i}") for i in range(6)]}
+    assert st.waiting_on == {"n0": set()}
+    assert set(starts(d.at(0.4).finish("y"))) == {"q0", "q1"}  # (2,100 MB free: two fit)
+    assert _needs(st) == {f"s{i}": 1024.0 for i in range(2, 6)}
+    assert st.waiting_on == {"n0": {"s0", "s1"}}  # (dropped by the next pass: they wait no more)
+    assert _groups(st, "n0") == {1024.0: [(seq[i], f"s{i}") for i in range(2, 6)]}
+
+
+def test_a_node_s_group_of_parked_heads_keeps_its_live_entries_only() -> None:
     """Each park pushes an entry; one whose session was looked at again since goes stale
-    (skipped when popped). Past twice the live entries of the last compaction plus 32, the heap
+    (skipped when popped). Past twice the live entries of the last compaction plus 32, the group
     keeps its live ones only, so a session parked and touched over and over costs bounded room."""
     d = _parked()
     st = d.core.st
+    group = st.short_on["n0"][(st.parked["b"][0], True)]
     sizes = []
     for i in range(40):  # b: a new head that starts (touched), then a pass parks b again
         t = 1.0 + 0.5 * i  # (all before the heads' aging at 30 s)
         assert set(starts(d.at(t).arrive(act(f"b{i}", mem=16, session="b",
                                                hints=WorkHints(expected_s=0.001))))) == {f"b{i}"}
         d.at(t + 0.25).finish(f"b{i}")
-        assert st.parked == {"a": 2048.0, "b": 3072.0, "c": 1536.0}
-        sizes.append(len(st.short_on["n0"]))
-    # 3 entries, one more per round; at 33 (> 2 x 0 + 32) the three live ones are kept (the
-    # next cut would come past 2 x 3 + 32 = 38)
-    assert sizes == [*range(4, 33), *range(3, 14)]
-    assert st._short_kept == {"n0": 3}
-    assert sorted(set(st.short_on["n0"])) == [(1536.0, "c"), (2048.0, "a"), (3072.0, "b")]
+        assert _needs(st) == {"a": 2048.0, "b": 3072.0, "c": 1536.0}
+        sizes.append(len(group.heap))
+    # 1 entry, one more per round; at 33 (> 2 x 0 + 32) the one live entry is kept, then it
+    # grows again (the next cut past 2 x 1 + 32 = 34)
+    assert sizes == [*range(2, 33), *range(1, 10)]
+    # (b's head is qb throughout: its entries are all the same one, kept once at the cut)
+    assert group.kept == 1 and {e[1:] for e in group.heap} == {(st.parked["b"][1], "b")}
+
+
+def _one_short(mem_need: float, disk_need: float) -> Driver:
+    """Node n0 (8 cores, 4,096 MB, 100 MB of disk): session s (64 MB), a long action holding
+    all but 1,024 MB and 40 MB of disk, then s's action needing ``mem_need`` MB and ``disk_need`` of disk queues,
+    and a shared-pool action ends there (a pass over n0)."""
+    d = Driver([NodeSpec("n0", Resources(cpu=8, memory_mb=4096, disk_mb=100))], policy="tangram",
+               session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "s", Resources(memory_mb=64)))
+    hog = ActionSpec("hog", demand=Resources(cpu=1, memory_mb=3008, disk_mb=60), hints=WorkHints(expected_s=100))
+    assert set(starts(d.at(0.1).arrive(hog))) == {"hog"}
+    spec = ActionSpec("q", demand=Resources(cpu=1, memory_mb=mem_need, disk_mb=disk_need), session="s")
+    assert starts(d.at(0.2).arrive(spec)) == {}
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    return d
+
+
+def test_only_a_head_short_of_memory_is_parked() -> None:
+    """A head short of memory by half a megabyte is parked; one that fits the memory exactly
+    but lacks disk is left out of the pass as before, not parked (its node's passes look at it
+    each time: no memory freed would tell when it fits)."""
+    d = _one_short(1024.5, 10)
+    assert _needs(d.core.st) == {"s": 1024.5}
+    d = _one_short(1024.0, 50)
+    assert d.core.st.parked == {} and d.core.st.waiting_on == {"n0": {"s"}}
+
+
+def test_validate_names_a_parked_head_that_breaks_the_rules() -> None:
+    """`Core.validate`'s checks of the parked sessions, each made to fail alone."""
+    def broken(name: str, spoil) -> None:
+        d = _parked()
+        spoil(d.core.st)
+        with pytest.raises(AssertionError, match=f"invariant {name} broken"):
+            d.core.validate()
+
+    broken("parked-waits", lambda st: st.parked.__setitem__("zz", st.parked["a"]))
+    broken("parked-head", lambda st: st.parked.__setitem__("a", (st.parked["a"][0], -1)))
+    broken("parked-head", lambda st: st.parked.__setitem__("a", (st.parked["c"][0], st.parked["a"][1])))
+    broken("parked-short", lambda st: st.nodes["n0"].free.__setitem__("memory_mb", 2048.0))
+    broken("parked-in-its-group", lambda st: st.short_on["n0"].clear())
+    broken("parked-in-its-group", lambda st: st.short_on["n0"][(st.parked["a"][0], True)].heap.clear())
+    d = _parked()
+    d.core.st.nodes["n0"].free["memory_mb"] = 1535.5  # (c, 1,536 MB, still short by half a MB)
+    d.core.validate()

@@ -171,6 +171,32 @@ def calls_with_short(heads, probes=20):
         total += calls(lambda: end(i))
     return total / probes, parked
 
+def calls_with_herd(heads, probes=16):
+    # as `calls_with_short`, but the heads are all of one shape (1 core, 1 GB) and the node's
+    # memory is held by 1 GB actions: each probe ends one of them, so one head fits and starts.
+    # Counted: all calls of the ends, and the heads started
+    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=64, memory_mb=1 << 20)),)),
+                CoreConfig(policy="tangram", session_ttl_s=1e6))
+    t = 0.0
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.SessionRequested(t, f"h{i}", Resources(memory_mb=64)))
+    rest = (1 << 20) - 64 * heads - 512
+    core.handle(ev.ActionArrived(t, ActionSpec("hog", demand=Resources(cpu=1, memory_mb=rest - 1024 * probes))))
+    for j in range(probes):
+        core.handle(ev.ActionArrived(t, ActionSpec(f"m{j}", demand=Resources(cpu=1, memory_mb=1024))))
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=1024),
+                                                   session=f"h{i}")))
+    core.handle(ev.ActionArrived(t + 0.001, ActionSpec("p", demand=Resources(cpu=1, memory_mb=16))))
+    core.handle(ev.ActionFinished(t + 0.002, "p"))  # (the first pass over the node parks them)
+    total = 0
+    for j in range(probes):
+        total += calls(lambda: core.handle(ev.ActionFinished(t + 0.01 * (j + 1), f"m{j}")))
+    started = sum(1 for i in range(heads) if core.st.actions[f"q{i}"].allotment is not None)
+    return total / probes, started
+
 if sys.argv[1] == "sessions":
     print(json.dumps([calls_per_open(200), calls_per_open(1600)]))
 elif sys.argv[1] == "waiting":
@@ -179,6 +205,8 @@ elif sys.argv[1] == "heads":
     print(json.dumps([plans_per_end(20), plans_per_end(160)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
+elif sys.argv[1] == "herd":
+    print(json.dumps([calls_with_herd(20), calls_with_herd(160)]))
 elif sys.argv[1] == "short":
     print(json.dumps([calls_with_short(20), calls_with_short(160)]))
 else:
@@ -236,5 +264,16 @@ def test_an_end_costs_the_same_with_eight_times_the_heads_short_of_memory_on_the
     each (its queue's head, then `_short_besides_cpu`) and an end cost ~8x with 8x the heads."""
     (small, parked_small), (large, parked_large) = _probe("short")
     assert (parked_small, parked_large) == (20, 160)  # every head parked by the first pass
+    assert small > 0
+    assert large < 1.5 * small, (small, large)
+
+
+def test_an_end_that_frees_room_for_one_head_looks_at_one_of_eight_times_the_heads() -> None:
+    """Issue 40: heads of one shape parked for memory; each end frees room for exactly one,
+    which starts. The node's group gives back only as many heads as its free memory holds
+    (`CoreState.unpark_fitting`), so an end costs the same with 8x the heads; giving back every
+    head that fits the memory freed made the pass try all of them, each in vain but the first."""
+    (small, started_small), (large, started_large) = _probe("herd")
+    assert (started_small, started_large) == (16, 16)  # one head per end
     assert small > 0
     assert large < 1.5 * small, (small, large)

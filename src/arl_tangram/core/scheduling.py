@@ -158,7 +158,7 @@ class SchedulingPass:
                     if local is not None and rec.cpu > limit:
                         continue  # more CPU than any freed node has: still blocked (aged heads go on)
                 elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
-                    self._park(key[1], rec)
+                    self._park(key[1], rec, e)
                     continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
             heap.append((e[0], e[1], key, rec))
         if len(heap) > 1:
@@ -191,19 +191,20 @@ class SchedulingPass:
         return (node is not None and rec.partition is None and node.cap.get("gpu", 0.0) <= 0.0
                 and not fits_besides_cpu(node, rec.shape))
 
-    def _park(self, sid: str, rec: ActionRecord) -> None:
-        """Session ``sid``'s head ``rec``, left out of the pass (`_short_besides_cpu`), parked
-        (`CoreState.park`) when it is memory it lacks: the passes over its node leave it out,
-        without a look, until the node's free memory reaches what it needs (`candidates`) or
-        its queue changes (`Core`'s flush, `Queues.remove`). One short of another dimension
-        only stays in the node's set, looked at by each pass as before."""
+    def _park(self, sid: str, rec: ActionRecord, entry: tuple[int, int, int, str]) -> None:
+        """Session ``sid``'s head ``rec`` (queue ``entry``), left out of the pass
+        (`_short_besides_cpu`), parked (`CoreState.park`) when it is memory it lacks: the passes
+        over its node leave it out, without a look, until the node's free memory reaches what
+        it needs (`candidates`) or its queue changes (`Core`'s flush, `Queues`). One short of
+        another dimension only stays in the node's set, looked at by each pass as before."""
         sess = self.st.sessions[sid]
         assert sess.node is not None  # (`_short_besides_cpu` found its node)
         node = self.st.nodes[sess.node]
         for dim, need in rec.shape:
             if dim == MEMORY_MB:
-                if need > node.free.get(MEMORY_MB, 0.0) + 1e-9:
-                    self.st.park(sid, sess.node, need)
+                if need > node.free.get(MEMORY_MB, 0.0) + 1e-9 and need > 1e-9:
+                    rigid = not (rec.elastic and self.st.elastic_policy)
+                    self.st.park(sid, sess.node, rec.shape, need, rigid, entry[0], entry[1])
                 return
 
     def run_fair(self, keys: Iterable[QueueKey], local: list[NodeState] | None, local_cpu: float) -> None:

@@ -12,6 +12,7 @@ could ever fit where, the largest capacity) are caches of the nodes, dropped by
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Hashable, Iterable
 
 from .cluster import ClusterSpec, ModelSpec
@@ -22,6 +23,20 @@ from .nodeindex import FreeIndex
 from .policies import POLICY_TABLE, Policy
 from .records import ActionRecord, NodeState, QueueKey, SessionRecord, ShapeKey
 from .resources import Resources
+
+
+class ParkedGroup:
+    """A node's parked session heads of one demand shape (`CoreState.park`): the memory each
+    needs, whether they are rigid, a heap of ``(rank, seq, session id)`` in the queues' order,
+    and its size at its last compaction."""
+
+    __slots__ = ("heap", "kept", "need", "rigid")
+
+    def __init__(self, need: float, rigid: bool) -> None:
+        self.need = need
+        self.rigid = rigid
+        self.heap: list[tuple[int, int, str]] = []
+        self.kept = 0
 
 
 class CoreState:
@@ -44,13 +59,13 @@ class CoreState:
         self.waiting_on: dict[str, set[str]] = {}
         # Sessions parked out of `waiting_on` (issue 40): the head of each lacked memory on its
         # node when the pass last looked (`SchedulingPass.run_pass` left it out), and nothing
-        # it needs has changed since. sid -> the head's memory; node -> a heap of (memory, sid)
-        # the pass pops as the node's free memory grows (entries whose sid is no longer parked
-        # with that amount are stale and skipped). `unpark` puts a session back in its node's
-        # set: when its queue is touched (a new head, an aged one) or loses an action.
-        self.parked: dict[str, float] = {}
-        self.short_on: dict[str, list[tuple[float, str]]] = {}
-        self._short_kept: dict[str, int] = {}  # node -> its heap's size at its last compaction
+        # it needs has changed since. sid -> its head's (shape, seq); node -> its groups of
+        # parked heads by (shape, rigid), each a heap in the queues' order that the pass pops
+        # as the node's free memory grows (`unpark_fitting`; an entry whose session is no
+        # longer parked with that head is stale, skipped). `unpark` puts a session back in its
+        # node's set when its queue is touched (a new head, an aged one, an action taken off).
+        self.parked: dict[str, tuple[tuple[tuple[str, float], ...], int]] = {}  # sid -> (shape, seq)
+        self.short_on: dict[str, dict[tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]] = {}
         self.now = 0.0  # the time of the latest event
         self.out: list[Command] = []  # the commands of the event in progress
         self.cause = ""  # the cause those commands carry
@@ -84,27 +99,34 @@ class CoreState:
         self._total: dict[str, float] | None = None  # (None: recompute)
 
     # ---- sessions parked for memory (issue 40) ---------------------------------------------------
-    def park(self, sid: str, node: str, need: float) -> None:
-        """Session ``sid``'s head lacks memory on ``node`` (it needs ``need`` MB): out of the
-        node's `waiting_on` until the node's free memory reaches ``need`` or its queue changes."""
-        self.parked[sid] = need
-        on = self.waiting_on.get(node)
-        if on is not None:
-            on.discard(sid)
-        heap = self.short_on.get(node)
-        if heap is None:
-            heap = self.short_on[node] = []
-        heapq.heappush(heap, (need, sid))
-        kept = self._short_kept.get(node, 0)
-        if len(heap) > 2 * kept + 32:  # stale entries pile up: keep the live ones (amortized O(1))
-            parked, sessions = self.parked, self.sessions
-            live: set[tuple[float, str]] = set()
+    def park(self, sid: str, node: str, shape: tuple[tuple[str, float], ...], need: float,
+             rigid: bool, rank: int, seq: int) -> None:
+        """Session ``sid``'s head (queue entry ``rank``, ``seq``; demand ``shape``, of which
+        ``need`` MB of memory) lacks memory on ``node``: out of the node's `waiting_on`, into
+        the node's group of parked heads of that shape, until the node's free memory reaches
+        ``need`` (`unpark_fitting`) or its queue changes (`unpark`)."""
+        self.parked[sid] = (shape, seq)
+        self.waiting_on[node].discard(sid)  # (made as its first session opened there)
+        groups = self.short_on.get(node)
+        if groups is None:
+            groups = self.short_on[node] = {}
+        group = groups.get((shape, rigid))
+        if group is None:
+            group = groups[(shape, rigid)] = ParkedGroup(need, rigid)
+        heap = group.heap
+        heapq.heappush(heap, (rank, seq, sid))
+        if len(heap) > 2 * group.kept + 32:  # stale entries pile up: keep the live ones (amortized O(1))
+            live: set[tuple[int, int, str]] = set()
             for e in heap:
-                sess = sessions.get(e[1])
-                if parked.get(e[1]) == e[0] and sess is not None and sess.node == node:
+                if self._parked_here(e[2], shape, e[1], node):
                     live.add(e)
             heap[:] = sorted(live)
-            self._short_kept[node] = len(heap)
+            group.kept = len(heap)
+
+    def _parked_here(self, sid: str, shape: tuple[tuple[str, float], ...], seq: int, node: str) -> bool:
+        """Whether a group entry is live: its session parked with that head, on that node."""
+        sess = self.sessions.get(sid)
+        return self.parked.get(sid) == (shape, seq) and sess is not None and sess.node == node
 
     def unpark(self, sid: str) -> None:
         """Session ``sid`` back in its node's `waiting_on` (the pass looks at it again), if parked."""
@@ -112,30 +134,41 @@ class CoreState:
             return
         sess = self.sessions.get(sid)
         if sess is not None and sess.node is not None:
-            on = self.waiting_on.get(sess.node)
-            if on is None:
-                on = self.waiting_on[sess.node] = set()
-            on.add(sid)
+            self.waiting_on[sess.node].add(sid)
 
     def unpark_fitting(self, node: str, memory: float) -> None:
-        """The sessions parked on ``node`` whose heads need at most ``memory`` MB, back in its
-        `waiting_on` (the pass over a node whose capacity grew; all of them: ``memory`` inf)."""
-        heap = self.short_on.get(node)
-        if not heap:
+        """The pass over ``node``, whose capacity grew: back in its `waiting_on`, of each group
+        of parked heads that need at most ``memory`` MB (all of them: ``memory`` inf), the
+        first ``memory // need`` in the queues' order where the heads are rigid, all where
+        they are elastic. Exact: the pass tries a shape's rigid heads in that order, a start
+        takes ``need`` MB, nothing in a pass gives memory back nor makes a demand fit that did
+        not fit before (starts and reclaims only take), and a rigid head's failed try changes
+        nothing; so the heads it would start are among those first ones, and the others it
+        would only try in vain. (An elastic head's try depends on its own expected work and
+        is remembered (`Elastic.width_on`): all of them are tried, as before.)"""
+        groups = self.short_on.get(node)
+        if not groups:
             return
         parked = self.parked
-        on = self.waiting_on.get(node)
-        if on is None:
-            on = self.waiting_on[node] = set()
+        on = self.waiting_on[node]
         limit = memory + 1e-9  # (`fits_besides_cpu`'s tolerance)
-        sessions = self.sessions
-        while heap and heap[0][0] <= limit:
-            need, sid = heapq.heappop(heap)
-            if parked.get(sid) == need:
-                sess = sessions.get(sid)
-                if sess is not None and sess.node == node:  # (else parked on its own node)
+        emptied: list[tuple[tuple[tuple[str, float], ...], bool]] = []
+        for key, group in groups.items():
+            need = group.need
+            if need > limit:
+                continue
+            room = math.floor(limit / need) if group.rigid and memory != math.inf else -1
+            heap, shape = group.heap, key[0]
+            while heap and room != 0:
+                _, seq, sid = heapq.heappop(heap)
+                if self._parked_here(sid, shape, seq, node):
                     del parked[sid]
                     on.add(sid)
+                    room -= 1
+            if not heap:
+                emptied.append(key)
+        for key in emptied:
+            del groups[key]
 
     # ---- the event in progress ------------------------------------------------------------------
 
