@@ -22,7 +22,6 @@ made in all three.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable
 
 from .elastic import Elastic
@@ -42,7 +41,7 @@ from .records import (
     session_key,
 )
 from .resources import CPU, MEMORY_MB
-from .state import CoreState
+from .state import CoreState, ParkedGroup
 
 
 class SchedulingPass:
@@ -56,6 +55,9 @@ class SchedulingPass:
         self.elastic = elastic
         self.partitions = partitions
         self.lending: Lending | None = None  # with tenants' shares (Core sets it)
+        # (node, key, group) of parked heads whose node's memory fits them, for the next
+        # `run_pass` (`candidates` finds them on the dirty nodes)
+        self.groups: list[tuple[str, tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]] = []
 
     # ---- the pass -------------------------------------------------------------------------------
     def candidates(self) -> set[QueueKey]:
@@ -68,9 +70,14 @@ class SchedulingPass:
         waiting = self.queues.waiting_sessions
         waiting_on = st.waiting_on
         short_on = st.short_on
+        groups = self.groups
         for name in st.dirty:
-            if short_on:  # parked heads that fit the node's memory now (all: with slices, none is left out)
-                st.unpark_fitting(name, nodes[name].free.get(MEMORY_MB, 0.0) if not part_by_node else math.inf)
+            if short_on and name in short_on:  # parked heads: for the pass, the groups the node's
+                if part_by_node:  # memory fits now; with slices, none is left out
+                    st.unpark_all(name)
+                else:
+                    free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # (`fits_besides_cpu`'s)
+                    groups.extend((name, k, g) for k, g in short_on[name].items() if g.need <= free)
             on = waiting_on.get(name)
             if on:  # the node's sessions that may wait (`CoreState.waiting_on`): those that
                 sessions = nodes[name].sessions  # no longer do, or left, are dropped here
@@ -106,7 +113,7 @@ class SchedulingPass:
                             self.fill_node(node)
                     return
                 keys = self.candidates()
-                if not keys:
+                if not keys and not self.groups:
                     return
                 if node.alive:
                     local = [node]
@@ -115,7 +122,7 @@ class SchedulingPass:
                     local = []
             else:
                 keys = self.candidates()
-                if not keys:
+                if not keys and not self.groups:
                     return
                 if len(freed) <= 32:
                     nodes = self.st.nodes
@@ -145,7 +152,7 @@ class SchedulingPass:
             return
         touched = self.st.touched
         head = self.queues.head
-        heap: list[tuple[int, int, QueueKey, ActionRecord]] = []  # (rank, seq, key, head)
+        heap: list[tuple[int, int, QueueKey, ActionRecord, int]] = []  # (rank, seq, key, head, group)
         limit = local_cpu + 1e-9
         plain = not self.partitions.by_node  # (slices: their own accounting, see `_short_besides_cpu`)
         for key in keys:
@@ -160,11 +167,17 @@ class SchedulingPass:
                 elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
                     self._park(key[1], rec, e)
                     continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
-            heap.append((e[0], e[1], key, rec))
+            heap.append((e[0], e[1], key, rec, -1))
+        groups = self.groups
+        if groups:  # each group of parked heads that its node's memory fits: its first head
+            self.groups = []
+            back: list[list[tuple[int, int, str]]] = [[] for _ in groups]
+            for i in range(len(groups)):
+                self._next_member(groups, i, heap, back)
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
-            aged, _, key, rec = heapq.heappop(heap)
+            aged, _, key, rec, g = heapq.heappop(heap)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 placed, limit = self.try_local(rec, local, limit)
             else:
@@ -173,9 +186,50 @@ class SchedulingPass:
                 got = head(key)
                 if got is not None:
                     e = got[1]
-                    heapq.heappush(heap, (e[0], e[1], key, got[0]))
+                    heapq.heappush(heap, (e[0], e[1], key, got[0], -1))
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
+            if g >= 0:  # a parked head (`CoreState.park`): its group's next, while memory fits
+                name, gkey, group = groups[g]
+                if placed:
+                    self.st.unpark(key[1])  # (its session's next head: looked at as any other)
+                else:
+                    back[g].append((aged, rec.seq, key[1]))
+                if (placed or not group.rigid) and \
+                        group.need <= self.st.nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9:
+                    self._next_member(groups, g, heap, back)
+        if groups:
+            for (name, gkey, group), tried in zip(groups, back, strict=True):
+                for entry in tried:  # (still parked: back on their group)
+                    heapq.heappush(group.heap, entry)
+                if not group.heap:
+                    self.st.short_on[name].pop(gkey, None)
+
+    def _next_member(self, groups: list[tuple[str, tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]],
+                     g: int, heap: list[tuple[int, int, QueueKey, ActionRecord, int]],
+                     back: list[list[tuple[int, int, str]]]) -> None:
+        """Onto the pass's ``heap``: the next head of parked group ``g`` in the queues' order,
+        one at a time, so that the pass tries a group's heads in the order it would have had
+        them all, and stops taking them once its node's memory no longer fits them (each later
+        try would fail, changing nothing) or, for rigid heads, once one did not start (a later
+        one of the same demand on the same node cannot: within a pass, free capacity and what
+        elastic actions could lend only shrink, and a rigid head's failed try changes nothing).
+        A session this event touched is in the pass already (its key), so not taken twice."""
+        name, gkey, group = groups[g]
+        st = self.st
+        touched = st.touched
+        while True:
+            e = st.next_parked(name, gkey[0], group)
+            if e is None:
+                return
+            key = session_key(e[2])
+            if key in touched:
+                back[g].append(e)
+                continue
+            got = self.queues.head(key)
+            assert got is not None and got[0].seq == e[1]  # (a parked head is its queue's head)
+            heapq.heappush(heap, (e[0], e[1], key, got[0], g))
+            return
 
     def _short_besides_cpu(self, rec: ActionRecord, sid: str) -> bool:
         """Whether session ``sid``'s head ``rec`` cannot start in this pass whatever else

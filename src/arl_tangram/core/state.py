@@ -12,7 +12,6 @@ could ever fit where, the largest capacity) are caches of the nodes, dropped by
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Hashable, Iterable
 
 from .cluster import ClusterSpec, ModelSpec
@@ -60,10 +59,11 @@ class CoreState:
         # Sessions parked out of `waiting_on` (issue 40): the head of each lacked memory on its
         # node when the pass last looked (`SchedulingPass.run_pass` left it out), and nothing
         # it needs has changed since. sid -> its head's (shape, seq); node -> its groups of
-        # parked heads by (shape, rigid), each a heap in the queues' order that the pass pops
-        # as the node's free memory grows (`unpark_fitting`; an entry whose session is no
-        # longer parked with that head is stale, skipped). `unpark` puts a session back in its
-        # node's set when its queue is touched (a new head, an aged one, an action taken off).
+        # parked heads by (shape, rigid), each a heap in the queues' order from which the pass
+        # over the node takes heads as long as its free memory fits them (`SchedulingPass
+        # .run_pass`; an entry whose session is no longer parked with that head is stale,
+        # skipped). `unpark` puts a session back in its node's set when its queue is touched
+        # (a new head, an aged one, an action taken off) or its head starts.
         self.parked: dict[str, tuple[tuple[tuple[str, float], ...], int]] = {}  # sid -> (shape, seq)
         self.short_on: dict[str, dict[tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]] = {}
         self.now = 0.0  # the time of the latest event
@@ -103,8 +103,9 @@ class CoreState:
              rigid: bool, rank: int, seq: int) -> None:
         """Session ``sid``'s head (queue entry ``rank``, ``seq``; demand ``shape``, of which
         ``need`` MB of memory) lacks memory on ``node``: out of the node's `waiting_on`, into
-        the node's group of parked heads of that shape, until the node's free memory reaches
-        ``need`` (`unpark_fitting`) or its queue changes (`unpark`)."""
+        the node's group of parked heads of that shape, which the passes over the node look at
+        while its free memory fits ``need`` (`SchedulingPass.run_pass`), until its queue
+        changes or its head starts (`unpark`)."""
         self.parked[sid] = (shape, seq)
         self.waiting_on[node].discard(sid)  # (made as its first session opened there)
         groups = self.short_on.get(node)
@@ -136,39 +137,30 @@ class CoreState:
         if sess is not None and sess.node is not None:
             self.waiting_on[sess.node].add(sid)
 
-    def unpark_fitting(self, node: str, memory: float) -> None:
-        """The pass over ``node``, whose capacity grew: back in its `waiting_on`, of each group
-        of parked heads that need at most ``memory`` MB (all of them: ``memory`` inf), the
-        first ``memory // need`` in the queues' order where the heads are rigid, all where
-        they are elastic. Exact: the pass tries a shape's rigid heads in that order, a start
-        takes ``need`` MB, nothing in a pass gives memory back nor makes a demand fit that did
-        not fit before (starts and reclaims only take), and a rigid head's failed try changes
-        nothing; so the heads it would start are among those first ones, and the others it
-        would only try in vain. (An elastic head's try depends on its own expected work and
-        is remembered (`Elastic.width_on`): all of them are tried, as before.)"""
-        groups = self.short_on.get(node)
+    def next_parked(self, node: str, shape: tuple[tuple[str, float], ...], group: ParkedGroup,
+                    ) -> tuple[int, int, str] | None:
+        """Off ``group``'s heap (``node``'s heads of ``shape``), its first live entry in the
+        queues' order, the stale ones before it dropped; None when it has no more."""
+        heap = group.heap
+        while heap:
+            e = heapq.heappop(heap)
+            if self._parked_here(e[2], shape, e[1], node):
+                return e
+        return None
+
+    def unpark_all(self, node: str) -> None:
+        """Every session parked on ``node`` back in its `waiting_on` (with slices, whose
+        accounting is their own, the pass leaves no head out)."""
+        groups = self.short_on.pop(node, None)
         if not groups:
             return
-        parked = self.parked
         on = self.waiting_on[node]
-        limit = memory + 1e-9  # (`fits_besides_cpu`'s tolerance)
-        emptied: list[tuple[tuple[tuple[str, float], ...], bool]] = []
-        for key, group in groups.items():
-            need = group.need
-            if need > limit:
-                continue
-            room = math.floor(limit / need) if group.rigid and memory != math.inf else -1
-            heap, shape = group.heap, key[0]
-            while heap and room != 0:
-                _, seq, sid = heapq.heappop(heap)
-                if self._parked_here(sid, shape, seq, node):
-                    del parked[sid]
-                    on.add(sid)
-                    room -= 1
-            if not heap:
-                emptied.append(key)
-        for key in emptied:
-            del groups[key]
+        for (shape, _), group in groups.items():
+            e = self.next_parked(node, shape, group)
+            while e is not None:
+                del self.parked[e[2]]
+                on.add(e[2])
+                e = self.next_parked(node, shape, group)
 
     # ---- the event in progress ------------------------------------------------------------------
 
