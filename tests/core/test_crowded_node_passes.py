@@ -17,12 +17,15 @@ session on random streams; `Core.validate` checks every waiting session is in it
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 from core_helpers import Driver, act, cpu_commands, cpu_node, elastic, starts
 
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import ActionSpec, WorkHints
 from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.queues import AGED
 from arl_tangram.core.resources import Resources
 
 GB = Resources(memory_mb=1024)
@@ -350,3 +353,49 @@ def test_validate_names_a_parked_head_that_breaks_the_rules() -> None:
     broken("parked-head", lambda st: st.parked.__setitem__("a", (st.parked["c"][0], st.parked["a"][1])))
     broken("parked-in-its-group", lambda st: st.short_on["n0"].clear())
     broken("parked-in-its-group", lambda st: st.short_on["n0"][(st.parked["a"][0], True)].heap.clear())
+
+
+def test_a_parked_head_touched_by_the_pass_s_own_event_is_tried_once() -> None:
+    """Session a's head (3,000 MB) parked on n0 (2,028 MB free); at 31 s it has aged (its queue
+    touched) when the hog ends in the same event: it is tried as its queue's head (aged,
+    first) and starts, and not a second time from its group (room is left for a second)."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "a", Resources(memory_mb=64)))
+    long = WorkHints(expected_s=100)
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=6000, hints=long), act("y", mem=100, hints=long)))) == {
+        "hog", "y"}
+    assert starts(d.at(0.2).arrive(act("qa", mem=3000, session="a"))) == {}
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    st = d.core.st
+    assert _needs(st) == {"a": 3000.0}
+    out = d.at(31.0).finish("hog")
+    assert [(type(c).__name__, c.action.id) for c in out if type(c).__name__ == "StartAction"] == [
+        ("StartAction", "qa")]
+    assert st.parked == {} and st.nodes["n0"].free.get("memory_mb") == 8192 - 64 - 100 - 3000
+
+
+def test_a_parked_head_is_tried_when_the_memory_freed_is_exactly_what_it_needs() -> None:
+    """a's head needs 4,128 MB; 2,000 are free when it is parked, and y's end frees exactly the
+    rest: it is tried, and starts."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "a", Resources(memory_mb=64)))
+    long = WorkHints(expected_s=100)
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=4000, hints=long), act("y", mem=2128, hints=long)))) == {
+        "hog", "y"}
+    assert starts(d.at(0.2).arrive(act("qa", mem=4128, session="a"))) == {}
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    assert _needs(d.core.st) == {"a": 4128.0}
+    assert set(starts(d.at(0.4).finish("y"))) == {"qa"}
+    assert d.core.st.parked == {} and d.core.st.nodes["n0"].free.get("memory_mb") == 0.0
+
+
+def test_validate_names_a_parked_head_that_aged() -> None:
+    """A parked session's head is never aged (aging touches its queue, which unparks it): one
+    aged behind the core's back breaks `parked-head`."""
+    d = _parked()
+    rec = d.core.st.actions["qa"]
+    heapq.heappush(d.core.queues.heaps[("sess", "a")], (AGED, rec.seq, rec.gen, "qa"))
+    with pytest.raises(AssertionError, match="invariant parked-head broken"):
+        d.core.validate()

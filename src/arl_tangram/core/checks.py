@@ -211,11 +211,11 @@ def _check_actions(core: Core) -> None:
     for sid, (shape, seq) in core.st.parked.items():  # parked: its head, in its node's group
         sess = core.st.sessions.get(sid)
         _check(sid in waiting and sess is not None and sess.node is not None, "parked-waits", sid)
-        assert sess is not None and sess.node is not None
+        assert sess is not None and sess.node is not None  # pragma: no mutate (for mypy: checked above)
         got = core.queues.head(session_key(sid))
         assert got is not None
         rec, entry = got
-        need = dict(shape).get(MEMORY_MB, 0.0)
+        need = dict(shape).get(MEMORY_MB, 0.0)  # pragma: no mutate (a parked shape has memory)
         _check(entry[0] != AGED and entry[1] == seq and rec.shape == shape, "parked-head",
                f"{sid}: {entry} {rec.shape}, parked with {seq} {shape}")
         rigid = not (rec.elastic and core.st.elastic_policy)

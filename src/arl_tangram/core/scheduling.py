@@ -72,12 +72,10 @@ class SchedulingPass:
         short_on = st.short_on
         groups = self.groups
         for name in st.dirty:
-            if short_on and name in short_on:  # parked heads: for the pass, the groups the node's
-                if part_by_node:  # memory fits now; with slices, none is left out
-                    st.unpark_all(name)
-                else:
-                    free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # (`fits_besides_cpu`'s)
-                    groups.extend((name, k, g) for k, g in short_on[name].items() if g.need <= free)
+            if short_on and name in short_on:  # parked heads: the groups the node's memory fits now
+                # (`fits_besides_cpu`'s tolerance; a looser one only tries heads that fail, changing
+                free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # pragma: no mutate (nothing)
+                groups.extend((name, k, g) for k, g in short_on[name].items() if g.need <= free)
             on = waiting_on.get(name)
             if on:  # the node's sessions that may wait (`CoreState.waiting_on`): those that
                 sessions = nodes[name].sessions  # no longer do, or left, are dropped here
@@ -154,7 +152,7 @@ class SchedulingPass:
         head = self.queues.head
         heap: list[tuple[int, int, QueueKey, ActionRecord, int]] = []  # (rank, seq, key, head, group)
         limit = local_cpu + 1e-9
-        plain = not self.partitions.by_node  # (slices: their own accounting, see `_short_besides_cpu`)
+        plain = not self.st.partitioned  # (slices: their own accounting, see `_short_besides_cpu`)
         for key in keys:
             got = head(key)
             if got is None:

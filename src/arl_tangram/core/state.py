@@ -148,20 +148,6 @@ class CoreState:
                 return e
         return None
 
-    def unpark_all(self, node: str) -> None:
-        """Every session parked on ``node`` back in its `waiting_on` (with slices, whose
-        accounting is their own, the pass leaves no head out)."""
-        groups = self.short_on.pop(node, None)
-        if not groups:
-            return
-        on = self.waiting_on[node]
-        for (shape, _), group in groups.items():
-            e = self.next_parked(node, shape, group)
-            while e is not None:
-                del self.parked[e[2]]
-                on.add(e[2])
-                e = self.next_parked(node, shape, group)
-
     # ---- the event in progress ------------------------------------------------------------------
 
     def begin(self, time: float, cause: str) -> list[Command]:
