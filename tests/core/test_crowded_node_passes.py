@@ -221,7 +221,8 @@ def test_heads_short_of_memory_are_parked_until_the_node_has_what_they_need() ->
     """Issue 40: the pass over a node leaves out a session head that lacks memory there, and
     parks its session (`CoreState.park`): out of the node's waiting set, into the node's group
     of its shape; the passes that follow look at it only once the node's free memory reaches
-    what it needs (`unpark_fitting`), so an end that frees less costs nothing per parked head."""
+    what it needs (`SchedulingPass.candidates`), so an end that frees less costs nothing per
+    parked head."""
     d = _parked()
     st = d.core.st
     seq = {sid: st.actions[f"q{sid}"].seq for sid in "abc"}

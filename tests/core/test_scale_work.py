@@ -270,9 +270,9 @@ def test_an_end_costs_the_same_with_eight_times_the_heads_short_of_memory_on_the
 
 def test_an_end_that_frees_room_for_one_head_looks_at_one_of_eight_times_the_heads() -> None:
     """Issue 40: heads of one shape parked for memory; each end frees room for exactly one,
-    which starts. The node's group gives back only as many heads as its free memory holds
-    (`CoreState.unpark_fitting`), so an end costs the same with 8x the heads; giving back every
-    head that fits the memory freed made the pass try all of them, each in vain but the first."""
+    which starts. The pass takes the node's group of them one head at a time while its memory
+    fits them (`SchedulingPass.run_pass`), so an end costs the same with 8x the heads; giving
+    back every head the memory freed fits made the pass try all of them, in vain but the first."""
     (small, started_small), (large, started_large) = _probe("herd")
     assert (started_small, started_large) == (16, 16)  # one head per end
     assert small > 0
