@@ -13,7 +13,10 @@ from arl_tangram.core.resources import Resources
 
 
 def _closed(out) -> list[tuple[str, str, str]]:
-    return [(c.session_id, c.node, c.reason) for c in of(out, cmd.CloseSession)]
+    """The sessions closed, each by a plain `CloseSession` (an expiry is no eviction)."""
+    got = of(out, cmd.CloseSession)
+    assert all(type(c) is cmd.CloseSession for c in got), got
+    return [(c.session_id, c.node, c.reason) for c in got]
 
 
 def _session(d: Driver, sid: str, ttl: float, node: str = "n0") -> None:
@@ -25,7 +28,9 @@ def test_an_idle_session_expires_at_its_deadline_exactly() -> None:
     d = Driver([cpu_node("n0")])
     _session(d, "s", 10.0)  # opened at 0: its deadline 10
     assert _closed(d.at(9.999).tick()) == []
-    assert _closed(d.at(10.0).tick()) == [("s", "n0", "ttl expired")]
+    out = d.at(10.0).tick()
+    assert _closed(out) == [("s", "n0", "ttl expired")]
+    assert [c.cause for c in of(out, cmd.CloseSession)] == ["Tick@10"]  # the event that closed it
     assert "s" not in d.core.st.sessions
     assert _closed(d.at(30.0).tick()) == []
 
@@ -130,3 +135,35 @@ def test_waiting_sessions_are_served_in_order_after_their_group_is_compacted() -
     assert set(d.core.sessions.pending) == {"s19", "t"}
     out = d.at(3.0).finish("hog", run_s=3.0)
     assert [(c.session_id, c.node) for c in of(out, cmd.OpenSession)] == [("s19", "n0"), ("t", "n0")]
+
+
+def test_past_sixteen_ranked_nodes_without_room_the_scan_picks_the_best_not_the_first() -> None:
+    d = Driver([cpu_node(f"n{i:02}", cpu=8, mem=2048) for i in range(16)])
+    d.arrive(*(act(f"h{i:02}", mem=1900) for i in range(16)))  # one per node: 148 MB free each
+    d(ev.NodeAdded(0.0, cpu_node("n16", cpu=4, mem=4096)))
+    d.arrive(act("busy", cpu=2, mem=200))  # only n16 has 200 MB: 2 of its 4 cores free
+    d(ev.NodeAdded(0.0, cpu_node("n17", cpu=4, mem=4096)))
+    # ranked by sessions per core: the 16 nodes of 8 cores first, none with room now; then a
+    # scan of all: n16 and n17 have room, n17 more free CPU (4 against 2)
+    out = d(ev.SessionRequested(0.0, "s", demand=Resources(memory_mb=256)))
+    assert [(c.session_id, c.node) for c in of(out, cmd.OpenSession)] == [("s", "n17")]
+
+
+def test_a_session_of_a_task_opens_in_its_tasks_pool_not_where_the_spread_would() -> None:
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=2)], policy="task-isolated",
+               task_shares={"a": 2, "b": 1})  # pools: a on n0 (4 cores), b on n1 (2)
+    got = []
+    for sid, task in (("s1", "a"), ("s2", "b"), ("s3", "b"), ("s4", "a")):
+        out = d(ev.SessionRequested(0.0, sid, task=task))
+        got += [(c.session_id, c.node) for c in of(out, cmd.OpenSession)]
+    # (over the whole cluster s2 would go to n0: 2 sessions per 4 cores tie 1 per 2, and n0 has
+    # more free CPU)
+    assert got == [("s1", "n0"), ("s2", "n1"), ("s3", "n1"), ("s4", "n0")]
+
+
+def test_an_implicit_session_takes_its_first_actions_trajectory_and_task() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="trajectory-bound", trajectories=1)
+    d.arrive(act("a", session="x", trajectory="t7", task="swe"))
+    sess = d.core.st.sessions["x"]
+    assert (sess.trajectory, sess.task, sess.node) == ("t7", "swe", "n0")
+    assert "t=0 opens session x implicitly (cause a)" in d.core.story("a")
