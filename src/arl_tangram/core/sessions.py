@@ -277,7 +277,7 @@ class Sessions:
 
     def _largest_waiting(self, sess: SessionRecord) -> ActionRecord | None:
         """The waiting action of ``sess`` whose room a node must have: the most memory, then
-        the first to arrive (None: none waits)."""
+        the last to arrive (`_memory_then_seq`, the larger seq; None: none waits)."""
         st = self.st
         recs = [st.actions[a] for a in sorted(sess.actions) if a in st.actions]
         return max(recs, key=_memory_then_seq, default=None)
