@@ -400,3 +400,39 @@ def test_validate_names_a_parked_head_that_aged() -> None:
     heapq.heappush(d.core.queues.heaps[("sess", "a")], (AGED, rec.seq, rec.gen, "qa"))
     with pytest.raises(AssertionError, match="invariant parked-head broken"):
         d.core.validate()
+
+
+def test_a_parked_head_is_tried_when_only_expiries_freed_its_memory() -> None:
+    """Two nodes' sessions expire in one event (a tick): both nodes' capacity grew, no queue
+    is touched and no session of them waits in their sets (a's is parked): the pass still
+    runs for a's group, whose memory the expiry on n0 freed, and a's head starts."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192), cpu_node("n1", cpu=8, mem=8192)], policy="tangram",
+               session_ttl_s=1e6)
+    for sid, mb, node, ttl in (("a", 64, "n0", 1e6), ("h", 64, "n0", 1e6), ("e0", 2000, "n0", 1.0),
+                               ("e1", 64, "n1", 1.0)):
+        d(ev.SessionRequested(0.0, sid, Resources(memory_mb=mb), ttl_s=ttl, node=node))
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=4000, session="h", hints=WorkHints(expected_s=100))))) == {
+        "hog"}
+    assert d.core.st.nodes["n0"].free.get("memory_mb") == 2064.0
+    assert starts(d.at(0.2).arrive(act("qa", mem=3000, session="a"))) == {}
+    d.at(0.3).arrive(act("hx", mem=16, session="h"))
+    d.at(0.31).finish("hx")  # (a pass over n0: a parked)
+    assert _needs(d.core.st) == {"a": 3000.0}
+    assert set(starts(d.at(2.0).tick())) == {"qa"}  # e0 and e1 expire: 4,064 MB free on n0
+    assert "e0" not in d.core.st.sessions and "e1" not in d.core.st.sessions
+    assert d.core.st.parked == {}
+
+
+def test_a_queue_s_next_head_takes_its_turn_by_arrival_in_the_pass() -> None:
+    """n0 (2 cores, with an idle session: the pass looks at every queue) runs L on both; a1,
+    a2, a3 of one expected size queue in that order, a1 and a3 of one shape, a2 of another.
+    L ends: a1 starts, then its queue's next (a3) waits its turn behind a2, which arrived
+    before it: a2 takes the last core."""
+    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "s", Resources(memory_mb=64)))
+    assert set(starts(d.at(0.1).arrive(act("L", cpu=2, hints=WorkHints(expected_s=100))))) == {"L"}
+    one = WorkHints(expected_s=1)
+    for t, aid, mb in ((0.2, "a1", 256), (0.21, "a2", 512), (0.22, "a3", 256)):
+        assert starts(d.at(t).arrive(act(aid, mem=mb, hints=one))) == {}
+    out = d.at(0.3).finish("L")
+    assert [c.action.id for c in out if type(c).__name__ == "StartAction"] == ["a1", "a2"]

@@ -43,6 +43,8 @@ from .records import (
 from .resources import CPU, MEMORY_MB
 from .state import CoreState, ParkedGroup
 
+_NO_GROUP = -1  # pragma: no mutate (a pass heap entry's group: none; any value not an index)
+
 
 class SchedulingPass:
     """The scheduling pass: which queue heads are tried where, in what order, after an event."""
@@ -166,7 +168,7 @@ class SchedulingPass:
                 elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
                     self._park(key[1], rec, e)
                     continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
-            heap.append((e[0], e[1], key, rec, -1))
+            heap.append((e[0], e[1], key, rec, _NO_GROUP))
         groups = self.groups
         if groups:  # each group of parked heads that its node's memory fits: its first head
             self.groups = []
@@ -185,10 +187,10 @@ class SchedulingPass:
                 got = head(key)
                 if got is not None:
                     e = got[1]
-                    heapq.heappush(heap, (e[0], e[1], key, got[0], -1))
+                    heapq.heappush(heap, (e[0], e[1], key, got[0], _NO_GROUP))
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
-            if g >= 0:  # a parked head (`CoreState.park`): its group's next, while memory fits
+            if g != _NO_GROUP:  # a parked head (`CoreState.park`): its group's next, while memory fits
                 name, gkey, group = groups[g]
                 if placed:
                     self.st.unpark(key[1])  # (its session's next head: looked at as any other)
