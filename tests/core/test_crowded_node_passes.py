@@ -356,20 +356,28 @@ def test_validate_names_a_parked_head_that_breaks_the_rules() -> None:
     broken("parked-in-its-group", lambda st: st.short_on["n0"][(st.parked["a"][0], True)].heap.clear())
 
 
+def _a_parked(hog: float, y: float, qa: float) -> Driver:
+    """Node n0 (8 cores, 8 GB): session a (64 MB); long actions `hog` and `y` of ``hog`` and
+    ``y`` MB; a's action `qa` of ``qa`` MB queues, and a shared-pool action's end (a pass over
+    n0) parks a."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    d(ev.SessionRequested(0.0, "a", Resources(memory_mb=64)))
+    long = WorkHints(expected_s=100)
+    assert set(starts(d.at(0.1).arrive(act("hog", mem=hog, hints=long), act("y", mem=y, hints=long)))) == {
+        "hog", "y"}
+    assert starts(d.at(0.2).arrive(act("qa", mem=qa, session="a"))) == {}
+    d.at(0.3).arrive(act("p0", mem=16))
+    d.at(0.31).finish("p0")
+    assert _needs(d.core.st) == {"a": qa}
+    return d
+
+
 def test_a_parked_head_touched_by_the_pass_s_own_event_is_tried_once() -> None:
     """Session a's head (3,000 MB) parked on n0 (2,028 MB free); at 31 s it has aged (its queue
     touched) when the hog ends in the same event: it is tried as its queue's head (aged,
     first) and starts, and not a second time from its group (room is left for a second)."""
-    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
-    d(ev.SessionRequested(0.0, "a", Resources(memory_mb=64)))
-    long = WorkHints(expected_s=100)
-    assert set(starts(d.at(0.1).arrive(act("hog", mem=6000, hints=long), act("y", mem=100, hints=long)))) == {
-        "hog", "y"}
-    assert starts(d.at(0.2).arrive(act("qa", mem=3000, session="a"))) == {}
-    d.at(0.3).arrive(act("p0", mem=16))
-    d.at(0.31).finish("p0")
+    d = _a_parked(hog=6000, y=100, qa=3000)
     st = d.core.st
-    assert _needs(st) == {"a": 3000.0}
     out = d.at(31.0).finish("hog")
     assert [(type(c).__name__, c.action.id) for c in out if type(c).__name__ == "StartAction"] == [
         ("StartAction", "qa")]
@@ -379,15 +387,7 @@ def test_a_parked_head_touched_by_the_pass_s_own_event_is_tried_once() -> None:
 def test_a_parked_head_is_tried_when_the_memory_freed_is_exactly_what_it_needs() -> None:
     """a's head needs 4,128 MB; 2,000 are free when it is parked, and y's end frees exactly the
     rest: it is tried, and starts."""
-    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram", session_ttl_s=1e6)
-    d(ev.SessionRequested(0.0, "a", Resources(memory_mb=64)))
-    long = WorkHints(expected_s=100)
-    assert set(starts(d.at(0.1).arrive(act("hog", mem=4000, hints=long), act("y", mem=2128, hints=long)))) == {
-        "hog", "y"}
-    assert starts(d.at(0.2).arrive(act("qa", mem=4128, session="a"))) == {}
-    d.at(0.3).arrive(act("p0", mem=16))
-    d.at(0.31).finish("p0")
-    assert _needs(d.core.st) == {"a": 4128.0}
+    d = _a_parked(hog=4000, y=2128, qa=4128)
     assert set(starts(d.at(0.4).finish("y"))) == {"qa"}
     assert d.core.st.parked == {} and d.core.st.nodes["n0"].free.get("memory_mb") == 0.0
 

@@ -144,23 +144,30 @@ def plans_per_end(heads, probes=2):
         out.append([count[0], waiting])
     return out
 
-def calls_with_short(heads, probes=20):
-    # one node of 8 cores and 1 TB: ``heads`` sessions of 64 MB open, a long action takes all
-    # the memory but 2 GB, then each session queues an action that needs 4 GB; then short
-    # actions of the shared pool arrive and end there, each end a pass over the node. Counted:
-    # all calls of the ends, and the sessions parked after the first (heads short of memory)
-    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=8, memory_mb=1 << 20)),)),
+def heads_on_one_node(cpu, heads, holders, need):
+    # one node of ``cpu`` cores and 1 TB: ``heads`` sessions of 64 MB open, actions of the
+    # shared pool hold ``holders`` (name -> MB), then each session queues an action of 1 core
+    # and ``need`` MB; the core and the time of the last arrival
+    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=cpu, memory_mb=1 << 20)),)),
                 CoreConfig(policy="tangram", session_ttl_s=1e6))
     t = 0.0
     for i in range(heads):
         t += 0.001
         core.handle(ev.SessionRequested(t, f"h{i}", Resources(memory_mb=64)))
-    hog = (1 << 20) - 64 * heads - 2048
-    core.handle(ev.ActionArrived(t, ActionSpec("hog", demand=Resources(cpu=1, memory_mb=hog))))
+    for name, mb in holders.items():
+        core.handle(ev.ActionArrived(t, ActionSpec(name, demand=Resources(cpu=1, memory_mb=mb))))
     for i in range(heads):
         t += 0.001
-        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=4096),
+        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=need),
                                                    session=f"h{i}")))
+    return core, t
+
+def calls_with_short(heads, probes=20):
+    # one node of 8 cores and 1 TB: ``heads`` sessions of 64 MB open, a long action takes all
+    # the memory but 2 GB, then each session queues an action that needs 4 GB; then short
+    # actions of the shared pool arrive and end there, each end a pass over the node. Counted:
+    # all calls of the ends, and the sessions parked after the first (heads short of memory)
+    core, t = heads_on_one_node(8, heads, {"hog": (1 << 20) - 64 * heads - 2048}, 4096)
     def end(i):
         core.handle(ev.ActionArrived(t + 0.01 * i, ActionSpec(f"p{i}", demand=Resources(cpu=1, memory_mb=16))))
         core.handle(ev.ActionFinished(t + 0.01 * i + 0.005, f"p{i}"))
@@ -175,20 +182,9 @@ def calls_with_herd(heads, probes=16):
     # as `calls_with_short`, but the heads are all of one shape (1 core, 1 GB) and the node's
     # memory is held by 1 GB actions: each probe ends one of them, so one head fits and starts.
     # Counted: all calls of the ends, and the heads started
-    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=64, memory_mb=1 << 20)),)),
-                CoreConfig(policy="tangram", session_ttl_s=1e6))
-    t = 0.0
-    for i in range(heads):
-        t += 0.001
-        core.handle(ev.SessionRequested(t, f"h{i}", Resources(memory_mb=64)))
-    rest = (1 << 20) - 64 * heads - 512
-    core.handle(ev.ActionArrived(t, ActionSpec("hog", demand=Resources(cpu=1, memory_mb=rest - 1024 * probes))))
-    for j in range(probes):
-        core.handle(ev.ActionArrived(t, ActionSpec(f"m{j}", demand=Resources(cpu=1, memory_mb=1024))))
-    for i in range(heads):
-        t += 0.001
-        core.handle(ev.ActionArrived(t, ActionSpec(f"q{i}", demand=Resources(cpu=1, memory_mb=1024),
-                                                   session=f"h{i}")))
+    holders = {"hog": (1 << 20) - 64 * heads - 512 - 1024 * probes}
+    holders.update((f"m{j}", 1024) for j in range(probes))
+    core, t = heads_on_one_node(64, heads, holders, 1024)
     core.handle(ev.ActionArrived(t + 0.001, ActionSpec("p", demand=Resources(cpu=1, memory_mb=16))))
     core.handle(ev.ActionFinished(t + 0.002, "p"))  # (the first pass over the node parks them)
     total = 0
