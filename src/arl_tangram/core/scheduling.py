@@ -75,8 +75,8 @@ class SchedulingPass:
         groups = self.groups
         for name in st.dirty:
             if short_on and name in short_on:  # parked heads: the groups the node's memory fits now
-                # (`fits_besides_cpu`'s tolerance; a looser one only tries heads that fail, changing
-                free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # pragma: no mutate (nothing)
+                # (`fits_besides_cpu`'s tolerance: a looser one only adds tries that fail and change nothing)
+                free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # pragma: no mutate
                 groups.extend((name, k, g) for k, g in short_on[name].items()
                               if g.need <= free)  # pragma: no mutate (< differs at free + 1e-9 only)
             on = waiting_on.get(name)
