@@ -32,6 +32,16 @@ trajectories on 160 x 192 cores.
     .venv/bin/python benchmarks/bench_scale.py --nodes 2 --trajectories 400,6400 --session-mb 128
         # issue 40's crowded node: 3,200 sessions a node (DSec's density) against 200
 
+With ``--same-contention``, each larger count is also set beside the first count on nodes
+scaled down to the larger count's trajectories per core and per GB (2,000 on 16 x 64 cores
+beside 6,000 on 16 x 192): both clusters equally oversubscribed, so the column "vs same
+contention" is what three times the actions per node costs at one contention. The plain "vs
+first" compares two regimes: 2,000 trajectories leave DSec's 16 nodes spare capacity (no
+action is resized), 6,000 oversubscribe them (every action waits, grows or is shrunk: more
+decisions per action, whatever a decision costs). ``--node-scale F`` makes every CPU node F
+times DSec's size (6,000 on 16 x 576 cores: the crowded count's actions per node at the
+sparse count's contention).
+
 ``--session-mb`` gives every session that much memory: swe-agent's 2 GB sessions fill a 768 GB
 node at ~375, so DSec's 3,200 a node needs small (paused, shared-base) ones.
 """
@@ -79,11 +89,12 @@ class Recorder:
         return getattr(self.core, name)
 
 
-def cluster_for(workload: str, nodes: int, trajectories: int) -> ClusterSpec:
-    """``nodes`` CPU nodes of DSec's size, plus the workload's own non-CPU nodes and models."""
+def cluster_for(workload: str, nodes: int, trajectories: int, scale: float = 1.0) -> ClusterSpec:
+    """``nodes`` CPU nodes of DSec's size (times ``scale``: its cores and memory), plus the
+    workload's own non-CPU nodes and models."""
     own = get_workload(workload).cluster(trajectories)
-    cpu = tuple(NodeSpec(f"cpu-{i}", Resources(cpu=NODE_CPU, memory_mb=NODE_MEMORY_MB), pool="cpu")
-                for i in range(nodes))
+    size = Resources(cpu=round(NODE_CPU * scale), memory_mb=round(NODE_MEMORY_MB * scale))
+    cpu = tuple(NodeSpec(f"cpu-{i}", size, pool="cpu") for i in range(nodes))
     others = tuple(n for n in own.nodes if n.pool != "cpu" and n.capacity.get("gpu") > 0)
     return ClusterSpec(cpu + others, own.models)
 
@@ -95,9 +106,9 @@ def with_session_mb(batch: list[Trajectory], mb: float) -> list[Trajectory]:
 
 
 def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
-            session_mb: float | None = None) -> dict[str, Any]:
+            session_mb: float | None = None, scale: float = 1.0) -> dict[str, Any]:
     w = get_workload(workload)
-    cluster = cluster_for(workload, nodes, trajectories)
+    cluster = cluster_for(workload, nodes, trajectories, scale)
     if session_mb is None:
         batches = lambda: w.batches(0, trajectories, 1)  # noqa: E731
     else:
@@ -135,7 +146,7 @@ def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
     lat.sort()
     row = {
         "workload": workload, "nodes": nodes, "trajectories": trajectories, "actions": actions,
-        "session_mb": session_mb,
+        "session_mb": session_mb, "node_cpu": cluster.nodes[0].capacity.get("cpu"),
         "events": len(events), "sim_wall_s": wall, "sim_actions_per_s": actions / wall,
         "sim_events_per_s": len(events) / wall, "sim_own_s": wall - rec.handle_s,
         "sim_cpu_s": cpu, "sim_actions_per_cpu_s": actions / cpu,  # (what other load takes off)
@@ -169,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="every session holds this much memory (default: the workload's; DSec's "
                         "density, 3,200 sessions a node: --nodes 2 --trajectories 400,6400 "
                         "--session-mb 128)")
+    p.add_argument("--same-contention", action="store_true",
+                   help="also run the first count on nodes scaled down to each larger count's "
+                        "trajectories per core (2,000 on 16 x 64 cores beside 6,000 on 16 x 192): "
+                        "the load per node apart from the contention")
+    p.add_argument("--node-scale", type=float, default=1.0,
+                   help="every CPU node this many times DSec's size (cores and memory)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     rows = []
@@ -177,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for nodes in (int(x) for x in a.nodes.split(",")):
             first: dict[str, Any] | None = None
             for n in (int(x) for x in a.trajectories.split(",")):
-                row = run_one(wl, nodes, n, memory=not a.no_memory, session_mb=a.session_mb)
+                row = run_one(wl, nodes, n, memory=not a.no_memory, session_mb=a.session_mb,
+                              scale=a.node_scale)
                 first = first or row
                 row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
                 rows.append(row)
@@ -190,27 +208,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row["sim_actions_ratio_to_same_load"] = row["sim_actions_per_s"] / floor["sim_actions_per_s"]
                     rows.append(floor)
                     _say(floor)
+                if a.same_contention and row is not first:
+                    small = first["trajectories"] / n * a.node_scale  # n's trajectories per core
+                    peer = run_one(wl, nodes, first["trajectories"], memory=False,
+                                   session_mb=a.session_mb, scale=small)
+                    peer["sim_actions_ratio_to_first"] = peer["sim_actions_per_s"] / first["sim_actions_per_s"]
+                    peer["same_contention_of"] = n
+                    row["sim_actions_ratio_to_same_contention"] = row["sim_actions_per_s"] / peer["sim_actions_per_s"]
+                    rows.append(peer)
+                    _say(peer)
     if a.json:
         print(json.dumps({"core": FORM, "rows": rows}, indent=1))
         return 0
-    head = ("workload", "nodes", "traj", "actions", "sim s", "sim act/s", "sim act/CPU s", "sim own s", "core dec/s",
-            "p50 us", "p99 us", "KB/traj", "act/s vs first", "vs same load")
+    head = ("workload", "nodes", "cores", "traj", "actions", "sim s", "sim act/s", "sim act/CPU s", "sim own s",
+            "core dec/s", "p50 us", "p99 us", "KB/traj", "act/s vs first", "vs same load", "vs same contention")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
     for r in rows:
         print(" | ".join(str(x) for x in (
-            r["workload"], r["nodes"], r["trajectories"], r["actions"], f"{r['sim_wall_s']:.1f}",
+            r["workload"], r["nodes"], f"{r['node_cpu']:g}", r["trajectories"], r["actions"], f"{r['sim_wall_s']:.1f}",
             f"{r['sim_actions_per_s']:,.0f}", f"{r['sim_actions_per_cpu_s']:,.0f}", f"{r['sim_own_s']:.1f}",
             f"{r['core_decisions_per_s']:,.0f}",
             f"{r['core_p50_us']:.0f}", f"{r['core_p99_us']:.0f}",
             f"{r.get('core_kb_per_trajectory', float('nan')):.1f}", f"{r['sim_actions_ratio_to_first']:.2f}",
             f"{r['sim_actions_ratio_to_same_load']:.2f}" if "sim_actions_ratio_to_same_load" in r
-            else "(same load)" if "same_load_of" in r else "-")))
+            else "(same load)" if "same_load_of" in r else "-",
+            f"{r['sim_actions_ratio_to_same_contention']:.2f}" if "sim_actions_ratio_to_same_contention" in r
+            else "(same contention)" if "same_contention_of" in r else "-")))
     return 0
 
 
 def _say(row: dict[str, Any]) -> None:
-    print(f"{row['workload']} {row['nodes']} nodes {row['trajectories']} trajectories: "
+    print(f"{row['workload']} {row['nodes']} nodes x {row['node_cpu']:g} cores, {row['trajectories']} trajectories: "
           f"{row['actions']} actions, simulate {row['sim_actions_per_s']:,.0f} actions/s "
           f"(x{row['sim_actions_ratio_to_first']:.2f} of the first count), core alone "
           f"{row['core_decisions_per_s']:,.0f} decisions/s, p50 {row['core_p50_us']:.0f} us, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 from types import ModuleType
 
 
@@ -13,5 +14,6 @@ def load_benchmark(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # (a dataclass there looks its module up while it is defined)
     spec.loader.exec_module(mod)
     return mod
