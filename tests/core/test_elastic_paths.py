@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import types
@@ -10,9 +11,11 @@ import pytest
 from core_helpers import Driver, act, cpu_node, elastic
 
 from arl_tangram.core import commands as cmd
+from arl_tangram.core import elastic as elastic_mod
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import ActionSpec, Status
-from arl_tangram.core.resources import CPU
+from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.resources import CPU, Resources
 
 
 def _spread_warm_plain(self, key: str, rate: float) -> None:
@@ -50,6 +53,52 @@ def _expand_plain(self) -> None:
             self.expand_node(node)
 
 
+def _expand_node_steps(self, node) -> None:
+    """`Elastic.expand_node` as it was: every step a turn of the heap (the action given a step
+    pushed back with its work left, popped again; the fast path gives it its steps in a row)."""
+    step = self.st.config.elastic_step
+    growable = self.placer.growable.get(node.name)
+    heap = []
+    for aid in list(growable) if growable else ():
+        rec = self.st.actions.get(aid)
+        if rec is None or aid not in node.running or rec.allotment is None or not rec.elastic:
+            del growable[aid]
+            continue
+        el = rec.spec.elasticity
+        if rec.allotment.get(el.dim) >= el.max - 1e-9:
+            del growable[aid]
+            continue
+        heap.append((self.remaining(rec), rec.seq, aid))
+    if not heap:
+        if not node.elastic:
+            self.st.elastic_nodes.discard(node.name)
+        return
+    heapq.heapify(heap)
+    changed = {}
+    while heap:
+        _, _, aid = heapq.heappop(heap)
+        rec = self.st.actions[aid]
+        el = rec.spec.elasticity
+        spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
+        k = rec.allotment.get(el.dim)
+        delta = min(el.max - k, spare, step)
+        if delta <= 1e-9 or elastic_mod._gain(rec, delta) <= 0.0:
+            continue
+        if node.spec.parallel_speedup and self.node_gain(node, rec, delta) <= 0.0:
+            continue
+        self.retime(rec)
+        node.take({el.dim: delta})
+        if self.st.fair:
+            self.st.tenant_take(rec.tenant, {el.dim: delta}, 1.0)
+        rec.allot(rec.allotment.with_amount(el.dim, k + delta))
+        changed[aid] = rec
+        if k + delta < el.max - 1e-9:
+            heapq.heappush(heap, (self.remaining(rec), rec.seq, aid))
+    if changed:
+        self.st.index.update(node.name, node.free)
+        self.emit_resizes(node, changed.values())
+
+
 def _pair(nodes, **cfg):
     fast, plain = Driver(nodes, **cfg), Driver(nodes, **cfg)
     plain.core.warm.spread = types.MethodType(_spread_warm_plain, plain.core.warm)
@@ -57,7 +106,7 @@ def _pair(nodes, **cfg):
     return fast, plain
 
 
-def _run(seed: int, fast: Driver, plain: Driver, n_nodes: int) -> None:
+def _run(seed: int, fast: Driver, plain: Driver, n_nodes: int, cpus=(1,)) -> None:
     rng = random.Random(seed)
     live: list[str] = []
     t = 0.0
@@ -67,7 +116,7 @@ def _run(seed: int, fast: Driver, plain: Driver, n_nodes: int) -> None:
         if r < 0.5:
             lang = rng.choice(("python", "python", "cpp"))
             spec = (elastic(f"e{i}", 1, rng.choice((2, 4)), payload={"language": lang})
-                    if rng.random() < 0.3 else act(f"a{i}", payload={"language": lang}))
+                    if rng.random() < 0.3 else act(f"a{i}", rng.choice(cpus), payload={"language": lang}))
             events = [ev.ActionArrived(t, spec)]
             live.append(spec.id)
         elif r < 0.85 and live:
@@ -96,6 +145,23 @@ def test_warm_spreads_and_expansion_match_the_plain_loops() -> None:
         _run(seed, fast, plain, 5)
 
 
+@pytest.mark.pure_core  # (replaces three methods of one core)
+def test_expansion_gives_steps_in_a_row_as_the_heap_did() -> None:
+    """An action given a step keeps its work left, so it is the heap's least again: its steps
+    in a row decide what the heap's turns did, with fractional spare CPU (rigid actions of 0.5
+    and 1.5 cores) and on a node with a measured parallel speedup (`node_gain` per step)."""
+    for seed in range(4, 10):
+        nodes = [cpu_node(f"n{i}", cpu=4) for i in range(4)]
+        nodes.append(NodeSpec("n4", Resources(cpu=6, memory_mb=8192), pool="cpu",
+                              parallel_speedup=((2.0, 1.9), (4.0, 3.2), (6.0, 4.0))))
+        fast, plain = _pair(nodes, policy="tangram", sandbox_cold_s=1.0, max_warm_per_node=3,
+                            rate_window_s=2.0)
+        plain.core.elastic.expand_node = types.MethodType(_expand_node_steps, plain.core.elastic)
+        _run(seed, fast, plain, 4, cpus=(0.5, 1, 1.5))
+        grown = [c for c in fast.log if isinstance(c, cmd.ResizeAction)]
+        assert grown and any(c.node == "n4" for c in grown)
+
+
 def test_a_node_without_elastic_actions_leaves_the_expansion_set() -> None:
     d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
     d.arrive(elastic("e", 1, 4), act("a"))
@@ -109,3 +175,15 @@ def test_a_node_without_elastic_actions_leaves_the_expansion_set() -> None:
 
 def of_start(cmds):
     return [c for c in cmds if isinstance(c, cmd.StartAction)]
+
+
+def test_a_resize_is_told_in_the_story_with_its_dimension_and_width() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    d.arrive(act("a", 2), elastic("e", 1, 4))
+    out = [c for c in d.finish("a") if isinstance(c, cmd.ResizeAction)]
+    assert [(c.action_id, c.allotment.get(CPU)) for c in out] == [("e", 4.0)]
+    assert d.core.story("e") == [
+        "t=0 arrived (cause e)", "t=0 PENDING->QUEUED (cause e)",
+        "t=0 QUEUED->STARTING (cause ActionArrived:e)",  # (at 2 cores: "a" holds the others)
+        "t=0 allotment cpu -> 4 (cause ActionFinished:a)"]
+    assert out[0].allotment.get("memory_mb") == 256.0  # (the other dimensions stay)

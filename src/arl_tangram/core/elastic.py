@@ -114,30 +114,37 @@ class Elastic:
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         cpu_only = not self.placer.other_dims  # (every action here stretches in CPU)
-        while heap:
+        spent = False  # no spare CPU left: every later turn would give nothing (issue 40)
+        while heap and not spent:
             _, _, aid = heapq.heappop(heap)
             rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
-            spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
-            if cpu_only and spare <= 1e-9:
-                break  # no spare CPU left: every later turn would give nothing (issue 40)
-            k = rec.allotment.get(el.dim)
-            delta = min(el.max - k, spare)
-            if delta > step:
-                delta = step
-            if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
-                continue
-            if node.spec.parallel_speedup and self.node_gain(node, rec, delta) <= 0.0:
-                continue  # the node's measured speedup: everyone there slows more than it gains
-            self.retime(rec)
-            node.take({el.dim: delta})
-            if self.st.fair:
-                self.st.tenant_take(rec.tenant, {el.dim: delta}, 1.0)
-            rec.allot(rec.allotment.with_amount(el.dim, k + delta))
-            changed[aid] = rec
-            if k + delta < el.max - 1e-9:
-                heapq.heappush(heap, (self.remaining(rec), rec.seq, aid))
+            # its turns, one step each: its work left (the heap's key) is the same after a
+            # step, which changes its width, not its work done, so it stays the least on the
+            # heap and takes the next turn too, until it stops (issue 40: the heap is not
+            # touched per step)
+            while True:
+                spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
+                if cpu_only and spare <= 1e-9:
+                    spent = True
+                    break
+                k = rec.allotment.get(el.dim)
+                delta = min(el.max - k, spare)
+                if delta > step:
+                    delta = step
+                if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
+                    break
+                if node.spec.parallel_speedup and self.node_gain(node, rec, delta) <= 0.0:
+                    break  # the node's measured speedup: everyone there slows more than it gains
+                self.retime(rec)
+                node.take({el.dim: delta})
+                if self.st.fair:
+                    self.st.tenant_take(rec.tenant, {el.dim: delta}, 1.0)
+                rec.allot(rec.allotment.with_amount(el.dim, k + delta))
+                changed[aid] = rec
+                if k + delta >= el.max - 1e-9:
+                    break  # at its maximum
         if changed:
             self.st.index.update(node.name, node.free)
             self.emit_resizes(node, changed.values())
@@ -640,7 +647,9 @@ class Elastic:
                 self.st.out[i] = StartAction(old.action, old.node, rec.allotment, old.warm, old.cause)
             else:
                 self.st.out.append(ResizeAction(rec.spec.id, node.name, rec.allotment, cause=self.st.cause))
-            rec.note(self.st.now, f"allotment -> {rec.allotment}", self.st.cause)
+            el = rec.spec.elasticity
+            assert el is not None
+            rec.note_width(self.st.now, el.dim, rec.width, self.st.cause)
 
 
 

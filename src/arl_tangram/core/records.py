@@ -227,10 +227,11 @@ class ActionRecord:
         # its tenant's name while the core shares by tenant (`CoreConfig.tenant_shares`: set
         # at arrival, "" for actions naming none); "" otherwise
         self.tenant = ""
-        # Formatted only on demand. One flat tuple: (time, from status or note, to status or None,
-        # cause) per line, statuses as plain ints. Records outlive their action in the core's
-        # history; a tuple of floats, ints and strings is one object the garbage collector stops
-        # tracking, where a list of lines (or enum members in it) would be rescanned for good.
+        # Formatted only on demand. One flat tuple: (time, from status or note or resized
+        # dimension, to status or None or new width, cause) per line, statuses as plain ints.
+        # Records outlive their action in the core's history; a tuple of floats, ints and
+        # strings is one object the garbage collector stops tracking, where a list of lines
+        # (or enum members, or allotments, in it) would be rescanned for good.
         self.story: tuple[object, ...] = ()
 
     def allot(self, alloc: Resources) -> None:
@@ -260,6 +261,10 @@ class ActionRecord:
     def note(self, time: float, what: str, cause: str) -> None:
         self.story += (time, what, None, cause)
 
+    def note_width(self, time: float, dim: str, width: float, cause: str) -> None:
+        """Its allotment in ``dim`` is now ``width`` (a resize; formatted only on demand)."""
+        self.story += (time, dim, width, cause)
+
     def describe(self) -> list[str]:
         return describe_story(self.story)
 
@@ -282,7 +287,12 @@ def describe_story(s: tuple[object, ...]) -> list[str]:
     out = []
     for i in range(0, len(s), 4):
         t, a, b, cause = s[i:i + 4]
-        what = f"{Status(a).name}->{Status(b).name}" if isinstance(b, int) else str(a)  # type: ignore[arg-type]
+        if isinstance(b, int):  # a transition (statuses as ints)
+            what = f"{Status(a).name}->{Status(b).name}"  # type: ignore[arg-type]
+        elif isinstance(b, float):  # a resize (`note_width`)
+            what = f"allotment {a} -> {b:g}"
+        else:
+            what = str(a)
         out.append(f"t={t:.6g} {what} (cause {cause})")
     return out
 
