@@ -270,12 +270,11 @@ def test_a_session_whose_actions_wait_is_found_by_its_node_once_it_opens() -> No
     assert [(a, s.node) for a, s in starts(out).items()] == [("a", "n0")]
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a waiting session whose largest queued action "
-                   "ends looks for room again only at the next change of a node's capacity")
 def test_a_waiting_session_whose_largest_action_is_cancelled_opens_at_once() -> None:
-    # (the Driver's `validate` fails at the cancel: `session-waits`, T could open on n1; once
-    # fixed, T opens on n1, which no event changed, and its action starts there at once:
-    # `open`'s `st.touched` is then what finds it, open #79, #80)
+    # (before `Sessions.lost`, the Driver's `validate` failed at the cancel: `session-waits`, T
+    # could open on n1, and T looked again only at the next change of a node's capacity; now
+    # T opens on n1, which no event changed, and its action starts there at once: `open`'s
+    # `st.touched` is what finds it, open #79, #80)
     d = Driver([cpu_node("n0", mem=2048), cpu_node("n1", mem=2048)],
                session_action_demand=Resources(cpu=1, memory_mb=256))
     d.arrive(act("hog", mem=1800), act("x", mem=10))  # both on n0: 228 MB free

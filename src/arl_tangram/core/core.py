@@ -371,11 +371,13 @@ class Core:
 
     def _schedule(self) -> None:
         """The scheduling pass, once partitions are up to date and sessions that waited for
-        room have looked again."""
+        room have looked again (where a node's capacity moved, or a waiting session lost an
+        action: `Sessions.lost`)."""
         if self.partitions.stale and self.st.partitioned:
             self.partitions.compute()
-        if self.sessions.pending and self.st.dirty:
-            self.sessions.open_pending()
+        sessions = self.sessions
+        if sessions.pending and (self.st.dirty or sessions.shrunk):
+            sessions.open_pending()
         self.scheduling.schedule()
 
     def _on_batch_arrived(self, e: ev.ActionsArrived) -> None:
@@ -481,7 +483,7 @@ class Core:
                 sess.actions.discard(rec.spec.id)
                 sess.last_active = self.st.now
                 if sess.node is None:
-                    self.sessions.changed(sess)
+                    self.sessions.lost(sess)
         rec.move(status, self.st.now, self.st.cause)
         self._deliver(rec, status, output, reason)
 

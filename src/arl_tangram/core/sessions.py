@@ -55,6 +55,9 @@ class Sessions:
         # them now either, so the next pass looks for them only on the others (issue 40)
         self._blocked: set[Shape] = set()
         self._seen: dict[str, tuple[NodeState, int]] = {}
+        # a waiting session lost an action since the last pass (`lost`): its shape may have
+        # shrunk, so the next event's pass looks again though no node's capacity moved
+        self.shrunk = False
         self.expiry: list[tuple[float, str]] = []  # (when it may expire, session id)
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
@@ -148,6 +151,7 @@ class Sessions:
         the cluster the pass takes the first of each shape from `_groups`, O((shapes +
         opened) log shapes); else it walks them all (issue 24: with thousands waiting, each
         looked over the nodes at every event)."""
+        self.shrunk = False
         if self.st.partitioned:
             self._open_pending_walk()
             return
@@ -225,6 +229,16 @@ class Sessions:
         the next pass."""
         if sess.id in self.pending:
             self._stale[sess.id] = None
+
+    def lost(self, sess: SessionRecord) -> None:
+        """An action of ``sess`` ended (cancelled, failed) while the session waits for room:
+        its shape (its largest waiting action's) may be smaller now, and fit where nothing
+        freed, so this event's pass looks though no node changed. (There is one: the ended
+        action left others queued, which touches the queue; with none left, the shape takes
+        `action_room`, which is no smaller than any action seen, and cannot shrink.)"""
+        if sess.id in self.pending:
+            self._stale[sess.id] = None
+            self.shrunk = True
 
     def _shape(self, sess: SessionRecord) -> Shape:
         """What decides whether a waiting session (no partition) finds room: its demand, the
