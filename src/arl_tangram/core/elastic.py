@@ -9,6 +9,7 @@ StartAction left the core is sent as a bigger StartAction, otherwise as a Resize
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterable
@@ -754,44 +755,44 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
 
     O(jobs x (classes + log jobs)) (issue 40): jobs of one class (the same maximum and
     parallel fraction) get the same width at every step, so they run at one speed; each
-    class keeps the work its jobs have done since time 0 (``done``) and a heap of its jobs
-    by work left plus ``done`` when they started (a job's work left is its key less the
-    class's ``done``), so a step looks at each class, not at each job, and the water filling
-    goes over the classes by maximum (a prefix of them capped at their maximum, the rest
-    sharing what is left equally)."""
+    class keeps the work its jobs have done since time 0 (``done``) and its jobs' ends: the
+    work left of each plus ``done`` when it started (a job's work left is its end less the
+    class's ``done``), kept sorted, so a step looks at each class, not at each job, and the
+    water filling goes over the classes by maximum (a prefix of them capped at their maximum,
+    the rest sharing what is left equally). The ends are plain floats, negated in an
+    ascending list (the least end last: read and taken off in O(1), a start inserted by
+    bisection and one memmove, cheap at the hundreds of jobs of a crowded node), not a heap of
+    tuples: jobs with equal ends end at one step in any order."""
     n = len(jobs)
     limit = lanes if lanes > n_run else n_run
-    seen: dict[int, float] = {}
+    cls_of_el: dict[int, int] = {}  # id of an elasticity -> its class (one lookup per job)
     cls_of: dict[tuple[float, float], int] = {}
     tops: list[float] = []  # per class: its maximum (its useful width where measured)
     pfs: list[float] = []  # per class: its parallel fraction (`Speedup.factor`, inlined)
     job_cls: list[int] = []
     for _, e in jobs:
-        top = e.max
-        if measured is not None:
-            got = seen.get(id(e))
-            if got is None:
-                got = seen[id(e)] = _useful(e, measured, base, e.max)
-            top = got
-        key = (top, e.speedup.parallel_fraction)
-        c = cls_of.get(key)
+        c = cls_of_el.get(id(e))
         if c is None:
-            c = cls_of[key] = len(tops)
-            tops.append(top)
-            pfs.append(key[1])
+            top = e.max
+            if measured is not None:
+                top = _useful(e, measured, base, e.max)
+            key = (top, e.speedup.parallel_fraction)
+            c = cls_of.get(key)
+            if c is None:
+                c = cls_of[key] = len(tops)
+                tops.append(top)
+                pfs.append(key[1])
+            cls_of_el[id(e)] = c
         job_cls.append(c)
     n_cls = len(tops)
     by_top = sorted(range(n_cls), key=tops.__getitem__)  # the water filling's order
     done = [0.0] * n_cls
-    count = [0] * n_cls
-    heaps: list[list[tuple[float, int]]] = [[] for _ in range(n_cls)]
+    ends: list[list[float]] = [[] for _ in range(n_cls)]  # per class: -(end), ascending
     speed = [0.0] * n_cls
     running = 0
     nxt = 0
     while nxt < n and running < limit:
-        c = job_cls[nxt]
-        heapq.heappush(heaps[c], (jobs[nxt][0], nxt))
-        count[c] += 1
+        bisect.insort(ends[job_cls[nxt]], -jobs[nxt][0])
         running += 1
         nxt += 1
     join = 0.0 if n_run < nxt else math.inf
@@ -801,7 +802,7 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
         room = cap
         left_n = running
         for c in by_top:
-            k = count[c]
+            k = len(ends[c])
             if not k:
                 continue
             share = room / left_n
@@ -823,8 +824,9 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
         dt = math.inf
         for c in by_top:
             v = speed[c]
-            if count[c] and v > 0.0:
-                d = (heaps[c][0][0] - done[c]) / v
+            h = ends[c]
+            if h and v > 0.0:
+                d = (-h[-1] - done[c]) / v
                 if d < dt:
                     dt = d
         if dt == math.inf:
@@ -832,22 +834,20 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
         t += dt
         tol = 1e-9 * (1.0 + t)
         for c in by_top:
-            if not count[c]:
+            h = ends[c]
+            if not h:
                 continue
             done[c] += dt * speed[c]
-            h = heaps[c]
             dc = done[c]
-            while h and h[0][0] - dc <= tol:
-                heapq.heappop(h)
+            while h and -h[-1] - dc <= tol:
+                h.pop()
                 cost += t
-                count[c] -= 1
                 running -= 1
         while running < limit and nxt < n:
             if nxt == n_run:
                 join = t
             c = job_cls[nxt]
-            heapq.heappush(heaps[c], (jobs[nxt][0] + done[c], nxt))
-            count[c] += 1
+            bisect.insort(ends[c], -(jobs[nxt][0] + done[c]))
             running += 1
             nxt += 1
     return cost, join
