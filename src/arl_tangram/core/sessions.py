@@ -56,8 +56,9 @@ class Sessions:
         self._blocked: set[Shape] = set()
         self._seen: dict[str, tuple[NodeState, int]] = {}
         # a waiting session lost an action since the last pass (`lost`): its shape may have
-        # shrunk, so the next event's pass looks again though no node's capacity moved
-        self.shrunk = False
+        # shrunk, so the next event's pass looks again though no node's capacity moved (True
+        # at the start: one look more, at the first pass, where nothing has room yet)
+        self.shrunk = False  # pragma: no mutate
         self.expiry: list[tuple[float, str]] = []  # (when it may expire, session id)
         # what one action of a session may need beyond the session: kept free of other
         # sessions on the session's node (the largest session action seen so far)
