@@ -6,7 +6,7 @@ alone): `_fluid` was 43% of `Core.handle` (0.3% at 2,000), called from `Elastic.
 session's elastic test on a node whose elastic actions cannot all run at their maximum. It
 walked every running job at every step (one job ends per step): O(jobs^2) per lane count. Now
 jobs of one class (the same maximum and parallel fraction) share one speed, so each step looks
-at the classes and each job is pushed and popped once on its class's heap.
+at the classes and each job is inserted into and taken off its class's sorted ends once.
 
 The work is counted in calls (Python and builtin, under a profile hook, in a pure-core
 subprocess), not time: 8x the jobs made the step-by-step model ~60x the calls; here it stays
