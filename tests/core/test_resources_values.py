@@ -205,3 +205,15 @@ def test_total_sums_the_vectors() -> None:
     assert t.as_dict() == {"cpu": 3.5, "gpu": 1.0, "memory_mb": 4.0}
     assert total([]).as_dict() == {}
     assert total([{"cpu": 0.25}]).as_dict() == {"cpu": 0.25}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect (latent): __eq__ holds within 1e-9 but __hash__ rounds each amount to 9 "
+    "places, so equal vectors can hash apart (Python's rule: a == b implies hash(a) == "
+    "hash(b)); no Resources is used as a dict key or set member in src/ (shape keys use items)",
+)
+def test_equal_vectors_hash_alike() -> None:
+    a, b = Resources(cpu=1.0000000004), Resources(cpu=1.0000000006)
+    assert a == b
+    assert hash(a) == hash(b)
