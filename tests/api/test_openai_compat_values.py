@@ -231,6 +231,10 @@ def test_sampling_refusals() -> None:
 
 def test_sampling_values() -> None:
     assert O._sampling(_svc(), _req()) == ("gj", Sampling(max_tokens=150))  # 300 // 2
+    assert type(O._sampling(_svc(), _req())[1].max_tokens) is int
+    odd = ServiceConfig(models=(ModelSpec("go", kind="genjudge", path="/nowhere",
+                                          options={"max_model_len": "301"}),))
+    assert O._sampling(_svc(odd), _req(model="go"))[1].max_tokens == 150  # (301 // 2)
     assert O._sampling(_svc(), _req(model="gk")) == ("gk", Sampling(max_tokens=256))
     assert O._sampling(_svc(), _req(max_tokens=299))[1].max_tokens == 299
     assert O._sampling(_svc(), _req(model="gk", max_tokens=4095))[1].max_tokens == 4095
