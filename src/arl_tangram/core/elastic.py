@@ -25,6 +25,10 @@ from .resources import CPU, Resources
 from .state import CoreState
 from .warmpools import WarmPools
 
+# The fluid model's jobs of a node's elastic runs, without a speedup measured there: their work
+# left (sorted), the class of each, and each class's maximum and parallel fraction (`_classes`)
+_Kinds = tuple[list[float], list[int], list[float], list[float]]
+
 
 class Elastic:
     """Elastic actions (tangram): the width each starts at, where, and growth into spare CPU."""
@@ -45,8 +49,9 @@ class Elastic:
         # the least expected work of a session's head that waited there (`width_on`)
         self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
         # and `plan`'s view of a node's elastic runs: node -> (its `moves`, CPU they hold, their
-        # (work left, elasticity) by work left)
-        self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]]]] = {}
+        # (work left, elasticity) by work left, and their classes in the fluid model: `_Kinds`)
+        self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]],
+                                          _Kinds]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -332,7 +337,7 @@ class Elastic:
             self._forget()
         seen = self._runs.get(node)
         if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
-            held, runs = seen[1], seen[2]
+            held, runs, kinds = seen[1], seen[2], seen[3]
         else:
             held = 0.0
             runs = []  # (work left, elasticity) of its elastic runs
@@ -343,7 +348,8 @@ class Elastic:
                     held += other.width
                     runs.append((self.remaining(other), oel))
             runs.sort(key=_first)
-            self._runs[node] = (node.moves, held, runs)
+            kinds = _kinds_of(runs)  # (once per node's state, not per head and lane count)
+            self._runs[node] = (node.moves, held, runs, kinds)
         cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
@@ -357,9 +363,10 @@ class Elastic:
         x = self.st.expected_work(rec)
         best_lanes = -1
         if behind == 0 and measured is None and elsewhere == math.inf:
-            best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el)
+            best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
         if best_lanes < 0:
-            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base)
+            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base,
+                                     kinds if measured is None else None)
         if best_lanes <= n_run:
             return 0.0, 0.0
         step = self.st.config.elastic_step
@@ -679,13 +686,23 @@ def _lane_tries(cap: float, top: float, lo: float, n_run: int) -> list[int]:
 
 def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elasticity]], x: float,
                 el: Elasticity, behind: int, elsewhere: float, measured: NodeSpec | None,
-                base: float) -> int:
+                base: float, kinds: _Kinds | None = None) -> int:
     """`Elastic.plan`'s choice: of the lane counts `_lane_tries` gives, the one with the least
     sum of completion times (`_fluid`) of ``runs`` (running, sorted by work left), the job of
     work ``x`` and the ``behind`` like it queued after it; ties to fewer lanes. A count at or
-    below ``len(runs)`` is waiting."""
+    below ``len(runs)`` is waiting. ``kinds``: the classes of ``runs`` (`_classes`), where no
+    speedup was ``measured``: the model then runs on them as `_fluid` would on its own."""
     n_run = len(runs)
     jobs = runs + [(x, el)] * (1 + behind)
+    if kinds is not None:  # the jobs' classes: the runs', and the job's (a new one, or theirs)
+        works, run_cls, tops, pfs = kinds
+        c = _class_index(tops, pfs, el.max, el.speedup.parallel_fraction)
+        tops_x, pfs_x = tops, pfs
+        if c < 0:
+            c = len(tops)
+            tops_x, pfs_x = [*tops, el.max], [*pfs, el.speedup.parallel_fraction]
+        works_x = works + [x] * (1 + behind)
+        cls_x = run_cls + [c] * (1 + behind)
     best_cost = math.inf
     best_lanes = 0
     n_jobs = len(jobs)
@@ -693,11 +710,20 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
     for lanes in _lane_tries(cap, top, lo, n_run):
         if lanes >= n_jobs and done_all >= 0.0:
             continue  # (it would tie with the fewer lanes already weighed, which win ties)
-        cost, join = _fluid(cap, lanes, jobs, n_run, measured, base)
+        if kinds is not None:
+            cost, join = _fluid_on(cap, lanes if lanes > n_run else n_run, works_x, cls_x,
+                                   tops_x, pfs_x, n_run)
+        else:
+            cost, join = _fluid(cap, lanes, jobs, n_run, measured, base)
         if lanes >= n_jobs:
             done_all = cost
         if lanes <= n_run and elsewhere < join:  # waiting: a full width frees elsewhere first
-            cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run, measured, base)[0]
+            if kinds is None:
+                cost = _fluid(cap, lanes, runs + [(x, el)] * behind, n_run, measured, base)[0]
+            elif behind:  # (the job's class is among these jobs': the same classes)
+                cost = _fluid_on(cap, n_run, works_x[:-1], cls_x[:-1], tops_x, pfs_x, n_run)[0]
+            else:  # (the runs alone: their classes)
+                cost = _fluid_on(cap, n_run, works, run_cls, tops, pfs, n_run)[0]
             cost += elsewhere + x / max(el.speedup.factor(el.max), 1e-9)
         if cost < best_cost - 1e-12 * cost:
             best_cost, best_lanes = cost, lanes
@@ -705,7 +731,7 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
 
 
 def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float, Elasticity]],
-                      x: float, el: Elasticity) -> int:
+                      x: float, el: Elasticity, kinds: _Kinds | None = None) -> int:
     """`_best_lanes` without `_fluid`, where it is sure (else -1): no one queued behind, no
     measured speedup, and the node's elastic capacity ``cap`` holds every job at its maximum
     at once. Then every lane count above the running ones runs every job at its maximum from
@@ -720,9 +746,16 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
         return -1
     cost = x / slowest
     first_end = math.inf
+    # the runs all of one class (`_classes`): its maximum and its speed there, read once
+    top_r = kinds[2][0] if kinds is not None and len(kinds[2]) == 1 else 0.0
+    s_r = _factor(kinds[3][0], top_r) if kinds is not None and top_r > 0.0 else 0.0
     for left, oel in runs:
-        total += oel.max
-        s = oel.speedup.factor(oel.max)
+        if top_r > 0.0:
+            total += top_r
+            s = s_r
+        else:
+            total += oel.max
+            s = oel.speedup.factor(oel.max)
         if s <= 0.0 or not 0.0 <= left < math.inf:
             return -1
         d = left / s
@@ -746,6 +779,37 @@ def _first(job: tuple[float, Elasticity]) -> float:
     return job[0]
 
 
+def _kinds_of(runs: list[tuple[float, Elasticity]]) -> _Kinds:
+    cls, tops, pfs = _classes(runs)
+    return [w for w, _ in runs], cls, tops, pfs
+
+
+def _class_index(tops: list[float], pfs: list[float], top: float, pf: float) -> int:
+    """The class of maximum ``top`` and parallel fraction ``pf`` among ``tops``/``pfs``; -1:
+    none of them."""
+    for i in range(len(tops)):
+        if tops[i] == top and pfs[i] == pf:
+            return i
+    return -1
+
+
+def _fluid_on(cap: float, limit: int, works: list[float], job_cls: list[int], tops: list[float],
+              pfs: list[float], n_run: int) -> tuple[float, float]:
+    """`_fluid` without a measured speedup, on jobs already classed (`_classes`)."""
+    if len(tops) == 1:
+        return _fluid_one(cap, limit, works, n_run, tops[0], pfs[0])
+    return _fluid_k(cap, limit, works, job_cls, tops, pfs, n_run, None, 0.0)
+
+
+def _factor(p: float, k: float) -> float:
+    """`Speedup.factor` of parallel fraction ``p`` at ``k``, the same operations."""
+    if k <= 0:
+        return 0.0
+    if k <= 1.0:
+        return k
+    return 1.0 / ((1.0 - p) + p / k)
+
+
 def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: int,
            measured: NodeSpec | None = None, base: float = 0.0) -> tuple[float, float]:
     """``(sum of completion times, when the first queued job starts)`` of ``jobs`` (work at
@@ -767,8 +831,19 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
     ascending list (the least end last: read and taken off in O(1), a start inserted by
     bisection and one memmove, cheap at the hundreds of jobs of a crowded node), not a heap of
     tuples: jobs with equal ends end at one step in any order."""
-    n = len(jobs)
     limit = lanes if lanes > n_run else n_run
+    works = [w for w, _ in jobs]
+    job_cls, tops, pfs = _classes(jobs, measured, base)
+    if len(tops) == 1 and measured is None:
+        return _fluid_one(cap, limit, works, n_run, tops[0], pfs[0])
+    return _fluid_k(cap, limit, works, job_cls, tops, pfs, n_run, measured, base)
+
+
+def _classes(jobs: list[tuple[float, Elasticity]], measured: NodeSpec | None = None,
+             base: float = 0.0) -> tuple[list[int], list[float], list[float]]:
+    """`_fluid`'s classes of ``jobs``: (each job's class, each class's maximum -- its useful
+    width where ``measured`` -- and parallel fraction), the classes numbered as they first
+    appear."""
     cls_of_el: dict[int, int] = {}  # id of an elasticity -> its class (one lookup per job)
     cls_of: dict[tuple[float, float], int] = {}
     tops: list[float] = []  # per class: its maximum (its useful width where measured)
@@ -788,6 +863,15 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
                 pfs.append(key[1])
             cls_of_el[id(e)] = c
         job_cls.append(c)
+    return job_cls, tops, pfs
+
+
+def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], tops: list[float],
+             pfs: list[float], n_run: int, measured: NodeSpec | None,
+             base: float) -> tuple[float, float]:
+    """`_fluid`'s steps on jobs of work ``works`` and classes ``job_cls`` (`_classes`), at
+    most ``limit`` running at once."""
+    n = len(works)
     n_cls = len(tops)
     by_top = sorted(range(n_cls), key=tops.__getitem__)  # the water filling's order
     done = [0.0] * n_cls
@@ -796,7 +880,7 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
     running = 0
     nxt = 0
     while nxt < n and running < limit:
-        bisect.insort(ends[job_cls[nxt]], -jobs[nxt][0])
+        bisect.insort(ends[job_cls[nxt]], -works[nxt])
         running += 1
         nxt += 1
     join = 0.0 if n_run < nxt else math.inf
@@ -851,7 +935,47 @@ def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: 
             if nxt == n_run:
                 join = t
             c = job_cls[nxt]
-            bisect.insort(ends[c], -(jobs[nxt][0] + done[c]))
+            bisect.insort(ends[c], -(works[nxt] + done[c]))
+            running += 1
+            nxt += 1
+    return cost, join
+
+
+def _fluid_one(cap: float, limit: int, works: list[float], n_run: int, top: float,
+               p: float) -> tuple[float, float]:
+    """`_fluid` where every job is of one class (maximum ``top``, parallel fraction ``p``) and
+    no speedup was measured: what a crowded node's plan weighs (issue 40: one kind of elastic
+    test runs there). The same steps on the same numbers, so the same sums to the last bit:
+    every running job has one width (an equal share of ``cap``, at most ``top``) and so one
+    speed, and one ``done``; the ends (work left at the start plus ``done`` then) are a heap,
+    least first, and the jobs with the least end within the tolerance end together."""
+    n = len(works)
+    ends: list[float] = []
+    nxt = 0
+    while nxt < n and nxt < limit:
+        heapq.heappush(ends, works[nxt])
+        nxt += 1
+    running = nxt
+    join = 0.0 if n_run < nxt else math.inf
+    t = cost = done = 0.0
+    while running:
+        w = cap / running  # (the water filling: one class shares all of ``cap``)
+        w = top if top < w else w
+        if w <= 0:  # `Speedup.factor(w)`
+            return math.inf, join
+        speed = w if w <= 1.0 else 1.0 / ((1.0 - p) + p / w)
+        dt = (ends[0] - done) / speed
+        t += dt
+        tol = 1e-9 * (1.0 + t)
+        done += dt * speed
+        while ends and ends[0] - done <= tol:  # pragma: no mutate (the tolerance's edge)
+            heapq.heappop(ends)
+            cost += t
+            running -= 1
+        while running < limit and nxt < n:
+            if nxt == n_run:
+                join = t
+            heapq.heappush(ends, works[nxt] + done)
             running += 1
             nxt += 1
     return cost, join
