@@ -52,6 +52,10 @@ class Elastic:
         # (work left, elasticity) by work left, and their classes in the fluid model: `_Kinds`)
         self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]],
                                           _Kinds]] = {}
+        # `absorb` and `lendable(node, 0.0)` of a node as of its `moves` (they read only its
+        # elastic actions' allotments, which change only with it): node -> (moves, CPU)
+        self._absorbs: dict[NodeState, tuple[int, float]] = {}
+        self._lends: dict[NodeState, tuple[int, float]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -467,21 +471,31 @@ class Elastic:
 
     def absorb(self, node: NodeState) -> float:
         """CPU the node's elastic actions below their maximum could still take."""
+        seen = self._absorbs.get(node)
+        if seen is not None and seen[0] == node.moves:
+            return seen[1]
         total = 0.0
         for rec, el in self.elastic_on(node):
             assert rec.allotment is not None
             total += el.max - rec.allotment.get(CPU)
+        self._absorbs[node] = (node.moves, total)
         return total
 
     def lendable(self, node: NodeState, floor: float) -> float:
         """CPU the node's elastic actions hold above ``floor`` (above their minimum where
         that is higher, never where their range ends below ``floor``)."""
+        if floor == 0.0:
+            seen = self._lends.get(node)
+            if seen is not None and seen[0] == node.moves:
+                return seen[1]
         total = 0.0
         for rec, el in self.elastic_on(node):
             assert rec.allotment is not None
             extra = rec.allotment.get(CPU) - _floor_of(el, floor)
             if extra > 0.0:
                 total += extra
+        if floor == 0.0:
+            self._lends[node] = (node.moves, total)
         return total
 
     def place(self, rec: ActionRecord) -> bool:
