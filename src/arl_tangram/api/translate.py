@@ -160,12 +160,15 @@ def pending_dict(action_id: str, status: Status) -> dict[str, Any]:
 
 
 def join_group(group_id: str, parts: Sequence[ActionResult]) -> ActionResult:
-    """Several scores of one response: one result whose output maps model -> output."""
+    """Several scores of one response: one result whose output maps model -> output. A part's
+    id is ``<group_id>.<model>`` (`native_actions`): its model is all that follows the group's
+    id, dots included (a model named ``qwen2.5-rm``)."""
     worst = max(p.status for p in parts)
     status = Status.SUCCEEDED if all(p.status == Status.SUCCEEDED for p in parts) else worst
     scores = {}
+    cut = len(group_id) + 1
     for p in parts:
-        model = p.id.rsplit(".", 1)[-1]
+        model = p.id[cut:]
         scores[model] = output_body(p.output) if p.status == Status.SUCCEEDED else {"error": p.reason}
     finishes = [p.finish_time for p in parts if p.finish_time is not None]
     starts = [p.start_time for p in parts if p.start_time is not None]
