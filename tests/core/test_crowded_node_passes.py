@@ -125,9 +125,10 @@ def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
     assert node.moves == moves
     plan(recs["e2"], node, 0)
     # work left: the estimate less 1 s at 2 cores (parallel fraction 1: speed 2)
-    # ... with their classes in the fluid model: one, of maximum 2 and parallel fraction 1
+    # ... with their classes in the fluid model: one, of maximum 2 and parallel fraction 1; their
+    # maximums add up to 4
     assert core.elastic._runs == {node: (moves, 4.0, [(8.0, el), (18.0, el)],
-                                         ([8.0, 18.0], [0, 0], [2.0], [1.0]))}
+                                         ([8.0, 18.0], [0, 0], [2.0], [1.0], 4.0))}
     recs["e1"].done += 1.0  # (behind the core's back: the view is kept at this instant)
     plan(recs["e2"], node, 0)
     assert core.elastic._runs[node][2] == [(8.0, el), (18.0, el)]
@@ -136,11 +137,11 @@ def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
     plan(recs["e2"], node, 0)  # the next instant: read again
     assert node.moves == moves
     assert core.elastic._runs == {node: (moves, 4.0, [(6.0, el), (16.0, el)],
-                                         ([6.0, 16.0], [0, 0], [2.0], [1.0]))}
+                                         ([6.0, 16.0], [0, 0], [2.0], [1.0], 4.0))}
     d.at(2.0).finish("e1")  # an allotment changed: read again at the same instant
     assert node.moves > moves
     plan(recs["e2"], node, 0)
-    assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)], ([16.0], [0], [2.0], [1.0]))}
+    assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)], ([16.0], [0], [2.0], [1.0], 2.0))}
 
 
 def _one_running(cpu: float):

@@ -26,8 +26,9 @@ from .state import CoreState
 from .warmpools import WarmPools
 
 # The fluid model's jobs of a node's elastic runs, without a speedup measured there: their work
-# left (sorted), the class of each, and each class's maximum and parallel fraction (`_classes`)
-_Kinds = tuple[list[float], list[int], list[float], list[float]]
+# left (sorted), the class of each, each class's maximum and parallel fraction (`_classes`), and
+# the sum of their maximums
+_Kinds = tuple[list[float], list[int], list[float], list[float], float]
 
 
 class Elastic:
@@ -709,7 +710,7 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
     n_run = len(runs)
     jobs = runs + [(x, el)] * (1 + behind)
     if kinds is not None:  # the jobs' classes: the runs', and the job's (a new one, or theirs)
-        works, run_cls, tops, pfs = kinds
+        works, run_cls, tops, pfs, _ = kinds
         c = _class_index(tops, pfs, el.max, el.speedup.parallel_fraction)
         tops_x, pfs_x = tops, pfs
         if c < 0:
@@ -758,6 +759,10 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
     slowest = el.speedup.factor(el.max)
     if slowest <= 0.0:
         return -1
+    if kinds is not None and el.max + kinds[4] > cap * (1.0 - 1e-9) * (1.0 + 1e-9):
+        # every job at its maximum needs more than ``cap`` (the sum one by one below would say
+        # so too: it differs from this one by rounding, far less than the margin): not sure
+        return -1
     cost = x / slowest
     first_end = math.inf
     # the runs all of one class (`_classes`): its maximum and its speed there, read once
@@ -795,7 +800,13 @@ def _first(job: tuple[float, Elasticity]) -> float:
 
 def _kinds_of(runs: list[tuple[float, Elasticity]]) -> _Kinds:
     cls, tops, pfs = _classes(runs)
-    return [w for w, _ in runs], cls, tops, pfs
+    count = [0] * len(tops)
+    for c in cls:
+        count[c] += 1
+    widest = 0.0  # (per class: to rounding, what the runs' maximums add up to one by one)
+    for c in range(len(tops)):
+        widest += count[c] * tops[c]
+    return [w for w, _ in runs], cls, tops, pfs, widest
 
 
 def _class_index(tops: list[float], pfs: list[float], top: float, pf: float) -> int:
