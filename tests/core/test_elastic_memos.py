@@ -11,19 +11,20 @@ import random
 
 from core_helpers import Driver, act, cpu_node, elastic
 
+from arl_tangram.core.actions import Speedup
 from arl_tangram.core.commands import ResizeAction, StartAction
-from arl_tangram.core.elastic import _floor_of
+from arl_tangram.core.elastic import _factor, _floor_of
 from arl_tangram.core.resources import CPU
 
 
-def _fresh(node) -> tuple[float, float]:
+def _fresh(node, floor: float = 0.0) -> tuple[float, float]:
     absorb = lend = 0.0
     for rec in node.elastic.values():
         el = rec.spec.elasticity
         if el.dim != CPU:
             continue
         absorb += el.max - rec.allotment.get(CPU)
-        extra = rec.allotment.get(CPU) - _floor_of(el, 0.0)
+        extra = rec.allotment.get(CPU) - _floor_of(el, floor)
         if extra > 0.0:
             lend += extra
     return absorb, lend
@@ -51,9 +52,23 @@ def test_the_node_sums_kept_per_move_equal_fresh_ones_after_every_event() -> Non
             want = _fresh(node)
             assert d.core.elastic.absorb(node) == want[0], (i, node.name)
             assert d.core.elastic.lendable(node, 0.0) == want[1], (i, node.name)
-            # (asked twice: the second answer is the kept one)
+            # (asked twice: the second answer is the kept one; other floors kept apart)
             assert d.core.elastic.absorb(node) == want[0], (i, node.name)
-            assert d.core.elastic.lendable(node, 0.0) == want[1], (i, node.name)
+            for floor in (2.0, 0.0, 1.5, 2.0):
+                assert d.core.elastic.lendable(node, floor) == _fresh(node, floor)[1], (i, floor)
             checked += 1
     assert checked == 800
     assert moved > 0  # (elastic actions grew or lent: their allotments changed under the sums)
+
+
+def test_the_plans_speed_of_a_class_is_speedups_own() -> None:
+    """`_factor`, `Speedup.factor` inlined for a class of the fluid model: 0 without cores, a
+    quota's fraction below one core, Amdahl above (the same operations: equal floats)."""
+    assert _factor(0.6, 0.0) == 0.0
+    assert _factor(0.6, -1.0) == 0.0
+    assert _factor(0.6, 0.5) == 0.5
+    assert _factor(0.6, 1.0) == 1.0
+    assert _factor(0.6, 4.0) == 1.0 / (0.4 + 0.15)
+    for p in (0.0, 0.3, 0.6, 0.9, 1.0):
+        for k in (0.25, 1.0, 1.5, 2.0, 3.0, 8.0):
+            assert _factor(p, k) == Speedup(p).factor(k), (p, k)
