@@ -283,6 +283,7 @@ def test_fidelity_ratios_are_baseline_over_ours_by_name() -> None:
 
 def test_a_ratio_over_nothing_is_inf() -> None:
     assert P._ratio(3.0, 2.0) == 1.5
+    assert P._ratio(0.75, 0.5) == 1.5 and P._ratio(2.0, 1.0) == 2.0  # any positive denominator
     assert P._ratio(3.0, 0.0) == math.inf and P._ratio(0.0, 0.0) == math.inf
     assert P._ratio(3.0, -1.0) == math.inf
     real = {"tangram": _rep(0.0, 2.0), "fifo": _rep(4.0, 4.0)}
