@@ -757,10 +757,10 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
     slowest = el.speedup.factor(el.max)
     if slowest <= 0.0:
         return -1
-    if kinds is not None and el.max + kinds[4] > cap * (1.0 - 1e-9) * (1.0 + 1e-9):
-        # every job at its maximum needs more than ``cap`` (the sum one by one below would say
-        # so too: it differs from this one by rounding, far less than the margin): not sure
-        return -1
+    if kinds is not None:
+        need = el.max + kinds[4]  # every job at its maximum
+        if need > cap * _SURELY_MORE:  # pragma: no mutate (a margin: see _SURELY_MORE)
+            return -1  # (not sure, as the sum one by one below would find)
     cost = x / slowest
     first_end = math.inf
     # the runs all of one class (`_classes`): its maximum and its speed there, read once
@@ -794,6 +794,13 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
 
 def _first(job: tuple[float, Elasticity]) -> float:
     return job[0]
+
+
+# `_lanes_all_at_max`'s test that the runs' maximums summed per class surely exceed the node's
+# elastic capacity: more than the sum one by one is tested against (1 - 1e-9 of it), by a margin
+# far above their rounding difference. (A margin: any factor above that one answers the same,
+# -1; one below it would differ only in a band of 1e-9 at the capacity.)
+_SURELY_MORE = (1.0 - 1e-9) * (1.0 + 1e-9)  # pragma: no mutate
 
 
 def _kinds_of(runs: list[tuple[float, Elasticity]]) -> _Kinds:
