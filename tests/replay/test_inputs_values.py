@@ -9,6 +9,9 @@ and a session's image without a path; then `load_for_replay`'s RL steps and thei
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,20 @@ def test_trace_lines_number_from_one_and_skip_blank_and_comment_lines(tmp_path: 
     assert I.trace_lines(p) == [1]
 
 
+def test_trace_lines_reads_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    # as `sim.trace` reads the trace: a non-ASCII comment or task name is numbered the same in
+    # an ASCII locale (LC_ALL=C without Python's UTF-8 mode), not a UnicodeDecodeError
+    p = tmp_path / "t.jsonl"
+    p.write_text('# r\u00e9sum\u00e9 \u2014 a comment\n{"id": "a", "task": "\u00e9t\u00e9"}\n',
+                 encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+           "PYTHONCOERCECLOCALE": "0"}
+    code = "import sys; from arl_tangram.replay.inputs import trace_lines; print(trace_lines(sys.argv[1]))"
+    out = subprocess.run([sys.executable, "-c", code, str(p)], env=env, capture_output=True,
+                         text=True, encoding="utf-8", timeout=60)
+    assert (out.returncode, out.stdout) == (0, "[2]\n"), out.stderr
+
+
 # ---- check_against ----------------------------------------------------------------------------
 
 
@@ -70,6 +87,7 @@ def test_a_demand_fits_when_one_node_holds_every_dimension_within_a_billionth() 
     assert fits(c, Resources(cpu=4, memory_mb=512))  # big, exactly
     assert fits(c, Resources(cpu=2, memory_mb=1024))  # small, exactly
     assert fits(c, Resources(cpu=4 + 5e-10, memory_mb=512))
+    assert fits(c, Resources(cpu=4 + 1e-9, memory_mb=512))  # exactly at the tolerance
     assert not fits(c, Resources(cpu=4 + 2e-9, memory_mb=512))
     # 4 cores (only big has) and 1024 MB (only small has): no one node has both
     assert not fits(c, Resources(cpu=4, memory_mb=1024))
@@ -111,6 +129,8 @@ def test_an_elastic_minimum_above_every_node_is_named() -> None:
     # at a node's capacity (within a billionth) it fits
     assert I.check_against(_cluster(), [_t(_act(1, 256, el=Elasticity(4 + 5e-10, 8)))],
                            "t.jsonl") is None
+    assert I.check_against(_cluster(), [_t(_act(1, 256, el=Elasticity(4 + 1e-9, 8)))],
+                           "t.jsonl") is None  # exactly at the tolerance
     e = _err(I.check_against, _cluster(), [_t(_act(1, 256, el=Elasticity(4 + 2e-9, 8)))], "t")
     assert e.field == "steps[0][1].elasticity.min" and e.line is None
 
