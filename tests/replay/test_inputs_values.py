@@ -70,6 +70,7 @@ def test_trace_lines_reads_utf8_whatever_the_locale(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
     p.write_text('# r\u00e9sum\u00e9 \u2014 a comment\n{"id": "a", "task": "\u00e9t\u00e9"}\n',
                  encoding="utf-8")
+    assert I.trace_lines(p) == [2]  # (here too: mutmut maps a test to what it calls in-process)
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
            "PYTHONCOERCECLOCALE": "0"}
     code = "import sys; from arl_tangram.replay.inputs import trace_lines; print(trace_lines(sys.argv[1]))"
