@@ -217,31 +217,26 @@ def test_the_plans_classes_choose_as_the_jobs_own_do() -> None:
     assert differ > 0  # (the shortcut's -1, "not sure", came up: both paths were weighed)
 
 
-SHORTCUT_PROBE = r"""
-import json, sys
-from arl_tangram.core.actions import Elasticity, Speedup
-from arl_tangram.core import elastic
 
-TEST, FINAL = Elasticity(1, 4, speedup=Speedup(0.6)), Elasticity(1, 8, speedup=Speedup(0.7))
-
-def factors(cap, n):
-    # n runs of two classes (maximums 4 and 8, summing to 6n), and a job of the first
-    runs = sorted(((1.0 + i, TEST if i % 2 else FINAL) for i in range(n)), key=lambda j: j[0])
-    kinds = elastic._kinds_of(runs)
+def _factor_calls(cap: float, n: int) -> tuple[int, int]:
+    """`_lanes_all_at_max` on ``n`` runs of two classes (maximums 4 and 8, summing to 6n) and
+    a job of the first: its answer, and how many times it asked a speedup for a speed
+    (`Speedup.factor` is plain Python in either form of the core: a profile hook sees it)."""
+    test, final = Elasticity(1, 4, speedup=Speedup(0.6)), Elasticity(1, 8, speedup=Speedup(0.7))
+    runs = sorted(((1.0 + i, test if i % 2 else final) for i in range(n)), key=lambda j: j[0])
+    kinds = _kinds_of(runs)
     count = [0]
-    def hook(frame, event, arg):
+
+    def hook(frame, event, arg) -> None:
         if event == "call" and frame.f_code.co_name == "factor":
             count[0] += 1
+
     sys.setprofile(hook)
     try:
-        got = elastic._lanes_all_at_max(cap, 4.0, 1.0, runs, 2.0, TEST, kinds)
+        got = _lanes_all_at_max(cap, 4.0, 1.0, runs, 2.0, test, kinds)
     finally:
         sys.setprofile(None)
     return got, count[0]
-
-n = 40
-print(json.dumps([factors(1.2 * 6 * n, n), factors(6 * n / 1.2, n)]))
-"""
 
 
 def test_a_node_whose_runs_cannot_all_run_at_their_maximum_is_not_walked() -> None:
@@ -249,10 +244,6 @@ def test_a_node_whose_runs_cannot_all_run_at_their_maximum_is_not_walked() -> No
     `plan`'s view of the node) and the job's exceed its elastic capacity, it answers "not
     sure" (-1) reading only the job's speed, not each run's (one `Speedup.factor` call, not
     41); where they fit, it walks the runs (the job's speed and each run's: 41 calls) and
-    answers the first lane count above them."""
-    env = dict(os.environ, ARL_TANGRAM_PURE="1")
-    out = subprocess.run([sys.executable, "-c", SHORTCUT_PROBE], env=env, capture_output=True,
-                         text=True, check=True, timeout=300)
-    roomy, crowded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert roomy == [41, 41]  # (cap 288 for 4 + 240 cores: every job at its maximum, 41 lanes)
-    assert crowded == [-1, 1]
+    answers the first lane count above them (cap 288 for 4 + 240 cores: 41 lanes)."""
+    assert _factor_calls(1.2 * 6 * 40, 40) == (41, 41)
+    assert _factor_calls(6 * 40 / 1.2, 40) == (-1, 1)

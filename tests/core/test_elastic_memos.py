@@ -11,9 +11,8 @@ import random
 
 from core_helpers import Driver, act, cpu_node, elastic
 
-from arl_tangram.core.actions import Speedup
 from arl_tangram.core.commands import ResizeAction, StartAction
-from arl_tangram.core.elastic import _factor, _floor_of
+from arl_tangram.core.elastic import _floor_of
 from arl_tangram.core.resources import CPU
 
 
@@ -60,15 +59,3 @@ def test_the_node_sums_kept_per_move_equal_fresh_ones_after_every_event() -> Non
     assert checked == 800
     assert moved > 0  # (elastic actions grew or lent: their allotments changed under the sums)
 
-
-def test_the_plans_speed_of_a_class_is_speedups_own() -> None:
-    """`_factor`, `Speedup.factor` inlined for a class of the fluid model: 0 without cores, a
-    quota's fraction below one core, Amdahl above (the same operations: equal floats)."""
-    assert _factor(0.6, 0.0) == 0.0
-    assert _factor(0.6, -1.0) == 0.0
-    assert _factor(0.6, 0.5) == 0.5
-    assert _factor(0.6, 1.0) == 1.0
-    assert _factor(0.6, 4.0) == 1.0 / (0.4 + 0.15)
-    for p in (0.0, 0.3, 0.6, 0.9, 1.0):
-        for k in (0.25, 1.0, 1.5, 2.0, 3.0, 8.0):
-            assert _factor(p, k) == Speedup(p).factor(k), (p, k)

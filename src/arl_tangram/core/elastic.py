@@ -677,7 +677,6 @@ class Elastic:
             rec.note_width(self.st.now, el.dim, rec.width, self.st.cause)
 
 
-
 def _lane_tries(cap: float, top: float, lo: float, n_run: int) -> list[int]:
     """The lane counts `Elastic.plan` weighs on ``cap`` cores with ``n_run`` elastic actions
     running, ascending: wait (as many as run), one more (if the minimum ``lo`` allows), and as
@@ -763,16 +762,9 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
             return -1  # (not sure, as the sum one by one below would find)
     cost = x / slowest
     first_end = math.inf
-    # the runs all of one class (`_classes`): its maximum and its speed there, read once
-    top_r = kinds[2][0] if kinds is not None and len(kinds[2]) == 1 else 0.0
-    s_r = _factor(kinds[3][0], top_r) if kinds is not None and top_r > 0.0 else 0.0
     for left, oel in runs:
-        if top_r > 0.0:
-            total += top_r
-            s = s_r
-        else:
-            total += oel.max
-            s = oel.speedup.factor(oel.max)
+        total += oel.max
+        s = oel.speedup.factor(oel.max)
         if s <= 0.0 or not 0.0 <= left < math.inf:
             return -1
         d = left / s
@@ -829,15 +821,6 @@ def _fluid_on(cap: float, limit: int, works: list[float], job_cls: list[int], to
     if len(tops) == 1:
         return _fluid_one(cap, limit, works, n_run, tops[0], pfs[0])
     return _fluid_k(cap, limit, works, job_cls, tops, pfs, n_run, None, 0.0)
-
-
-def _factor(p: float, k: float) -> float:
-    """`Speedup.factor` of parallel fraction ``p`` at ``k``, the same operations."""
-    if k <= 0:
-        return 0.0
-    if k <= 1.0:
-        return k
-    return 1.0 / ((1.0 - p) + p / k)
 
 
 def _fluid(cap: float, lanes: int, jobs: list[tuple[float, Elasticity]], n_run: int,
