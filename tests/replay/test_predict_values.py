@@ -102,15 +102,16 @@ def test_the_measured_trace_keeps_the_steps_and_their_trajectories_in_order() ->
     assert P.measured_trace([], _cluster(), {}) == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect: measured_trace rebuilds each SessionDef from "
-                   "(demand, ttl_s, cold_start_s) and drops its image, so the prediction of a "
-                   "trace whose sessions run in an environment image never sees the image (the "
-                   "simulator's warm key image:NAME)")
 def test_the_measured_trace_keeps_a_sessions_image() -> None:
+    """(A defect helper-36's tests found: the measured trace rebuilt each session from its
+    demand, TTL and cold start and dropped its image, so the prediction of a trace whose
+    sessions run in an environment image never saw the simulator's warm key image:NAME.)"""
     t = Trajectory("t", "swe", ((0.0, _code()),),
                    sessions={"s": SessionDef(Resources(memory_mb=512), 60.0, 4.0, image="py")})
     ((m,),) = P.measured_trace([[t]], _cluster(), {"session_open_s": 2.0})
-    assert m.sessions["s"].image == "py"
+    assert m.sessions["s"] == SessionDef(Resources(memory_mb=512), 60.0, 2.0, image="py")
+    ((m,),) = P.measured_trace([[t]], _cluster(), {})  # (no session open measured: as it was)
+    assert m.sessions["s"] == SessionDef(Resources(memory_mb=512), 60.0, 4.0, image="py")
 
 
 # ---- measured_cluster -------------------------------------------------------------------------

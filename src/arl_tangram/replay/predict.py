@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.cluster import ClusterSpec
-from ..sim.trace import SessionDef, SimAction, Trajectory
+from ..sim.trace import SimAction, Trajectory
 
 
 def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
@@ -48,8 +48,9 @@ def measured_trace(steps: Sequence[Sequence[Trajectory]], cluster: ClusterSpec,
     for batch in steps:
         nb = []
         for t in batch:
-            sessions = {n: SessionDef(s.demand, s.ttl_s, float(sess_cold) if sess_cold is not None
-                                      else s.cold_start_s) for n, s in t.sessions.items()}
+            sessions = {n: s if sess_cold is None else
+                        dataclasses.replace(s, cold_start_s=float(sess_cold))
+                        for n, s in t.sessions.items()}  # (its demand, TTL and image kept)
             st = tuple((g, action(a)) for g, a in t.steps)
             nb.append(dataclasses.replace(t, steps=st, sessions=sessions))
         out.append(nb)
