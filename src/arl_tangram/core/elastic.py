@@ -812,7 +812,7 @@ def _class_index(tops: list[float], pfs: list[float], top: float, pf: float) -> 
     for i in range(len(tops)):
         if tops[i] == top and pfs[i] == pf:
             return i
-    return -1
+    return -1  # pragma: no mutate (the caller asks only whether it is below 0)
 
 
 def _fluid_on(cap: float, limit: int, works: list[float], job_cls: list[int], tops: list[float],
