@@ -2,7 +2,7 @@
 demands, timeouts, fan-out per model, each refusal by its field and words), and the results'
 wire bodies whole, key order too.
 
-SandboxFusion's answers are checked against the peer's own schema: its models below are copied
+SandboxFusion's answers are checked against the peer's own schema: its models (tests/sandboxfusion_peer.py) are copied
 from its published source, bytedance/SandboxFusion at 469de08 (sandbox/server/sandbox_api.py:
 RunStatus, RunCodeResponse; sandbox/runners/types.py: CommandRunStatus, CommandRunResult), as in
 tests/managers/cpu/test_sandboxfusion_wire.py. Every answer `run_code_body` makes (a sandbox's,
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from enum import Enum
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from arl_tangram.api import translate as T
 from arl_tangram.api.schemas import ActionIn, ElasticityIn, HintsIn
@@ -42,37 +40,7 @@ from arl_tangram.kinds import (
     ScoreResult,
     StageResult,
 )
-
-# ---- the peer's models, verbatim (types spelled in today's syntax) -----------------------------
-
-
-class PeerCommandRunStatus(str, Enum):  # noqa: UP042  (as the peer writes it)
-    Finished = 'Finished'
-    Error = 'Error'
-    TimeLimitExceeded = 'TimeLimitExceeded'
-
-
-class PeerCommandRunResult(BaseModel):
-    status: PeerCommandRunStatus
-    execution_time: float | None = None
-    return_code: int | None = None
-    stdout: str | None = None
-    stderr: str | None = None
-
-
-class PeerRunStatus(str, Enum):  # noqa: UP042
-    Success = 'Success'
-    Failed = 'Failed'
-    SandboxError = 'SandboxError'
-
-
-class PeerRunCodeResponse(BaseModel):
-    status: PeerRunStatus
-    message: str
-    compile_result: PeerCommandRunResult | None = None
-    run_result: PeerCommandRunResult | None = None
-    executor_pod_name: str | None = None
-    files: dict[str, str] = {}
+from sandboxfusion_peer import PeerRunCodeResponse, PeerRunStatus
 
 
 def _as_peer(ours: dict[str, Any]) -> PeerRunCodeResponse:
