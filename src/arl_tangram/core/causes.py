@@ -40,6 +40,9 @@ def _cause_of(event: ev.Event) -> str:
     t = type(event)
     if t is ev.ActionArrived:
         return "ActionArrived:" + event.action.id  # type: ignore[attr-defined]
+    if t is ev.ActionsArrived:  # (its first action and how many came with it)
+        acts = event.actions  # type: ignore[attr-defined]
+        return f"ActionsArrived:{acts[0].id}+{len(acts) - 1}"
     attr = _CAUSE_ATTR.get(t)
     if attr is not None:
         return f"{t.__name__}:{getattr(event, attr)}"
