@@ -245,3 +245,43 @@ def test_uids_in_use_are_real_uids_in_the_range() -> None:
             p.wait()
             assert p.stdout is not None
             p.stdout.close()
+
+
+@pytest.mark.needs_root
+def test_a_process_gone_before_its_status_is_read_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("running as other uids needs root")
+    u = B + 16010
+    p = _as(u, u)
+    try:
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # (its pid: no process now)
+        listed = [str(gone.pid), "self", str(p.pid)]
+        monkeypatch.setattr(ids.os, "listdir", lambda d: listed if d == "/proc" else [])
+        assert ids.uids_in_use(u, 1) == {u}  # the scan goes on past the one gone
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait()
+        assert p.stdout is not None
+        p.stdout.close()
+
+
+def test_a_lock_that_fails_otherwise_is_raised_and_its_fd_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _users(monkeypatch, [], [])
+    _fake_in_use(monkeypatch, B, 8192, set())
+    (tmp_path / "x").mkdir()  # (the lock dir made before the fds are counted)
+
+    def flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(ids.fcntl, "flock", flock)
+    fds = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as e:
+        ids.claim(B, 8192, str(tmp_path / "x"))
+    assert type(e.value) is OSError and e.value.errno == errno.ENOLCK
+    assert sorted(os.listdir("/proc/self/fd")) == fds  # nothing left open
