@@ -9,7 +9,8 @@ the kernel and asserted exactly (issue 43).
   ``base``, ``count - 1`` is ``base + count - 1``, ``count`` is unmapped;
 - the namespace's owner (NS_GET_OWNER_UID): the uid asked for, root for -1 and 0; the fd is
   close-on-exec and the helper process is reaped before `make` returns;
-- the helper failing: OSError with its own words, or "the helper died" when it said nothing;
+- the helper failing: OSError with its own words (bytes not UTF-8 replaced), or "the helper
+  died" when it said nothing; the helper's argv and fds (0, 1, 2 only), no pipe left open;
 - `describe`: the isolation report's words, exactly.
 """
 
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 import array
 import fcntl
+import gc
 import json
 import os
 import stat
+import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -174,13 +178,14 @@ def test_owner_fd_and_helper_reaped(owner: int, want: int) -> None:
     [
         ("unshare: errno 1", "cannot make a user namespace: unshare: errno 1"),
         ("", "cannot make a user namespace: the helper died"),
+        ("\\377 not utf-8", "cannot make a user namespace: \ufffd not utf-8"),  # (replaced)
     ],
 )
 def test_a_helper_that_fails_is_an_oserror_saying_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, says: str, want: str
 ) -> None:
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\n" + (f"echo '{says}'\n" if says else "") + "exit 1\n")
+    fake.write_text("#!/bin/sh\n" + (f"printf '{says}\\n'\n" if says else "") + "exit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(userns.sys, "executable", str(fake))
     before = _children()
@@ -210,3 +215,41 @@ def test_idmap_passes_the_mount_and_its_own_fd(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(userns._linux, "idmap_mount", lambda m, u: seen.append((m, u)))
     userns.UserNamespace(41, BASE, COUNT).idmap(17)
     assert seen == [(17, 41)]
+
+
+def test_the_helper_runs_alone_and_nothing_is_left_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper as the kernel has it while its namespace is opened: ``python -S -c <helper>
+    <owner>``, with only its stdin, stdout and stderr (not an inheritable fd of the manager);
+    and `make` leaves no pipe of it open (no ResourceWarning)."""
+    seen: dict[str, object] = {}
+    real = os.open
+
+    def spy(path: str, flags: int, *a: int) -> int:
+        if path.endswith("/ns/user"):
+            pid = path.split("/")[2]
+            seen["argv"] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            seen["fds"] = sorted(int(f) for f in os.listdir(f"/proc/{pid}/fd"))
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(userns.os, "open", spy)
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            n = userns.make(BASE, COUNT, owner=TEST_ID_BASE + 12302)
+            n.close()
+            del n
+            gc.collect()
+    finally:
+        os.close(r)
+        os.close(w)
+    assert seen["argv"] == [
+        os.fsencode(sys.executable),
+        b"-S",
+        b"-c",
+        userns._HELPER.encode(),
+        str(TEST_ID_BASE + 12302).encode(),
+    ]
+    assert seen["fds"] == [0, 1, 2]
+    assert [str(c.message) for c in caught if issubclass(c.category, ResourceWarning)] == []
