@@ -705,6 +705,9 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
     below ``len(runs)`` is waiting. ``kinds``: the classes of ``runs`` (`_classes`), where no
     speedup was ``measured``: the model then runs on them as `_fluid` would on its own."""
     n_run = len(runs)
+    tries = _lane_tries(cap, top, lo, n_run)
+    if not tries or tries[-1] <= n_run:  # only waiting to weigh (a full node: no lane more)
+        return n_run
     jobs = runs + [(x, el)] * (1 + behind)
     if kinds is not None:  # the jobs' classes: the runs', and the job's (a new one, or theirs)
         works, run_cls, tops, pfs, _ = kinds
@@ -719,7 +722,7 @@ def _best_lanes(cap: float, top: float, lo: float, runs: list[tuple[float, Elast
     best_lanes = 0
     n_jobs = len(jobs)
     done_all = -1.0  # the cost with every job at once: the same for every lanes >= n_jobs
-    for lanes in _lane_tries(cap, top, lo, n_run):
+    for lanes in tries:
         if lanes >= n_jobs and done_all >= 0.0:
             continue  # (it would tie with the fewer lanes already weighed, which win ties)
         if kinds is not None:

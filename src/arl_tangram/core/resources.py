@@ -19,6 +19,17 @@ STANDARD_DIMS = (CPU, MEMORY_MB, GPU, GPU_MEMORY_MB)
 _EPS = 1e-9
 
 
+def _canonical(d: Mapping[str, float]) -> dict[str, float]:
+    """``d``'s amounts rounded to 9 decimals, those of at most 1e-9 left out (a missing
+    dimension is zero; `__sub__` drops such noise too): what `Resources` compares and hashes."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        v = float(v)
+        if v > _EPS:
+            out[k] = round(v, 9)
+    return out
+
+
 class Resources(Mapping[str, float]):
     """An immutable resource vector. ``Resources(cpu=2, memory_mb=512)``."""
 
@@ -59,13 +70,16 @@ class Resources(Mapping[str, float]):
         return f"Resources({inner})"
 
     def __eq__(self, other: object) -> bool:
+        """Equal where every amount above 1e-9 is, rounded to 9 decimals (`_canonical`): an
+        equivalence, so equal vectors hash alike (a tolerance, |a - b| <= 1e-9, is not one:
+        1.0000000004 and 1.0000000006 were equal and hashed apart, and a Resources is a dict
+        key and set member inside `Sessions`' shapes)."""
         if not isinstance(other, Mapping):
             return NotImplemented
-        keys = set(self._d) | set(other)
-        return all(abs(self._d.get(k, 0.0) - float(other.get(k, 0.0))) <= _EPS for k in keys)
+        return _canonical(self._d) == _canonical(other)
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted((k, round(v, 9)) for k, v in self._d.items())))
+        return hash(tuple(sorted(_canonical(self._d).items())))
 
     # Arithmetic --------------------------------------------------------------------------------
     def __add__(self, other: Mapping[str, float]) -> Resources:
