@@ -261,8 +261,10 @@ def test_v2_reset_stats_and_samples(tmp_path: Path) -> None:
         assert s.memory_sample() == (100, 100)
         (tmp_path / "memory.peak").write_text("500\n")
         assert s.memory_sample() == (100, 500)
+        assert (tmp_path / "memory.peak").read_text() == "reset\n"  # reset, on its own fd
         (tmp_path / "memory.peak").write_text("50\n")
         assert s.memory_sample() == (100, 100)
+        assert (tmp_path / "memory.peak").read_text() == "reset\n"
         (tmp_path / "memory.peak").write_text("junk\n")
         assert s.memory_sample() == (100, 100)
         assert s.reclaim() == 0
@@ -299,6 +301,11 @@ def test_v2_sticky_peak_is_read_not_reset(tmp_path: Path, monkeypatch: pytest.Mo
         (tmp_path / "memory.peak").write_text("40\n")
         assert s.memory_sample() == (100, 100)
         assert (tmp_path / "memory.peak").read_text() == "40\n"  # never reset
+        (tmp_path / "memory.peak").write_text("0\n")
+        assert s.memory_sample() == (100, 100)
+        assert s.sampled_peak == 0
+        (tmp_path / "memory.peak").write_text("400\n")
+        assert s.memory_sample() == (100, 400)  # (changed since a peak of 0: counts too)
     finally:
         s.close()
 
@@ -830,3 +837,67 @@ def test_remove_stale_kills_what_is_in_a_busy_slot(tmp_path: Path) -> None:
         assert sleeper.wait(timeout=5) == -signal.SIGKILL
     finally:
         _end(sleeper)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_v2_peak_is_read_on_the_fd_it_was_reset_on(tmp_path: Path) -> None:
+    """memory.peak resets per open file: the per-action peak is read on the fd `reset_stats`
+    reset (kept as "rw:peak"), never on a new one; a sticky peak is read on a plain read fd."""
+    (tmp_path / "cpu.stat").write_text("usage_usec 1\n")
+    (tmp_path / "memory.peak").write_text("2097152\n")
+    s = _v2(tmp_path)
+    try:
+        assert s.peak_memory_mb() == 2.0
+        fd = s._fds["rw:peak"]
+        s.reset_stats()
+        n = _open_fds()
+        (tmp_path / "memory.peak").write_text("1048576\n")
+        assert s.peak_memory_mb() == 1.0
+        assert s.peak_memory_mb() == 1.0
+        assert s._fds["rw:peak"] == fd and _open_fds() == n  # the same fd, no new one
+        assert [k for k in s._fds if k.endswith("peak")] == ["rw:peak"]
+        s.peak_sticky = True
+        assert s.peak_memory_mb() == 1.0
+        assert f"r:{tmp_path}/memory.peak" in s._fds
+    finally:
+        s.close()
+
+
+def test_own_paths_parses_each_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "cgroup"
+    fake.write_text(
+        "12:cpu,cpuacct:/a:b:c\n"  # (colons in a path are the path's)
+        "4:memory:/boX\n"
+        "3:pids:/sp \n"  # (trailing space: the path's)
+        "1:name=systemd:/\n"
+        "0::/top\n"
+    )
+    real = open
+    monkeypatch.setattr(
+        cgroups,
+        "open",
+        lambda p, *a: real(fake if p == "/proc/self/cgroup" else p, *a),
+        raising=False,
+    )
+    assert cgroups._own_paths() == {
+        "cpu": "/a:b:c",
+        "cpuacct": "/a:b:c",
+        "memory": "/boX",
+        "pids": "/sp ",
+        "name=systemd": "/",
+        "": "/top",
+    }
+
+
+def test_kill_procs_goes_on_past_a_pid_already_gone(tmp_path: Path) -> None:
+    gone = _dead_pid()
+    a = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "cgroup.procs").write_text(f"{gone}\n{a.pid}\n")
+        cgroups._kill_procs(str(tmp_path))
+        assert a.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        _end(a)
