@@ -751,8 +751,9 @@ def test_close_retries_until_its_deadline_then_logs(
     (base / "notes").write_text("")  # (a file: never a slot; it keeps the base)
     sleeper = subprocess.Popen(["sleep", "60"])
     (base / "s2" / "cgroup.procs").write_text(f"{sleeper.pid}\n")  # busy: its process killed
-    gone = tmp_path / "gone"
-    t.bases = {"cpu": str(base), "cpuacct": str(base), "memory": str(gone), "pids": str(gone)}
+    gone, clean = tmp_path / "a-gone", tmp_path / "z-clean"  # (sorted: before and after it)
+    clean.mkdir()
+    t.bases = {"cpu": str(base), "cpuacct": str(gone), "memory": str(clean), "pids": str(base)}
     clock = iter([100.0, 100.0, 100.4, 100.5, 100.51])
     monkeypatch.setattr(cgroups.time, "monotonic", lambda: next(clock))
     sleeps: list[float] = []
@@ -767,6 +768,7 @@ def test_close_retries_until_its_deadline_then_logs(
     # the deadline is 100.0 + 0.5: retried at 100.0, 100.4 and at the deadline itself; 100.51 past
     assert slept == [0.02, 0.02, 0.02]
     assert sorted(os.listdir(base)) == ["notes", "s2"]
+    assert not clean.exists()  # the bases after one gone and one left are still removed
     assert [r.getMessage() for r in caplog.records] == [
         f"cgroup {base} not removed at close: [Errno 39] Directory not empty: '{base}' "
         "(the next start of a manager removes it)"
