@@ -531,3 +531,64 @@ def test_the_scenes_are_sound(spoil: str) -> None:
         assert _report(make(), lambda c, st: None) is None
     assert _report(_elastic(4), lambda c, st: None) is None
     assert _report(_elastic_queued(True), lambda c, st: None) is None
+
+
+# ---- the view -----------------------------------------------------------------------------------
+
+
+def test_the_view_of_nodes_sessions_and_counts() -> None:
+    from arl_tangram.core.view import NodeView, SessionView
+
+    d = _base()
+    d.at(0.4).finish("a")
+    d.core.st.nodes["n0"].free["cpu"] = -0.5  # (shown as 0: never below)
+    v = d.core.view()
+    assert (v.time, v.policy, v.instances, v.parked) == (0.4, "tangram", (), {})
+    assert v.nodes == (
+        NodeView(
+            name="n0",
+            pool="cpu",
+            capacity=Resources(cpu=2, memory_mb=4096),
+            used=Resources(cpu=2, memory_mb=320),
+            free=Resources(cpu=0.0, memory_mb=3776),
+            running=1,
+            alive=True,
+            warm={},
+        ),
+    )
+    assert v.sessions == (
+        SessionView(id="s", node="n0", demand=Resources(memory_mb=64), actions=1, last_active=0.3),
+    )
+    assert v.queued_by_kind == {"code": 1}
+    assert v.counts == {"SUCCEEDED": 1, "STARTING": 1, "QUEUED": 1}
+
+
+def test_the_view_of_instances_and_parked_models() -> None:
+    from arl_tangram.core.view import InstanceView
+
+    d = _gpu()
+    p = d.core.planner
+    p.parked[("g0", "small")] = 2
+    p.parked[("g0", "gone")] = 0
+    v = d.core.view()
+    assert v.instances == (
+        InstanceView(id="small#1", model="small", node="g0", devices=(0,), state="busy", queue=8),
+        InstanceView(
+            id="small#2", model="small", node="g0", devices=(1,), state="loading", queue=0
+        ),
+    )
+    assert v.parked == {"g0/small": 2} and v.queued_by_kind == {"reward": 2}
+    assert v.counts == {"RUNNING": 8, "QUEUED": 2}
+    p.instances["small#1"].batch = None
+    assert d.core.view().instances[0].state == "ready"
+    assert d.core.view().instances[0].queue == 0
+
+
+def test_the_view_lists_sessions_by_id() -> None:
+    d = Driver([cpu_node("n0", cpu=2, mem=4096)])
+    d(ev.SessionRequested(0.0, "b", Resources(memory_mb=64)))
+    d(ev.SessionRequested(0.1, "a", Resources(memory_mb=32)))
+    assert [(s.id, s.demand, s.actions) for s in d.core.view().sessions] == [
+        ("a", Resources(memory_mb=32), 0),
+        ("b", Resources(memory_mb=64), 0),
+    ]
