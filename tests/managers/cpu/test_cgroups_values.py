@@ -526,11 +526,17 @@ def test_trees_of_one_process_are_numbered(monkeypatch: pytest.MonkeyPatch) -> N
         a.new_slot()
 
 
-def test_a_v2_tree_on_plain_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mine", [True, False])
+def test_a_v2_tree_on_plain_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mine: bool
+) -> None:
     m = tmp_path / "unified"
     other = tmp_path / "v2-without-cpu"
-    parent = m / "mine"
+    parent = m / "mine" if mine else m
+    parent_s = f"{m}/mine" if mine else f"{m}/"  # (no own v2 path: the mount's root, "/")
     (parent / "tangram-1.7").mkdir(parents=True)
+    dead = _dead_pid()
+    (parent / f"tangram-{dead}" / "s1").mkdir(parents=True)  # a dead manager's: removed
     other.mkdir()
     (other / "cgroup.controllers").write_text("memory pids io\n")
     (m / "cgroup.controllers").write_text("pids memory cpu\n")  # (exactly the three)
@@ -550,19 +556,23 @@ def test_a_v2_tree_on_plain_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             ("cgroup2", str(m), {"rw"}),
         ],
     )
-    monkeypatch.setattr(cgroups, "_own_paths", lambda: {"": "/mine", "cpu": "/x"})
+    own = {"": "/mine", "cpu": "/x"} if mine else {"cpu": "/x"}
+    monkeypatch.setattr(cgroups, "_own_paths", lambda: own)
     t = CgroupTree()
     assert t.problem == ""
     assert t.version == "v2"
-    assert t.bases == dict.fromkeys(CTRLS, str(base))
-    assert t.stale_parents == [str(parent)]
+    assert t.bases == dict.fromkeys(CTRLS, os.path.join(parent_s, base.name))
+    assert t.stale_parents == [parent_s]
+    assert not (parent / f"tangram-{dead}").exists()
+    assert (parent / "tangram-1.7").is_dir()  # (pid 1 lives)
     assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (base / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (base / "cpu.weight").read_text() == str(100 * (os.cpu_count() or 1))
     assert t.join_dirs() == []
     assert t.memory_bytes() == 12345
     s = t.new_slot()
-    assert s.dirs == dict.fromkeys(CTRLS, str(base / "s1")) and s.version == "v2"
+    assert s.dirs == dict.fromkeys(CTRLS, os.path.join(parent_s, base.name, "s1"))
+    assert s.version == "v2" and (base / "s1").is_dir()
     (base / "memory.current").write_text("junk")
     assert t.memory_bytes() == 0
 
@@ -574,9 +584,17 @@ def test_a_v1_tree_on_plain_directories(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(cgroups, "_own_paths", lambda: {"memory": "/m/n"})
     tag = f"tangram-{os.getpid()}.3"
     (tmp_path / "cpu" / tag).mkdir(parents=True)
+    dead = _dead_pid()
+    stale = [
+        tmp_path / "cpu" / f"tangram-{dead}" / "s1",
+        tmp_path / "memory" / "m" / "n" / f"tangram-{dead}" / "s1",
+    ]
+    for d in stale:
+        d.mkdir(parents=True)
     (tmp_path / "cpu" / tag / "cpu.shares").write_text("")
     t = CgroupTree()
     assert t.version == "v1"
+    assert not any(d.parent.exists() for d in stale)  # a dead manager's trees removed at start
     assert t.bases == {
         "cpu": f"{tmp_path}/cpu/{tag}",
         "cpuacct": f"{tmp_path}/cpuacct/{tag}",
@@ -637,6 +655,7 @@ def test_stale_trees_are_dead_managers_only(
         f"tangram-{dead}",
         f"tangram-{dead}.3",
         f"tangram-{dead}-sessions",
+        f"tangram-{dead}.2-sessions",  # (a freezer tree of sessions: never a slot tree)
         f"tangram-{live}",
         f"tangram-{live}.1",
         "tangram-x1",
@@ -673,9 +692,10 @@ def test_remove_stale_retries_and_reports_what_is_left(
 ) -> None:
     dead = _dead_pid()
     tree = tmp_path / f"tangram-{dead}"
-    for s in ("s1", "s2", "s3", "s4"):
+    for s in ("s1", "s2", "s3", "s4", "s5"):
         (tree / s).mkdir(parents=True)
     (tree / "s2" / "cgroup.procs").write_text("")  # busy (a file: rmdir fails) until round 2
+    (tree / "s5" / "cgroup.procs").write_text("")  # busy, then gone (another removed it)
     (tree / "s3" / "cgroup.procs").write_text("")  # busy for good
     (tree / "notes").write_text("")  # (a file of the tree: not a slot)
     (tmp_path / f"tangram-{os.getpid()}" / "s1").mkdir(parents=True)  # alive: left alone
@@ -685,6 +705,8 @@ def test_remove_stale_retries_and_reports_what_is_left(
         sleeps.append(s)
         with contextlib.suppress(FileNotFoundError):
             (tree / "s2" / "cgroup.procs").unlink()
+            (tree / "s5" / "cgroup.procs").unlink()
+            (tree / "s5").rmdir()
 
     monkeypatch.setattr(cgroups.time, "sleep", sleep)
     with caplog.at_level(logging.WARNING, logger=cgroups.__name__):
@@ -707,12 +729,13 @@ def test_remove_stale_with_no_rounds_tries_once_and_removes_a_clean_tree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dead = _dead_pid()
-    tree = tmp_path / f"tangram-{dead}.2"
+    tree, other = tmp_path / f"tangram-{dead}.2", tmp_path / f"tangram-{dead}.3"
     for s in ("s1", "s2"):
         (tree / s).mkdir(parents=True)
+        (other / s).mkdir(parents=True)
     monkeypatch.setattr(cgroups.time, "sleep", lambda s: pytest.fail("no pause"))
     assert cgroups._remove_stale(str(tmp_path), rounds=0) == []
-    assert not tree.exists()
+    assert os.listdir(tmp_path) == []  # both trees, every slot of each
     busy = tmp_path / f"tangram-{dead}" / "s1"
     busy.mkdir(parents=True)
     (busy / "x").write_text("")
@@ -903,3 +926,60 @@ def test_kill_procs_goes_on_past_a_pid_already_gone(tmp_path: Path) -> None:
         assert a.wait(timeout=5) == -signal.SIGKILL
     finally:
         _end(a)
+
+
+def test_a_stale_tree_that_cannot_be_listed_is_logged_and_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = _dead_pid()
+    odd = tmp_path / f"tangram-{dead}"
+    odd.write_text("")  # (not a directory)
+    with caplog.at_level(logging.WARNING, logger=cgroups.__name__):
+        assert cgroups._remove_stale(str(tmp_path)) == [str(odd)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"stale cgroups: cannot list {odd}: [Errno 20] Not a directory: '{odd}'",
+        f"stale cgroup {odd} (of a dead manager) not removed yet: [Errno 20] Not a directory: "
+        f"'{odd}'",
+    ]
+
+
+def test_weigh_with_an_unknown_cpu_count_is_one_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "cpu.shares"
+    f.write_text("")
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: None)
+    CgroupTree._weigh(str(f), 1024)
+    assert f.read_text() == "1024"
+
+
+@pytest.mark.parametrize("rounds", [0, 1])
+def test_one_round_tries_each_busy_slot_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int
+) -> None:
+    dead = _dead_pid()
+    busy = tmp_path / f"tangram-{dead}" / "s1"
+    (busy / "x").mkdir(parents=True)
+    killed: list[str] = []
+    monkeypatch.setattr(cgroups, "_kill_procs", killed.append)
+    assert cgroups._remove_stale(str(tmp_path), rounds=rounds) == [str(busy.parent), str(busy)]
+    assert killed == [str(busy)]
+
+
+def test_a_slot_gone_before_its_first_removal_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = _dead_pid()
+    tree = tmp_path / f"tangram-{dead}"
+    for s in ("s1", "s2"):
+        (tree / s).mkdir(parents=True)
+    real = os.rmdir
+
+    def rmdir(p: str) -> None:
+        if p.endswith("/s1"):  # (another manager's clean-up got there first)
+            real(p)
+        real(p)
+
+    monkeypatch.setattr(cgroups.os, "rmdir", rmdir)
+    assert cgroups._remove_stale(str(tmp_path)) == []
+    assert not tree.exists()
