@@ -15,6 +15,7 @@ retried, what is left and logged) on plain directories.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import logging
 import os
@@ -983,3 +984,39 @@ def test_a_slot_gone_before_its_first_removal_is_no_error(
     monkeypatch.setattr(cgroups.os, "rmdir", rmdir)
     assert cgroups._remove_stale(str(tmp_path)) == []
     assert not tree.exists()
+
+
+def test_control_files_are_opened_once_and_kept(tmp_path: Path) -> None:
+    """Each control file written or read for every action stays open: one fd each, under
+    "w:<path>" / "r:<path>", reused (no new fd on the next write or read), closed by `close`."""
+    (tmp_path / "memory.current").write_text("4096\n")
+    s = _v2(tmp_path)
+    try:
+        s.set_pids(3)
+        s.set_cpu(1.0)
+        assert s.charged_bytes() == 4096
+        assert set(s._fds) == {
+            f"w:{tmp_path}/pids.max",
+            f"w:{tmp_path}/cpu.max",
+            f"r:{tmp_path}/memory.current",
+        }
+        fds = dict(s._fds)
+        n = _open_fds()
+        for k in (4, 5, 6):
+            s.set_pids(k)
+            s.set_cpu(k / 2)
+            (tmp_path / "memory.current").write_text(f"{k}\n")
+            assert s.charged_bytes() == k
+        assert s._fds == fds and _open_fds() == n
+        assert (tmp_path / "pids.max").read_text() == "6"
+        assert (tmp_path / "cpu.max").read_text() == "300000 100000"
+        assert fcntl.fcntl(fds[f"w:{tmp_path}/pids.max"], fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        assert fcntl.fcntl(fds[f"w:{tmp_path}/pids.max"], fcntl.F_GETFL) & os.O_ACCMODE == (
+            os.O_WRONLY
+        )
+        r = fds[f"r:{tmp_path}/memory.current"]
+        assert fcntl.fcntl(r, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        assert fcntl.fcntl(r, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    finally:
+        s.close()
+    assert s._fds == {} and _open_fds() == n - 3
