@@ -423,3 +423,18 @@ def test_a_node_s_fields_refused_with_its_line() -> None:
     assert dict(ok.nodes[1].dispatch_s) == dict.fromkeys(
         ("code", "test", "tool", "custom", "reward", "judge", "default"), 0.0
     )
+
+
+def test_a_measured_point_is_met_exactly() -> None:
+    """At a measured core count the interpolation gives the measured speedup exactly (past the
+    last point, ``s * k / k`` would round: 3.6399999999999997)."""
+    assert _node(parallel_speedup=((5.0, 3.64),)).parallel_cores(5.0) == 3.64
+    assert _node(parallel_speedup=((2.0, 1.5), (7.0, 4.84))).parallel_cores(7.0) == 4.84
+
+
+def test_a_parsed_speedup_may_be_below_one_core_or_ideal() -> None:
+    def spec(pts):
+        return parse_cluster({"nodes": [{"name": "a", "capacity": {}, "parallel_speedup": pts}]})
+
+    assert spec({2: 0.5}).nodes[0].parallel_speedup == ((2.0, 0.5),)
+    assert spec({2: 2, 4: 3.5}).nodes[0].parallel_speedup == ((2.0, 2.0), (4.0, 3.5))
