@@ -111,6 +111,16 @@ def test_cuda_devices_from_their_properties_and_peer_domains(monkeypatch: Any) -
     ]
 
 
+def test_two_cuda_devices_are_asked_about_peer_access(monkeypatch: Any) -> None:
+    calls = _cuda(monkeypatch, 2)
+    devs, doms = discover(GpuManagerConfig(device="cuda"))
+    assert doms == ((0,), (1,))
+    assert [d.domain for d in devs] == [0, 1]
+    assert calls == [(0, 1)]
+    _cuda(monkeypatch, 2, {(0, 1)})
+    assert discover(GpuManagerConfig(device="cuda"))[1] == ((0, 1),)
+
+
 def test_one_cuda_device_asks_no_peers_and_none_gives_nothing(monkeypatch: Any) -> None:
     calls = _cuda(monkeypatch, 1)
     devs, doms = discover(GpuManagerConfig(device="cuda"))

@@ -213,3 +213,32 @@ def test_with_engines_only_when_a_model_is_a_judge_engine(tmp_path: Any, monkeyp
     assert (h.engines.device, h.engines.sleep_level) == ("cuda", 1)  # type: ignore[union-attr]
     h = with_engines(_GpuWith(), judges)  # type: ignore[arg-type]
     assert h.engines.device == "cpu"  # type: ignore[union-attr]
+
+
+def test_a_failed_load_unloaded_meanwhile_raises_the_loads_error() -> None:
+    gate: asyncio.Event | None = None
+
+    class _Slow(_Engines):
+        async def load(
+            self, iid: str, model: str, devices: tuple[int, ...], from_host: bool = False
+        ) -> int:
+            assert gate is not None
+            await gate.wait()
+            raise RuntimeError("engine did not start")
+
+    gpu, eng = _Gpu("gpu"), _Slow("engines", ("judge",))
+    h = ModelHosts(gpu, eng)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        nonlocal gate
+        gate = asyncio.Event()
+        task = asyncio.create_task(h.load("j1", "judge", (0,)))
+        await asyncio.sleep(0)
+        assert await h.unload("j1") is True  # the engines': the load chose them
+        gate.set()
+        with pytest.raises(RuntimeError, match=r"^engine did not start$"):
+            await task
+
+    asyncio.run(go())
+    assert eng.calls == [("unload", "j1", True)]
+    assert h._where == {}
