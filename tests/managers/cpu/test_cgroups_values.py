@@ -232,6 +232,7 @@ def test_v2_counters_from_plain_files(tmp_path: Path) -> None:
         assert s.oom_kills(raw=True) == 2
         s.oom_base = 1
         assert s.oom_kills() == 1
+        assert s.oom_kills(raw=True) == 2  # (raw: the kernel's count, no base taken off)
         s.cpu_base_ns = 500_000
         assert s.cpu_seconds() == 0.002
         assert s.peak_memory_mb() == 12288 / MiB
