@@ -259,6 +259,8 @@ def test_v2_reset_stats_and_samples(tmp_path: Path) -> None:
         assert not s.peak_sticky
         assert (tmp_path / "memory.peak").read_text() == "reset\n"
         assert (s.cpu_base_ns, s.oom_base) == (7000, 4)
+        s.reset_stats()  # again: the base is the kernel's count, not what is new since
+        assert (s.cpu_base_ns, s.oom_base) == (7000, 4)
         # the first sample starts from now: the peak is what is charged
         assert s.memory_sample() == (100, 100)
         (tmp_path / "memory.peak").write_text("500\n")
@@ -1021,3 +1023,16 @@ def test_control_files_are_opened_once_and_kept(tmp_path: Path) -> None:
     finally:
         s.close()
     assert s._fds == {} and _open_fds() == n - 3
+
+
+def test_v1_reset_zeroes_the_cpu_counter_and_takes_no_base(tmp_path: Path) -> None:
+    for c in CTRLS:
+        (tmp_path / c).mkdir()
+    (tmp_path / "cpuacct" / "cpuacct.usage").write_text("123456\n")  # (a plain file)
+    s = Slot("s", "v1", {c: str(tmp_path / c) for c in CTRLS})
+    try:
+        s.reset_stats()
+        assert (tmp_path / "cpuacct" / "cpuacct.usage").read_text() == "023456\n"  # "0" written
+        assert s.cpu_base_ns == 0  # v1 zeroes the counter: its base is 0, never read back
+    finally:
+        s.close()
