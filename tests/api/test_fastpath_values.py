@@ -72,8 +72,9 @@ class _Client:
 class _Inner:
     """The FastAPI app stand-in: records the scope and the whole body it read."""
 
-    def __init__(self) -> None:
+    def __init__(self, then_receive: bool = False) -> None:
         self.calls: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        self.then_receive = then_receive  # read once more after the body (the disconnect)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         got: list[dict[str, Any]] = []
@@ -83,6 +84,8 @@ class _Inner:
                 got.append(m)
                 if m["type"] != "http.request" or not m.get("more_body"):
                     break
+            if self.then_receive:
+                got.append(await receive())
         self.calls.append((dict(scope), got))
         await send({"type": "http.response.start", "status": 299, "headers": []})
         await send({"type": "http.response.body", "body": b"inner"})
@@ -232,14 +235,33 @@ async def test_non_http_scopes_handed_on() -> None:
     ],
 )
 async def test_not_served_body_replayed(headers: list[Any], body: bytes) -> None:
-    run, inner = _Run({}), _Inner()
+    run, inner = _Run({}), _Inner(then_receive=True)
     half = len(body) // 2
-    c = _Client(body[:half], body[half:])
+    c = _Client(body[:half], body[half:], gone_after=0)
     await _mw(run, inner)(_scope(headers=headers), c.receive, c.send)
     assert run.calls == []
     ((scope, got),) = inner.calls
-    assert got == [{"type": "http.request", "body": body, "more_body": False}]
+    assert got == [
+        {"type": "http.request", "body": body, "more_body": False},
+        {"type": "http.disconnect"},
+    ]  # (then the client's own messages)
     assert F._HANDED_ON not in scope
+
+
+async def test_not_outermost_by_default() -> None:
+    inner = _Inner()
+    mw = F.FastRunCode(inner, run_code=_Run({}), error_response=_errors({}))
+    assert mw.outermost is False
+    c = _Client(b"x")
+    await mw(_scope(path="/elsewhere"), c.receive, c.send)
+    ((scope, _),) = inner.calls
+    assert F._HANDED_ON not in scope
+    c = _Client(b'{"code": "x"}')
+    with pytest.raises(RuntimeError):
+        await F.FastRunCode(inner, run_code=_Run(RuntimeError("bug")), error_response=_errors({}))(
+            _scope(), c.receive, c.send
+        )
+    assert c.sent == []  # no plain 500 of its own: the server's middleware gives it
 
 
 async def test_replay_then_the_clients_messages() -> None:

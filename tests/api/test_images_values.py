@@ -133,6 +133,16 @@ def test_allowed_paths(tmp_path: Path) -> None:
     assert images.allowed(str(d / "a.tar"), ["/", str(tmp_path / "imp2"), str(d)])  # any one
 
 
+def test_allowed_roots_ending_in_x_or_a_space(tmp_path: Path) -> None:
+    """Only a trailing "/" is stripped from a root: "dX" and "e " are not "d" and "e"."""
+    for name in ("dX", "e "):
+        (tmp_path / name).mkdir()
+        (tmp_path / name.rstrip("X ")).mkdir()
+        root = str(tmp_path / name)
+        assert images.allowed(str(tmp_path / name / "a.tar"), [root])
+        assert not images.allowed(str(tmp_path / name.rstrip("X ") / "a.tar"), [root])
+
+
 # -- POST /v1/images -----------------------------------------------------------------------
 
 
