@@ -6,6 +6,7 @@ maps, and `with_engines`' choice (the GPU manager alone, or both with the device
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from typing import Any
 
 import pytest
@@ -195,7 +196,7 @@ class _GpuWith:
 
 
 def test_with_engines_only_when_a_model_is_a_judge_engine(tmp_path: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the engines' log directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the engines' log directories
     models = [ModelSpec("s"), ModelSpec("t", kind="similarity")]
     gpu = _GpuWith("cpu", "cpu")
     assert with_engines(gpu, models) is gpu  # type: ignore[arg-type]
