@@ -508,3 +508,19 @@ def test_openapi_answers() -> None:
         "409": "in use (the reason)",
         "501": "this executor keeps no image cache",
     }
+
+
+async def test_upload_of_an_answer_without_nodes(tmp_path: Path) -> None:
+    """An executor's answer need not list nodes (`Engine._sourced` reads it only if there)."""
+    eng = _Engine()
+
+    async def import_image(path: str, name: str, node: str | None) -> dict[str, Any]:
+        return {"name": name, "digest": "sha256:0"}
+
+    eng.import_image = import_image  # type: ignore[method-assign]
+    async with _client(_app(eng, upload_dir=str(tmp_path))) as c:
+        r = await c.put("/v1/images/solo", content=b"q")
+        assert (r.status_code, r.json()) == (
+            201,
+            {"name": "solo", "digest": "sha256:0", "nodes": {}},
+        )

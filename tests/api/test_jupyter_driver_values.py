@@ -26,6 +26,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     from IPython.core.interactiveshell import InteractiveShell
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     old = signal.getsignal(signal.SIGALRM)
     InteractiveShell.clear_instance()
     yield tmp_path
@@ -217,3 +218,35 @@ def test_write_replaces_atomically(workdir: Path) -> None:
     D._write({"a": 1})
     assert json.loads(Path(D.OUT_FILE).read_text()) == {"a": 1}
     assert sorted(os.listdir(workdir)) == [D.OUT_FILE]
+
+
+def test_history_numbers_cells_but_keeps_no_file(workdir: Path) -> None:
+    """In/Out and ``_N`` as in a kernel (store_history), no history database written."""
+    out = _run(["40 + 2", "_1", "In[1]", "get_ipython().execution_count"])
+    assert [c["display"] for c in out["cells"]] == [
+        [{"text/plain": "42"}],
+        [{"text/plain": "42"}],
+        [{"text/plain": "'40 + 2'"}],
+        [{"text/plain": "5"}],
+    ]
+    written = [f for _, _, fs in os.walk(workdir / "ipython") for f in fs]
+    assert not [f for f in written if "history" in f], written
+
+
+def test_first_write_is_the_empty_notebook(workdir: Path) -> None:
+    out = _run([f"print(open({D.OUT_FILE!r}).read())"])
+    assert json.loads(out["cells"][0]["stdout"]) == {"status": "Finished", "cells": []}
+
+
+def test_a_limit_hit_outside_the_cells_code_stops_the_notebook(workdir: Path) -> None:
+    """The alarm may fire while IPython compiles a long cell (outside the code it runs)."""
+    big = "\n".join(f"a{i} = {i}" for i in range(100000))
+    out = _run([big, "print('never')"], cell_timeout=0.05)
+    assert out["status"] == "TimeLimitExceeded" and len(out["cells"]) == 1
+    assert out["cells"][0]["error"] == [
+        {
+            "ename": "TimeoutError",
+            "evalue": "cell exceeded 0.05 s",
+            "traceback": ["TimeoutError: cell exceeded 0.05 s"],
+        }
+    ]
