@@ -250,3 +250,14 @@ def test_a_limit_hit_outside_the_cells_code_stops_the_notebook(workdir: Path) ->
             "traceback": ["TimeoutError: cell exceeded 0.05 s"],
         }
     ]
+
+
+def test_no_time_left_exactly(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A limit of exactly 0 s left is no time left (a 0 limit would mean none to the timer)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(D, "time", SimpleNamespace(monotonic=lambda: 100.0))
+    assert _run(["print(1)"], cell_timeout=5, total=0) == {
+        "status": "TimeLimitExceeded",
+        "cells": [],
+    }
