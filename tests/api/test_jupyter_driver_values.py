@@ -261,3 +261,13 @@ def test_no_time_left_exactly(workdir: Path, monkeypatch: pytest.MonkeyPatch) ->
         "status": "TimeLimitExceeded",
         "cells": [],
     }
+
+
+def test_shell_set_up_warns_of_nothing(workdir: Path) -> None:
+    """The colour scheme is named as IPython 9 spells it (no deprecation on the driver's
+    stderr, which /run_jupyter answers as ``driver.stderr``)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert _run(["1"])["cells"][0]["display"] == [{"text/plain": "1"}]
