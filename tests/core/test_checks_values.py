@@ -568,7 +568,7 @@ def test_the_view_of_instances_and_parked_models() -> None:
 
     d = _gpu()
     p = d.core.planner
-    p.parked[("g0", "small")] = 2
+    p.parked[("g0", "small")] = 1
     p.parked[("g0", "gone")] = 0
     v = d.core.view()
     assert v.instances == (
@@ -577,7 +577,7 @@ def test_the_view_of_instances_and_parked_models() -> None:
             id="small#2", model="small", node="g0", devices=(1,), state="loading", queue=0
         ),
     )
-    assert v.parked == {"g0/small": 2} and v.queued_by_kind == {"reward": 2}
+    assert v.parked == {"g0/small": 1} and v.queued_by_kind == {"reward": 2}
     assert v.counts == {"RUNNING": 8, "QUEUED": 2}
     p.instances["small#1"].batch = None
     assert d.core.view().instances[0].state == "ready"
@@ -592,3 +592,212 @@ def test_the_view_lists_sessions_by_id() -> None:
         ("a", Resources(memory_mb=32), 0),
         ("b", Resources(memory_mb=64), 0),
     ]
+
+
+# ---- parked sessions (the scene of test_crowded_node_passes: a, b, c parked on n0) -------------
+
+
+def _parked_scene() -> Driver:
+    from test_crowded_node_passes import _parked
+
+    d = _parked()
+    assert sorted(d.core.st.parked) == ["a", "b", "c"] and d.core.st.parked["a"][1] == 3
+    return d
+
+
+def test_a_parked_session_waits_on_its_node() -> None:
+    assert _report(_parked_scene(), lambda c, st: None) is None
+    assert _report(
+        _parked_scene(), lambda c, st: st.parked.__setitem__("zz", st.parked["a"])
+    ) == _inv("parked-waits", "zz")
+
+    def nodeless(c, st) -> None:  # (its charge gone from n0 too: only the parked check sees it)
+        st.sessions["a"].node = None
+        st.nodes["n0"].used["memory_mb"] -= 64
+
+    assert _report(_parked_scene(), nodeless) == _inv("parked-waits", "a")
+    assert (
+        _report(_parked_scene(), lambda c, st: st.waiting_on.pop("n0")) is None
+    )  # (parked: not in it)
+
+
+def test_a_parked_session_s_head_and_group() -> None:
+    import heapq
+
+    from arl_tangram.core.queues import AGED
+
+    shape = "(('cpu', 1.0), ('memory_mb', 2048.0))"
+    assert _report(
+        _parked_scene(), lambda c, st: st.parked.__setitem__("a", (st.parked["a"][0], -1))
+    ) == _inv("parked-head", f"a: (48, 3, 1, 'qa') {shape}, parked with -1 {shape}")
+
+    def aged(c, st) -> None:
+        rec = st.actions["qa"]
+        heapq.heappush(c.queues.heaps[("sess", "a")], (AGED, rec.seq, rec.gen, "qa"))
+
+    assert _report(_parked_scene(), aged) == _inv(
+        "parked-head", f"a: ({AGED}, 3, 1, 'qa') {shape}, parked with 3 {shape}"
+    )
+    other = "(('cpu', 1.0), ('memory_mb', 1536.0))"
+    assert _report(
+        _parked_scene(), lambda c, st: st.parked.__setitem__("a", (st.parked["c"][0], 3))
+    ) == _inv("parked-head", f"a: (48, 3, 1, 'qa') {shape}, parked with 3 {other}")
+    d = _parked_scene()
+    first = next(iter(d.core.st.parked))  # (the order they were parked in)
+    assert _report(d, lambda c, st: st.short_on.pop("n0")) == _inv("parked-in-its-group", first)
+    assert _report(
+        _parked_scene(), lambda c, st: st.short_on["n0"][(st.parked["a"][0], True)].heap.clear()
+    ) == _inv("parked-in-its-group", "a")
+
+
+# ---- more edges ---------------------------------------------------------------------------------
+
+
+def test_a_dimension_used_but_not_held_and_held_but_not_used() -> None:
+    assert _report(_base(), lambda c, st: st.nodes["n0"].used.__setitem__("gpu", 5.0)) == _inv(
+        "used-equals-holdings", "n0.gpu: used 5.0 vs holdings 0.0"
+    )
+    assert _report(_base(), lambda c, st: st.nodes["n0"].used.pop("cpu")) == _inv(
+        "used-equals-holdings", "n0.cpu: used 0.0 vs holdings 2.0"
+    )
+    # exactly a millionth off, where nothing is held nor offered: within both tolerances
+    assert _report(_base(), lambda c, st: st.nodes["n0"].used.__setitem__("gpu", 1e-6)) is None
+
+
+def test_a_dead_first_node_does_not_hide_the_next() -> None:
+    def spoil(c, st) -> None:
+        st.nodes["n0"].alive = False
+        st.index.remove("n0")
+        st.nodes["n1"].used["cpu"] = 1.0
+
+    d = Driver([cpu_node("n0", cpu=2), cpu_node("n1", cpu=2)])
+    d.tick()
+    assert _report(d, spoil) == _inv("used-equals-holdings", "n1.cpu: used 1.0 vs holdings 0.0")
+
+
+def test_tenant_use_of_a_dimension_or_a_tenant_missing() -> None:
+    assert _report(
+        _fair(), lambda c, st: st.tenant_use.__setitem__("x", {"memory_mb": 256.0})
+    ) == _inv("tenant-use", "tenant 'x' cpu: use 0.0 vs holdings 1.0")
+    assert _report(_fair(), lambda c, st: st.tenant_use.pop("x")) in {
+        _inv("tenant-use", "tenant 'x' cpu: use 0.0 vs holdings 1.0"),
+        _inv("tenant-use", "tenant 'x' memory_mb: use 0.0 vs holdings 256.0"),
+    }
+    assert _report(_fair(), lambda c, st: st.tenant_use.__setitem__("z", {"cpu": 1e-6})) is None
+
+
+def test_a_tenant_s_use_sums_its_actions() -> None:
+    d = Driver(
+        [cpu_node("n0", cpu=4, mem=8192)], policy="tangram", tenant_shares={"x": 1.0, "y": 1.0}
+    )
+    d.at(0.0).arrive(
+        act("a", cpu=1, tenant="x", hints=LONG), act("b", cpu=1, tenant="x", hints=LONG)
+    )
+    assert d.core.st.tenant_use == {"x": {"cpu": 2.0, "memory_mb": 512.0}}
+    assert _report(d, lambda c, st: st.tenant_use["x"].__setitem__("cpu", 1.0)) == _inv(
+        "tenant-use", "tenant 'x' cpu: use 1.0 vs holdings 2.0"
+    )
+
+
+def test_allotment_range_edges_are_inclusive() -> None:
+    def bounds(lo: float, hi: float, grow: bool):
+        def spoil(c, st) -> None:
+            rec = st.actions["e"]
+            rec.spec = dataclasses.replace(
+                rec.spec, elasticity=Elasticity(lo, hi, speedup=Speedup(0.9))
+            )
+            if grow:
+                c.elastic.placer.growable["n0"]["e"] = None
+
+        return spoil
+
+    assert _report(_elastic(4), bounds(4 + 1e-6, 8, True)) is None  # 4 + 1e-6 - 1e-6 == 4.0
+    assert _report(_elastic(4), bounds(1, 4 - 1e-6, False)) is None  # 4 - 1e-6 + 1e-6 == 4.0
+
+
+def test_an_elastic_action_within_a_core_of_its_maximum_is_growable() -> None:
+    d = _elastic(8.5)
+    assert d.core.st.actions["e"].allotment.get("cpu") == 8.0
+    assert _report(d, lambda c, st: c.elastic.placer.growable.clear()) == _inv(
+        "elastic-growable", "e on n0"
+    )
+
+
+def test_the_waiting_sessions_without_a_node_entry_and_sums_exactly_a_millionth_off() -> None:
+    assert _report(_base(), lambda c, st: st.waiting_on.pop("n0")) == _inv(
+        "waiting-on-node", "s on n0"
+    )
+    assert _report(_two_nodes(), lambda c, st: c.sessions.caps.__setitem__("n1", 1e-6)) == _inv(
+        "session-caps-sum", "n1: 1e-06 vs 0"
+    )
+    assert _report(
+        _two_nodes(), lambda c, st: c.sessions.held.__setitem__("n1", Resources(memory_mb=1e-6))
+    ) == _inv("session-demand-sum", "n1: Resources(memory_mb=1e-06) vs Resources()")
+
+
+def test_the_waiting_place_is_the_entry_s_place_not_its_version() -> None:
+    def moved(c, st) -> None:
+        sessions = c.sessions
+        (heap,) = sessions._groups.values()
+        heap[0] = (7, heap[0][1], "w")
+        sessions.pending["w"] = 7
+
+    assert _report(_waiting(), moved) is None
+
+
+def test_an_idle_instance_without_a_queue_and_one_with_free_sequences() -> None:
+    small = ModelSpec("small", memory_mb=1000, alpha=0.02, beta=0.01, max_batch=64)
+    d = Driver(
+        [gpu_node("g0", gpus=1)],
+        [small],
+        policy="tangram",
+        model_min_instances=0,
+        model_prewarm=False,
+    )
+    out = d.arrive(reward("r0", "small"))
+    out = d(ev.ModelLoaded(1.0, of(out, cmd.LoadModel)[0].instance_id))
+    (b,) = of(out, cmd.RunBatch)
+    d(ev.BatchFinished(2.0, b.batch_id, b.instance_id, outputs={"r0": 1.0}))
+    inst = d.core.planner.instances["small#1"]
+    assert inst.batch is None and d.core.queues.live == {}
+    assert _report(d, lambda c, st: None) is None
+
+    m = ModelSpec("gj", kind="genjudge", max_seqs=4, memory_mb=1000)
+    d = Driver(
+        [gpu_node("g0", gpus=1)], [m], policy="tangram", model_min_instances=0, model_prewarm=False
+    )
+    out = d.arrive(reward("r0", "gj"), reward("r1", "gj"))
+    d(ev.ModelLoaded(1.0, of(out, cmd.LoadModel)[0].instance_id))
+    assert d.core.planner.instances["gj#1"].seqs() == 2 and d.core.queues.live == {}
+    assert _report(d, lambda c, st: None) is None
+
+
+def test_one_sequence_at_a_time_is_continuous_batching() -> None:
+    m = ModelSpec("one", kind="genjudge", max_seqs=1, memory_mb=1000)
+    d = Driver(
+        [gpu_node("g0", gpus=1)], [m], policy="tangram", model_min_instances=0, model_prewarm=False
+    )
+    out = d.arrive(reward("r0", "one"), reward("r1", "one"))
+    d(ev.ModelLoaded(1.0, of(out, cmd.LoadModel)[0].instance_id))
+    inst = d.core.planner.instances["one#1"]
+    assert inst.seqs() == 1
+    assert _report(d, lambda c, st: setattr(inst, "batch", None)) == _inv(
+        "free-sequence-with-queue", "one#1"
+    )
+
+
+def test_a_session_with_nothing_queued_does_not_hide_the_next() -> None:
+    d = Driver([cpu_node("n0", cpu=2, mem=4096)])
+    d(ev.SessionRequested(0.0, "e", Resources(memory_mb=32)))
+    d(ev.SessionRequested(0.0, "s", Resources(memory_mb=64)))
+    d.at(0.1).arrive(act("a", cpu=2, mem=256, hints=LONG))
+    d.at(0.3).arrive(act("sq", cpu=1, mem=128, session="s"))
+
+    def reserved(c, st) -> None:
+        _grow("n0", cpu=2)(c, st)
+        st.reserved["n0"] = "x"
+
+    assert _report(d, reserved) == _inv(
+        "session-action-waits",
+        "sq (Resources(cpu=1, memory_mb=128)) fits free {'cpu': 2.0, 'memory_mb': 3744.0} of n0",
+    )
