@@ -245,3 +245,20 @@ def test_sweep_newest_mtime_error_skips(tmp_path, monkeypatch):
     monkeypatch.setattr(spools, "_newest_mtime", newest)
     assert spools.sweep(str(tmp_path), 10.0) == [str(b)]
     assert a.is_dir()
+
+
+def test_newest_mtime_entry_gone_meanwhile(monkeypatch):
+    # an entry removed between os.walk's listing and its lstat is skipped, the rest still read
+    times = {"/s": 10.0, "/s/sub": 30.0, "/s/sub/f": 40.0}
+
+    def lstat(p):
+        if p not in times:
+            raise FileNotFoundError(2, "gone", p)
+        return SimpleNamespace(st_mtime=times[p])
+
+    def walk(d):
+        assert d == "/s"
+        return iter([("/s", ["sub", "vanished"], ["gone"]), ("/s/sub", [], ["f"])])
+
+    monkeypatch.setattr(spools, "os", SimpleNamespace(lstat=lstat, walk=walk, path=os.path))
+    assert spools._newest_mtime("/s") == 40.0
