@@ -305,3 +305,32 @@ async def _model_run() -> dict[str, Any]:
     c = b.client = _Client({})
     await b.run(ActionSpec("r", kind=ActionKind.REWARD, model="rm"))
     return c.calls[0][1]
+
+
+async def test_http_client_has_the_url_and_the_token() -> None:
+    from arl_tangram.client import AsyncClient
+
+    b = HttpBackend("http://x:1", token="tok")
+    assert isinstance(b.client, AsyncClient)
+    assert str(b.client._http.base_url) == "http://x:1"
+    assert b.client._http.headers.get("authorization") == "Bearer tok"
+    await b.aclose()
+    b = HttpBackend("http://y:2")
+    assert (
+        str(b.client._http.base_url) == "http://y:2"
+        and "authorization" not in b.client._http.headers
+    )
+    await b.aclose()
+
+
+def test_embedded_executor_serves_the_models_and_the_engine_drives_it() -> None:
+    b = EmbeddedBackend(_cluster([ModelSpec("rm")]), "tangram", 1, None)
+    assert b.executor._models == (ModelSpec("rm"),)
+    assert b.engine._executor is b.executor
+
+
+def test_cpu_ns_adds_every_v1_node(tmp_path) -> None:
+    (tmp_path / "cpuacct.usage").write_text("1500\n")
+    b = EmbeddedBackend(_cluster(), "tangram", 1, None)
+    b.executor.hosts = {n: _host("v1", {"cpuacct": str(tmp_path)}) for n in ("a", "b")}
+    assert b.cpu_ns() == 3000
