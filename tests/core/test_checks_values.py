@@ -801,3 +801,48 @@ def test_a_session_with_nothing_queued_does_not_hide_the_next() -> None:
         "session-action-waits",
         "sq (Resources(cpu=1, memory_mb=128)) fits free {'cpu': 2.0, 'memory_mb': 3744.0} of n0",
     )
+
+
+# ---- an elastic head may wait for a node warm for it -------------------------------------------
+
+
+def _three() -> Driver:
+    """n0, n1, n2 (4 cores each) full with rigid h0..h2; elastic `f` (1..4, warm key "test")
+    queued."""
+    d = Driver([cpu_node(f"n{i}", cpu=4, mem=8192) for i in range(3)], policy="tangram")
+    d.at(0.0).arrive(*[act(f"h{i}", cpu=4, hints=LONG) for i in range(3)])
+    d.at(0.1).arrive(elastic("f", lo=1, hi=4))
+    assert d.core.st.actions["f"].status is Status.QUEUED and d.core.st.actions["f"].wkey == "test"
+    assert not d.core.st.resident
+    return d
+
+
+def _idle_n0(n0_warm: int = 0, n1_warm: int = 0):
+    def spoil(c, st) -> None:
+        _grow("n0", cpu=2)(c, st)
+        for name, w in (("n0", n0_warm), ("n1", n1_warm)):
+            if w:
+                st.nodes[name].warm["test"] = w
+
+    return spoil
+
+
+def test_an_elastic_head_waits_for_a_warm_node_only_where_the_idle_one_is_cold() -> None:
+    idle = _inv(
+        "work-conserving", "elastic f waits while n0 has idle CPU {'cpu': 2.0, 'memory_mb': 7936.0}"
+    )
+    assert _report(_three(), _idle_n0()) == idle  # nobody warm for it
+    assert _report(_three(), _idle_n0(n1_warm=1)) is None  # n1 warm, n0 cold: it waits for n1
+    assert _report(_three(), _idle_n0(n0_warm=1, n1_warm=1)) == idle  # n0 warm too: no reason
+
+    def reserved(c, st) -> None:
+        _idle_n0()(c, st)
+        st.reserved["n0"] = "x"
+
+    assert _report(_three(), reserved) is None  # (held for an aged action)
+
+    def short_of_memory(c, st) -> None:
+        _idle_n0()(c, st)
+        st.nodes["n0"].free["memory_mb"] = 0.0
+
+    assert _report(_three(), short_of_memory) is None  # (idle CPU, but f fits nothing else there)
