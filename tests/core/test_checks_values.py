@@ -846,3 +846,11 @@ def test_an_elastic_head_waits_for_a_warm_node_only_where_the_idle_one_is_cold()
         st.nodes["n0"].free["memory_mb"] = 0.0
 
     assert _report(_three(), short_of_memory) is None  # (idle CPU, but f fits nothing else there)
+
+
+def test_a_fixed_width_elastic_action_is_not_in_the_elastic_registry() -> None:
+    """min == max: nothing to grow or shrink, so it runs as a rigid one (`ActionRecord.elastic`)."""
+    d = Driver([cpu_node("n0", cpu=8, mem=8192)], policy="tangram")
+    d.at(0.0).arrive(elastic("x", lo=2, hi=2, hints=LONG))
+    assert d.core.st.actions["x"].elastic is False and d.core.st.nodes["n0"].elastic == {}
+    assert _report(d, lambda c, st: None) is None
