@@ -163,14 +163,16 @@ def test_total_time_limit(workdir: Path) -> None:
     out = _run(
         ["import time; time.sleep(0.3)", "time.sleep(5)", "print('never')"],
         cell_timeout=10,
-        total=0.6,
+        total=1.5,
     )
     assert out["status"] == "TimeLimitExceeded" and len(out["cells"]) == 2
     assert out["cells"][0]["error"] == []
     ev = out["cells"][1]["error"][0]["evalue"]
-    assert ev.startswith("cell exceeded 0.") and ev.endswith(" s")
+    assert ev.startswith("cell exceeded ") and ev.endswith(" s")
     limit = float(ev.split()[2])
-    assert 0 < limit < 0.35  # what was left of 0.6 s, not the 10 s per cell
+    # what was left of 1.5 s after a cell of at least 0.3 s, not the 10 s per cell (a margin
+    # for a loaded machine: the first cell may take up to 1.5 s and still leave some)
+    assert 0 < limit <= 1.2
 
 
 def test_no_time_left_runs_no_cell(workdir: Path) -> None:
