@@ -854,3 +854,20 @@ def test_a_fixed_width_elastic_action_is_not_in_the_elastic_registry() -> None:
     d.at(0.0).arrive(elastic("x", lo=2, hi=2, hints=LONG))
     assert d.core.st.actions["x"].elastic is False and d.core.st.nodes["n0"].elastic == {}
     assert _report(d, lambda c, st: None) is None
+
+
+def test_a_waiting_session_is_weighed_with_its_largest_action() -> None:
+    """n0 (1,024 MB) holds `a` (1,000 MB); w (512 MB) waits with `big` (1,020 MB, first) and
+    `wq` (128 MB) queued. Grown by 500 MB, n0 has room for w and wq for good but not for w and
+    big (`Sessions.room`): w rightly waits; grown by 510 MB, it has."""
+    d = Driver([cpu_node("n0", cpu=2, mem=1024)])
+    d.at(0.0).arrive(act("a", cpu=1, mem=1000, hints=LONG), act("b", cpu=1, mem=10, hints=LONG))
+    d(ev.SessionRequested(0.1, "w", Resources(memory_mb=512)))
+    d.at(0.2).arrive(act("big", cpu=1, mem=1020, session="w"))
+    d.at(0.21).arrive(act("wq", cpu=1, mem=128, session="w"))
+    d.at(0.3).finish("b")
+    assert d.core.st.sessions["w"].node is None and d.core.st.nodes["n0"].free["memory_mb"] == 24.0
+    assert _report(d, _grow("n0", mem=500)) is None
+    assert _report(d, _grow("n0", mem=10)) == _inv(
+        "session-waits", "w could open on a node with room"
+    )
