@@ -628,3 +628,38 @@ async def test_stop_cancels_the_restart_and_closes(env: types.SimpleNamespace) -
     assert isinstance(w, _Reaper)
     await s.close_reaper()
     assert w.closed == 1 and s.watchdog is None
+
+
+async def test_the_down_log_names_the_reason_and_the_retry(
+    env: types.SimpleNamespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = sup.ForkServerSupervisor(_config(fork_server_max_crashes=1, fork_server_down_retry_s=7.5))
+    _restart_env(s, [True])
+    with caplog.at_level(logging.ERROR, logger=sup.__name__):
+        await s._restart()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "CPU manager: the sandbox fork server died 1 times within 60 s: node marked down; "
+        "trying again in 7.5 s"
+    ]
+
+
+async def test_each_restart_counts_and_logs_its_time(
+    env: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = sup.ForkServerSupervisor(_config())
+    pool = _Pool()
+
+    def hello(self: _Zygote, *a: Any) -> dict[str, Any]:
+        env.clock.now += 1.25
+        return {"ok": True}
+
+    monkeypatch.setattr(_Zygote, "wait_hello", hello)
+    with caplog.at_level(logging.WARNING, logger=sup.__name__):
+        assert await s._start_new(pool) is True  # type: ignore[arg-type]
+        assert await s._start_new(pool) is True  # type: ignore[arg-type]
+    assert s.restarts == 2 and s.gen == 2
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == [
+        "CPU manager: sandbox fork server restarted (pid 1001) in 1.250 s",
+        "CPU manager: sandbox fork server restarted (pid 1002) in 1.250 s",
+    ]
