@@ -23,15 +23,20 @@ from arl_tangram.managers.cpu.host import reaper as rp
 def test_zygote_env_keeps_only_path_lang_and_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "x")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    assert rp.zygote_env() == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert _env(rp.zygote_env()) == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     monkeypatch.setenv("PYTHONPATH", "")
-    assert rp.zygote_env() == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert _env(rp.zygote_env()) == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     monkeypatch.setenv("PYTHONPATH", "/src:/more")
-    assert rp.zygote_env() == {
+    assert _env(rp.zygote_env()) == {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "PYTHONPATH": "/src:/more",
     }
+
+
+def _env(env: dict[str, str]) -> dict[str, str]:
+    # (under `make mutation` the copy's fork server environment also carries MUTANT_UNDER_TEST)
+    return {k: v for k, v in env.items() if k != "MUTANT_UNDER_TEST"}
 
 
 class _Popen:
@@ -83,9 +88,14 @@ def test_the_reaper_is_started_with_its_socket_and_configuration(
             "stdin": subprocess.DEVNULL,
             "stdout": subprocess.DEVNULL,
             "close_fds": True,
-            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": "/pp"},
+            "env": p.kw["env"],
             "cwd": "/",
             "start_new_session": True,
+        }
+        assert _env(p.kw["env"]) == {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": "/pp",
         }
         with pytest.raises(OSError):  # their end is closed here
             os.fstat(fd)
