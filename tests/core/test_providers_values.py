@@ -1058,3 +1058,148 @@ def test_check_reports_a_waiting_call_without_an_owner() -> None:
     ps.arrive("x", "a", None, 2000, 0, 0.0, INF)
     del ps.owner["x"]
     assert ps.check({}) == ["a: waiting x not owned"]
+
+
+# ---- edges the first mutation run left (each kills a named mutant) --------------------------
+
+
+def test_a_pause_ends_exactly_its_tolerance_before_its_time() -> None:
+    b = Bucket(lim(rate=2.0, burst=1.0), now=0.0)
+    b.pause(0.0, 3.0)
+    edge = b.paused_until - 1e-9  # (the tolerance, computed as the bucket does)
+    assert b.ready(edge)
+    b2 = Bucket(lim(rate=2.0, burst=1.0), now=0.0)
+    b2.pause(0.0, 3.0)
+    assert b2.next_token_at(b2.paused_until - 1e-9) == b2.paused_until - 1e-9
+
+
+def test_a_token_short_by_exactly_the_tolerance_is_whole() -> None:
+    b = Bucket(lim(rate=1.0), now=0.0)
+    b.tokens = 1.0 - 1e-9
+    assert b.ready(0.0)
+    b.tokens = 1.0 - 1e-9
+    assert b.next_token_at(0.0) == 0.0
+
+
+def test_success_within_a_second_of_the_decrease_probes_by_the_fraction() -> None:
+    b = Bucket(lim(rate=10.0), now=0.0)
+    b.throttled(0.0, 0.0)
+    b.succeeded(0.5)
+    assert b.rate == 5.5
+
+
+def test_a_semaphore_given_to_the_paced_policy_is_ignored() -> None:
+    ps = Providers((lim(rate=10.0, burst=3.0, concurrency=3),), semaphore=1)
+    for i in range(3):
+        ps.arrive(str(i), "p", None, 2000, i, 0.0, INF)
+    assert sent(ps.ready(0.0)) == ["0", "1", "2"]
+
+
+def test_exhausted_looks_past_a_provider_with_budget_left() -> None:
+    ps = Providers((lim(name="free", rate=100.0), lim(name="s", rate=100.0, burst=5.0, budget=1)))
+    ps.arrive("f", "free", None, 2000, 0, 0.0, INF)
+    ps.arrive("a", "s", None, 2000, 1, 0.0, INF)
+    ps.arrive("b", "s", None, 2000, 2, 0.0, INF)
+    ps.ready(0.0)
+    ps.finished("a", 0.1, True)
+    ps.arrive("g", "free", None, 2000, 3, 0.1, INF)  # (waits: free's burst is spent)
+    assert ps.exhausted(0.1) == [("b", "provider 's': budget of 1 calls spent (1 answered)")]
+
+
+def test_next_wake_looks_past_a_provider_with_nothing_to_wake_for() -> None:
+    for first in (
+        lim(name="a", rate=1.0),  # (nothing waits)
+        lim(name="a", rate=100.0, burst=5.0, budget=1),
+    ):  # (its budget in flight)
+        ps = Providers((first, lim(name="b", rate=4.0)))
+        if first.budget:
+            ps.arrive("a1", "a", None, 2000, 0, 0.0, INF)
+            ps.arrive("a2", "a", None, 2000, 1, 0.0, INF)
+        ps.arrive("b1", "b", None, 2000, 2, 0.0, INF)
+        ps.arrive("b2", "b", None, 2000, 3, 0.0, INF)
+        ps.ready(0.0)
+        assert ps.next_wake(0.0) == 0.25
+    ps = Providers((lim(name="a", rate=4.0, burst=1.0, budget=2),))
+    ps.arrive("x", "a", None, 2000, 0, 0.0, INF)
+    ps.arrive("y", "a", None, 2000, 1, 0.0, INF)
+    ps.ready(0.0)  # (one of two in flight: one more may go at its token)
+    assert ps.next_wake(0.0) == 0.25
+
+
+def test_the_timers_of_a_forgotten_call_do_not_hold_back_the_others() -> None:
+    ps = Providers((lim(rate=1.0, burst=1.0, concurrency=1),), aging_s=1.0)
+    ps.arrive("x", "p", None, 2000, 9, 0.0, INF)
+    ps.ready(0.0)
+    ps.arrive("a", "p", None, 2009, 1, 0.0, 2.0)
+    ps.arrive("b", "p", None, 2009, 0, 0.0, 2.0)
+    ps.forget("a")
+    prov = ps.by_name["p"]
+    assert ps.due(1.0) == []
+    assert prov.entry["b"] == (0, 0)  # (aged: seq 0 too)
+    ps.arrive("c", "p", None, 2009, 3, 1.0, 2.0)
+    out = ps.due(2.0)
+    assert [aid for aid, _ in out] == ["b", "c"] and prov.timed_out == 2
+
+
+def test_pauses_are_counted_each() -> None:
+    ps = Providers((lim(rate=8.0),))
+    ps.arrive("a", "p", None, 2000, 0, 0.0, INF)
+    ps.ready(0.0)
+    ps.throttled("a", 1.0, 1.0)
+    ps.requeue("a", 2000, 0, 1.0, INF)
+    ps.ready(2.0)
+    assert ps.throttled("a", 2.0, 1.0).pauses == 2
+
+
+def test_tenants_slots_are_given_back_by_a_429_and_by_the_end_of_a_call() -> None:
+    ps = Providers((lim(rate=100.0, burst=5.0),))
+    ps.tenant_weight = lambda t: 1.0
+    ps.arrive("a", "p", None, 2000, 0, 0.0, INF, tenant="A")
+    ps.arrive("b", "p", None, 2000, 1, 0.0, INF, tenant="B")
+    ps.ready(0.0)
+    prov = ps.by_name["p"]
+    assert prov.busy == {"A": 1, "B": 1}
+    ps.throttled("a", 0.5, None)
+    assert prov.busy == {"B": 1} and prov.tenant_of == {"a": "A", "b": "B"}
+    ps.finished("b", 0.5, True)
+    assert prov.busy == {} and prov.tenant_of == {"a": "A"}
+    ps.requeue("a", 2000, 0, 0.5, INF)
+    ps.forget("a")
+    assert prov.tenant_of == {} and ps.owner == {}
+
+
+def test_release_of_a_waiting_call_without_a_tenant() -> None:
+    ps = Providers((lim(),))
+    ps.arrive("a", "p", None, 2000, 0, 0.0, INF)
+    assert ps.release("a") is ps.by_name["p"]
+
+
+def test_a_promoted_follower_adds_its_charge_to_the_step_s_count() -> None:
+    ps = Providers((lim(rate=100.0, burst=10.0),))
+    ps.arrive("a", "p", "k", 2000, 0, 0.0, INF, step=3)
+    ps.arrive("b", "p", "k", 2000, 1, 0.0, INF)
+    ps.arrive("c", "p", None, 2000, 2, 0.0, INF, step=3)
+    ps.forget("a")
+    assert ps.by_name["p"].step_used == {3: 1}
+    ps.promote("b", "p", "k", ps.take_followers("a")[1:])
+    assert ps.by_name["p"].step_used == {3: 2}
+
+
+def test_a_slice_whose_waiters_left_forgets_its_wake() -> None:
+    ps = Providers((lim(name="s", rate=1.0),), policy="static-split", trajectories=2)
+    ps.arrive("a", "s", None, 2000, 0, 0.0, INF, trajectory="x")
+    ps.arrive("b", "s", None, 2000, 1, 0.0, INF, trajectory="x")
+    ps.ready(0.0)
+    assert ps.wake_at == {0: 2.0}
+    ps.forget("b")
+    ps.finished("a", 0.5, True)
+    assert ps.ready(0.5) == [] and ps.wake_at == {}
+
+
+def test_check_at_exactly_the_tolerance_of_the_bucket_s_bounds() -> None:
+    ps = Providers((lim(name="s", burst=2.0),))
+    prov = ps.by_name["s"]
+    prov.bucket.tokens = -1e-9
+    assert ps.check({}) == []
+    prov.bucket.tokens = 2.0 + 1e-9
+    assert ps.check({}) == []
