@@ -378,3 +378,19 @@ async def test_execution_time_is_measured() -> None:
     got = await _run(sb)
     t = got["run_result"]["execution_time"]
     assert 0.1 <= t < 1.0 and t == round(t, 6)
+
+
+async def test_undecodable_stdout_is_replaced() -> None:
+    sb = _Sb({"rc": 0}, writes=(b"a\xffb", b"c\xfe"))
+    got = await _run(sb)
+    assert got["run_result"]["stdout"] == "a\ufffdb" and got["run_result"]["stderr"] == "c\ufffd"
+
+
+async def test_a_killed_sandbox_is_not_waited_for() -> None:
+    loop = asyncio.get_running_loop()
+    sb = _Sb(exc=TimeoutError())
+    sb.exit_rc = loop.create_future()
+    t0 = loop.time()
+    got = await _run(sb)
+    assert loop.time() - t0 < 1.0  # (not the 2 s wait for a silent death's status)
+    assert got["run_result"]["return_code"] == -9

@@ -101,6 +101,7 @@ def test_the_reaper_is_started_with_its_socket_and_configuration(
             os.fstat(fd)
         assert r.ctl.type == socket.SOCK_SEQPACKET and r.ctl.family == socket.AF_UNIX
         assert r.gone is False and r._exits == {}
+        assert isinstance(r._lock, type(threading.Lock()))
         assert r.proc is p
     finally:
         r.ctl.close()
@@ -209,6 +210,7 @@ def test_configure_sends_and_waits_for_ok() -> None:
         t = _answer(theirs, [{"exit": 7, "rc": 0}, {"other": 1}, {"ok": True}], got)
         r.configure(freezer="/fz", layers=["a"])
         t.join()
+        assert r._recv(0.0) is None  # (everything up to the ok was read)
         assert got == [{"op": "config", "freezer": "/fz", "layers": ["a"]}]
         assert r._exits == {7: 0}
     finally:
@@ -422,3 +424,27 @@ def test_reaped_proc_kill_error_is_swallowed(monkeypatch: pytest.MonkeyPatch) ->
     assert p._pidfd == 0
     p.kill()  # (fd 0 counts as a pidfd)
     assert sent == [0]
+
+
+def test_exit_status_does_not_wait_by_default() -> None:
+    r, theirs, _ = _reaper()
+    try:
+        t0 = time.monotonic()
+        assert r.exit_status(6) is None
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        r.ctl.close()
+        theirs.close()
+
+
+def test_reaped_proc_closes_pidfd_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[int] = []
+    monkeypatch.setattr(rp.os, "pidfd_open", lambda pid: 0)
+    monkeypatch.setattr(rp.os, "close", lambda fd: closed.append(fd))
+
+    class _R:
+        def exit_status(self, pid: int, timeout: float) -> int:
+            return 1
+
+    p = rp.ReapedProc(_R(), 5)  # type: ignore[arg-type]
+    assert p.wait() == 1 and closed == [0] and p._pidfd == -1

@@ -154,7 +154,9 @@ async def test_only_python_when_nothing_else(
 async def test_every_toolchain_found(fake: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     root: Path = fake["root"]
     tools, versions = fake["tools"], fake["versions"]
-    py = _exe(root / "pyenv" / "bin" / "python")
+    _exe(root / "pyenv" / "bin" / "python3.11")
+    py = str(root / "pyenv" / "bin" / "python")
+    os.symlink("python3.11", py)  # (pytest runs as the interpreter is named: not resolved)
     monkeypatch.setattr(sys, "executable", py)
     versions[(py, "-m", "pytest", "--version")] = "pytest 8.0.0"
     real_bash = _exe(root / "tc" / "bin" / "bash-5")
