@@ -729,8 +729,33 @@ def test_the_provider_collector_s_families_and_samples() -> None:
         assert got[(fam, z, name)] == zv, fam
         assert got[(fam, a, name)] == av, fam
     docs = {m.name: m.documentation for m in reg.collect()}
-    assert docs["tangram_provider_rate"] == "Requests/s the core allows the provider now (AIMD)"
-    assert docs["tangram_provider_requests"] == "HTTP requests sent to a provider, by outcome"
+    assert docs == {
+        "tangram_provider_requests": "HTTP requests sent to a provider, by outcome",
+        "tangram_provider_throttled": "429s a provider answered",
+        "tangram_provider_cache_hits": "Answers served from the cache (no call, no quota)",
+        "tangram_provider_cache_misses": "Cache misses",
+        "tangram_provider_coalesced": "Calls that joined an identical call in flight",
+        "tangram_provider_retries": "5xx/connection errors retried",
+        "tangram_provider_latency_seconds_sum": "Provider latency, sum over answered requests",
+        "tangram_provider_latency_seconds_count": "Answered requests",
+        "tangram_provider_rate": "Requests/s the core allows the provider now (AIMD)",
+        "tangram_provider_waiting": "Calls waiting for a token or a slot",
+        "tangram_provider_in_flight": "Calls in flight",
+    }
+    f.st = {"empty": {}}
+    assert {s.name: s.value for m in reg.collect() for s in m.samples} == {
+        "tangram_provider_requests_total": 0.0,
+        "tangram_provider_throttled_total": 0.0,
+        "tangram_provider_cache_hits_total": 0.0,
+        "tangram_provider_cache_misses_total": 0.0,
+        "tangram_provider_coalesced_total": 0.0,
+        "tangram_provider_retries_total": 0.0,
+        "tangram_provider_latency_seconds_sum_total": 0.0,
+        "tangram_provider_latency_seconds_count_total": 0.0,
+        "tangram_provider_rate": 0.0,
+        "tangram_provider_waiting": 0.0,
+        "tangram_provider_in_flight": 0.0,
+    }
     assert list(S.ProviderCollector(Engine()).collect()) == []
 
 
@@ -743,3 +768,25 @@ def test_add_routes_registers_the_collector_when_the_app_has_a_registry() -> Non
     assert len(got) == 1 and isinstance(got[0], S.ProviderCollector) and got[0].engine is e
     paths = {(r.path, tuple(sorted(r.methods))) for r in app.routes if hasattr(r, "methods")}
     assert {("/retrieve", ("POST",)), ("/v1/search", ("POST",)), ("/v1/fetch", ("POST",))} <= paths
+
+
+def test_edges_of_a_local_search_and_outputs_of_another_type() -> None:
+    e = Engine()
+    for topk in (1, 100):
+        e.run_result = ok("a0", RetrieveResult(model="wiki"))
+        r = client(e).post(
+            "/v1/search",
+            json={"provider": "wiki", "query": "q", "options": {"topk": topk}, "timeout_s": 0.5},
+        )
+        assert r.status_code == 200 and e.ran[-1].payload == RetrieveRequest(query="q", topk=topk)
+        assert e.ran[-1].timeout_s == 0.5
+    e.run_result = ok("a1", {"other": 1})
+    r = client(e).post("/v1/search", json={"provider": "wiki", "query": "q"})
+    assert r.json()["result"] is None and r.json()["local_score"] is None
+    f = Front()
+    f.answer = ok("a2", {"other": 1})
+    r = client(Engine(front=f)).post(
+        "/v1/fetch", json={"provider": "serper", "url": "u", "timeout_s": 0.5, "trajectory": "tj"}
+    )
+    assert r.json()["result"] is None and r.json()["cached"] is False
+    assert f.calls[-1] == ("fetch", "serper", {"url": "u"}, "", 0.5, "tj")
