@@ -1032,12 +1032,6 @@ def test_stats_are_by_provider_name_sorted() -> None:
     assert list(st) == ["a", "b"] and st["a"] == ps.by_name["a"].stats()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Providers.check's 'waiting ... not owned' loop is "
-    "indented inside the loop over charged calls: it looks at the last provider "
-    "only, under the charged call's provider name",
-)
 def test_check_does_not_report_a_sound_waiting_call_of_another_provider() -> None:
     ps = Providers((lim(name="a", rate=100.0, burst=10.0), lim(name="b", rate=1.0, burst=1.0)))
     assert ps.arrive("x", "a", None, 2000, 0, 0.0, INF, step=1) == ""  # (charged to a)
@@ -1045,14 +1039,9 @@ def test_check_does_not_report_a_sound_waiting_call_of_another_provider() -> Non
     assert ps.arrive("z", "b", None, 2000, 2, 0.0, INF) == ""
     ps.ready(0.0)  # (x and y in flight; z waits for b's token, owned by b)
     assert ps.owner == {"x": "a", "y": "b", "z": "b"}
-    assert ps.check({}) == []  # (reports "a: waiting z not owned")
+    assert ps.check({}) == []  # (before 2026-11-30 it reported "a: waiting z not owned")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Providers.check looks at waiting calls' owners "
-    "only while some call is charged to an RL step",
-)
 def test_check_reports_a_waiting_call_without_an_owner() -> None:
     ps = Providers((lim(name="a"),))
     ps.arrive("x", "a", None, 2000, 0, 0.0, INF)

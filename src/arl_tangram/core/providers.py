@@ -790,12 +790,12 @@ class Providers:
             for s, used in prov.step_used.items():
                 if cap is not None and used > cap:
                     bad.append(f"{name}: {used} charged to step {s} > {cap}")
+            for aid in prov.entry:  # (each provider's waiting calls: its own, charged or not)
+                if self.owner.get(aid) != name:
+                    bad.append(f"{name}: waiting {aid} not owned")
         for aid, (name, s) in self.charged.items():
             if not self.holds(aid):
                 bad.append(f"{aid} charged to {name} step {s} but not live")
-            for aid in prov.entry:
-                if self.owner.get(aid) != name:
-                    bad.append(f"{name}: waiting {aid} not owned")
         for f, leader in self.follows.items():
             if leader not in live:
                 bad.append(f"follower {f} of {leader}, which is not live")
