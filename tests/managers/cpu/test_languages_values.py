@@ -93,7 +93,22 @@ async def test_version_first_line_or_nothing(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(lg.asyncio, "wait_for", wait_for)
     assert await lg._version([py, "-c", "print(1)"]) == "1"
     assert await lg._version([py, "-c", "print(1)"]) == ""
-    assert limits == [20, 20]
+    assert limits == [20, 20] and lg.VERSION_TIMEOUT_S == 20.0
+
+
+async def test_version_of_a_hung_tool_is_killed_and_reaped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tool that never answers gives "" after the limit, and is gone: killed, not left to
+    hang beside the manager (its pid file names a process that no longer exists)."""
+    monkeypatch.setattr(lg, "VERSION_TIMEOUT_S", 0.3)
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    # (within seconds: without the kill, the wait for its exit would last the tool's minute)
+    assert await asyncio.wait_for(lg._version([sys.executable, "-c", code]), 10) == ""
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # reaped: not even a zombie holds the pid
+        os.kill(pid, 0)
 
 
 def test_python_paths(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,13 +52,25 @@ def _which(cmd: str) -> str | None:
     return shutil.which(cmd, path=_SEARCH)
 
 
+VERSION_TIMEOUT_S = 20.0  # a toolchain's version query past this is a toolchain not offered
+
+
 async def _version(argv: list[str]) -> str:
+    """The first line a tool prints for ``argv`` (its version), or "" when it cannot run or
+    answers nothing within `VERSION_TIMEOUT_S`: then it is killed and reaped, never left to
+    hang beside the manager."""
     try:
         p = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL)
-        out, _ = await asyncio.wait_for(p.communicate(), 20)
-    except (OSError, TimeoutError):
+    except OSError:
+        return ""
+    try:
+        out, _ = await asyncio.wait_for(p.communicate(), VERSION_TIMEOUT_S)
+    except TimeoutError:
+        if p.returncode is None:
+            p.kill()
+        await p.wait()
         return ""
     lines = out.decode(errors="replace").strip().splitlines()
     return lines[0] if lines else ""
