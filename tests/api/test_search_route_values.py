@@ -209,7 +209,7 @@ def test_retrieve_a_failed_query_is_a_502_naming_the_index(result, why) -> None:
             "queries[1]: must be at most 4096 characters, got 4097",
         ),
         ({"queries": ["q", " \t"]}, ["w"], "queries[1]: must not be empty"),
-        ({"queries": ["q"], "topk": 0}, ["w"], "topk: must be in [1, 100], got 0"),
+        ({"queries": ["q"], "topk": -1}, ["w"], "topk: must be in [1, 100], got -1"),
         ({"queries": ["q"], "topk": 101}, ["w"], "topk: must be in [1, 100], got 101"),
         (
             {"queries": ["q"]},
@@ -232,6 +232,10 @@ def test_check_retrieve_refuses_word_for_word(body, served, err) -> None:
 
 def test_check_retrieve_at_its_edges() -> None:
     assert S.check_retrieve(S.RetrieveIn(queries=["q"] * 1024, topk=1), ["w"]) == ("w", 1)
+    # absent, null or 0: Search-R1's default (its server: `if not request.topk`)
+    assert S.check_retrieve(S.RetrieveIn(queries=["q"], topk=0), ["w"]) == ("w", 3)
+    assert S.check_retrieve(S.RetrieveIn(queries=["q"], topk=None), ["w"]) == ("w", 3)
+    assert S.check_retrieve(S.RetrieveIn(queries=["q"]), ["w"]) == ("w", 3)
     assert S.check_retrieve(S.RetrieveIn(queries=["x" * 4096], topk=100), ["w", "v"]) == ("w", 100)
     assert S.check_retrieve(S.RetrieveIn(queries=["q"], index="v"), ["w", "v"]) == ("v", 3)
     assert (S.MAX_QUERIES, S.MAX_QUERY_CHARS) == (1024, 4096)

@@ -8,8 +8,8 @@ no provider of that name) is answered by that index's retriever. Installed by `a
     {"queries": ["q1", ...], "topk": 3, "return_scores": true}
     -> {"result": [[{"document": {"id": ..., "contents": "Title\\ntext"}, "score": 0.71}, ...], ...]}
 
-and without ``return_scores`` each inner item is the document itself. ``topk`` absent or null:
-3 (Search-R1's default). An extra optional ``"index": NAME`` picks among several indexes (else
+and without ``return_scores`` each inner item is the document itself. ``topk`` absent, null or 0:
+3 (Search-R1's default: its server reads ``if not request.topk``). An extra optional ``"index": NAME`` picks among several indexes (else
 the only one, or the first by name). Each query is one ``retrieve`` action of the index's model,
 all submitted together: the core batches them (and other clients' queries) per model and the
 GPU manager runs the batch; the index loads, parks and swaps like a reward model.
@@ -94,7 +94,7 @@ def check_retrieve(body: RetrieveIn, served: list[str]) -> tuple[str, int]:
             raise InvalidAction(f"queries[{i}]", f"must be at most {MAX_QUERY_CHARS} characters, got {len(q)}")
         if not q.strip():
             raise InvalidAction(f"queries[{i}]", "must not be empty")
-    topk = DEFAULT_TOPK if body.topk is None else body.topk
+    topk = body.topk or DEFAULT_TOPK  # (0 too, as Search-R1's server: `if not request.topk`)
     if not 1 <= topk <= MAX_TOPK:
         raise InvalidAction("topk", f"must be in [1, {MAX_TOPK}], got {topk}")
     if not served:
