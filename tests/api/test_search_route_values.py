@@ -242,9 +242,9 @@ def test_check_retrieve_at_its_edges() -> None:
 
 
 def test_a_bad_retrieve_is_a_400_with_the_field() -> None:
-    r = client(Engine()).post("/retrieve", json={"queries": ["q"], "topk": 0})
+    r = client(Engine()).post("/retrieve", json={"queries": ["q"], "topk": -2})
     assert r.status_code == 400
-    assert r.json() == {"detail": "topk: must be in [1, 100], got 0", "field": "topk"}
+    assert r.json() == {"detail": "topk: must be in [1, 100], got -2", "field": "topk"}
 
 
 def test_retrievers_are_the_models_with_an_index_by_name() -> None:
