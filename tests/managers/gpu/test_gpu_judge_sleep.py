@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,35 @@ def test_on_cpu_nothing_sleeps(stand_in: Path) -> None:
             assert [e["event"] for e in host.events] == ["load", "unload"]
         finally:
             await host.aclose()
+
+    asyncio.run(go())
+
+
+def test_the_engines_logs_go_to_log_dir_or_to_an_own_directory_removed_at_close(
+        stand_in: Path, tmp_path: Path) -> None:
+    """No ``log_dir``: a ``tangram-judge-*`` directory of the host's own, made at the first start
+    (none for a host that starts nothing) and removed at close; a named one is the caller's: kept."""
+    async def go() -> None:
+        idle = _Host([_spec("gj")], device="cpu", python=sys.executable)
+        assert idle._log_dir is None
+        await idle.aclose()
+        host = _Host([_spec("gj")], device="cpu", python=sys.executable)
+        try:
+            await host.load("gj#1", "gj", (0,))
+            own = Path(host._logs())
+            assert own.name.startswith("tangram-judge-") and own.parent == Path(tempfile.gettempdir())
+            assert (own / "gj#1.log").is_file() and host._logs() == str(own)
+        finally:
+            await host.aclose()
+        assert not own.exists()
+        named = tmp_path / "logs"
+        named.mkdir()
+        kept = _Host([_spec("gj")], device="cpu", python=sys.executable, log_dir=str(named))
+        try:
+            await kept.load("gj#1", "gj", (0,))
+        finally:
+            await kept.aclose()
+        assert (named / "gj#1.log").is_file()
 
     asyncio.run(go())
 

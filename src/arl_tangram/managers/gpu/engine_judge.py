@@ -51,6 +51,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -256,7 +257,10 @@ class EngineJudgeHost:
         self.max_asleep = max_asleep
         self._asleep: dict[str, _Engine] = {}  # instance id -> a sleeping engine (oldest first)
         self.python = python or engine_python()
-        self._log_dir = log_dir or tempfile.mkdtemp(prefix="tangram-judge-")
+        # the engines' logs: ``log_dir``, or a temporary directory of our own, made at the first
+        # start and removed at close (a failed start's tail is in its error already)
+        self._log_dir = log_dir
+        self._own_log_dir: str | None = None
         self._engines: dict[str, _Engine] = {}
         self._closed = False
         self.on_worker_death: Callable[[str, str], None] | None = None
@@ -329,7 +333,7 @@ class EngineJudgeHost:
         if eng.spec.path is None:
             raise BrokenError(f"model {eng.spec.name}: a judge engine needs a path")
         eng.port = _free_port()
-        eng.log_path = os.path.join(self._log_dir, f"{eng.id}.log")
+        eng.log_path = os.path.join(self._logs(), f"{eng.id}.log")
         env = dict(os.environ)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(eng.opts.kv_cache_gb)))
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -675,6 +679,12 @@ class EngineJudgeHost:
                       "in_flight": e.in_flight}
                 for iid, e in self._engines.items()}
 
+    def _logs(self) -> str:
+        """The directory of the engines' logs (our own temporary one made on first use)."""
+        if self._log_dir is None:
+            self._log_dir = self._own_log_dir = tempfile.mkdtemp(prefix="tangram-judge-")
+        return self._log_dir
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -683,4 +693,6 @@ class EngineJudgeHost:
             await self.unload(iid, park=False)
         while self._asleep:
             await self._stop(self._asleep.popitem()[1])
+        if self._own_log_dir is not None:  # (a directory the caller named is the caller's)
+            shutil.rmtree(self._own_log_dir, ignore_errors=True)
 
