@@ -1,0 +1,470 @@
+"""The real replay's driver, exact (issue 43 item 2): `replay/driver.py` over a recording
+backend (no engine, no sandbox, no model): the payload each action becomes, the report's
+figures and its --json form, the closed loop's waits, sessions, counts and step times, the CPU
+meter, and the settings the core is built with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, WorkHints
+from arl_tangram.core.cluster import ClusterSpec, ModelSpec, NodeSpec
+from arl_tangram.core.resources import Resources
+from arl_tangram.replay import driver as D
+from arl_tangram.replay.backends import Backend, EmbeddedBackend
+from arl_tangram.replay.work import program
+from arl_tangram.sim.trace import SessionDef, SimAction, Trajectory
+
+TEXTS = D._TEXTS
+
+
+def model(kind: str) -> ModelSpec:
+    return ModelSpec("m", kind=kind)
+
+
+# ---- what each action really does -----------------------------------------------------------
+
+
+def test_model_actions_get_texts_by_their_index_and_their_model_kind() -> None:
+    rew = SimAction(ActionKind.REWARD, 1.0, model="m")
+    assert D.action_payload(rew, None, 1.0, 0, False) == {"query": TEXTS[0]}
+    assert D.action_payload(rew, model("scalar"), 1.0, 5, False) == {"query": TEXTS[1]}
+    assert D.action_payload(rew, model("similarity"), 1.0, 3, False) == {
+        "response": TEXTS[3],
+        "reference": TEXTS[0],
+    }
+    assert D.action_payload(rew, model("similarity"), 1.0, 6, False) == {
+        "response": TEXTS[2],
+        "reference": TEXTS[3],
+    }
+    assert D.action_payload(rew, model("judge"), 1.0, 2, True) == {
+        "prompt": "Is this correct?",
+        "response": TEXTS[2],
+    }
+    # a generative judge without tokens in the trace, and a retriever: a plain query
+    assert D.action_payload(rew, model("genjudge"), 1.0, 1, False) == {"query": TEXTS[1]}
+    ret = SimAction(ActionKind.RETRIEVE, 1.0, hints=WorkHints(tokens=9))
+    assert D.action_payload(ret, None, 1.0, 4, False) == {"query": TEXTS[0]}
+    gj = SimAction(ActionKind.JUDGE, 1.0, hints=WorkHints(tokens=3), model="m")
+    assert D.action_payload(gj, model("genjudge"), 1.0, 7, False) == {
+        "openai": {
+            "route": "completions",
+            "body": {
+                "prompt": f"Is this correct? {TEXTS[3]}",
+                "max_tokens": 3,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            },
+        }
+    }
+
+
+def test_cpu_actions_run_the_work_program() -> None:
+    code = SimAction(ActionKind.CODE, 0.5, timeout_s=7)
+    got = D.action_payload(code, None, 1000.0, 3, False)
+    assert got == {
+        "code": program(500, 0.0, 1, session=False),
+        "language": "python",
+        "run_timeout": 7.0,
+    }
+    assert isinstance(got["run_timeout"], float)
+    tool = SimAction(ActionKind.TOOL, 0.25, session="s")
+    assert D.action_payload(tool, None, 100.0, 0, True)["code"] == program(25, 0.0, 1, session=True)
+    test = SimAction(ActionKind.TEST, 0.01)
+    assert D.action_payload(test, None, 100.0, 0, False) == {
+        "code": program(1, 0.0, 1),
+        "language": "python",
+        "run_timeout": 600.0,
+        "cases": [{"stdin": ""}],
+    }
+    el = Elasticity(min=1.0, max=2.5, speedup=Speedup(0.75))
+    par = SimAction(ActionKind.CODE, 1.0, elasticity=el)
+    assert D.action_payload(par, None, 10.0, 0, False)["code"] == program(10, 0.75, 3)
+    # elastic along memory: its parallel part runs on one worker
+    mem = SimAction(
+        ActionKind.CODE,
+        1.0,
+        elasticity=Elasticity(min=1.0, max=4.0, dim="memory_mb", speedup=Speedup(0.5)),
+    )
+    assert D.action_payload(mem, None, 10.0, 0, False)["code"] == program(10, 0.5, 1)
+
+
+# ---- results --------------------------------------------------------------------------------
+
+
+def test_summary_and_quantiles() -> None:
+    S = D.ReplayReport.summary
+    assert S([]) == {"count": 0, "avg": 0.0, "p50": 0.0, "p99": 0.0}
+    assert S([4.0]) == {"count": 1, "avg": 4.0, "p50": 4.0, "p99": 4.0}
+    assert S([3.0, 1.0, 2.0, 10.0]) == {
+        "count": 4,
+        "avg": 4.0,
+        "p50": 2.5,
+        "p99": pytest.approx(3.0 + 7.0 * 0.97),
+    }
+    assert D._q([1.0, 2.0], 0.5) == 1.5
+    assert D._q([1.0, 2.0, 4.0], 0.75) == 3.0
+    assert D._q([1.0, 2.0, 4.0], 1.0) == 4.0
+    assert D._q([5.0], 0.3) == 5.0
+    assert D._q([1.0, 3.0, 7.0, 9.0], 0.0) == 1.0
+
+
+def test_report_figures_and_its_json_form() -> None:
+    r = D.ReplayReport(policy="p", trace="t.jsonl")
+    assert (r.step_avg_s, r.cpu_utilization, r.other_load) == (0.0, 0.0, None)
+    r.step_s = [1.0, 2.0, 6.0]
+    assert r.step_avg_s == 3.0
+    r.capacity_cpu, r.makespan_s, r.cpu_seconds = 4.0, 2.0, 6.0
+    assert r.cpu_utilization == 0.75
+    assert r.other_load is None  # (no machine figure)
+    r.machine_cpu_seconds, r.own_cpu_seconds = 10.0, 1.0
+    assert r.other_load == 1.5
+    r.machine_cpu_seconds = 5.0
+    assert r.other_load == 0.0  # (never below 0)
+    r.makespan_s = 0.0
+    assert r.other_load is None and r.cpu_utilization == 0.0
+    r.capacity_cpu, r.makespan_s = 0.0, 2.0
+    assert r.cpu_utilization == 0.0
+    r = D.ReplayReport(
+        policy="p",
+        trace="t",
+        actions=3,
+        by_status={"z": 1, "a": 2},
+        acts=[1.0, 3.0],
+        acts_by_kind={"tool": [2.0], "code": [1.0, 3.0]},
+        step_s=[4.0],
+        makespan_s=8.0,
+        capacity_cpu=2.0,
+        cpu_seconds=4.0,
+        machine_cpu_seconds=9.0,
+        own_cpu_seconds=1.0,
+        session_turns_ok=False,
+        stats={"warm_hits": 5, "model_swaps": 2},
+        wall_s=9.5,
+    )
+    d = r.as_dict()
+    assert d == {
+        "policy": "p",
+        "trace": "t",
+        "actions": 3,
+        "by_status": {"a": 2, "z": 1},
+        "act": {"count": 2, "avg": 2.0, "p50": 2.0, "p99": pytest.approx(2.98)},
+        "act_by_kind": {
+            "code": {"count": 2, "avg": 2.0, "p50": 2.0, "p99": pytest.approx(2.98)},
+            "tool": {"count": 1, "avg": 2.0, "p50": 2.0, "p99": 2.0},
+        },
+        "step_s": [4.0],
+        "step_avg_s": 4.0,
+        "makespan_s": 8.0,
+        "cpu_seconds": 4.0,
+        "utilization": {"cpu": 0.25},
+        "own_cpu_seconds": 1.0,
+        "other_load_cores": 0.5,
+        "session_state_kept": False,
+        "warm_hits": 5,
+        "warm_misses": None,
+        "model_loads": None,
+        "model_swaps": 2,
+        "wall_s": 9.5,
+    }
+    assert list(d["by_status"]) == ["a", "z"] and list(d["act_by_kind"]) == ["code", "tool"]
+    assert d["step_s"] is not r.step_s
+
+
+# ---- the closed loop ------------------------------------------------------------------------
+
+
+class Clock:
+    """The driver's `time` and `asyncio.sleep`: a clock that a sleep moves on."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now + 1000.0
+
+    async def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+        await asyncio.sleep(0)
+
+
+class Fake(Backend):
+    def __init__(self, clock: Clock, answers: list[tuple[str, float | None, Any]]) -> None:
+        self.clock, self.answers = clock, list(answers)
+        self.calls: list[Any] = []
+        self.cpu_capacity = 4.0
+        self.ns = 0
+
+    async def open_session(self, sid, demand, ttl_s, image=None):
+        self.calls.append(("open", sid, demand, ttl_s, image, self.clock.now))
+        return sid
+
+    async def close_session(self, sid):
+        self.calls.append(("close", sid))
+        if sid.endswith("bad"):
+            raise RuntimeError("gone")
+
+    async def run(self, spec):
+        self.calls.append(("run", spec.id, spec.session, self.clock.now))
+        self.specs = [*getattr(self, "specs", []), spec]
+        return self.answers.pop(0)
+
+    def cpu_ns(self):
+        return self.ns
+
+    def stats(self):
+        return {"warm_hits": 1}
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(D, "time", c)
+    aio = SimpleNamespace(
+        **{k: getattr(asyncio, k) for k in ("gather", "create_task", "wait", "Event", "Task")}
+    )
+    aio.sleep = c.sleep
+    monkeypatch.setattr(D, "asyncio", aio)
+    return c
+
+
+def cluster() -> ClusterSpec:
+    return ClusterSpec((NodeSpec("n", Resources(cpu=4)),), (ModelSpec("sim", kind="similarity"),))
+
+
+def turn(n: int) -> dict[str, Any]:
+    return {"run_result": {"stdout": f"turn {n}\n"}}
+
+
+def test_the_closed_loop_waits_opens_counts_and_closes(clock: Clock) -> None:
+    sd = SessionDef(demand=Resources(memory_mb=64), ttl_s=9.0, image="img")
+    tool = SimAction(ActionKind.TOOL, 0.1, session="s", tag="bash", timeout_s=5, weight=2.0)
+    rew = SimAction(ActionKind.REWARD, 0.1, model="sim")
+    nodef = SimAction(ActionKind.CODE, 0.1, session="x")
+    a = Trajectory(
+        "a",
+        "task",
+        ((1.0, tool), (2.0, tool), (0.5, rew), (0.0, nodef)),
+        start=3.0,
+        sessions={"s": sd},
+        siblings="g",
+    )
+    b = Trajectory("b", "other", ((0.0, SimAction(ActionKind.CODE, 0.1)),), start=0.0)
+    be = Fake(
+        clock,
+        [
+            ("succeeded", 0.5, None),
+            ("succeeded", 1.5, turn(1)),
+            ("succeeded", 0.5, turn(2)),
+            ("failed", 0.25, turn(1)),
+            ("timed_out", 2.0, None),
+        ],
+    )
+    seen: list[int] = []
+    rep = asyncio.run(
+        D.replay(
+            be,
+            [[b, a]],
+            cluster(),
+            policy="pol",
+            trace="tr",
+            units_per_s=100.0,
+            train_s=0.0,
+            progress=seen.append,
+        )
+    )
+    # b's action at once; a's first at 3 + 1, then 2 and 0.5 s after each delivery (no wait
+    # for a generation of 0)
+    runs = [c for c in be.calls if c[0] == "run"]
+    assert [(c[1], c[3]) for c in runs] == [
+        ("pol:b#0", 100.0),
+        ("pol:a#0", 104.0),
+        ("pol:a#1", 106.0),
+        ("pol:a#2", 106.5),
+        ("pol:a#3", 106.5),
+    ]
+    assert ("open", "a/s", Resources(memory_mb=64), 9.0, "img", 104.0) in be.calls
+    assert ("open", "a/x", None, 3600.0, None, 106.5) in be.calls
+    assert [c for c in be.calls if c[0] == "open"] == [
+        ("open", "a/s", Resources(memory_mb=64), 9.0, "img", 104.0),
+        ("open", "a/x", None, 3600.0, None, 106.5),
+    ]
+    assert be.calls[-2:] == [("close", "a/s"), ("close", "a/x")]
+    assert [c[2] for c in runs] == [None, "a/s", "a/s", None, "a/x"]
+    spec = be.specs[1]
+    assert (
+        spec.kind,
+        spec.task,
+        spec.trajectory,
+        spec.session,
+        spec.tag,
+        spec.timeout_s,
+        spec.weight,
+        spec.siblings,
+        spec.model,
+    ) == (ActionKind.TOOL, "task", "a", "a/s", "bash", 5.0, 2.0, "g", None)
+    assert spec.payload["code"] == program(10, 0.0, 1, session=True)
+    assert be.specs[3].payload == {"response": TEXTS[2], "reference": TEXTS[3]}
+    assert be.specs[4].payload["code"] == program(10, 0.0, 1, session=False)  # (not a tool)
+    assert seen == [1] * 5
+    assert rep.actions == 5 and rep.by_status == {"succeeded": 3, "failed": 1, "timed_out": 1}
+    assert rep.acts == [0.5, 1.5, 0.5, 0.25, 2.0]
+    assert rep.acts_by_kind == {"code": [0.5, 2.0], "tool": [1.5, 0.5], "reward": [0.25]}
+    assert rep.releases == [
+        ("b", 0, 0.0, "succeeded"),
+        ("a", 0, 4.0, "succeeded"),
+        ("a", 1, 6.0, "succeeded"),
+        ("a", 2, 6.5, "failed"),
+        ("a", 3, 6.5, "timed_out"),
+    ]
+    assert rep.session_turns_ok is True
+    assert rep.step_s == [6.5] and rep.stats == {"warm_hits": 1}
+    assert (rep.policy, rep.trace, rep.capacity_cpu) == ("pol", "tr", 4.0)
+    assert rep.makespan_s == 6.5 and rep.wall_s == 6.5
+
+
+def test_uncounted_statuses_lost_turns_and_training_time(clock: Clock) -> None:
+    tool = SimAction(ActionKind.TOOL, 0.1, session="s")
+    a = Trajectory("a", "t", ((0.0, tool), (0.0, tool), (0.0, tool)), start=0.0)
+    be = Fake(
+        clock,
+        [
+            ("succeeded", None, turn(1)),
+            ("cancelled", 1.0, turn(2)),
+            ("succeeded", 1.0, {"run_result": {"stdout": "turn 1"}}),
+        ],
+    )
+    rep = asyncio.run(
+        D.replay(be, [[a], []], cluster(), policy="p", trace="t", units_per_s=1.0, train_s=2.0)
+    )
+    assert rep.actions == 3 and rep.by_status == {"succeeded": 2, "cancelled": 1}
+    assert rep.acts == [1.0] and rep.releases == [("a", 2, 0.0, "succeeded")]
+    assert rep.session_turns_ok is False  # (its third turn saw "turn 1")
+    assert rep.step_s == [2.0, 2.0] and clock.sleeps.count(2.0) == 2
+    assert [c for c in be.calls if c[0] == "open"] == [("open", "a/s", None, 3600.0, None, 100.0)]
+
+
+def test_sessions_are_closed_even_when_one_fails_or_a_run_raises(clock: Clock) -> None:
+    tool = SimAction(ActionKind.TOOL, 0.1, session="bad")
+    other = SimAction(ActionKind.TOOL, 0.1, session="ok")
+    a = Trajectory("a", "t", ((0.0, tool), (0.0, other), (0.0, tool)))
+    be = Fake(clock, [("succeeded", 1.0, turn(1)), ("succeeded", 1.0, turn(1))])
+    with pytest.raises(IndexError):  # (the third run: no answer left)
+        asyncio.run(D.replay(be, [[a]], cluster(), policy="p", trace="t", units_per_s=1.0))
+    assert be.calls[-2:] == [("close", "a/bad"), ("close", "a/ok")]
+
+
+def test_stdout_of_an_answer() -> None:
+    assert D._stdout({"run_result": {"stdout": "turn 3"}}) == "turn 3"
+    assert D._stdout({"run_result": {"stdout": None}}) == ""
+    assert D._stdout({"run_result": "x"}) == ""
+    assert D._stdout({"other": 1}) == ""
+    assert D._stdout(["run_result"]) == ""
+    assert D._stdout(None) == ""
+
+
+# ---- the CPU meter --------------------------------------------------------------------------
+
+
+def test_the_meter_samples_the_busy_fraction_and_totals_at_the_end(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = iter([50.0, 80.0])
+    own = iter([1.0, 3.5])
+    monkeypatch.setattr(D, "machine_busy_s", lambda: next(machine))
+    monkeypatch.setattr(D, "_own_cpu_s", lambda: next(own))
+    be = Fake(clock, [])
+    be.ns = 10**9
+    rep = D.ReplayReport(policy="p", trace="t", capacity_cpu=4.0)
+
+    async def go() -> D._CpuMeter:
+        m = D._CpuMeter(be, rep, 0.001)
+        assert (m.t0, m.cpu0, m.machine0, m.own0) == (100.0, 10**9, 50.0, 1.0)
+        async with m:
+            for ns in (3 * 10**9, 3 * 10**9, 7 * 10**9):
+                await asyncio.sleep(0.01)  # (a real wait: a sample or more)
+                clock.now += 1.0
+                be.ns = ns
+                await asyncio.sleep(0.01)
+        return m
+
+    asyncio.run(go())
+    # each sample: CPU-seconds / seconds / capacity, only when the clock moved
+    assert (1.0, 0.5) in rep.cpu_series and (3.0, 1.0) in rep.cpu_series
+    assert all(v in (0.5, 0.0, 1.0) for _t, v in rep.cpu_series)
+    assert rep.makespan_s == 3.0 and rep.cpu_seconds == 6.0
+    assert rep.machine_cpu_seconds == 30.0 and rep.own_cpu_seconds == 2.5
+
+
+def test_the_meter_without_counts(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "machine_busy_s", lambda: None)
+    monkeypatch.setattr(D, "_own_cpu_s", lambda: 0.0)
+    be = Fake(clock, [])
+    be.ns = None
+    rep = D.ReplayReport(policy="p", trace="t", capacity_cpu=4.0)
+
+    async def go() -> None:
+        async with D._CpuMeter(be, rep, 0.001):
+            await asyncio.sleep(0.01)
+            clock.now += 1.0
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert rep.cpu_series == [] and rep.cpu_seconds == 0.0
+    assert rep.machine_cpu_seconds is None and rep.makespan_s == 1.0
+
+
+def test_machine_busy_and_own_cpu() -> None:
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    busy = D.machine_busy_s()
+    ticks = [int(x) for x in fields[1:9]]
+    want = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    assert busy is not None and want <= busy <= want + 50.0
+    t = os.times()
+    assert t.user + t.system <= D._own_cpu_s() <= t.user + t.system + 1.0
+    assert D.machine_cores() == len(os.sched_getaffinity(0))
+
+
+# ---- the core's settings --------------------------------------------------------------------
+
+
+def test_core_and_warm_settings_come_from_the_first_step() -> None:
+    code = SimAction(ActionKind.CODE, 1.0, tag="python")
+    rew = SimAction(ActionKind.REWARD, 1.0, model="sim")
+    tool = SimAction(ActionKind.TOOL, 1.0)
+    t1 = Trajectory("1", "x", ((0.0, code), (0.0, tool)))
+    t2 = Trajectory("2", "y", ((0.0, rew),))
+    t3 = Trajectory("3", "x", ((0.0, code),))
+    n, shares = D.core_settings([[t1, t2, t3], [t1]], cluster())
+    assert n == 2 and set(shares) == {"x"}
+    assert D.core_settings([], cluster()) == (1, {})
+    assert D.core_settings([[t2]], cluster())[0] == 1
+    assert D.warm_settings([[t1, t2, t3]]) == {
+        "warm_keys": ("python", "tool"),
+        "warm_boot": {"python": 2, "tool": 1},
+    }
+    assert D.warm_settings([]) == {"warm_keys": (), "warm_boot": {}}
+
+
+def test_settle_returns_at_once_for_a_service() -> None:
+    class Other:
+        pass
+
+    asyncio.run(asyncio.wait_for(D._settle(Other()), 1.0))
+    assert isinstance(EmbeddedBackend, type)
+
+
+def test_warm_process_without_models_does_nothing() -> None:
+    assert D.warm_process(ClusterSpec((NodeSpec("n", Resources(cpu=1)),))) is None
