@@ -4,8 +4,15 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
 ``POST /v1/actions`` with her own token. Four runs, each on a fresh service:
 
 - ``alone``: alice only (the lower bound of her ACT);
-- ``share``: alice only, on a node of one core (``capacity: {cpu: 1}``, her 0.5 of two): what
-  generalized processor sharing guarantees her while carol is backlogged;
+- ``share``: alice only, on a node of one core (``capacity: {cpu: 1}``, her 0.5 of two), the
+  service and everything it starts pinned to one of the machine's two CPUs
+  (``sched_setaffinity``): exactly her half of the machine, the service's own work for her
+  included -- what generalized processor sharing guarantees her while carol is backlogged, the
+  lower bound of any fair schedule;
+- ``share-node``: as ``share`` without the pinning: the one-core node's sandboxes, while the
+  service's own processes (the engine, the manager, the fork server) use the other CPU too --
+  more than her half of the machine (the figure this benchmark called ``share`` before
+  2026-11-30);
 - ``today``: both tenants, no shares (one order for all: what the review measured);
 - ``wait``: both, ``share: 0.5`` each, lent CPU not taken back (``scheduler: {lend_floor:
   1.0}``): alice's share comes back as carol's loops end;
@@ -84,17 +91,31 @@ def _results(c: httpx.Client, token: str, ids: list[str]) -> list[dict[str, Any]
     return out
 
 
-def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float | None]:
+def _warm_starts(c: httpx.Client) -> tuple[float, float]:
+    """The service's action starts so far (`/metrics`): (from a warm sandbox, cold)."""
+    text = c.get("/metrics", headers={"Authorization": f"Bearer {ALICE}"}).text
+    got = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+           if line.startswith("tangram_warm_pool_starts_total")}
+    return (got.get('tangram_warm_pool_starts_total{warm="true"}', 0.0),
+            got.get('tangram_warm_pool_starts_total{warm="false"}', 0.0))
+
+
+def one(mode: str, flood: int, short: int, after: float,
+        sequential: bool = False) -> tuple[float, float | None]:
     """(alice's mean ACT, carol's completion or None) of one run on a fresh service."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
         cfg = _config(d, mode in ("fair", "wait", "fair-quota"), mode != "wait",
-                      1.0 if mode == "share" else None, 1.0 if mode == "fair-quota" else None)
+                      1.0 if mode in ("share", "share-node") else None,
+                      1.0 if mode == "fair-quota" else None)
+        # `share`: the service and its children (affinity is inherited) on one CPU
+        one_cpu = {min(os.sched_getaffinity(0))}
+        pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None
         proc = subprocess.Popen([tangram, "serve", "--config", str(cfg),
                                  "--no-models", "--port", str(port), "--log-level", "warning"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=pin)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
                 for _ in range(600):
@@ -108,17 +129,22 @@ def one(mode: str, flood: int, short: int, after: float) -> tuple[float, float |
                 for tok, code in ((ALICE, "print(1)"), (CAROL, "print(2)")):
                     _results(c, tok, _submit(c, tok, [{"kind": "code", "payload": {"code": code, "language": "python"}}]))
                 carol: list[str] = []
-                if mode not in ("alone", "share"):
+                if mode not in ("alone", "share", "share-node"):
                     carol = _submit(c, CAROL, [{"kind": "code", "payload": {"code": LOOP, "language": "python"},
                                                 "timeout_s": 600} for _ in range(flood)])
                     time.sleep(after)
-                alice = _submit(c, ALICE, [{"kind": "code", "payload": {"code": "print(1)", "language": "python"}}
-                                           for _ in range(short)])
-                a = _results(c, ALICE, alice)
+                short_action = {"kind": "code", "payload": {"code": "print(1)", "language": "python"}}
+                warm0 = _warm_starts(c)
+                if sequential:  # one trajectory's tool calls: each after the last one's answer
+                    a = [_results(c, ALICE, _submit(c, ALICE, [short_action]))[0] for _ in range(short)]
+                else:
+                    a = _results(c, ALICE, _submit(c, ALICE, [short_action] * short))
                 act = sum(x["act"] for x in a) / len(a)
                 wait = sum(x["start_time"] - x["submit_time"] for x in a) / len(a)
+                warm1 = _warm_starts(c)  # (carol's loops had all started by then: alice's)
                 print(f"  alice: mean wait for a start {wait * 1000:.1f} ms, run "
-                      f"{(act - wait) * 1000:.1f} ms", flush=True)
+                      f"{(act - wait) * 1000:.1f} ms; starts warm {warm1[0] - warm0[0]:g}, "
+                      f"cold {warm1[1] - warm0[1]:g}", flush=True)
                 done = None
                 if carol:
                     cr = _results(c, CAROL, carol)
@@ -138,22 +164,42 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=40)
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--after", type=float, default=1.5, help="seconds between the flood and alice")
-    ap.add_argument("--modes", nargs="+", default=["alone", "share", "today", "wait", "fair-quota", "fair"])
+    ap.add_argument("--sequential", action="store_true",
+                    help="alice sends her actions one at a time, each after the last one's answer "
+                         "(a trajectory's tool calls: within her share on any node), not as one burst")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs per mode, alternating the modes; the median of alice's mean ACT is kept")
+    ap.add_argument("--modes", nargs="+",
+                    default=["alone", "share", "share-node", "today", "wait", "fair-quota", "fair"])
     args = ap.parse_args()
+    runs: dict[str, list[tuple[float, float | None]]] = {m: [] for m in args.modes}
     got: dict[str, tuple[float, float | None]] = {}
-    for mode in args.modes:
-        got[mode] = one(mode, args.flood, args.short, args.after)
-        load = Path("/proc/loadavg").read_text().split()[:3]
-        a, done = got[mode]
-        base = got.get("alone", (None, None))[0]
-        share = got.get("share", (None, None))[0]
-        today = got.get("today", (None, None))[1]
-        print(f"{mode:>6}: alice mean ACT {a * 1000:9.1f} ms"
-              + (f" ({a / base:7.2f}x alone" if base else " (")
-              + (f", {a / share:6.2f}x on her share)" if share else ")")
-              + (f"; carol done in {done:7.2f} s" if done is not None else "")
-              + (f" ({done / today:5.3f}x today)" if done is not None and today else "")
-              + f"  [load {' '.join(load)}]", flush=True)
+    for r in range(args.rounds):
+        for mode in args.modes:
+            got[mode] = one(mode, args.flood, args.short, args.after, args.sequential)
+            runs[mode].append(got[mode])
+            _report(mode, got, f" (round {r + 1})" if args.rounds > 1 else "")
+    if args.rounds > 1:
+        print("medians of alice's mean ACT over each mode's runs:")
+        for mode in args.modes:
+            got[mode] = sorted(runs[mode], key=lambda x: x[0])[len(runs[mode]) // 2]
+        for mode in args.modes:
+            _report(mode, got, "")
+
+
+def _report(mode: str, got: dict[str, tuple[float, float | None]], tag: str) -> None:
+    """One line: alice's mean ACT against alone and her share, carol's completion against today."""
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    a, done = got[mode]
+    base = got.get("alone", (None, None))[0]
+    share = got.get("share", (None, None))[0]
+    today = got.get("today", (None, None))[1]
+    print(f"{mode:>10}{tag}: alice mean ACT {a * 1000:9.1f} ms"
+          + (f" ({a / base:7.2f}x alone" if base else " (")
+          + (f", {a / share:6.2f}x on her share)" if share else ")")
+          + (f"; carol done in {done:7.2f} s" if done is not None else "")
+          + (f" ({done / today:5.3f}x today)" if done is not None and today else "")
+          + f"  [load {' '.join(load)}]", flush=True)
 
 
 if __name__ == "__main__":
