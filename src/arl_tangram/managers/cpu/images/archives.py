@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import re
 import tarfile
 import tempfile
@@ -233,11 +234,10 @@ class _TarSource(_Source):
 
     def open_member(self, rel: str) -> IO[bytes]:
         m = self.by_name.get(_norm_member(rel))
-        for _ in range(8):  # (docker-archive layers may be symlinks to blobs)
+        for _ in range(8):  # (docker-archive layers may be symlinks: to blobs, to another layer)
             if m is None or not m.issym():
                 break
-            m = self.by_name.get(_norm_member(os.path.join(os.path.dirname(m.name),
-                                                           m.linkname)))
+            m = self.by_name.get(_link_target(m))
         if m is None or not m.isreg():
             raise ImageError(f"{self.where}: {rel} missing from the archive")
         if m.issparse():  # (its declared size is not what it holds)
@@ -269,6 +269,16 @@ def _pick(index: Any, where: str) -> dict[str, Any]:
 def _runtime_config(config: Any) -> dict[str, Any]:
     c = (config or {}).get("config") or {} if isinstance(config, dict) else {}
     return {k: c[k] for k in ("Env", "WorkingDir", "User", "Cmd", "Entrypoint") if c.get(k)}
+
+
+def _link_target(m: tarfile.TarInfo) -> str:
+    """The member a symlink member names, resolved lexically inside the archive
+    (``id2/layer.tar -> ../id1/layer.tar`` is ``id1/layer.tar``); "" (no member) for an
+    absolute target or one above the archive's root."""
+    if m.linkname.startswith("/"):
+        return ""
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(_norm_member(m.name)), m.linkname))
+    return "" if target == ".." or target.startswith("../") else target
 
 
 def _norm_member(name: str) -> str:
