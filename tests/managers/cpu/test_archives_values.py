@@ -400,7 +400,9 @@ def test_a_docker_layer_linked_from_another_layer_s_directory_is_read(tmp_path) 
     assert A.read(p, Sink(str(tmp_path)))[1][0] == ["sha256-" + sha(l1)]
 
 
-@pytest.mark.parametrize("link", ["../../id1/layer.tar", "/id1/layer.tar", "..", "../x/../../id1/layer.tar"])
+@pytest.mark.parametrize(
+    "link", ["../../id1/layer.tar", "/id1/layer.tar", "..", "../x/../../id1/layer.tar"]
+)
 def test_a_docker_layer_link_out_of_the_archive_is_missing(tmp_path, link: str) -> None:
     """A link resolved lexically inside the archive: an absolute one or one above its root
     names no member (even where a member of that name exists)."""
