@@ -511,3 +511,120 @@ def test_unread_bytes_are_read_from_the_socket() -> None:
     finally:
         a.close()
         b.close()
+
+
+# ---- helper-46: the survivors of the 836ec9d run ----------------------------------------------
+
+
+def test_a_write_after_abort_is_held_like_any_other() -> None:
+    t, loop = Transport(), Loop()
+    c = T.CoalescingTransport(t, loop)
+    c.abort()
+    c.write(b"a")
+    c.write(b"b")
+    assert t.writes == [b"ab"]
+
+
+def test_left_with_another_address_of_the_connection_leaves_that_address_alone() -> None:
+    g = guard()
+    a, b = Conn("a"), Conn("b")
+    g.arrived(b, "X", 0.0)
+    g.pending[a] = 0.0  # (pending, not under "X")
+    g.left(a, "X")
+    assert g.pending == {b: 0.0} and g.by_ip == {"X": {b: 0.0}}
+
+
+def test_a_sweep_of_an_unknown_address_drops_nothing() -> None:
+    g = guard(max_per_ip=1)
+    assert g.sweep(5.0, ("nobody",)) is None and g.sweep_at is None
+
+
+def test_an_arrival_sweeps_its_own_address_only() -> None:
+    g = guard(max_per_ip=1)
+    x1, x2, y1 = Conn("x1", "X"), Conn("x2", "X"), Conn("y1", "Y")
+    g.arrived(x1, "X", 0.0)
+    assert g.arrived(x2, "X", 0.1) == 1.0
+    assert g.arrived(y1, "Y", 1.5) is None  # (X's own sweep, due at 1.0, cuts x1)
+    assert (x1.closed, x2.closed, y1.closed) == (None, None, None)
+    assert g.sweep_at == 1.0
+
+
+def test_the_earliest_due_of_every_address_and_of_the_total_is_asked_for() -> None:
+    g = guard(max_per_ip=1, grace_s=1.0)
+    for name, ip, t in (("x1", "X", 0.2), ("x2", "X", 0.2), ("y1", "Y", 0.5), ("y2", "Y", 0.5)):
+        c = Conn(name, ip)
+        g.pending[c] = t
+        g.by_ip.setdefault(ip, {})[c] = t
+    assert g.sweep(0.6) == 1.2  # (X's first may go at 1.2, Y's at 1.5)
+    g = guard(max_per_ip=1, max_pending=1, grace_s=0.5)
+    a, b = Conn("a", "X", unread=True), Conn("b", "X", unread=True)
+    for c in (a, b):
+        g.pending[c] = 0.49
+        g.by_ip.setdefault("X", {})[c] = 0.49
+    # X's oldest may go at 0.99 (its grace), the total's look again at 0.55
+    assert g.sweep(0.5) == pytest.approx(0.55)
+    g = guard(max_per_ip=1, max_pending=1, grace_s=0.5)
+    for c in (a, b):
+        g.pending[c] = 0.49
+        g.by_ip.setdefault("X", {})[c] = 0.49
+    assert g.sweep(0.98) == pytest.approx(0.99)  # (X's at 0.99 before the total's 1.03)
+
+
+def test_a_fresh_guarded_connection_is_in_no_request_and_a_header_read_arms_no_body_timer() -> None:
+    g = guard(header_timeout_s=3.0, body_timeout_s=4.0)
+    loop = Loop()
+    p, _t = make(g, loop)
+    assert (p._in_headers, p._in_body) == (False, False)
+    p.on_message_begin()
+    p.data_received(b"GE")  # (headers half read: their timer runs, no body timer)
+    assert len(loop.later) == 1 and p._body_timer is None
+
+
+def test_guarded_bookkeeping_leaves_no_address_behind_and_passes_exc_on() -> None:
+    g = guard(header_timeout_s=3.0)
+    loop = Loop()
+    p, _t = make(g, loop)
+    p.on_message_begin()
+    p.on_headers_complete()
+    assert g.pending == {} and g.by_ip == {}
+    q, _t = make(g, loop)
+    err = ValueError("x")
+    q.connection_lost(err)
+    assert g.pending == {} and g.by_ip == {} and q.calls[-1] == ("lost", err)
+    _r, tr = make(g, loop)
+    loop.later[-1].fn()  # (its headers late)
+    assert g.pending == {} and g.by_ip == {} and tr.events == ["close"]
+
+
+def test_a_kept_alive_connection_s_late_headers_close_it() -> None:
+    g = guard(header_timeout_s=3.0)
+    loop = Loop()
+    p, t = make(g, loop)
+    p.on_message_begin()
+    p.on_headers_complete()
+    p.on_message_complete()
+    p.on_message_begin()
+    p.data_received(b"GET")
+    loop.later[-1].fn()
+    assert t.events == ["close"] and p._header_timer is None
+
+
+def test_http_protocol_falls_back_to_h11_unguarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.httptools_impl", None)
+    cls = T.http_protocol(
+        T.ConnectionGuard(header_timeout_s=1, body_timeout_s=2, max_per_ip=3, max_pending=4)
+    )
+    assert cls.__name__ == "CoalescingH11Protocol" and cls.__mro__[1] is H11Protocol
+
+
+def test_http_protocol_is_kept_by_the_guard_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    real = T.guarded
+    monkeypatch.setattr(T, "guarded", lambda cls, g: seen.append(g) or real(cls, g))
+    g = T.ConnectionGuard(header_timeout_s=1, body_timeout_s=2, max_per_ip=3, max_pending=4)
+    T.http_protocol(g)
+    assert seen == [g]
