@@ -468,3 +468,190 @@ def test_settle_returns_at_once_for_a_service() -> None:
 
 def test_warm_process_without_models_does_nothing() -> None:
     assert D.warm_process(ClusterSpec((NodeSpec("n", Resources(cpu=1)),))) is None
+
+
+# ---- the set-up: settling, warming, one policy's run ---------------------------------------------
+
+
+def embedded(ready: list[list[int]], states: list[list[str]], models: bool = True) -> Any:
+    """An `EmbeddedBackend` with stand-ins: its hosts' warm counts and its instances' states,
+    one list per look."""
+    be = EmbeddedBackend.__new__(EmbeddedBackend)
+    looks = iter(ready)
+    cur: dict[str, Any] = {"r": None}
+
+    def warm(i: int) -> Any:
+        def state() -> dict[str, int]:
+            if i == 0:
+                cur["r"] = next(looks, cur["r"])
+            return {"k": cur["r"][i]}
+
+        return state
+
+    n = len(ready[0])
+    hosts = {f"h{i}": SimpleNamespace(cpu=SimpleNamespace(warm_state=warm(i))) for i in range(n)}
+    be.executor = SimpleNamespace(hosts=hosts)
+    be.cluster = cluster() if models else ClusterSpec((NodeSpec("n", Resources(cpu=4)),))
+    be.tick_s = 0.5
+    sts = iter(states)
+    last: dict[str, Any] = {"s": []}
+
+    def view() -> Any:
+        last["s"] = next(sts, last["s"])
+        return SimpleNamespace(instances=[SimpleNamespace(state=s) for s in last["s"]])
+
+    be.engine = SimpleNamespace(cluster_view=view)
+    return be
+
+
+def test_settle_waits_for_two_warm_sandboxes_on_every_node_then_the_loads(clock: Clock) -> None:
+    be = embedded([[0, 5], [2, 1], [2, 2], [0, 0]], [["loading", "ready"], ["loading"], ["ready"]])
+    asyncio.run(D._settle(be))
+    # warm pools: looked at until every node has 2 (two waits of 50 ms), then two ticks, then
+    # the loads (two waits of 100 ms)
+    assert clock.sleeps == [0.05, 0.05, 1.0, 0.1, 0.1]
+
+
+def test_settle_gives_up_on_the_warm_pool_after_its_timeout(clock: Clock) -> None:
+    be = embedded([[1]], [], models=False)
+    asyncio.run(D._settle(be, timeout_s=0.52))
+    assert clock.sleeps == [0.05] * 11  # (0.52 s in steps of 50 ms; no model: no tick)
+    be = embedded([[2]], [["loading"]])
+    asyncio.run(D._settle(be, models_s=0.25))
+    assert clock.sleeps[11:] == [1.0, 0.1, 0.1, 0.1]
+    be = embedded([[3]], [["loading"]])
+    clock.sleeps.clear()
+    asyncio.run(D._settle(be, timeout_s=0.0, models_s=0.0))
+    assert clock.sleeps == [1.0]
+
+
+def test_warm_process_loads_and_unloads_each_single_device_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from arl_tangram.managers import gpu
+
+    log: list[Any] = []
+
+    class Mgr:
+        def __init__(self, config: Any, models: Any) -> None:
+            log.append(
+                (
+                    "new",
+                    config.device,
+                    config.cpu_devices,
+                    config.cpu_device_memory_mb,
+                    tuple(m.name for m in models),
+                )
+            )
+
+        async def load(self, iid: str, name: str, devices: Any) -> None:
+            log.append(("load", iid, name, devices))
+            if name == "bad":
+                raise RuntimeError("no")
+
+        async def unload(self, iid: str, *, park: bool) -> None:
+            log.append(("unload", iid, park))
+
+        async def aclose(self) -> None:
+            log.append("close")
+
+    monkeypatch.setattr(gpu, "GpuManager", Mgr)
+    models = (ModelSpec("a"), ModelSpec("two", devices=2), ModelSpec("bad"), ModelSpec("c"))
+    D.warm_process(ClusterSpec((NodeSpec("n", Resources(cpu=1)),), models))
+    assert log == [
+        ("new", "auto", 1, 1e9, ("a", "two", "bad", "c")),
+        ("load", "warm-a", "a", (0,)),
+        ("unload", "warm-a", False),
+        ("load", "warm-bad", "bad", (0,)),
+        "close",
+    ]
+
+
+def test_replay_policy_builds_its_backend_and_always_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[Any] = []
+
+    class B(Backend):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            log.append((type(self).__name__, a, kw))
+            self.policy = "served"
+
+        async def start(self) -> None:
+            log.append("start")
+
+        async def aclose(self) -> None:
+            log.append("aclose")
+
+    class Http(B):
+        pass
+
+    class Emb(B):
+        pass
+
+    async def settle(be: Any) -> None:
+        log.append("settle")
+
+    async def rep(be: Any, steps: Any, cl: Any, **kw: Any) -> str:
+        log.append(("replay", kw))
+        if kw["trace"] == "boom":
+            raise RuntimeError("x")
+        return "report"
+
+    monkeypatch.setattr(D, "HttpBackend", Http)
+    monkeypatch.setattr(D, "EmbeddedBackend", Emb)
+    monkeypatch.setattr(D, "_settle", settle)
+    monkeypatch.setattr(D, "replay", rep)
+    code = SimAction(ActionKind.CODE, 1.0, tag="py")
+    steps = [[Trajectory("1", "x", ((0.0, code),)), Trajectory("2", "x", ((0.0, code),))]]
+    cl = cluster()
+    got = asyncio.run(
+        D.replay_policy(
+            cl,
+            steps,
+            "tangram",
+            trace="t",
+            units_per_s=5.0,
+            train_s=1.5,
+            cpu_config={"a": 1},
+            images={"i": "/p"},
+            progress=print,
+        )
+    )
+    assert got == "report"
+    n, shares = D.core_settings(steps, cl)
+    assert log == [
+        (
+            "Emb",
+            (cl, "tangram", n, shares),
+            {"cpu_config": {"a": 1}, "images": {"i": "/p"}, "core_kw": D.warm_settings(steps)},
+        ),
+        "start",
+        "settle",
+        (
+            "replay",
+            {
+                "policy": "tangram",
+                "trace": "t",
+                "units_per_s": 5.0,
+                "train_s": 1.5,
+                "progress": print,
+            },
+        ),
+        "aclose",
+    ]
+    log.clear()
+    asyncio.run(
+        D.replay_policy(
+            cl, steps, "fifo", trace="t", units_per_s=5.0, url="http://h:1", images={"i": "/p"}
+        )
+    )
+    assert log[0] == ("Http", ("http://h:1",), {"images": {"i": "/p"}})
+    assert log[3] == (
+        "replay",
+        {"policy": "served", "trace": "t", "units_per_s": 5.0, "train_s": 0.0, "progress": None},
+    )
+    log.clear()
+    with pytest.raises(RuntimeError):
+        asyncio.run(D.replay_policy(cl, steps, "fifo", trace="boom", units_per_s=5.0))
+    assert log[-1] == "aclose"
