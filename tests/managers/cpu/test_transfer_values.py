@@ -240,3 +240,21 @@ def test_a_spool_closed_then_discarded(tmp_path) -> None:
     assert not os.path.exists(sp.path)
     sp.discard()  # (twice: nothing)
     assert X.__all__ == ["CHUNK_BYTES", "LayerSpool", "LayerStream", "pack_into"]
+
+
+def test_the_packing_runs_one_chunk_ahead_of_the_reader(tmp_path) -> None:
+    import time
+
+    root = tmp_path / "l"
+    root.mkdir()
+    (root / "big").write_bytes(os.urandom(1 << 20))
+    s = X.LayerStream(str(root), 1 << 16)
+    try:
+        deadline = time.monotonic() + 5
+        while s._q.qsize() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert s._q.qsize() == 1 and s._q.maxsize == 1 and len(s._buf) < 1 << 16
+        assert s._thread.is_alive()
+    finally:
+        s.close()
