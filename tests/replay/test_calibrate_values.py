@@ -132,7 +132,8 @@ def test_quick_units_per_s(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ran == [(program(200), "<work>", "exec")]
     _clock(monkeypatch, [0.0, 0.3, 0.5], "process_time")
     assert cal.quick_units_per_s() == pytest.approx(0.0)  # 0.3 s is not less than the default 0.3
-    assert cal.quick_units_per_s.__defaults__ == (0.3,)
+    _clock(monkeypatch, [0.0, 0.29, 0.31, 0.5], "process_time")
+    assert cal.quick_units_per_s() == pytest.approx(400.0)  # one run below the default 0.3 s
 
 
 def test_quick_units_per_s_runs_the_program_as_a_script(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1110,20 +1111,16 @@ def test_calibrate_without_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         "session_open_s",
         "quarter_core_slowdown",
     ]
-    assert cal.calibrate.__kwdefaults__ == {
-        "with_models": True,
-        "repeats": 5,
-        "say": print,
-        "model_dir": cal.DEFAULT_MODEL_DIR,
-        "judge_engine": False,
-    }
 
 
-def test_calibrate_minimal_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibrate_minimal_figures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     log: list[Any] = []
     figs = {k: v for k, v in CPU_FIGS.items() if not k.startswith(("speedup", "other", "resize"))}
     _fake_run(monkeypatch, log, figs)
-    spec = cal.calibrate(with_models=False, say=lambda s: None)
+    spec = cal.calibrate(with_models=False)
+    assert capsys.readouterr().out == "machine: 8 cores, 16001 MB\n"  # (say: print)
     assert log == [("cpu", 5), ("eng", 5)]
     assert "parallel_speedup" not in spec["nodes"][0]
     assert list(spec["calibration"]) == [
@@ -1174,7 +1171,8 @@ def test_calibrate_without_the_gpu_extra_says_so(
     log: list[Any] = []
     _fake_run(monkeypatch, log, CPU_FIGS, models=ImportError)
     said: list[str] = []
-    spec = cal.calibrate(say=said.append, model_dir=tmp_path)
+    spec = cal.calibrate(say=said.append)
+    assert log == [("cpu", 5), ("eng", 5), ("models", ("local", cal.DEFAULT_MODEL_DIR), 5)]
     assert said[-1] == "models: not measured (no torch here); install the [gpu] extra"
     assert "models" not in spec and "gpu" not in spec["nodes"][0]["capacity"]
     log.clear()
