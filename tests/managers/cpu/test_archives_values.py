@@ -547,3 +547,147 @@ def test_a_directory_is_packed_sorted_with_links_kept(tmp_path) -> None:
         assert by["a"].isdir()
     again = Sink(str(cache), have=(key,))
     assert A.read(str(root), again) == ("rootfs-dir", ([key], {})) and again.got == []
+
+
+# ---- helper-46: the survivors of the 28dfb88 run -----------------------------------------------
+
+
+def test_a_plain_file_tarfile_would_read_only_through_a_decompressor_is_refused(tmp_path) -> None:
+    # (an lzma "alone" stream passes `_plain_tar`; read as a plain tar it is no tar)
+    raw = tar_bytes([("manifest.json", b"[]")])
+    p = write(tmp_path / "t.lzma", lzma.compress(raw, format=lzma.FORMAT_ALONE))
+    assert A._plain_tar(p) is True
+    with pytest.raises(ImageError, match="not a readable tar archive"):
+        A.read(p, Sink(str(tmp_path)))
+
+
+def test_a_packed_directory_already_gone_is_no_error(tmp_path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "f").write_bytes(b"x")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    class Taking(Sink):
+        def unpack_layer(self, f: Any, key: str, where: str, expect: str | None = None) -> None:
+            super().unpack_layer(f, key, where, expect)
+            os.unlink(where)
+
+    sink = Taking(str(cache))
+    assert A.read(str(root), sink)[0] == "rootfs-dir" and len(sink.got) == 1
+
+
+def test_nested_indexes_and_the_config_are_verified(tmp_path) -> None:
+    l1 = tar_bytes([("a", b"1")])
+    for what in ("index", "config"):
+        files = oci([l1], nest=1)
+        top = json.loads(files["index.json"])["manifests"][0]["digest"]
+        inner = json.loads(files[f"blobs/sha256/{top.split(':')[1]}"])
+        man_d = inner["manifests"][0]["digest"]
+        man = json.loads(files[f"blobs/sha256/{man_d.split(':')[1]}"])
+        cfg = man["config"]["digest"]
+        dig = top if what == "index" else cfg
+        rel = f"blobs/sha256/{dig.split(':')[1]}"
+        files[rel] = files[rel] + b" "  # (still JSON, no longer its digest)
+        d = to_dir(tmp_path / what, files)
+        with pytest.raises(ImageError) as e:
+            A.read(d, Sink(str(tmp_path)))
+        assert str(e.value) == f"{d}: blob {dig} does not match its digest"
+
+
+def test_a_nested_index_without_manifests_names_the_layout(tmp_path) -> None:
+    files = oci([], nest=1)
+    top = json.loads(files["index.json"])["manifests"][0]["digest"]
+    empty = json.dumps({"manifests": []}).encode()
+    files.pop(f"blobs/sha256/{top.split(':')[1]}")
+    files[f"blobs/sha256/{sha(empty)}"] = empty
+    files["index.json"] = json.dumps(
+        {"manifests": [{"mediaType": A._MEDIA_INDEX[0], "digest": "sha256:" + sha(empty)}]}
+    ).encode()
+    d = to_dir(tmp_path / "n", files)
+    with pytest.raises(ImageError) as e:
+        A.read(d, Sink(str(tmp_path)))
+    assert str(e.value) == f"{d}: index lists no manifest"
+
+
+def test_a_docker_layer_is_spooled_in_the_sink_s_tmp_dir_read_in_chunks(
+    tmp_path, monkeypatch
+) -> None:
+    l1 = tar_bytes([("b", b"2" * 3000)])
+    p = write(tmp_path / "d.tar", docker([l1]))
+    spool_dir = tmp_path / "spools"
+    spool_dir.mkdir()
+    where: list[str] = []
+    sizes: list[Any] = []
+
+    class Seeing(Sink):
+        def unpack_layer(self, f: Any, key: str, where_: str, expect: str | None = None) -> None:
+            where.append(os.readlink(f"/proc/self/fd/{f.fileno()}"))
+            super().unpack_layer(f, key, where_, expect)
+
+    real = A._TarSource.open_member
+
+    def spying(self: Any, rel: str) -> Any:
+        f = real(self, rel)
+        read = f.read
+
+        def sized(n: Any = -1) -> bytes:
+            sizes.append(n)
+            return read(n)
+
+        f.read = sized
+        return f
+
+    monkeypatch.setattr(A._TarSource, "open_member", spying)
+    assert A.read(p, Seeing(str(spool_dir)))[1][0] == ["sha256-" + sha(l1)]
+    assert len(where) == 1 and where[0].startswith(str(spool_dir) + "/")
+    assert A.CHUNK in sizes and None not in sizes and -1 not in sizes
+
+
+def test_a_docker_layer_counts_every_chunk_against_the_budget(tmp_path) -> None:
+    l1 = tar_bytes([("big", b"\0" * (3 << 19))])  # 1.5 MiB: two chunks
+    p = write(tmp_path / "d.tar", docker([l1]))
+    with pytest.raises(ImageTooLarge, match="the layer is larger than the image may unpack to"):
+        A.read(p, Sink(str(tmp_path), bytes_left=(1 << 20) + 1000))
+
+
+def test_metadata_is_never_read_past_max_meta_bytes_plus_one() -> None:
+    asked: list[Any] = []
+
+    class F:
+        def read(self, n: Any = -1) -> bytes:
+            asked.append(n)
+            return b"x" * 10 if n in (None, -1) else b"x" * min(n, 10)
+
+    src = A._Source()
+    src.max_meta, src.where = 4, "w"
+    with pytest.raises(ImageTooLarge):
+        src._capped(F(), "x")
+    assert asked == [5]
+
+
+def test_a_tar_member_too_large_to_read_is_named(tmp_path) -> None:
+    p = write(tmp_path / "t.tar", tar_bytes([("index.json", b"123456")]))
+    with tarfile.open(p) as tf:
+        src = A._TarSource(tf.getmembers(), tf, p, Sink(str(tmp_path), max_meta=5))
+        with pytest.raises(ImageTooLarge) as e:
+            src.read("index.json")
+    assert str(e.value) == f"{p}: index.json is larger than 5 bytes (images.max_meta_bytes)"
+
+
+def test_a_link_is_relative_to_its_own_directory(tmp_path) -> None:
+    l1 = tar_bytes([("a", b"1")])
+    entries = [
+        ("d", None),
+        ("d/x.tar", l1),
+        ("d/l.tar", ("sym", "x.tar")),
+        ("c.json", b"{}"),
+        ("manifest.json", json.dumps([{"Config": "c.json", "Layers": ["d/l.tar"]}]).encode()),
+    ]
+    p = write(tmp_path / "d.tar", tar_bytes(entries))
+    assert A.read(p, Sink(str(tmp_path)))[1][0] == ["sha256-" + sha(l1)]
+
+
+def test_only_slashes_are_stripped_from_a_member_name() -> None:
+    assert A._norm_member("a/X") == "a/X"
+    assert A._norm_member("./layerXX//") == "layerXX"
