@@ -11,6 +11,7 @@ import io
 import os
 import tarfile
 import threading
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,71 @@ def test_the_packing_runs_one_chunk_ahead_of_the_reader(tmp_path) -> None:
         assert s._thread.is_alive()
     finally:
         s.close()
+
+
+# ---- helper-46: the survivors of the ba8a26b run -----------------------------------------------
+
+
+def test_a_slow_reader_loses_no_chunk(tmp_path) -> None:
+    import time
+
+    root = tmp_path / "l"
+    root.mkdir()
+    (root / "big").write_bytes(os.urandom(1 << 19))
+    want = packed(str(root))
+    s = X.LayerStream(str(root), 1 << 16)
+    try:
+        got = [s.next()]
+        time.sleep(0.5)  # (the packing thread's puts time out twice meanwhile)
+        while piece := s.next():
+            got.append(piece)
+            time.sleep(0.01)
+        assert len(b"".join(got)) == len(want) == s.size
+        assert s.digest == "sha256:" + hashlib.sha256(b"".join(got)).hexdigest()
+        assert members(b"".join(got))[0].name == "big"
+    finally:
+        s.close()
+
+
+def test_a_packing_error_after_close_ends_the_thread_quietly(tmp_path, monkeypatch) -> None:
+    root = tmp_path / "l"
+    root.mkdir()
+    seen: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", seen.append)
+    stopped = threading.Event()
+
+    def late(root: str, tf: tarfile.TarFile) -> None:
+        stopped.wait(5)
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(X, "pack_into", late)
+    s = X.LayerStream(str(root))
+    s._stop.set()
+    stopped.set()
+    s._thread.join(5)
+    assert not s._thread.is_alive() and seen == []
+
+
+def test_a_spool_unpacks_through_the_store_s_tmp_dir(tmp_path, monkeypatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(X, "unpack", lambda f, *a: seen.append((f.read(), *a)))
+    sp = X.LayerSpool(str(tmp_path))
+    sp.write(b"abc")
+    b = budget(tmp_path)
+    sp.finish("/the/tmp", "/the/target", "sha256:" + hashlib.sha256(b"abc").hexdigest(), "w:k", b)
+    assert seen == [(b"abc", "/the/tmp", "/the/target", "w:k", None, b)]
+    assert not os.path.exists(sp.path)
+
+
+def test_discard_ignores_a_failing_close(tmp_path) -> None:
+    sp = X.LayerSpool(str(tmp_path))
+    real = sp._f
+
+    class Failing:
+        def close(self) -> None:
+            real.close()
+            raise OSError(28, "No space left on device")
+
+    sp._f = Failing()
+    sp.discard()
+    assert not os.path.exists(sp.path)
