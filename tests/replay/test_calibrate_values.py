@@ -117,6 +117,12 @@ def test_cluster_of_parses_the_spec() -> None:
     assert [n.name for n in c.nodes] == ["local"]
 
 
+def test_cluster_of_names_its_source_in_errors() -> None:
+    with pytest.raises(SpecError) as got:
+        cal.cluster_of({"nodes": "no"})
+    assert got.value.file == "<calibrated>"
+
+
 def test_quick_units_per_s(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[Any] = []
     real_compile = compile
@@ -392,19 +398,19 @@ def test_sandbox_starts(monkeypatch: pytest.MonkeyPatch, sleeps: list[float]) ->
             0.0,
             0.25,
             1.0,
-            1.001,
+            1.02,
             2.0,
             2.05,
             3.0,
             3.5,
             4.0,
-            4.003,
+            4.03,
             5.0,
             5.1,
             6.0,
             6.125,
             7.0,
-            7.002,
+            7.01,
             8.0,
             8.075,
         ],
@@ -412,7 +418,7 @@ def test_sandbox_starts(monkeypatch: pytest.MonkeyPatch, sleeps: list[float]) ->
     said: list[str] = []
     got = asyncio.run(cal._sandbox_starts(Mgr(), 3, said.append))
     assert got == pytest.approx(
-        {"cold_start_s": 0.25, "warm_start_s": 0.002, "session_open_s": 0.075}
+        {"cold_start_s": 0.25, "warm_start_s": 0.02, "session_open_s": 0.075}
     )
     assert list(got) == ["cold_start_s", "warm_start_s", "session_open_s"]
     assert log[:6] == [
@@ -424,7 +430,8 @@ def test_sandbox_starts(monkeypatch: pytest.MonkeyPatch, sleeps: list[float]) ->
         ("close", "cal-0"),
     ]
     assert [x for x in log if x[0] == "open"][2][1] == "cal-2"
-    assert said == ["sandbox: cold start 250.0 ms, warm take 2.00 ms, session open 75.0 ms"]
+    assert said == ["sandbox: cold start 250.0 ms, warm take 20.00 ms, session open 75.0 ms"]
+    assert sleeps == []  # one sandbox warm each time: no wait
 
 
 def test_sandbox_starts_needs_the_pool() -> None:
@@ -454,27 +461,34 @@ def test_cpu_figures_runs_the_steps_in_order_and_closes(monkeypatch: pytest.Monk
     class Cfg:
         pass
 
+    objs: list[Any] = []
+
     async def step(name: str, out: dict[str, float], *a: Any) -> dict[str, float]:
         log.append((name, *[x for x in a if isinstance(x, int | float)]))
+        objs.append((name, *[x for x in a if not isinstance(x, int | float)]))
         return out
 
     monkeypatch.setattr(cpu_pkg, "CpuManager", Mgr)
     monkeypatch.setattr(cpu_pkg, "CpuManagerConfig", Cfg)
-    monkeypatch.setattr(cal, "_wait_warm", lambda m, n: step("warm", {}, n))
-    monkeypatch.setattr(cal, "_work_rate", lambda r, n, say: step("rate", {"units_per_s": 5e3}, n))
+    monkeypatch.setattr(cal, "_wait_warm", lambda m, n: step("warm", {}, n, m))
     monkeypatch.setattr(
-        cal, "_quarter_core", lambda r: step("quarter", {"quarter_core_slowdown": 4.0})
+        cal, "_work_rate", lambda r, n, say: step("rate", {"units_per_s": 5e3}, n, r, say)
+    )
+    monkeypatch.setattr(
+        cal, "_quarter_core", lambda r: step("quarter", {"quarter_core_slowdown": 4.0}, r)
     )
     monkeypatch.setattr(
         cal,
         "_parallel_speedups",
-        lambda r, n: step("par", {"speedup_2": 2.0, "speedup_2_min": 1.9, "speedup_2_max": 2.0}, n),
+        lambda r, n: step(
+            "par", {"speedup_2": 2.0, "speedup_2_min": 1.9, "speedup_2_max": 2.0}, n, r
+        ),
     )
     monkeypatch.setattr(
-        cal, "_resize_delay", lambda m, u, say: step("resize", {"resize_delay_s": 0.01}, u)
+        cal, "_resize_delay", lambda m, u, say: step("resize", {"resize_delay_s": 0.01}, u, m, say)
     )
     monkeypatch.setattr(
-        cal, "_sandbox_starts", lambda m, n, say: step("starts", {"cold_start_s": 0.2}, n)
+        cal, "_sandbox_starts", lambda m, n, say: step("starts", {"cold_start_s": 0.2}, n, m, say)
     )
     said: list[str] = []
     got = asyncio.run(cal._cpu_figures(said.append, 3))
@@ -500,6 +514,19 @@ def test_cpu_figures_runs_the_steps_in_order_and_closes(monkeypatch: pytest.Monk
         "cold_start_s": 0.2,
     }
     assert said == [cal._quota_line(got, 3)]
+    mgr = objs[0][1]
+    assert isinstance(mgr, Mgr)
+    run = objs[1][1]
+    assert isinstance(run, cal._Runner) and run.mgr is mgr
+    say = said.append
+    assert objs == [
+        ("warm", mgr),
+        ("rate", run, say),
+        ("quarter", run),
+        ("par", run),
+        ("resize", mgr, say),
+        ("starts", mgr, say),
+    ]
 
     async def boom(*a: Any) -> Any:
         raise RuntimeError("x")
@@ -581,6 +608,14 @@ def test_grown_samples_gives_nothing_without_a_slot_or_a_grow(sleeps: list[float
     assert sleeps == [0.2] and len(mgr2.resized) == 1
 
 
+def test_resize_delay_needs_more_than_one_core_and_caps_at_two() -> None:
+    # exactly one core from 0.3 s on: not above one core
+    assert cal.resize_delay([(0.0, 0.0), (0.3, 0.3), (1.0, 1.0)]) is None
+    # 2 cores in the first 1/8 s, 3 after: 90 % of min(2, 3) = 1.8 is met at once
+    s = [(0.0, 0.0), (0.125, 0.25), (0.25, 0.625), (0.375, 1.0), (0.5, 1.375), (0.625, 1.75)]
+    assert cal.resize_delay(s) == 0.0
+
+
 def test_resize_delay_actions_and_median(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver, "machine_cores", lambda: 4)
     runs: list[Any] = []
@@ -590,7 +625,7 @@ def test_resize_delay_actions_and_median(monkeypatch: pytest.MonkeyPatch) -> Non
             runs.append((a, allot))
             return SimpleNamespace(status="Success", message="")
 
-    delays = iter([0.03, 0.01])
+    delays = iter([0.3, 0.1])
     monkeypatch.setattr(cal, "resize_delay", lambda s: next(delays))
 
     async def samples(mgr: Any, a: Any, task: Any) -> list[Any]:
@@ -600,10 +635,10 @@ def test_resize_delay_actions_and_median(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(cal, "_grown_samples", samples)
     said: list[str] = []
     got = asyncio.run(cal._resize_delay(Mgr(), 1000.0, said.append))
-    assert got == {"resize_delay_s": pytest.approx(0.02)}
+    assert got == {"resize_delay_s": pytest.approx(0.2)}
     assert said == [
-        "resize: a running elastic action grown 1 -> 2 cores used them after 20.0 ms "
-        "(2 runs: 30.0, 10.0)"
+        "resize: a running elastic action grown 1 -> 2 cores used them after 200.0 ms "
+        "(2 runs: 300.0, 100.0)"
     ]
     assert len(runs) == 2
     for i, (a, allot) in enumerate(runs):
@@ -652,7 +687,7 @@ def _fake_engine(monkeypatch: pytest.MonkeyPatch, log: list[Any], fail: str | No
                 status=SimpleNamespace(name=status),
                 reason="why",
                 submit_time=10.0 * n,
-                finish_time=10.0 * n + 0.001 * n,
+                finish_time=10.0 * n + 0.1 * n,
             )
 
     monkeypatch.setattr(rengine, "Engine", Eng)
@@ -692,12 +727,12 @@ def test_engine_figures_per_path(monkeypatch: pytest.MonkeyPatch, sleeps: list[f
         {"code": program(0, session=True), "language": "python"},
     )
     assert log[-1] == "aclose"
-    # run n takes n ms; the first of each path is left out: medians of (2, 3), (5, 6), (8, 9) ms
-    assert got == pytest.approx({"code": 0.0025, "test": 0.0055, "tool_session": 0.0085})
+    # run n takes n/10 s; the first of each path is left out: medians of runs 2-3, 5-6, 8-9
+    assert got == pytest.approx({"code": 0.25, "test": 0.55, "tool_session": 0.85})
     assert list(got) == ["code", "test", "tool_session"]
     assert said == [
-        "engine cost of one zero-work action (submit -> delivered): code 2.5 ms, "
-        "test 5.5 ms, tool_session 8.5 ms"
+        "engine cost of one zero-work action (submit -> delivered): code 250.0 ms, "
+        "test 550.0 ms, tool_session 850.0 ms"
     ]
     assert sleeps == [0.5, 0.2] + [0.1] * 9
 
@@ -823,6 +858,10 @@ def test_batch_latency_fits_sizes_1_to_16_leaving_out_the_first_of_each() -> Non
     seen.clear()
     asyncio.run(cal._batch_latency(Mgr([]), judge, "j-s0"))
     assert seen[0][0].kind is ActionKind.JUDGE
+    assert dict(seen[0][0].payload) == driver.action_payload(
+        SimAction(ActionKind.JUDGE, 0.0, Resources(), model="j"), judge, 1.0, 0, False
+    )
+    assert set(seen[0][0].payload) == {"prompt", "response"}
 
 
 def test_batch_latency_falls_back_and_fails() -> None:
@@ -856,23 +895,30 @@ def test_model_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[Any] = []
     made: list[Any] = []
 
+    who: list[Any] = []
+    mgrs: list[_GpuMgr] = []
+
     def mgr_of(cfg: Any, models: list[ModelSpec]) -> _GpuMgr:
         made.append((cfg.device, cfg.cpu_devices, [m.name for m in models]))
-        return _GpuMgr(log)
+        mgrs.append(_GpuMgr(log))
+        return mgrs[-1]
 
     monkeypatch.setattr(gpu, "GpuManager", mgr_of)
     reps: list[Any] = []
 
     async def loads(mgr: Any, m: ModelSpec, n: int) -> list[float]:
         reps.append(("loads", n))
+        who.append((mgr, m))
         return [1.234567, 1.0, 3.0]
 
     async def swaps(mgr: Any, m: ModelSpec, n: int) -> tuple[list[float], str]:
         reps.append(("swaps", n))
+        who.append((mgr, m))
         return [0.0123456, 0.5], f"{m.name}-s9"
 
     async def lat(mgr: Any, m: ModelSpec, iid: str) -> tuple[float, float]:
         reps.append(("lat", iid))
+        who.append((mgr, m))
         return 0.01234567, 0.00123456
 
     monkeypatch.setattr(cal, "_load_times", loads)
@@ -899,6 +945,7 @@ def test_model_figures(monkeypatch: pytest.MonkeyPatch) -> None:
         "aclose",
     ]
     assert reps == [("loads", 5), ("swaps", 2), ("lat", "rm-s9")]
+    assert who == [(mgrs[0], m)] * 3
     assert out == [
         ModelSpec(
             "rm",
@@ -954,10 +1001,12 @@ def test_judge_engine_figures_builds_the_model_when_missing(
             built.append(("spec", specs[0]))
 
         async def load(self, iid: str, model: str, devices: Any) -> float:
+            built.append(("load", iid, model, devices))
             return 12.345
 
         async def step_costs(self, iid: str, **kw: int) -> tuple[float, float, float, float]:
-            return 0.00123456, 0.000123456, 0.0015, 0.005
+            built.append(("steps", iid, kw))
+            return 0.00123456, 0.000123456, 0.1, 0.3
 
         async def aclose(self) -> None:
             built.append("close")
@@ -979,7 +1028,11 @@ def test_judge_engine_figures_builds_the_model_when_missing(
         memory_mb=1024.0,
         options={"max_tokens": 64, "max_model_len": 1024},
     )
-    assert built[-1] == "close"
+    assert built[2:] == [
+        ("load", "cal-gj", "tiny-genjudge", (0,)),
+        ("steps", "cal-gj", {"k": 32, "tokens": 64, "repeats": 5}),
+        "close",
+    ]
     assert spec == ModelSpec(
         "tiny-genjudge",
         "genjudge",
@@ -998,8 +1051,44 @@ def test_judge_engine_figures_builds_the_model_when_missing(
     )
     assert said == [
         "judge engine tiny-genjudge: start 12.3 s, decode step 1.23 ms + 0.123 ms x "
-        "sequences (alone 1.50 ms, 32 at once 5.00 ms)"
+        "sequences (alone 100.00 ms, 32 at once 300.00 ms)"
     ]
+
+
+def test_judge_engine_figures_builds_only_without_a_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from arl_tangram.managers.gpu import engine_judge, judge_testing
+
+    built: list[Any] = []
+
+    def build(path: Path, *, hidden: int) -> str:
+        built.append(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text("{}")
+        return str(path)
+
+    class Host:
+        def __init__(self, specs: list[ModelSpec]) -> None:
+            pass
+
+        async def load(self, *a: Any) -> float:
+            return 1.0
+
+        async def step_costs(self, *a: Any, **kw: Any) -> tuple[float, float, float, float]:
+            return 0.001, 0.0001, 0.001, 0.002
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(judge_testing, "build_tiny_genjudge", build)
+    monkeypatch.setattr(engine_judge, "EngineJudgeHost", Host)
+    root = tmp_path / "m"
+    root.mkdir()  # (the directory is there, the model is not: built)
+    asyncio.run(cal._judge_engine_figures(root, lambda s: None))
+    assert built == [root / "genjudge"]
+    asyncio.run(cal._judge_engine_figures(root, lambda s: None))
+    assert built == [root / "genjudge"]  # its config.json there: not built again
 
 
 def test_grown_samples_stops_when_the_cgroup_is_gone(sleeps: list[float]) -> None:
@@ -1041,20 +1130,24 @@ def _fake_run(
 
     async def cpu_figs(say: Any, repeats: int) -> dict[str, float]:
         log.append(("cpu", repeats))
+        say("cpu")
         return dict(cpu)
 
     async def eng_figs(say: Any, repeats: int) -> dict[str, float]:
         log.append(("eng", repeats))
+        say("eng")
         return {"code": 0.0021234, "test": 0.0061234, "tool_session": 0.0031234}
 
     async def model_figs(ms: Any, say: Any, repeats: int) -> list[ModelSpec]:
         log.append(("models", ms, repeats))
+        say("models")
         if models is ImportError:
             raise ImportError("no torch here")
         return list(models or [])
 
     async def judge_figs(model_dir: Path, say: Any) -> ModelSpec:
         log.append(("judge", model_dir))
+        say("judge")
         return ModelSpec("tiny-genjudge", "genjudge", "/gj", max_seqs=64, options={"a": 1})
 
     monkeypatch.setattr(cal, "_cpu_figures", cpu_figs)
@@ -1075,7 +1168,7 @@ def test_calibrate_without_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     said: list[str] = []
     spec = cal.calibrate(with_models=False, repeats=3, say=said.append, model_dir=tmp_path)
     assert log == [("cpu", 3), ("eng", 3)]
-    assert said == ["machine: 8 cores, 16001 MB"]
+    assert said == ["machine: 8 cores, 16001 MB", "cpu", "eng"]
     assert spec == {
         "nodes": [
             {
@@ -1120,7 +1213,7 @@ def test_calibrate_minimal_figures(
     figs = {k: v for k, v in CPU_FIGS.items() if not k.startswith(("speedup", "other", "resize"))}
     _fake_run(monkeypatch, log, figs)
     spec = cal.calibrate(with_models=False)
-    assert capsys.readouterr().out == "machine: 8 cores, 16001 MB\n"  # (say: print)
+    assert capsys.readouterr().out == "machine: 8 cores, 16001 MB\ncpu\neng\n"  # (say: print)
     assert log == [("cpu", 5), ("eng", 5)]
     assert "parallel_speedup" not in spec["nodes"][0]
     assert list(spec["calibration"]) == [
@@ -1143,8 +1236,10 @@ def test_calibrate_with_models_and_the_judge_engine(
     rm = ModelSpec("rm", "scalar", "/rm", load_s=1.0)
     _fake_run(monkeypatch, log, CPU_FIGS, models=[rm])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    spec = cal.calibrate(repeats=2, say=lambda s: None, model_dir=tmp_path, judge_engine=True)
+    said: list[str] = []
+    spec = cal.calibrate(repeats=2, say=said.append, model_dir=tmp_path, judge_engine=True)
     assert log == [("cpu", 2), ("eng", 2), ("models", ("local", tmp_path), 2), ("judge", tmp_path)]
+    assert said[1:] == ["cpu", "eng", "models", "judge"]
     assert spec["nodes"][0]["capacity"] == {
         "cpu": 8,
         "memory_mb": 16000,
@@ -1163,6 +1258,16 @@ def test_calibrate_with_models_and_the_judge_engine(
     spec = cal.calibrate(repeats=2, say=lambda s: None, model_dir=tmp_path)
     assert spec["nodes"][0]["capacity"]["gpu"] == 2
     assert spec["nodes"][0]["capacity"]["gpu_memory_mb"] == 8192
+
+
+def test_calibrate_the_judge_engine_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    log: list[Any] = []
+    _fake_run(monkeypatch, log, CPU_FIGS)
+    spec = cal.calibrate(
+        with_models=False, judge_engine=True, say=lambda s: None, model_dir=tmp_path
+    )
+    assert log == [("cpu", 5), ("eng", 5), ("judge", tmp_path)]
+    assert [m["name"] for m in spec["models"]] == ["tiny-genjudge"]
 
 
 def test_calibrate_without_the_gpu_extra_says_so(
@@ -1212,6 +1317,20 @@ def test_write_spec_header_and_yaml(tmp_path: Path) -> None:
     assert cal.read_calibration(out) == {"host": "h", "measured_at": "now", "units_per_s": 10.0}
 
 
+def test_write_spec_wraps_flow_lines_at_100_columns(tmp_path: Path) -> None:
+    out = tmp_path / "w.yaml"
+    keys = {f"kkkkkk{i}": i for i in range(24)}
+    cal.write_spec({"nodes": [{"name": "local", "capacity": keys}]}, out)
+    body = out.read_text().split("docs/fidelity.md.\n", 1)[1]
+    assert body == (
+        "nodes:\n- name: local\n  capacity: {kkkkkk0: 0, kkkkkk1: 1, kkkkkk2: 2, kkkkkk3: 3, "
+        "kkkkkk4: 4, kkkkkk5: 5, kkkkkk6: 6, kkkkkk7: 7,\n    kkkkkk8: 8, kkkkkk9: 9, kkkkkk10: 10, "
+        "kkkkkk11: 11, kkkkkk12: 12, kkkkkk13: 13, kkkkkk14: 14, kkkkkk15: 15,\n    kkkkkk16: 16, "
+        "kkkkkk17: 17, kkkkkk18: 18, kkkkkk19: 19, kkkkkk20: 20, kkkkkk21: 21, kkkkkk22: 22,\n"
+        "    kkkkkk23: 23}\n"
+    )
+
+
 # ---- the section's validation --------------------------------------------------------------
 
 
@@ -1253,6 +1372,7 @@ def test_parse_calibration_values() -> None:
     }
     assert type(got["units_per_s"]) is float and type(got["parallel_speedup_range_2"][0]) is float
     assert cal.parse_calibration({"calibration": {"dispatch_s": 0.5}}) == {"dispatch_s": 0.5}
+    assert cal.parse_calibration({"calibration": {"units_per_s": 0.5}}) == {"units_per_s": 0.5}
 
 
 @pytest.mark.parametrize(

@@ -9,17 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from arl_tangram.managers.gpu import judge_testing
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _build(root: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     hf_logging.enable_progress_bar()
-    root = tmp_path_factory.mktemp("gj-values")
     path = judge_testing.build_tiny_genjudge(root / "model")
     bar_after = hf_logging.is_progress_bar_enabled()
     other = judge_testing.build_tiny_genjudge(str(root / "b"), seed=3, layers=3, hidden=192)
@@ -36,7 +32,7 @@ def _weights(path: str) -> dict[str, Any]:
     return load_file(str(Path(path) / "model.safetensors"))
 
 
-def test_paths(built: dict[str, Any]) -> None:
+def _check_paths(built: dict[str, Any]) -> None:
     root = built["root"]
     assert built["path"] == str(root / "model") and type(built["path"]) is str
     assert built["other"] == str(root / "b")
@@ -46,7 +42,7 @@ def test_paths(built: dict[str, Any]) -> None:
     assert built["bar_after"] is False
 
 
-def test_chat_template_renders_chatml(built: dict[str, Any]) -> None:
+def _check_chat_template_renders_chatml(built: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(built["path"], local_files_only=True)
@@ -61,7 +57,7 @@ def test_chat_template_renders_chatml(built: dict[str, Any]) -> None:
     assert (len(tok), tok.pad_token_id, tok.eos_token_id) == (400, 0, 1)
 
 
-def test_saved_config_default_and_sized(built: dict[str, Any]) -> None:
+def _check_saved_config_default_and_sized(built: dict[str, Any]) -> None:
     keys = (
         "vocab_size",
         "hidden_size",
@@ -83,7 +79,7 @@ def test_saved_config_default_and_sized(built: dict[str, Any]) -> None:
     assert tuple(_weights(built["path"])["lm_head.weight"].shape) == (400, 128)
 
 
-def test_the_seed_is_the_one_given(built: dict[str, Any]) -> None:
+def _check_the_seed_is_the_one_given(built: dict[str, Any]) -> None:
     import torch
     from transformers import AutoConfig, Qwen2ForCausalLM
 
@@ -94,3 +90,13 @@ def test_the_seed_is_the_one_given(built: dict[str, Any]) -> None:
         got = _weights(path)
         assert torch.equal(got["model.embed_tokens.weight"], ref.model.embed_tokens.weight.detach())
         assert torch.equal(got["lm_head.weight"], ref.lm_head.weight.detach())
+
+
+def test_built_judge_values(tmp_path: Path) -> None:
+    """One test builds and checks everything (mutmut maps a mutant to the tests that call its
+    function: a shared fixture would map the build to its first user only)."""
+    built = _build(tmp_path)
+    _check_paths(built)
+    _check_chat_template_renders_chatml(built)
+    _check_saved_config_default_and_sized(built)
+    _check_the_seed_is_the_one_given(built)

@@ -27,12 +27,10 @@ def _vocab_sha(tok: Any) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _build(root: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     hf_logging.enable_progress_bar()
-    root = tmp_path_factory.mktemp("tiny-values")
     p0 = testing.build_tiny_models(root / "s0", seed=0)
     bar_after = hf_logging.is_progress_bar_enabled()
     p1 = testing.build_tiny_models(str(root / "s1"), seed=1)
@@ -49,7 +47,7 @@ def _weights(path: str, name: str = "model.embed_tokens.weight") -> Any:
     return load_file(str(Path(path) / "model.safetensors"))[name]
 
 
-def test_paths_and_files(built: dict[str, Any]) -> None:
+def _check_paths_and_files(built: dict[str, Any]) -> None:
     root = built["root"]
     assert built["p0"] == {k: str(root / "s0" / k) for k in ("scalar", "classifier", "judge")}
     assert list(built["p0"]) == ["scalar", "classifier", "judge"]
@@ -60,7 +58,7 @@ def test_paths_and_files(built: dict[str, Any]) -> None:
     assert built["bar_after"] is False  # progress bars disabled by the build
 
 
-def test_tokenizer_values(built: dict[str, Any], tmp_path: Path) -> None:
+def _check_tokenizer_values(built: dict[str, Any], tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(built["p0"]["scalar"], local_files_only=True)
@@ -104,15 +102,14 @@ COMMON = {
 }
 
 
-@pytest.mark.parametrize(
-    ("kind", "arch", "labels"),
-    [
-        ("scalar", "Qwen2ForSequenceClassification", 1),
-        ("classifier", "Qwen2ForSequenceClassification", 2),
-        ("judge", "Qwen2ForCausalLM", None),
-    ],
-)
-def test_saved_configs(built: dict[str, Any], kind: str, arch: str, labels: int | None) -> None:
+KINDS = [
+    ("scalar", "Qwen2ForSequenceClassification", 1),
+    ("classifier", "Qwen2ForSequenceClassification", 2),
+    ("judge", "Qwen2ForCausalLM", None),
+]
+
+
+def _check_saved_configs(built: dict[str, Any], kind: str, arch: str, labels: int | None) -> None:
     cfg = _cfg(built["p0"][kind])
     assert {k: cfg.get(k) for k in COMMON} == COMMON
     assert cfg["architectures"] == [arch] and cfg["model_type"] == "qwen2"
@@ -130,7 +127,7 @@ def test_qwen2_config_passes_extra_fields() -> None:
     assert cfg.num_labels == 2
 
 
-def test_seeds_are_seed_plus_the_kinds_index(built: dict[str, Any]) -> None:
+def _check_seeds_are_seed_plus_the_kinds_index(built: dict[str, Any]) -> None:
     import torch
     from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
@@ -182,3 +179,14 @@ def test_tiny_model_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     specs = testing.tiny_model_specs(PATHS, memory_mb=1.0)
     assert len(specs) == 4
     assert specs[3] == ModelSpec("minilm", kind="similarity", path="/sim", memory_mb=128.0)
+
+
+def test_built_models_values(tmp_path: Path) -> None:
+    """One test builds and checks everything (mutmut maps a mutant to the tests that call its
+    function: a shared fixture would map the build to its first user only)."""
+    built = _build(tmp_path / "b")
+    _check_paths_and_files(built)
+    _check_tokenizer_values(built, tmp_path)
+    for kind, arch, labels in KINDS:
+        _check_saved_configs(built, kind, arch, labels)
+    _check_seeds_are_seed_plus_the_kinds_index(built)

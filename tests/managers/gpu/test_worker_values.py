@@ -320,7 +320,11 @@ def test_serve_replies_once_per_request_until_the_pipe_ends(
 
 @pytest.mark.parametrize(
     ("exc", "text"),
-    [(KeyboardInterrupt(), "KeyboardInterrupt"), (SystemExit("bye"), "SystemExit: bye")],
+    [
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (SystemExit("bye"), "SystemExit: bye"),
+        (SystemExit("FIX"), "SystemExit: FIX"),  # (only ": " is stripped, at the end)
+    ],
 )
 def test_serve_reports_a_base_exception_then_ends(
     monkeypatch: pytest.MonkeyPatch, exc: BaseException, text: str
