@@ -31,7 +31,7 @@ def _build(root: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     hf_logging.enable_progress_bar()
-    p0 = testing.build_tiny_models(root / "s0", seed=0)
+    p0 = testing.build_tiny_models(root / "s0")  # (the default seed, 0)
     bar_after = hf_logging.is_progress_bar_enabled()
     p1 = testing.build_tiny_models(str(root / "s1"), seed=1)
     return {"root": root, "p0": p0, "p1": p1, "bar_after": bar_after}
