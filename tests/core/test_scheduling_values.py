@@ -264,3 +264,14 @@ def test_a_freed_node_takes_the_next_shape_when_the_first_no_longer_fits() -> No
     d.at(0.0).arrive(act("hold", cpu=3))
     d.at(0.1).arrive(act("a1", cpu=2), act("a2", cpu=2), act("b", cpu=1))
     assert cpu_commands(d.at(1.0).finish("hold")) == [("start", "a1", 2.0), ("start", "b", 1.0)]
+
+
+def test_an_aged_blocked_head_holds_the_node_for_itself() -> None:
+    d = Driver([cpu_node("n0", cpu=1, mem=8192)], policy="tangram", aging_s=1.0, aging_min_s=1.0)
+    d.at(0.0).arrive(act("hold", cpu=1))
+    d.at(0.1).arrive(act("w", cpu=1))
+    d.at(2.0).tick()  # w aged, still blocked: n0 is held for it
+    assert d.core.st.reserved == {"n0": "w"}
+    d.at(2.1).arrive(act("x", cpu=1, mem=128))
+    assert d.core.st.reserved == {"n0": "w"}
+    assert list(starts(d.log)) == ["hold"]
