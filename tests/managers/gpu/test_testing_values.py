@@ -80,8 +80,10 @@ def _check_tokenizer_values(built: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_build_tokenizer_shows_no_progress(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # (in a forked process, as under mutmut, tokenizers warns about parallelism unless told)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     testing.build_tokenizer(tmp_path / "q")
     out, err = capfd.readouterr()
     assert out == "" and err == ""
