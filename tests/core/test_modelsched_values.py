@@ -11,6 +11,7 @@ import pytest
 import test_core_stateful as sm
 from core_helpers import Driver, gpu_node, reward
 
+from arl_tangram.core import commands as cmd
 from arl_tangram.core import events as ev
 from arl_tangram.core.cluster import ModelSpec
 
@@ -133,3 +134,82 @@ def test_a_reward_with_its_model_loaded_runs_as_one_batch() -> None:
     d.at(0.2).arrive(reward("r0"))
     assert p.batches == {"b1": (iid, ("r0",))}
     assert p.last_start == {"rm": 0.2}
+
+
+A = ModelSpec(
+    "a", memory_mb=8000, alpha=0.02, beta=0.01, max_batch=4, max_instances=1, load_s=1.0, swap_s=0.5
+)
+B = ModelSpec(
+    "b", memory_mb=8000, alpha=0.02, beta=0.01, max_batch=4, max_instances=1, load_s=1.0, swap_s=0.5
+)
+
+
+def _models(out: list) -> list:
+    """The model commands of ``out``: loads, unloads, batches (ids and actions)."""
+    got = []
+    for c in out:
+        if isinstance(c, cmd.LoadModel):
+            got.append(("load", c.instance_id, c.model, c.node, c.devices, c.from_host, c.cause))
+        elif isinstance(c, cmd.UnloadModel):
+            got.append(("unload", c.instance_id, c.node, c.park, c.cause))
+        elif isinstance(c, cmd.RunBatch):
+            got.append(
+                (
+                    "batch",
+                    c.batch_id,
+                    c.instance_id,
+                    c.node,
+                    c.model,
+                    tuple(a.id for a in c.actions),
+                    c.cause,
+                )
+            )
+    return got
+
+
+def test_one_device_two_models_swap_in_turn_with_parked_weights() -> None:
+    """One GPU, models a and b: a is loaded at the first event (the warm minimum); b's first
+    action parks a (b has no instance: starving) and cold-loads b; a's next action, once b's
+    batch is back, parks b and swaps a's parked weights back in."""
+    d = Driver([gpu_node("g0", gpus=1)], (A, B), policy="tangram", model_min_instances=1)
+    p = d.core.planner
+    assert _models(d.at(0.0).tick()) == [("load", "a#1", "a", "g0", (0,), False, "Tick@0")]
+    assert _models(d.at(0.1)(ev.ModelLoaded(0.1, "a#1", ok=True))) == []
+    assert _models(d.at(5.0).arrive(reward("r0", model="b"))) == [
+        ("unload", "a#1", "g0", True, "evicted for model b"),
+        ("load", "b#2", "b", "g0", (0,), False, "ActionArrived:r0"),
+    ]
+    assert p.parked == {("g0", "a"): 1} and p.unparking == {"a#1": ("g0", "a")}
+    assert _models(d.at(5.1)(ev.ModelUnloaded(5.1, "a#1", parked=True))) == []
+    assert p.parked == {("g0", "a"): 1} and p.unparking == {}
+    assert _models(d.at(6.0)(ev.ModelLoaded(6.0, "b#2", ok=True))) == [
+        ("batch", "b1", "b#2", "g0", "b", ("r0",), "ModelLoaded:b#2")
+    ]
+    assert _models(d.at(7.0).arrive(reward("r1", model="a"))) == []  # b is busy
+    assert _models(d.at(7.5)(ev.BatchFinished(7.5, "b1", "b#2", outputs={"r0": 1.0}))) == [
+        ("unload", "b#2", "g0", True, "evicted for model a"),
+        ("load", "a#3", "a", "g0", (0,), True, "BatchFinished:b1"),
+    ]
+    assert p.parked == {("g0", "a"): 0, ("g0", "b"): 1}
+    d.at(7.6)(ev.ModelUnloaded(7.6, "b#2", parked=True))
+    assert _models(d.at(8.0)(ev.ModelLoaded(8.0, "a#3", ok=True))) == [
+        ("batch", "b2", "a#3", "g0", "a", ("r1",), "ModelLoaded:a#3")
+    ]
+    assert p.batches == {"b2": ("a#3", ("r1",))}
+    assert p.last_start == {"b": 6.0, "a": 8.0}
+    assert p.instance_seq == 3 and p.batch_seq == 2
+
+
+def test_impossible_names_the_missing_model_and_static_provisioning_without_one() -> None:
+    d = Driver([gpu_node("g0", gpus=1)], (A, B), policy="tangram")
+    assert d.core.planner.impossible(reward("x", model="zz")) == (
+        "model 'zz' is not in the cluster spec"
+    )
+    assert d.core.planner.impossible(reward("x", model="a")) == ""
+    s = Driver([gpu_node("g0", gpus=1)], (A, B), policy="static-pool")
+    s.at(0.0).tick()
+    assert s.core.planner.static_target == {"a": 1}
+    assert s.core.planner.impossible(reward("y", model="b")) == (
+        "static provisioning has no instance of model b (no devices left for it)"
+    )
+    assert s.core.planner.impossible(reward("y", model="a")) == ""
