@@ -7,6 +7,7 @@ meter, and the settings the core is built with.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -145,7 +146,7 @@ def test_report_figures_and_its_json_form() -> None:
         machine_cpu_seconds=9.0,
         own_cpu_seconds=1.0,
         session_turns_ok=False,
-        stats={"warm_hits": 5, "model_swaps": 2},
+        stats={"warm_hits": 5, "model_swaps": 2, "warm_misses": 7, "model_loads": 3},
         wall_s=9.5,
     )
     d = r.as_dict()
@@ -168,8 +169,8 @@ def test_report_figures_and_its_json_form() -> None:
         "other_load_cores": 0.5,
         "session_state_kept": False,
         "warm_hits": 5,
-        "warm_misses": None,
-        "model_loads": None,
+        "warm_misses": 7,
+        "model_loads": 3,
         "model_swaps": 2,
         "wall_s": 9.5,
     }
@@ -249,7 +250,17 @@ def turn(n: int) -> dict[str, Any]:
 
 def test_the_closed_loop_waits_opens_counts_and_closes(clock: Clock) -> None:
     sd = SessionDef(demand=Resources(memory_mb=64), ttl_s=9.0, image="img")
-    tool = SimAction(ActionKind.TOOL, 0.1, session="s", tag="bash", timeout_s=5, weight=2.0)
+    tool = SimAction(
+        ActionKind.TOOL,
+        0.1,
+        session="s",
+        tag="bash",
+        timeout_s=5,
+        weight=2.0,
+        demand=Resources(cpu=0.5, memory_mb=99),
+        elasticity=Elasticity(min=0.5, max=2.0, speedup=Speedup(0.0)),
+        hints=WorkHints(expected_s=0.3),
+    )
     rew = SimAction(ActionKind.REWARD, 0.1, model="sim")
     nodef = SimAction(ActionKind.CODE, 0.1, session="x")
     a = Trajectory(
@@ -280,7 +291,6 @@ def test_the_closed_loop_waits_opens_counts_and_closes(clock: Clock) -> None:
             policy="pol",
             trace="tr",
             units_per_s=100.0,
-            train_s=0.0,
             progress=seen.append,
         )
     )
@@ -315,6 +325,8 @@ def test_the_closed_loop_waits_opens_counts_and_closes(clock: Clock) -> None:
         spec.model,
     ) == (ActionKind.TOOL, "task", "a", "a/s", "bash", 5.0, 2.0, "g", None)
     assert spec.payload["code"] == program(10, 0.0, 1, session=True)
+    assert (spec.demand, spec.elasticity, spec.hints) == (tool.demand, tool.elasticity, tool.hints)
+    assert clock.sleeps == [4.0, 2.0, 0.5]  # (no training time by default, no wait of 0)
     assert be.specs[3].payload == {"response": TEXTS[2], "reference": TEXTS[3]}
     assert be.specs[4].payload["code"] == program(10, 0.0, 1, session=False)  # (not a tool)
     assert seen == [1] * 5
@@ -346,12 +358,12 @@ def test_uncounted_statuses_lost_turns_and_training_time(clock: Clock) -> None:
         ],
     )
     rep = asyncio.run(
-        D.replay(be, [[a], []], cluster(), policy="p", trace="t", units_per_s=1.0, train_s=2.0)
+        D.replay(be, [[a], []], cluster(), policy="p", trace="t", units_per_s=1.0, train_s=0.5)
     )
     assert rep.actions == 3 and rep.by_status == {"succeeded": 2, "cancelled": 1}
     assert rep.acts == [1.0] and rep.releases == [("a", 2, 0.0, "succeeded")]
     assert rep.session_turns_ok is False  # (its third turn saw "turn 1")
-    assert rep.step_s == [2.0, 2.0] and clock.sleeps.count(2.0) == 2
+    assert rep.step_s == [0.5, 0.5] and clock.sleeps == [0.5, 0.5]
     assert [c for c in be.calls if c[0] == "open"] == [("open", "a/s", None, 3600.0, None, 100.0)]
 
 
@@ -385,25 +397,27 @@ def test_the_meter_samples_the_busy_fraction_and_totals_at_the_end(
     monkeypatch.setattr(D, "machine_busy_s", lambda: next(machine))
     monkeypatch.setattr(D, "_own_cpu_s", lambda: next(own))
     be = Fake(clock, [])
-    be.ns = 10**9
+    # the sandboxes busy 2 cores of 4 all along
+    be.cpu_ns = lambda: 10**9 + int((clock.now - 100.0) * 2e9)  # type: ignore[method-assign]
     rep = D.ReplayReport(policy="p", trace="t", capacity_cpu=4.0)
 
     async def go() -> D._CpuMeter:
         m = D._CpuMeter(be, rep, 0.001)
         assert (m.t0, m.cpu0, m.machine0, m.own0) == (100.0, 10**9, 50.0, 1.0)
         async with m:
-            for ns in (3 * 10**9, 3 * 10**9, 7 * 10**9):
+            for _ in range(3):
                 await asyncio.sleep(0.01)  # (a real wait: a sample or more)
-                clock.now += 1.0
-                be.ns = ns
+                clock.now += 2.0
                 await asyncio.sleep(0.01)
         return m
 
     asyncio.run(go())
-    # each sample: CPU-seconds / seconds / capacity, only when the clock moved
-    assert (1.0, 0.5) in rep.cpu_series and (3.0, 1.0) in rep.cpu_series
-    assert all(v in (0.5, 0.0, 1.0) for _t, v in rep.cpu_series)
-    assert rep.makespan_s == 3.0 and rep.cpu_seconds == 6.0
+    # each sample: CPU-seconds / seconds / capacity, only when the clock moved; the last one
+    # after the block ends
+    ts = [t for t, _v in rep.cpu_series]
+    assert rep.cpu_series and all(v == 0.5 for _t, v in rep.cpu_series)
+    assert ts == sorted(set(ts)) and ts[-1] == 6.0
+    assert rep.makespan_s == 6.0 and rep.cpu_seconds == 12.0
     assert rep.machine_cpu_seconds == 30.0 and rep.own_cpu_seconds == 2.5
 
 
@@ -591,9 +605,11 @@ def test_replay_policy_builds_its_backend_and_always_closes_it(
 
     async def settle(be: Any) -> None:
         log.append("settle")
+        assert isinstance(be, B)
 
     async def rep(be: Any, steps: Any, cl: Any, **kw: Any) -> str:
         log.append(("replay", kw))
+        assert isinstance(be, B) and steps is want_steps and cl is want_cl
         if kw["trace"] == "boom":
             raise RuntimeError("x")
         return "report"
@@ -605,6 +621,7 @@ def test_replay_policy_builds_its_backend_and_always_closes_it(
     code = SimAction(ActionKind.CODE, 1.0, tag="py")
     steps = [[Trajectory("1", "x", ((0.0, code),)), Trajectory("2", "x", ((0.0, code),))]]
     cl = cluster()
+    want_steps, want_cl = steps, cl
     got = asyncio.run(
         D.replay_policy(
             cl,
@@ -655,3 +672,106 @@ def test_replay_policy_builds_its_backend_and_always_closes_it(
     with pytest.raises(RuntimeError):
         asyncio.run(D.replay_policy(cl, steps, "fifo", trace="boom", units_per_s=5.0))
     assert log[-1] == "aclose"
+
+
+def test_replay_meters_every_quarter_second_by_default(clock: Clock, monkeypatch) -> None:
+    made: list[Any] = []
+    real = D._CpuMeter
+
+    class Spy(real):  # type: ignore[misc,valid-type]
+        def __init__(self, be: Any, rep: Any, sample_s: float) -> None:
+            made.append(sample_s)
+            super().__init__(be, rep, sample_s)
+
+    monkeypatch.setattr(D, "_CpuMeter", Spy)
+    be = Fake(clock, [])
+    asyncio.run(D.replay(be, [], cluster(), policy="p", trace="t", units_per_s=1.0))
+    asyncio.run(D.replay(be, [], cluster(), policy="p", trace="t", units_per_s=1.0, sample_s=0.125))
+    assert made == [0.25, 0.125]
+
+
+def meter_run(
+    clock: Clock, monkeypatch, *, capacity: float, machine: list[Any], cpu: Any, step: float = 2.0
+) -> tuple[D.ReplayReport, D._CpuMeter]:
+    it = iter(machine)
+    monkeypatch.setattr(D, "machine_busy_s", lambda: next(it))
+    monkeypatch.setattr(D, "_own_cpu_s", lambda: 0.0)
+    be = Fake(clock, [])
+    if callable(cpu):
+        be.cpu_ns = cpu  # type: ignore[method-assign]
+    else:
+        cpus = iter(cpu)
+        be.cpu_ns = lambda: next(cpus, cpu[-1])  # type: ignore[method-assign]
+    rep = D.ReplayReport(policy="p", trace="t", capacity_cpu=capacity)
+    m = D._CpuMeter(be, rep, 0.001)
+
+    async def go() -> None:
+        async with m:
+            await asyncio.sleep(0.01)
+            clock.now += step
+            await asyncio.sleep(0.01)
+        assert m._task is not None and m._task.done()  # (the sampler awaited, not left)
+
+    asyncio.run(go())
+    return rep, m
+
+
+def test_the_meter_s_samples_per_second_and_core(clock: Clock, monkeypatch) -> None:
+    half = clock.now
+
+    def rate() -> int:  # (half a core busy)
+        return int((clock.now - half) * 5e8)
+
+    rep, _m = meter_run(clock, monkeypatch, capacity=1.0, machine=[1.0, 2.0], cpu=rate)
+    assert rep.cpu_series == [(2.0, 0.5)]  # (1 CPU-second over 2 s on 1 core)
+    rep, _m = meter_run(clock, monkeypatch, capacity=0.0, machine=[1.0, 2.0], cpu=rate)
+    assert rep.cpu_series == []  # (no capacity: no fraction)
+
+
+def test_the_meter_leaves_out_a_count_missing_at_either_end(clock: Clock, monkeypatch) -> None:
+    rep, _m = meter_run(clock, monkeypatch, capacity=1.0, machine=[None, 5.0], cpu=[None, 5])
+    assert rep.machine_cpu_seconds is None and rep.cpu_seconds == 0.0
+    rep, _m = meter_run(clock, monkeypatch, capacity=1.0, machine=[5.0, None], cpu=[5, None])
+    assert rep.machine_cpu_seconds is None and rep.cpu_seconds == 0.0
+
+
+class Stat:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self, path: str) -> Any:
+        assert path == "/proc/stat"
+        if self.text == "!":
+            raise PermissionError(13, "denied")
+        return io.StringIO(self.text)
+
+
+def test_machine_busy_reads_the_first_line_of_proc_stat(monkeypatch) -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    line = "cpu  100 20 30 4000 50 6 7 8 900 1000\ncpu0 1 1 1 1 1 1 1 1 1 1\n"
+    monkeypatch.setattr(D, "open", Stat(line), raising=False)
+    assert D.machine_busy_s() == pytest.approx((100 + 20 + 30 + 6 + 7 + 8) / hz)
+    for text in ("", "\n", "intr 1 2 3 4 5 6 7 8 9\n", "!"):
+        monkeypatch.setattr(D, "open", Stat(text), raising=False)
+        assert D.machine_busy_s() is None, text
+
+
+def test_core_settings_without_the_runner_s_uses_cpu(monkeypatch) -> None:
+    from arl_tangram.sim import runner
+
+    rew = SimAction(ActionKind.REWARD, 1.0, model="sim")
+    steps = [[Trajectory("1", "x", ((0.0, rew),)), Trajectory("2", "x", ((0.0, rew),))]]
+    assert D.core_settings(steps, cluster())[0] == 1
+    monkeypatch.delattr(runner, "uses_cpu")
+    assert D.core_settings(steps, cluster())[0] == 2  # (every trajectory counted)
+
+
+def test_machine_cores_without_an_affinity(monkeypatch) -> None:
+    def no(_pid: int) -> set[int]:
+        raise OSError(38, "no")
+
+    monkeypatch.setattr(os, "sched_getaffinity", no)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert D.machine_cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert D.machine_cores() == 1

@@ -691,3 +691,25 @@ def test_a_link_is_relative_to_its_own_directory(tmp_path) -> None:
 def test_only_slashes_are_stripped_from_a_member_name() -> None:
     assert A._norm_member("a/X") == "a/X"
     assert A._norm_member("./layerXX//") == "layerXX"
+
+
+@pytest.mark.parametrize(
+    "link", ["../../id1/layer.tar", "/id1/layer.tar", "../..", "../x/../../id1/layer.tar"]
+)
+def test_a_link_out_of_the_archive_misses_even_a_member_of_that_very_name(
+    tmp_path, link: str
+) -> None:
+    # (a hostile archive may hold members named "../id1/layer.tar", "/id1/layer.tar", "..")
+    l1 = tar_bytes([("a", b"1")])
+    entries = [(n, l1) for n in ("id1/layer.tar", "../id1/layer.tar", "/id1/layer.tar", "..")]
+    entries += [
+        ("id2/layer.tar", ("sym", link)),
+        ("c.json", b"{}"),
+        ("manifest.json", json.dumps([{"Config": "c.json", "Layers": ["id2/layer.tar"]}]).encode()),
+    ]
+    p = write(tmp_path / "d.tar", tar_bytes(entries))
+    with tarfile.open(p) as tf:
+        names = {m.name for m in tf.getmembers()}
+    assert {"../id1/layer.tar", "/id1/layer.tar", ".."} <= names
+    with pytest.raises(ImageError, match=r"id2/layer.tar missing from the archive$"):
+        A.read(p, Sink(str(tmp_path)))
