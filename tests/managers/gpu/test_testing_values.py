@@ -77,6 +77,8 @@ def _check_tokenizer_values(built: dict[str, Any], tmp_path: Path) -> None:
     assert testing.build_tokenizer(tmp_path / "t") == str(tmp_path / "t")
     again = AutoTokenizer.from_pretrained(str(tmp_path / "t"), local_files_only=True)
     assert _vocab_sha(again) == VOCAB_SHA and again.padding_side == "right"
+    # (alone, without a model's config, it loads as a plain fast tokenizer: its own decoder)
+    assert again.decode(again("héllo wörld €")["input_ids"]) == "héllo wörld €"
 
 
 def test_build_tokenizer_shows_no_progress(
