@@ -775,3 +775,34 @@ def test_machine_cores_without_an_affinity(monkeypatch) -> None:
     assert D.machine_cores() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert D.machine_cores() == 1
+
+
+def test_settle_s_default_bounds(clock: Clock) -> None:
+    asyncio.run(D._settle(embedded([[0]], [], models=False)))
+    assert 60 <= len(clock.sleeps) <= 61 and set(clock.sleeps) == {0.05}  # (3 s)
+    clock.sleeps.clear()
+    asyncio.run(D._settle(embedded([[0]], [], models=False), timeout_s=0.0))
+    assert clock.sleeps == []  # (the deadline reached: no look past it)
+    asyncio.run(D._settle(embedded([[2]], [["loading"]])))
+    assert clock.sleeps[0] == 1.0 and 6000 <= len(clock.sleeps[1:]) <= 6001  # (600 s)
+
+
+def test_the_meter_samples_while_the_block_runs(clock: Clock, monkeypatch) -> None:
+    import time
+
+    monkeypatch.setattr(D, "machine_busy_s", lambda: None)
+    monkeypatch.setattr(D, "_own_cpu_s", lambda: 0.0)
+    be = Fake(clock, [])
+    be.cpu_ns = lambda: int((clock.now - 100.0) * 1e9)  # type: ignore[method-assign]
+    rep = D.ReplayReport(policy="p", trace="t", capacity_cpu=2.0)
+
+    async def go() -> None:
+        async with D._CpuMeter(be, rep, 0.001):
+            clock.now += 2.0
+            end = time.monotonic() + 5.0
+            while not rep.cpu_series and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            clock.now += 2.0
+
+    asyncio.run(go())
+    assert rep.cpu_series[0] == (2.0, 0.5) and rep.cpu_series[-1] == (4.0, 0.5)
