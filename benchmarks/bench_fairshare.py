@@ -1,6 +1,7 @@
 """Tenants' fair share (issue 41 item 3), simulated: the review's M1 scenario (carol floods
 100 or 300 one-second CPU loops at t=0; alice sends eight ``print(1)``, 4 ms each, about a
-second later; `arl_tangram.sim.tenants`), through the same core the engine runs, four ways:
+second later, or with ``--sequential`` one at a time, each at the last one's answer;
+`arl_tangram.sim.tenants`), through the same core the engine runs, four ways:
 
 - ``today``: no caps, no shares: one order for all tenants (what the review measured);
 - ``cap``: each tenant's ``cpu_share: 0.5`` admission cap, the tool before (a 429 beyond it,
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--flood", type=int, nargs="+", default=[100, 300])
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--phases", type=int, default=4)
+    ap.add_argument("--sequential", action="store_true",
+                    help="alice sends her actions one at a time, each at the last one's answer "
+                         "(a trajectory's tool calls: within her share), not as one burst")
     args = ap.parse_args()
     shares = {"alice": 0.5, "carol": 0.5}
     print(f"{'cpus':>4} {'flood':>5} {'mode':>6} {'alice ACT s':>12} {'x alone':>9} "
@@ -44,7 +48,7 @@ def main() -> None:
             rows: dict[str, list[tuple[float, float]]] = {
                 m: [] for m in ("alone", "share", "today", "cap", "wait", "fair")}
             for i in range(args.phases):
-                carol, alice = m1_streams(flood, args.short, 1.0 + i / args.phases)
+                carol, alice = m1_streams(flood, args.short, 1.0 + i / args.phases, args.sequential)
                 a_alone = run([alice], cpus, "today").mean_act("alice")
                 c_alone = run([carol], cpus, "today").last["carol"]
                 rows["alone"].append((a_alone, c_alone))

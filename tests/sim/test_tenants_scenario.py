@@ -58,3 +58,26 @@ def test_fair_share_takes_the_lent_core_back_at_once(flood: int) -> None:
 def test_a_bad_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="mode must be one of today, cap, wait, fair"):
         run(m1_streams(1), 2, "preempt")
+
+
+def test_a_sequential_tenant_within_her_share_runs_as_alone_under_fair_share() -> None:
+    """Alice's eight print(1) one at a time (a trajectory's tool calls: each sent at the last
+    one's answer) while carol floods 2 CPUs: within her share, so GPS owes her alone's ACT."""
+    carol, alice = m1_streams(100, alice_at=1.5, sequential=True)
+    assert alice.sequential and not carol.sequential
+    alone = run([alice], 2, "today")
+    assert alone.acts["alice"] == pytest.approx([0.004] * 8) and alone.last["alice"] == 1.532
+    shares = {"alice": 0.5, "carol": 0.5}
+    fair = run([carol, alice], 2, "fair", shares)
+    # each starts at its send, on a core squeezed from carol's two loops (half a core each),
+    # which grow back at its end: 4 quota changes per action
+    assert fair.acts["alice"] == pytest.approx([0.004] * 8)
+    assert fair.resizes == 32 and fair.last["carol"] == pytest.approx(50.016)
+    # without taking lent CPU back: her first waits for a loop to end (0.5 s), each next one
+    # for the next loop's end (the freed core goes to carol's queue before her next arrives)
+    wait = run([carol, alice], 2, "wait", shares)
+    assert wait.acts["alice"][:3] == pytest.approx([0.504, 1.0, 1.004])
+    assert wait.mean_act("alice") == pytest.approx(0.9395)
+    # today: her first waits behind the whole flood, then the cluster is hers
+    today = run([carol, alice], 2, "today")
+    assert today.acts["alice"] == pytest.approx([48.504] + [0.004] * 7)

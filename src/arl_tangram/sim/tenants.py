@@ -52,13 +52,16 @@ MODES = ("today", "cap", "wait", "fair")
 class Stream:
     """``count`` actions of ``tenant``, each ``run_s`` long on one core, submitted at ``at_s``
     (all at once: a burst), of one kind (``tag``: one estimator key, so today's order for them
-    is arrival order, as the review's loops and ``print(1)`` had the same key)."""
+    is arrival order, as the review's loops and ``print(1)`` had the same key).
+    ``sequential``: one at a time instead, each sent when the last one finished (a
+    trajectory's tool calls); its ACT counts from its own send."""
 
     tenant: str
     count: int
     run_s: float
     at_s: float
     tag: str = "python"
+    sequential: bool = False
 
 
 @dataclass
@@ -76,9 +79,12 @@ class Outcome:
         return sum(a) / len(a)
 
 
-def m1_streams(flood: int = 300, short: int = 8, alice_at: float = 1.0) -> tuple[Stream, Stream]:
-    """The review's M1: carol's ``flood`` one-second loops at 0, alice's ``short`` print(1)s."""
-    return (Stream("carol", flood, 1.0, 0.0), Stream("alice", short, PRINT1_S, alice_at))
+def m1_streams(flood: int = 300, short: int = 8, alice_at: float = 1.0,
+               sequential: bool = False) -> tuple[Stream, Stream]:
+    """The review's M1: carol's ``flood`` one-second loops at 0, alice's ``short`` print(1)s
+    (``sequential``: one after another, each sent at the last one's answer)."""
+    return (Stream("carol", flood, 1.0, 0.0),
+            Stream("alice", short, PRINT1_S, alice_at, sequential=sequential))
 
 
 def run(streams: Sequence[Stream], cpus: float, mode: str,
@@ -94,9 +100,13 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
            else CoreConfig())
     node = NodeSpec("local", Resources(cpu=cpus, memory_mb=1 << 20), pool="cpu")
     core = Core(ClusterSpec((node,)), cfg)
-    # cap: at most this many of a tenant's (one-core) actions unfinished at once
+    # cap: at most this many of a tenant's (one-core) actions unfinished at once (a sequential
+    # stream's client: one)
     cap = {t: max(1, math.floor(shares[t] * cpus + 1e-9)) if mode == "cap" else 1 << 62
            for t in tenants}
+    closed = {s.tenant for s in streams if s.sequential}
+    for t in closed:
+        cap[t] = 1
     backlog: dict[str, list[ActionSpec]] = {}
     runs: dict[str, float] = {}
     owner: dict[str, str] = {}
@@ -126,6 +136,8 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         while todo and live[tenant] < cap[tenant]:
             sp = todo.pop()
             live[tenant] += 1
+            if tenant in closed:  # (sent now, at its predecessor's answer)
+                submit[sp.id] = now
             got += core.handle(ev.ActionArrived(now, sp))
         return got
 
@@ -151,7 +163,7 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
             out.acts[t].append(now - submit[x])
             out.last[t] = now
             cmds = core.handle(ev.ActionFinished(now, x, status=Status.SUCCEEDED, run_s=runs[x]))
-            if mode == "cap":  # its client sends the next one at once
+            if mode == "cap" or t in closed:  # its client sends the next one at once
                 cmds += submit_more(t, now)
         for c in cmds:
             if isinstance(c, C.StartAction):
