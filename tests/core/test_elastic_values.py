@@ -1,0 +1,265 @@
+"""Exact values of `core.elastic`'s pure parts (issue 43, mutation testing): the fluid model's
+sums and join times on hand-computed cases, the lane counts tried and chosen, the floor of a
+reclaim, the node's efficiency and an action's useful width."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from core_helpers import cpu_node
+
+from arl_tangram.core import elastic as E
+from arl_tangram.core.actions import Elasticity, Speedup
+from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.resources import Resources
+
+
+def _el(lo: float, hi: float, p: float) -> Elasticity:
+    return Elasticity(lo, hi, speedup=Speedup(p))
+
+
+def _near(got: tuple[float, float], want: tuple[float, float]) -> None:
+    assert got[0] == pytest.approx(want[0], rel=1e-12, abs=1e-12)
+    if math.isinf(want[1]):
+        assert got[1] == math.inf
+    else:
+        assert got[1] == pytest.approx(want[1], rel=1e-12, abs=1e-12)
+
+
+# ---- the fluid model, one class ----------------------------------------------------------
+
+
+def test_two_equal_jobs_side_by_side_on_two_cores() -> None:
+    # each at one core, speed 1: both end at t = 1; the first queued started at once
+    _near(E._fluid_one(2.0, 2, [1.0, 1.0], 0, 2.0, 0.5), (2.0, 0.0))
+    el = _el(1, 2, 0.5)
+    _near(E._fluid(2.0, 2, [(1.0, el), (1.0, el)], 0), (2.0, 0.0))
+
+
+def test_two_equal_jobs_one_after_the_other_and_the_join_time() -> None:
+    # at 2 cores s(2) = 1 / (0.5 + 0.25) = 4/3: ends at 0.75 and 1.5; the queued one joins at 0.75
+    _near(E._fluid_one(2.0, 1, [1.0, 1.0], 1, 2.0, 0.5), (2.25, 0.75))
+    el = _el(1, 2, 0.5)
+    _near(E._fluid(2.0, 1, [(1.0, el), (1.0, el)], 1), (2.25, 0.75))
+    # lanes below the running ones: never fewer than they (both run)
+    _near(E._fluid(2.0, 1, [(1.0, el), (1.0, el)], 2), (2.0, math.inf))
+
+
+def test_a_shorter_job_ends_and_the_other_widens() -> None:
+    # both at 1 core (speed 1): t = 1; then the other at 2 cores (4/3) does its 2 left in 1.5
+    _near(E._fluid_one(2.0, 2, [1.0, 3.0], 2, 2.0, 0.5), (3.5, math.inf))
+    _near(E._fluid_one(2.0, 2, [3.0, 1.0], 0, 2.0, 0.5), (3.5, 0.0))
+
+
+def test_a_class_capped_at_its_maximum() -> None:
+    # 4 cores, two jobs of maximum 1.5: each runs at 1.5, s = 1 / (0.5 + 0.5/1.5) = 1.2
+    _near(E._fluid_one(4.0, 2, [1.2, 2.4], 2, 1.5, 0.5), (3.0, math.inf))
+    el = _el(1, 1.5, 0.5)
+    _near(E._fluid(4.0, 2, [(1.2, el), (2.4, el)], 2), (3.0, math.inf))
+    # a maximum below one core: speed = width
+    _near(E._fluid_one(4.0, 1, [1.0], 0, 0.5, 0.5), (2.0, 0.0))
+
+
+def test_a_width_of_zero_never_ends() -> None:
+    got = E._fluid_one(0.0, 1, [1.0], 0, 1.0, 0.5)
+    assert got[0] == math.inf and got[1] == 0.0
+
+
+def test_three_jobs_two_lanes_the_third_joins_when_the_first_ends() -> None:
+    # 2 cores, p = 0.5: two at 1 core; the first ends at 1, the third joins then (join 1);
+    # the second (2 left) and the third (1) share, one core each: the third ends at 2; the
+    # second, 1 left, alone at 2 cores (4/3) ends at 2.75; sum 1 + 2 + 2.75
+    _near(E._fluid_one(2.0, 2, [1.0, 3.0, 1.0], 2, 2.0, 0.5), (5.75, 1.0))
+
+
+# ---- the fluid model, two classes (water filling) -----------------------------------------
+
+
+def test_two_classes_water_filling() -> None:
+    a = _el(1, 1, 0.0)  # one core at most
+    b = _el(1, 4, 1.0)  # linear: s(k) = k
+    # 4 cores: a takes 1 (its maximum), b the other 3 (speed 3); a ends at 1 (b did 3 of 6),
+    # then b alone at 4 does its 3 left in 0.75: 1 + 1.75
+    _near(E._fluid(4.0, 2, [(1.0, a), (6.0, b)], 2), (2.75, math.inf))
+    # the order of the jobs does not matter; b first in the list
+    _near(E._fluid(4.0, 2, [(6.0, b), (1.0, a)], 2), (2.75, math.inf))
+
+
+def test_two_classes_with_a_queued_job() -> None:
+    a = _el(1, 1, 0.0)
+    b = _el(1, 4, 1.0)
+    # a (1) ends at 1 and a queued a (2) joins; b has 3 left at 3 cores: ends at 2 (sum 3);
+    # the queued a has 1 left at its maximum 1: ends at 3 (sum 6)
+    _near(E._fluid(4.0, 2, [(1.0, a), (6.0, b), (2.0, a)], 2), (6.0, 1.0))
+    # on the classes directly, as `_best_lanes` calls it
+    _near(E._fluid_on(4.0, 2, [1.0, 6.0, 2.0], [0, 1, 0], [1.0, 4.0], [0.0, 1.0], 2), (6.0, 1.0))
+    _near(
+        E._fluid_k(4.0, 2, [1.0, 6.0, 2.0], [0, 1, 0], [1.0, 4.0], [0.0, 1.0], 2, None, 0.0),
+        (6.0, 1.0),
+    )
+
+
+def test_two_classes_sharing_equally_below_their_maximums() -> None:
+    a = _el(1, 3, 1.0)
+    b = _el(1, 4, 1.0)
+    # 4 cores, both below their maximums: 2 each (speed 2); a (2) ends at 1; b (6) did 2, then
+    # alone at 4: 4 left in 1 -> ends at 2; sum 3
+    _near(E._fluid(4.0, 2, [(2.0, a), (6.0, b)], 0), (3.0, 0.0))
+
+
+def test_two_classes_with_a_serial_class_above_one_core() -> None:
+    a = _el(1, 2, 0.5)  # s(2) = 4/3
+    b = _el(1, 8, 1.0)
+    # 8 cores: a at 2 (4/3), b at 6 (6); a (4/3) ends at 1, b (12) did 6, alone at 8: 0.75
+    _near(E._fluid(8.0, 2, [(4.0 / 3.0, a), (12.0, b)], 2), (2.75, math.inf))
+
+
+def test_zero_capacity_with_two_classes_never_ends() -> None:
+    a = _el(1, 1, 0.0)
+    b = _el(1, 4, 1.0)
+    got = E._fluid(0.0, 2, [(1.0, a), (1.0, b)], 0)
+    assert got[0] == math.inf and got[1] == 0.0
+
+
+def test_the_classes_of_jobs() -> None:
+    a = _el(1, 2, 0.5)
+    a2 = _el(1, 2, 0.5)  # equal, another object: the same class
+    b = _el(1, 4, 0.5)
+    assert E._classes([(1.0, a), (2.0, b), (3.0, a2), (4.0, a)]) == (
+        [0, 1, 0, 0],
+        [2.0, 4.0],
+        [0.5, 0.5],
+    )
+    works, cls, tops, pfs, widest = E._kinds_of([(1.0, a), (2.0, b), (3.0, a2)])
+    assert (works, cls, tops, pfs, widest) == (
+        [1.0, 2.0, 3.0],
+        [0, 1, 0],
+        [2.0, 4.0],
+        [0.5, 0.5],
+        8.0,
+    )
+    assert E._class_index([2.0, 4.0], [0.5, 0.5], 4.0, 0.5) == 1
+    assert E._class_index([2.0, 4.0], [0.5, 0.5], 4.0, 0.9) == -1
+    assert E._class_index([2.0, 4.0], [0.5, 0.5], 2.0, 0.5) == 0
+
+
+def test_measured_speedup_caps_and_slows_every_class() -> None:
+    spec = NodeSpec("m", Resources(cpu=4), parallel_speedup=((2.0, 1.6), (3.0, 1.6)))
+    b = _el(1, 4, 1.0)
+    # useful width of b there: 2 (a third core adds nothing); one job at 2 cores, efficiency
+    # 0.8: speed 1.6, 1.6 of work ends at 1
+    _near(E._fluid(4.0, 1, [(1.6, b)], 0, spec, 0.0), (1.0, 0.0))
+    cls, tops, pfs = E._classes([(1.0, b)], spec, 0.0)
+    assert (cls, tops, pfs) == ([0], [2.0], [1.0])
+
+
+# ---- lanes -------------------------------------------------------------------------------
+
+
+def test_lane_tries() -> None:
+    assert E._lane_tries(8.0, 8.0, 1.0, 0) == [1, 2, 4, 8]
+    assert E._lane_tries(8.0, 8.0, 1.0, 1) == [1, 2, 4, 8]
+    assert E._lane_tries(6.0, 4.0, 1.5, 1) == [1, 2, 3]
+    assert E._lane_tries(3.0, 3.0, 0.75, 0) == [1, 2, 4]
+    assert E._lane_tries(8.0, 2.0, 1.0, 0) == [1, 4, 8]
+    assert E._lane_tries(8.0, 2.0, 1.0, 3) == [3, 4, 8]
+    assert E._lane_tries(2.0, 2.0, 2.0, 1) == [1]  # no lane more: the minimum fills the node
+    assert E._lane_tries(4.0, 4.0, 4.0, 0) == [1]
+
+
+@pytest.mark.parametrize("classed", [False, True])
+def test_best_lanes_on_two_cores_with_equal_jobs_waiting(classed: bool) -> None:
+    """s(2) = 1/0.55 (p = 0.9): n equal jobs one after another at 2 cores cost n(n+1)/2 / s(2),
+    two at a time at one core 2(1 + ... + n/2): 12 jobs share (42 < 42.9), 4 do not (6 > 5.5)."""
+    el = _el(1, 2, 0.9)
+    kinds = E._kinds_of([]) if classed else None
+    assert E._best_lanes(2.0, 2.0, 1.0, [], 1.0, el, 11, math.inf, None, 0.0, kinds) == 2
+    assert E._best_lanes(2.0, 2.0, 1.0, [], 1.0, el, 3, math.inf, None, 0.0, kinds) == 1
+
+
+@pytest.mark.parametrize("classed", [False, True])
+def test_best_lanes_with_a_long_run_and_a_full_width_elsewhere(classed: bool) -> None:
+    """A run of 10 on 2 cores and a newcomer of 1: waiting costs 5.5 + 6.05 = 11.55, sharing
+    1 + 5.95 = 6.95 (shares: 2 lanes). With a full width elsewhere in 0.1 (before its turn
+    here at 5.5), waiting costs 5.5 + 0.1 + 0.55 = 6.15: it waits (1 lane, the run's)."""
+    el = _el(1, 2, 0.9)
+    runs = [(10.0, el)]
+    kinds = E._kinds_of(runs) if classed else None
+    assert E._best_lanes(2.0, 2.0, 1.0, runs, 1.0, el, 0, math.inf, None, 0.0, kinds) == 2
+    assert E._best_lanes(2.0, 2.0, 1.0, runs, 1.0, el, 0, 0.1, None, 0.0, kinds) == 1
+    # elsewhere later than its turn here (5.5): no matter
+    assert E._best_lanes(2.0, 2.0, 1.0, runs, 1.0, el, 0, 6.0, None, 0.0, kinds) == 2
+    # one queued behind it: waiting costs the run and that one (5.5 + 6.05) + 0.1 + 0.55 =
+    # 12.2, sharing 1 + 2 + 6.4 = 9.4: it shares
+    assert E._best_lanes(2.0, 2.0, 1.0, runs, 1.0, el, 1, 0.1, None, 0.0, kinds) == 2
+
+
+def test_best_lanes_with_another_class_queued() -> None:
+    run = _el(1, 2, 0.9)
+    new = _el(1, 4, 0.9)  # another class than the run's
+    runs = [(10.0, run)]
+    for kinds in (None, E._kinds_of(runs)):
+        assert E._best_lanes(4.0, 4.0, 1.0, runs, 1.0, new, 0, math.inf, None, 0.0, kinds) == 2
+        assert E._best_lanes(4.0, 4.0, 1.0, runs, 1.0, new, 0, 0.01, None, 0.0, kinds) == 1
+
+
+def test_best_lanes_on_a_full_node_waits() -> None:
+    el = _el(2, 2, 0.9)
+    runs = [(1.0, el)]
+    assert E._best_lanes(2.0, 2.0, 2.0, runs, 1.0, el, 0, math.inf, None, 0.0, None) == 1
+    assert E._best_lanes(2.0, 2.0, 2.0, [], 1.0, el, 0, math.inf, None, 0.0, None) == 1
+
+
+def test_lanes_all_at_max() -> None:
+    el = _el(1, 2, 0.9)
+    # 8 cores hold the run and the newcomer at their maximums: the first count above 1 run
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(1.0, el)], 1.0, el) == 2
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(1.0, el)], 1.0, el, E._kinds_of([(1.0, el)])) == 2
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], 1.0, el) == 1
+    assert E._lanes_all_at_max(4.0001, 2.0, 1.0, [(1.0, el)], 1.0, el) == 2
+    assert E._lanes_all_at_max(4.0, 2.0, 1.0, [(1.0, el)], 1.0, el) == -1  # at the capacity
+    # not sure: over the capacity, an unknown work, a run that has (nearly) ended
+    assert E._lanes_all_at_max(3.0, 2.0, 1.0, [(1.0, el)], 1.0, el) == -1
+    assert E._lanes_all_at_max(3.0, 2.0, 1.0, [(1.0, el)], 1.0, el, E._kinds_of([(1.0, el)])) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], math.inf, el) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], -1.0, el) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 0.0, [], 1.0, el) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(1e-9, el)], 1.0, el) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(math.inf, el)], 1.0, el) == -1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(-1.0, el)], 1.0, el) == -1
+    # the best lanes agree where it is sure
+    assert E._best_lanes(8.0, 2.0, 1.0, [(1.0, el)], 1.0, el, 0, math.inf, None, 0.0) == 2
+
+
+# ---- floors, efficiency, useful width ------------------------------------------------------
+
+
+def test_floor_of() -> None:
+    el = _el(1, 4, 0.9)
+    assert E._floor_of(el, 0.0) == 1.0
+    assert E._floor_of(el, 1.0) == 1.0
+    assert E._floor_of(el, 2.5) == 2.5
+    assert E._floor_of(el, 4.0) == 4.0
+    assert E._floor_of(el, 5.0) == 4.0
+
+
+def test_efficiency() -> None:
+    spec = NodeSpec("m", Resources(cpu=4), parallel_speedup=((2.0, 1.6),))
+    assert E._efficiency(spec, 0.5) == 1.0
+    assert E._efficiency(spec, 1.0) == 1.0
+    assert E._efficiency(spec, 2.0) == pytest.approx(0.8, rel=1e-12)
+    assert E._efficiency(spec, 1.5) == pytest.approx(1.3 / 1.5, rel=1e-12)
+    assert E._efficiency(cpu_node("n"), 4.0) == 1.0
+
+
+def test_useful_width() -> None:
+    flat = NodeSpec("m", Resources(cpu=4), parallel_speedup=((2.0, 1.6), (3.0, 1.6)))
+    steep = NodeSpec("m", Resources(cpu=4), parallel_speedup=((2.0, 1.6), (4.0, 2.0)))
+    lin = _el(1, 4, 1.0)
+    assert E._useful(lin, flat, 0.0, 4.0) == 2.0  # a third core adds nothing
+    assert E._useful(lin, steep, 0.0, 4.0) == 4.0  # 1 < 1.6 < 1.8 < 2.0
+    assert E._useful(lin, steep, 0.0, 3.0) == 3.0  # up to ``top``
+    assert E._useful(lin, steep, 0.0, 1.5) == 1.0  # no whole core more fits
+    assert E._useful(_el(1.5, 4, 1.0), flat, 0.0, 4.0) == 2.0  # from its minimum 1.5 (v 1.3)
+    assert E._useful(lin, steep, 0.0, 2.0 - 1e-10) == 2.0  # (the tolerance)
