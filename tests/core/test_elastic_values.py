@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from core_helpers import cpu_node
+from core_helpers import Driver, act, cpu_commands, cpu_node, elastic
 
 from arl_tangram.core import elastic as E
-from arl_tangram.core.actions import Elasticity, Speedup
+from arl_tangram.core.actions import Elasticity, Speedup, WorkHints
 from arl_tangram.core.cluster import NodeSpec
 from arl_tangram.core.resources import Resources
 
@@ -263,3 +263,104 @@ def test_useful_width() -> None:
     assert E._useful(lin, steep, 0.0, 1.5) == 1.0  # no whole core more fits
     assert E._useful(_el(1.5, 4, 1.0), flat, 0.0, 4.0) == 2.0  # from its minimum 1.5 (v 1.3)
     assert E._useful(lin, steep, 0.0, 2.0 - 1e-10) == 2.0  # (the tolerance)
+
+
+# ---- reclaim's order and floors; absorb, lendable, free_at ----------------------------------
+
+
+def _three() -> Driver:
+    """10 cores: a (1..4, 10 s) at 3, b (1..4, 2 s) at 4, c (2..3, 5 s) at 3; none free."""
+    d = Driver([cpu_node("n", cpu=10)], policy="tangram")
+    out = d.at(0.0).arrive(
+        elastic("a", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)),
+        elastic("b", 1, 4, p=0.9, hints=WorkHints(expected_s=2.0)),
+        elastic("c", 2, 3, p=0.9, hints=WorkHints(expected_s=5.0)),
+    )
+    assert cpu_commands(out) == [
+        ("start", "a", 4.0),
+        ("start", "b", 4.0),
+        ("resize", "a", 3.0),
+        ("start", "c", 3.0),
+    ]
+    return d
+
+
+@pytest.mark.parametrize(
+    ("need", "want"),
+    [
+        (1.0, [("resize", "a", 2.0), ("start", "r", 1.0)]),
+        (2.0, [("resize", "a", 1.0), ("start", "r", 2.0)]),
+        (
+            3.5,
+            [("resize", "a", 1.0), ("resize", "c", 2.0), ("resize", "b", 3.5), ("start", "r", 3.5)],
+        ),
+        (
+            4.0,
+            [("resize", "a", 1.0), ("resize", "c", 2.0), ("resize", "b", 3.0), ("start", "r", 4.0)],
+        ),
+        (
+            6.0,
+            [("resize", "a", 1.0), ("resize", "c", 2.0), ("resize", "b", 1.0), ("start", "r", 6.0)],
+        ),
+        (7.0, []),  # 6 lendable: nothing shrinks
+    ],
+)
+def test_a_rigid_arrival_reclaims_the_most_work_left_first_one_step_at_a_time(need, want) -> None:
+    d = _three()
+    assert (
+        cpu_commands(d.at(0.5).arrive(act("r", cpu=need, hints=WorkHints(expected_s=1.0)))) == want
+    )
+
+
+def _direct() -> tuple[Driver, object]:
+    d = _three()
+    d.core.st.start_index.clear()  # (the starts went out with their event)
+    d.core.st.out.clear()
+    return d, d.core.st.nodes["n"]
+
+
+@pytest.mark.parametrize(
+    ("need", "floor", "ok", "want", "free"),
+    [
+        (4.0, 2.0, True, [("resize", "a", 2.0), ("resize", "c", 2.0), ("resize", "b", 2.0)], 4.0),
+        (2.0, 2.5, True, [("resize", "a", 2.5), ("resize", "c", 2.5), ("resize", "b", 3.0)], 2.0),
+        (5.0, 2.0, False, [], 0.0),  # above 2: a 1, b 2, c 1
+        (1.0, 3.5, False, [], 0.0),  # above 3.5: b's 0.5 (a below it, c's range ends at 3)
+        (0.5, 3.5, True, [("resize", "b", 3.5)], 0.5),
+        (0.5, 0.0, True, [("resize", "a", 2.5)], 0.5),
+        (0.0, 0.0, True, [], 0.0),  # nothing lacks
+    ],
+)
+def test_reclaim_down_to_a_floor(need, floor, ok, want, free) -> None:
+    d, node = _direct()
+    assert d.core.elastic.reclaim(node, Resources(cpu=need), floor) is ok
+    assert cpu_commands(d.core.st.out) == want
+    assert node.free["cpu"] == free
+    # the index of nodes by free CPU follows
+    if free > 0.0:
+        assert any("n" in b for b in d.core.st.index.buckets_down(free))
+
+
+def test_reclaim_of_another_dimension_fails_and_a_free_fit_needs_nothing() -> None:
+    d, node = _direct()
+    assert d.core.elastic.reclaim(node, Resources(cpu=1.0, memory_mb=1e9)) is False
+    assert d.core.elastic.reclaim(node, Resources(memory_mb=100.0)) is True
+    assert cpu_commands(d.core.st.out) == []
+
+
+def test_absorb_lendable_and_free_at() -> None:
+    d, node = _direct()
+    el = d.core.elastic
+    assert el.absorb(node) == 1.0  # a can take 1 more; b and c are at their maximums
+    assert el.lendable(node, 0.0) == 6.0  # above the minimums: 2 + 3 + 1
+    assert el.lendable(node, 2.0) == 4.0  # above 2: 1 + 2 + 1
+    assert el.lendable(node, 3.5) == 0.5  # b's
+    # b ends first: 2 s of work at 4 cores (s(4) = 1 / (0.1 + 0.225))
+    s4 = 1.0 / (0.1 + 0.9 / 4)
+    assert el.free_at(node, 0.0) == 0.0
+    assert el.free_at(node, 1.0) == pytest.approx(2.0 / s4, rel=1e-12)
+    assert el.free_at(node, 4.0) == pytest.approx(2.0 / s4, rel=1e-12)
+    s3 = 1.0 / (0.1 + 0.9 / 3)
+    assert el.free_at(node, 4.5) == pytest.approx(5.0 / s3, rel=1e-12)  # then c (5 s at 3)
+    assert el.free_at(node, 10.0) == pytest.approx(10.0 / s3, rel=1e-12)  # a last
+    assert el.free_at(node, 10.5) == math.inf
