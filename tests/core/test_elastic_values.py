@@ -364,3 +364,33 @@ def test_absorb_lendable_and_free_at() -> None:
     assert el.free_at(node, 4.5) == pytest.approx(5.0 / s3, rel=1e-12)  # then c (5 s at 3)
     assert el.free_at(node, 10.0) == pytest.approx(10.0 / s3, rel=1e-12)  # a last
     assert el.free_at(node, 10.5) == math.inf
+
+
+def test_lane_tries_never_below_the_runs_and_one_more_where_halving_skips_it() -> None:
+    assert E._lane_tries(8.0, 8.0, 1.0, 3) == [3, 4, 8]  # 1 and 2 (widths 8, 4): below the runs
+    assert E._lane_tries(5.0, 5.0, 1.0, 4) == [4, 5]  # 5 only as one more than the 4 running
+
+
+def test_lanes_all_at_max_edges() -> None:
+    el = _el(1, 2, 0.9)
+    serial = _el(1, 2, 0.0)  # s(2) = 1: no faster at its maximum, still sure
+    s = el.speedup.factor(2.0)
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], 0.5, el) == 1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], 0.0, el) == 1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [], 1.0, serial) == 1
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(1.0, serial)], 1.0, el) == 2
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(0.5, el)], 1.0, el) == 2
+    # the margin: the first run's end (d) must exceed 1e-6 x 2 x (1 + cost + d), cost = the
+    # newcomer's x / s(2) + d: with x = 1e7 (cost 5.5e6), d = 20 clears it, d = 10 does not
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(20.0 * s, el)], 1e7, el) == 2
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(10.0 * s, el)], 1e7, el) == -1
+    # d = 10 and 1 + cost + d = 5e6 + 0.5: just short (the run's d counted in the cost)
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(10.0 * s, el)], (5e6 - 10.5) * s, el) == -1
+
+
+def test_efficiency_and_useful_width_with_cores_held_by_others() -> None:
+    spec = NodeSpec("m", Resources(cpu=4), parallel_speedup=((2.0, 1.6),))
+    assert E._efficiency(spec, 0.0) == 1.0  # (no division by no cores)
+    steep = NodeSpec("m", Resources(cpu=8), parallel_speedup=((2.0, 1.6), (4.0, 2.0)))
+    # 2 cores held: at 1 core 0.6 (1.8 / 3), at 2 1.0, at 3 1.5, at 4 2.0
+    assert E._useful(_el(1, 4, 1.0), steep, 2.0, 4.0) == 4.0
