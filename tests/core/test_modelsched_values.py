@@ -801,3 +801,27 @@ def test_a_new_instance_goes_where_its_weights_are_parked() -> None:
         ("load", "a#1", "a", "g1", (0,), True, "ActionArrived:r0"),
     ]
     assert d.core.planner.parked == {("g1", "a"): 0}
+
+
+def test_a_load_that_worked_resets_the_failure_count_to_zero() -> None:
+    a = _m("a", max_instances=3)
+    d = _one(a, gpus=3)
+    p = d.core.planner
+    _ready(d, "g0", a, 0.5)
+    assert p.load_failures == {"a": 0}
+    for t in (1.0, 2.0):
+        inst = p.launch(a, d.core.st.nodes["g0"], (min(d.core.st.nodes["g0"].dev_free),), False)
+        d.at(t)(ev.ModelLoaded(t, inst.id, ok=False, reason="bad"))
+    assert p.load_failures == {"a": 2}
+
+
+def test_an_engine_action_requeued_from_a_dead_instance_counts_its_second_attempt() -> None:
+    d = _engines("round-robin")  # (model_worker_retries 1)
+    _group(d, 1.0, "r0")
+    assert d.core.st.actions["r0"].attempts == 1
+    out = d.at(2.0)(ev.ModelUnloaded(2.0, "e#1", reason="oom"))
+    assert _models(out) == [  # (a replacement; round-robin goes on from e#2's turn: e#3)
+        ("load", "e#4", "e", "g0", (0,), False, "ModelUnloaded:e#1"),
+        ("batch", "b2", "e#3", "g0", "e", ("r0",), "ModelUnloaded:e#1"),
+    ]
+    assert d.core.st.actions["r0"].attempts == 2
