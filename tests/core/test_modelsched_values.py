@@ -825,3 +825,13 @@ def test_an_engine_action_requeued_from_a_dead_instance_counts_its_second_attemp
         ("batch", "b2", "e#3", "g0", "e", ("r0",), "ModelUnloaded:e#1"),
     ]
     assert d.core.st.actions["r0"].attempts == 2
+
+
+def test_impossible_remembers_each_models_fit_and_repeats_its_reason() -> None:
+    big = _m("big", memory_mb=20000.0)
+    d = Driver([gpu_node("g0", gpus=1)], (A, big), policy="tangram")
+    why = "model big needs 20000 MB per device; node g0 has 16000 MB per device"
+    assert d.core.planner.impossible(reward("x", model="a")) == ""
+    assert d.core.planner.impossible(reward("y", model="big")) == why
+    assert d.core.planner.impossible(reward("z", model="big")) == why  # (remembered unfit)
+    assert d.core.planner.impossible(reward("w", model="a")) == ""
