@@ -384,6 +384,8 @@ def test_lanes_all_at_max_edges() -> None:
     # newcomer's x / s(2) + d: with x = 1e7 (cost 5.5e6), d = 20 clears it, d = 10 does not
     assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(20.0 * s, el)], 1e7, el) == 2
     assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(10.0 * s, el)], 1e7, el) == -1
+    # d = 15 clears 1e-6 x 2 x 5.5e6 = 11 (not 1e-6 x 3 x 5.5e6 = 16.5)
+    assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(15.0 * s, el)], 1e7, el) == 2
     # d = 10 and 1 + cost + d = 5e6 + 0.5: just short (the run's d counted in the cost)
     assert E._lanes_all_at_max(8.0, 2.0, 1.0, [(10.0 * s, el)], (5e6 - 10.5) * s, el) == -1
 
