@@ -20,7 +20,10 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
   running loops' CPU quotas lowered, core/lending.py, and their CPU weight set to the kernel's
   least, `CpuManagerConfig.squeezed_weight`, so that they yield within the quota's period);
 - ``fair-quota``: as ``fair`` with ``squeezed_weight: 1.0`` (the quotas lowered, the weights
-  left as any action's: what ``fair`` was before the weight).
+  left as any action's: what ``fair`` was before the weight);
+- ``fair-cp``: as ``fair`` with ``sandbox_weight: 1/16`` (the sandboxes' cgroup tree weighs
+  1/16 of a busy task per core: the service's own processes win a contended CPU from carol's
+  loops).
 
 Printed per run: alice's mean ACT (the service's own finish - submit of each action) and its
 ratio to alone, and carol's completion (her last finish - her first submit) and its ratio to
@@ -56,7 +59,7 @@ def _port() -> int:
 
 
 def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
-            weight: float | None = None) -> Path:
+            weight: float | None = None, sandbox_weight: float | None = None) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
     cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
@@ -66,7 +69,9 @@ def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
                    "nodes:\n  - name: local\n    gpu: false\n"
                    + (f"    capacity: {{cpu: {cpus:g}}}\n" if cpus else "")
                    + f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8"
-                   + (f", squeezed_weight: {weight:g}" if weight is not None else "") + "}\n")
+                   + (f", squeezed_weight: {weight:g}" if weight is not None else "")
+                   + (f", sandbox_weight: {sandbox_weight:g}" if sandbox_weight is not None else "")
+                   + "}\n")
     return cfg
 
 
@@ -107,9 +112,10 @@ def one(mode: str, flood: int, short: int, after: float,
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-        cfg = _config(d, mode in ("fair", "wait", "fair-quota"), mode != "wait",
+        cfg = _config(d, mode in ("fair", "wait", "fair-quota", "fair-cp"), mode != "wait",
                       1.0 if mode in ("share", "share-node") else None,
-                      1.0 if mode == "fair-quota" else None)
+                      1.0 if mode == "fair-quota" else None,
+                      1 / 16 if mode == "fair-cp" else None)
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None
@@ -170,7 +176,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs per mode, alternating the modes; the median of alice's mean ACT is kept")
     ap.add_argument("--modes", nargs="+",
-                    default=["alone", "share", "share-node", "today", "wait", "fair-quota", "fair"])
+                    default=["alone", "share", "share-node", "today", "wait", "fair-quota", "fair", "fair-cp"])
     args = ap.parse_args()
     runs: dict[str, list[tuple[float, float | None]]] = {m: [] for m in args.modes}
     got: dict[str, tuple[float, float | None]] = {}

@@ -500,6 +500,17 @@ def test_a_v1_tree_its_paths_weight_and_slots() -> None:
 
 
 @needs_v1
+def test_a_v1_tree_of_a_lower_weight_reads_it_back_from_the_kernel() -> None:
+    """`CpuManagerConfig.sandbox_weight` 1/16: the tree's cpu.shares is 64 per core, so the
+    service's own processes (1024 each) win a contended CPU from busy sandboxes."""
+    t = CgroupTree(1 / 16)
+    try:
+        assert _r(f"{t.bases['cpu']}/cpu.shares") == str(64 * (os.cpu_count() or 1))
+    finally:
+        t.close()
+
+
+@needs_v1
 def test_close_kills_what_is_left_and_removes_the_tree() -> None:
     t = CgroupTree()
     s = t.new_slot()
@@ -532,9 +543,10 @@ def test_trees_of_one_process_are_numbered(monkeypatch: pytest.MonkeyPatch) -> N
         a.new_slot()
 
 
-@pytest.mark.parametrize("mine", [True, False])
+@pytest.mark.parametrize(("mine", "weight", "per_task"), [(True, 1.0, 100), (False, 1.0, 100),
+                                                         (True, 1 / 16, 6), (True, 0.001, 1)])  # fmt: skip
 def test_a_v2_tree_on_plain_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mine: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mine: bool, weight: float, per_task: int
 ) -> None:
     m = tmp_path / "unified"
     other = tmp_path / "v2-without-cpu"
@@ -564,8 +576,8 @@ def test_a_v2_tree_on_plain_files(
     )
     own = {"": "/mine", "cpu": "/x"} if mine else {"cpu": "/x"}
     monkeypatch.setattr(cgroups, "_own_paths", lambda: own)
-    t = CgroupTree()
-    assert t.problem == ""
+    t = CgroupTree(weight) if weight != 1.0 else CgroupTree()
+    assert t.problem == "" and t.weight == weight
     assert t.version == "v2"
     assert t.bases == dict.fromkeys(CTRLS, os.path.join(parent_s, base.name))
     assert t.stale_parents == [parent_s]
@@ -573,7 +585,7 @@ def test_a_v2_tree_on_plain_files(
     assert (parent / "tangram-1.7").is_dir()  # (pid 1 lives)
     assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (base / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
-    assert (base / "cpu.weight").read_text() == str(100 * (os.cpu_count() or 1))
+    assert (base / "cpu.weight").read_text() == str(per_task * (os.cpu_count() or 1))
     assert t.join_dirs() == []
     assert t.memory_bytes() == 12345
     s = t.new_slot()
@@ -583,7 +595,10 @@ def test_a_v2_tree_on_plain_files(
     assert t.memory_bytes() == 0
 
 
-def test_a_v1_tree_on_plain_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("weight", "per_task"), [(1.0, 1024), (1 / 16, 64), (0.0001, 2)])
+def test_a_v1_tree_on_plain_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weight: float, per_task: int
+) -> None:
     mounts = [("cgroup", str(tmp_path / c), {"rw", c}) for c in CTRLS]
     monkeypatch.setattr(cgroups, "_TREES", itertools.count(3))
     monkeypatch.setattr(cgroups, "_mounts", lambda: mounts)
@@ -598,7 +613,7 @@ def test_a_v1_tree_on_plain_directories(tmp_path: Path, monkeypatch: pytest.Monk
     for d in stale:
         d.mkdir(parents=True)
     (tmp_path / "cpu" / tag / "cpu.shares").write_text("")
-    t = CgroupTree()
+    t = CgroupTree(weight) if weight != 1.0 else CgroupTree()
     assert t.version == "v1"
     assert not any(d.parent.exists() for d in stale)  # a dead manager's trees removed at start
     assert t.bases == {
@@ -613,7 +628,7 @@ def test_a_v1_tree_on_plain_directories(tmp_path: Path, monkeypatch: pytest.Monk
         f"{tmp_path}/memory/m/n",
         f"{tmp_path}/pids/",
     ]
-    assert (tmp_path / "cpu" / tag / "cpu.shares").read_text() == str(1024 * (os.cpu_count() or 1))
+    assert (tmp_path / "cpu" / tag / "cpu.shares").read_text() == str(per_task * (os.cpu_count() or 1))
     assert t.join_dirs() == sorted(t.bases.values())
     (tmp_path / "cpu" / tag / "cpu.shares").unlink()  # (a plain directory: rmdir wants it empty)
     t.close(wait_s=0)

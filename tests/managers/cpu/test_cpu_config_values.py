@@ -40,6 +40,7 @@ def test_defaults():
         "default_memory_mb": 512,
         "default_cpus": 1.0,
         "squeezed_weight": 0.0,
+        "sandbox_weight": 1.0,
         "pids_max": 256,
         "default_compile_timeout_s": 30.0,
         "default_run_timeout_s": 10.0,
@@ -142,6 +143,16 @@ def test_squeezed_weight():
         _refused(f"squeezed_weight must be a number from 0 to 1, got {bad!r}", squeezed_weight=bad)
     for ok in (0, 0.0, 0.5, 1, 1.0):
         assert C(squeezed_weight=ok).squeezed_weight == ok
+
+
+def test_sandbox_weight():
+    for bad in (0, 0.0, -0.5, 1.01, True, "0.5", None):
+        _refused(
+            f"sandbox_weight must be a number above 0 and at most 1, got {bad!r}",
+            sandbox_weight=bad,
+        )
+    for ok in (1e-9, 1 / 16, 1, 1.0):
+        assert C(sandbox_weight=ok).sandbox_weight == ok
 
 
 def test_fork_server_max_crashes():

@@ -221,3 +221,22 @@ async def test_squeezed_weight_is_a_fraction() -> None:
         with pytest.raises(ValueError, match=r"squeezed_weight must be a number from 0 to 1"):
             CpuManagerConfig(squeezed_weight=bad)  # type: ignore[arg-type]
     assert CpuManagerConfig(squeezed_weight=1).squeezed_weight == 1
+
+
+async def test_the_sandboxes_tree_takes_the_configured_weight() -> None:
+    """`sandbox_weight` reaches the kernel: the manager's tree weighs 1/16 of a busy task per
+    core (cgroup v1: cpu.shares 64 per core; v2: cpu.weight 6 per core), the default a whole one."""
+    from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+
+    cores = os.cpu_count() or 1
+    for weight, v1, v2 in ((1 / 16, 64, 6), (1.0, 1024, 100)):
+        m = CpuManager(CpuManagerConfig(sandbox_weight=weight, warm_min=0))
+        await m.start()
+        try:
+            tree = m._cgroups
+            assert tree is not None and tree.weight == weight
+            name = "cpu.shares" if tree.version == "v1" else "cpu.weight"
+            with open(f"{tree.bases['cpu']}/{name}") as f:
+                assert int(f.read()) == (v1 if tree.version == "v1" else v2) * cores
+        finally:
+            await m.aclose()

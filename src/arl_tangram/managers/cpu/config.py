@@ -64,6 +64,13 @@ class CpuManagerConfig:
     # any other sandbox and to the service's own processes that want a core. 0: the kernel's
     # least (cpu.shares 2, cpu.weight 1); 1.0: the same weight as any action.
     squeezed_weight: float = 0.0
+    # CPU weight of the sandboxes' cgroup tree, in busy tasks per core: 1.0, as many plain
+    # processes as the machine has cores (N busy sandboxes compete for CPU like N processes);
+    # below 1 the service's own processes (the engine, the manager, the fork server: outside
+    # the tree) win a contended CPU from busy sandboxes, so an action's path does not wait
+    # behind another sandbox's time slice at each wake-up. Idle CPU is used either way. (Issue
+    # 41's measurements of 1/16 under a flood disagree between two runs: docs/core.md.)
+    sandbox_weight: float = 1.0
     # Maximum number of processes/threads inside one sandbox (cgroup pids.max).
     pids_max: int = 256
     # Default timeouts (seconds) when the payload gives none; and the hard upper bounds.
@@ -202,6 +209,9 @@ class CpuManagerConfig:
         v = self.squeezed_weight
         if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
             raise ValueError(f"squeezed_weight must be a number from 0 to 1, got {v!r}")
+        v = self.sandbox_weight
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 < v <= 1.0:
+            raise ValueError(f"sandbox_weight must be a number above 0 and at most 1, got {v!r}")
         v = self.fork_server_max_crashes
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"fork_server_max_crashes must be an integer >= 1, got {v!r}")

@@ -373,7 +373,8 @@ _TREES = itertools.count()  # trees made in this process
 class CgroupTree:
     """This manager's cgroup directory and the slots under it."""
 
-    def __init__(self) -> None:
+    def __init__(self, weight: float = 1.0) -> None:
+        self.weight = weight  # the tree's CPU weight in busy tasks per core (`_weigh`)
         self.version: str | None = None
         self.bases: dict[str, str] = {}
         self.problem = ""
@@ -400,7 +401,7 @@ class CgroupTree:
                 os.makedirs(base, exist_ok=True)
                 self.bases[c] = base
             self.version = "v1"
-            self._weigh(f"{self.bases['cpu']}/cpu.shares", 1024)
+            self._weigh(f"{self.bases['cpu']}/cpu.shares", max(2, round(1024 * self.weight)))
             return
         v2 = [m for kind, m, _ in mounts if kind == "cgroup2"]
         for m in v2:
@@ -415,16 +416,17 @@ class CgroupTree:
                 _write(f"{base}/cgroup.subtree_control", "+cpu +memory +pids")
                 self.bases = dict.fromkeys(CONTROLLERS, base)
                 self.version = "v2"
-                self._weigh(f"{base}/cpu.weight", 100)
+                self._weigh(f"{base}/cpu.weight", max(1, round(100 * self.weight)))
                 return
         missing = [c for c in CONTROLLERS if c not in v1]
         raise OSError(f"no cgroup v1 controllers {missing} and no cgroup v2 with cpu,memory,pids")
 
     @staticmethod
     def _weigh(path: str, per_task: int) -> None:
-        """All sandboxes share this directory's weight: give it that of one busy task per core,
-        so that N concurrent sandboxes compete for CPU like N plain processes would, not like one.
-        Each slot's CPU quota still caps what one action gets."""
+        """All sandboxes share this directory's weight: give it that of one busy task per core
+        (``per_task``: a task's weight, times `weight`), so that N concurrent sandboxes compete
+        for CPU like N plain processes would, not like one. Each slot's CPU quota still caps
+        what one action gets."""
         with contextlib.suppress(OSError):
             _write(path, str(per_task * (os.cpu_count() or 1)))
 

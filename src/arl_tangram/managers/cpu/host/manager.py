@@ -106,7 +106,7 @@ class CpuManager:
         cfg = self.config
         _raise_open_files()
         self._langs = await languages.detect()
-        self._cgroups = CgroupTree()
+        self._cgroups = CgroupTree(cfg.sandbox_weight)
         fork = self.fork
         fork.start_reaper(sorted(set(self._cgroups.bases.values())))
         zcfg = self._fork_server_config()
