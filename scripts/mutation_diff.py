@@ -74,10 +74,13 @@ PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv/bin/python").exist
     else sys.executable
 PKG = "src/arl_tangram/"
 
-# A module's room: the tests that guard it (the first matching prefix wins).
+# A module's room: the tests that guard it (the first matching prefix wins). The managers'
+# rooms: their own tests and the values files of issue 43 (`test_<module>_values.py`, fast).
 _ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("src/arl_tangram/managers/cpu/", ("tests/managers/cpu/test_cpu_*.py",)),
-    ("src/arl_tangram/managers/gpu/", ("tests/managers/gpu/test_gpu_*.py",)),
+    ("src/arl_tangram/managers/cpu/", ("tests/managers/cpu/test_cpu_*.py",
+                                       "tests/managers/cpu/test_*_values.py")),
+    ("src/arl_tangram/managers/gpu/", ("tests/managers/gpu/test_gpu_*.py",
+                                       "tests/managers/gpu/test_*_values.py")),
     ("src/arl_tangram/managers/api/", ("tests/managers/api/test_api_manager.py",)),
     ("src/arl_tangram/managers/", ("tests/managers",)),
     ("src/arl_tangram/core/", ("tests/core",)),

@@ -65,7 +65,9 @@ def test_the_mutants_of_a_line() -> None:
 def test_a_modules_room() -> None:
     assert md.room_of("src/arl_tangram/core/elastic.py") == ("tests/core",)
     assert md.room_of("src/arl_tangram/managers/cpu/host/cgroups.py") == \
-        ("tests/managers/cpu/test_cpu_*.py",)
+        ("tests/managers/cpu/test_cpu_*.py", "tests/managers/cpu/test_*_values.py")
+    assert md.room_of("src/arl_tangram/managers/gpu/worker.py") == \
+        ("tests/managers/gpu/test_gpu_*.py", "tests/managers/gpu/test_*_values.py")
     assert md.room_of("src/arl_tangram/specfile.py") == ("tests",)
     files = md._mentioning(ROOT, ["tests/api"], ["src/arl_tangram/api/jupyter.py"])
     assert "tests/api/test_jupyter_translate.py" in files

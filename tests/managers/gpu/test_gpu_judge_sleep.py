@@ -180,6 +180,9 @@ def test_the_engines_logs_go_to_log_dir_or_to_an_own_directory_removed_at_close(
         idle = _Host([_spec("gj")], device="cpu", python=sys.executable)
         assert idle._log_dir is None
         await idle.aclose()
+        gone = _Host([_spec("gj")], device="cpu", python=sys.executable)
+        Path(gone._logs()).rmdir()  # (removed by someone else first: the close still succeeds)
+        await gone.aclose()
         host = _Host([_spec("gj")], device="cpu", python=sys.executable)
         try:
             await host.load("gj#1", "gj", (0,))
