@@ -621,12 +621,18 @@ def _route(
     return (None if got is None else ready.index(got)), p
 
 
+# (stand-in records: the compiled core takes only ActionRecords; `pure_core` runs it there on
+# the pure one)
+@pytest.mark.pure_core
 def test_round_robin_skips_full_engines_and_moves_past_the_pick() -> None:
     assert _route("round-robin", [2, 0, 0])[0] == 1
     assert _route("round-robin", [2, 0, 0])[1].rr == {"e": 2}
     assert _route("round-robin", [2, 2, 2])[0] is None
 
 
+# (stand-in records: the compiled core takes only ActionRecords; `pure_core` runs it there on
+# the pure one)
+@pytest.mark.pure_core
 def test_sticky_keeps_the_trajectorys_engine_while_it_has_room() -> None:
     assert _route("sticky", [0, 1, 0], prev=(1, 10))[0] == 1
     assert _route("sticky", [0, 2, 1], prev=(1, 10))[0] == 0  # full: the least loaded
@@ -634,6 +640,9 @@ def test_sticky_keeps_the_trajectorys_engine_while_it_has_room() -> None:
     assert _route("sticky", [1, 0, 0])[1].prefix == {"t": ("e#2", 0)}
 
 
+# (stand-in records: the compiled core takes only ActionRecords; `pure_core` runs it there on
+# the pure one)
+@pytest.mark.pure_core
 def test_cost_routing_weighs_the_prefix_cache_against_the_decode_slowdown() -> None:
     # alpha + beta = 1: T = est; prefill 0.01 s a token, 100 tokens, all cached on e#2 (k=1)
     kw = dict(alpha=0.9, beta=0.1, prefill_s=0.01)
@@ -665,6 +674,9 @@ def test_cost_routing_weighs_the_prefix_cache_against_the_decode_slowdown() -> N
     assert got == 0 and p.prefix == {"t": ("e#1", 0)}
 
 
+# (stand-in records: the compiled core takes only ActionRecords; `pure_core` runs it there on
+# the pure one)
+@pytest.mark.pure_core
 def test_the_prefix_memory_moves_a_trajectory_to_the_end_and_keeps_65536() -> None:
     _, p = _route("cost", [0, 0, 0], prev=(1, 10))
     p.prefix["u"] = ("e#3", 5)
