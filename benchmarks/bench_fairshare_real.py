@@ -24,6 +24,9 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
 - ``fair-cp``: as ``fair`` with ``sandbox_weight: 1/16`` (the sandboxes' cgroup tree weighs
   1/16 of a busy task per core: the service's own processes win a contended CPU from carol's
   loops).
+- ``fair-sticky``: as ``fair`` with ``squeezed_weight_sticky: true`` (a loop squeezed once keeps
+  the least weight after its quota grows back, until it ends: a sequential tenant's next action
+  finds the CPU it took back before without waiting behind the loop's time slice).
 
 Printed per run: alice's mean ACT (the service's own finish - submit of each action) and its
 ratio to alone, and carol's completion (her last finish - her first submit) and its ratio to
@@ -59,7 +62,8 @@ def _port() -> int:
 
 
 def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
-            weight: float | None = None, sandbox_weight: float | None = None) -> Path:
+            weight: float | None = None, sandbox_weight: float | None = None,
+            sticky: bool = False) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
     cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
@@ -71,6 +75,7 @@ def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
                    + f"    cpu: {{work_root: {d / 'w'}, warm_min: 2, warm_max: 8"
                    + (f", squeezed_weight: {weight:g}" if weight is not None else "")
                    + (f", sandbox_weight: {sandbox_weight:g}" if sandbox_weight is not None else "")
+                   + (", squeezed_weight_sticky: true" if sticky else "")
                    + "}\n")
     return cfg
 
@@ -112,10 +117,10 @@ def one(mode: str, flood: int, short: int, after: float,
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-        cfg = _config(d, mode in ("fair", "wait", "fair-quota", "fair-cp"), mode != "wait",
-                      1.0 if mode in ("share", "share-node") else None,
+        cfg = _config(d, mode in ("fair", "wait", "fair-quota", "fair-cp", "fair-sticky"),
+                      mode != "wait", 1.0 if mode in ("share", "share-node") else None,
                       1.0 if mode == "fair-quota" else None,
-                      1 / 16 if mode == "fair-cp" else None)
+                      1 / 16 if mode == "fair-cp" else None, mode == "fair-sticky")
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None
@@ -176,7 +181,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs per mode, alternating the modes; the median of alice's mean ACT is kept")
     ap.add_argument("--modes", nargs="+",
-                    default=["alone", "share", "share-node", "today", "wait", "fair-quota", "fair", "fair-cp"])
+                    default=["alone", "share", "share-node", "today", "wait", "fair-quota", "fair", "fair-cp",
+                             "fair-sticky"])
     args = ap.parse_args()
     runs: dict[str, list[tuple[float, float | None]]] = {m: [] for m in args.modes}
     got: dict[str, tuple[float, float | None]] = {}
