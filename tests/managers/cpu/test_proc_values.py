@@ -1,0 +1,333 @@
+"""Exact values of a sandbox's job driver (`sandbox/proc.py`, issue 43), run from the test
+process itself (its children are forks of it, so a mutant of `proc` or `child` runs there too):
+exit codes and signals, the output cap's edge per stream, stdin fed in pieces, the job's own
+time limit and the action's deadline, parallel jobs, stop on failure, descendants that hold the
+pipes, a prepared first job, and a child that cannot start."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+
+import pytest
+
+from arl_tangram.managers.cpu.sandbox import child, prepared, proc
+from arl_tangram.managers.cpu.sandbox.child import Job, Limits
+
+pytestmark = pytest.mark.needs_root
+
+
+def _lim(output: int = 100) -> Limits:
+    return Limits(
+        uid=65534, gid=65533, cpu_s=10, fsize=1 << 20, nofile=1024, output=output, cpus=1.0
+    )
+
+
+@pytest.fixture
+def here(monkeypatch, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    monkeypatch.setattr(child, "CWD", str(tmp_path))
+    monkeypatch.setattr(child, "FAST", None)
+    return tmp_path
+
+
+def _std(monkeypatch) -> None:
+    """sys.std* on fds 0-2 in the children (pytest's capture files are fds a child closes; set
+    in the test's body: pytest sets its own again after set-up)."""
+    monkeypatch.setattr(sys, "stdin", open(0, closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+
+
+def _py(src: str, **kw) -> Job:
+    return Job(python=[(src, "main.py")], env=dict(os.environ), **kw)
+
+
+def test_a_job_runs_to_its_exit_code_with_its_output(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    d = proc.Driver(_lim())
+    assert (d.parallel, d.prepared, d.deadline, d.cut, d.live) == (1, None, float("inf"), False, {})
+    j = _py("import os, sys\nprint('out', os.getuid())\nprint('err', file=sys.stderr)\nsys.exit(3)")
+    t0 = time.monotonic()
+    d.run([j])
+    assert j.done and j.status == "Finished" and j.return_code == 3
+    assert bytes(j.out) == b"out 65534\n" and bytes(j.err) == b"err\n" and not j.truncated
+    assert j.pid > 0 and t0 <= j.started and 0 < j.elapsed < 5
+    assert round(j.elapsed, 6) == j.elapsed
+    assert d.live == {} and d.cut is False
+    assert j.result() == {
+        "status": "Finished",
+        "execution_time": j.elapsed,
+        "return_code": 3,
+        "stdout": "out 65534\n",
+        "stderr": "err\n",
+        "truncated": False,
+    }
+    with pytest.raises((ValueError, RuntimeError, KeyError, OSError, AttributeError, TypeError)):
+        d.sel.register(0, 1)  # the selector is closed
+
+
+def test_parallel_is_at_least_one() -> None:
+    assert proc.Driver(_lim(), parallel=0).parallel == 1
+    assert proc.Driver(_lim(), parallel=-2).parallel == 1
+    assert proc.Driver(_lim(), parallel=3).parallel == 3
+
+
+def test_a_signal_is_a_negative_code(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    j = _py("import os\nos.kill(os.getpid(), 9)")
+    proc.Driver(_lim()).run([j])
+    assert (j.status, j.return_code) == ("Finished", -9)
+
+
+def test_an_argv_job(monkeypatch, here) -> None:
+    j = Job(argv=["/bin/sh", "-c", "echo a; echo b >&2; exit 4"], env={})
+    proc.Driver(_lim()).run([j])
+    assert (bytes(j.out), bytes(j.err), j.return_code, j.status) == (b"a\n", b"b\n", 4, "Finished")
+
+
+@pytest.mark.parametrize(("n", "out", "cut"), [(9, 10, False), (10, 10, True), (300_000, 10, True)])
+def test_the_output_cap_is_per_stream(monkeypatch, here, n: int, out: int, cut: bool) -> None:
+    _std(monkeypatch)
+    j = _py(f"import sys\nprint('x' * {n})\nprint('y' * {n}, file=sys.stderr)")
+    proc.Driver(_lim(10)).run([j])
+    assert bytes(j.out) == (b"x" * n + b"\n")[:out] and bytes(j.err) == (b"y" * n + b"\n")[:out]
+    assert j.truncated is cut and j.return_code == 0
+
+
+def test_stdin_is_fed_in_pieces(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    data = os.urandom(300_000)
+    j = _py(
+        "import hashlib, sys\nb = sys.stdin.buffer.read()\nprint(len(b), hashlib.sha256(b).hexdigest())",
+        stdin=data,
+    )
+    proc.Driver(_lim(200)).run([j])
+    assert bytes(j.out) == f"{len(data)} {hashlib.sha256(data).hexdigest()}\n".encode()
+
+
+def test_stdin_to_a_child_that_does_not_read(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    j = _py("print('bye')", stdin=b"z" * 300_000)
+    t0 = time.monotonic()
+    proc.Driver(_lim()).run([j])
+    assert (bytes(j.out), j.return_code, j.status) == (b"bye\n", 0, "Finished")
+    assert time.monotonic() - t0 < 5
+
+
+def test_no_stdin_is_an_eof(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    j = _py("import sys\nprint(repr(sys.stdin.read()))")
+    proc.Driver(_lim()).run([j])
+    assert bytes(j.out) == b"''\n"
+
+
+def test_a_job_past_its_own_time_is_killed(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    j = _py("import time\nprint('started', flush=True)\ntime.sleep(30)", timeout=0.4)
+    d = proc.Driver(_lim())
+    t0 = time.monotonic()
+    d.run([j])
+    took = time.monotonic() - t0
+    assert j.status == "TimeLimitExceeded" and j.return_code == -9 and j.done
+    assert bytes(j.out) == b"started\n"
+    assert 0.4 <= took < 3 and 0.4 <= j.elapsed < 3
+    assert d.cut is False  # its own limit, not the action's
+
+
+def test_the_deadline_kills_the_live_job_and_leaves_the_rest(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    a, b = _py("import time\ntime.sleep(30)"), _py("print(1)")
+    d = proc.Driver(_lim(), deadline=time.monotonic() + 0.4)
+    d.run([a, b])
+    assert a.status == "TimeLimitExceeded" and a.return_code == -9 and a.done
+    assert b.done is False and b.status == "" and b.pid == 0
+    assert d.cut is True and d.live == {}
+
+
+def test_a_deadline_already_past_starts_nothing(monkeypatch, here) -> None:
+    a = _py("print(1)")
+    d = proc.Driver(_lim(), deadline=time.monotonic() - 1)
+    d.run([a])
+    assert d.cut is True and a.done is False and a.pid == 0
+
+
+def test_a_job_ending_before_the_deadline_is_not_cut(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    a = _py("print(1)", timeout=30)
+    d = proc.Driver(_lim(), deadline=time.monotonic() + 20)
+    d.run([a])
+    assert d.cut is False and a.status == "Finished"
+
+
+def test_parallel_jobs_overlap_and_serial_ones_do_not(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    src = "import time\ntime.sleep(0.4)\nprint('done')"
+    jobs = [_py(src) for _ in range(3)]
+    t0 = time.monotonic()
+    proc.Driver(_lim(), parallel=3).run(jobs)
+    par = time.monotonic() - t0
+    assert [bytes(j.out) for j in jobs] == [b"done\n"] * 3
+    jobs = [_py(src) for _ in range(3)]
+    t0 = time.monotonic()
+    proc.Driver(_lim(), parallel=1).run(jobs)
+    ser = time.monotonic() - t0
+    assert par < 1.1 <= ser, (par, ser)
+    starts = sorted(j.started for j in jobs)
+    assert starts[1] - starts[0] >= 0.4 and starts[2] - starts[1] >= 0.4
+
+
+def test_stop_on_failure_skips_the_rest(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    fail, ok = _py("import sys\nsys.exit(1)"), _py("print(1)")
+    seen = []
+
+    def stop(job):
+        seen.append(job)
+        return job.return_code != 0
+
+    proc.Driver(_lim()).run([fail, ok], stop)
+    assert seen == [fail] and fail.return_code == 1 and fail.status == "Finished"
+    assert ok.done is False and ok.pid == 0
+    # a job still running when another fails is killed as skipped
+    slow, fail = _py("import time\ntime.sleep(30)"), _py("import sys\nsys.exit(2)")
+    t0 = time.monotonic()
+    proc.Driver(_lim(), parallel=2).run([slow, fail], stop)
+    assert time.monotonic() - t0 < 5
+    assert (slow.status, slow.return_code, slow.done) == ("Skipped", -9, True)
+    assert (fail.status, fail.return_code) == ("Finished", 2)
+
+
+def test_no_stop_without_a_rule(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    fail, ok = _py("import sys\nsys.exit(1)"), _py("print(1)")
+    proc.Driver(_lim()).run([fail, ok])
+    assert fail.return_code == 1 and ok.return_code == 0 and bytes(ok.out) == b"1\n"
+
+
+def test_descendants_holding_the_pipes_are_killed_after_the_grace(monkeypatch, here) -> None:
+    j = Job(argv=["/bin/sh", "-c", "echo hi; sleep 30 & exit 0"], env={})
+    t0 = time.monotonic()
+    proc.Driver(_lim()).run([j])
+    assert time.monotonic() - t0 < 3
+    assert (bytes(j.out), j.return_code, j.status) == (b"hi\n", 0, "Finished")
+    assert proc._GRACE_S == 0.05 and proc._LAZY_S == 0.005
+
+
+def test_a_child_that_cannot_start_says_why_and_exits_127(monkeypatch, here) -> None:
+    monkeypatch.setattr(child, "CWD", "/nonexistent-t53")
+    j = _py("print(1)")
+    proc.Driver(_lim(1000)).run([j])
+    assert j.return_code == 127 and bytes(j.out) == b""
+    assert (
+        bytes(j.err)
+        == b"sandbox: cannot start: [Errno 2] No such file or directory: '/nonexistent-t53'\n"
+    )
+
+
+def test_spawn_returns_nonblocking_ends(monkeypatch, here) -> None:
+    j = Job(argv=["/bin/sh", "-c", "cat; echo done"], env={})
+    t0 = time.monotonic()
+    pidfd, in_w, out_r, err_r = proc._spawn(j, _lim())
+    assert t0 <= j.started <= time.monotonic() and j.pid > 0
+    assert [os.get_blocking(fd) for fd in (in_w, out_r, err_r)] == [False] * 3
+    os.write(in_w, b"ab")
+    os.close(in_w)
+    os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    os.set_blocking(out_r, True)
+    assert os.read(out_r, 100) == b"abdone\n"
+    for fd in (pidfd, out_r, err_r):
+        os.close(fd)
+
+
+def test_a_prepared_first_job_reports_through_its_socket(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    lim = _lim(1000)
+    prep = prepared.prepare(lim)
+    d = proc.Driver(lim, prepared=prep)
+    a = _py("import os, sys\nprint('first', os.getpid())\nprint('e', file=sys.stderr)\nsys.exit(5)")
+    b = _py("print('second')", stdin=b"in")
+    d.run([a, b])
+    assert d.prepared is None
+    assert a.pid == prep.pid and bytes(a.out) == f"first {prep.pid}\n".encode()
+    assert (bytes(a.err), a.return_code, a.status) == (b"e\n", 5, "Finished")
+    assert b.pid != prep.pid and (bytes(b.out), b.return_code) == (b"second\n", 0)
+    assert round(a.elapsed, 6) == a.elapsed and a.elapsed < 5
+
+
+def test_a_prepared_job_with_much_output_and_a_time_limit(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    lim = _lim(1 << 20)
+    d = proc.Driver(lim, prepared=prepared.prepare(lim))
+    a = _py(
+        "import sys\nsys.stdout.write('z' * 500000)\nsys.stdout.flush()\nimport time\ntime.sleep(30)",
+        timeout=0.5,
+    )
+    d.run([a])
+    assert a.status == "TimeLimitExceeded" and bytes(a.out) == b"z" * 500000 and a.return_code == -9
+
+
+def test_a_prepared_child_gone_falls_back_to_a_fork(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    monkeypatch.setattr(child, "CWD", "/nonexistent-t53")
+    lim = _lim(1000)
+    prep = prepared.prepare(lim)  # exits 0: it cannot chdir
+    os.waitpid(prep.pid, 0)
+    monkeypatch.setattr(child, "CWD", str(here))
+    a = _py("print('forked')")
+    d = proc.Driver(lim, prepared=prep)
+    d.run([a])
+    assert a.pid != prep.pid and bytes(a.out) == b"forked\n" and a.return_code == 0
+
+
+def test_status_of_a_short_or_empty_report(monkeypatch) -> None:
+    d = proc.Driver(_lim())
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    st = {"ctl": r, "rc": b""}
+    d._status(st)  # nothing there yet
+    assert st == {"ctl": r, "rc": b""}
+    os.write(w, b"\0\0")
+    d._status(st)
+    assert st["rc"] == b"\0\0" and st["ctl"] == r
+    os.write(w, b"\0\7\1\2\3\4\5\6\7")
+    d._status(st)
+    assert st["rc"] == b"\0\0\0\7\1\2\3\4\5\6" and st["ctl"] == -1  # 8 bytes read: enough
+    r, w = os.pipe()
+    os.close(w)
+    st = {"ctl": r, "rc": b"\1"}
+    d._status(st)
+    assert st == {"ctl": -1, "rc": b"\1"}
+    with pytest.raises(OSError):
+        os.fstat(r)
+    d.sel.close()
+
+
+def test_read_returns_the_chunk_size(monkeypatch) -> None:
+    d = proc.Driver(_lim(5))
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    j = Job()
+    st = {"job": j, "open": {r}}
+    assert d._read(st, r, "out") == 0  # nothing yet
+    os.write(w, b"abcdefgh")
+    assert d._read(st, r, "err") == 8
+    assert bytes(j.err) == b"abcde" and j.truncated and bytes(j.out) == b""
+    os.write(w, b"ij")
+    assert d._read(st, r, "err") == 2 and bytes(j.err) == b"abcde"
+    os.close(w)
+    assert d._read(st, r, "err") == 0 and st["open"] == set()
+    with pytest.raises(OSError):
+        os.fstat(r)
+    d.sel.close()
+
+
+def test_wake_time(monkeypatch) -> None:
+    d = proc.Driver(_lim())
+    assert d._wake_time({"exited_at": 10.0, "deadline": 1.0, "lazy_until": 0.5}) == 10.05
+    assert d._wake_time({"exited_at": None, "deadline": 7.0, "lazy_until": 3.0}) == 3.0
+    assert d._wake_time({"exited_at": None, "deadline": 2.0, "lazy_until": 3.0}) == 2.0
+    assert d._wake_time({"exited_at": None, "deadline": 7.0, "lazy_until": 0.0}) == 7.0
+    d.sel.close()
