@@ -23,6 +23,9 @@ from arl_tangram.managers.cpu import wire
 from arl_tangram.managers.cpu.host import client as C
 from arl_tangram.managers.cpu.host.reaper import zygote_env
 
+# a mutant that hangs fails its test here, not at mutmut's much longer timeout
+pytestmark = pytest.mark.timeout(10)
+
 
 def _frame(obj: Any) -> bytes:
     body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()

@@ -18,6 +18,9 @@ import pytest
 
 from arl_tangram.managers.cpu.host import overlay as O
 
+# a mutant that hangs fails its test here, not at mutmut's much longer timeout
+pytestmark = pytest.mark.timeout(10)
+
 
 def _ctype_value(v: Any) -> Any:
     return v.value if isinstance(v, ctypes._SimpleCData) else v

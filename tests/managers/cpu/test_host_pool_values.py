@@ -17,6 +17,9 @@ import pytest
 from arl_tangram.core.errors import BrokenError, ClosedError
 from arl_tangram.managers.cpu.host import pool as P
 
+# a mutant that hangs the loop fails its test here, not at mutmut's much longer timeout
+pytestmark = pytest.mark.timeout(10)
+
 MIB = 1 << 20
 
 

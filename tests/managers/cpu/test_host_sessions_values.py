@@ -22,6 +22,9 @@ from arl_tangram.managers.cpu.images.store import ImageError
 
 MIB = 1 << 20
 
+# a mutant that hangs fails its test here, not at mutmut's much longer timeout
+pytestmark = pytest.mark.timeout(10)
+
 
 class _Clock:
     def __init__(self) -> None:
