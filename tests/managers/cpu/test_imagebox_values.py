@@ -1,0 +1,256 @@
+"""Exact values of the image sandbox's helpers (`sandbox/imagebox.py`, issue 43): the image's
+user by Docker's rules at their edges (short entries, bad numbers, empty home) and the refusals'
+words, the shell of ``Entrypoint`` + ``Cmd``, ``python3`` on the image's PATH, small reads of
+the image's files, the fds received with the request, a user namespace of the sandbox's own
+(maps and owner), and the image's Python worker (`PYTHON_LOOP`) run frame by frame."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from arl_tangram.managers.cpu.sandbox import imagebox
+from arl_tangram.managers.cpu.sandbox.imagebox import resolve_user, shell_argv
+
+
+def test_constants() -> None:
+    assert imagebox.LAYER_DIR == "/sandbox/layer" and imagebox.ROOT_DIR == "/sandbox/root"
+    assert imagebox.PYTHONS == ("/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3")
+    assert {"bash", "sh", "dash", "zsh", "ash", "ksh", "mksh"} == imagebox.SHELLS
+
+
+def test_entries_skip_blank_lines_and_comments() -> None:
+    assert imagebox._entries("a:b\n\n#c:d\n e:f\nx") == [["a", "b"], [" e", "f"], ["x"]]
+
+
+PW = (
+    "short:x:5:5:home:/h\n"  # six fields: ignored
+    "bad:x:7a:8:bad:/b:/bin/sh\n"  # a uid that is not a number
+    "badg:x:9:g:bg:/bg:/bin/sh\n"  # a gid that is not a number
+    "nohome:x:11:12:nh::/bin/sh\n"
+    "12:x:13:14:num:/num:/bin/sh\n"
+)  # a user *named* 12
+GR = "g2:x\nok:x:33:\nbadnum:x:3a:\n"
+
+
+def test_resolve_user_edges() -> None:
+    with pytest.raises(ValueError) as e:
+        resolve_user("short", PW, GR)
+    assert str(e.value) == "User 'short': no user 'short' in the image's /etc/passwd"
+    with pytest.raises(ValueError) as e:
+        resolve_user("bad", PW, GR)
+    assert str(e.value) == "User 'bad': no user 'bad' in the image's /etc/passwd"
+    with pytest.raises(ValueError):
+        resolve_user("badg", PW, GR)
+    assert resolve_user("nohome", PW, GR) == (11, 12, "/")
+    assert resolve_user("12", PW, GR) == (13, 14, "/num")  # a name first
+    assert resolve_user("13", PW, GR) == (13, 14, "/num")  # then a uid
+    assert resolve_user("5", PW, GR) == (5, 0, "/")  # the short entry's uid is not looked at
+    assert resolve_user("root", "", "") == (0, 0, "/root")
+    assert resolve_user("", "", "") == (0, 0, "/root")
+    assert resolve_user(None, "", "") == (0, 0, "/root")  # type: ignore[arg-type]
+    assert resolve_user(":ok", PW, GR) == (0, 33, "/root")
+    assert resolve_user("nohome:", PW, GR) == (11, 12, "/")  # an empty group: the user's gid
+    with pytest.raises(ValueError) as e:
+        resolve_user("nohome:g2", PW, GR)  # two fields: not an entry
+    assert str(e.value) == "User 'nohome:g2': no group 'g2' in the image's /etc/group"
+    with pytest.raises(ValueError) as e:
+        resolve_user("nohome:badnum", PW, GR)
+    assert str(e.value) == "User 'nohome:badnum': no group 'badnum' in the image's /etc/group"
+    with pytest.raises(ValueError) as e:
+        resolve_user("nobody", PW, GR)
+    assert str(e.value) == "User 'nobody': no user 'nobody' in the image's /etc/passwd"
+
+
+def test_resolve_user_takes_the_first_entry() -> None:
+    pw = "a:x:1:2:a:/a:/bin/sh\na:x:3:4:a:/a2:/bin/sh\nb:x:1:9:b:/b:/bin/sh\n"
+    assert resolve_user("a", pw, "") == (1, 2, "/a")
+    assert resolve_user("1", pw, "") == (1, 2, "/a")
+    gr = "g:x:5:\ng:x:6:\n"
+    assert resolve_user("a:g", pw, gr) == (1, 5, "/a")
+
+
+def test_on_path() -> None:
+    assert imagebox._on_path({}) == []
+    assert imagebox._on_path({"Env": None}) == []
+    assert imagebox._on_path({"Env": ["A=1", "PATH=/venv/bin:rel:/usr/bin:", "PATH=/x"]}) == [
+        "/venv/bin/python3",
+        "/usr/bin/python3",
+    ]
+    assert imagebox._on_path({"Env": ["PATHX=/a", "A=PATH=/b"]}) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "want"),
+    [
+        ({}, None),
+        ({"Cmd": ["/usr/bin/zsh"]}, ["/usr/bin/zsh"]),
+        ({"Cmd": ["ksh", "-l", "-i"]}, ["ksh", "-l", "-i"]),
+        ({"Cmd": ["bash", "-c", "echo"]}, None),
+        ({"Cmd": ["bash", "-c"]}, None),
+        ({"Cmd": ["bash", "script.sh"]}, None),
+        ({"Cmd": ["python3"]}, None),
+        ({"Entrypoint": ["/entry.sh"], "Cmd": ["bash"]}, ["/entry.sh", "bash"]),
+        ({"Entrypoint": ["/bin/sh"]}, ["/bin/sh"]),
+        ({"Entrypoint": ["/bin/sh", "-e"], "Cmd": None}, ["/bin/sh", "-e"]),
+        ({"Entrypoint": ["/bin/bash"], "Cmd": ["run.py"]}, None),
+        ({"Entrypoint": [], "Cmd": [1]}, None),
+        ({"Cmd": ["mksh"]}, ["mksh"]),
+        ({"Cmd": ["ash", "--"]}, ["ash", "--"]),
+    ],
+)
+def test_shell_argv_edges(config, want) -> None:
+    assert shell_argv(config) == want
+
+
+def test_read_small(tmp_path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"abc\xffdef")
+    assert imagebox._read_small(str(f)) == "abc\ufffddef"
+    assert imagebox._read_small(str(f), 3) == "abc"
+    assert imagebox._read_small(str(tmp_path / "absent")) == ""
+    assert imagebox._read_small(str(tmp_path)) == ""  # a directory
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert imagebox._read_small(str(fifo)) == ""  # not opened for long, not read
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * ((1 << 20) + 5))
+    assert len(imagebox._read_small(str(big))) == 1 << 20
+    before = set(os.listdir("/proc/self/fd"))
+    imagebox._read_small(str(f))
+    imagebox._read_small(str(fifo))
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def _send(n: int) -> tuple[socket.socket, list[int]]:
+    a, b = socket.socketpair()
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(n)]
+    socket.send_fds(a, [b"x"], fds)
+    for fd in fds:
+        os.close(fd)
+    a.close()
+    return b, fds
+
+
+def test_recv_fds_takes_the_count_it_expects() -> None:
+    b, _ = _send(2)
+    got = imagebox._recv_fds(b.fileno(), 2)
+    assert len(got) == 2 and all(not os.get_inheritable(x) for x in got)
+    assert all(os.readlink(f"/proc/self/fd/{x}") == "/dev/null" for x in got)
+    assert b.fileno() >= 0  # its own dup was closed, not ours
+    os.fstat(b.fileno())
+    for x in got:
+        os.close(x)
+    b.close()
+    b, _ = _send(3)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as e:
+        imagebox._recv_fds(b.fileno(), 2)
+    assert str(e.value) == (
+        "image: expected 2 fds (the layers directory, the writable layer, "
+        "the user namespace), got 3"
+    )
+    assert set(os.listdir("/proc/self/fd")) == before  # the three closed again
+    b.close()
+
+
+@pytest.mark.needs_root
+def test_own_userns_maps_and_owner() -> None:
+    fd = imagebox.own_userns(100000, 65536, 4321)
+    try:
+        assert not os.get_inheritable(fd)
+        owner = struct.unpack("I", fcntl.ioctl(fd, 0xB704, b"\0" * 4))[0]  # NS_GET_OWNER_UID
+        assert owner == 4321
+        probe = (
+            "import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = int(sys.argv[1])\nassert libc.setns(fd, 0x10000000) == 0, ctypes.get_errno()\n"
+            "print(open('/proc/self/uid_map').read().split(), open('/proc/self/gid_map').read().split())\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(fd)], pass_fds=(fd,), capture_output=True, text=True
+        )
+        assert out.stdout.strip() == ("['0', '100000', '65536'] ['0', '100000', '65536']"), (
+            out.stderr
+        )
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.needs_root
+def test_own_userns_refused_says_eperm(monkeypatch) -> None:
+    from arl_tangram.managers.cpu import _linux
+
+    def no(flags):
+        raise OSError(1, "no")
+
+    monkeypatch.setattr(_linux, "unshare", no)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as e:
+        imagebox.own_userns(100000, 10, 4321)
+    assert e.value.errno == 1 and e.value.strerror == "cannot make the sandbox's user namespace"
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def _frame(obj) -> bytes:
+    b = json.dumps(obj).encode()
+    return len(b).to_bytes(4, "big") + b
+
+
+def test_the_image_python_worker_protocol(tmp_path) -> None:
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    hi_r, hi_w = fcntl.fcntl(req_r, fcntl.F_DUPFD, 50), fcntl.fcntl(rep_w, fcntl.F_DUPFD, 50)
+    head = f"import os\nos.dup2({hi_r}, 3)\nos.dup2({hi_w}, 4)\n"
+    p = subprocess.Popen(
+        [sys.executable, "-c", head + imagebox.PYTHON_LOOP],
+        pass_fds=(hi_r, hi_w),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    for fd in (req_r, rep_w, hi_r, hi_w):
+        os.close(fd)
+
+    def rc() -> dict:
+        n = int.from_bytes(os.read(rep_r, 4), "big")
+        return json.loads(os.read(rep_r, n))
+
+    os.write(req_w, _frame({"code": "x = 2\nx * 21"}))
+    assert rc() == {"rc": 0}
+    os.write(req_w, _frame({"code": "None"}))
+    assert rc() == {"rc": 0}
+    os.write(req_w, _frame({"code": "import os, sys\nprint(sys.path[0] == os.getcwd(), __name__)"}))
+    assert rc() == {"rc": 0}
+    os.write(req_w, _frame({"code": "import sys\nsys.exit(3)"}))
+    assert rc() == {"rc": 3}
+    os.write(req_w, _frame({"code": "raise SystemExit('x')"}))
+    assert rc() == {"rc": 1}
+    os.write(req_w, _frame({"code": "raise SystemExit()"}))
+    assert rc() == {"rc": 0}
+    os.write(req_w, _frame({"code": "1/0"}))
+    assert rc() == {"rc": 1}
+    os.write(
+        req_w,
+        _frame(
+            {"code": "import os\nos.cpu_count(), os.environ['T53']", "cpus": 3, "env": {"T53": "v"}}
+        ),
+    )
+    assert rc() == {"rc": 0}
+    os.write(req_w, _frame({"code": "x"}))  # the namespace is kept between frames
+    assert rc() == {"rc": 0}
+    os.close(req_w)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 0
+    assert out.decode().splitlines() == ["42", "True __main__", "(3, 'v')", "2"]
+    assert err.decode() == (
+        'Traceback (most recent call last):\n  File "<session>", line 1, in <module>\n'
+        "ZeroDivisionError: division by zero\n"
+    )
+    os.close(rep_r)
