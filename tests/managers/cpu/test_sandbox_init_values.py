@@ -1,0 +1,434 @@
+"""Exact values of a sandbox init's helpers (`sandbox/init.py`, issue 43), in the test process
+with the work directory moved to a temporary one (and `_kill_all` never called outside a PID
+namespace of its own): the main file's name, argv templates, output normalising, jobs built
+from a request, limits, files written (modes, owners, parents), files fetched (what is refused),
+the tmpfs remount's options, a run with a compile stage and cases (pass, fail, expected output,
+stop on first failure, the deadline's words), the warm-up and rehearsal, and `serve` itself in
+a PID namespace of its own (one-shot exit, kept ops, unknown op, errors reported)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from arl_tangram.managers.cpu import _linux, wire
+from arl_tangram.managers.cpu.sandbox import child, init
+from arl_tangram.managers.cpu.sandbox.child import Limits
+
+PY = {"name": "python", "file": "main.py", "compile": None, "run": None, "inproc": True}
+SH = {
+    "name": "sh",
+    "file": "main.sh",
+    "compile": None,
+    "run": ["/bin/sh", "{file}"],
+    "inproc": False,
+}
+LIMD = {
+    "uid": 65534,
+    "gid": 65533,
+    "cpu_s": 10,
+    "fsize": 1 << 20,
+    "nofile": 1024,
+    "output": 1000,
+    "cpus": 1.0,
+}
+
+
+@pytest.fixture
+def wd(monkeypatch, tmp_path):
+    w = tmp_path / "workdir"
+    w.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(w, 0o777)
+    monkeypatch.setattr(child, "WORKDIR", str(w))
+    monkeypatch.setattr(child, "CWD", str(w))
+    monkeypatch.setattr(child, "FAST", None)
+    monkeypatch.setattr(init, "WORKDIR_SLASH", str(w) + "/")
+    killed = []
+    monkeypatch.setattr(init, "_kill_all", lambda: killed.append(1))
+    return w
+
+
+def _std(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stdin", open(0, closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+
+
+def test_constants() -> None:
+    assert init.SANDBOX_DIR == "/sandbox" and init.INODES_PER_MB == 256
+    assert init._KEPT_OPS == ("prepare", "session", "image", "keep")
+    assert init.WORKDIR_SLASH == "/workdir/"
+
+
+def test_main_file() -> None:
+    java = {"name": "java", "file": "Main.java"}
+    assert init._main_file(java, "public class Foo {}") == "Foo.java"
+    assert init._main_file(java, "public  final abstract class  Bar extends X") == "Bar.java"
+    assert init._main_file(java, "class Foo {}") == "Main.java"
+    assert init._main_file(java, "public\nclass\tQ1_x{") == "Q1_x.java"
+    assert init._main_file(PY, "public class Foo") == "main.py"
+
+
+def test_argv() -> None:
+    assert init._argv(["cc", "{file}", "-o", "{stem}", "{stem}.{file}"], "a.b.c") == [
+        "cc",
+        "a.b.c",
+        "-o",
+        "a.b",
+        "a.b.a.b.c",
+    ]
+    assert init._argv(["{stem}"], "noext") == ["noext"]
+
+
+def test_norm() -> None:
+    assert init._norm("  a  \n b \t\n\n") == "a\n b"
+    assert init._norm("x\r\ny\r\n") == "x\ny"
+    assert init._norm("") == ""
+
+
+def test_job_from_a_request(monkeypatch) -> None:
+    monkeypatch.setattr(child, "WORKDIR", "/workdir")
+    req = {"env": {"A": "1"}, "run_timeout": 2.5, "code": "print(1)"}
+    j = init._job(req, PY, "main.py", "in", None)
+    assert j.python == [("print(1)", "/workdir/main.py")] and j.argv is None
+    assert (j.stdin, j.env, j.timeout) == (b"in", {"A": "1"}, 2.5)
+    j = init._job(req, PY, "main.py", "", "assert True")
+    assert j.python == [("print(1)", "/workdir/main.py"), ("assert True", "<test>")]
+    j = init._job(req, SH, "main.sh", "é", None)
+    assert j.argv == ["/bin/sh", "main.sh"] and j.python is None and j.stdin == "é".encode()
+    assert j.timeout == 2.5
+
+
+def test_limits() -> None:
+    assert init._limits({"limits": LIMD}) == Limits(**LIMD)
+    assert init._base_limits({"uid": 5, "gid": 6, "workdir_mb": 3, "nofile": 77}) == Limits(
+        uid=5, gid=6, cpu_s=1 << 24, fsize=3 << 20, nofile=77, output=0
+    )
+
+
+def test_read_sample_reads_a_frame_back() -> None:
+    msg = {"op": "run", "x": [1, 2.5, None, "s"]}
+    before = set(os.listdir("/proc/self/fd"))
+    assert init._read_sample(wire.encode_request(msg)) == msg
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.needs_root
+def test_write_main_and_files(wd) -> None:
+    init._write_main(str(wd / "m.py"), "print('é')", 4000, 4001)
+    st = os.stat(wd / "m.py")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4000, 4001, 0o644)
+    assert (wd / "m.py").read_text() == "print('é')"
+    init._write_main(str(wd / "m.py"), "x", 4000, 4001)
+    assert (wd / "m.py").read_text() == "x"  # truncated
+    os.symlink("/etc/passwd", wd / "ln")
+    with pytest.raises(OSError):
+        init._write_main(str(wd / "ln"), "x", 4000, 4001)  # no following a link
+    req = {
+        "code": "main",
+        "files": {
+            "a/b/c.txt": base64.b64encode(b"deep").decode(),
+            "top": base64.b64encode(b"\0\1").decode(),
+        },
+    }
+    init._write_files(req, "sub/main.py", 4000, 4001)
+    assert (wd / "sub/main.py").read_bytes() == b"main"
+    assert (wd / "a/b/c.txt").read_bytes() == b"deep" and (wd / "top").read_bytes() == b"\0\1"
+    for p in ("a", "a/b", "sub", "a/b/c.txt", "top", "sub/main.py"):
+        st = os.stat(wd / p)
+        assert (st.st_uid, st.st_gid) == (4000, 4001), p
+    assert os.stat(wd).st_uid == 0  # the work directory itself is left alone
+    assert os.stat(wd / "top").st_mode & 0o7777 == 0o644
+    os.makedirs(wd / "pre")
+    init._write_files({"code": "", "files": {"pre/x": ""}}, "m", 4000, 4001)
+    assert os.stat(wd / "pre").st_uid == 0  # an existing parent keeps its owner
+    init._write_files({"code": "only"}, "solo.py", 1, 2)
+    assert (wd / "solo.py").read_bytes() == b"only"
+
+
+def test_fetch(wd, tmp_path) -> None:
+    (wd / "a.txt").write_bytes(b"AB")
+    (wd / "d").mkdir()
+    (wd / "d" / "big").write_bytes(b"z" * ((1 << 20) + 3))
+    (tmp_path / "outside").write_text("secret")
+    os.symlink(str(tmp_path / "outside"), wd / "esc")
+    os.symlink("a.txt", wd / "inside-link")
+    os.mkfifo(wd / "fifo")
+    got = init._fetch(
+        ["a.txt", "d/big", "esc", "../outside", "missing", "d", "fifo", "inside-link"]
+    )
+    assert set(got) == {"a.txt", "d/big", "inside-link"}
+    assert base64.b64decode(got["a.txt"]) == b"AB"
+    assert base64.b64decode(got["d/big"]) == b"z" * ((1 << 20) + 3)
+    assert base64.b64decode(got["inside-link"]) == b"AB"
+    assert init._fetch([]) == {}
+    (tmp_path / "workdirx").mkdir()
+    (tmp_path / "workdirx" / "f").write_text("no")
+    assert init._fetch(["../workdirx/f"]) == {}  # a sibling whose name starts the same
+
+
+def test_fit_tmpfs(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(_linux, "mount", lambda *a: calls.append(a))
+    monkeypatch.setattr(init, "_tmpfs_mb", [0])
+    init._fit_tmpfs({})
+    init._fit_tmpfs({"tmpfs_mb": 0})
+    assert calls == []
+    init._fit_tmpfs({"tmpfs_mb": 64})
+    assert calls == [
+        (
+            "tmpfs",
+            "/sandbox",
+            "tmpfs",
+            _linux.MS_REMOUNT | _linux.MS_NOSUID | _linux.MS_NODEV,
+            "size=64m,nr_inodes=16384",
+        )
+    ]
+    assert init._tmpfs_mb == [64]
+    init._fit_tmpfs({"tmpfs_mb": 64})  # already that size
+    assert len(calls) == 1
+    init._fit_tmpfs({"tmpfs_mb": 32})
+    assert calls[-1][4] == "size=32m,nr_inodes=8192" and init._tmpfs_mb == [32]
+
+
+def _req(**kw):
+    r = {
+        "op": "run",
+        "lang": PY,
+        "code": "print('hi')",
+        "stdin": "",
+        "files": {},
+        "fetch_files": [],
+        "compile_timeout": 5.0,
+        "run_timeout": 5.0,
+        "env": dict(os.environ),
+        "cases": None,
+        "stop_on_first_failure": False,
+        "limits": dict(LIMD),
+    }
+    r.update(kw)
+    return r
+
+
+@pytest.mark.needs_root
+def test_run_one_action(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    (wd / "keep.txt").write_text("k")
+    r = init._run(
+        _req(
+            code="import sys\nprint(sys.stdin.read()[::-1])", stdin="abc", fetch_files=["keep.txt"]
+        ),
+        None,
+    )
+    assert set(r) == {"compile_result", "run_result", "cases", "files"}
+    assert r["compile_result"] is None and r["cases"] is None
+    assert r["run_result"]["stdout"] == "cba\n" and r["run_result"]["status"] == "Finished"
+    assert r["run_result"]["return_code"] == 0
+    assert r["files"] == {"keep.txt": base64.b64encode(b"k").decode()}
+    assert (wd / "main.py").read_text() == "import sys\nprint(sys.stdin.read()[::-1])"
+
+
+@pytest.mark.needs_root
+def test_run_with_a_compile_stage(monkeypatch, wd) -> None:
+    lang = {
+        "name": "sh",
+        "file": "p.sh",
+        "compile": ["/bin/sh", "-c", "cp {file} {stem}.out; echo built"],
+        "run": ["/bin/sh", "{stem}.out"],
+        "inproc": False,
+    }
+    r = init._run(_req(lang=lang, code="echo ran", env={"PATH": "/bin:/usr/bin"}), None)
+    assert r["compile_result"]["stdout"] == "built\n" and r["compile_result"]["return_code"] == 0
+    assert r["run_result"]["stdout"] == "ran\n"
+    lang = dict(lang, compile=["/bin/sh", "-c", "echo bad >&2; exit 2"])
+    r = init._run(_req(lang=lang, code="x", env={}), None)
+    assert r == {"compile_result": r["compile_result"], "run_result": None, "cases": None}
+    assert r["compile_result"]["stderr"] == "bad\n" and r["compile_result"]["return_code"] == 2
+    lang = dict(lang, compile=["/bin/sh", "-c", "sleep 30"])
+    r = init._run(_req(lang=lang, code="x", env={}, total_timeout=0.3), None)
+    assert r["timed_out"] == "timeout_s (0.3 s) ran out while compiling"
+    assert r["compile_result"]["status"] == "TimeLimitExceeded" and r["run_result"] is None
+    r = init._run(_req(lang=lang, code="x", env={}, compile_timeout=0.3), None)
+    assert "timed_out" not in r and r["compile_result"]["status"] == "TimeLimitExceeded"
+
+
+@pytest.mark.needs_root
+def test_run_cases(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import sys\nn = int(sys.stdin.read() or 0)\nprint(n * 2, ' ')\n"
+    cases = [
+        {"stdin": "1", "expected_stdout": "2"},
+        {"stdin": "2", "expected_stdout": "5"},
+        {"stdin": "3"},
+        {"stdin": "4", "assert": "assert n == 4"},
+        {"stdin": "5", "assert": "assert n == 0"},
+    ]
+    r = init._run(_req(code=code, cases=cases), None)
+    assert [c["passed"] for c in r["cases"]] == [True, False, True, True, False]
+    assert [c["index"] for c in r["cases"]] == [0, 1, 2, 3, 4]
+    assert [c["skipped"] for c in r["cases"]] == [False] * 5
+    assert r["cases"][1]["run_result"]["stdout"] == "4  \n"
+    assert r["cases"][4]["run_result"]["return_code"] == 1
+    assert "AssertionError" in r["cases"][4]["run_result"]["stderr"]
+    assert r["run_result"] is None and "timed_out" not in r
+    r = init._run(_req(code=code, cases=cases[:3], stop_on_first_failure=True), None)
+    assert [(c["passed"], c["skipped"]) for c in r["cases"]] == [
+        (True, False),
+        (False, False),
+        (False, True),
+    ]
+    assert r["cases"][2]["run_result"] is None
+
+
+@pytest.mark.needs_root
+def test_run_cases_cut_by_the_deadline(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import sys, time\nif sys.stdin.read() == 'slow':\n    time.sleep(30)\nprint('ok')"
+    cases = [{"stdin": "fast"}, {"stdin": "slow"}, {"stdin": "fast"}]
+    r = init._run(_req(code=code, cases=cases, total_timeout=1.5), None)
+    assert r["timed_out"] == "timeout_s (1.5 s) ran out: 1 of 3 cases finished"
+    assert r["cases"][0]["passed"] and r["cases"][1]["run_result"]["status"] == "TimeLimitExceeded"
+    assert r["cases"][2]["skipped"] is True
+
+
+@pytest.mark.needs_root
+def test_run_cases_in_parallel_by_cores(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import time\ntime.sleep(0.5)\nprint(1)"
+    lim = dict(LIMD, cpus=2.2)  # three at once
+    t0 = time.monotonic()
+    r = init._run(_req(code=code, cases=[{}] * 3, limits=lim), None)
+    assert time.monotonic() - t0 < 1.4 and all(c["passed"] for c in r["cases"])
+    lim = dict(LIMD, cpus=1.0)
+    t0 = time.monotonic()
+    init._run(_req(code=code, cases=[{}] * 3, limits=lim), None)
+    assert time.monotonic() - t0 >= 1.5
+
+
+@pytest.mark.needs_root
+def test_warm_and_rehearse_leave_nothing(monkeypatch, wd, capsys) -> None:
+    monkeypatch.setattr(init, "_reap_all", lambda: None)
+    init._warm({"uid": 65534, "gid": 65533})
+    init.rehearse({"uid": 65534, "gid": 65533}, times=2)
+    assert capsys.readouterr() == ("", "")
+
+
+# ---- serve, as PID 1 of a PID namespace of its own ----------------------------------------------
+
+
+def _serve(cfg: dict, frames: list[bytes], tmp) -> tuple[list[dict], int]:
+    """Run `init.serve` as PID 1 of a new PID namespace; send ``frames``; the replies and its
+    exit code."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.close()
+            _linux.unshare(_linux.CLONE_NEWPID)
+            inner = os.fork()
+            if inner == 0:
+                child.WORKDIR = child.CWD = str(tmp)
+                init.WORKDIR_SLASH = str(tmp) + "/"
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                init.serve(b.fileno(), cfg)
+                os._exit(42)
+            _, st = os.waitpid(inner, 0)
+            os._exit(os.waitstatus_to_exitcode(st))
+        except BaseException:
+            os._exit(99)
+    b.close()
+    for f in frames:
+        a.sendall(f)
+    a.shutdown(socket.SHUT_WR)  # then the manager hangs up: the init exits
+    replies = []
+    a.settimeout(20)
+    buf = b""
+    while True:
+        try:
+            chunk = a.recv(1 << 16)
+        except (TimeoutError, ConnectionResetError):  # (reset: it exited with a frame unread)
+            break
+        if not chunk:
+            break
+        buf += chunk
+    while len(buf) >= 4:
+        n = int.from_bytes(buf[:4], "big")
+        replies.append(json.loads(buf[4 : 4 + n]))
+        buf = buf[4 + n :]
+    a.close()
+    _, st = os.waitpid(pid, 0)
+    return replies, os.waitstatus_to_exitcode(st)
+
+
+CFG = {"uid": 65534, "gid": 65533, "workdir_mb": 16, "nofile": 1024}
+
+
+@pytest.mark.needs_root
+def test_serve_answers_a_one_shot_and_exits(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(code="print('one')", env={**os.environ})
+    replies, rc = _serve(CFG, [wire.encode_request(req), wire.encode_request(req)], tmp_path)
+    assert rc == 0 and len(replies) == 1
+    assert replies[0]["run_result"]["stdout"] == "one\n"
+
+
+@pytest.mark.needs_root
+def test_serve_keeps_serving_after_kept_ops_and_names_an_unknown_one(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    frames = [
+        wire.encode_request({"op": "prepare"}),
+        wire.encode_request({"op": "keep"}),
+        wire.encode_request({"op": "nope"}),
+        wire.encode_request({"op": "prepare"}),
+    ]
+    replies, rc = _serve(CFG, frames, tmp_path)
+    assert rc == 0
+    assert replies == [
+        {"ok": True},
+        {"ok": True},
+        {"error": "unknown op 'nope': expected run, prepare, session or image"},
+    ]
+
+
+@pytest.mark.needs_root
+def test_serve_reports_an_error_and_exits_on_a_bad_frame(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    replies, rc = _serve(CFG, [wire.encode_request({"op": "run"})], tmp_path)
+    assert rc == 0 and replies == [{"error": "KeyError: 'limits'"}]
+    replies, rc = _serve(CFG, [b"\0\0\0\2xx"], tmp_path)
+    assert rc == 0 and replies == []
+    replies, rc = _serve(CFG, [], tmp_path)  # the manager hung up
+    assert rc == 0 and replies == []
+
+
+@pytest.mark.needs_root
+def test_serve_prepares_once_and_runs_the_action_in_the_prepared_child(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(code="import os\nprint(os.getpid())", env={**os.environ})
+    frames = [
+        wire.encode_request({"op": "prepare"}),
+        wire.encode_request({"op": "prepare"}),
+        wire.encode_request(req),
+    ]
+    replies, rc = _serve(CFG, frames, tmp_path)
+    assert rc == 0 and replies[:2] == [{"ok": True}, {"ok": True}]
+    # pid 1 is the init; the prepared child was forked first (its warm-up's children reaped)
+    assert replies[2]["run_result"]["stdout"] == "2\n"
+
+
+@pytest.mark.needs_root
+def test_serve_direct_prepare_forks_nothing(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(code="import os\nprint(os.getpid())", env={**os.environ})
+    frames = [wire.encode_request({"op": "prepare"}), wire.encode_request(req)]
+    replies, rc = _serve({**CFG, "direct": True}, frames, tmp_path)
+    assert rc == 0 and replies[0] == {"ok": True}
+    assert replies[1]["run_result"]["stdout"] == "2\n"  # forked on demand: the first child
