@@ -24,7 +24,7 @@ from arl_tangram.managers.cpu.host import client as C
 from arl_tangram.managers.cpu.host.reaper import zygote_env
 
 # a mutant that hangs fails its test here, not at mutmut's much longer timeout
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(5)
 
 
 def _frame(obj: Any) -> bytes:

@@ -19,7 +19,7 @@ import pytest
 from arl_tangram.managers.cpu.host import overlay as O
 
 # a mutant that hangs fails its test here, not at mutmut's much longer timeout
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(5)
 
 
 def _ctype_value(v: Any) -> Any:

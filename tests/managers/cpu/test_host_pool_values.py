@@ -18,7 +18,7 @@ from arl_tangram.core.errors import BrokenError, ClosedError
 from arl_tangram.managers.cpu.host import pool as P
 
 # a mutant that hangs the loop fails its test here, not at mutmut's much longer timeout
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(5)
 
 MIB = 1 << 20
 

@@ -23,7 +23,7 @@ from arl_tangram.managers.cpu.images.store import ImageError
 MIB = 1 << 20
 
 # a mutant that hangs fails its test here, not at mutmut's much longer timeout
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(5)
 
 
 class _Clock:

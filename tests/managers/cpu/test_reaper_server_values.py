@@ -22,7 +22,7 @@ import pytest
 from arl_tangram.managers.cpu.reaper import server as R
 
 # a mutant that hangs fails its test here, not at mutmut's much longer timeout
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(5)
 
 
 def test_constants() -> None:
