@@ -42,6 +42,11 @@ def test_constants() -> None:
     assert server.TITLE == b"tangram-sandbox" and server.BIND_NOW == "LD_BIND_NOW"
 
 
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def _mounts() -> dict[str, tuple[set[str], str, str, str]]:
     """mount point -> (per-mount options, fs type, source, super options)."""
     out = {}
@@ -89,12 +94,10 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
                 "dirs": [
                     os.path.isdir(f"{root}/{d}") for d in ("proc", "tmp", "workdir", "sandbox")
                 ],
-                "shadow": open(root + "/etc/shadow").read()
-                if os.path.exists("/etc/shadow")
-                else "",
-                "hostname": open(root + hide_file).read(),
+                "shadow": _read(root + "/etc/shadow") if os.path.exists("/etc/shadow") else "",
+                "hostname": _read(root + hide_file),
                 "certs": os.listdir(root + hide_dir) if os.path.isdir(hide_dir) else [],
-                "venv": open(root + "/.tangram-ro" + str(ro_tmp) + "/f").read(),
+                "venv": _read(root + "/.tangram-ro" + str(ro_tmp) + "/f"),
                 "bin": os.readlink(root + "/bin") if os.path.islink("/bin") else None,
                 "root_mode": oct(os.stat(root).st_mode & 0o777),
                 "dev_mode": oct(os.stat(root + "/dev").st_mode & 0o777),
