@@ -1,0 +1,232 @@
+"""Exact values of `core.elastic`'s placement side (issue 43, mutation testing): the reserve
+expansion leaves (`reserve_of`, `room_elsewhere`), the lender of a rigid head (`lender`), the work
+left of a running action (`remaining`), the node-wide gain on a measured node (`node_gain`) and
+where an elastic head starts (`choose`, `_candidates`, `_warm_sooner`), hand-computed."""
+
+from __future__ import annotations
+
+import pytest
+from core_helpers import Driver, act, cpu_commands, cpu_node, elastic
+
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import WorkHints
+from arl_tangram.core.resources import Resources
+
+# ---- reserve_of, room_elsewhere -------------------------------------------------------------
+
+
+def test_the_reserve_is_a_fraction_of_the_node_and_at_least_the_largest_minimum() -> None:
+    d = Driver([cpu_node("n0", cpu=8)], policy="tangram", reserve_fraction=0.25)
+    el, n0 = d.core.elastic, d.core.nodes["n0"]
+    assert el.reserve_of(n0, "cpu") == 2.0
+    assert el.reserve_of(n0, "memory_mb") == 2048.0
+    d.arrive(act("a", cpu=3))
+    assert el.largest_min_cpu == 3.0
+    assert el.reserve_of(n0, "cpu") == 3.0
+    assert el.reserve_of(n0, "memory_mb") == 2048.0  # (only CPU follows the arrivals)
+    d.arrive(act("b", cpu=2))
+    assert el.largest_min_cpu == 3.0
+    el.largest_min_cpu = 2.0  # equal to the fraction's: 2
+    assert el.reserve_of(n0, "cpu") == 2.0
+    el.largest_min_cpu = 8.0  # the whole node
+    assert el.reserve_of(n0, "cpu") == 8.0
+    el.largest_min_cpu = 12.0  # never more than the node
+    assert el.reserve_of(n0, "cpu") == 8.0
+    none = Driver([cpu_node("n0", cpu=8)], policy="tangram", reserve_fraction=0.0)
+    none.arrive(act("a", cpu=3))
+    assert none.core.elastic.reserve_of(none.core.nodes["n0"], "cpu") == 0.0
+
+
+def test_a_node_without_sessions_keeps_no_reserve_while_another_has_it_free() -> None:
+    d = Driver(
+        [cpu_node("n0", cpu=8), cpu_node("n1", cpu=8)], policy="tangram", reserve_fraction=0.25
+    )
+    el, n0, n1 = d.core.elastic, d.core.nodes["n0"], d.core.nodes["n1"]
+    assert el.reserve_of(n0, "cpu") == 0.0 and el.reserve_of(n1, "cpu") == 0.0
+    d.arrive(act("r", cpu=6))  # on n0: 2 free there
+    assert d.core.actions["r"].node == "n0"
+    assert el.reserve_of(n1, "cpu") == 6.0  # n0 has 2 free, not 6
+    assert el.reserve_of(n0, "cpu") == 0.0  # n1 has 8
+    assert el.room_elsewhere("n1", 2.0) is True
+    assert el.room_elsewhere("n1", 2.5) is False
+    assert el.room_elsewhere("n0", 8.0) is True
+    d.core.st.reserved["n1"] = "x"  # a node held for an aged action is no room
+    assert el.room_elsewhere("n0", 1.0) is False
+    assert el.reserve_of(n0, "cpu") == 6.0
+    del d.core.st.reserved["n1"]
+    # a node with a session keeps its own reserve
+    d(ev.SessionRequested(0.0, "s", demand=Resources(memory_mb=256), node="n0"))
+    assert d.core.st.sessions["s"].node == "n0"
+    assert el.reserve_of(n0, "cpu") == 6.0
+
+
+# ---- lender ---------------------------------------------------------------------------------
+
+
+def _two(bmax: float, names: tuple[str, str] = ("n0", "n1"), caps: tuple[float, float] = (4, 4)):
+    d = Driver([cpu_node(names[0], cpu=caps[0]), cpu_node(names[1], cpu=caps[1])], policy="tangram")
+    out = d.arrive(elastic("a", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    out += d.arrive(elastic("b", 1, bmax, p=0.9, hints=WorkHints(expected_s=10.0)))
+    return d, cpu_commands(out)
+
+
+def test_the_node_that_lent_the_most_lends_to_a_rigid_head() -> None:
+    d, got = _two(3)
+    assert got == [("start", "a", 4.0), ("start", "b", 3.0)]
+    assert (d.core.actions["a"].node, d.core.actions["b"].node) == ("n0", "n1")
+    # n0 lent 3 (a above its minimum), n1 2 and has 1 free: n0 lends
+    out = d.at(0.5).arrive(act("r", cpu=3, hints=WorkHints(expected_s=1.0)))
+    assert cpu_commands(out) == [("resize", "a", 1.0), ("start", "r", 3.0)]
+    assert d.core.actions["r"].node == "n0"
+
+
+@pytest.mark.parametrize("names", [("n0", "n1"), ("n1", "n0")])
+def test_a_tie_between_lenders_goes_to_the_first_name(names) -> None:
+    d, got = _two(4, names)
+    assert got == [("start", "a", 4.0), ("start", "b", 4.0)]
+    on_n0 = "a" if d.core.actions["a"].node == "n0" else "b"
+    out = d.at(0.5).arrive(act("r", cpu=3, hints=WorkHints(expected_s=1.0)))
+    assert cpu_commands(out) == [("resize", on_n0, 1.0), ("start", "r", 3.0)]
+    assert d.core.actions["r"].node == "n0"
+
+
+def test_a_lender_needs_what_it_lends_and_its_free_cpu_to_cover_the_head() -> None:
+    # n0 holds a rigid f (3 of 4), n1 b at 3 and a at 4 (7 of 8): n1 lends 2 + 3
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=8)], policy="tangram")
+    out = d.arrive(act("f", cpu=3, hints=WorkHints(expected_s=100.0)))
+    out += d.arrive(elastic("b", 1, 3, p=0.9, hints=WorkHints(expected_s=10.0)))
+    out += d.arrive(elastic("a", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    assert cpu_commands(out) == [("start", "f", 3.0), ("start", "b", 3.0), ("start", "a", 4.0)]
+    assert {k: r.node for k, r in d.core.actions.items()} == {"f": "n0", "b": "n1", "a": "n1"}
+    out = d.at(0.5).arrive(act("r", cpu=6, hints=WorkHints(expected_s=1.0)))
+    assert cpu_commands(out) == [("resize", "b", 1.0), ("resize", "a", 1.0), ("start", "r", 6.0)]
+    assert d.core.actions["r"].node == "n1"
+    # more than any node can give: nothing shrinks, the head waits
+    f, _ = _two(3)
+    out = f.at(0.5).arrive(act("r", cpu=4, hints=WorkHints(expected_s=1.0)))
+    assert cpu_commands(out) == []
+    assert f.core.actions["r"].node is None
+    assert (f.core.actions["a"].width, f.core.actions["b"].width) == (4.0, 3.0)
+
+
+# ---- remaining, node_gain -------------------------------------------------------------------
+
+
+def test_the_work_left_of_a_running_action() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    out = d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    assert cpu_commands(out) == [("start", "e", 4.0)]
+    el, rec = d.core.elastic, d.core.actions["e"]
+    assert el.remaining(rec) == 10.0
+    s4 = 1.0 / (0.1 + 0.9 / 4)
+    d.at(1.0).tick()
+    assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)
+    assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)  # (memo: the same)
+    assert el._left == {rec.seq: (pytest.approx(s4), pytest.approx(10.0 - s4))}
+    d.at(4.0).tick()  # 4 x s4 > 10: never below 1e-9
+    assert el.remaining(rec) == 1e-9
+    d.at(4.0).finish("e", run_s=4.0)
+
+
+def test_the_gain_over_a_node_with_a_measured_speedup() -> None:
+    """8 cores that give 1 + 3.5 (k - 1) / 7 effective ones; 7 allotted (b 1, a 4, c 2) and z
+    (no CPU): a's 0.5 more makes each core deliver 4.25 / 7.5 instead of 4 / 7."""
+    from arl_tangram.core.cluster import NodeSpec
+
+    spec = NodeSpec(
+        "n0", Resources(cpu=8, memory_mb=8192), pool="cpu", parallel_speedup=((8.0, 4.5),)
+    )
+    d = Driver([spec], policy="tangram")
+    out = d.arrive(act("b", cpu=1, hints=WorkHints(expected_s=4.0)))
+    out += d.arrive(act("z", cpu=0, hints=WorkHints(expected_s=4.0)))
+    out += d.arrive(elastic("a", 1, 4, p=1.0, weight=3.0, hints=WorkHints(expected_s=10.0)))
+    out += d.arrive(elastic("c", 1, 2, p=1.0, weight=2.0, hints=WorkHints(expected_s=3.0)))
+    assert cpu_commands(out) == [
+        ("start", "b", 1.0),
+        ("start", "z", 0.0),
+        ("start", "a", 4.0),
+        ("start", "c", 2.0),
+    ]
+    node, el, a = d.core.nodes["n0"], d.core.elastic, d.core.actions["a"]
+    e0, e1 = 4.0 / 7.0, 4.25 / 7.5
+    own = 10.0 * (1.0 / (4.0 * e0) - 1.0 / (4.5 * e1)) * 3.0
+    others = 4.0 / e0 * (e0 / e1 - 1.0) + 3.0 / (2.0 * e0) * (e0 / e1 - 1.0) * 2.0
+    assert el.node_gain(node, a, 0.5) == pytest.approx(own - others, rel=1e-12)
+    # at a full node the efficiency no longer falls (past the last point): a's own gain only
+    e8 = 4.5 / 8.0
+    assert el.node_gain(node, a, 1.0) == pytest.approx(
+        10.0 * (1.0 / (4.0 * e0) - 1.0 / (5.0 * e8)) * 3.0
+        - 4.0 / e0 * (e0 / e8 - 1.0)
+        - 3.0 / (2.0 * e0) * (e0 / e8 - 1.0) * 2.0,
+        rel=1e-12,
+    )
+
+
+# ---- choose: a cold start now, or a wait for a warm node (`_warm_sooner`) -------------------
+
+
+def _warm_case(
+    hold_s: float,
+    x: float = 1.0,
+    cold: float = 0.5,
+    cap0: float = 4,
+    hcpu: float = 4,
+    hmem: float = 256,
+    reserve: bool = False,
+):
+    """n0 (warm for tests) held by h for ``hold_s``; n1 (4 cores, cold) empty; then a test
+    e (1..4, p = 0.9, ``x`` s of work) arrives: its starts as (id, node, cpu, warm)."""
+    from arl_tangram.core import commands as cmd
+
+    d = Driver(
+        [cpu_node("n0", cpu=cap0), cpu_node("n1", cpu=4)], policy="tangram", sandbox_cold_s=cold
+    )
+    d(ev.WarmPoolReport(0.0, "n0", "test", 2))
+    d.arrive(act("h", cpu=hcpu, mem=hmem, hints=WorkHints(expected_s=hold_s)))
+    assert d.core.actions["h"].node == "n0"
+    if reserve:
+        d.core.st.reserved["n0"] = "someone"
+    out = d.at(0.0).arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=x)))
+    got = [
+        (c.action.id, c.node, c.allotment["cpu"], c.warm)
+        for c in out
+        if isinstance(c, cmd.StartAction)
+    ]
+    return d, got
+
+
+def test_a_test_waits_for_a_warm_node_that_finishes_it_before_a_cold_start() -> None:
+    # cold on n1: 0.5 + 1 / s(4); warm on n0: h's 0.45 left, then 1 / s(4)
+    d, got = _warm_case(0.45)
+    assert got == []
+    assert d.core.actions["e"].status.name == "QUEUED"
+    from arl_tangram.core import commands as cmd
+
+    out = d.at(0.45).finish("h", run_s=0.45)
+    assert [
+        (c.action.id, c.node, c.allotment["cpu"], c.warm)
+        for c in out
+        if isinstance(c, cmd.StartAction)
+    ] == [("e", "n0", 4.0, True)]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"hold_s": 0.5},  # the same finish: no wait
+        {"hold_s": 0.45, "cold": 0.0},  # no cold start to avoid
+        {"hold_s": 0.45, "cap0": 2, "hcpu": 2},  # 2 cores there: 0.45 + 0.55 > 0.5 + 0.325
+        {"hold_s": 0.45, "hmem": 8000},  # its memory does not fit there
+        {"hold_s": 0.45, "hcpu": 3},  # it could start there now (narrow): not waited for
+        {"hold_s": 0.45, "reserve": True},  # held for an aged action
+    ],
+)
+def test_a_cold_start_now_where_waiting_does_not_pay(case) -> None:
+    _, got = _warm_case(**case)
+    assert got == [("e", "n1", 4.0, False)]
+
+
+def test_the_warm_nodes_width_is_at_most_its_capacity() -> None:
+    # 0.1 s of work: cold 0.5 + 0.1 / s(4) = 0.5325; n0's 2 cores: 0.45 + 0.1 / s(2) = 0.505
+    _, got = _warm_case(0.45, x=0.1, cap0=2, hcpu=2)
+    assert got == []
