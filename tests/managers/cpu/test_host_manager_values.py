@@ -7,6 +7,7 @@ No sandbox starts: the pool, the fork server's supervisor, sandboxes and stores 
 from __future__ import annotations
 
 import asyncio
+import os
 import types
 from typing import Any
 
@@ -1201,3 +1202,324 @@ def test_build_result_messages() -> None:
     assert r.files == {"a": "QQ=="}
     r = M.build_result({"run_result": _stage(), "files": None}, "p", {})
     assert r.files == {}
+
+
+# --- start -----------------------------------------------------------------------------------
+
+
+class _Tree:
+    made: list[Any] = []
+
+    def __init__(self, weight: float) -> None:
+        _Tree.made.append(self)
+        self.weight = weight
+        self.bases = {"cpu": "/cg/a", "memory": "/cg/b", "pids": "/cg/a"}
+        self.stale: list[str] = []
+        self.log: list[Any] = []
+
+    def join_dirs(self) -> list[str]:
+        return ["/cg/join"]
+
+    def remove_stale(self) -> list[str]:
+        return self.stale
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class _StartFork:
+    def __init__(self, hello: dict[str, Any]) -> None:
+        self.hello = hello
+        self.log: list[Any] = []
+        self.ids: Any = None
+        self.zygote = "ZYGOTE"
+        self.claim_error: Any = None
+        self.gen, self.not_ready, self.deaths, self.restarts = 0, None, 0, 0
+
+    def start_reaper(self, bases: list[str]) -> None:
+        self.log.append(("start_reaper", bases))
+
+    async def claim_ids(self) -> None:
+        self.log.append("claim_ids")
+        if self.claim_error is not None:
+            raise self.claim_error
+        self.ids = types.SimpleNamespace(first=7000, count=100)
+
+    async def start(self, zcfg: dict[str, Any], join: list[str]) -> dict[str, Any]:
+        self.log.append(("start", dict(zcfg), join))
+        return self.hello
+
+    def supervise(self, pool: Any) -> None:
+        self.log.append(("supervise", pool))
+
+    def configure_reaper(self, **kw: Any) -> None:
+        self.log.append(("configure_reaper", kw))
+
+    async def stop(self) -> None:
+        self.log.append("stop")
+
+    def close_fork_server(self) -> None:
+        pass
+
+    def close_ids(self) -> None:
+        pass
+
+    async def close_reaper(self) -> None:
+        pass
+
+
+class _StartPool:
+    def __init__(self, zygote: Any, cgroups: Any, **kw: Any) -> None:
+        self.args = (zygote, cgroups, kw)
+        self.started = 0
+        self.ready: list[Any] = []
+
+    def start(self) -> None:
+        self.started += 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _start_env(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    hello: dict[str, Any],
+    missing: list[str] | None = None,
+    **cfg: Any,
+) -> tuple[M.CpuManager, list[Any]]:
+    log: list[Any] = []
+    monkeypatch.setattr(M, "_raise_open_files", lambda: log.append("nofile"))
+
+    async def detect() -> Any:
+        return {
+            "python": types.SimpleNamespace(
+                ro_paths=[], compile=None, run=None, description="Python"
+            )
+        }
+
+    monkeypatch.setattr(M.languages, "detect", detect)
+    _Tree.made = []
+    monkeypatch.setattr(M, "CgroupTree", _Tree)
+    monkeypatch.setattr(M, "WarmPool", _StartPool)
+
+    async def probe(pool: Any, h: Any, cg: Any, c: Any) -> Any:
+        log.append(("probe", h))
+        return "PROBE"
+
+    monkeypatch.setattr(M.isolation, "probe", probe)
+    monkeypatch.setattr(
+        M.isolation, "report", lambda h, p, cg, c: (log.append(("report", p)), {"r": True})[1]
+    )
+    monkeypatch.setattr(M.isolation, "missing", lambda rep: list(missing or []))
+    monkeypatch.setattr(
+        M.overlay, "FreezerTree", lambda cg: types.SimpleNamespace(base="/fz/base", cg=cg)
+    )
+    m = M.CpuManager(CpuManagerConfig(work_root=str(tmp_path), **cfg))
+    m.fork = _StartFork(hello)  # type: ignore[assignment]
+
+    async def start_images() -> None:
+        log.append("images")
+
+    m._start_images = start_images  # type: ignore[method-assign]
+    m.sessions.start = lambda p, c, f: log.append(("sessions", p, c, f))  # type: ignore[method-assign]
+    return m, log
+
+
+async def test_start_values(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    hello = {"ok": True, "compiled_setup": True, "cgroup_join": 1}
+    m, log = _start_env(
+        monkeypatch,
+        tmp_path,
+        hello,
+        sandbox_weight=0.5,
+        warm_min=1,
+        warm_max=5,
+        pids_max=99,
+        default_cpus=1.5,
+        default_memory_mb=300,
+        direct_python=False,
+    )
+    _Tree.made = []
+    m.layers = types.SimpleNamespace(dir="/l", prefix="p-")  # type: ignore[assignment]
+    caplog.set_level("ERROR")
+    orig_tree = _Tree.__init__
+
+    def tree_init(self: Any, weight: float) -> None:
+        orig_tree(self, weight)
+        self.stale = [f"/stale/{i}" for i in range(10)]
+
+    monkeypatch.setattr(_Tree, "__init__", tree_init)
+    await m.start()
+    tree = _Tree.made[0]
+    fork = m.fork
+    assert log[0] == "nofile" and tree.weight == 0.5
+    assert fork.log[0] == ("start_reaper", ["/cg/a", "/cg/b"])
+    assert fork.log[1] == "claim_ids"
+    name, zcfg, join = fork.log[2]
+    assert name == "start" and join == ["/cg/join"] and zcfg["ids"] == [7000, 100]
+    assert zcfg == {**m._fork_server_config(), "ids": [7000, 100]}
+    assert os.path.isdir(os.path.join(str(tmp_path), "rootfs"))
+    assert m._base_env == zcfg["env"]
+    pool = m._pool
+    assert pool.args == (
+        "ZYGOTE",
+        tree,
+        {
+            "warm_min": 1,
+            "warm_max": 5,
+            "pids_max": 99,
+            "default_cpu": 1.5,
+            "default_mem": 300 << 20,
+            "self_join": True,
+            "direct": False,
+        },
+    )
+    assert fork.log[3] == ("supervise", pool) and pool.started == 1
+    assert ("probe", hello) in log and ("report", "PROBE") in log
+    assert m._report == {"r": True} and "images" in log
+    assert m._freezers.base == "/fz/base" and m._freezers.cg is tree
+    assert fork.log[4] == ("configure_reaper", {"freezer": "/fz/base", "layers": ["/l", "p-"]})
+    assert log[-1] == ("sessions", pool, tree, m._freezers)
+    assert caplog.messages == [
+        "CPU manager: 10 stale cgroup(s) of dead managers left: "
+        + ", ".join(f"/stale/{i}" for i in range(8))
+    ]
+
+
+async def test_start_options_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    hello = {"ok": True}
+    m, _log = _start_env(
+        monkeypatch,
+        tmp_path,
+        hello,
+        sandbox_id_count=0,
+        cgroup_self_join=False,
+        freeze_sessions=False,
+    )
+    caplog.set_level("ERROR")
+    await m.start()
+    fork = m.fork
+    assert "claim_ids" not in fork.log
+    _, zcfg, join = fork.log[1]
+    assert "ids" not in zcfg and join == []
+    assert m._base_env is None and m._pool.args[2]["self_join"] is False
+    assert m._freezers is None
+    assert fork.log[-1] == ("configure_reaper", {"freezer": None, "layers": None})
+    assert caplog.messages == []
+
+
+async def test_start_refusals(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from arl_tangram.core.errors import IsolationUnavailable
+
+    m, log = _start_env(monkeypatch, tmp_path, {"ok": True}, missing=["seccomp", "netns"])
+    closed: list[int] = []
+
+    async def aclose() -> None:
+        closed.append(1)
+
+    m.aclose = aclose  # type: ignore[method-assign]
+    with pytest.raises(IsolationUnavailable) as ei:
+        await m.start()
+    assert str(ei.value) == (
+        "sandbox isolation incomplete, missing: seccomp, netns (set "
+        "allow_reduced_isolation=True to run anyway)"
+    )
+    assert closed == [1] and m._pool.started == 0
+    m, log = _start_env(
+        monkeypatch, tmp_path, {"ok": True}, missing=["seccomp"], allow_reduced_isolation=True
+    )
+    await m.start()
+    assert m._pool.started == 1
+    m, log = _start_env(monkeypatch, tmp_path, {"ok": False, "error": "no userns"})
+    m.aclose = aclose  # type: ignore[method-assign]
+    with pytest.raises(IsolationUnavailable, match=r"^sandbox fork server failed: no userns$"):
+        await m.start()
+    assert closed == [1, 1] and ("report", None) in log
+    assert not any(e[0] == "probe" for e in log if isinstance(e, tuple))
+    m, log = _start_env(monkeypatch, tmp_path, {"ok": True})
+    m.fork.claim_error = OSError("no ids left")
+    m.aclose = aclose  # type: ignore[method-assign]
+    with pytest.raises(IsolationUnavailable, match=r"^sandbox ids: no ids left$") as ei:
+        await m.start()
+    assert ei.value.__suppress_context__ and closed == [1, 1, 1]
+    m.fork.claim_error = ValueError("bad range")
+    with pytest.raises(IsolationUnavailable, match=r"^sandbox ids: bad range$"):
+        await m.start()
+
+
+async def test_start_images(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    made: list[Any] = []
+
+    class _Store:
+        def __init__(self, d: str, limits: Any, **kw: Any) -> None:
+            made.append(("store", d, limits, kw))
+
+    class _LS:
+        def __init__(self, d: str, mb: int, budget: int, warm: int) -> None:
+            made.append(("layers", d, mb, budget, warm))
+            self.available = True
+            self.problem = ""
+            self.reserved: list[Any] = []
+
+        def reserve(self, r: dict[str, int]) -> None:
+            self.reserved.append(r)
+
+    monkeypatch.setattr(M, "ImageStore", _Store)
+    monkeypatch.setattr(M, "LayerStore", _LS)
+    cfg = dict(
+        work_root=str(tmp_path),
+        image_tenant_max_mb=3,
+        image_store_max_mb=4,
+        image_layer_mb=50,
+        layer_budget_mb=60,
+        layers_warm=1,
+        layer_reservations={"t": 5},
+    )
+    m = M.CpuManager(CpuManagerConfig(**cfg))
+    m._make_userns = lambda: "ns report"  # type: ignore[method-assign]
+    await m._start_images()
+    c = m.config
+    assert made[0] == (
+        "store",
+        c.image_cache_dir(),
+        c.image_limits(),
+        {"owner_max_bytes": 3 << 20, "max_total_bytes": 4 << 20},
+    )
+    assert made[1] == ("layers", M.layers.default_dir(str(tmp_path)), 50, 60, 1)
+    assert m.layers.reserved == [{"t": 5}]
+    assert m._report == {"image_user": "ns report", "image_layer": "disk"}
+    made.clear()
+    m = M.CpuManager(
+        CpuManagerConfig(**{**cfg, "layers_dir": str(tmp_path / "L"), "layer_reservations": {}})
+    )
+    m._make_userns = lambda: "u"  # type: ignore[method-assign]
+    await m._start_images()
+    assert made[1][1] == str(tmp_path / "L") and m.layers.reserved == []
+    m.layers.available = False
+    m.layers.problem = "no loop devices"
+    await m._start_images()
+    m.layers.available = False
+    m.layers.problem = "no loop devices"
+    m._report = {}
+    m2 = M.CpuManager(CpuManagerConfig(**{**cfg, "layers_on_disk": False}))
+    m2._make_userns = lambda: "u"  # type: ignore[method-assign]
+    await m2._start_images()
+    assert m2.layers is None
+    assert m2._report["image_layer"] == "memory (layers_on_disk=False)"
+
+    class _LSoff(_LS):
+        def __init__(self, *a: Any) -> None:
+            super().__init__(*a)
+            self.available = False
+            self.problem = "no loop devices"
+
+    monkeypatch.setattr(M, "LayerStore", _LSoff)
+    m3 = M.CpuManager(CpuManagerConfig(**cfg))
+    m3._make_userns = lambda: "u"  # type: ignore[method-assign]
+    await m3._start_images()
+    assert m3._report["image_layer"] == "memory (no loop devices)"
