@@ -668,7 +668,8 @@ async def _frozen_table(n: int, refresh: int = 3, tree: Any = None) -> Any:
     return t, host, fz
 
 
-async def test_reclaim() -> None:
+async def test_reclaim(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger=S.log.name)
     t, _host, _fz = await _frozen_table(1)
     s = t.by_id["s0"]
     s.frozen_mem = 7
@@ -684,6 +685,13 @@ async def test_reclaim() -> None:
     s.sandbox.dead = False
     s.sandbox.slot.reclaimed = OSError("x")
     assert await t.reclaim("s0") == 0 and s.frozen_mem == 7
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "arl_tangram.managers.cpu.host.sessions",
+            "WARNING",
+            "CPU manager: reclaiming session s0: x",
+        )
+    ]
     s.sandbox.slot.reclaimed = ValueError("x")
     assert await t.reclaim("s0") == 0
     fr = s.freezer
