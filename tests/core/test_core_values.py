@@ -283,3 +283,228 @@ def test_closing_a_session_cancels_its_queued_actions() -> None:
     d.at(2.0)(ev.SessionClosed(2.0, "t", reason="bye"))
     assert d.result("u").reason == "session t closed: bye"
     assert d(ev.SessionClosed(3.0, "t")) == []  # (closed already)
+
+
+def test_a_batch_lost_with_its_instance_runs_again_once_then_fails() -> None:
+    from core_helpers import gpu_node, of, reward
+
+    from arl_tangram.core import commands as cmd
+    from arl_tangram.core.cluster import ModelSpec
+
+    rm = ModelSpec(
+        "rm",
+        memory_mb=8000,
+        alpha=0.04,
+        beta=0.01,
+        max_batch=16,
+        max_instances=1,
+        load_s=10.0,
+        swap_s=1.0,
+    )
+    d = Driver([gpu_node("g0", gpus=1)], [rm], policy="tangram", model_prewarm=False)
+    (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
+    of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
+    out = d(ev.ModelUnloaded(2.0, ld.instance_id, False, ""))
+    rec = d.core.actions["a"]
+    assert (rec.status, rec.batch, rec.attempts) == (S.QUEUED, None, 1)
+    assert d.core.story("a")[-2:] == [
+        "t=2 RUNNING->QUEUED (cause ModelUnloaded:rm#1)",
+        "t=2 requeued: model instance rm#1 was unloaded mid-batch (cause ModelUnloaded:rm#1)",
+    ]
+    (ld2,) = of(out, cmd.LoadModel)
+    of(d(ev.ModelLoaded(3.0, ld2.instance_id)), cmd.RunBatch)
+    d(ev.ModelUnloaded(4.0, ld2.instance_id, False, ""))
+    r = d.result("a")
+    assert (r.status, r.attempts) == (S.FAILED, 2)
+    assert r.reason == "model instance rm#2 was unloaded mid-batch (tried 2 times)"
+
+
+def test_reports_for_unknown_or_lost_nodes_and_a_batch_of_unknown_actions_are_ignored() -> None:
+    d = Driver([cpu_node("n0", cpu=2), cpu_node("n1", cpu=2)], policy="tangram")
+    assert d(ev.WarmPoolReport(0.0, "zz", "python", 3)) == []
+    d(ev.NodeLost(0.0, "n1"))
+    assert d(ev.WarmPoolReport(0.0, "n1", "python", 3)) == []
+    assert d.core.nodes["n1"].warm.get("python", 0) == 0
+    d(ev.WarmPoolReport(0.0, "n0", "python", 3))
+    assert d.core.nodes["n0"].warm == {"python": 3}
+
+
+# ---- providers (the core's side) ------------------------------------------------------------
+
+
+def _search(aid: str, provider: str = "p", **kw):
+    from arl_tangram.core.actions import ActionKind, ActionSpec
+
+    return ActionSpec(
+        aid, kind=ActionKind.SEARCH, tag=provider, demand=Resources(), payload={"query": aid}, **kw
+    )
+
+
+def _prov(**lim) -> Driver:
+    from arl_tangram.core.providers import ProviderLimits
+
+    return Driver([cpu_node("n0")], providers=(ProviderLimits(name="p", **lim),))
+
+
+def test_a_throttled_call_notes_the_wait_and_fails_past_its_attempts() -> None:
+    d = _prov(rate=100.0, burst=5.0, max_attempts=3)
+    d.arrive(_search("q"))
+    d.at(0.1)(ev.ProviderThrottled(0.1, "q", retry_after_s=1.5))
+    assert d.core.status("q") is S.QUEUED
+    assert d.core.story("q")[-2:] == [
+        "t=0.1 STARTING->QUEUED (cause ProviderThrottled:q)",
+        "t=0.1 throttled by p (429, Retry-After 1.5s): waits again (cause ProviderThrottled:q)",
+    ]
+    d.at(2.0)(ev.Wake(2.0))
+    d.at(2.1)(ev.ProviderThrottled(2.1, "q"))
+    assert d.core.story("q")[-1] == (
+        "t=2.1 throttled by p (429): waits again (cause ProviderThrottled:q)"
+    )
+    d.at(3.0)(ev.Wake(3.0))
+    assert (d.core.status("q"), d.core.actions["q"].attempts) == (S.STARTING, 3)
+    d.at(3.1)(ev.ProviderThrottled(3.1, "q"))
+    assert d.result("q").reason == "provider 'p': answered 429 to 3 attempts"
+    assert d.result("q").status is S.FAILED
+    # a 429 for a call already ended: its slot is all that is left
+    d.arrive(_search("r"))
+    d.at(3.2)(ev.CancelRequested(3.2, "r"))
+    assert d.at(3.3)(ev.ProviderThrottled(3.3, "r")) == []
+    assert "r" not in d.core.providers.owner
+
+
+def test_a_provider_call_teaches_the_estimator_its_run_time() -> None:
+    from arl_tangram.core.estimator import DurationEstimator
+
+    d = _prov(rate=100.0, burst=5.0)
+    d.at(0.5).arrive(_search("r"))
+    assert d.core.actions["r"].start_time == 0.5
+    key, units = d.core.estimator.work_of(d.core.actions["r"].spec)
+    d.at(4.0).finish("r", run_s=None)  # 3.5 s since it left
+    ref = DurationEstimator()
+    ref.observe_work(key, units, 3.5, 1.0)
+    q = d.core.config.estimate_quantile
+    assert d.core.estimator.predict_work(key, units, q) == ref.predict_work(key, units, q)
+    assert d.result("r").status is S.SUCCEEDED
+    # a failure teaches nothing; a rejected or non-terminal report is a failure
+    d.at(4.0).arrive(_search("f"), _search("g"), _search("h"))
+    d.at(9.0).finish("f", status=S.FAILED)
+    assert d.core.estimator.predict_work(key, units, q) == ref.predict_work(key, units, q)
+    d.at(9.0).finish("g", status=S.REJECTED)
+    d.at(9.0).finish("h", status=S.RUNNING)
+    assert (d.result("g").status, d.result("h").status) == (S.FAILED, S.FAILED)
+
+
+def test_provider_arrivals_rejected_answered_from_cache_and_coalesced_in_their_stories() -> None:
+    d = _prov(rate=100.0, burst=5.0)
+    d.at(1.0).arrive(_search("u", provider=None))
+    assert d.result("u").reason == "unknown provider '' (providers: p)"
+    assert d.core.story("u") == ["t=1 arrived (cause u)", "t=1 PENDING->REJECTED (cause u)"]
+    from arl_tangram.core.actions import ActionKind, ActionSpec
+
+    def s(aid: str, **payload):
+        return ActionSpec(
+            aid,
+            kind=ActionKind.SEARCH,
+            tag="p",
+            demand=Resources(),
+            payload={"query": aid, **payload},
+        )
+
+    d.arrive(s("c", cached={"x": 1}))
+    r = d.result("c")
+    assert (r.status, r.output, r.start_time, r.attempts) == (S.SUCCEEDED, {"x": 1}, None, 0)
+    assert d.core.story("c") == [
+        "t=1 arrived (cause c)",
+        "t=1 PENDING->QUEUED (cause c)",
+        "t=1 QUEUED->SUCCEEDED (cause c)",
+    ]
+    d.arrive(s("c2", cached=[]))  # (an empty answer is an answer)
+    assert d.core.providers.by_name["p"].cache_hits == 2
+    d.arrive(s("a", coalesce="k"), s("b", coalesce="k"), s("z", coalesce=""))
+    assert d.core.story("b")[-1] == "t=1 coalesced with a (cause b)"
+    assert d.core.providers.follows == {"b": "a"}  # ("" coalesces nothing)
+    assert d.core.story("a")[1] == "t=1 PENDING->QUEUED (cause a)"
+
+
+def test_a_spent_budget_fails_the_arrival_in_its_story() -> None:
+    d = _prov(rate=100.0, burst=5.0, budget=1)
+    d.arrive(_search("a"))
+    d.at(0.5).finish("a")  # answered: the budget is spent
+    d.at(1.0).arrive(_search("b"))
+    r = d.result("b")
+    assert (r.status, r.reason) == (S.FAILED, "provider 'p': budget of 1 calls spent (1 answered)")
+    assert d.core.story("b") == [
+        "t=1 arrived (cause b)",
+        "t=1 PENDING->QUEUED (cause b)",
+        "t=1 QUEUED->FAILED (cause b)",
+    ]
+
+
+def test_static_pool_clamps_to_the_largest_node_only_where_one_has_cpu() -> None:
+    from arl_tangram.core.cluster import NodeSpec
+
+    # no node has CPU: the fixed width stays static_k (its rejection names it)
+    none = Driver(
+        [NodeSpec("m", Resources(memory_mb=8192), pool="cpu")], policy="static-pool", static_k=3.0
+    )
+    none.arrive(elastic("e", lo=1, hi=4))
+    assert none.result("e").reason.startswith(
+        "no node can ever satisfy demand Resources(cpu=3, memory_mb=256) "
+    )
+    # half a core at most: clamped to it, then to the minimum
+    half = Driver(
+        [NodeSpec("m", Resources(cpu=0.5, memory_mb=8192), pool="cpu")],
+        policy="static-pool",
+        static_k=3.0,
+    )
+    half.arrive(elastic("e", lo=1, hi=4))
+    assert half.result("e").reason.startswith(
+        "no node can ever satisfy demand Resources(cpu=1, memory_mb=256) "
+    )
+    d = Driver([cpu_node("n0", cpu=8)], policy="static-pool", static_k=2.0)
+    d.arrive(elastic("e", lo=1, hi=4))
+    assert d.core.actions["e"].spec.demand == Resources(cpu=2, memory_mb=256)
+
+
+def test_use_based_charges_skip_sessions_and_elastic_actions_and_scale_with_the_demand() -> None:
+    d = Driver([cpu_node("n0", cpu=8)], policy="tangram", short_action_s=1.0)
+    _measured(d, [0.2] * 4)
+    d.core.handle(ev.ActionArrived(0.0, act("blocker", cpu=8)))
+    d(ev.SessionRequested(0.0, "s", demand=Resources(memory_mb=256)))
+    d.arrive(act("in-session", session="s", hints=WorkHints(expected_s=0.05)))
+    d.arrive(elastic("el", lo=1, hi=2, hints=WorkHints(expected_s=0.05)))
+    d.arrive(act("two", cpu=2, hints=WorkHints(expected_s=0.05)))
+    a = d.core.actions
+    assert a["in-session"].charge is None and a["in-session"].cpu == 1.0
+    assert a["el"].charge is None
+    assert a["two"].cpu == 0.25  # 0.2 x 1.25 of 2 cores: 1/8 of the demand (the floor)
+
+
+def test_cancelling_provider_calls() -> None:
+    from arl_tangram.core import commands as cmd
+
+    d = _prov(rate=100.0, burst=1.0, concurrency=1)
+    d.arrive(_search("a"), _search("b"), act("c", cpu=4), act("q", cpu=4))
+    assert (d.core.status("a"), d.core.status("b")) == (S.STARTING, S.QUEUED)
+    assert d.core.status("q") is S.QUEUED
+    out = d.at(0.1)(ev.CancelRequested(0.1, "a"))  # in flight: aborted on no node
+    assert out[0] == cmd.CancelAction("a", "", cause="CancelRequested:a")
+    assert d.result("a").status is S.CANCELLED
+    out = d.at(0.1)(ev.CancelRequested(0.1, "q"))  # a queued CPU action: no CancelAction
+    assert [type(c).__name__ for c in out] == ["Deliver"]
+    d.at(0.2)(ev.Wake(0.2))
+    d.arrive(_search("w"))
+    assert d.core.status("w") is S.QUEUED
+    out = d.at(0.2)(ev.CancelRequested(0.2, "w"))  # a waiting call: nothing to abort
+    assert [type(c).__name__ for c in out] == ["Deliver"]
+
+
+def test_a_lost_node_forgets_its_warm_executors() -> None:
+    d = Driver([cpu_node("n0", cpu=2), cpu_node("n1", cpu=2)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n1", "python", 3))
+    d(ev.WarmPoolReport(0.0, "n0", "python", 1))
+    assert d.core.placer.warm_nodes["python"] == {"n0": None, "n1": None}
+    assert d(ev.NodeLost(0.5, "zz")) == []  # (unknown: ignored)
+    d(ev.NodeLost(1.0, "n1"))
+    assert d.core.nodes["n1"].warm.get("python", 0) == 0
+    assert list(d.core.placer.warm_nodes["python"]) == ["n0"]
