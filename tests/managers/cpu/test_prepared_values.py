@@ -303,3 +303,21 @@ def test_a_prepared_child_takes_its_job_with_few_open_files(monkeypatch, tmp_pat
     for fd in (pidfd, out_r, err_r, ctl):
         os.close(fd)
     assert out == b"ran\n"
+
+
+def test_prepare_returns_in_the_parent_only() -> None:
+    # (in a process of its own: were the two sides swapped, this process would run the child's
+    # set-up, fail it and `_exit(0)`, which a test in the test process cannot see)
+    import subprocess
+    import sys
+
+    code = (
+        "import os\nfrom arl_tangram.managers.cpu.sandbox import prepared\n"
+        "from arl_tangram.managers.cpu.sandbox.child import Limits\n"
+        "p = prepared.prepare(Limits(uid=65534, gid=65533, cpu_s=7, fsize=1 << 30, nofile=1024,"
+        " output=0))\n"
+        "print('parent', p.pid != os.getpid() and p.pid > 0, flush=True)\n"
+        "os.waitpid(p.pid, 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout == "parent True\n", out.stderr[-2000:]
