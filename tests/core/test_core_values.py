@@ -508,3 +508,50 @@ def test_a_lost_node_forgets_its_warm_executors() -> None:
     d(ev.NodeLost(1.0, "n1"))
     assert d.core.nodes["n1"].warm.get("python", 0) == 0
     assert list(d.core.placer.warm_nodes["python"]) == ["n0"]
+
+
+def test_a_cancelled_leader_hands_its_call_to_the_first_follower() -> None:
+    from arl_tangram.core import commands as cmd
+    from arl_tangram.core.actions import ActionKind, ActionSpec
+
+    def s(aid: str, **payload):
+        return ActionSpec(
+            aid,
+            kind=ActionKind.SEARCH,
+            tag="p",
+            demand=Resources(),
+            payload={"query": aid, **payload},
+        )
+
+    d = _prov(rate=1.0, burst=1.0, concurrency=4)
+    d.arrive(s("x"), s("a", coalesce="k"), s("b", coalesce="k"), s("c", coalesce="k"))
+    sent = [c for c in d.log if not isinstance(c, cmd.Deliver)]
+    assert [(type(c).__name__, c.cause) for c in sent] == [
+        ("CallProvider", "ActionArrived:x"),
+        ("WakeAt", "ActionArrived:a"),
+    ]
+    assert sent[1].time == 1.0
+    d.at(0.2)(ev.CancelRequested(0.2, "a"))
+    assert d.core.story("b")[-1] == (
+        "t=0.2 leads the call after a was cancelled (cause CancelRequested:a)"
+    )
+    assert d.core.providers.follows == {"c": "b"}
+    assert d.core.providers.key_of == {"b": ("p", "k")}
+    out = d.at(1.0)(ev.Wake(1.0))
+    (call,) = [c for c in out if isinstance(c, cmd.CallProvider)]
+    assert (call.action.id, call.attempt, call.deadline, call.cause) == ("b", 1, 60.0, "Wake@1")
+    assert d.core.story("b")[-1] == "t=1 QUEUED->STARTING (cause Wake@1)"
+    d.at(1.5).finish("b", output={"r": 1})
+    assert d.result("c").output == {"r": 1} and d.result("c").status is S.SUCCEEDED
+    assert d.core.story("c")[-1] == "t=1.5 QUEUED->SUCCEEDED (cause ActionFinished:b)"
+    assert d.core.story("b")[-1] == "t=1.5 STARTING->SUCCEEDED (cause ActionFinished:b)"
+
+
+def test_a_retried_call_keeps_its_first_start_time() -> None:
+    d = _prov(rate=100.0, burst=5.0)
+    d.at(0.5).arrive(_search("q"))
+    d.at(0.6)(ev.ProviderThrottled(0.6, "q"))
+    d.at(2.0)(ev.Wake(2.0))
+    assert d.core.actions["q"].attempts == 2
+    d.at(2.5).finish("q")
+    assert (d.result("q").start_time, d.result("q").attempts) == (0.5, 2)

@@ -230,3 +230,19 @@ def test_the_warm_nodes_width_is_at_most_its_capacity() -> None:
     # 0.1 s of work: cold 0.5 + 0.1 / s(4) = 0.5325; n0's 2 cores: 0.45 + 0.1 / s(2) = 0.505
     _, got = _warm_case(0.45, x=0.1, cap0=2, hcpu=2)
     assert got == []
+
+
+def test_the_gain_of_one_core_on_a_full_measured_node() -> None:
+    """b holds 7 of 8 cores; a starts at 1: each core delivers 4.5 / 8 there (and past it)."""
+    from arl_tangram.core.cluster import NodeSpec
+
+    spec = NodeSpec(
+        "n0", Resources(cpu=8, memory_mb=8192), pool="cpu", parallel_speedup=((8.0, 4.5),)
+    )
+    d = Driver([spec], policy="tangram")
+    out = d.arrive(act("b", cpu=7, hints=WorkHints(expected_s=40.0)))
+    out += d.arrive(elastic("a", 1, 4, p=1.0, hints=WorkHints(expected_s=10.0)))
+    assert cpu_commands(out) == [("start", "b", 7.0), ("start", "a", 1.0)]
+    e8 = 4.5 / 8.0
+    got = d.core.elastic.node_gain(d.core.nodes["n0"], d.core.actions["a"], 0.5)
+    assert got == pytest.approx(10.0 * (1.0 / e8 - 1.0 / (1.5 * e8)), rel=1e-12)
