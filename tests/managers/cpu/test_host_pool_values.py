@@ -1415,3 +1415,138 @@ async def test_aclose_waits_for_recycling(kernel: _Kernel) -> None:
     p._put_back(s)
     await p.aclose()
     assert not p._tasks and s.removed == 1  # freed by the recycle, then removed by the close
+
+
+# --- edges found by mutation testing ---------------------------------------------------------
+
+
+def test_set_limits_cpu_edge_is_strict(kernel: _Kernel) -> None:
+    slot = _Slot(cpu=0.0, memory=1, weight=1.0)
+    sb = _sb(kernel, slot=slot)
+    sb.set_limits(1e-9, 1)  # a difference of exactly 1e-9: not written
+    assert slot.writes == []
+
+
+async def test_ready_slot_cpu_edge_is_strict(kernel: _Kernel) -> None:
+    p = _pool(kernel, pids_max=1, default_cpu=1e-9, default_mem=64 * MIB)
+    s = _Slot(cpu=0.0, pids=1, weight=0.25, memory=64 * MIB)
+    p._ready_slot(s, 0.25)
+    assert s.writes == [("reset", None)]
+
+
+async def test_init_defaults_and_no_cpu_count(
+    kernel: _Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(P.os, "cpu_count", lambda: None)
+    p = P.WarmPool(
+        _Zygote(), _Tree("v1"), warm_min=0, warm_max=1, pids_max=1, default_cpu=1.0, default_mem=1
+    )
+    assert p.self_join is False and p.direct is True
+    assert p.warm_rate_max == 100.0
+
+
+async def test_zygote_broken_keeps_earlier_orphans(kernel: _Kernel) -> None:
+    p = _pool(kernel)
+    p.orphan_ids = {99}
+    kept = _sb(kernel, pid=1, kept=True, uid=11)
+    p.live.add(kept)
+    p._zygote_broken()
+    assert p.orphan_ids == {99, 11}
+
+
+async def test_start_names_the_task(kernel: _Kernel) -> None:
+    p = _pool(kernel, tree=None)
+    p.start()
+    assert p._filler.get_name() == "cpu-warm-pool"
+    await p.aclose()
+
+
+async def test_spawn_cold_serves_past_a_cancelled_batch(kernel: _Kernel) -> None:
+    z = _Zygote()
+    z.hold = asyncio.Event()
+    p = _pool(kernel, zygote=z, tree=None)
+    first = asyncio.ensure_future(p.spawn())
+    await _spin()
+    gone = [asyncio.ensure_future(p.spawn()) for _ in range(64)]
+    last = asyncio.ensure_future(p.spawn())
+    await _spin()
+    for t in gone:
+        t.cancel()
+    await _spin()
+    z.hold.set()
+    await first
+    sb = await asyncio.wait_for(last, 2)
+    assert isinstance(sb, P.Sandbox) and sb.conn.requests == []  # cold: not prepared
+    assert [c[0] for c in z.calls] == [1, 1]
+
+
+async def test_place_default_is_warm(kernel: _Kernel) -> None:
+    p = _pool(kernel)
+    s = _Slot()
+    assert p._place([_sb(kernel, pid=1, slot=s, outs=(5,))]) == []
+    assert ("weight", 0.25) in s.writes
+
+
+async def test_spawn_placed_passes_warm_and_uses_the_cgroup_thread(kernel: _Kernel) -> None:
+    import threading
+
+    for warm, weight in ((True, 0.25), (False, 1.0)):
+        z = _Zygote()
+        z.direct = True
+        p = _pool(kernel, zygote=z)
+        threads: list[str] = []
+        orig = _Slot.add
+
+        def add(self: _Slot, pid: int, threads: list[str] = threads) -> None:
+            threads.append(threading.current_thread().name)
+            orig(self, pid)
+
+        _Slot.add = add  # type: ignore[method-assign]
+        try:
+            got = await p.spawn_many(1, prepare=False, warm=warm)
+        finally:
+            _Slot.add = orig  # type: ignore[method-assign]
+        assert got[0].slot.weight == weight
+        assert threads == ["tangram-cgroup_0"]
+        p._cg_thread.shutdown()
+
+
+async def test_adopt_with_the_real_connection(
+    kernel: _Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from arl_tangram.managers.cpu.host.client import Conn
+
+    monkeypatch.setattr(P, "Conn", Conn)
+    p = _pool(kernel)
+    a, b = socket.socketpair()
+    sb = p._adopt(42, a, [], 1)
+    assert isinstance(sb.conn, Conn) and sb.conn._loop is p.loop
+    sb.conn.close()
+    b.close()
+
+
+async def test_fill_loop_warms_at_exactly_half(kernel: _Kernel) -> None:
+    z = _Zygote()
+    p = _pool(kernel, zygote=z, tree=None, warm_min=12, warm_max=20)
+    p.ready.extend([_sb(kernel, i) for i in range(4)])
+    p.start()
+    await asyncio.sleep(0.02)
+    assert z.calls[0] == (8, True, None)  # 2 * 4 >= 8
+    await p.aclose()
+
+
+async def test_refill_prepares(kernel: _Kernel) -> None:
+    z = _Zygote()
+    p = _pool(kernel, zygote=z, tree=None)
+    p._filling = 1
+    await p._refill(1, True)
+    assert [sb.conn.requests for sb in p.ready] == [[({"op": "prepare"}, 30.0)]]
+
+
+async def test_aclose_twice(kernel: _Kernel) -> None:
+    p = _pool(kernel)
+    await p.aclose()
+    await p.aclose()  # the cgroup thread is shut down: its RuntimeError swallowed
+    assert p.closed
