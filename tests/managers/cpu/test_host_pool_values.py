@@ -1497,7 +1497,7 @@ async def test_spawn_placed_passes_warm_and_uses_the_cgroup_thread(kernel: _Kern
         threads: list[str] = []
         orig = _Slot.add
 
-        def add(self: _Slot, pid: int, threads: list[str] = threads) -> None:
+        def add(self: _Slot, pid: int, threads: list[str] = threads, orig: Any = orig) -> None:
             threads.append(threading.current_thread().name)
             orig(self, pid)
 
