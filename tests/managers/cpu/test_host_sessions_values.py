@@ -803,3 +803,50 @@ async def test_memory_use_frozen_without_figure_reads() -> None:
     assert t.memory_reads == 1 and s.frozen_mem == 10
     out, _ = t.memory_use()
     assert t.memory_reads == 0 and out == {"s0": (10, 10)}
+
+
+# --- edges found by mutation testing ---------------------------------------------------------
+
+
+async def test_close_without_freezer_drops_nothing() -> None:
+    fz = _Freezers(give=False)
+    t, _host, pool = await _table(freezers=fz)
+    await t.open("s", Resources(), 1)
+    await t.close("s")
+    assert fz.dropped == [] and len(pool.released) == 1
+
+
+async def test_run_marks_use_when_it_takes_the_lock(clock: _Clock) -> None:
+    t, host, _ = await _table()
+    await t.open("s", Resources(), 10)
+    s = t.by_id["s"]
+    seen: list[Any] = []
+    host.on_exchange = lambda: seen.append(s.last_used)
+    clock.t = 321.0
+    await t.run(_action("s"), _req())
+    assert seen == [321.0]
+
+
+async def test_reclaim_idle_none_counts_as_zero() -> None:
+    t, _host, _fz = await _frozen_table(0)
+    fz = t._freezers
+    for sid in ("a", "z"):
+        await t.open(sid, Resources(), 10)
+    t.by_id["z"].frozen_mem = None
+    t.by_id["a"].frozen_mem = 1
+    t.by_id["z"].sandbox.slot.reclaimed = 50
+    t.by_id["a"].sandbox.slot.reclaimed = 7
+    assert fz is not None
+    assert await t.reclaim_idle(1) == 7  # "a" (1 byte) before "z" (unknown: 0)
+
+
+async def test_memory_use_goes_on_past_a_dead_one() -> None:
+    t, _host, _fz = await _frozen_table(2, refresh=0)
+    t.by_id["s0"].sandbox.dead = True
+    out, _ = t.memory_use()
+    assert out == {"s1": (10, 20)}
+
+
+async def test_memory_use_without_cgroups_is_zero() -> None:
+    t, _host, _pool = await _table()
+    assert t.memory_use() == ({}, 0)
