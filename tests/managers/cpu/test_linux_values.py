@@ -300,3 +300,109 @@ def test_share_file_ptes_counts() -> None:
     n = int(os.read(r, 64) or b"-1")
     os.close(r)
     assert n > 0
+
+
+# --- /proc helpers with stand-ins --------------------------------------------------------------
+
+
+class _MemLibc(_Libc):
+    def __init__(self, fail_at: int = -1) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "mprotect":
+
+            def mprotect(addr: Any, size: Any, prot: Any) -> int:
+                self.calls.append(("mprotect", [addr.value, size.value, prot.value]))
+                return -1 if addr.value == self.fail_at else 0
+
+            return mprotect
+        return super().__getattr__(name)
+
+
+def _maps_open(monkeypatch: pytest.MonkeyPatch, path: str, text: Any) -> None:
+    import builtins
+    import io
+
+    real = builtins.open
+
+    def fake(p: Any, *a: Any, **kw: Any) -> Any:
+        if p == path:
+            return io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text)
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(L, "open", fake, raising=False)
+
+
+def test_share_file_ptes_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    bufs = [ctypes.create_string_buffer(b"\x07" * 64) for _ in range(10)]
+    at = [ctypes.addressof(b) for b in bufs]
+
+    def line(i: int, perms: str, inode: str = "1234", path: str = "/usr/lib/x.so") -> str:
+        return f"{at[i]:x}-{at[i] + 64:x} {perms} 00001000 08:01 {inode}    {path}"
+
+    maps = (
+        "\n".join(
+            [
+                line(0, "r-xp"),  # code: shared
+                line(1, "r-xp", inode="0"),  # anonymous
+                line(2, "r-xs"),  # a shared mapping
+                line(3, "rw-p"),  # writable
+                line(4, "r-xp", path="[vdso]"),
+                line(5, "--xp"),  # not readable
+                line(6, "r--p"),  # read-only data: shared too
+                f"{at[7]:x}-{at[7] + 64:x} r-xp 00000000 00:00 0",  # five fields
+                line(8, "r-xp"),  # mprotect refused
+            ]
+        )
+        + "\n"
+    )
+    _maps_open(monkeypatch, "/proc/self/maps", maps)
+    fake = _MemLibc(fail_at=at[8])
+    monkeypatch.setattr(L, "_libc", fake)
+    assert L.share_file_ptes() == 2
+    assert fake.calls == [
+        ("mprotect", [at[0], 64, 7]),
+        ("mprotect", [at[0], 64, 5]),
+        ("mprotect", [at[6], 64, 3]),
+        ("mprotect", [at[6], 64, 1]),
+        ("mprotect", [at[8], 64, 7]),
+    ]
+    assert bufs[0].raw == b"\x07" * 64 + b"\0"  # the byte written back as it was
+
+
+def _stat(arg: int, arg_end: int, env: int, env_end: int) -> bytes:
+    fields = ["S"] + ["0"] * 44 + [str(arg), str(arg_end), str(env), str(env_end), "0"]
+    return ("1234 (py) thon) " + " ".join(fields) + "\n").encode()
+
+
+def test_scrub_exec_strings_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ctypes.create_string_buffer(b"python\0-c\0code\0", 16)
+    env = ctypes.create_string_buffer(b"A=1\0B=22\0", 10)
+    a, e = ctypes.addressof(argv), ctypes.addressof(env)
+    _maps_open(monkeypatch, "/proc/self/stat", _stat(a, a + 16, e, e + 10))
+    fake = _Libc()
+    monkeypatch.setattr(L, "_libc", fake)
+    L.scrub_exec_strings(b"tangram")
+    assert argv.raw == b"tangram" + b"\0" * 9
+    assert env.raw == b"\0" * 10
+    assert fake.calls == [
+        ("prctl", [35, 9, ("c_ulong", a + 8), 0, 0]),
+        ("prctl", [35, 11, ("c_ulong", e), 0, 0]),
+    ]
+
+
+def test_scrub_exec_strings_long_title_and_empty_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ctypes.create_string_buffer(b"abcdefgh", 8)
+    a = ctypes.addressof(argv)
+    e = a + 100
+    _maps_open(monkeypatch, "/proc/self/stat", _stat(a, a + 8, e, e))
+    fake = _Libc()
+    monkeypatch.setattr(L, "_libc", fake)
+    L.scrub_exec_strings(b"0123456789")
+    assert argv.raw == b"0123456\0"  # at most n - 1 bytes: the last stays NUL
+    assert fake.calls == [
+        ("prctl", [35, 9, ("c_ulong", a + 8), 0, 0]),
+        ("prctl", [35, 11, ("c_ulong", e), 0, 0]),
+    ]
