@@ -365,7 +365,10 @@ def test_make_userns_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     assert m._own_userns is True
 
 
-def test_make_userns_own_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_make_userns_own_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger=M.log.name)
     _userns_env(monkeypatch, tmp_path, make_errors=[None, OSError("EPERM")])
     m, _ = _mgr()
     m._own_userns = True
@@ -376,6 +379,13 @@ def test_make_userns_own_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any)
         "unprivileged id cannot make one here (EPERM)"
     )
     assert m._own_userns is False and m.userns is not None
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            M.log.name,
+            "WARNING",
+            "CPU manager: image sandboxes share the node's user namespace: EPERM",
+        )
+    ]
 
 
 def test_make_userns_failures(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
