@@ -249,6 +249,7 @@ def test_oci_layout_bytes(tmp_path) -> None:
     l2 = tmp_path / "l2.tar.gz"
     l2.write_bytes(gzip.compress(b"gz-layer", mtime=0))
     lay = str(tmp_path / "oci")
+    os.mkdir(lay)  # (already there: fine)
     assert imagekit.write_oci_layout(lay, [str(l1), str(l2)], {"Env": ["A=1"]}, ref="v1") == lay
     sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
     blob = lambda d: _rb(os.path.join(lay, "blobs", "sha256", d.split(":")[1]))  # noqa: E731
@@ -318,6 +319,7 @@ def test_docker_archive_bytes(tmp_path) -> None:
     l1.write_bytes(b"plain")
     l2 = tmp_path / "l2.tgz"
     l2.write_bytes(gzip.compress(b"zipped"))
+    os.mkdir(tmp_path / "d.tar.d")  # (left by an earlier run: fine, and removed)
     out = imagekit.write_docker_archive(
         str(tmp_path / "d.tar"), [str(l1), str(l2)], {"User": "1"}, tag="x:y"
     )
