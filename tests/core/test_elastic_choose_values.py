@@ -246,3 +246,26 @@ def test_the_gain_of_one_core_on_a_full_measured_node() -> None:
     e8 = 4.5 / 8.0
     got = d.core.elastic.node_gain(d.core.nodes["n0"], d.core.actions["a"], 0.5)
     assert got == pytest.approx(10.0 * (1.0 / e8 - 1.0 / (1.5 * e8)), rel=1e-12)
+
+
+def test_a_warm_node_of_more_cores_than_the_maximum_is_priced_at_the_maximum() -> None:
+    # n0 (8 cores, warm) held 0.5 s: 0.5 + 1 / s(4) is no sooner than n1's cold 0.5 + 1 / s(4)
+    d = Driver([cpu_node("n0", cpu=8), cpu_node("n1", cpu=4)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n0", "test", 2))
+    d.arrive(act("h", cpu=8, hints=WorkHints(expected_s=0.5)))
+    out = d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
+    assert cpu_commands(out) == [("start", "e", 4.0)]
+    assert d.core.actions["e"].node == "n1"
+
+
+def test_the_scan_of_warm_nodes_goes_past_one_that_cannot_take_it() -> None:
+    # n0 warm but its memory full, n1 warm and held 0.45 s, n2 cold: e waits for n1
+    d = Driver(
+        [cpu_node("n0", cpu=4), cpu_node("n1", cpu=4), cpu_node("n2", cpu=4)], policy="tangram"
+    )
+    d(ev.WarmPoolReport(0.0, "n0", "test", 2))
+    d(ev.WarmPoolReport(0.0, "n1", "test", 2))
+    d.arrive(act("m", cpu=4, mem=8000, hints=WorkHints(expected_s=0.45)))
+    d.arrive(act("h", cpu=4, hints=WorkHints(expected_s=0.45)))
+    assert (d.core.actions["m"].node, d.core.actions["h"].node) == ("n0", "n1")
+    assert cpu_commands(d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))) == []
