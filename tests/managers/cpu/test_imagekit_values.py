@@ -402,3 +402,13 @@ def test_sparse_docker_archive_shape(tmp_path, member: str) -> None:
         head = tf.extractfile(big).read(1)
         assert head == (b"[" if member == "manifest.json" else b"\0")
     assert os.path.getsize(out) < 64 << 10
+
+
+def test_docker_archive_of_one_layer_twice(tmp_path) -> None:
+    l1 = tmp_path / "l1.tar"
+    l1.write_bytes(b"same")
+    out = imagekit.write_docker_archive(str(tmp_path / "d.tar"), [str(l1), str(l1)])
+    with tarfile.open(out) as tf:
+        (man,) = json.loads(tf.extractfile("manifest.json").read())
+        h = hashlib.sha256(b"same").hexdigest()
+        assert man["Layers"] == [f"{h}/layer.tar", f"{h}/layer.tar"]
