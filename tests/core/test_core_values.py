@@ -555,3 +555,78 @@ def test_a_retried_call_keeps_its_first_start_time() -> None:
     assert d.core.actions["q"].attempts == 2
     d.at(2.5).finish("q")
     assert (d.result("q").start_time, d.result("q").attempts) == (0.5, 2)
+
+
+def test_a_batch_without_a_result_for_an_action_fails_it() -> None:
+    from core_helpers import gpu_node, of, reward
+
+    from arl_tangram.core import commands as cmd
+    from arl_tangram.core.cluster import ModelSpec
+
+    rm = ModelSpec(
+        "rm",
+        memory_mb=8000,
+        alpha=0.04,
+        beta=0.01,
+        max_batch=16,
+        max_instances=1,
+        load_s=10.0,
+        swap_s=1.0,
+    )
+    d = Driver([gpu_node("g0", gpus=1)], [rm], policy="tangram", model_prewarm=False)
+    (ld,) = of(d.arrive(reward("a"), reward("b"), reward("c")), cmd.LoadModel)
+    (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
+    d(ev.BatchFinished(2.0, b.batch_id, ld.instance_id, outputs={"a": 1.0}, failed={"b": "boom"}))
+    got = {k: (d.result(k).status, d.result(k).reason, d.result(k).output) for k in "abc"}
+    assert got == {
+        "a": (S.SUCCEEDED, "", 1.0),
+        "b": (S.FAILED, "boom", None),
+        "c": (S.FAILED, f"no result for it in batch {b.batch_id}", None),
+    }
+
+
+def _learned(d: Driver, aid: str) -> float:
+    est = d.core.estimator
+    key, units = est.work_of(act(aid, hints=WorkHints(expected_s=0.05)))
+    return est.predict_work(key, units, d.core.config.estimate_quantile)
+
+
+def test_a_finish_without_its_run_time_is_timed_from_its_start() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    d.at(0.5).arrive(_short("a"))
+    d.at(4.0).finish("a", run_s=None)  # 3.5 s since it started
+    ref = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    ref.at(0.5).arrive(_short("a"))
+    ref.at(9.0).finish("a", run_s=3.5)
+    assert _learned(d, "x") == _learned(ref, "x")
+    assert _learned(d, "x") != _learned(Driver([cpu_node("n0")], policy="tangram"), "x")
+
+
+def _observed(d: Driver) -> list[tuple]:
+    """The estimator's `observe_work` calls from now on: (key, units, run_s, speed)."""
+    est = d.core.estimator
+    calls: list[tuple] = []
+    orig = est.observe_work
+
+    def rec(*a):
+        calls.append(a)
+        return orig(*a)
+
+    est.observe_work = rec
+    return calls
+
+
+def test_a_finished_action_is_observed_at_the_speed_of_the_quota_it_ran_with() -> None:
+    """Charged a quarter core, a short action ran with its whole demand's quota (speed 1); an
+    elastic one at its width (4 cores at p = 0.9)."""
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram", short_action_s=1.0)
+    _measured(d, [0.2] * 4)
+    d.arrive(_short("a"))
+    assert d.core.actions["a"].charge == Resources(cpu=0.25, memory_mb=256)
+    calls = _observed(d)
+    d.finish("a", run_s=3.0)
+    assert [c[2:] for c in calls] == [(3.0, 1.0)]
+    d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    assert d.core.actions["e"].width == 4.0
+    d.finish("e", run_s=2.0)
+    assert calls[1][2:] == (2.0, pytest.approx(1.0 / (0.1 + 0.9 / 4), rel=1e-12))
