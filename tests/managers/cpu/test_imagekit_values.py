@@ -412,3 +412,26 @@ def test_docker_archive_of_one_layer_twice(tmp_path) -> None:
         (man,) = json.loads(tf.extractfile("manifest.json").read())
         h = hashlib.sha256(b"same").hexdigest()
         assert man["Layers"] == [f"{h}/layer.tar", f"{h}/layer.tar"]
+
+
+def test_host_rootfs_without_tools_and_again(tmp_path) -> None:
+    root = str(tmp_path / "r")
+    imagekit.host_rootfs(root, tools=())
+    assert sorted(os.listdir(root)) == [
+        "bin",
+        "dev",
+        "etc",
+        "proc",
+        "root",
+        "srv",
+        "tmp",
+        "usr",
+        "workdir",
+    ]
+    assert os.listdir(os.path.join(root, "usr")) == ["bin"]
+    assert (
+        os.listdir(os.path.join(root, "bin")) == []
+        and os.listdir(os.path.join(root, "usr/bin")) == []
+    )
+    imagekit.host_rootfs(root, tools=())  # again on the same root: fine
+    assert _rt(os.path.join(root, "etc/os-release")) == "ID=tangram-mini\n"
