@@ -269,3 +269,19 @@ def test_the_scan_of_warm_nodes_goes_past_one_that_cannot_take_it() -> None:
     d.arrive(act("h", cpu=4, hints=WorkHints(expected_s=0.45)))
     assert (d.core.actions["m"].node, d.core.actions["h"].node) == ("n0", "n1")
     assert cpu_commands(d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))) == []
+
+
+def test_a_small_node_reserves_its_fraction_before_any_arrival() -> None:
+    d = Driver([cpu_node("n0", cpu=2)], policy="tangram", reserve_fraction=0.25)
+    assert d.core.elastic.largest_min_cpu == 0.0
+    assert d.core.elastic.reserve_of(d.core.nodes["n0"], "cpu") == 0.5
+
+
+def test_the_candidates_are_the_few_with_the_most_free_cpu() -> None:
+    d = Driver([cpu_node(f"n{i}", cpu=4 + i) for i in range(6)], policy="tangram")
+    d.core.handle(ev.ActionArrived(0.0, act("blocker", cpu=9)))  # (n5: 9 cores, all held)
+    d.arrive(elastic("q", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
+    assert d.core.actions["q"].node == "n4"  # the most free
+    cands, ws = d.core.elastic._candidates(d.core.actions["q"])
+    assert [n.name for n in cands] == ["n3", "n2", "n1", "n0"]  # fit_candidates = 4
+    assert ws is None
