@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -744,3 +745,252 @@ def test_close_wait_timeout(tmp_path: Any) -> None:
     st.proc.kill()
     st.proc.wait()
     st.peer.close()
+
+
+# --- edges found by mutation testing ---------------------------------------------------------
+
+
+class _Proxy:
+    """A socket whose named methods are replaced (the rest: the socket's)."""
+
+    def __init__(self, sock: socket.socket, **over: Any) -> None:
+        self._sock = sock
+        self.__dict__.update(over)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+async def test_conn_recv_error_is_the_reason(pair: Any) -> None:
+    conn, _peer = pair
+    t = asyncio.ensure_future(conn.request({"op": "x"}))
+    await _spin()
+
+    def recv(n: int) -> bytes:
+        raise ConnectionResetError("reset by peer")
+
+    conn.sock = _Proxy(conn.sock, recv=recv)
+    conn._readable()
+    with pytest.raises(ConnectionResetError, match=r"^reset by peer$"):
+        await t
+
+
+async def test_conn_request_waits_for_a_full_socket(pair: Any) -> None:
+    conn, peer = pair
+    filler = b"f" * 65536
+    sent = 0
+    for chunk in (filler, b"f"):  # full to the last byte: the request's send finds no room
+        while True:
+            try:
+                sent += conn.sock.send(chunk)
+            except BlockingIOError:
+                break
+    t = asyncio.ensure_future(conn.request({"op": "late"}))
+    await _spin()  # its send found no room: the rest waits for the socket
+    assert not t.done()
+    want = wire.encode_request({"op": "late"})
+    got = b""
+    peer.setblocking(False)
+    while len(got) < sent + len(want):
+        try:
+            got += peer.recv(1 << 20)
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+    assert got[sent:] == want
+    peer.setblocking(True)
+    peer.sendall(_frame({"ok": 1}))
+    assert await t == {"ok": 1}
+
+
+def test_zygote_refuses_a_file_for_a_directory(tmp_path: Any) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    for root, dirs in ((str(f), ()), (str(tmp_path), (str(f),))):
+        st = _Started()
+        real: list[Any] = []
+
+        def popen(argv: list[str], st: _Started = st, real: list[Any] = real, **kw: Any) -> Any:
+            st.peer = socket.socket(fileno=os.dup(kw["pass_fds"][0]))
+            real.append(_sleeper())
+            return real[-1]
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(C.subprocess, "Popen", popen)
+            with pytest.raises(NotADirectoryError):
+                C.Zygote({"root": "r"}, root, dirs)
+        st.peer.close()
+        for p in real:
+            p.kill()
+            p.wait()
+
+
+def test_wait_hello_default_timeout(tmp_path: Any) -> None:
+    z, st = _zygote(tmp_path)
+    try:
+        calls: list[Any] = []
+        real = z.ctl
+        z.ctl = _Proxy(real, settimeout=calls.append)  # type: ignore[assignment]
+        st.peer.send(b'{"ok": true}')
+        assert z.wait_hello() == {"ok": True}
+        assert calls == [60.0, None]
+        z.ctl = real
+    finally:
+        _cleanup(z, st)
+
+
+async def test_attach_to_a_reaped_fork_server(tmp_path: Any) -> None:
+    z, st = _zygote(tmp_path)
+    st.proc.kill()
+    st.proc.wait()
+    z.attach(asyncio.get_running_loop())
+    assert z._pidfd is None and z.exited() is False
+    z.close()  # nothing to unwatch
+    assert z.gone == "the CPU manager is closed"
+    st.peer.close()
+
+
+async def test_exited_sees_the_pidfd_at_once(tmp_path: Any) -> None:
+    z, st, _log = await _attached(tmp_path)
+    try:
+        t0 = time.monotonic()
+        assert z.exited() is False
+        assert time.monotonic() - t0 < 0.5  # (a poll, not a wait)
+        st.proc.kill()
+        st.proc.wait()
+        assert z.gone is None and z.exited() is True  # before the loop ran `_died`
+    finally:
+        _cleanup(z, st)
+
+
+def test_exit_reason_of_a_running_popen_is_immediate(tmp_path: Any) -> None:
+    z, st = _zygote(tmp_path)
+    try:
+        t0 = time.monotonic()
+        assert z.exit_reason() == "still running"
+        assert time.monotonic() - t0 < 0.4
+    finally:
+        _cleanup(z, st)
+
+
+async def test_unwatch_and_fail_remove_their_readers(tmp_path: Any) -> None:
+    z, st, _log = await _attached(tmp_path)
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd, ctl = z._pidfd, z.ctl.fileno()
+        z._unwatch()
+        assert loop.remove_reader(pidfd) is False and z._pidfd is None
+        z._fail(BrokenError("x"))
+        assert loop.remove_reader(ctl) is False
+        z.close()
+        z.close()  # again: the closed socket's reader is not there (swallowed)
+    finally:
+        _cleanup(z, st)
+
+
+async def test_unwatch_of_a_closed_pidfd(tmp_path: Any) -> None:
+    z, st, _log = await _attached(tmp_path)
+    try:
+        asyncio.get_running_loop().remove_reader(z._pidfd)
+        os.close(z._pidfd)
+        z._unwatch()  # EBADF swallowed
+        assert z._pidfd is None
+    finally:
+        _cleanup(z, st)
+
+
+async def test_closed_socket_kill_error_swallowed(tmp_path: Any) -> None:
+    z, st, log = await _attached(tmp_path)
+    try:
+        real = z.proc
+
+        class _P:
+            returncode = None
+            pid = real.pid
+
+            def kill(self) -> None:
+                raise ProcessLookupError
+
+            def wait(self, t: Any = None) -> int:
+                return 0
+
+        z.proc = _P()  # type: ignore[assignment]
+        z._closed_socket()
+        assert log == ["broken"]
+        z.proc = real
+    finally:
+        _cleanup(z, st)
+
+
+async def test_control_socket_error_reads_as_eof(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    z, st, _log = await _attached(tmp_path)
+    loop = asyncio.get_running_loop()
+    try:
+
+        def recv_fds(*a: Any) -> Any:
+            raise ConnectionResetError("x")
+
+        monkeypatch.setattr(C.socket, "recv_fds", recv_fds)
+        z._readable()
+        monkeypatch.undo()
+        assert loop.remove_reader(z.ctl.fileno()) is False  # (EOF: its reader removed)
+    finally:
+        _cleanup(z, st)
+
+
+async def test_spawn_error_reply_with_fds_is_not_adopted(tmp_path: Any) -> None:
+    z, st, log = await _attached(tmp_path)
+    try:
+        t = asyncio.ensure_future(z.spawn())
+        await _spin()
+        assert st.peer.recv(1 << 16) == b'{"op":"spawn","n":1}'
+        s1, s2 = socket.socketpair()
+        socket.send_fds(st.peer, [b'{"error": "no room", "pid": 1, "uid": 1}'], [s1.fileno()])
+        got = await t
+        assert str(got[0]) == "sandbox spawn failed: no room" and log == []
+        # the socket adopted is the one sent
+        seen: list[Any] = []
+        z.adopt = lambda pid, sock, outs, uid: seen.append(sock.recv(16)) or "sb"
+        t = asyncio.ensure_future(z.spawn())
+        await _spin()
+        st.peer.recv(1 << 16)
+        s2.send(b"ping")
+        socket.send_fds(st.peer, [b'{"pid": 1, "uid": 1}'], [s1.fileno()])
+        assert await t == ["sb"] and seen == [b"ping"]
+        s1.close()
+        s2.close()
+    finally:
+        _cleanup(z, st)
+
+
+async def test_spawn_assert_text_and_a_full_control_socket(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    z, st, _log = await _attached(tmp_path)
+    try:
+        with pytest.raises(
+            AssertionError, match=r"^the fork server makes at most 64 sandboxes per request$"
+        ):
+            await z.spawn(65)
+        loop = asyncio.get_running_loop()
+        sent: list[Any] = []
+
+        async def sock_sendall(sock: Any, data: bytes) -> None:
+            sent.append((sock, data))
+
+        monkeypatch.setattr(loop, "sock_sendall", sock_sendall)
+
+        def full(msg: bytes) -> int:
+            raise BlockingIOError
+
+        real = z.ctl
+        z.ctl = _Proxy(real, send=full)  # type: ignore[assignment]
+        t = asyncio.ensure_future(z.spawn(1))
+        await _spin()
+        assert sent == [(z.ctl, b'{"op":"spawn","n":1}')]
+        z.ctl = real
+        z._fail(BrokenError("end"))
+        await t
+    finally:
+        _cleanup(z, st)
