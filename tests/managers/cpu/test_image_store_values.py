@@ -509,3 +509,15 @@ def test_an_import_through_imagekit_layouts_counts_the_layers_it_made(tmp_path) 
     fmt, (keys, config) = archives.read(lay, job)
     assert fmt == "oci-dir" and config == {"Env": ["A=1"]} and job.made == keys
     assert job.has_layer(keys[0]) is True
+
+
+def test_a_pulled_record_cannot_replace_an_image_in_use(tmp_path) -> None:
+    st = ImageStore(str(tmp_path / "c"))
+    img = st.import_path(_rootfs(tmp_path, "r", {"a": b"1"}), "a")
+    st.acquire("a")
+    with pytest.raises(ImageInUse) as e:
+        st.add_pulled(img.to_dict(), "peer", 0.5)
+    assert str(e.value) == (
+        "image 'a' is in use by 1 session(s)/action(s) on this node; it cannot be replaced now"
+    )
+    st.release("a")

@@ -55,6 +55,15 @@ def test_a_layer_is_ext4_without_journal_or_reserve_on_an_autoclear_direct_io_lo
             assert f.read().strip() == "1"
         with open(f"/sys/block/{name}/loop/dio") as f:
             assert f.read().strip() == "1"
+        import fcntl
+
+        dfd = os.open(f"/dev/{name}", os.O_RDONLY)
+        try:  # LOOP_GET_STATUS64: the labels and init words we set, all zero
+            st64 = fcntl.ioctl(dfd, 0x4C05, bytes(232))
+        finally:
+            os.close(dfd)
+        assert st64[44:52] == bytes(8) and st64[56:232] == bytes(176)
+        assert int.from_bytes(st64[52:56], "little") & 4  # autoclear
         info = subprocess.run(
             ["dumpe2fs", "-h", f"/dev/{name}"], capture_output=True, text=True
         ).stdout
@@ -676,3 +685,11 @@ def test_sweep_survives_what_it_cannot_remove(monkeypatch, tmp_disk) -> None:
     os.mkdir(os.path.join(tmp_disk, "4000000-ab-0.ext4"))  # a directory: unlink fails
     st = _bare(monkeypatch, tmp_disk)
     assert st.problem == "" and os.listdir(tmp_disk) == ["4000000-ab-0.ext4"]
+
+
+def test_give_back_keeps_an_owner_left_with_one_mib(monkeypatch, tmp_disk) -> None:
+    st = _bare(monkeypatch, tmp_disk, 100, warm=0)
+    _fake_make(monkeypatch)
+    st.take(5, "o")
+    st.give_back(4, "o")
+    assert st.held == {"o": 1} and st.used_mb == 1
