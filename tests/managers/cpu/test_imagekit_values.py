@@ -171,6 +171,8 @@ def test_add_host_python_copies_the_stdlib_without_the_skipped_parts(tmp_path, m
     assert dst == root + src and links is True and src.startswith("/usr/lib/python3")
     assert imagekit.add_host_python(root, py) == link  # again: the stdlib and link are there
     assert len(calls) == 1
+    root2 = str(tmp_path / "r2")
+    assert imagekit.add_host_python(root2) == os.path.join(root2, "usr/bin/python3")  # the default
     assert {
         "test",
         "idlelib",
