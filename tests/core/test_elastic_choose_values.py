@@ -5,6 +5,8 @@ where an elastic head starts (`choose`, `_candidates`, `_warm_sooner`), hand-com
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from core_helpers import Driver, act, cpu_commands, cpu_node, elastic
 
@@ -285,3 +287,34 @@ def test_the_candidates_are_the_few_with_the_most_free_cpu() -> None:
     cands, ws = d.core.elastic._candidates(d.core.actions["q"])
     assert [n.name for n in cands] == ["n3", "n2", "n1", "n0"]  # fit_candidates = 4
     assert ws is None
+
+
+def test_the_first_two_nodes_to_free_a_full_width() -> None:
+    """n0 (4) held 2 s; n1 (8) half for 1 s, half for 5 s; n2 (2) held 1.5 s; n3 (4) held 1 s:
+    4 cores free at 2, 1, (2 at) 1.5 and 1."""
+    d = Driver(
+        [
+            cpu_node("n0", cpu=4),
+            cpu_node("n1", cpu=8),
+            cpu_node("n2", cpu=2),
+            cpu_node("n3", cpu=4),
+        ],
+        policy="tangram",
+    )
+    for aid, cpu, s in (("k", 2, 1.5), ("h", 4, 2.0), ("m", 4, 1.0), ("g", 4, 1.0), ("g2", 4, 5.0)):
+        d.arrive(act(aid, cpu=cpu, hints=WorkHints(expected_s=s)))
+    assert {k: r.node for k, r in d.core.actions.items()} == {
+        "k": "n2",
+        "h": "n0",
+        "m": "n3",
+        "g": "n1",
+        "g2": "n1",
+    }
+    el, nodes = d.core.elastic, d.core.nodes
+    n = [nodes[f"n{i}"] for i in range(4)]
+    assert el._first_two_full(n, 4.0) == (1.0, 1.0, "n1")  # (a tie: the first)
+    assert el._first_two_full(n[:3], 4.0) == (1.0, 1.5, "n1")
+    assert el._first_two_full(n[:2], 4.0) == (1.0, 2.0, "n1")
+    assert el._first_two_full([n[0], n[2]], 8.0) == (1.5, 2.0, "n2")
+    assert el._first_two_full(n[:1], 4.0) == (math.inf, math.inf, "")
+    assert el._first_two_full([], 4.0) == (math.inf, math.inf, "")
