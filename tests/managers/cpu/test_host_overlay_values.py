@@ -425,13 +425,13 @@ def test_session_switch() -> None:
         True,
         0.0,
     )
-    sw = O.SessionSwitch(0.00123456, 0.002, 0.0031, False)
-    assert sw.total_s == pytest.approx(0.00633456)
+    sw = O.SessionSwitch(0.00123456, 0.0021000123, 0.0031000057, False)
+    assert sw.total_s == pytest.approx(0.006434578)
     assert sw.to_dict() == {
         "thaw_ms": 1.2346,
-        "requota_ms": 2.0,
+        "requota_ms": 2.1,
         "freeze_ms": 3.1,
-        "total_ms": 6.3346,
+        "total_ms": 6.4346,
         "frozen": False,
     }
 
@@ -726,3 +726,134 @@ def test_image_request_limits() -> None:
     assert out["limits"] == {"uid": 1, "gid": 2, "fsize": 3} and out["limits"] is not req["limits"]
     out = O.image_request(req, img, O.Inside(uid=5, gid=6), 2.9)  # type: ignore[arg-type]
     assert out["limits"] == {"uid": 5, "gid": 6, "fsize": 2 << 20}
+
+
+# --- edges found by mutation testing ---------------------------------------------------------
+
+
+def test_thaw_stale_edges(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    killed: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        killed.append(pid)
+        raise ProcessLookupError  # (gone already: swallowed)
+
+    monkeypatch.setattr(os, "kill", kill)
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: sorted(real_listdir(p)))
+    real_rmdir = os.rmdir
+
+    def rmdir(p: str) -> None:
+        for n in real_listdir(p) if os.path.isdir(p) else ():
+            q = os.path.join(p, n)
+            if os.path.isfile(q):
+                os.unlink(q)
+        real_rmdir(p)
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    stale = tmp_path / "tangram-199999999-sessions"  # (a pid whose first digit names a live one)
+    for n in ("f1", "f2"):
+        (stale / n).mkdir(parents=True)
+        (stale / n / "cgroup.procs").write_text("5 6\n")
+    (stale / "a-file").write_text("")
+    bad = tmp_path / "tangram-199999998-sessions" / "f1"
+    (bad / "freezer.state").mkdir(parents=True)  # thawing it fails: swallowed
+    odd = tmp_path / "tangram-199999997abcdefghi"  # not "-sessions": never touched
+    odd.mkdir()
+    O._thaw_stale(str(tmp_path))
+    assert not (stale / "f1").exists() and not (stale / "f2").exists()
+    assert killed == [5, 6, 5, 6]
+    assert odd.exists()
+
+
+def test_freezer_tree_v1_base_exists(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    mnt = tmp_path / "freezer"
+    (mnt / "own" / "t-sessions").mkdir(parents=True)
+    monkeypatch.setattr(O, "_freezer_mount", lambda: str(mnt))
+    monkeypatch.setattr(O, "_own_freezer_path", lambda: "/own")
+    monkeypatch.setattr(O, "_thaw_stale", lambda p: None)
+    t = O.FreezerTree(types.SimpleNamespace(version="v1", tag="t"))  # type: ignore[arg-type]
+    assert t.available and t.problem == "" and t.base == f"{mnt}/own/t-sessions"
+
+
+def test_rmdir_last_try(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    later: list[Any] = []
+
+    class _L:
+        def call_later(self, d: float, cb: Any, *a: Any) -> None:
+            later.append((d, a))
+
+    monkeypatch.setattr(O.asyncio, "get_event_loop", lambda: _L())
+    t = O.FreezerTree(types.SimpleNamespace(version="v2"))  # type: ignore[arg-type]
+    d = tmp_path / "busy"
+    d.mkdir()
+    (d / "x").write_text("")
+    t._rmdir(str(d), 1)
+    assert later == [(0.1, (str(d), 0))]
+
+
+def test_own_freezer_path_keeps_its_last_letter(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_open(monkeypatch, {"/proc/self/cgroup": "7:freezer:/a/X\n"})
+    assert O._own_freezer_path() == "/a/X"
+
+
+def test_freezer_tree_close_text_and_busy_child(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = O.FreezerTree(types.SimpleNamespace(version="v2"))  # type: ignore[arg-type]
+    base = tmp_path / "base"
+    (base / "f1").mkdir(parents=True)
+    (base / "f2").mkdir()
+    (base / "f2" / "x").write_text("")  # not empty: its rmdir fails (swallowed)
+    t.base = str(base)
+    written: list[str] = []
+    real_open = open
+
+    class _W(io.StringIO):
+        def close(self) -> None:
+            written.append(self.getvalue())
+            super().close()
+
+    def fake_open(p: str, mode: str = "r", *a: Any) -> Any:
+        if p.endswith("freezer.state"):
+            return _W()
+        return real_open(p, mode, *a)
+
+    monkeypatch.setattr(O, "open", fake_open, raising=False)
+    monkeypatch.setattr(O, "time", types.SimpleNamespace(sleep=lambda s: None))
+    t.close()
+    assert written[:2] == ["THAWED", "THAWED"]
+    assert not (base / "f1").exists() and (base / "f2").exists()
+
+
+async def test_enter_image_idmaps_the_clone(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(O, "open_tree_clone", lambda p: os.open(p, os.O_RDONLY))
+    mapped: list[str] = []
+    nsd = tmp_path / "ns"
+    nsd.mkdir()
+    ns = types.SimpleNamespace(
+        fd=os.open(str(nsd), os.O_RDONLY),
+        base=1,
+        count=2,
+        idmap=lambda fd: mapped.append(os.readlink(f"/proc/self/fd/{fd}")),
+    )
+    img = _img()
+    store = types.SimpleNamespace(
+        layers_dir=str(tmp_path), layer_paths=lambda i: ["/x/layers/cc"] if i is img else ["/wrong"]
+    )
+    a, b = socket.socketpair()
+    sb = _Sb(a, {"ok": True})
+    await O.enter_image(sb, store, img, 1, 1, 1, userns=ns)  # type: ignore[arg-type]
+    assert mapped == [str(tmp_path)] and sb.requests[0][0]["layers"] == ["cc"]
+    _, fds, _, _ = socket.recv_fds(b, 16, 8)
+    for f in (*fds, ns.fd):
+        os.close(f)
+    a.close()
+    b.close()
+
+
+def test_image_request_without_direct() -> None:
+    req = _req()
+    del req["direct"]
+    out = O.image_request(req, types.SimpleNamespace(config={}), None, None)  # type: ignore[arg-type]
+    assert "direct" not in out
