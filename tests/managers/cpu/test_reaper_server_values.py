@@ -484,3 +484,30 @@ def test_main(monkeypatch: pytest.MonkeyPatch) -> None:
     b.close()
     with contextlib.suppress(OSError):
         a.close()
+
+
+# --- edges found by mutation testing ---------------------------------------------------------
+
+
+def test_clean_a_gone_fork_server(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, kills: list[Any]
+) -> None:
+    assert R.clean({}, {666}) == []  # its kill fails (gone already): swallowed
+    assert kills == [(666, 9)]
+
+
+def test_start_zygote_stdin_is_dev_null(tmp_path: Any) -> None:
+    out = tmp_path / "in"
+    script = f"import os; open({str(out)!r}, 'w').write(os.readlink('/proc/self/fd/0'))"
+    r, w = os.pipe()
+    saved = os.dup(0)
+    os.dup2(r, 0)  # (ours: a pipe; the fork server's must not be)
+    try:
+        got = R._start_zygote({"argv": [sys.executable, "-c", script], "env": {}}, [os.dup(w)], -1)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    os.waitpid(got["pid"], 0)
+    assert out.read_text() == "/dev/null"
+    os.close(r)
+    os.close(w)
