@@ -318,3 +318,14 @@ def test_the_first_two_nodes_to_free_a_full_width() -> None:
     assert el._first_two_full([n[0], n[2]], 8.0) == (1.5, 2.0, "n2")
     assert el._first_two_full(n[:1], 4.0) == (math.inf, math.inf, "")
     assert el._first_two_full([], 4.0) == (math.inf, math.inf, "")
+
+
+def test_an_elastic_head_goes_to_the_node_warm_for_its_own_kind() -> None:
+    # n0 warm for python only, n1 with one executor warm for tests: n1 saves the cold start
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=4)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n0", "python", 2))
+    d(ev.WarmPoolReport(0.0, "n1", "test", 1))
+    d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
+    assert d.core.actions["e"].node == "n1"
+    d.arrive(elastic("f", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
+    assert d.core.actions["f"].node == "n0"  # (the other: n1 has no core free)
