@@ -521,3 +521,26 @@ def test_a_pulled_record_cannot_replace_an_image_in_use(tmp_path) -> None:
         "image 'a' is in use by 1 session(s)/action(s) on this node; it cannot be replaced now"
     )
     st.release("a")
+
+
+def test_the_digest_sorts_the_configs_keys_and_the_import_time_is_measured(
+    tmp_path, monkeypatch
+) -> None:
+    import tempfile
+
+    base = _rootfs(tmp_path, "b", {"x": b"x"})
+    tar = imagekit.pack_layer(base, str(tmp_path / "b.tar"))
+    cfg = {"WorkingDir": "/w", "Env": ["A=1"], "Cmd": ["sh"]}  # not in sorted order
+    lay = imagekit.write_oci_layout(str(tmp_path / "oci"), [tar], cfg)
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent-t53")  # nothing made outside the cache
+    st = ImageStore(str(tmp_path / "c"))
+    img = st.import_path(lay, "i")
+    assert list(img.config) != sorted(img.config)  # (as the reader keeps it: not sorted)
+    want = (
+        "sha256:"
+        + hashlib.sha256(
+            json.dumps([img.layers, {"Cmd": ["sh"], "Env": ["A=1"], "WorkingDir": "/w"}]).encode()
+        ).hexdigest()
+    )
+    assert img.digest == want
+    assert 0 < img.import_s < 6 and round(img.import_s, 6) == img.import_s
