@@ -167,6 +167,11 @@ def test_add_host_python_copies_the_stdlib_without_the_skipped_parts(tmp_path, m
     assert os.readlink(link) == os.path.realpath(py)
     real_py = os.path.realpath(py)
     assert os.path.isfile(root + real_py)
+    for lib in imagekit._libs(real_py):
+        if "/ld-linux" in lib:  # the loader, also where the other layout looks for it
+            cand = os.path.join("/lib/x86_64-linux-gnu", os.path.basename(lib))
+            if os.path.exists(cand):
+                assert os.path.isfile(root + cand), cand
     ((src, dst, links),) = calls
     assert dst == root + src and links is True and src.startswith("/usr/lib/python3")
     assert imagekit.add_host_python(root, py) == link  # again: the stdlib and link are there
