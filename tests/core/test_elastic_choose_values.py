@@ -329,3 +329,28 @@ def test_an_elastic_head_goes_to_the_node_warm_for_its_own_kind() -> None:
     assert d.core.actions["e"].node == "n1"
     d.arrive(elastic("f", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
     assert d.core.actions["f"].node == "n0"  # (the other: n1 has no core free)
+
+
+def test_resizes_of_an_action_not_yet_started_rewrite_its_start() -> None:
+    from arl_tangram.core import commands as cmd
+
+    d = Driver([cpu_node("n", cpu=10)], policy="tangram")
+    d.arrive(
+        elastic("a", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)),
+        elastic("b", 1, 4, p=0.9, hints=WorkHints(expected_s=2.0)),
+    )
+    st, node = d.core.st, d.core.nodes["n"]
+    a, b = d.core.actions["a"], d.core.actions["b"]
+    st.out.clear()
+    st.start_index.clear()
+    old = cmd.StartAction(a.spec, "n", Resources(cpu=1, memory_mb=256), True, "c0")
+    st.out.append(old)
+    st.start_index["a"] = 0
+    st.now, st.cause = 7.0, "c1"
+    d.core.elastic.emit_resizes(node, [a, b])
+    assert st.out == [
+        cmd.StartAction(a.spec, "n", a.allotment, True, "c0"),
+        cmd.ResizeAction("b", "n", b.allotment, cause="c1"),
+    ]
+    assert a.story[-4:] == (7.0, "cpu", a.width, "c1")
+    assert b.story[-4:] == (7.0, "cpu", b.width, "c1")
