@@ -616,6 +616,7 @@ def _observed(d: Driver) -> list[tuple]:
     return calls
 
 
+@pytest.mark.pure_core  # (replaces the estimator's method: the compiled core's are read-only)
 def test_a_finished_action_is_observed_at_the_speed_of_the_quota_it_ran_with() -> None:
     """Charged a quarter core, a short action ran with its whole demand's quota (speed 1); an
     elastic one at its width (4 cores at p = 0.9)."""

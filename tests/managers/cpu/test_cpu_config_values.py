@@ -40,7 +40,6 @@ def test_defaults():
         "default_memory_mb": 512,
         "default_cpus": 1.0,
         "squeezed_weight": 0.0,
-        "squeezed_weight_sticky": False,
         "sandbox_weight": 1.0,
         "pids_max": 256,
         "default_compile_timeout_s": 30.0,

@@ -214,35 +214,6 @@ async def test_a_squeezed_action_yields_at_once(mgr: CpuManager) -> None:
     assert mgr.weight_of(a.id, 0.5) == 1.0  # (ended: nothing to compare with)
 
 
-async def test_a_squeezed_action_keeps_the_least_weight_when_sticky(mgr: CpuManager) -> None:
-    """`squeezed_weight_sticky`: once squeezed, an action keeps the least weight after its quota
-    grows back (its quota whole again), until it ends; an action never squeezed keeps a normal
-    task's weight."""
-    import dataclasses
-
-    before = mgr.config
-    mgr.config = dataclasses.replace(before, squeezed_weight_sticky=True)
-    try:
-        a = spec("import time\ntime.sleep(3)\n", lo=0, hi=0)
-        run = asyncio.create_task(mgr.run(a, allot(cpu=1)))
-        sb = await _registered(mgr, a.id)
-        v1 = sb.slot is not None and sb.slot.version == "v1"
-        normal, least = (1024, 2) if v1 else (100, 1)
-        assert (_quota(sb), _weight(sb)) == (1.0, normal)
-        assert mgr.weight_of(a.id, 1.0) == 1.0  # (not squeezed yet)
-        assert await mgr.resize(a.id, allot(cpu=0.5)) == "applied"
-        assert (_quota(sb), _weight(sb)) == (0.5, least)
-        assert await mgr.resize(a.id, allot(cpu=1)) == "applied"
-        assert (_quota(sb), _weight(sb)) == (1.0, least)
-        assert mgr.weight_of(a.id, 1.0) == 0.0
-        await mgr.cancel(a.id)
-        await run
-        assert a.id not in mgr._lent  # (ended: forgotten)
-        assert mgr.weight_of(a.id, 1.0) == 1.0
-    finally:
-        mgr.config = before
-
-
 async def test_squeezed_weight_is_a_fraction() -> None:
     from arl_tangram.managers.cpu import CpuManagerConfig
 
@@ -250,10 +221,6 @@ async def test_squeezed_weight_is_a_fraction() -> None:
         with pytest.raises(ValueError, match=r"squeezed_weight must be a number from 0 to 1"):
             CpuManagerConfig(squeezed_weight=bad)  # type: ignore[arg-type]
     assert CpuManagerConfig(squeezed_weight=1).squeezed_weight == 1
-    for bad in (1, "yes", None):
-        with pytest.raises(ValueError, match=r"squeezed_weight_sticky must be a bool, got "):
-            CpuManagerConfig(squeezed_weight_sticky=bad)  # type: ignore[arg-type]
-    assert CpuManagerConfig().squeezed_weight_sticky is False
 
 
 async def test_the_sandboxes_tree_takes_the_configured_weight() -> None:

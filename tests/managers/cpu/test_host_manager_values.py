@@ -213,7 +213,7 @@ def test_init_defaults() -> None:
     assert m.sessions.config is m.config and m.sessions.host is m
     assert m.fork.config is m.config
     assert (m._langs, m._report, m._cgroups, m._pool) == ({}, {}, None, None)
-    assert (m._running, m._quota, m._started, m._lent, m._cancelled) == ({}, {}, {}, set(), set())
+    assert (m._running, m._quota, m._started, m._cancelled) == ({}, {}, {}, set())
     assert m._closed is False and m._env == {} and m._base_env is None
     assert (m.images, m.layers, m.userns, m._freezers, m._own_userns) == (
         None,
@@ -566,7 +566,6 @@ async def test_run_pooled(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def exchange(aid: str, sb: Any, req: Any, mem: int) -> Any:
         got.append((aid, sb, req, mem, dict(m._quota), dict(m._started)))
-        m._lent.add(aid)
         return RunResult(status=RunStatus.Success)
 
     m.exchange = exchange  # type: ignore[method-assign]
@@ -577,7 +576,7 @@ async def test_run_pooled(monkeypatch: pytest.MonkeyPatch) -> None:
     aid, sb, req, mem, q, st = got[0]
     assert (aid, mem, q, st) == ("a1", 300 * MIB, {"a1": 1.5}, {"a1": 1.5})
     assert req["tmpfs_mb"] == 150 and pool.released == [sb] and pool.takes == ["take"]
-    assert m._quota == {} and m._started == {} and m._lent == set()
+    assert m._quota == {} and m._started == {}
     # at the cap: no tmpfs_mb of its own
     _payload(monkeypatch, _req(), mem=512 * MIB)
     await m.run(_act("a2"), allot)
@@ -728,19 +727,16 @@ def test_lost() -> None:
 
 
 def test_weight_of() -> None:
-    m, _ = _mgr(squeezed_weight=0.1, squeezed_weight_sticky=False)
+    m, _ = _mgr(squeezed_weight=0.1)
     assert m.weight_of("a", 2.0) == 1.0  # unknown: its own start
     m._started["a"] = 2.0
     assert m.weight_of("a", 2.0) == 1.0
     assert m.weight_of("a", 2.0 - 5e-10) == 1.0
     assert m.weight_of("a", 2.0 - 2e-9) == 0.1
-    assert m.weight_of("a", 1.0) == 0.1 and m._lent == set()
+    assert m.weight_of("a", 1.0) == 0.1
     assert m.weight_of("a", 3.0) == 1.0
-    m2, _ = _mgr(squeezed_weight=0.2, squeezed_weight_sticky=True)
-    m2._started["a"] = 2.0
-    assert m2.weight_of("a", 1.0) == 0.2 and m2._lent == {"a"}
-    assert m2.weight_of("a", 2.0) == 0.2  # sticky: grown back, still squeezed
-    assert m2.weight_of("b", 1.0) == 1.0 and m2._lent == {"a"}  # (not started here)
+    assert m.weight_of("a", 2.0) == 1.0  # grown back: a normal task's again
+    assert m.weight_of("b", 1.0) == 1.0  # (not started here)
 
 
 def test_quota_of() -> None:

@@ -657,12 +657,9 @@ def test_fs_type_does_not_strip_more_than_a_slash(monkeypatch) -> None:
     assert layers.fs_type("/srv/boX/f") == "ext2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: with two mounts on one mount point, fs_type names "
-    "the first (covered) one: /proc/self/mountinfo lists the visible one last",
-)
 def test_fs_type_of_a_covered_mount_point_is_the_top_mount(monkeypatch) -> None:
+    """Two mounts on one point: the later (listed last in mountinfo, the visible one) names the
+    file system."""
     _mountinfo(monkeypatch, MI + "27 23 0:9 / /srv rw - tmpfs tmpfs rw\n")
     assert layers.fs_type("/srv/x") == "tmpfs"
 

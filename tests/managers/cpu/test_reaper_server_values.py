@@ -54,6 +54,21 @@ def _child(code: str) -> int:
 
 
 def test_reap_statuses() -> None:
+    """`_reap` waits for any child: run in a fork of its own, whose only children are these
+    (the test process may hold other tests' children, which `waitpid(-1)` would reap too)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _reap_statuses()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _reap_statuses() -> None:
     a = _child("os._exit(3)")
     b = _child("os.kill(os.getpid(), 9)")
     c = _child("os._exit(0)")

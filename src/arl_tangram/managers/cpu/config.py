@@ -64,12 +64,6 @@ class CpuManagerConfig:
     # any other sandbox and to the service's own processes that want a core. 0: the kernel's
     # least (cpu.shares 2, cpu.weight 1); 1.0: the same weight as any action.
     squeezed_weight: float = 0.0
-    # Whether an action keeps `squeezed_weight` once squeezed, also after its quota grew back
-    # (until it ends): it has lent its tenant's excess once, and the tenant it lent to may come
-    # back (a sequential tenant's next action, a few milliseconds later). Its quota grows back
-    # as before (idle CPU is used either way); only a contended CPU goes first to the service's
-    # processes and to other sandboxes (anticipation, Iyer and Druschel SOSP 2001; docs/core.md).
-    squeezed_weight_sticky: bool = False
     # CPU weight of the sandboxes' cgroup tree, in busy tasks per core: 1.0, as many plain
     # processes as the machine has cores (N busy sandboxes compete for CPU like N processes);
     # below 1 the service's own processes (the engine, the manager, the fork server: outside
@@ -215,8 +209,6 @@ class CpuManagerConfig:
         v = self.squeezed_weight
         if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
             raise ValueError(f"squeezed_weight must be a number from 0 to 1, got {v!r}")
-        if not isinstance(self.squeezed_weight_sticky, bool):
-            raise ValueError(f"squeezed_weight_sticky must be a bool, got {self.squeezed_weight_sticky!r}")
         v = self.sandbox_weight
         if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 < v <= 1.0:
             raise ValueError(f"sandbox_weight must be a number above 0 and at most 1, got {v!r}")

@@ -88,7 +88,6 @@ class CpuManager:
         # the action's sandbox registers in `_running` waits here and is set when it registers
         self._quota: dict[str, float] = {}
         self._started: dict[str, float] = {}  # action id -> the quota it started with
-        self._lent: set[str] = set()  # actions squeezed once (`squeezed_weight_sticky`)
         self._cancelled: set[str] = set()
         self._closed = False
         self._host = socket.gethostname()
@@ -301,7 +300,6 @@ class CpuManager:
         finally:
             self._quota.pop(action.id, None)
             self._started.pop(action.id, None)
-            self._lent.discard(action.id)
 
     async def _run_pooled(self, action: ActionSpec, req: SandboxRequest, mem: int) -> RunResult:
         """A one-shot action in a sandbox of the warm pool."""
@@ -348,14 +346,9 @@ class CpuManager:
 
     def weight_of(self, action_id: str, cpus: float) -> float:
         """The CPU weight of ``action_id`` at a quota of ``cpus``: `squeezed_weight` below the
-        quota it started with (lent CPU taken back from it), and with `squeezed_weight_sticky`
-        also once grown back, until it ends; else a normal task's."""
+        quota it started with (lent CPU taken back from it), else a normal task's."""
         started = self._started.get(action_id, cpus)
-        if cpus < started - 1e-9:
-            if self.config.squeezed_weight_sticky and action_id in self._started:
-                self._lent.add(action_id)
-            return self.config.squeezed_weight
-        return self.config.squeezed_weight if action_id in self._lent else 1.0
+        return self.config.squeezed_weight if cpus < started - 1e-9 else 1.0
 
     def quota_of(self, action_id: str, default: float) -> float:
         """``action_id``'s CPU quota in cores now (a resize that came while it waited for its

@@ -111,7 +111,8 @@ FALLBACK_DIR = "/var/tmp/arl-tangram/layers"  # on disk on every common distribu
 
 def fs_type(path: str) -> str:
     """The type of the file system holding ``path`` (the longest mount point above it in
-    /proc/self/mountinfo), or "" where it cannot be told."""
+    /proc/self/mountinfo; of two on one point the later, which covers the earlier), or ""
+    where it cannot be told."""
     path = os.path.realpath(path)
     best, kind = -1, ""
     try:
@@ -120,7 +121,7 @@ def fs_type(path: str) -> str:
                 left, _, right = line.partition(" - ")
                 mnt = left.split()[4].replace("\\040", " ")
                 inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) > best:
+                if inside and len(mnt) >= best:
                     best, kind = len(mnt), right.split()[0]
     except (OSError, IndexError):
         return ""

@@ -87,7 +87,9 @@ def warm_child() -> None:
 def _read_job(fd: int, base: Limits) -> tuple[Job, Limits, tuple[int, int]]:
     hdr = _read_exact(fd, 4)
     msg = marshal.loads(_read_exact(fd, int.from_bytes(hdr, "big")))  # from the init: trusted
-    status = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 900)  # out of the code's way; not exec'd
+    # out of the code's way, not exec'd; below the open-files limit `pre_drop` set (F_DUPFD
+    # refuses a start at or above it: with `max_open_files` <= 900 the child would exit)
+    status = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, max(4, min(900, base.nofile - 1)))
     os.close(fd)
     lim = Limits(uid=base.uid, gid=base.gid, cpu_s=msg["cpu_s"], fsize=min(msg["fsize"], base.fsize),
                  nofile=min(msg["nofile"], base.nofile), output=0, cpus=msg["cpus"])
