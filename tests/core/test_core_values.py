@@ -631,3 +631,51 @@ def test_a_finished_action_is_observed_at_the_speed_of_the_quota_it_ran_with() -
     assert d.core.actions["e"].width == 4.0
     d.finish("e", run_s=2.0)
     assert calls[1][2:] == (2.0, pytest.approx(1.0 / (0.1 + 0.9 / 4), rel=1e-12))
+
+
+@pytest.mark.parametrize(
+    "shares, floor, lends",
+    [({"a": 2.0, "b": 1.0}, 0.5, True), (None, 0.5, False), ({"a": 2.0, "b": 1.0}, 1.0, False)],
+)
+def test_lending_is_on_only_with_tenant_shares_and_a_floor_below_one(shares, floor, lends) -> None:
+    core = Driver([cpu_node("n0")], tenant_shares=shares, lend_floor=floor).core
+    assert (core.lending is not None) is lends
+    if lends:
+        assert core.lending is core.scheduling.lending
+        assert core.lending.st is core.st and core.lending.placer is core.placer
+        assert core.lending.floor == 0.5
+
+
+def test_the_provider_settings_reach_the_providers() -> None:
+    from arl_tangram.core.providers import ProviderLimits
+
+    lim = (ProviderLimits(name="p", rate=10.0, burst=2.0),)
+    p = Driver([cpu_node("n0")], providers=lim).core.providers
+    assert (p.aging_s, p.policy, p.semaphore, p.coalesce, p.trajectories) == (
+        30.0,
+        "tangram",
+        None,
+        True,
+        1,
+    )
+    assert p.tenant_weight is None
+    core = Driver(
+        [cpu_node("n0")],
+        providers=lim,
+        aging_s=7.0,
+        provider_policy="semaphore",
+        provider_semaphore=4,
+        provider_coalesce=False,
+        trajectories=3,
+        tenant_shares={"a": 2.0, "b": 1.0},
+    ).core
+    p = core.providers
+    assert (p.aging_s, p.policy, p.semaphore, p.coalesce, p.trajectories) == (
+        7.0,
+        "semaphore",
+        4,
+        False,
+        3,
+    )
+    assert p.tenant_weight is not None
+    assert (p.tenant_weight("a"), p.tenant_weight("b")) == (2.0, 1.0)
