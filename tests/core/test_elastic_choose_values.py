@@ -354,3 +354,66 @@ def test_resizes_of_an_action_not_yet_started_rewrite_its_start() -> None:
     ]
     assert a.story[-4:] == (7.0, "cpu", a.width, "c1")
     assert b.story[-4:] == (7.0, "cpu", b.width, "c1")
+
+
+def test_a_waiting_head_marks_the_candidates_with_free_cpu_for_expansion() -> None:
+    from arl_tangram.core.cluster import NodeSpec
+
+    # "m" offers no CPU at all (its free has no CPU entry) but is a candidate: only n0 has
+    # free CPU (half a core), too little for q's minimum of 4, so q waits (width 0.0, not for
+    # a warm node) and n0 is where to expand
+    nodes = [cpu_node("n0", cpu=8), NodeSpec("m", Resources(memory_mb=8192), pool="cpu")]
+    d = Driver(nodes, policy="tangram")
+    d.core.handle(ev.ActionArrived(0.0, act("b0", cpu=7.5)))
+    d.arrive(elastic("q", 4, 4, p=0.9, hints=WorkHints(expected_s=1.0)))
+    rec = d.core.actions["q"]
+    assert rec.node is None
+    assert [n.name for n in d.core.elastic.choose(rec)[3]] == ["n0", "m"]
+    d.core.st.expand_at.clear()
+    assert rec.queue_key is not None
+    assert d.core.elastic.place(rec) is False
+    assert d.core.st.expand_at == {"n0"}
+    assert d.core.placer.warm_waiters == {}
+
+
+def test_a_queued_elastic_action_is_overdue_from_the_instant_its_run_at_max_is_waited() -> None:
+    d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
+    d.core.handle(ev.ActionArrived(0.0, act("b0", cpu=6)))
+    d.arrive(elastic("q", 4, 4, p=1.0, hints=WorkHints(expected_s=4.0)))
+    rec = d.core.actions["q"]
+    due = d.core.queues.overdue_from(rec)
+    assert due > 0.0
+    d.at(due).arrive(act("x", cpu=1))
+    assert rec.node is None and d.core.st.now == due
+    assert d.core.elastic.overdue(rec) is True
+
+
+def test_a_head_waiting_for_a_warm_node_is_noted_by_its_queue() -> None:
+    d, got = _warm_case(0.45)
+    assert got == []
+    key = d.core.actions["e"].queue_key
+    assert key is not None
+    assert d.core.placer.warm_waiters == {key: None}
+
+
+def test_the_work_left_adds_the_run_since_the_last_retime_to_the_work_done_before() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    d.arrive(elastic("e", 1, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    el, rec = d.core.elastic, d.core.actions["e"]
+    s4 = 1.0 / (0.1 + 0.9 / 4)
+    d.at(1.0).tick()
+    el.retime(rec)  # (as before a resize: 1 s at s4 done, counted from t = 1)
+    assert (rec.done, rec.since) == (pytest.approx(s4, rel=1e-12), 1.0)
+    d.at(2.0).tick()
+    assert el.remaining(rec) == pytest.approx(10.0 - 2 * s4, rel=1e-12)
+    el.retime(rec)  # (the work done before is kept, the last second added)
+    assert (rec.done, rec.since) == (pytest.approx(2 * s4, rel=1e-12), 2.0)
+
+
+def test_a_reserve_under_one_core_is_raised_to_the_largest_minimum() -> None:
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram", reserve_fraction=0.2)
+    node = d.core.st.nodes["n0"]
+    assert d.core.elastic.reserve_of(node, "cpu") == pytest.approx(0.8)
+    d.arrive(elastic("e", 2, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
+    assert d.core.elastic.largest_min_cpu == 2.0
+    assert d.core.elastic.reserve_of(node, "cpu") == 2.0
