@@ -417,3 +417,13 @@ def test_a_reserve_under_one_core_is_raised_to_the_largest_minimum() -> None:
     d.arrive(elastic("e", 2, 4, p=0.9, hints=WorkHints(expected_s=10.0)))
     assert d.core.elastic.largest_min_cpu == 2.0
     assert d.core.elastic.reserve_of(node, "cpu") == 2.0
+
+
+def test_an_elastic_action_of_a_session_starts_warm_in_its_sandbox() -> None:
+    from arl_tangram.core import commands as cmd
+
+    d = Driver([cpu_node("n0", cpu=8)], policy="tangram")
+    d(ev.SessionRequested(0.0, "s", Resources(memory_mb=256)))
+    out = d.at(0.1).arrive(elastic("e", 1, 4, p=0.9, session="s", hints=WorkHints(expected_s=1.0)))
+    starts = [(c.action.id, c.node, c.warm) for c in out if isinstance(c, cmd.StartAction)]
+    assert starts == [("e", "n0", True)]
