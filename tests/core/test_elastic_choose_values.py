@@ -427,3 +427,14 @@ def test_an_elastic_action_of_a_session_starts_warm_in_its_sandbox() -> None:
     out = d.at(0.1).arrive(elastic("e", 1, 4, p=0.9, session="s", hints=WorkHints(expected_s=1.0)))
     starts = [(c.action.id, c.node, c.warm) for c in out if isinstance(c, cmd.StartAction)]
     assert starts == [("e", "n0", True)]
+
+
+def test_a_node_without_a_dimension_reserves_none_of_it() -> None:
+    from arl_tangram.core.cluster import NodeSpec
+
+    nodes = [cpu_node("n0", cpu=4), NodeSpec("m", Resources(memory_mb=8192), pool="cpu")]
+    d = Driver(nodes, policy="tangram", reserve_fraction=0.25)
+    el, st = d.core.elastic, d.core.st
+    assert el.reserve_of(st.nodes["m"], "cpu") == 0.0
+    assert el.reserve_of(st.nodes["n0"], "gpu") == 0.0
+    assert el.reserve_of(st.nodes["n0"], "memory_mb") == 2048.0
