@@ -27,21 +27,33 @@ def pytest_itemcollected(item):  # type: ignore[no-untyped-def]
 # replaced method would not run: there such a test runs in a subprocess on the pure-Python core
 # (`ARL_TANGRAM_PURE=1`). That the compiled core decides exactly as the pure one is
 # tests/core/test_native.py's job.
+#
+# Tests marked `own_process` fork the test process and run Python in the child (a sandbox's own
+# steps driven from the test). A fork copies the locks that other threads hold (stdout's, the
+# import lock), not the threads: after the thousands of tests before them in one process (threads
+# and loops left running), such a child hung and printed nothing. They run in a fresh
+# interpreter of their own (`ARL_TANGRAM_OWN_PROCESS=1` there).
 def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
-    if pyfuncitem.get_closest_marker("pure_core") is None:
-        return None
-    from arl_tangram.core import FORM
+    if pyfuncitem.get_closest_marker("pure_core") is not None:
+        from arl_tangram.core import FORM
 
-    if FORM != "compiled":
-        return None  # (runs here, as usual)
+        if FORM == "compiled":
+            return _in_a_subprocess(pyfuncitem, {"ARL_TANGRAM_PURE": "1"}, "on the pure core")
+    if (pyfuncitem.get_closest_marker("own_process") is not None
+            and os.environ.get("ARL_TANGRAM_OWN_PROCESS") != "1"):
+        return _in_a_subprocess(pyfuncitem, {"ARL_TANGRAM_OWN_PROCESS": "1"}, "in its own process")
+    return None  # (runs here, as usual)
+
+
+def _in_a_subprocess(pyfuncitem, extra, where):  # type: ignore[no-untyped-def]
     import subprocess
     import sys
 
-    env = {**os.environ, "ARL_TANGRAM_PURE": "1"}
+    env = {**os.environ, **extra}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", pyfuncitem.nodeid],
         env=env, cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"on the pure core:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
+    assert out.returncode == 0, f"{where}:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
     assert " passed" in out.stdout, out.stdout[-2000:]
     return True
 

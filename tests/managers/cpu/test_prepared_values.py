@@ -17,7 +17,7 @@ import pytest
 from arl_tangram.managers.cpu.sandbox import child, prepared
 from arl_tangram.managers.cpu.sandbox.child import Job, Limits
 
-pytestmark = pytest.mark.needs_root
+pytestmark = [pytest.mark.needs_root, pytest.mark.own_process]  # (tests/conftest.py)
 
 BASE = Limits(uid=65534, gid=65533, cpu_s=7, fsize=1 << 30, nofile=1024, output=0, cpus=1.0)
 

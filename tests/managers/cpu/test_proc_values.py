@@ -16,7 +16,7 @@ import pytest
 from arl_tangram.managers.cpu.sandbox import child, prepared, proc
 from arl_tangram.managers.cpu.sandbox.child import Job, Limits
 
-pytestmark = pytest.mark.needs_root
+pytestmark = [pytest.mark.needs_root, pytest.mark.own_process]  # (tests/conftest.py)
 
 
 def _lim(output: int = 100) -> Limits:

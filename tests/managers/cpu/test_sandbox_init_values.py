@@ -21,6 +21,9 @@ from arl_tangram.managers.cpu import _linux, wire
 from arl_tangram.managers.cpu.sandbox import child, init
 from arl_tangram.managers.cpu.sandbox.child import Limits
 
+# (forks the test process and runs Python in the child: tests/conftest.py)
+pytestmark = pytest.mark.own_process
+
 PY = {"name": "python", "file": "main.py", "compile": None, "run": None, "inproc": True}
 SH = {
     "name": "sh",
