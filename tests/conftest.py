@@ -29,10 +29,11 @@ def pytest_itemcollected(item):  # type: ignore[no-untyped-def]
 # tests/core/test_native.py's job.
 #
 # Tests marked `own_process` fork the test process and run Python in the child (a sandbox's own
-# steps driven from the test). A fork copies the locks that other threads hold (stdout's, the
-# import lock), not the threads: after the thousands of tests before them in one process (threads
-# and loops left running), such a child hung and printed nothing. They run in a fresh
-# interpreter of their own (`ARL_TANGRAM_OWN_PROCESS=1` there).
+# steps driven from the test). After the thousands of tests before them in one process (threads
+# and loops left running, module state), 23 such children hung and printed nothing, though each
+# file passed alone; a fork copies the locks other threads hold (stdout's, the import lock), not
+# the threads -- the likely cause, not shown. They run in a fresh interpreter of their own
+# (`ARL_TANGRAM_OWN_PROCESS=1` there).
 def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
     if pyfuncitem.get_closest_marker("pure_core") is not None:
         from arl_tangram.core import FORM
