@@ -121,11 +121,12 @@ def one(mode: str, flood: int, short: int, after: float,
         d = Path(tmp)
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
-        cfg = _config(d, mode in ("fair", "wait", "fair-quota", "fair-cp"),
-                      mode != "wait", 1.0 if mode in ("share", "share-node") else None,
-                      1.0 if mode == "fair-quota" else None,
-                      1 / 16 if mode == "fair-cp" else None,
-                      8 if mode in ("alone", "share", "share-node") else 2)
+        floor = mode in ("alone", "share", "share-node")
+        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp"),
+                      lend=mode != "wait", cpus=1.0 if mode in ("share", "share-node") else None,
+                      weight=1.0 if mode == "fair-quota" else None,
+                      sandbox_weight=1 / 16 if mode == "fair-cp" else None,
+                      warm_min=8 if floor else 2)
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None
