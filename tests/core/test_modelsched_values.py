@@ -27,6 +27,13 @@ def _planner(**cfg: object):
     return d, d.core.planner
 
 
+def _ticked(nodes: list, models: tuple) -> Driver:
+    """A tangram core with ``models`` on ``nodes``, none kept or prewarmed, at its first tick."""
+    d = Driver(nodes, models, policy="tangram", model_min_instances=0, model_prewarm=False)
+    d.at(0.0).tick()
+    return d
+
+
 def test_arrival_rate_is_arrivals_over_the_span_between_first_and_last() -> None:
     _, p = _planner()
     assert p.arrival_rate("rm") == 0.0  # none yet
@@ -282,14 +289,7 @@ def test_eviction_prefers_a_model_that_keeps_another_instance() -> None:
 
 def test_eviction_skips_a_lost_node_and_counts_free_devices_and_every_victims() -> None:
     a, b, c = _m("a"), _m("b"), _m("c")
-    d = Driver(
-        [gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)],
-        (a, b, c),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], (a, b, c))
     _ready(d, "g1", a, 1.0)
     d.at(2.0)(ev.NodeLost(2.0, "g0", reason="gone"))
     assert _models(d.at(5.0).arrive(reward("r0", model="c"))) == [
@@ -298,28 +298,14 @@ def test_eviction_skips_a_lost_node_and_counts_free_devices_and_every_victims() 
     ]
     c2 = _m("c", devices=2)
     # one free device and one idle instance make room for a model of two devices
-    d = Driver(
-        [gpu_node("g0", gpus=2)],
-        (a, b, c2),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=2)], (a, b, c2))
     _ready(d, "g0", a, 1.0)
     assert _models(d.at(5.0).arrive(reward("r0", model="c"))) == [
         ("unload", "a#1", "g0", True, "evicted for model c"),
         ("load", "c#2", "c", "g0", (0, 1), False, "ActionArrived:r0"),
     ]
     # two idle instances, both parked for it (b used before a)
-    d = Driver(
-        [gpu_node("g0", gpus=2)],
-        (a, b, c2),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=2)], (a, b, c2))
     _ready(d, "g0", a, 1.0)
     _ready(d, "g0", b, 0.5)
     assert _models(d.at(5.0).arrive(reward("r0", model="c"))) == [
@@ -331,14 +317,7 @@ def test_eviction_skips_a_lost_node_and_counts_free_devices_and_every_victims() 
 
 def test_victims_skip_a_loading_instance_and_take_a_model_with_more_replicas_first() -> None:
     a, b, c = _m("a"), _m("b", max_instances=2), _m("c")
-    d = Driver(
-        [gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)],
-        (a, b, c),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], (a, b, c))
     d.core.planner.launch(b, d.core.st.nodes["g1"], (0,), False)  # still loading: no victim
     _ready(d, "g0", a, 1.0)
     assert _models(d.at(5.0).arrive(reward("r0", model="c"))) == [
@@ -346,14 +325,7 @@ def test_victims_skip_a_loading_instance_and_take_a_model_with_more_replicas_fir
         ("load", "c#3", "c", "g0", (0,), False, "ActionArrived:r0"),
     ]
     # g0: a (its only one, older) and b; g1: b. b's on g0 goes (more replicas first)
-    d = Driver(
-        [gpu_node("g0", gpus=2), gpu_node("g1", gpus=1)],
-        (a, b, c),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=2), gpu_node("g1", gpus=1)], (a, b, c))
     _ready(d, "g0", a, 0.5)
     _ready(d, "g0", b, 1.0)
     _ready(d, "g1", b, 1.0)
@@ -747,14 +719,7 @@ def _gpu_act(aid: str, gpu: float = 1.0):
 
 def test_a_gpu_action_parks_the_idle_instances_on_the_node_needing_the_fewest() -> None:
     a, b, c = _m("a"), _m("b", max_instances=2), _m("c")
-    d = Driver(
-        [gpu_node("g0", gpus=2), gpu_node("g1", gpus=2)],
-        (a, b, c),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=2), gpu_node("g1", gpus=2)], (a, b, c))
     _ready(d, "g0", a, 1.0)
     _ready(d, "g0", b, 2.0)
     _ready(d, "g1", c, 3.0)
@@ -763,14 +728,7 @@ def test_a_gpu_action_parks_the_idle_instances_on_the_node_needing_the_fewest() 
         ("unload", "c#3", "g1", True, "evicted for action x"),
     ]
     assert d.status("x") is Status.RUNNING or d.status("x") is Status.STARTING
-    d = Driver(
-        [gpu_node("g0", gpus=2), gpu_node("g1", gpus=2)],
-        (a, b, c),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=2), gpu_node("g1", gpus=2)], (a, b, c))
     _ready(d, "g0", a, 1.0)
     _ready(d, "g0", b, 2.0)
     _ready(d, "g1", b, 0.5)
@@ -783,14 +741,7 @@ def test_a_gpu_action_parks_the_idle_instances_on_the_node_needing_the_fewest() 
 
 def test_a_gpu_action_looks_past_a_lost_node() -> None:
     a, b = _m("a"), _m("b")
-    d = Driver(
-        [gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)],
-        (a, b),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], (a, b))
     _ready(d, "g1", a, 1.0)
     d.at(2.0)(ev.NodeLost(2.0, "g0", reason="gone"))
     assert _models(d.at(5.0).arrive(_gpu_act("x", gpu=1.0))) == [
@@ -800,14 +751,7 @@ def test_a_gpu_action_looks_past_a_lost_node() -> None:
 
 def test_a_new_instance_goes_where_its_weights_are_parked() -> None:
     a = _m("a", max_instances=2)
-    d = Driver(
-        [gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)],
-        (a,),
-        policy="tangram",
-        model_min_instances=0,
-        model_prewarm=False,
-    )
-    d.at(0.0).tick()
+    d = _ticked([gpu_node("g0", gpus=1), gpu_node("g1", gpus=1)], (a,))
     d.core.planner.parked[("g1", "a")] = 1
     assert _models(d.at(1.0).arrive(reward("r0", model="a"))) == [
         ("load", "a#1", "a", "g1", (0,), True, "ActionArrived:r0"),
