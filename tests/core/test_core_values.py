@@ -285,10 +285,11 @@ def test_closing_a_session_cancels_its_queued_actions() -> None:
     assert d(ev.SessionClosed(3.0, "t")) == []  # (closed already)
 
 
-def test_a_batch_lost_with_its_instance_runs_again_once_then_fails() -> None:
-    from core_helpers import gpu_node, of, reward
+def _one_rm_driver() -> Driver:
+    """One GPU node and one reward model "rm" (one instance, batches of 16, a 10 s load), not
+    prewarmed."""
+    from core_helpers import gpu_node
 
-    from arl_tangram.core import commands as cmd
     from arl_tangram.core.cluster import ModelSpec
 
     rm = ModelSpec(
@@ -301,7 +302,15 @@ def test_a_batch_lost_with_its_instance_runs_again_once_then_fails() -> None:
         load_s=10.0,
         swap_s=1.0,
     )
-    d = Driver([gpu_node("g0", gpus=1)], [rm], policy="tangram", model_prewarm=False)
+    return Driver([gpu_node("g0", gpus=1)], [rm], policy="tangram", model_prewarm=False)
+
+
+def test_a_batch_lost_with_its_instance_runs_again_once_then_fails() -> None:
+    from core_helpers import of, reward
+
+    from arl_tangram.core import commands as cmd
+
+    d = _one_rm_driver()
     (ld,) = of(d.arrive(reward("a")), cmd.LoadModel)
     of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
     out = d(ev.ModelUnloaded(2.0, ld.instance_id, False, ""))
@@ -558,22 +567,11 @@ def test_a_retried_call_keeps_its_first_start_time() -> None:
 
 
 def test_a_batch_without_a_result_for_an_action_fails_it() -> None:
-    from core_helpers import gpu_node, of, reward
+    from core_helpers import of, reward
 
     from arl_tangram.core import commands as cmd
-    from arl_tangram.core.cluster import ModelSpec
 
-    rm = ModelSpec(
-        "rm",
-        memory_mb=8000,
-        alpha=0.04,
-        beta=0.01,
-        max_batch=16,
-        max_instances=1,
-        load_s=10.0,
-        swap_s=1.0,
-    )
-    d = Driver([gpu_node("g0", gpus=1)], [rm], policy="tangram", model_prewarm=False)
+    d = _one_rm_driver()
     (ld,) = of(d.arrive(reward("a"), reward("b"), reward("c")), cmd.LoadModel)
     (b,) = of(d(ev.ModelLoaded(1.0, ld.instance_id)), cmd.RunBatch)
     d(ev.BatchFinished(2.0, b.batch_id, ld.instance_id, outputs={"a": 1.0}, failed={"b": "boom"}))
