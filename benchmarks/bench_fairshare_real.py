@@ -23,7 +23,10 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
   left as any action's: what ``fair`` was before the weight);
 - ``fair-cp``: as ``fair`` with ``sandbox_weight: 1/16`` (the sandboxes' cgroup tree weighs
   1/16 of a busy task per core: the service's own processes win a contended CPU from carol's
-  loops).
+  loops);
+- ``fair-ent``: as ``fair`` with ``entitled_tree_weight: true`` (while a loop is squeezed the
+  sandboxes' cgroup tree weighs only its unsqueezed actions' cores: carol's squeezed loops
+  yield to the service's own processes too, not only inside the tree).
 
 The floors (``alone``, ``share``, ``share-node``) keep eight sandboxes warm (``warm_min: 8``,
 since 2026-11-30 07:00 UTC): with the service's 2, they started most of alice's actions cold
@@ -68,7 +71,7 @@ def _port() -> int:
 
 def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
             weight: float | None = None, sandbox_weight: float | None = None,
-            warm_min: int = 2) -> Path:
+            warm_min: int = 2, entitled: bool = False) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
     cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
@@ -80,6 +83,7 @@ def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
                    + f"    cpu: {{work_root: {d / 'w'}, warm_min: {warm_min}, warm_max: 8"
                    + (f", squeezed_weight: {weight:g}" if weight is not None else "")
                    + (f", sandbox_weight: {sandbox_weight:g}" if sandbox_weight is not None else "")
+                   + (", entitled_tree_weight: true" if entitled else "")
                    + "}\n")
     return cfg
 
@@ -122,11 +126,11 @@ def one(mode: str, flood: int, short: int, after: float,
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
         floor = mode in ("alone", "share", "share-node")
-        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp"),
+        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp", "fair-ent"),
                       lend=mode != "wait", cpus=1.0 if mode in ("share", "share-node") else None,
                       weight=1.0 if mode == "fair-quota" else None,
                       sandbox_weight=1 / 16 if mode == "fair-cp" else None,
-                      warm_min=8 if floor else 2)
+                      warm_min=8 if floor else 2, entitled=mode == "fair-ent")
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None

@@ -628,15 +628,71 @@ def test_a_v1_tree_on_plain_directories(
         f"{tmp_path}/memory/m/n",
         f"{tmp_path}/pids/",
     ]
-    assert (tmp_path / "cpu" / tag / "cpu.shares").read_text() == str(per_task * (os.cpu_count() or 1))
+    assert (tmp_path / "cpu" / tag / "cpu.shares").read_text() == str(
+        per_task * (os.cpu_count() or 1)
+    )
     assert t.join_dirs() == sorted(t.bases.values())
     (tmp_path / "cpu" / tag / "cpu.shares").unlink()  # (a plain directory: rmdir wants it empty)
     t.close(wait_s=0)
     assert not any(os.path.exists(b) for b in t.bases.values())
 
 
+def _bare_tree(cpu_dir: Path, version: str | None, weight: float = 1.0) -> CgroupTree:
+    """A tree of ``version`` whose cpu base is ``cpu_dir`` (no mounts looked at)."""
+    t = CgroupTree.__new__(CgroupTree)
+    t.weight, t.version, t.bases, t._written_weight = weight, version, {"cpu": str(cpu_dir)}, 0
+    return t
+
+
 def test_weigh_without_the_file_is_silent(tmp_path: Path) -> None:
-    CgroupTree._weigh(str(tmp_path / "missing" / "cpu.shares"), 1024)  # (no error)
+    t = _bare_tree(tmp_path / "missing", "v1")
+    t.set_cores(None)  # (no error)
+    assert t._written_weight == 0  # (not written: tried again at the next change)
+
+
+@pytest.mark.parametrize(
+    ("version", "weight", "cores", "want"),
+    [
+        ("v1", 1.0, None, 2048),
+        ("v1", 1.0, 0.75, 768),
+        ("v1", 1.0, 0.0, 2),
+        ("v1", 1.0, 5.0, 2048),
+        ("v1", 1 / 16, 1.5, 96),
+        ("v1", 0.0001, 1.0, 2),
+        ("v2", 1.0, None, 200),
+        ("v2", 1.0, 0.75, 75),
+        ("v2", 1.0, 0.0, 1),
+        ("v2", 1 / 16, 1.0, 6),
+        ("v2", 1.0, 0.004, 1),
+    ],
+)
+def test_the_tree_weighs_cores_of_busy_tasks(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    version: str,
+    weight: float,
+    cores: float | None,
+    want: int,
+) -> None:
+    """`set_cores`: ``cores`` busy tasks' weight (a task's rounded first: 1024 / 100 times the
+    tree's `weight`), at most the machine's cores (here 2), at least the kernel's least (2 / 1);
+    ``None``: one task per core."""
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 2)
+    name = "cpu.shares" if version == "v1" else "cpu.weight"
+    f = tmp_path / name
+    f.write_text("")
+    t = _bare_tree(tmp_path, version, weight)
+    t.set_cores(cores)
+    assert f.read_text() == str(want)
+    f.write_text("kept")
+    t.set_cores(cores)  # (the same value: not written again)
+    assert f.read_text() == "kept"
+
+
+def test_a_tree_without_cgroups_weighs_nothing(tmp_path: Path) -> None:
+    t = _bare_tree(tmp_path, None)
+    t.set_cores(1.0)
+    assert list(tmp_path.iterdir()) == [] and t._written_weight == 0
 
 
 def test_mounts_and_own_paths_as_the_kernel_lists_them() -> None:
@@ -970,7 +1026,9 @@ def test_weigh_with_an_unknown_cpu_count_is_one_task(
     f = tmp_path / "cpu.shares"
     f.write_text("")
     monkeypatch.setattr(cgroups.os, "cpu_count", lambda: None)
-    CgroupTree._weigh(str(f), 1024)
+    _bare_tree(tmp_path, "v1").set_cores(None)
+    assert f.read_text() == "1024"
+    _bare_tree(tmp_path, "v1").set_cores(3.0)  # (at most the one core assumed)
     assert f.read_text() == "1024"
 
 

@@ -41,6 +41,7 @@ def test_defaults():
         "default_cpus": 1.0,
         "squeezed_weight": 0.0,
         "sandbox_weight": 1.0,
+        "entitled_tree_weight": False,
         "pids_max": 256,
         "default_compile_timeout_s": 30.0,
         "default_run_timeout_s": 10.0,

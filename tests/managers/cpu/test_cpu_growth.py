@@ -21,6 +21,7 @@ from _cpu_helpers import allot
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu import CpuManager
+from arl_tangram.managers.cpu.host.cgroups import CgroupTree
 from arl_tangram.managers.cpu.host.pool import Sandbox
 from arl_tangram.managers.cpu.images import imagekit
 from arl_tangram.replay.work import program
@@ -238,5 +239,50 @@ async def test_the_sandboxes_tree_takes_the_configured_weight() -> None:
             name = "cpu.shares" if tree.version == "v1" else "cpu.weight"
             with open(f"{tree.bases['cpu']}/{name}") as f:
                 assert int(f.read()) == (v1 if tree.version == "v1" else v2) * cores
+        finally:
+            await m.aclose()
+
+
+async def test_the_tree_weighs_what_it_is_entitled_to_while_a_loop_is_squeezed() -> None:
+    """`entitled_tree_weight`: while one of its actions is squeezed below the cores it started
+    with, the sandboxes' tree weighs only the cores of those that are not (here the other
+    action's 0.75: cgroup v1 cpu.shares 768, v2 cpu.weight 75), so that a squeezed loop yields
+    to the service's own processes too; none squeezed: one busy task per core again (1024 /
+    100 per core), and the least weight when every action is squeezed. Off (the default): the
+    tree keeps one task per core throughout."""
+    from arl_tangram.managers.cpu import CpuManagerConfig
+
+    cores = os.cpu_count() or 1
+    for entitled in (True, False):
+        m = CpuManager(CpuManagerConfig(entitled_tree_weight=entitled, warm_min=0))
+        await m.start()
+        try:
+            tree = m._cgroups
+            assert tree is not None
+            v1 = tree.version == "v1"
+            name, task, least = ("cpu.shares", 1024, 2) if v1 else ("cpu.weight", 100, 1)
+
+            def weight(tree: CgroupTree = tree, name: str = name) -> int:
+                with open(f"{tree.bases['cpu']}/{name}") as f:
+                    return int(f.read())
+
+            a = spec("import time\ntime.sleep(5)\n", lo=0, hi=0)
+            b = spec("import time\ntime.sleep(5)\n", lo=0, hi=0)
+            runs = [asyncio.create_task(m.run(x, allot(cpu=c))) for x, c in ((a, 1), (b, 0.75))]
+            await _registered(m, a.id)
+            await _registered(m, b.id)
+            assert weight() == task * cores
+            assert await m.resize(a.id, allot(cpu=0.5)) == "applied"
+            assert weight() == (round(task * 0.75) if entitled else task * cores)
+            assert await m.resize(b.id, allot(cpu=0.25)) == "applied"
+            assert weight() == (least if entitled else task * cores)
+            assert await m.resize(a.id, allot(cpu=1)) == "applied"
+            assert weight() == (task if entitled else task * cores)
+            assert await m.resize(b.id, allot(cpu=0.75)) == "applied"
+            assert weight() == task * cores
+            for x in (a, b):
+                await m.cancel(x.id)
+            await asyncio.gather(*runs)
+            assert weight() == task * cores
         finally:
             await m.aclose()

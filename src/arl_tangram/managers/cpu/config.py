@@ -71,6 +71,13 @@ class CpuManagerConfig:
     # behind another sandbox's time slice at each wake-up. Idle CPU is used either way. (Issue
     # 41's measurements of 1/16 under a flood disagree between two runs: docs/core.md.)
     sandbox_weight: float = 1.0
+    # While any action here is squeezed below the cores it started with (lent CPU taken back,
+    # `squeezed_weight`), the tree weighs only the quotas of its actions that are not: what its
+    # sandboxes are entitled to. A squeezed action's least weight divides only the tree's own
+    # part of a CPU; the tree's part against the service's own processes (outside it) is set
+    # here, so that a squeezed loop yields to the control plane starting the action it made
+    # room for. Back to `sandbox_weight`'s one busy task per core when none is squeezed.
+    entitled_tree_weight: bool = False
     # Maximum number of processes/threads inside one sandbox (cgroup pids.max).
     pids_max: int = 256
     # Default timeouts (seconds) when the payload gives none; and the hard upper bounds.

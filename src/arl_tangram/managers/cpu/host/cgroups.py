@@ -379,6 +379,7 @@ class CgroupTree:
         self.bases: dict[str, str] = {}
         self.problem = ""
         self._count = 0
+        self._written_weight = 0  # the tree's weight as last written (`set_cores`)
         self.stale_parents: list[str] = []  # where `_remove_stale` looked (`remove_stale`)
         # Its own directory: several managers in one process (the nodes of a local executor)
         # must never share slots, whose limits each writes.
@@ -401,7 +402,7 @@ class CgroupTree:
                 os.makedirs(base, exist_ok=True)
                 self.bases[c] = base
             self.version = "v1"
-            self._weigh(f"{self.bases['cpu']}/cpu.shares", max(2, round(1024 * self.weight)))
+            self.set_cores(None)
             return
         v2 = [m for kind, m, _ in mounts if kind == "cgroup2"]
         for m in v2:
@@ -416,19 +417,30 @@ class CgroupTree:
                 _write(f"{base}/cgroup.subtree_control", "+cpu +memory +pids")
                 self.bases = dict.fromkeys(CONTROLLERS, base)
                 self.version = "v2"
-                self._weigh(f"{base}/cpu.weight", max(1, round(100 * self.weight)))
+                self.set_cores(None)
                 return
         missing = [c for c in CONTROLLERS if c not in v1]
         raise OSError(f"no cgroup v1 controllers {missing} and no cgroup v2 with cpu,memory,pids")
 
-    @staticmethod
-    def _weigh(path: str, per_task: int) -> None:
-        """All sandboxes share this directory's weight: give it that of one busy task per core
-        (``per_task``: a task's weight, times `weight`), so that N concurrent sandboxes compete
-        for CPU like N plain processes would, not like one. Each slot's CPU quota still caps
-        what one action gets."""
-        with contextlib.suppress(OSError):
-            _write(path, str(per_task * (os.cpu_count() or 1)))
+    def set_cores(self, cores: float | None) -> None:
+        """The tree's CPU weight: that of ``cores`` busy tasks (times `weight`); ``None``: one
+        per core of the machine, so that N concurrent sandboxes compete for CPU like N plain
+        processes would, not like one. Each slot's CPU quota still caps what one action gets.
+        Written only when it changes; the kernel's least weight at 0 cores."""
+        n = (os.cpu_count() or 1) if cores is None else min(cores, os.cpu_count() or 1)
+        if self.version == "v1":  # (cpu.shares: a task 1024, the least 2)
+            name, task, least = "cpu.shares", 1024, 2
+        elif self.version == "v2":  # (cpu.weight: a task 100, the least 1)
+            name, task, least = "cpu.weight", 100, 1
+        else:
+            return
+        path = f"{self.bases['cpu']}/{name}"
+        # (a task's weight rounded first: the same per core whatever the number of cores)
+        value = max(least, round(max(least, round(task * self.weight)) * n))
+        if value != self._written_weight:
+            with contextlib.suppress(OSError):
+                _write(path, str(value))
+                self._written_weight = value
 
     def remove_stale(self, rounds: int = 40, pause_s: float = 0.05) -> list[str]:
         """Again (blocking: run it in a thread), once the dead managers' frozen sessions are

@@ -291,6 +291,7 @@ class CpuManager:
         except InvalidAction as e:
             return RunResult.sandbox_error(str(e))
         self._quota[action.id] = self._started[action.id] = req["quota"]
+        self._reweigh()
         try:
             if req["op"] == "session":
                 return await self._run_in_session(action, req)
@@ -300,6 +301,7 @@ class CpuManager:
         finally:
             self._quota.pop(action.id, None)
             self._started.pop(action.id, None)
+            self._reweigh()
 
     async def _run_pooled(self, action: ActionSpec, req: SandboxRequest, mem: int) -> RunResult:
         """A one-shot action in a sandbox of the warm pool."""
@@ -349,6 +351,19 @@ class CpuManager:
         quota it started with (lent CPU taken back from it), else a normal task's."""
         started = self._started.get(action_id, cpus)
         return self.config.squeezed_weight if cpus < started - 1e-9 else 1.0
+
+    def _reweigh(self) -> None:
+        """`entitled_tree_weight`: the tree weighs the cores of its unsqueezed actions while any
+        is squeezed, else its usual weight (`CgroupTree.set_cores`)."""
+        if not self.config.entitled_tree_weight or self._cgroups is None:
+            return
+        squeezed, entitled = False, 0.0
+        for a, q in self._quota.items():
+            if q < self._started[a] - 1e-9:
+                squeezed = True
+            else:
+                entitled += q
+        self._cgroups.set_cores(entitled if squeezed else None)
 
     def quota_of(self, action_id: str, default: float) -> float:
         """``action_id``'s CPU quota in cores now (a resize that came while it waited for its
@@ -422,6 +437,7 @@ class CpuManager:
         if action_id not in self._quota:
             return "dropped"
         self._quota[action_id] = cpus
+        self._reweigh()
         sb = self._running.get(action_id)
         if sb is None:
             return "deferred"
