@@ -108,6 +108,18 @@ class _Launch:
         return proc
 
 
+class _Proxy:
+    """A module as engine_judge sees it, some names replaced (its clock, the watch loop's
+    one-second pause): the event loop and httpx keep the real ones."""
+
+    def __init__(self, module: Any, **names: Any) -> None:
+        self._module = module
+        self.__dict__.update(names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> _Api:
     api = _Api()
@@ -589,8 +601,13 @@ def test_the_command_line_on_cpu_and_on_cuda(tmp_path: Path) -> None:
 
 
 async def test_a_start_on_cpu(
-    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    api: _Api,
+    launch: _Launch,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger=ej.__name__)
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     monkeypatch.setenv("VLLM_NO_USAGE_STATS", "keep")
     monkeypatch.delenv("VLLM_DO_NOT_TRACK", raising=False)
@@ -620,6 +637,7 @@ async def test_a_start_on_cpu(
         assert api.seen[0][4] == {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
         assert os.getpgid(eng.proc.pid) == eng.proc.pid  # type: ignore[union-attr]
         assert secs == eng.load_s and 0 < secs < 5
+        assert f"judge engine gj#1 (gj) up in {secs:.1f}s on port {eng.port}" in caplog.messages
         assert host.events == [
             {
                 "event": "load",
@@ -679,7 +697,7 @@ async def test_a_start_waits_for_health(tmp_path: Path, api: _Api, launch: _Laun
     try:
         await host.load("gj#1", "gj", (0,))
         assert api.paths() == ["/health"] * 3
-        assert host._engines["gj#1"].load_s >= 0.5  # (two waits of 0.25 s)
+        assert 0.5 <= host._engines["gj#1"].load_s < 2.0  # (two waits of 0.25 s)
     finally:
         await host.aclose()
 
@@ -868,6 +886,33 @@ async def test_stop_kills_at_once_when_told(tmp_path: Path, api: _Api, launch: _
         await host.aclose()
 
 
+async def test_stop_kills_what_ignores_sigterm_after_its_grace(
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ready = tmp_path / "ready"
+    launch.cmd = ["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"]
+    host = _host(tmp_path)
+    graces: list[float] = []
+
+    async def wait_for(aw: Any, timeout: float) -> Any:  # (the grace, shortened)
+        graces.append(timeout)
+        return await asyncio.wait_for(aw, 0.3)
+
+    try:
+        await host.load("gj#1", "gj", (0,))
+        eng = host._engines.pop("gj#1")
+        eng.watch.cancel()  # type: ignore[union-attr]
+        while not ready.exists():
+            await asyncio.sleep(0.01)
+        monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
+        await host._stop(eng)
+        monkeypatch.setattr(ej, "asyncio", asyncio)
+        assert graces == [10.0] and eng.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
+    finally:
+        monkeypatch.setattr(ej, "asyncio", asyncio)
+        await host.aclose()
+
+
 async def test_stop_kills_the_engines_children_too(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
@@ -916,6 +961,7 @@ async def test_sleep_and_wake_with_exact_requests_and_events(
         )
         assert eng.proc.returncode is None  # type: ignore[union-attr]
         secs = await host.load("gj#2", "gj", (0,), from_host=True)
+        assert 0 <= secs < 5
         assert api.seen[-1][:4] == ("POST", "/wake_up", {}, None)
         assert api.seen[-1][4]["read"] == 77.0
         assert host._engines == {"gj#2": eng} and host._asleep == {}
@@ -1061,6 +1107,8 @@ async def test_an_engine_that_will_not_wake_is_ended(
         with caplog.at_level(logging.WARNING, logger=ej.__name__):
             await host.load("gj#2", "gj", (0,), from_host=True)
         new = host._engines["gj#2"]
+        if answer != "exited":  # (ended at once: SIGKILL)
+            assert old.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
         assert new is not old and old.proc.returncode is not None  # type: ignore[union-attr]
         assert host._asleep == {} and len(launch.runs) == 2
         assert [e["event"] for e in host.events] == ["load", "sleep", "load"]
@@ -1331,7 +1379,9 @@ async def test_an_engine_that_exits_while_idle_is_reported(
         assert f"{reason}; instance dropped" in caplog.text
         assert host.engine_deaths == 1 and host.resident() == {}
         await host._died(eng, "again")  # (once only)
-        assert host.engine_deaths == 1
+        stranger = ej._Engine("zz", _spec(), JudgeOptions(), (0,))
+        await host._died(stranger, "not ours")
+        assert host.engine_deaths == 1 and stranger.dead == "" and len(deaths) == 1
     finally:
         await host.aclose()
 
@@ -1384,34 +1434,38 @@ async def test_a_hung_engine_is_killed_and_its_batch_raises(
 
 
 async def test_health_is_asked_only_while_requests_are_in_flight(
-    tmp_path: Path, api: _Api, launch: _Launch
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host = _host(tmp_path, _spec(options={"hang_s": 9}))
+    plan = [0, 1, 0, 1, 1]  # requests in flight per pass; the loop ends after the last
     try:
         await host.load("gj#1", "gj", (0,))
-        n = api.paths().count("/health")
-        await asyncio.sleep(1.2)
-        assert api.paths().count("/health") == n
         eng = host._engines["gj#1"]
-        eng.in_flight = 1
-        await asyncio.sleep(1.2)
-        hc = [s for s in api.seen if s[1] == "/health"]
-        assert len(hc) > n and hc[-1][4]["read"] == 5.0
-        eng.in_flight = 0
+        eng.watch.cancel()  # type: ignore[union-attr]
+        api.routes["/health"] = lambda r: httpx.Response(503)
+        passes: list[int] = []
+
+        async def wait(fs: set[Any], timeout: float) -> tuple[set[Any], set[Any]]:
+            passes.append(eng.in_flight)
+            if len(passes) == len(plan):
+                eng.state = "stopping"
+            else:
+                eng.in_flight = plan[len(passes)]
+            return set(), fs
+
+        eng.in_flight = plan[0]
+        n = api.paths().count("/health")
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait=wait))
+        await asyncio.wait_for(host._watch_loop(eng, eng.proc, eng.client, waiter), 5)  # type: ignore[arg-type]
+        monkeypatch.setattr(ej, "asyncio", asyncio)
+        assert passes == plan
+        hc = [s for s in api.seen if s[1] == "/health"][n:]
+        assert len(hc) == 3 and all(h[4]["read"] == 5.0 for h in hc)  # (min(5, hang_s))
+        assert eng.dead == "" and host.engine_deaths == 0
+        eng.state, eng.in_flight = "loaded", 0
     finally:
         await host.aclose()
-
-
-class _Proxy:
-    """A module as engine_judge sees it, some names replaced (its clock, the watch loop's
-    one-second pause): the event loop and httpx keep the real ones."""
-
-    def __init__(self, module: Any, **names: Any) -> None:
-        self._module = module
-        self.__dict__.update(names)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
 
 
 async def test_hang_s_counts_from_the_first_silent_check_and_an_answer_resets_it(
@@ -1516,9 +1570,20 @@ async def test_step_costs_widths_bodies_and_refusals(
         seen.clear()
         await host.step_costs("gj#1")
         assert [n for n, _ in seen[0][0]] == [1, 2, 4, 8, 16, 32]
+        assert api.seen[-1][3]["max_tokens"] == 64
+        assert [y for _, y in seen[0][0]] == [1 / 64] * 6
         seen.clear()
         await host.step_costs("gj#1", k=2, tokens=1)
         assert [n for n, _ in seen[0][0]] == [1, 2]
+        eng = host._engines["gj#1"]
+        eng.state = "stopping"
+        with pytest.raises(BrokenError):
+            await host.step_costs("gj#1")
+        eng.state = "loaded"
+        client, eng.client = eng.client, None
+        with pytest.raises(BrokenError):
+            await host.step_costs("gj#1")
+        eng.client = client
     finally:
         await host.aclose()
 
