@@ -53,10 +53,13 @@ class _FakeWorker:
         self.kills: list[int] = []
         self.stops = 0
         self.live = True
+        self.threads: list[str] = []  # the thread each call came from
+        self.stopped_in: list[tuple[str, bool]] = []  # (thread name, daemon) of each stop
         _FakeWorker.made.append(self)
 
     def call(self, msg: tuple[Any, ...], timeout: float | None = None) -> tuple[Any, ...]:
         self.calls.append((msg, timeout))
+        self.threads.append(threading.current_thread().name)
         return type(self).reply(self, msg, timeout)
 
     def alive(self) -> bool:
@@ -69,6 +72,8 @@ class _FakeWorker:
         self.kills.append(sig)
 
     def stop(self) -> None:
+        t = threading.current_thread()
+        self.stopped_in.append((t.name, t.daemon))
         self.stops += 1
 
     def exit(self) -> None:
@@ -186,8 +191,13 @@ def test_place_is_the_best_fit_and_why_unplaceable_names_the_reason(
     m._booked_mb[1] = 3500.0
     assert m.place("one") == (2,)
     assert m.why_unplaceable("one") is None
-    assert m.why_unplaceable("big") is not None and "9000" in m.why_unplaceable("big")
-    assert m.why_unplaceable("wide") is not None
+    assert m.why_unplaceable("big") == (
+        "model big needs 9000 MB per device; node this-node has 8000 MB per device"
+    )
+    assert m.why_unplaceable("wide") == (
+        "model wide needs 3 devices inside one NVLink domain; the largest domain of node "
+        "this-node has 2"
+    )
     assert m.place("big") is None
 
 
@@ -597,7 +607,7 @@ async def test_a_cuda_park_that_fails_ends_the_process(
             assert await m.unload("i0") is False
         assert m._parked == {} and _FakeWorker.made[0].stops == 1
         text = "pipe closed" if how == "gone" else "no pinned memory"
-        assert f"instance i0 could not be parked: {text}" in caplog.text
+        assert f"instance i0 could not be parked: {text}" in caplog.messages
     finally:
         await m.aclose()
 
@@ -851,10 +861,10 @@ async def test_a_death_hook_that_raises_is_logged_and_the_batch_still_raises(
             pytest.raises(ModelWorkerDied),
         ):
             await m.run_batch("i0", [_act("a")])
-        assert "on_worker_death hook failed for i0" in caplog.text
+        assert "on_worker_death hook failed for i0" in caplog.messages
         assert (
             "the worker of model instance i0 (rm) died mid-batch: CUDA error; "
-            "instance dropped" in caplog.text
+            "instance dropped" in caplog.messages
         )
         assert m.worker_deaths == 1
     finally:
@@ -943,7 +953,7 @@ async def test_a_parked_process_that_exits_is_dropped(caplog: pytest.LogCaptureF
                     break
                 await asyncio.sleep(0.005)
         assert m._parked == {} and deaths == [] and m.worker_deaths == 0
-        assert "parked instance i0 dropped: its process ended" in caplog.text
+        assert "parked instance i0 dropped: its process ended" in caplog.messages
         assert w.kills == [signal.SIGKILL]
     finally:
         await m.aclose()
@@ -1071,3 +1081,118 @@ async def test_errors_of_other_requests_raise_and_scores_come_back() -> None:
         m._call(inst, ("load",), None)
     assert str(be.value) == "t"
     assert w.kills == []
+
+
+# ---- the death of a process, its edges -------------------------------------------------------
+
+
+async def test_a_death_not_of_this_instance_raises_without_counting() -> None:
+    m = GpuManager(_cfg(), [_spec()])
+    deaths: list[str] = []
+    m.on_worker_death = lambda iid, reason: deaths.append(iid)
+    try:
+        await m.load("i0", "rm", (0,))
+        inst = m._instances.pop("i0")  # (unloaded meanwhile: no longer this node's)
+        with pytest.raises(ModelWorkerDied) as e:
+            m._worker_died(inst, "x")
+        assert (e.value.instance_id, e.value.reason) == (
+            "i0",
+            "the worker of model instance i0 (rm) died mid-batch: x",
+        )
+        assert inst.state == "loaded" and deaths == [] and m.worker_deaths == 0
+        m._instances["i0"] = inst
+        inst.state = "dead"  # (registered, but already dead)
+        with pytest.raises(ModelWorkerDied) as e:
+            m._worker_died(inst, "y")
+        assert e.value.instance_id == "i0" and deaths == [] and m.worker_deaths == 0
+        assert m._instances["i0"] is inst
+        inst.state = "loaded"
+    finally:
+        await m.aclose()
+
+
+async def test_each_death_counts_and_frees_only_its_own_memory() -> None:
+    m = GpuManager(_cfg(cpu_device_memory_mb=1000.0), [_spec(memory_mb=300.0)])
+    try:
+        for iid in ("a", "b", "c"):
+            await m.load(iid, "rm", (0,))
+        assert m.memory_free()[0] == 100.0
+        ex = m._instances["a"].executor
+        assert ex is not None
+        m._worker_died(m._instances["a"], "one", raise_=False)
+        assert m.memory_free()[0] == 400.0 and ex._shutdown  # type: ignore[attr-defined]
+        m._worker_died(m._instances["b"], "two", raise_=False)
+        assert m.memory_free()[0] == 700.0
+        assert m.worker_deaths == 2
+        assert m.last_worker_death == "the worker of model instance b (rm) died mid-batch: two"
+        for _ in range(200):
+            if all(w.stopped_in for w in _FakeWorker.made[:2]):
+                break
+            await asyncio.sleep(0.005)
+        assert _FakeWorker.made[0].stopped_in == [("reap-a", True)]
+        assert _FakeWorker.made[1].stopped_in == [("reap-b", True)]
+    finally:
+        await m.aclose()
+
+
+async def test_an_evicted_park_is_reaped_on_a_daemon_thread() -> None:
+    sizes = iter([300.0, 300.0])
+    _FakeWorker.reply = staticmethod(
+        lambda w, msg, t: ("ok", 0.25, next(sizes), 1) if msg[0] == "load" else _ok(w, msg, t)
+    )
+    m = GpuManager(_cfg(host_park_limit_mb=500.0), [_spec()])
+    try:
+        await m.load("a", "rm", (0,))
+        await m.load("b", "rm", (1,))
+        assert await m.unload("a") is True
+        assert await m.unload("b") is True  # (a evicted)
+        w = _FakeWorker.made[0]
+        for _ in range(200):
+            if w.stopped_in:
+                break
+            await asyncio.sleep(0.005)
+        (name, daemon) = w.stopped_in[0]
+        assert daemon is True and name != "MainThread"
+    finally:
+        await m.aclose()
+
+
+async def test_requests_run_on_the_instances_own_thread_and_busy_is_restored() -> None:
+    m = GpuManager(_cfg(), [_spec()])
+    try:
+        await m.load("i0", "rm", (0,))
+        inst = m._instances["i0"]
+        inst.busy = 1  # (another request in flight)
+        await m.run_batch("i0", [_act("a")])
+        assert inst.busy == 1
+        inst.busy = 0
+        w = _FakeWorker.made[0]
+        assert len(set(w.threads)) == 1 and w.threads[0].startswith("gpu-i0")
+        await m.unload("i0")
+        await m.load("j", "rm", (1,), from_host=True)
+        assert w.threads[-1].startswith("gpu-j")
+    finally:
+        await m.aclose()
+
+
+async def test_a_reply_with_fewer_outputs_than_requests_is_an_error() -> None:
+    _FakeWorker.reply = staticmethod(
+        lambda w, msg, t: ("ok", [{"score": 1.0}], 0.5) if msg[0] == "score" else _ok(w, msg, t)
+    )
+    m = GpuManager(_cfg(), [_spec()])
+    try:
+        await m.load("i0", "rm", (0,))
+        with pytest.raises(ValueError):
+            await m.run_batch("i0", [_act("a"), _act("b")])
+    finally:
+        await m.aclose()
+
+
+def test_place_keeps_an_instance_inside_one_domain(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cuda(monkeypatch, n=4, mb=8000.0, domains=((0, 1), (2, 3)))
+    m = GpuManager(_cfg(), [_spec("two", devices=2, memory_mb=1000.0)])
+    m._booked_mb[1] = 7500.0
+    m._booked_mb[3] = 7500.0
+    assert m.place("two") is None  # (0 and 2 have room, but in two domains)
+    m._booked_mb[3] = 0.0
+    assert m.place("two") == (2, 3)
