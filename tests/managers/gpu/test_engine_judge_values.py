@@ -974,6 +974,8 @@ async def test_sleep_and_wake_with_exact_requests_and_events(
             "from_host": True,
         }
         assert eng.watch is not None and eng.watch.get_name() == "judge-watch-gj#2"
+        await asyncio.sleep(0.05)
+        assert not eng.watch.done()  # (the woken engine is watched again)
         assert len(launch.runs) == 1
     finally:
         await host.aclose()
@@ -1677,3 +1679,22 @@ async def test_close_ends_loaded_and_sleeping_engines(
     assert [e["event"] for e in host.events] == ["load", "load", "sleep", "unload"]
     await host.aclose()
     assert len(host.events) == 4
+
+
+def test_resident_shows_an_engine_without_a_process_yet(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    host._engines["gj#1"] = ej._Engine("gj#1", _spec(), JudgeOptions(), (1, 2))
+    assert host.resident() == {
+        "gj#1": {
+            "model": "gj",
+            "devices": (1, 2),
+            "state": "loading",
+            "from_host": False,
+            "load_s": None,
+            "engine": "vllm",
+            "pid": None,
+            "in_flight": 0,
+        }
+    }
+    assert host.engine_pid("gj#1") is None
+    assert host.base_url("gj#1") == "http://127.0.0.1:0"

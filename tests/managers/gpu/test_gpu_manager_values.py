@@ -419,7 +419,10 @@ async def test_unloaded_while_loading() -> None:
         task = asyncio.create_task(m.load("i0", "rm", (0,)))
         await asyncio.to_thread(entered.wait, 5)
         assert m.resident()["i0"]["state"] == "loading"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         assert await m.unload("i0") is False
+        assert loop.time() - t0 < 2.0  # (the loop is not held until the load ends)
         assert m.memory_free()[0] == 4096.0
         gate.set()
         with pytest.raises(BrokenError) as e:
@@ -1196,3 +1199,88 @@ def test_place_keeps_an_instance_inside_one_domain(monkeypatch: pytest.MonkeyPat
     assert m.place("two") is None  # (0 and 2 have room, but in two domains)
     m._booked_mb[3] = 0.0
     assert m.place("two") == (2, 3)
+
+
+async def test_memory_within_the_tolerance_fits() -> None:
+    m = GpuManager(_cfg(cpu_device_memory_mb=1.0 - 1e-9), [_spec(memory_mb=1.0)])
+    try:
+        await m.load("i0", "rm", (0,))  # (1e-9 MB short: within the tolerance)
+    finally:
+        await m.aclose()
+
+
+async def test_an_ended_instance_is_dead_and_has_no_executor() -> None:
+    m = GpuManager(_cfg(), [_spec()])
+    try:
+        await m.load("i0", "rm", (0,))
+        inst = m._instances["i0"]
+        assert await m.unload("i0", park=False) is False
+        assert (inst.state, inst.executor, inst.worker) == ("dead", None, None)
+        await m.load("i1", "rm", (0,))
+        inst = m._instances["i1"]
+        assert await m.unload("i1") is True
+        assert (inst.state, inst.executor) == ("parked", None)
+    finally:
+        await m.aclose()
+
+
+async def test_close_ends_cuda_instances_without_parking_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _cuda(monkeypatch, n=1)
+    m = GpuManager(_cfg(), [_spec()])
+    await m.load("i0", "rm", (0,))
+    await m.aclose()
+    w = _FakeWorker.made[0]
+    assert [c[0][0] for c in w.calls] == ["load"] and w.stops == 1
+
+
+async def test_a_load_without_from_host_is_cold_even_with_a_parked_instance() -> None:
+    m = GpuManager(_cfg(), [_spec()])
+    try:
+        await m.load("i0", "rm", (0,))
+        assert await m.unload("i0") is True
+        await m.load("i1", "rm", (1,))
+        assert len(_FakeWorker.made) == 2 and list(m._parked) == ["i0"]
+        assert m.resident()["i1"]["from_host"] is False
+        assert [c[0][0] for c in _FakeWorker.made[0].calls] == ["load"]
+    finally:
+        await m.aclose()
+
+
+async def test_one_thread_drives_an_instance_and_busy_counts_every_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def reply(w: _FakeWorker, msg: tuple[Any, ...], t: float | None) -> tuple[Any, ...]:
+        if msg[0] == "score" and not entered.is_set():
+            entered.set()
+            gate.wait(5)
+        return _ok(w, msg, t)
+
+    _cuda(monkeypatch, n=1)
+    _FakeWorker.reply = staticmethod(reply)
+    m = GpuManager(_cfg(), [_spec()])
+    try:
+        await m.load("i0", "rm", (0,))
+        inst = m._instances["i0"]
+        first = asyncio.create_task(m.run_batch("i0", [_act("a")]))
+        await asyncio.to_thread(entered.wait, 5)
+        second = asyncio.create_task(m.run_batch("i0", [_act("b")]))
+        park = asyncio.create_task(m.unload("i0"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert inst.busy == 3
+        gate.set()
+        await first
+        await second
+        assert await park is True
+        assert inst.busy == 0
+        w = _FakeWorker.made[0]
+        assert [c[0][0] for c in w.calls] == ["load", "score", "score", "to"]
+        assert set(w.threads) == {"gpu-i0_0"}  # (one thread, in order: the park after both)
+    finally:
+        gate.set()
+        await m.aclose()
