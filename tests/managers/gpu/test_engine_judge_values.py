@@ -410,6 +410,8 @@ def test_judge_messages_forms() -> None:
     # a completion's prompt (a list) is not a chat prompt: the template's {prompt} is ""
     req = JudgeRequest(prompt=("a", "b"), response="r")
     assert judge_messages(nosys, JudgeOptions.of(nosys), req) == [{"role": "user", "content": "r"}]
+    assert judge_messages(plain, po, req) == "<|r>"
+    assert judge_messages(plain, po, {"query": ""}) == "<|>"
 
 
 @pytest.mark.parametrize(
@@ -1240,9 +1242,14 @@ async def test_requests_in_flight_are_counted(tmp_path: Path, api: _Api, launch:
         while len(seen) < 3:
             await asyncio.sleep(0.01)
         assert seen == [3, 3, 3] and host.resident()["gj#1"]["in_flight"] == 3
+        other = asyncio.create_task(host.run_batch("gj#1", [_act("d"), _act("e")]))
+        while len(seen) < 5:
+            await asyncio.sleep(0.01)
+        assert seen[3:] == [5, 5]  # (a second batch joins the first)
         gate.set()
         out = await task
-        assert out.batch_size == 3 and host._engines["gj#1"].in_flight == 0
+        assert out.batch_size == 3 and (await other).batch_size == 2
+        assert host._engines["gj#1"].in_flight == 0
     finally:
         gate.set()
         await host.aclose()
@@ -1698,3 +1705,31 @@ def test_resident_shows_an_engine_without_a_process_yet(tmp_path: Path) -> None:
     }
     assert host.engine_pid("gj#1") is None
     assert host.base_url("gj#1") == "http://127.0.0.1:0"
+
+
+async def test_a_bad_template_fails_each_judgement_naming_the_model(
+    tmp_path: Path, api: _Api, launch: _Launch
+) -> None:
+    host = _host(tmp_path, _spec(options={"template": "{nope}"}))
+    try:
+        await host.load("gj#1", "gj", (0,))
+        out = await host.run_batch("gj#1", [_act("a")])
+        assert out.failed == {"a": "bad payload: options.template of model gj: KeyError('nope')"}
+        assert "/v1/chat/completions" not in api.paths()
+    finally:
+        await host.aclose()
+
+
+async def test_each_engine_death_counts(tmp_path: Path, api: _Api, launch: _Launch) -> None:
+    host = _host(tmp_path)
+    try:
+        await host.load("a", "gj", (0,))
+        await host.load("b", "gj", (1,))
+        await host._died(host._engines["a"], "x")
+        await host._died(host._engines["b"], "y")
+        assert host.engine_deaths == 2 and host.health() == {
+            "judge_engine_deaths": 2,
+            "last_judge_engine_death": "the engine of judge instance b (gj) died: y",
+        }
+    finally:
+        await host.aclose()
