@@ -1349,18 +1349,40 @@ async def test_check_alive_ignores_engines_not_loaded_or_without_a_process(
 
 
 async def test_check_alive_waits_a_second_at_most(
-    tmp_path: Path, api: _Api, launch: _Launch
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host = _host(tmp_path)
+    waits: list[float] = []
+
+    async def wait_for(aw: Any, timeout: float) -> Any:  # (the second, shortened)
+        waits.append(timeout)
+        return await asyncio.wait_for(aw, 0.05)
+
     try:
         await host.load("gj#1", "gj", (0,))
         eng = host._engines["gj#1"]
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
         await host._check_alive(eng, "x")
-        assert 0.9 <= loop.time() - t0 < 3 and eng.dead == ""
+        monkeypatch.setattr(ej, "asyncio", asyncio)
+        assert waits == [1.0] and eng.dead == "" and eng.proc.returncode is None  # type: ignore[union-attr]
     finally:
+        monkeypatch.setattr(ej, "asyncio", asyncio)
         await host.aclose()
+
+
+async def test_an_engine_unloaded_before_its_process_started(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    host._engines["gj#1"] = ej._Engine("gj#1", _spec(), JudgeOptions(), (0,))
+    assert await host.unload("gj#1", park=False) is False
+    ev = host.events[-1]
+    assert ev == {
+        "event": "unload",
+        "instance": "gj#1",
+        "model": "gj",
+        "seconds": ev["seconds"],
+        "parked": False,
+        "pid": None,
+    }
 
 
 # ---- supervision ---------------------------------------------------------------------------
