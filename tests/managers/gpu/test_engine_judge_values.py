@@ -11,6 +11,7 @@ model, no interpreter started."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -674,10 +675,14 @@ async def test_a_start_on_cuda(
     tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.delenv("VLLM_NO_USAGE_STATS", raising=False)
+    monkeypatch.setenv("VLLM_DO_NOT_TRACK", "keep")
     host = _host(tmp_path, _spec(options={"kv_cache_gb": 0.2}), device="cuda")
     try:
         await host.load("gj#1", "gj", (2, 0))
         env = launch.runs[0][1]["env"]
+        assert env["VLLM_NO_USAGE_STATS"] == "1" and env["VLLM_DO_NOT_TRACK"] == "keep"
+        assert "XXVLLM_NO_USAGE_STATSXX" not in env and "vllm_no_usage_stats" not in env
         assert env["CUDA_VISIBLE_DEVICES"] == "2,0" and env["VLLM_SERVER_DEV_MODE"] == "1"
         assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
         assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
@@ -1753,5 +1758,181 @@ async def test_each_engine_death_counts(tmp_path: Path, api: _Api, launch: _Laun
             "judge_engine_deaths": 2,
             "last_judge_engine_death": "the engine of judge instance b (gj) died: y",
         }
+    finally:
+        await host.aclose()
+
+
+class _Kills:
+    """engine_judge's `os.killpg`, recorded (and, where told, failing after it acted)."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.fail: dict[int, type[OSError]] = {}  # the n-th call -> the error it raises
+
+    def __call__(self, pgid: int, sig: int) -> None:
+        n = len(self.sent)
+        self.sent.append(sig)
+        if n in self.fail:  # (the group went away meanwhile: it is gone now)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            raise self.fail[n]("gone")
+        os.killpg(pgid, sig)
+
+
+def _term_proof(launch: _Launch, tmp_path: Path) -> Path:
+    ready = tmp_path / "ready"
+    launch.cmd = ["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"]
+    return ready
+
+
+async def test_unloaded_mid_start_the_start_loop_gives_up(
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that ignores SIGTERM, unloaded while it starts: the start loop sees it is no
+    longer this host's (the unload still waiting out its grace) and the load fails so."""
+    _term_proof(launch, tmp_path)
+    api.routes["/health"] = lambda r: httpx.Response(503)
+    kills = _Kills()
+    monkeypatch.setattr(ej, "os", _Proxy(os, killpg=kills))
+
+    async def wait_for(aw: Any, timeout: float) -> Any:  # (the grace, shortened)
+        return await asyncio.wait_for(aw, min(timeout, 1.5))
+
+    monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
+    host = _host(tmp_path)
+    try:
+        task = asyncio.create_task(host.load("gj#1", "gj", (0,)))
+        while len(api.seen) < 2:
+            await asyncio.sleep(0.01)
+        unload = asyncio.create_task(host.unload("gj#1", park=False))
+        with pytest.raises(BrokenError) as e:
+            await task
+        assert str(e.value) == "instance gj#1 was unloaded while it was loading"
+        assert await unload is False
+        assert kills.sent[:2] == [signal.SIGTERM, signal.SIGKILL]  # (the load's: at once)
+    finally:
+        await host.aclose()
+
+
+async def test_unloaded_mid_start_after_its_health_answered(
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _term_proof(launch, tmp_path)
+    gate = asyncio.Event()
+
+    async def health(r: httpx.Request) -> httpx.Response:
+        await gate.wait()
+        return httpx.Response(200)
+
+    api.routes["/health"] = health
+    kills = _Kills()
+    monkeypatch.setattr(ej, "os", _Proxy(os, killpg=kills))
+
+    async def wait_for(aw: Any, timeout: float) -> Any:
+        return await asyncio.wait_for(aw, min(timeout, 1.5))
+
+    monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
+    host = _host(tmp_path)
+    try:
+        task = asyncio.create_task(host.load("gj#1", "gj", (0,)))
+        while not api.seen:
+            await asyncio.sleep(0.01)
+        unload = asyncio.create_task(host.unload("gj#1", park=False))
+        while not kills.sent:
+            await asyncio.sleep(0.01)
+        gate.set()  # (health answers now: the start is done, but the engine is gone)
+        with pytest.raises(BrokenError) as e:
+            await task
+        assert str(e.value) == "instance gj#1 was unloaded while it was loading"
+        await unload
+        assert kills.sent[:2] == [signal.SIGTERM, signal.SIGKILL]
+    finally:
+        gate.set()
+        await host.aclose()
+
+
+async def test_the_start_deadline_is_passed_only_after_it(
+    tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.routes["/health"] = lambda r: httpx.Response(503)
+    ticks = iter([100.0, 100.0, 101.0])
+    monkeypatch.setattr(ej, "time", _Proxy(time, monotonic=lambda: next(ticks)))
+    host = _host(tmp_path, _spec(options={"start_timeout_s": 0}))
+    try:
+        with pytest.raises(BrokenError) as e:
+            await host.load("gj#1", "gj", (0,))
+        assert str(e.value).startswith("judge engine gj#1 did not answer within 0s: ")
+        assert api.paths() == ["/health", "/health"]  # (at the deadline itself: not yet)
+    finally:
+        monkeypatch.setattr(ej, "time", time)
+        await host.aclose()
+
+
+async def test_stop_goes_on_when_the_client_will_not_close(
+    tmp_path: Path, api: _Api, launch: _Launch
+) -> None:
+    host = _host(tmp_path)
+    try:
+        await host.load("gj#1", "gj", (0,))
+        eng = host._engines.pop("gj#1")
+        eng.watch.cancel()  # type: ignore[union-attr]
+
+        class Broken:
+            async def aclose(self) -> None:
+                raise RuntimeError("cannot close")
+
+        eng.client = Broken()  # type: ignore[assignment]
+        await host._stop(eng)
+        assert eng.proc.returncode == -signal.SIGTERM  # type: ignore[union-attr]
+    finally:
+        await host.aclose()
+
+
+@pytest.mark.parametrize("error", [ProcessLookupError, PermissionError])
+@pytest.mark.parametrize("at", [0, 1])
+async def test_stop_goes_on_when_the_group_is_gone(
+    tmp_path: Path,
+    api: _Api,
+    launch: _Launch,
+    monkeypatch: pytest.MonkeyPatch,
+    error: type[OSError],
+    at: int,
+) -> None:
+    """``at`` 0: the first signal finds the group gone; 1: the SIGKILL after the grace does."""
+    ready = _term_proof(launch, tmp_path) if at == 1 else None
+    host = _host(tmp_path)
+    kills = _Kills()
+    kills.fail[at] = error
+
+    async def wait_for(aw: Any, timeout: float) -> Any:
+        return await asyncio.wait_for(aw, min(timeout, 0.5))
+
+    try:
+        await host.load("gj#1", "gj", (0,))
+        eng = host._engines.pop("gj#1")
+        eng.watch.cancel()  # type: ignore[union-attr]
+        while ready is not None and not ready.exists():
+            await asyncio.sleep(0.01)
+        monkeypatch.setattr(ej, "os", _Proxy(os, killpg=kills))
+        monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
+        await host._stop(eng)
+        assert eng.proc.returncode is not None  # type: ignore[union-attr]
+        assert kills.sent == [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL][: at + 2]
+    finally:
+        monkeypatch.setattr(ej, "os", os)
+        monkeypatch.setattr(ej, "asyncio", asyncio)
+        await host.aclose()
+
+
+async def test_a_plain_load_never_wakes_a_sleeping_engine(
+    tmp_path: Path, api: _Api, launch: _Launch
+) -> None:
+    host = _host(tmp_path, device="cuda")
+    try:
+        await host.load("gj#1", "gj", (0,))
+        assert await host.unload("gj#1") is True
+        await host.load("gj#2", "gj", (0,))
+        assert len(launch.runs) == 2 and list(host._asleep) == ["gj#1"]
+        assert "/wake_up" not in api.paths()
     finally:
         await host.aclose()
