@@ -1695,6 +1695,9 @@ async def test_the_own_log_directory_is_made_once_and_removed_at_close(
     await h.aclose()
     assert not Path(d).exists()
     await h.aclose()
+    gone = EngineJudgeHost([_spec()])
+    Path(gone._logs()).rmdir()  # (removed by someone else first: the close still succeeds)
+    await gone.aclose()
     named = EngineJudgeHost([_spec()], log_dir=str(tmp_path / "mine"))
     assert named._logs() == str(tmp_path / "mine") and named._own_log_dir is None
 
@@ -1889,20 +1892,21 @@ async def test_stop_goes_on_when_the_client_will_not_close(
 
 
 @pytest.mark.parametrize("error", [ProcessLookupError, PermissionError])
-@pytest.mark.parametrize("at", [0, 1])
+@pytest.mark.parametrize("at", ["first", "grace", "last"])
 async def test_stop_goes_on_when_the_group_is_gone(
     tmp_path: Path,
     api: _Api,
     launch: _Launch,
     monkeypatch: pytest.MonkeyPatch,
     error: type[OSError],
-    at: int,
+    at: str,
 ) -> None:
-    """``at`` 0: the first signal finds the group gone; 1: the SIGKILL after the grace does."""
-    ready = _term_proof(launch, tmp_path) if at == 1 else None
+    """The group is found gone by the first signal, by the SIGKILL after the grace (an
+    engine that ignores SIGTERM), or by the last SIGKILL to the group."""
+    ready = _term_proof(launch, tmp_path) if at == "grace" else None
     host = _host(tmp_path)
     kills = _Kills()
-    kills.fail[at] = error
+    kills.fail[{"first": 0, "grace": 1, "last": 1}[at]] = error
 
     async def wait_for(aw: Any, timeout: float) -> Any:
         return await asyncio.wait_for(aw, min(timeout, 0.5))
@@ -1917,7 +1921,10 @@ async def test_stop_goes_on_when_the_group_is_gone(
         monkeypatch.setattr(ej, "asyncio", _Proxy(asyncio, wait_for=wait_for))
         await host._stop(eng)
         assert eng.proc.returncode is not None  # type: ignore[union-attr]
-        assert kills.sent == [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL][: at + 2]
+        assert (
+            kills.sent
+            == [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL][: 3 if at == "grace" else 2]
+        )
     finally:
         monkeypatch.setattr(ej, "os", os)
         monkeypatch.setattr(ej, "asyncio", asyncio)

@@ -360,18 +360,21 @@ async def test_close_unloads_and_ends_parked_instances() -> None:
 
 async def test_a_failed_load_names_the_instance_the_model_and_the_error() -> None:
     def fail(w: _FakeWorker, msg: tuple[Any, ...], t: float | None) -> tuple[Any, ...]:
+        if w.pid == 4000:  # (the first instance loads)
+            return _ok(w, msg, t)
         return ("error", False, "OSError: no such model", False)
 
     _FakeWorker.reply = staticmethod(fail)
-    m = GpuManager(_cfg(), [_spec()])
+    m = GpuManager(_cfg(cpu_device_memory_mb=4000.0), [_spec(memory_mb=1000.0)])
     try:
+        await m.load("ok", "rm", (0,))
         with pytest.raises(BrokenError) as e:
             await m.load("i0", "rm", (0,))
         assert str(e.value) == "instance i0 (rm): load failed: OSError: no such model"
         assert isinstance(e.value.__cause__, RuntimeError)
-        assert m._instances == {} and m.memory_free()[0] == 4096.0
-        assert _FakeWorker.made[0].stops == 1
-        assert m.fitted_costs("rm")["load_samples"] == 0
+        assert list(m._instances) == ["ok"] and m.memory_free()[0] == 3000.0
+        assert _FakeWorker.made[1].stops == 1
+        assert m.fitted_costs("rm")["load_samples"] == 1
     finally:
         await m.aclose()
 
@@ -419,6 +422,8 @@ async def test_unloaded_while_loading() -> None:
         task = asyncio.create_task(m.load("i0", "rm", (0,)))
         await asyncio.to_thread(entered.wait, 5)
         assert m.resident()["i0"]["state"] == "loading"
+        inst = m._instances["i0"]
+        assert inst.busy == 1
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         assert await m.unload("i0") is False
@@ -429,6 +434,7 @@ async def test_unloaded_while_loading() -> None:
             await task
         assert str(e.value) == "instance i0 was unloaded while it was loading"
         assert m._instances == {} and _FakeWorker.made[0].stops == 1
+        assert (inst.busy, inst.state) == (0, "dead")
         assert m.memory_free()[0] == 4096.0
         assert m.fitted_costs("rm")["load_samples"] == 0
     finally:
@@ -450,6 +456,7 @@ async def test_unloaded_while_loading_and_then_the_load_failed() -> None:
     try:
         task = asyncio.create_task(m.load("i0", "rm", (0,)))
         await asyncio.to_thread(entered.wait, 5)
+        inst = m._instances["i0"]
         assert await m.unload("i0") is False
         other = asyncio.create_task(m.load("i1", "rm", (0,)))  # (its device booked again)
         while "i1" not in m._instances:
@@ -459,6 +466,7 @@ async def test_unloaded_while_loading_and_then_the_load_failed() -> None:
             await task
         assert str(e.value) == "instance i0 was unloaded while it was loading"
         assert isinstance(e.value.__cause__, RuntimeError)
+        assert (inst.busy, inst.state) == (0, "dead")
         assert m.memory_free()[0] == 600.0 and list(m._instances) == ["i1"]
         await other
     finally:
