@@ -98,7 +98,7 @@ class _Launch:
 
     def __init__(self) -> None:
         self.runs: list[tuple[list[str], dict[str, Any]]] = []
-        self.cmd = ["sleep", "60"]
+        self.cmd = ["sleep", "30"]  # (ends by itself should a test leave it)
         self.procs: list[asyncio.subprocess.Process] = []
         self.real = asyncio.create_subprocess_exec
 
@@ -897,7 +897,11 @@ async def test_stop_kills_what_ignores_sigterm_after_its_grace(
     tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ready = tmp_path / "ready"
-    launch.cmd = ["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"]
+    launch.cmd = [
+        "sh",
+        "-c",
+        f"trap '' TERM; touch {ready}; for i in $(seq 400); do sleep 0.05; done",
+    ]
     host = _host(tmp_path)
     graces: list[float] = []
 
@@ -924,7 +928,7 @@ async def test_stop_kills_the_engines_children_too(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
     child = tmp_path / "child"
-    launch.cmd = ["sh", "-c", f"sleep 60 & echo $! > {child}; trap 'exit 0' TERM; wait"]
+    launch.cmd = ["sh", "-c", f"sleep 30 & echo $! > {child}; trap 'exit 0' TERM; wait"]
     host = _host(tmp_path)
     try:
         await host.load("gj#1", "gj", (0,))
@@ -1784,7 +1788,11 @@ class _Kills:
 
 def _term_proof(launch: _Launch, tmp_path: Path) -> Path:
     ready = tmp_path / "ready"
-    launch.cmd = ["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"]
+    launch.cmd = [
+        "sh",
+        "-c",
+        f"trap '' TERM; touch {ready}; for i in $(seq 400); do sleep 0.05; done",
+    ]
     return ready
 
 
