@@ -804,3 +804,68 @@ async def test_run_code_whose_client_went_away_is_499(
     await asyncio.wait_for(app(scope, receive, send), 10)
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     assert cancelled == [True]
+
+
+def test_a_fastapi_without_native_telemetry_is_telemetry_off() -> None:
+    app = A.TangramApp()
+    del app._native_telemetry  # (FastAPI before 0.16x has no such attribute)
+    assert app._telemetry_on() is False
+
+
+async def test_json_nested_too_deeply_is_400_naming_the_body(eng: Engine) -> None:
+    raw = "[" * 100_000 + "]" * 100_000
+    async with _client(A.create_app(eng, ServiceConfig())) as c:
+        r = await c.post("/v1/actions", content=raw, headers={"content-type": "application/json"})
+    assert (r.status_code, r.json()) == (
+        400,
+        {"detail": "body: JSON nested too deeply", "field": "body"},
+    )
+
+
+async def test_the_app_leaves_the_engine_alone_by_default() -> None:
+    e = _engine()
+    seen: list[str] = []
+
+    async def start() -> None:
+        seen.append("start")
+
+    e.start = start  # type: ignore[method-assign]
+    app = A.create_app(e, ServiceConfig())
+    async with app.router.lifespan_context(app):
+        pass
+    assert seen == []
+
+
+async def test_run_code_in_the_full_stack_is_served_by_its_inner_fast_path(
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = A.create_app(eng, ServiceConfig(tenants=TENANTS))
+    app.fast = None  # (as when telemetry is on or a root path set: the full stack)
+    got: list[Any] = []
+
+    async def run_code(req: Any, *, tenant: str | None = None) -> dict[str, Any]:
+        got.append((req.code, tenant))
+        return {"status": "Success"}
+
+    monkeypatch.setattr(app.state.service, "run_code", run_code)
+    async with _client(app, "tok-b") as c:
+        r = await c.post("/run_code", json={"code": "x"})
+    assert (r.status_code, r.json()) == (200, {"status": "Success"})
+    assert got == [("x", "bob")]
+
+
+async def test_run_jupyter_runs_through_the_service(
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = A.create_app(eng, ServiceConfig(tenants=TENANTS))
+    got: list[Any] = []
+
+    async def run_code(req: Any, *, tenant: str | None = None) -> dict[str, Any]:
+        got.append(tenant)
+        raise Overloaded("busy")
+
+    monkeypatch.setattr(app.state.service, "run_code", run_code)
+    async with _client(app, "tok-a") as c:
+        r = await c.post("/run_jupyter", json={"cells": ["1"]})
+    assert (r.status_code, r.json()) == (504, {"detail": "busy"})
+    assert got == ["alice"]

@@ -59,7 +59,7 @@ class _Eng:
         self.views = 0
         self.sessions = 0
         self.live_sessions: set[str] = set()
-        self.images: set[str] = {"py"}
+        self.images: set[str] | None = {"py"}
         self.why: Any = None
         self.calls: list[tuple[Any, ...]] = []
         self.results: dict[str, Any] = {}
@@ -82,7 +82,9 @@ class _Eng:
     def session_gone(self, sid: str) -> str | None:
         return f"session {sid!r} was closed: its ttl_s passed" if sid in self.gone else None
 
-    def has_image(self, name: str) -> bool:
+    def has_image(self, name: str) -> bool | None:
+        if self.images is None:  # (an executor that keeps no image cache)
+            return None
         return name in self.images
 
     async def open_session(self, sid: str | None, **kw: Any) -> str:
@@ -570,9 +572,11 @@ async def test_get_clamps_the_wait_and_answers_pending_or_the_result() -> None:
 async def test_a_group_is_joined_pending_at_its_least_status_and_cancelled_part_by_part() -> None:
     svc, eng, _ = _svc()
     svc._remember_group("g", ("g.a", "g.b"))
-    eng.statuses.update({"g.a": Status.RUNNING, "g.b": Status.QUEUED})
+    eng.statuses.update({"g.a": Status.RUNNING, "g.b": Status.RUNNING})
     eng.results["g.a"] = _res("g.a", out=ScoreResult(model="a", score=1.0))
     assert await svc.result("g") is None
+    assert (await svc.get("g"))["status"] == "running"  # (not the group id's own: queued)
+    eng.statuses["g.b"] = Status.QUEUED
     assert (await svc.get("g"))["status"] == "queued"
     eng.results["g.b"] = _res("g.b", Status.FAILED)
     r = await svc.result("g", 2.0)
@@ -911,3 +915,358 @@ async def test_a_session_gone_is_named_with_its_reason_to_its_owner_only() -> No
     with pytest.raises(InvalidAction) as ei:  # (no auth: every session is everyone's)
         await svc.submit(_body(code))
     assert str(ei.value) == "actions[0].session: session 's1' was closed: its ttl_s passed"
+
+
+# ---- the survivors of the first mutmut run, by behaviour ------------------------------------------
+
+
+async def test_result_waits_zero_by_default() -> None:
+    svc, eng, _ = _svc()
+    assert await svc.result("x") is None
+    assert eng.calls == [("result", "x", 0.0)]
+
+
+async def test_a_tenants_own_action_is_read_and_cancelled() -> None:
+    svc, eng, _ = _svc(tenants=(TenantConfig(name="t1", token="k"),))
+    out = await svc.submit(_body({"id": "a1yes", "kind": "code", "payload": {}}), tenant="t1")
+    assert out == {"ids": ["a1yes"]}
+    eng.statuses["a1yes"] = Status.RUNNING
+    assert (await svc.get("a1yes", tenant="t1"))["status"] == "running"
+    assert await svc.cancel("a1yes", tenant="t1") is True
+    for call in (svc.get("a1yes", tenant="t2"), svc.cancel("a1yes", tenant="t2")):
+        with pytest.raises(UnknownAction):
+            await call
+
+
+async def test_a_tenant_sends_its_own_group_again_and_another_may_not() -> None:
+    svc, _, _ = _svc(
+        tenants=(TenantConfig(name="t1", token="k1"), TenantConfig(name="t2", token="k2"))
+    )
+    g = {"id": "g1", "kind": "reward", "models": ["a", "b"], "payload": {"query": "q"}}
+    await svc.submit(_body(g), tenant="t1")
+    assert (await svc.submit(_body(g), tenant="t1")) == {"ids": ["g1"]}  # (the engine's to answer)
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(_body(g), tenant="t2")
+    assert _refused(ei) == ("actions[0].id", "actions[0].id: duplicate action id 'g1'")
+    # the group forgotten by the service, its owner still known: still the owner's
+    svc._groups.clear()
+    with pytest.raises(InvalidAction):
+        await svc.submit(_body(g), tenant="t2")
+    assert (await svc.submit(_body(g), tenant="t1")) == {"ids": ["g1"]}
+
+
+async def test_an_open_session_the_engine_lost_before_its_tenancy_knew_names_the_reason() -> None:
+    svc, eng, _ = _svc(tenants=(TenantConfig(name="alice", token="ta"),))
+    await svc.open_session(SessionIn(session_id="s1"), tenant="alice")
+    eng.live_sessions.discard("s1")  # (gone from the engine; the tenancy not told yet)
+    eng.gone.add("s1")
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(_body({"kind": "code", "session": "s1", "payload": {}}), tenant="alice")
+    assert str(ei.value) == "actions[0].session: session 's1' was closed: its ttl_s passed"
+
+
+async def test_a_key_sent_again_with_its_payloads_keys_reordered_is_the_same_body() -> None:
+    svc, _, _ = _svc()
+    await svc.submit(_body({"kind": "code", "payload": {"a": 1, "b": 2}}), idempotency_key="K")
+    await svc.submit(_body({"kind": "code", "payload": {"b": 2, "a": 1}}), idempotency_key="K")
+    with pytest.raises(KeyReused):
+        await svc.submit(_body({"kind": "code", "payload": {"b": 2, "a": 3}}), idempotency_key="K")
+
+
+async def test_a_body_compared_by_its_repr_may_hold_a_lone_surrogate() -> None:
+    import hashlib
+
+    svc, _, _ = _svc()
+    body = _body({"kind": "code", "payload": {"s": "\ud800"}})
+    body.actions[0].payload["x"] = object()  # (not JSON: compared by its repr)
+    svc._check_key("K", body)
+    canon = repr(body.actions).encode("utf-8", "surrogatepass")
+    assert svc._idem_bodies["K"][0] == hashlib.sha256(canon).hexdigest()
+    svc._check_key("K", body)  # (the same body again: fine)
+
+
+async def test_an_engine_config_without_a_key_ttl_keeps_keys_an_hour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(S, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    svc, eng, _ = _svc()
+    eng.config = SimpleNamespace()
+    a, b = {"kind": "code", "payload": {"code": "A"}}, {"kind": "code", "payload": {"code": "B"}}
+    await svc.submit(_body(a), idempotency_key="K")
+    clock[0] = 3599.9
+    with pytest.raises(KeyReused):
+        await svc.submit(_body(b), idempotency_key="K")
+    clock[0] = 3600.0
+    await svc.submit(_body(b), idempotency_key="K")
+
+
+async def test_a_demand_at_a_nodes_capacity_plus_the_tolerance_fits() -> None:
+    svc, _, _ = _svc()
+    assert (await svc.open_session(SessionIn(demand={"cpu": 2.0 + 1e-9})))["state"] == "open"
+
+
+async def test_a_node_without_a_resource_has_none_of_it() -> None:
+    nodes = (
+        SimpleNamespace(name="n1", capacity=Resources(cpu=2)),
+        SimpleNamespace(name="n2", capacity=Resources(cpu=1, gpu=1)),
+    )
+    svc, _, _ = _svc(_Eng(nodes=nodes, dims=frozenset({"cpu", "gpu"})))
+    with pytest.raises(InvalidAction) as ei:
+        await svc.open_session(SessionIn(demand={"cpu": 2, "gpu": 0.5}))
+    assert str(ei.value) == (
+        "demand: no node can ever satisfy demand {'cpu': 2.0, 'gpu': 0.5} "
+        "(largest capacity: n1: {'cpu': 2.0}; n2: {'cpu': 1.0, 'gpu': 1.0})"
+    )
+    assert (await svc.open_session(SessionIn(demand={"cpu": 2, "gpu": 0})))["state"] == "open"
+
+
+async def test_another_tenants_image_is_refused_even_without_an_image_cache() -> None:
+    svc, eng, _ = _svc(tenants=(TenantConfig(name="alice", token="ta"),), token="td")
+    eng.images = None
+    with pytest.raises(InvalidAction) as ei:
+        await svc.open_session(SessionIn(image="alice+mine"), tenant="default")
+    assert str(ei.value) == (
+        "image: no image 'alice+mine' on any node (POST /v1/images imports one)"
+    )
+    assert eng.calls == []
+    # (an executor without a cache cannot say: the name is taken as it is)
+    await svc.open_session(SessionIn(image="py"), tenant="default")
+    assert eng.calls[0][2]["image"] == "py"
+
+
+async def test_reward_routes_charge_the_tenant() -> None:
+    svc, eng, log = _scored(tenants=(TenantConfig(name="t1", token="k"),))
+    await svc.get_reward(GetRewardIn(query=["x"], model="a"), tenant="t1")
+    await svc.classify(ClassifyIn(input="x", model="b"), tenant="t1")
+    ids = [s.id for s in eng.submitted]
+    assert log == [
+        ("admit", "t1", (ids[0],)),
+        ("started", "t1", (ids[0],)),
+        ("admit", "t1", (ids[1],)),
+        ("started", "t1", (ids[1],)),
+    ]
+
+
+async def test_classify_one_string_is_one_input_and_an_unknown_model_names_model() -> None:
+    svc, eng, _ = _scored()
+    eng.scores["axy"] = 0.5
+    out = await svc.classify(ClassifyIn(input="xy", model="a"))
+    assert out["data"] == [{"index": 0, "label": "0", "probs": [0.5], "num_classes": 1}]
+    with pytest.raises(InvalidAction) as ei:
+        await svc.classify(ClassifyIn(input="x", model="zz"))
+    assert _refused(ei) == ("model", "model: unknown model 'zz' (models: a, b, sim)")
+
+
+def test_own_image_replaces_a_typed_code_requests_image_only() -> None:
+    from arl_tangram.kinds import CodeRequest
+
+    svc, eng, _ = _svc(tenants=(TenantConfig(name="alice", token="ta"),))
+    eng.images = {"alice+mine"}
+    req = CodeRequest(code="print(1)", image="mine")
+    spec = S.ActionSpec(id="c1", kind=ActionKind.CODE, payload=req)
+    out = svc._own_image(spec, "w", "alice")
+    assert out.payload == CodeRequest(code="print(1)", image="alice+mine")
+    assert isinstance(out.payload, CodeRequest)
+    assert (out.id, out.kind) == ("c1", ActionKind.CODE)
+    assert req.image == "mine" and spec.payload is req
+
+
+# ---- searches routed local first (`search.route_action`, here scripted) ---------------------------
+
+
+@pytest.fixture
+def routes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``search.provider_action`` as the identity (the payload without its source) and
+    ``search.route_action`` answering ``plan[query]``: "local" (the local index's result),
+    "web" (routed to the provider) or absent (no route: {})."""
+    from arl_tangram.api import search
+
+    st: dict[str, Any] = {"plan": {}, "calls": [], "provider": []}
+
+    def provider_action(engine: Any, spec: Any, where: str, tenant: str | None) -> Any:
+        assert isinstance(engine, _Eng)
+        st["provider"].append((spec.id, where, tenant))
+        p = {k: v for k, v in spec.payload.items() if k != "source"}
+        return S.dataclasses.replace(spec, payload=p)
+
+    async def route_action(engine: Any, spec: Any, where: str, source: Any = "auto") -> Any:
+        assert isinstance(engine, _Eng)
+        st["calls"].append((spec.id, where, source))
+        how = st["plan"].get(spec.payload["query"])
+        fields = {"route": how, "route_reason": f"why {how}", "local_score": 0.5}
+        if how == "local":
+            return _res(f"loc-{spec.id}", out={"hits": ["h"]}), fields
+        if how == "web":
+            return None, fields
+        return None, {}
+
+    monkeypatch.setattr(search, "provider_action", provider_action)
+    monkeypatch.setattr(search, "route_action", route_action)
+    return st
+
+
+def _search(aid: str, query: str, **payload: Any) -> dict[str, Any]:
+    return {"id": aid, "kind": "search", "payload": {"query": query, **payload}}
+
+
+async def test_a_search_the_local_index_answers_is_not_submitted(routes: dict[str, Any]) -> None:
+    svc, eng, _ = _svc()
+    routes["plan"] = {"q1": "local", "q2": "web"}
+    out = await svc.submit(
+        _body(
+            {"id": "c1", "kind": "code", "payload": {}},
+            _search("s3", "q3"),
+            _search("s1", "q1", source="local"),
+            _search("s2", "q2"),
+        )
+    )
+    assert out == {"ids": ["c1", "s3", "s1", "s2"]}
+    assert routes["calls"] == [
+        ("s3", "actions[1]", "auto"),
+        ("s1", "actions[2]", "local"),
+        ("s2", "actions[3]", "auto"),
+    ]
+    assert routes["provider"] == [
+        ("s3", "actions[1]", None),
+        ("s1", "actions[2]", None),
+        ("s2", "actions[3]", None),
+    ]
+    assert eng.calls == [("submit", ["c1", "s3", "s2"], None)]
+    assert svc._routes["s1"] == (
+        {"route": "local", "route_reason": "why local", "local_score": 0.5},
+        "loc-s1",
+        None,
+    )
+    assert svc._routes["s2"] == (
+        {"route": "web", "route_reason": "why web", "local_score": 0.5},
+        None,
+        None,
+    )
+    assert "s3" not in svc._routes
+    eng.results["loc-s1"] = _res("loc-s1", out={"hits": ["h"]})
+    got = await svc.get("s1")
+    assert (got["id"], got["route"], got["route_reason"], got["output"]) == (
+        "s1",
+        "local",
+        "why local",
+        {"hits": ["h"]},
+    )
+
+
+async def test_a_routed_search_again_is_a_retry_with_its_key_else_a_duplicate(
+    routes: dict[str, Any],
+) -> None:
+    svc, eng, log = _svc(
+        tenants=(TenantConfig(name="t1", token="k1"), TenantConfig(name="t2", token="k2"))
+    )
+    routes["plan"] = {"q1": "local", "q2": "web"}
+    body = _body(_search("s1", "q1"), _search("s2", "q2"), _search("s5", "q5"))
+    assert (await svc.submit(body, idempotency_key="K", tenant="t1")) == {"ids": ["s1", "s2", "s5"]}
+    assert eng.calls == [("submit", ["s2", "s5"], "t1\x1fK")]
+    assert ("own", "t1", ("s1",)) in log
+    assert routes["provider"] == [
+        ("s1", "actions[0]", "t1"),
+        ("s2", "actions[1]", "t1"),
+        ("s5", "actions[2]", "t1"),
+    ]
+    assert svc.tenancy.owner("s1") == "t1"
+    n = len(routes["calls"])
+    # the same key again: routed as before (the local answer again, the web one to the engine)
+    assert (await svc.submit(body, idempotency_key="K", tenant="t1")) == {"ids": ["s1", "s2", "s5"]}
+    assert routes["calls"][n:] == [("s5", "actions[2]", "auto")]  # (it had no route)
+    assert eng.calls[-1] == ("submit", ["s2", "s5"], "t1\x1fK")
+    for key in (None, "other"):
+        with pytest.raises(InvalidAction) as ei:
+            await svc.submit(_body(_search("s1", "q1")), idempotency_key=key, tenant="t1")
+        assert _refused(ei) == ("actions[0].id", "actions[0].id: duplicate action id 's1'")
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(
+            _body(_search("x", "q9"), _search("s2", "q2")), idempotency_key="K2", tenant="t1"
+        )
+    assert _refused(ei) == ("actions[1].id", "actions[1].id: duplicate action id 's2'")
+    # another tenant may not take a routed search's id, not even for a plain action
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(_body({"id": "s1", "kind": "code", "payload": {}}), tenant="t2")
+    assert _refused(ei) == ("actions[0].id", "actions[0].id: duplicate action id 's1'")
+
+
+async def test_only_a_search_has_a_route(routes: dict[str, Any]) -> None:
+    svc, eng, _ = _svc()
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(
+            _body(
+                {"kind": "code", "payload": {}},
+                {"kind": "fetch", "payload": {"url": "u", "source": "web"}},
+            )
+        )
+    assert _refused(ei) == (
+        "actions[1].payload.source",
+        "actions[1].payload.source: only a search has a route",
+    )
+    assert eng.submitted == [] and routes["calls"] == []
+    await svc.submit(_body({"kind": "fetch", "payload": {"url": "u"}}))
+    assert len(eng.submitted) == 1 and routes["calls"] == []
+
+
+async def test_routes_are_kept_up_to_max_results(routes: dict[str, Any]) -> None:
+    svc, _, _ = _svc(limits=LimitsConfig(max_results=2))
+    routes["plan"] = {"q": "web"}
+    for i in range(3):
+        await svc.submit(_body(_search(f"s{i}", "q")))
+    assert list(svc._routes) == ["s1", "s2"]
+
+
+async def test_run_code_in_a_session_and_a_cancel_that_fails_on_the_way_out() -> None:
+    svc, eng, _ = _svc(limits=LimitsConfig(shed_grace_s=0.01))
+    with pytest.raises(Shed):
+        await svc.run_code(
+            RunCodeRequest(code="x", compile_timeout=0.01, run_timeout=0.01), session="s7"
+        )
+    assert eng.submitted[0].session == "s7" and eng.submitted[0].kind == ActionKind.CODE
+    assert [c for c in eng.calls if c[0] != "submit"] == [
+        ("result", eng.submitted[0].id, 0.01 + 0.01 + 0.01),
+        ("cancel", eng.submitted[0].id),
+    ]
+
+    started = asyncio.Event()
+
+    async def hang(aid: str, wait: float | None = None) -> Any:
+        started.set()
+        await asyncio.sleep(60)
+
+    async def closed(aid: str) -> bool:
+        from arl_tangram.core.errors import ClosedError
+
+        raise ClosedError("the engine is closing")
+
+    eng.result, eng.cancel = hang, closed  # type: ignore[method-assign]
+    task = asyncio.ensure_future(svc.run_code(RunCodeRequest(code="y")))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_native_actions_are_read_with_their_index_and_the_default_model() -> None:
+    svc, eng, _ = _svc(default_reward_model="b")
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(
+            _body({"kind": "code", "payload": {}}, {"kind": "code", "model": "a", "payload": {}})
+        )
+    assert _refused(ei) == ("actions[1].model", "actions[1].model: a code action takes no model")
+    await svc.submit(_body({"kind": "reward", "payload": {"query": "q"}}))
+    assert eng.submitted[-1].model == "b"
+
+
+async def test_a_judge_payloads_refusal_keeps_its_whole_message() -> None:
+    svc, _, _ = _svc(models=(ModelSpec("gj", kind="genjudge", path="/nowhere"),))
+    bad = {"openai": {"route": "completions", "body": {"prompt": "x", "max_tokens": "a: b"}}}
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(
+            _body({"kind": "code", "payload": {}}, {"kind": "judge", "model": "gj", "payload": bad})
+        )
+    assert _refused(ei) == (
+        "actions[1].payload.openai.body.max_tokens",
+        "actions[1].payload.openai.body.max_tokens: must be an integer >= 1, got 'a: b'",
+    )
