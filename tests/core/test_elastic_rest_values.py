@@ -658,3 +658,107 @@ def test_the_warm_wait_looks_at_64_warm_nodes() -> None:
     for i in range(64):
         d.core.st.reserved[f"w{i}"] = "x"
     assert _choice(d, _h(1, 8, x=1.0)) == ("a", 8.0, 8.0, ["a"])
+
+
+def test_an_action_without_parallel_speedup_grows_only_to_one_core() -> None:
+    # 2 cores: r 1.5 (1 s), a (0.5..2, p = 0) at 0.5; when r ends a grows to 1.5 (its speed
+    # from 0.5 to 1) and no further (a core more adds no speed)
+    d = Driver([cpu_node("n0", cpu=2)], policy="tangram")
+    out = d.arrive(act("r", cpu=1.5, hints=WorkHints(expected_s=1.0)))
+    spec = ActionSpec(
+        "a", kind=ActionKind.TEST, demand=Resources(cpu=0.5, memory_mb=256),
+        elasticity=Elasticity(0.5, 2, speedup=Speedup(0.0)), hints=W10,
+    )  # fmt: skip
+    out += d.arrive(spec)
+    assert cpu_commands(out) == [("start", "r", 1.5), ("start", "a", 0.5)]
+    assert cpu_commands(d.at(1.0).finish("r")) == [("resize", "a", 1.5)]
+
+
+def test_choose_for_a_head_not_in_the_queue_weighs_no_one_behind_it() -> None:
+    # one node of 5 cores, a (1..2, 100 s) at 2: a head (1..2) of 10 s, not queued, starts at
+    # 2 beside a (floor 2), as `plan` says with no one behind
+    d = Driver([cpu_node("n0", cpu=5)], policy="tangram")
+    d.arrive(elastic("a", 1, 2, p=0.9, hints=WorkHints(expected_s=100.0)))
+    d.at(1.0).tick()
+    assert _choice(d, _h(1, 2, t=1.0)) == ("n0", 2, 2, ["n0"])
+
+
+def test_where_sandboxes_stay_resident_no_node_pays_a_cold_start() -> None:
+    # n0 (4 cores) warm for tests, n1 (8) not: resident, n1's 1 / s(8) = 0.21 s beats n0's
+    # 1 / s(4) = 0.325 s (with a cold start of 0.5 s n1 would lose)
+    d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=8)], policy="tangram")
+    d(ev.WarmPoolReport(0.0, "n0", "test", 1))
+    assert _choice(d, _h(1, 8, x=1.0)) == ("n0", 4.0, 4.0, ["n1", "n0"])
+    d.core.st.resident = True  # (a policy whose sandboxes stay resident)
+    assert _choice(d, _h(1, 8, x=1.0)) == ("n1", 8.0, 8.0, ["n1", "n0"])
+
+
+def test_expansion_runs_only_on_the_nodes_an_event_changed() -> None:
+    # reserve a quarter and g's 4 cores: n0 keeps 4 while n1 is full (g, 1 s), so a (1..4)
+    # starts at 1; when g ends n0 is not changed: a stays at 1 until something there changes
+    d = Driver(
+        [cpu_node("n0", cpu=4), cpu_node("n1", cpu=4, mem=16384)],
+        policy="tangram", reserve_fraction=0.25,
+    )  # fmt: skip
+    d.arrive(act("g", cpu=4, mem=10000, hints=WorkHints(expected_s=1.0)))
+    d.arrive(elastic("a", 1, 4, p=0.9, hints=W10))
+    assert (d.core.actions["a"].node, d.core.actions["a"].width) == ("n0", 1.0)
+    assert cpu_commands(d.at(1.0).finish("g")) == []
+    assert d.core.actions["a"].width == 1.0
+
+
+def test_expansion_goes_over_the_changed_nodes_in_name_order() -> None:
+    # p and q (4 cores, reserve 1 each, q holds r1 by its memory): a on p at 2, b on q at 1,
+    # their growth held back while r0 and r1 end; then both expand: p first takes its 2 free
+    # (q has room for the reserve), q then keeps its reserve: 4 and 3. (Names for which a set
+    # yields q first: the order is the names', not the set's.)
+    for i in range(64):
+        p, q = f"p{i}", f"q{i}"
+        if next(iter({p, q})) == q:
+            break
+    d = Driver(
+        [cpu_node(p, cpu=4), cpu_node(q, cpu=4, mem=16384)], policy="tangram", reserve_fraction=0.25
+    )
+    d.arrive(
+        act("r0", cpu=2, hints=WorkHints(expected_s=1.0)),
+        act("r1", cpu=2, mem=10000, hints=WorkHints(expected_s=1.0)),
+        elastic("a", 1, 4, p=0.9, hints=W10),
+        elastic("b", 1, 4, p=0.9, hints=W10),
+    )
+    acts, el = d.core.actions, d.core.elastic
+    el.largest_min_cpu = 100.0  # (the whole node as reserve while r0 and r1 end)
+    d.at(1.0).finish("r0")
+    d.at(1.0).finish("r1")
+    assert [(k, acts[k].node, acts[k].width) for k in ("a", "b")] == [("a", p, 2.0), ("b", q, 1.0)]
+    el.largest_min_cpu = 0.0
+    d.core.st.expand_at.update((p, q))
+    el.expand()
+    assert (acts["a"].width, acts["b"].width) == (4.0, 3.0)
+
+
+def _measured_runs(points: tuple[tuple[float, float], ...], widths: tuple[float, ...]) -> Driver:
+    """m0 (4 cores, measured ``points``) running r0, r1, ... (1..w, p = 0.9, 5 s, 10 s, ...)
+    from 0 (a width of 1 is a fixed one: CPU held by others than the elastic runs); now 0.5."""
+    spec = NodeSpec("m0", Resources(cpu=4, memory_mb=8192), pool="cpu", parallel_speedup=points)
+    d = Driver([spec], policy="tangram")
+    for i, w in enumerate(widths):
+        d.arrive(elastic(f"r{i}", 1, w, p=0.9, hints=WorkHints(expected_s=5.0 * (i + 1))))
+    d.at(0.5).tick()
+    return d
+
+
+def test_width_on_a_measured_node_beside_others_and_a_width_freeing_elsewhere() -> None:
+    pts = ((2.0, 1.2), (4.0, 1.6))
+    # r0 (1..2) at 2: a head (1..2) of 1 s, its full width free elsewhere in 2 s: it starts
+    # here at 2 (waiting prices the busy cores' efficiency too)
+    d = _measured_runs(pts, (2,))
+    assert d.core.elastic.width_on(_h(1, 2, x=1.0), d.core.nodes["m0"], 0, 2.0) == (2.0, 2.0)
+    # r0 fixed at 1 (the base), r1 (1..3): 1 core now, for a head of 1 s with its full width
+    # elsewhere in 2 s, and for one of 10 s with one more like it behind
+    d = _measured_runs(pts, (1, 3))
+    assert d.core.elastic.width_on(_h(1, 2, x=1.0), d.core.nodes["m0"], 0, 2.0) == (1.0, 1.0)
+    d = _measured_runs(pts, (1, 3))
+    assert d.core.elastic.width_on(_h(1, 2, x=10.0), d.core.nodes["m0"], 1) == (1.0, 1.0)
+    # measured 1.05 on 2 cores: beside r0 (fixed 1) and r1 a head (1..4) of 10 s waits
+    d = _measured_runs(((2.0, 1.05),), (1, 3))
+    assert d.core.elastic.width_on(_h(1, 4, x=10.0), d.core.nodes["m0"], 0) == (0.0, 0.0)
