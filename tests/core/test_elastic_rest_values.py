@@ -762,3 +762,29 @@ def test_width_on_a_measured_node_beside_others_and_a_width_freeing_elsewhere() 
     # measured 1.05 on 2 cores: beside r0 (fixed 1) and r1 a head (1..4) of 10 s waits
     d = _measured_runs(((2.0, 1.05),), (1, 3))
     assert d.core.elastic.width_on(_h(1, 4, x=10.0), d.core.nodes["m0"], 0) == (0.0, 0.0)
+
+
+def test_no_lender_makes_room_for_a_dimension_other_than_cpu() -> None:
+    # a head of 3 cores and a GPU: n1 could lend the cores, but has no GPU: nothing shrinks
+    d = _lenders()
+    spec = ActionSpec(
+        "g", demand=Resources(cpu=3, memory_mb=256, gpu=1), hints=WorkHints(expected_s=1.0)
+    )
+    head = ActionRecord(spec, 0.5, 99)
+    assert d.core.elastic.lender(head) is None
+    assert d.core.actions["b"].width == 2.0
+
+
+def test_a_planned_width_that_the_node_cannot_lend_down_to_is_a_wait() -> None:
+    # a (3..4, 100 s) holds all 4 cores: a head (2..4) of 1 s is planned 2 cores (floor 2),
+    # but a lends only 1 (down to its minimum 3): 1 core is below the head's minimum 2
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    spec = ActionSpec(
+        "a", kind=ActionKind.TEST, demand=Resources(cpu=3, memory_mb=256),
+        elasticity=Elasticity(3, 4, speedup=Speedup(0.9)), hints=WorkHints(expected_s=100.0),
+    )  # fmt: skip
+    assert cpu_commands(d.arrive(spec)) == [("start", "a", 4.0)]
+    d.at(0.5).tick()
+    el, n0 = d.core.elastic, d.core.nodes["n0"]
+    assert el.plan(_h(2, 4, x=1.0, t=0.5), n0, 0) == (2.0, 2.0)
+    assert el.width_on(_h(2, 4, x=1.0, t=0.5), n0, 0) == (0.0, 2.0)
