@@ -714,7 +714,7 @@ def test_expansion_goes_over_the_changed_nodes_in_name_order() -> None:
     # yields q first: the order is the names', not the set's.)
     for i in range(64):
         p, q = f"p{i}", f"q{i}"
-        if next(iter({p, q})) == q:
+        if next(iter({p, q})) == q == next(iter({q, p})):  # (in either insertion order)
             break
     d = Driver(
         [cpu_node(p, cpu=4), cpu_node(q, cpu=4, mem=16384)], policy="tangram", reserve_fraction=0.25
