@@ -788,3 +788,19 @@ def test_a_planned_width_that_the_node_cannot_lend_down_to_is_a_wait() -> None:
     el, n0 = d.core.elastic, d.core.nodes["n0"]
     assert el.plan(_h(2, 4, x=1.0, t=0.5), n0, 0) == (2.0, 2.0)
     assert el.width_on(_h(2, 4, x=1.0, t=0.5), n0, 0) == (0.0, 2.0)
+
+
+def test_the_work_left_of_a_running_action_is_the_learned_mean_excess() -> None:
+    # three tests of the kind ran 1, 2 and 6 s at 1.5 cores (s = s(1.5) = 1 / 0.7): work s, 2s,
+    # 6s. x runs at 1.5 from 40: at 41 it did s; of the runs longer than that (2s, 6s) the mean
+    # excess is (s + 5s) / 2 = 3s, not its estimate (the median, 2s) less s
+    d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
+    for i, run_s in enumerate((1.0, 2.0, 6.0)):
+        d.at(10.0 * i).arrive(elastic(f"e{i}", 1, 1.5, p=0.9, hints=WorkHints(expected_s=2.0)))
+        d.at(10.0 * i + run_s).finish(f"e{i}", run_s=run_s)
+    d.at(40.0).arrive(elastic("x", 1, 1.5, p=0.9, hints=WorkHints(expected_s=2.0)))
+    d.at(41.0).tick()
+    s = 1.0 / (0.1 + 0.9 / 1.5)
+    x = d.core.actions["x"]
+    assert x.width == 1.5 and x.est == pytest.approx(2.0 * s, rel=1e-12)
+    assert d.core.elastic.remaining(x) == pytest.approx(3.0 * s, rel=1e-12)
