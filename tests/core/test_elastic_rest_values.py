@@ -1,6 +1,11 @@
-"""Exact values of `core.elastic`'s remaining corners (issue 43, mutation testing): tenants'
-use as expansion grows and a reclaim shrinks (fair mode), the lender of a rigid head among
-nodes that cannot and can lend (`lender`), hand-computed on two or three small nodes."""
+"""Exact values of `core.elastic`'s remaining corners (issue 43, mutation testing), hand-computed
+on small nodes: tenants' use through expansion and reclaim (fair mode), the lender of a rigid
+head (`lender`, in either set order), `plan` and `width_on` (limits, steps, the shortcut's
+conditions, measured speedups, the reserve, overdue heads), `_candidates`' warm scan, `choose`'s
+pricing (measured cores, warm kinds, resident sandboxes, a width below one core, when a full
+width frees elsewhere), `_warm_sooner`, `free_at`, `expand` / `expand_node` (changed nodes only,
+name order, growth below one core, the growable set), `reclaim` to a start's floor, and the
+work left from learned runs. One strict xfail: a memory-elastic action never starts (tangram)."""
 
 from __future__ import annotations
 
