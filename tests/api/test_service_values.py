@@ -1270,3 +1270,43 @@ async def test_a_judge_payloads_refusal_keeps_its_whole_message() -> None:
         "actions[1].payload.openai.body.max_tokens",
         "actions[1].payload.openai.body.max_tokens: must be an integer >= 1, got 'a: b'",
     )
+
+
+async def test_a_groups_id_is_cut_by_its_first_models_name() -> None:
+    svc, _, _ = _svc()
+    out = await svc.submit(
+        _body({"id": "g2", "kind": "reward", "models": ["sim", "a"], "payload": {"query": "q"}})
+    )
+    assert out == {"ids": ["g2"]}
+    assert svc._groups["g2"] == ("g2.sim", "g2.a")
+
+
+async def test_a_judge_payloads_unknown_key_with_a_space_is_named_whole() -> None:
+    svc, _, _ = _svc(models=(ModelSpec("gj", kind="genjudge", path="/nowhere"),))
+    body = {"prompt": "x", "max_tokens": 5, "a b": 1}
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(
+            _body(
+                {
+                    "kind": "judge",
+                    "model": "gj",
+                    "payload": {"openai": {"route": "completions", "body": body}},
+                }
+            )
+        )
+    field, msg = _refused(ei)
+    assert field == "actions[0].payload.openai.body.a b"
+    assert msg.startswith("actions[0].payload.openai.body.a b: not a field this route passes on (")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DEFECT (minor): the key's body digest is of the actions' "
+    "JSON-mode dump, where a NaN in a payload becomes null, so a retry whose "
+    "payload has null where the first had NaN is taken as the same body",
+)
+async def test_a_nan_and_a_null_in_a_payload_are_two_bodies_for_a_key() -> None:
+    svc, _, _ = _svc()
+    await svc.submit(_body({"kind": "code", "payload": {"a": float("nan")}}), idempotency_key="K")
+    with pytest.raises(KeyReused):
+        await svc.submit(_body({"kind": "code", "payload": {"a": None}}), idempotency_key="K")
