@@ -5,7 +5,8 @@ conditions, measured speedups, the reserve, overdue heads), `_candidates`' warm 
 pricing (measured cores, warm kinds, resident sandboxes, a width below one core, when a full
 width frees elsewhere), `_warm_sooner`, `free_at`, `expand` / `expand_node` (changed nodes only,
 name order, growth below one core, the growable set), `reclaim` to a start's floor, and the
-work left from learned runs. One strict xfail: a memory-elastic action never starts (tangram)."""
+work left from learned runs; and a memory-elastic action, which never started under tangram (a
+defect this file found, fixed: `test_elastic_other_dims.py`)."""
 
 from __future__ import annotations
 
@@ -507,13 +508,12 @@ def test_an_action_that_gains_nothing_from_width_does_not_undo_the_others_growth
     assert (d.core.actions["a"].width, d.core.actions["b"].width) == (3.0, 1.0)
 
 
-# ---- a defect: an action stretching memory never starts in the shared pool (tangram) -------------
+# ---- a defect, fixed: an action stretching memory never started in the shared pool (tangram) -----
 
 
-@pytest.mark.xfail(strict=True, reason="width_on weighs a memory-elastic head's MB as cores")
 def test_a_memory_elastic_action_starts_on_an_empty_node() -> None:
-    # fifo and task-isolated start it at its minimum at once; tangram's width_on compares the
-    # node's 4 free cores with its minimum of 256 (MB) and waits, overdue or not, forever
+    # fifo and task-isolated start it at its minimum at once; tangram's width_on compared the
+    # node's 4 free cores with its minimum of 256 (MB) and waited, overdue or not, forever
     d = Driver([cpu_node("n0", cpu=4)], policy="tangram")
     spec = ActionSpec(
         "m", kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=256),

@@ -301,6 +301,8 @@ def _idle_for(core: Core, rec: ActionRecord, node: NodeState) -> bool:
     """Whether ``node`` has CPU for elastic ``rec`` that its own elastic actions cannot take."""
     el = rec.spec.elasticity
     assert el is not None  # (an elastic head: its callers ask only of one)
+    if el.dim != "cpu":  # (a width in another dimension: it starts at its minimum)
+        return node.fits(rec.spec.demand)
     if not fits_besides_cpu(node, rec.shape):
         return False
     return node.free.get("cpu", 0.0) - core.elastic.absorb(node) >= el.min - 1e-9

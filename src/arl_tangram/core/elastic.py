@@ -150,8 +150,9 @@ class Elastic:
                     break
                 if _gain(rec, delta) <= 0.0:
                     break
-                if node.spec.parallel_speedup:  # noqa: SIM102 (the node's measured speedup: everyone there
-                    # may slow more than it gains; a gain of exactly 0.0: a tie, either way)
+                if node.spec.parallel_speedup and el.dim == CPU:  # noqa: SIM102 (the node's measured
+                    # speedup: everyone there may slow more than it gains; a gain of exactly
+                    # 0.0: a tie, either way; a width in another dimension busies no core)
                     if self.node_gain(node, rec, delta) <= 0.0:  # pragma: no mutate
                         break
                 self.retime(rec)
@@ -422,6 +423,9 @@ class Elastic:
         planned each of the node's waiting heads over every elastic action running there)."""
         el = rec.spec.elasticity
         assert el is not None
+        if el.dim != CPU:  # (the lane rule weighs cores: a width in another dimension starts
+            # at its minimum where its demand fits, and expansion grows it as that frees)
+            return (el.min if node.fits(rec.spec.demand) else 0.0), 0.0
         free = node.free.get(CPU, 0.0)
         widest = el.max
         if node.spec.parallel_speedup:
@@ -546,7 +550,8 @@ class Elastic:
             warm = node.warm.get(wkey, 0) > 0 if node.warm else False
             speed = el.speedup.factor(width)
             if node.spec.parallel_speedup:  # what its cores deliver once it runs there
-                speed *= _efficiency(node.spec, node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0) + width)
+                cores = width if el.dim == CPU else rec.cpu
+                speed *= _efficiency(node.spec, node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0) + cores)
             t = (0.0 if warm else cold) + x / max(speed, 1e-9)
             if t < best_t - 1e-12 or (t <= best_t + 1e-12 and width > best_w):
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
