@@ -230,7 +230,7 @@ def main() -> int:
 # "sandbox: cannot start", every sandbox test failed and every mutant read as caught. SIGXCPU at
 # the soft limit still ends a looping worker (and mutmut's wall-clock timer sends it too).
 _MUTMUT = """
-import resource, sys
+import os, resource, sys
 import mutmut.workers.isolation as iso
 from mutmut.__main__ import cli
 
@@ -245,6 +245,27 @@ class _Resource:
         resource.setrlimit(which, limits)
 
 iso.resource = _Resource()
+
+
+def _forget_forkserver():
+    # a worker forked from mutmut's runner inherits the runner's multiprocessing fork server
+    # (started by its first test run: the GPU manager's model processes), which is not the
+    # worker's child: `ensure_running`'s waitpid raised ChildProcessError and every test that
+    # starts a model process failed at once, a false kill for every mutant it reached. The
+    # worker starts a fork server of its own instead.
+    import multiprocessing.forkserver as fs
+
+    s = fs._forkserver
+    fd = s._forkserver_alive_fd
+    s._forkserver_pid = s._forkserver_address = s._forkserver_alive_fd = None
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_forkserver)
 sys.argv[0] = "mutmut"
 sys.exit(cli())
 """
