@@ -869,3 +869,22 @@ async def test_run_jupyter_runs_through_the_service(
         r = await c.post("/run_jupyter", json={"cells": ["1"]})
     assert (r.status_code, r.json()) == (504, {"detail": "busy"})
     assert got == ["alice"]
+
+
+async def test_the_fast_path_hands_what_it_does_not_serve_to_the_full_stack(eng: Engine) -> None:
+    app = A.create_app(eng, ServiceConfig())
+    assert app.fast is not None
+    async with _client(app) as c:
+        r = await c.post("/run_code", json={"code": 3})
+    assert r.status_code == 422
+    assert r.json()["message"] == "code: Input should be a valid string"
+
+
+async def test_judge_compat_routes_run_over_the_service(eng: Engine) -> None:
+    async with _client(A.create_app(eng, ServiceConfig())) as c:
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": "zz", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5},
+        )
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "model"

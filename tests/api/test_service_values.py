@@ -1310,3 +1310,29 @@ async def test_a_nan_and_a_null_in_a_payload_are_two_bodies_for_a_key() -> None:
     await svc.submit(_body({"kind": "code", "payload": {"a": float("nan")}}), idempotency_key="K")
     with pytest.raises(KeyReused):
         await svc.submit(_body({"kind": "code", "payload": {"a": None}}), idempotency_key="K")
+
+
+async def test_fanned_out_models_count_against_the_batch() -> None:
+    svc, eng, _ = _svc(limits=LimitsConfig(max_batch=4))
+    one = {"kind": "reward", "models": ["a", "b"], "payload": {"query": "q"}}
+    with pytest.raises(InvalidAction) as ei:
+        await svc.submit(_body(one, one, one))
+    assert _refused(ei) == (
+        "actions",
+        "actions: 6 actions with their models fanned out, at most 4 per request",
+    )
+    assert eng.submitted == []
+    await svc.submit(_body(one, one))  # (4: at the bound)
+    assert len(eng.submitted) == 4
+
+
+async def test_a_judge_actions_payload_is_typed_before_it_is_submitted() -> None:
+    from arl_tangram.kinds import JudgeRequest
+
+    svc, eng, _ = _svc(models=(ModelSpec("gj", kind="genjudge", path="/nowhere"),))
+    await svc.submit(
+        _body({"id": "j1", "kind": "judge", "model": "gj", "payload": {"query": "is it?"}})
+    )
+    (spec,) = eng.submitted
+    assert (spec.id, spec.model) == ("j1", "gj")
+    assert isinstance(spec.payload, JudgeRequest) and spec.payload.query == "is it?"
