@@ -406,3 +406,67 @@ def test_scrub_exec_strings_long_title_and_empty_env(monkeypatch: pytest.MonkeyP
         ("prctl", [35, 9, ("c_ulong", a + 8), 0, 0]),
         ("prctl", [35, 11, ("c_ulong", e), 0, 0]),
     ]
+
+
+# --- the edges left by mutation testing (helper-59) ---------------------------------------------
+
+
+def test_idmap_mount_refuses_a_negative_namespace_fd(libc: _Libc) -> None:
+    with pytest.raises(struct.error):  # packed unsigned: no syscall with a -1 fd
+        L.idmap_mount(4, -1)
+    assert libc.calls == []
+
+
+def test_share_file_ptes_unreadable_refused_and_spaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    bufs = [ctypes.create_string_buffer(b"\x07" * 64) for _ in range(4)]
+    at = [ctypes.addressof(b) for b in bufs]
+
+    def line(i: int, perms: str, path: str = "/usr/lib/x.so") -> str:
+        return f"{at[i]:x}-{at[i] + 64:x} {perms} 00001000 08:01 1234    {path}"
+
+    maps = "\n".join(
+        [
+            line(0, "---p"),  # no access at all: left alone
+            line(1, "r-xp"),  # mprotect refused: the next ones are still done
+            line(2, "r-xp", path="/opt/my lib/y.so"),  # a path with a space
+            line(3, "r--p"),
+        ]
+    )
+    _maps_open(monkeypatch, "/proc/self/maps", maps + "\n")
+    fake = _MemLibc(fail_at=at[1])
+    monkeypatch.setattr(L, "_libc", fake)
+    assert L.share_file_ptes() == 2
+    assert fake.calls == [
+        ("mprotect", [at[1], 64, 7]),
+        ("mprotect", [at[2], 64, 7]),
+        ("mprotect", [at[2], 64, 5]),
+        ("mprotect", [at[3], 64, 3]),
+        ("mprotect", [at[3], 64, 1]),
+    ]
+
+
+def test_scrub_exec_strings_one_byte_and_empty_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an argument range of one byte is zeroed (no room for the title); an empty argument range
+    # does not stop the environment's scrub
+    argv = ctypes.create_string_buffer(b"QZZ", 3)
+    env = ctypes.create_string_buffer(b"A=1\0", 4)
+    a, e = ctypes.addressof(argv), ctypes.addressof(env)
+    _maps_open(monkeypatch, "/proc/self/stat", _stat(a, a + 1, e, e + 4))
+    monkeypatch.setattr(L, "_libc", _Libc())
+    L.scrub_exec_strings(b"T")
+    assert (argv.raw, env.raw) == (b"\0ZZ", b"\0" * 4)
+    argv = ctypes.create_string_buffer(b"QZZ", 3)
+    env = ctypes.create_string_buffer(b"A=1\0", 4)
+    a, e = ctypes.addressof(argv), ctypes.addressof(env)
+    _maps_open(monkeypatch, "/proc/self/stat", _stat(a, a, e, e + 4))
+    L.scrub_exec_strings(b"T")
+    assert (argv.raw, env.raw) == (b"QZZ", b"\0" * 4)
+
+
+def test_scrub_exec_strings_writes_nothing_past_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ctypes.create_string_buffer(b"abcdefgh" + b"Z" * 8, 16)
+    a = ctypes.addressof(argv)
+    _maps_open(monkeypatch, "/proc/self/stat", _stat(a, a + 8, a + 100, a + 100))
+    monkeypatch.setattr(L, "_libc", _Libc())
+    L.scrub_exec_strings(b"0123456789abcdef")
+    assert argv.raw == b"0123456\0" + b"Z" * 8
