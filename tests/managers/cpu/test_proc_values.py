@@ -6,6 +6,8 @@ pipes, a prepared first job, and a child that cannot start."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import sys
@@ -200,6 +202,24 @@ def test_stop_on_failure_skips_the_rest(monkeypatch, here) -> None:
     assert (fail.status, fail.return_code) == ("Finished", 2)
 
 
+def test_an_error_in_the_rule_kills_the_live_jobs_and_propagates(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    slow, quick = _py("import time\ntime.sleep(30)"), _py("print(1)")
+
+    def stop(job):
+        raise LookupError("the rule broke")
+
+    d = proc.Driver(_lim(), parallel=2)
+    t0 = time.monotonic()
+    with pytest.raises(LookupError, match="the rule broke"):
+        d.run([slow, quick], stop)
+    assert time.monotonic() - t0 < 5
+    # the finally kills what is still running, with no status of its own
+    assert (slow.status, slow.return_code, slow.done) == ("Finished", -9, True)
+    assert (quick.status, quick.return_code, bytes(quick.out)) == ("Finished", 0, b"1\n")
+    assert d.live == {}
+
+
 def test_no_stop_without_a_rule(monkeypatch, here) -> None:
     _std(monkeypatch)
     fail, ok = _py("import sys\nsys.exit(1)"), _py("print(1)")
@@ -346,4 +366,80 @@ def test_wake_time(monkeypatch) -> None:
     assert d._wake_time({"exited_at": None, "deadline": 7.0, "lazy_until": 3.0}) == 3.0
     assert d._wake_time({"exited_at": None, "deadline": 2.0, "lazy_until": 3.0}) == 2.0
     assert d._wake_time({"exited_at": None, "deadline": 7.0, "lazy_until": 0.0}) == 7.0
+    d.sel.close()
+
+
+def test_status_of_an_unreadable_report_is_an_empty_one(tmp_path) -> None:
+    d = proc.Driver(_lim())
+    fd = os.open(tmp_path, os.O_RDONLY)  # read(2) of a directory: EISDIR, an OSError
+    st = {"ctl": fd, "rc": b"\0"}
+    d._status(st)
+    assert st == {"ctl": -1, "rc": b"\0"}  # nothing added, and the end closed
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    d.sel.close()
+
+
+def _sleeper() -> int:
+    """A child in a process group of its own, sleeping (the driver kills its group)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
+    return pid
+
+
+def test_reap_of_a_child_reaped_elsewhere_is_a_zero_exit() -> None:
+    d = proc.Driver(_lim())
+    pid = os.fork()
+    if pid == 0:
+        os._exit(9)
+    pidfd = os.pidfd_open(pid)
+    os.waitpid(pid, 0)  # reaped here: the driver's wait4 finds no such child
+    j = Job(pid=pid, started=time.monotonic())
+    st = {"job": j, "pidfd": pidfd, "lazy_until": 0.0, "exited_at": None}
+    d.sel.register(pidfd, 1, (st, "exit"))
+    d._reap(st)
+    assert (j.return_code, j.status, st["pidfd"]) == (0, "Finished", -1)
+    assert st["exited_at"] is not None and 0 <= j.elapsed < 5
+    with pytest.raises(OSError):
+        os.fstat(pidfd)
+    d.sel.close()
+
+
+def test_a_reported_exit_code_finishes_the_job() -> None:
+    d = proc.Driver(_lim(1 << 20))
+    pid = _sleeper()
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    fcntl.fcntl(out_w, 1031, 1 << 18)  # F_SETPIPE_SZ: room for more than one 64 KiB chunk
+    os.write(out_w, b"o" * 200000)  # all read before the job is done: 3 full chunks and the rest
+    os.write(err_w, b"e")
+    os.close(out_w)
+    os.close(err_w)
+    for fd in (out_r, err_r):
+        os.set_blocking(fd, False)
+    j = Job(pid=pid, started=time.monotonic())
+    st = {
+        "job": j,
+        "pidfd": -1,
+        "rc": b"\0\0\1\3",
+        "open": {out_r, err_r},
+        "out": out_r,
+        "err": err_r,
+        "in": -1,
+        "ctl": -1,
+        "exited_at": None,
+    }
+    d.live[pid] = st
+    d._reported(st)
+    assert (j.return_code, j.status, j.done) == (259, "Finished", True)
+    assert (bytes(j.out), bytes(j.err), j.truncated) == (b"o" * 200000, b"e", False)
+    assert isinstance(j.elapsed, float) and 0 <= j.elapsed < 5 and round(j.elapsed, 6) == j.elapsed
+    assert st["open"] == set() and st["exited_at"] is not None and d.live == {}
+    assert os.waitpid(pid, 0)[1] == 9  # its process group killed (SIGKILL)
     d.sel.close()
