@@ -369,7 +369,7 @@ def test_wake_time(monkeypatch) -> None:
     d.sel.close()
 
 
-def test_status_of_an_unreadable_report_is_an_empty_one(tmp_path) -> None:
+def test_status_of_an_unreadable_or_an_exact_report(tmp_path) -> None:
     d = proc.Driver(_lim())
     fd = os.open(tmp_path, os.O_RDONLY)  # read(2) of a directory: EISDIR, an OSError
     st = {"ctl": fd, "rc": b"\0"}
@@ -377,6 +377,13 @@ def test_status_of_an_unreadable_report_is_an_empty_one(tmp_path) -> None:
     assert st == {"ctl": -1, "rc": b"\0"}  # nothing added, and the end closed
     with pytest.raises(OSError):
         os.fstat(fd)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.write(w, b"\0\0\0\5")  # exactly the 4 bytes of a code: enough, the end closed
+    st = {"ctl": r, "rc": b""}
+    d._status(st)
+    assert st == {"ctl": -1, "rc": b"\0\0\0\5"}
+    os.close(w)
     d.sel.close()
 
 
