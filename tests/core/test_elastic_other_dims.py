@@ -5,8 +5,9 @@ cores it would busy, those are its CPU demand, not its width."""
 
 from __future__ import annotations
 
-from core_helpers import Driver, cpu_node
+from core_helpers import Driver, act, cpu_node
 
+from arl_tangram.core import checks
 from arl_tangram.core import commands as cmd
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity, Speedup, WorkHints
 from arl_tangram.core.cluster import NodeSpec
@@ -48,3 +49,24 @@ def test_the_node_speedup_prices_its_cpu_demand_not_its_width() -> None:
                     parallel_speedup=((2.0, 1.0),))
     d = Driver([slow, cpu_node("n1", cpu=4)], policy="tangram")
     assert _starts(d.arrive(_mem_elastic("m"))) == [("m", "n0", 1.0, 1024.0)]
+
+
+def test_a_memory_elastic_action_waits_for_its_cpu_demand() -> None:
+    # its width is memory, its CPU demand rigid: on a node whose one core a rigid action holds
+    # it waits though its memory fits, and starts when the core frees
+    d = Driver([cpu_node("n0", cpu=1, mem=8192)], policy="tangram")
+    d.arrive(act("r", cpu=1, hints=WorkHints(expected_s=1.0)))
+    assert _starts(d.arrive(_mem_elastic("m"))) == []
+    assert _starts(d.at(1.0).finish("r")) == [("m", "n0", 1.0, 1024.0)]
+
+
+def test_validate_counts_a_memory_elastic_head_idle_only_where_its_demand_fits() -> None:
+    d = Driver([cpu_node("n0", cpu=1, mem=8192)], policy="tangram")
+    d.arrive(act("r", cpu=1, hints=WorkHints(expected_s=1.0)))
+    d.arrive(_mem_elastic("m"))
+    core = d.core
+    node, rec = core.st.nodes["n0"], core.actions["m"]
+    assert checks._idle_for(core, rec, node) is False  # (its core is held)
+    core.st.nodes["n0"].give({"cpu": 1.0})  # (as if the core were free: then it would be idle)
+    assert checks._idle_for(core, rec, node) is True
+    core.st.nodes["n0"].take({"cpu": 1.0})

@@ -425,7 +425,8 @@ class Elastic:
         assert el is not None
         if el.dim != CPU:  # (the lane rule weighs cores: a width in another dimension starts
             # at its minimum where its demand fits, and expansion grows it as that frees)
-            return (el.min if node.fits(rec.spec.demand) else 0.0), 0.0
+            width = el.min if node.fits(rec.spec.demand) else 0.0
+            return width, 0.0  # pragma: no mutate (no floor: a start whose demand fits reclaims no CPU)
         free = node.free.get(CPU, 0.0)
         widest = el.max
         if node.spec.parallel_speedup:
@@ -551,7 +552,8 @@ class Elastic:
             speed = el.speedup.factor(width)
             if node.spec.parallel_speedup:  # what its cores deliver once it runs there
                 cores = width if el.dim == CPU else rec.cpu
-                speed *= _efficiency(node.spec, node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0) + cores)
+                busy = node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0)  # pragma: no mutate (both hold CPU)
+                speed *= _efficiency(node.spec, busy + cores)
             t = (0.0 if warm else cold) + x / max(speed, 1e-9)
             if t < best_t - 1e-12 or (t <= best_t + 1e-12 and width > best_w):
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
