@@ -450,3 +450,62 @@ def test_a_reported_exit_code_finishes_the_job() -> None:
     assert st["open"] == set() and st["exited_at"] is not None and d.live == {}
     assert os.waitpid(pid, 0)[1] == 9  # its process group killed (SIGKILL)
     d.sel.close()
+
+
+def test_read_fills_the_last_byte_of_room() -> None:
+    d = proc.Driver(_lim(5))
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    j = Job()
+    st = {"job": j, "open": {r}}
+    os.write(w, b"abcd")
+    assert d._read(st, r, "out") == 4 and not j.truncated
+    os.write(w, b"ef")
+    assert d._read(st, r, "out") == 2 and bytes(j.out) == b"abcde" and j.truncated
+    os.close(w)
+    os.close(r)
+    d.sel.close()
+
+
+def test_a_time_limit_kill_overrides_an_earlier_status() -> None:
+    d = proc.Driver(_lim())
+    pid = _sleeper()
+    j = Job(pid=pid, started=time.monotonic(), status="Skipped")
+    st = {"job": j, "pidfd": -1, "open": set(), "in": -1, "ctl": -1}
+    d.live[pid] = st
+    d._kill(st, "TimeLimitExceeded")
+    assert (j.status, j.done, d.live) == ("TimeLimitExceeded", True, {})
+    assert os.waitpid(pid, 0)[1] == 9
+    d.sel.close()
+
+
+def test_output_of_a_descendant_within_the_grace_is_kept(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    # the child exits at once; a grandchild in a session of its own (not killed with the
+    # child's group) writes 10 ms later, within the 50 ms grace, and exits
+    src = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(0.01)\n"
+        "    os.write(1, b'late')\n"
+        "    os._exit(0)\n"
+        "os._exit(0)"
+    )
+    j = _py(src)
+    from arl_tangram.managers.cpu import _linux
+
+    _linux.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the orphan reaped here (as in the test above)
+    try:
+        proc.Driver(_lim()).run([j])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.01)
+    finally:
+        _linux.prctl(36, 0)
+    assert (j.return_code, bytes(j.out)) == (0, b"late")
