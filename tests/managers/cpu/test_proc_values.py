@@ -357,6 +357,11 @@ def test_read_returns_the_chunk_size(monkeypatch) -> None:
     assert d._read(st, r, "err") == 0 and st["open"] == set()
     with pytest.raises(OSError):
         os.fstat(r)
+    fd = os.open("/", os.O_RDONLY)  # a read that fails (EISDIR): an end of file, nothing added
+    st["open"] = {fd}
+    assert d._read(st, fd, "out") == 0 and st["open"] == set() and bytes(j.out) == b""
+    with pytest.raises(OSError):
+        os.fstat(fd)
     d.sel.close()
 
 
@@ -431,9 +436,10 @@ def test_a_reported_exit_code_finishes_the_job() -> None:
     for fd in (out_r, err_r):
         os.set_blocking(fd, False)
     j = Job(pid=pid, started=time.monotonic())
+    pidfd = os.pidfd_open(pid)
     st = {
         "job": j,
-        "pidfd": -1,
+        "pidfd": pidfd,
         "rc": b"\0\0\1\3",
         "open": {out_r, err_r},
         "out": out_r,
@@ -443,7 +449,11 @@ def test_a_reported_exit_code_finishes_the_job() -> None:
         "exited_at": None,
     }
     d.live[pid] = st
+    d.sel.register(pidfd, 1, (st, "exit"))
     d._reported(st)
+    assert st["pidfd"] == -1 and d.sel.get_map() is not None and len(d.sel.get_map()) == 0
+    with pytest.raises(OSError):
+        os.fstat(pidfd)
     assert (j.return_code, j.status, j.done) == (259, "Finished", True)
     assert (bytes(j.out), bytes(j.err), j.truncated) == (b"o" * 200000, b"e", False)
     assert isinstance(j.elapsed, float) and 0 <= j.elapsed < 5 and round(j.elapsed, 6) == j.elapsed
