@@ -521,3 +521,37 @@ def test_output_of_a_descendant_within_the_grace_is_kept(monkeypatch, here) -> N
     finally:
         _linux.prctl(36, 0)
     assert (j.return_code, bytes(j.out)) == (0, b"late")
+
+
+def test_finish_closes_an_unfed_stdin() -> None:
+    d = proc.Driver(_lim())
+    r, w = os.pipe()
+    j = Job(pid=12345678)
+    st = {"job": j, "open": set(), "in": w, "ctl": -1}
+    d.live[j.pid] = st
+    d._finish(st)
+    assert (st["in"], j.status, j.done, d.live) == (-1, "Finished", True, {})
+    with pytest.raises(OSError):
+        os.fstat(w)
+    os.close(r)
+    d.sel.close()
+
+
+def test_reap_of_a_lazy_child_watches_its_pipes() -> None:
+    d = proc.Driver(_lim())
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    pidfd = os.pidfd_open(pid)
+    os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    j = Job(pid=pid, started=time.monotonic())
+    st = {"job": j, "pidfd": pidfd, "lazy_until": time.monotonic() + 60, "exited_at": None}
+    st.update({"open": {out_r, err_r}, "out": out_r, "err": err_r})
+    d.sel.register(pidfd, 1, (st, "exit"))
+    d._reap(st)
+    assert (j.return_code, j.status, st["lazy_until"], st["pidfd"]) == (3, "Finished", 0.0, -1)
+    assert d.sel.get_key(out_r).data == (st, "out") and d.sel.get_key(err_r).data == (st, "err")
+    for fd in (out_r, out_w, err_r, err_w):
+        os.close(fd)
+    d.sel.close()
