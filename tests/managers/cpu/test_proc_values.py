@@ -555,3 +555,17 @@ def test_reap_of_a_lazy_child_watches_its_pipes() -> None:
     for fd in (out_r, out_w, err_r, err_w):
         os.close(fd)
     d.sel.close()
+
+
+def test_a_step_finishes_a_reported_job_before_its_deadline_kills_it() -> None:
+    d = proc.Driver(_lim())
+    pid = _sleeper()
+    j = Job(pid=pid, started=time.monotonic())
+    st = {"job": j, "pidfd": -1, "rc": b"\0\0\0\4", "open": set(), "out": -1, "err": -1}
+    st.update({"in": -1, "ctl": -1, "exited_at": None, "lazy_until": 0.0})
+    st["deadline"] = time.monotonic() + 0.05  # past by the time the step looks
+    d.live[pid] = st
+    assert d._step() == [j]
+    assert (j.status, j.return_code, j.done, d.live) == ("Finished", 4, True, {})
+    assert os.waitpid(pid, 0)[1] == 9
+    d.sel.close()
