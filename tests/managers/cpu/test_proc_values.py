@@ -569,3 +569,64 @@ def test_a_step_finishes_a_reported_job_before_its_deadline_kills_it() -> None:
     assert (j.status, j.return_code, j.done, d.live) == ("Finished", 4, True, {})
     assert os.waitpid(pid, 0)[1] == 9
     d.sel.close()
+
+
+def test_a_kill_keeps_a_status_already_given() -> None:
+    d = proc.Driver(_lim())
+    pid = _sleeper()
+    j = Job(pid=pid, started=time.monotonic(), status="Finished")
+    st = {"job": j, "pidfd": -1, "open": set(), "in": -1, "ctl": -1}
+    d.live[pid] = st
+    d._kill(st, "Skipped")
+    assert (j.status, j.done) == ("Finished", True)
+    assert os.waitpid(pid, 0)[1] == 9
+    d.sel.close()
+
+
+def test_feeding_a_closed_stdin_drops_the_rest() -> None:
+    d = proc.Driver(_lim())
+    r, w = os.pipe()
+    os.close(r)  # the child closed its stdin: the write fails (EPIPE)
+    st = {"stdin": memoryview(b"abc"), "in": w}
+    d.sel.register(w, 2, (st, "in"))
+    d._feed(st)
+    assert (bytes(st["stdin"]), st["in"], len(d.sel.get_map())) == (b"", -1, 0)
+    with pytest.raises(OSError):
+        os.fstat(w)
+    d.sel.close()
+
+
+def test_a_descendant_holding_the_pipes_does_not_hold_the_job(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    # a grandchild in a session of its own (not killed with the child's group) keeps stdout
+    # open: the job is done after the grace, not when the grandchild goes
+    src = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    os.write(1, b'%d' % os.getpid())\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "os._exit(0)"
+    )
+    j = _py(src)
+    from arl_tangram.managers.cpu import _linux
+
+    _linux.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the orphan reaped here
+    try:
+        t0 = time.monotonic()
+        proc.Driver(_lim()).run([j])
+        took = time.monotonic() - t0
+        os.kill(int(bytes(j.out)), 9)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.01)
+    finally:
+        _linux.prctl(36, 0)
+    assert j.return_code == 0 and took < 5
