@@ -595,6 +595,14 @@ def test_a_v2_tree_on_plain_files(
     assert t.memory_bytes() == 0
 
 
+def test_a_v2_tree_of_the_least_weight_on_one_core_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cpu.weight 1 (the kernel's least) is written too: no weight is taken as already there."""
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 1)
+    test_a_v2_tree_on_plain_files(tmp_path, monkeypatch, True, 0.001, 1)
+
+
 @pytest.mark.parametrize(("weight", "per_task"), [(1.0, 1024), (1 / 16, 64), (0.0001, 2)])
 def test_a_v1_tree_on_plain_directories(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weight: float, per_task: int
