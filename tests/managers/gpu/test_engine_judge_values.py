@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,17 @@ def _host(tmp_path: Path, *specs: ModelSpec, **kw: Any) -> EngineJudgeHost:
     kw.setdefault("python", "/venv/bin/python3")
     kw.setdefault("log_dir", str(tmp_path))
     return EngineJudgeHost(list(specs) or [_spec()], **kw)
+
+
+@contextlib.asynccontextmanager
+async def _loaded(tmp_path: Path) -> AsyncIterator[EngineJudgeHost]:
+    """A host of the one judge, ``gj#1`` loaded on device 0, closed after."""
+    host = _host(tmp_path)
+    try:
+        await host.load("gj#1", "gj", (0,))
+        yield host
+    finally:
+        await host.aclose()
 
 
 def _act(aid: str, model: str | None = "gj", **payload: Any) -> ActionSpec:
@@ -700,13 +711,9 @@ async def test_a_start_waits_for_health(tmp_path: Path, api: _Api, launch: _Laun
         return httpx.Response(a)
 
     api.routes["/health"] = health
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         assert api.paths() == ["/health"] * 3
         assert 0.5 <= host._engines["gj#1"].load_s < 2.0  # (two waits of 0.25 s)
-    finally:
-        await host.aclose()
 
 
 async def test_a_start_that_never_answers_times_out_with_the_logs_tail(
@@ -854,9 +861,7 @@ async def test_unloaded_and_loaded_again_while_loading(
 async def test_unload_ends_the_process_group_and_records_the_event(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         eng = host._engines["gj#1"]
         pid = eng.proc.pid  # type: ignore[union-attr]
         assert await host.unload("gj#1", park=True) is False  # (CPU: nothing sleeps)
@@ -875,22 +880,16 @@ async def test_unload_ends_the_process_group_and_records_the_event(
         assert 0 <= ev["seconds"] < 5 and host.resident() == {}
         assert await host.unload("gj#1") is False and len(host.events) == 2
         assert "/sleep" not in api.paths()
-    finally:
-        await host.aclose()
 
 
 async def test_stop_kills_at_once_when_told(tmp_path: Path, api: _Api, launch: _Launch) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         eng = host._engines.pop("gj#1")
         eng.watch.cancel()  # type: ignore[union-attr]
         await host._stop(eng, kill=True)
         assert eng.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
         await host._stop(eng)  # (again: already ended)
         await host._stop(ej._Engine("x", _spec(), JudgeOptions(), (0,)))  # (no process)
-    finally:
-        await host.aclose()
 
 
 async def test_stop_kills_what_ignores_sigterm_after_its_grace(
@@ -929,9 +928,7 @@ async def test_stop_kills_the_engines_children_too(
 ) -> None:
     child = tmp_path / "child"
     launch.cmd = ["sh", "-c", f"sleep 30 & echo $! > {child}; trap 'exit 0' TERM; wait"]
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         for _ in range(200):
             if child.exists() and child.read_text().strip():
                 break
@@ -943,8 +940,6 @@ async def test_stop_kills_the_engines_children_too(
                 break
             await asyncio.sleep(0.01)
         assert _gone(kid)
-    finally:
-        await host.aclose()
 
 
 async def test_sleep_and_wake_with_exact_requests_and_events(
@@ -1268,16 +1263,12 @@ async def test_an_engine_answer_that_is_not_200_fails_the_action(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
     api.routes["/v1/chat/completions"] = lambda r: httpx.Response(400, text="x" * 301 + "END")
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         out = await host.run_batch("gj#1", [_act("a")])
         assert out == BatchOutcome(
             {}, {"a": "model gj answered 400: " + "x" * 300}, out.latency_s, 0
         )
         assert host._engines["gj#1"].served == 0
-    finally:
-        await host.aclose()
 
 
 async def test_a_request_error_with_the_engine_alive_fails_the_action_only(
@@ -1287,14 +1278,10 @@ async def test_a_request_error_with_the_engine_alive_fails_the_action_only(
         raise httpx.ReadTimeout("too slow")
 
     api.routes["/v1/chat/completions"] = boom
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         out = await host.run_batch("gj#1", [_act("a")])
         assert out.failed == {"a": "model gj failed: ReadTimeout: too slow"}
         assert host.engine_deaths == 0 and "gj#1" in host._engines
-    finally:
-        await host.aclose()
 
 
 async def test_a_request_error_from_an_engine_that_exited_ends_it(
@@ -1336,9 +1323,7 @@ async def test_a_request_error_from_an_engine_that_exited_ends_it(
 async def test_check_alive_ignores_engines_not_loaded_or_without_a_process(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         eng = host._engines["gj#1"]
         eng.watch.cancel()  # type: ignore[union-attr]
         os.kill(eng.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -1353,8 +1338,6 @@ async def test_check_alive_ignores_engines_not_loaded_or_without_a_process(
         eng.proc = proc
         await host._check_alive(eng, "seen")
         assert eng.dead.endswith("engine process exited with -9 (seen)")
-    finally:
-        await host.aclose()
 
 
 async def test_check_alive_waits_a_second_at_most(
@@ -1558,17 +1541,13 @@ async def test_hang_s_counts_from_the_first_silent_check_and_an_answer_resets_it
 async def test_the_watch_loop_ends_when_the_engine_is_no_longer_loaded(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         eng = host._engines["gj#1"]
         eng.watch.cancel()  # type: ignore[union-attr]
         eng.state = "stopping"
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         await asyncio.wait_for(host._watch_loop(eng, eng.proc, eng.client, waiter), 1)  # type: ignore[arg-type]
         eng.state = "loaded"
-    finally:
-        await host.aclose()
 
 
 # ---- step costs ------------------------------------------------------------------------------
@@ -1635,9 +1614,7 @@ async def test_step_costs_widths_bodies_and_refusals(
 async def test_step_costs_medians_and_a_failed_request(
     tmp_path: Path, api: _Api, launch: _Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         ticks = iter([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 10.0, 13.0, 20.0, 24.0, 30.0, 38.0])
         monkeypatch.setattr(ej, "time", _Proxy(ej.time, perf_counter=lambda: next(ticks)))
         alpha, beta, s1, sk = await host.step_costs("gj#1", k=2, tokens=2, repeats=3)
@@ -1649,8 +1626,6 @@ async def test_step_costs_medians_and_a_failed_request(
         api.routes["/v1/completions"] = lambda r: httpx.Response(500)
         with pytest.raises(httpx.HTTPStatusError):
             await host.step_costs("gj#1", k=2, tokens=1)
-    finally:
-        await host.aclose()
 
 
 # ---- construction, reports, logs, close ------------------------------------------------------
@@ -1882,9 +1857,7 @@ async def test_the_start_deadline_is_passed_only_after_it(
 async def test_stop_goes_on_when_the_client_will_not_close(
     tmp_path: Path, api: _Api, launch: _Launch
 ) -> None:
-    host = _host(tmp_path)
-    try:
-        await host.load("gj#1", "gj", (0,))
+    async with _loaded(tmp_path) as host:
         eng = host._engines.pop("gj#1")
         eng.watch.cancel()  # type: ignore[union-attr]
 
@@ -1895,8 +1868,6 @@ async def test_stop_goes_on_when_the_client_will_not_close(
         eng.client = Broken()  # type: ignore[assignment]
         await host._stop(eng)
         assert eng.proc.returncode == -signal.SIGTERM  # type: ignore[union-attr]
-    finally:
-        await host.aclose()
 
 
 @pytest.mark.parametrize("error", [ProcessLookupError, PermissionError])
