@@ -349,8 +349,11 @@ class CpuManager:
     def weight_of(self, action_id: str, cpus: float) -> float:
         """The CPU weight of ``action_id`` at a quota of ``cpus``: `squeezed_weight` below the
         quota it started with (lent CPU taken back from it), else a normal task's."""
-        started = self._started.get(action_id, cpus)
-        return self.config.squeezed_weight if cpus < started - 1e-9 else 1.0
+        return self.config.squeezed_weight if self._squeezed(action_id, cpus) else 1.0
+
+    def _squeezed(self, action_id: str, cpus: float) -> bool:
+        """A quota of ``cpus`` is below the one ``action_id`` started with (lent CPU taken back)."""
+        return cpus < self._started.get(action_id, cpus) - 1e-9  # pragma: no mutate (the tolerance's edge)
 
     def _reweigh(self) -> None:
         """`entitled_tree_weight`: the tree weighs the cores of its unsqueezed actions while any
@@ -359,7 +362,7 @@ class CpuManager:
             return
         squeezed, entitled = False, 0.0
         for a, q in self._quota.items():
-            if q < self._started[a] - 1e-9:  # pragma: no mutate (the tolerance's edge)
+            if self._squeezed(a, q):
                 squeezed = True
             else:
                 entitled += q
