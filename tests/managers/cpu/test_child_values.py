@@ -448,3 +448,58 @@ def test_constants() -> None:
     )
     j.out += "é".encode() + b"\xff"
     assert j.result()["stdout"] == "é\ufffd"
+
+
+def test_result_is_exactly_the_wire_dict() -> None:
+    j = Job(status="Finished", elapsed=0.25, return_code=3, truncated=True)
+    j.out += b"o\xff"
+    j.err += "é".encode() + b"\xfe"
+    assert j.result() == {
+        "status": "Finished",
+        "execution_time": 0.25,
+        "return_code": 3,
+        "stdout": "o\ufffd",
+        "stderr": "é\ufffd",
+        "truncated": True,
+    }
+
+
+def test_run_child_that_cannot_start_says_why_on_stderr_and_exits_127(monkeypatch) -> None:
+    def fn():
+        def setup(limits, fds):
+            raise OSError(1, "refused")
+
+        child.setup = setup
+        child.run_child(Job(python=[("print('ran')", "m")], env=dict(os.environ)), LIM, (0, 1, 2))
+
+    rc, out = _fork(fn)
+    assert rc == 127 and out == b"sandbox: cannot start: [Errno 1] refused\n"
+
+
+def test_detach_puts_the_given_fds_on_0_and_1() -> None:
+    r0, w0 = os.pipe()
+    r1, w1 = os.pipe()
+    os.write(w0, b"in")
+
+    def fn():
+        child.CWD = "/"
+        ino = os.fstat(r0).st_ino
+        child.detach((r0, w1, 2), keep=0)
+        os.write(1, b"%d %s" % (os.fstat(0).st_ino == ino, os.read(0, 2)))
+
+    rc, out = _fork(fn)
+    os.close(w1)
+    got = os.read(r1, 100)
+    for fd in (r0, w0, r1):
+        os.close(fd)
+    assert rc == 0 and out == b"" and got == b"1 in"
+
+
+def test_exec_python_globals_are_exactly_name_builtins_file() -> None:
+    def fn():
+        src = "import builtins\nprint(sorted(globals()), __builtins__ is builtins)\n"
+        child.exec_python(Job(python=[(src, "g.py")], env=dict(os.environ)), LIM)
+        sys.stdout.flush()
+
+    rc, out = _fork(fn)
+    assert rc == 0 and out == b"['__builtins__', '__file__', '__name__', 'builtins'] True\n"
