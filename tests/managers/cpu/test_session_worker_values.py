@@ -268,3 +268,94 @@ def test_bash_prelude() -> None:
         '__tangram_run() { local __tangram_c; __tangram_c=$(cat); eval "$__tangram_c" </dev/null;'
         " printf '%d\\n' $? >&3; }\n"
     )
+
+
+# ---- issue 43 item 2 (helper-61): the sample's survivors ----------------------------------------
+
+
+def test_the_python_worker_exits_0_when_the_init_hangs_up(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, alive = exchange(w, "1", 10, 1000)
+    assert (st["stdout"], alive) == ("1\n", True)
+    os.close(w.ctl)  # EOF on its fd 3: it exits 0 and says nothing
+    _, status = os.waitpid(w.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert session_worker._read(w.err) is None
+    w.pid = os.getpid() + 10**7  # (reaped above: nothing for kill to do)
+
+
+def test_a_syntax_error_names_the_session(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, alive = exchange(w, "x = 1\ndef f(:", 10, 1000)
+    assert (st["return_code"], alive) == (1, True)
+    assert '\n  File "<session>", line 2\n    def f(:\n' in st["stderr"]
+    assert st["stderr"].endswith("SyntaxError: invalid syntax\n")
+
+
+def test_a_flush_that_raises_is_ignored(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    code = (
+        "import sys\nclass Bad:\n    def write(self, s): return len(s)\n"
+        "    def flush(self): raise ValueError('no')\nsys.stdout = Bad()"
+    )
+    st, alive = exchange(w, code, 10, 1000)
+    assert (st["return_code"], alive, st["stderr"]) == (0, True, "")
+    st, alive = exchange(w, "sys.stdout = sys.__stdout__\n7", 10, 1000)
+    assert (st["stdout"], alive) == ("7\n", True)
+
+
+def test_a_timeout_says_whether_output_was_cut(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    for n, cut in ((3, False), (30, True)):
+        w = _py(here)
+        code = f"print('x' * {n}, flush=True)\nimport time\ntime.sleep(30)"
+        st, alive = exchange(w, code, 0.5, 10)
+        assert (st["status"], alive, st["truncated"]) == ("TimeLimitExceeded", False, cut)
+        assert st["stdout"] == ("x" * n + "\n")[:10]
+
+
+def test_the_bash_heredoc_tag_is_not_a_plain_word(here) -> None:
+    w = Worker("bash", LIM, {"PATH": "/usr/bin:/bin"})
+    here.append(w)
+    st, alive = exchange(w, "cat <<'X'\nNone\n__TANGRAM_EOF_\nX", 10, 1000)
+    assert (st["stdout"], st["stderr"], st["return_code"], alive) == (
+        "None\n__TANGRAM_EOF_\n",
+        "",
+        0,
+        True,
+    )
+
+
+def test_a_bash_session_in_an_image_runs_its_shell(monkeypatch, here) -> None:
+    monkeypatch.setattr(imagebox, "SHELL", ["bash", "--noprofile", "--norc"])
+    w = Worker("bash", LIM, {"PATH": "/usr/bin:/bin", "MARK": "m1"})
+    here.append(w)
+    st, alive = exchange(w, 'echo "$0" "$MARK" "$PATH"', 10, 1000)
+    assert (st["stdout"], st["return_code"], alive) == ("bash m1 /usr/bin:/bin\n", 0, True)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="no /usr/bin/python3")
+def test_a_python_session_in_an_image_runs_its_python(monkeypatch, here) -> None:
+    monkeypatch.setattr(imagebox, "python", "/usr/bin/python3")
+    w = Worker("python", LIM, {"MARK": "m2"})
+    here.append(w)
+    st, alive = exchange(
+        w, "import os, sys\nos.environ['MARK'], sys.executable, sys.argv", 10, 1000
+    )
+    assert (st["stdout"], st["return_code"], alive) == (
+        "('m2', '/usr/bin/python3', ['-c'])\n",
+        0,
+        True,
+    )
+
+
+def test_stage_replaces_bad_bytes_in_stderr_too() -> None:
+    st = session_worker._stage("S", time.monotonic(), 0, b"", b"e\xfe", False)
+    assert (st["stdout"], st["stderr"], st["truncated"]) == ("", "e\ufffd", False)
