@@ -15,7 +15,12 @@ import subprocess
 import sys
 
 import pytest
+from _cpu_helpers import action, allot
+from test_cpu_image_user import COUNT, _import, layout, mgr  # noqa: F401  (fixtures)
 
+from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu.images import imagekit
+from arl_tangram.managers.cpu.images.store import ImageError
 from arl_tangram.managers.cpu.sandbox import imagebox
 from arl_tangram.managers.cpu.sandbox.imagebox import resolve_user, shell_argv
 
@@ -254,3 +259,123 @@ def test_the_image_python_worker_protocol(tmp_path) -> None:
         "ZeroDivisionError: division by zero\n"
     )
     os.close(rep_r)
+
+
+class _Reached(Exception):
+    """`enter` got to a step that makes something (a directory, a mount)."""
+
+
+def _enter_until_refused(req: dict, n_fds: int, monkeypatch) -> BaseException:
+    """`enter` in this process up to its first refusal (no mount made: the fds are counted,
+    the ids read and the layer names checked first), ``n_fds`` fds of /dev/null sent with the
+    request; every fd it received is closed again."""
+    monkeypatch.chdir("/")  # (`enter` moves to / on its way out)
+    # nothing is made on this host, whatever a mutant does: the first step that would is refused
+    from arl_tangram.managers.cpu import _linux
+
+    def reached(*args):
+        raise _Reached(args)
+
+    monkeypatch.setattr(os, "mkdir", reached)
+    for name in ("mount", "move_mount", "idmap_mount", "pivot_root", "umount2", "setns"):
+        monkeypatch.setattr(_linux, name, reached)
+    before = set(os.listdir("/proc/self/fd"))
+    b, _ = _send(n_fds)
+    try:
+        with pytest.raises(Exception) as e:  # (the type: asserted by the caller)
+            imagebox.enter(req, b.fileno())
+    finally:
+        b.close()
+    assert set(os.listdir("/proc/self/fd")) == before
+    return e.value
+
+
+BAD = {"uid": 5, "gid": 6, "layer_mb": 8, "layers": ["ok", "a.b", "x:y"]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "want"),
+    [
+        ({}, 1),
+        ({"layer": "disk"}, 2),
+        ({"layer": "tmpfs"}, 1),
+        ({"userns": {"base": 100000, "count": 65536}}, 2),
+        ({"layer": "disk", "userns": {"base": 100000, "count": 65536}}, 3),
+        ({"userns": {"base": 100000, "count": 65536, "owner": 7}}, 1),
+        ({"layer": "disk", "userns": {"base": 100000, "count": 65536, "owner": 7}}, 2),
+    ],
+)
+def test_enter_takes_the_fds_its_request_names(extra, want, monkeypatch) -> None:
+    """The layers directory, the disk layer's mount (``layer: disk``) and the node's user
+    namespace (``userns`` without an ``owner``: with one, the init makes its own) come with the
+    request: any other count is refused before anything is mounted (at most 3 are read)."""
+    sent = 3 if want < 3 else 2
+    err = _enter_until_refused({**BAD, **extra}, sent, monkeypatch)
+    assert type(err) is OSError and str(err) == (
+        f"image: expected {want} fds (the layers directory, the writable layer, "
+        f"the user namespace), got {sent}"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"layer": "disk"},
+        {"userns": {"base": 100000, "count": 65536}},
+        {"layer": "disk", "userns": {"base": 100000, "count": 65536}},
+    ],
+)
+@pytest.mark.parametrize("bad", ["x:y", "x/y", "x,y", ".x", ".."])
+def test_enter_refuses_a_bad_layer_name_before_mounting(extra, bad, monkeypatch) -> None:
+    """Names relative to the layers directory, joined into overlayfs' ``lowerdir`` (``:`` and
+    ``,`` are its separators): a path, a separator or a leading dot is refused, naming it; a
+    good name before it passes (the fds it got are closed, the namespace's too)."""
+    n = (2 if extra.get("layer") == "disk" else 1) + (1 if "userns" in extra else 0)
+    err = _enter_until_refused({**BAD, **extra, "layers": ["ok", "a.b", bad, "z"]}, n, monkeypatch)
+    assert type(err) is ValueError and str(err) == f"bad layer name {bad!r}"
+    assert os.getcwd() == "/"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [("uid", None, TypeError), ("gid", "x", ValueError), ("layers", None, TypeError)],
+)
+def test_enter_refuses_a_request_without_ids_or_layers(field, value, error, monkeypatch) -> None:
+    err = _enter_until_refused({**BAD, "layers": ["ok"], field: value}, 1, monkeypatch)
+    assert type(err) is error
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"layer": "disk"}, {"layer": "disk", "userns": {"base": 100000, "count": 65536}}],
+)
+def test_enter_with_good_names_goes_on_to_make_the_layer(extra, monkeypatch) -> None:
+    n = (2 if extra.get("layer") == "disk" else 1) + (1 if "userns" in extra else 0)
+    err = _enter_until_refused({**BAD, **extra, "layers": ["ok", "a.b", "z"]}, n, monkeypatch)
+    assert type(err) is _Reached and err.args == (("/sandbox/layer", 0o700),)
+
+
+@pytest.mark.integration
+@pytest.mark.needs_root
+@pytest.mark.asyncio(loop_scope="module")
+async def test_enter_group_by_name_ids_in_range_and_a_file_at_workdir(mgr, layout) -> None:  # noqa: F811
+    """In a sandbox (the image user tests' manager and image, `test_cpu_image_user.py`): a
+    ``User`` whose group is a name of the image's /etc/group; a uid or a gid past the node's
+    range refused, naming them; an image whose /workdir is a file gets the directory anyway."""
+    code = "import os\nprint(os.getuid(), os.getgid(), os.getcwd(), os.path.isdir('/workdir'))"
+    img = _import(mgr, layout, "by-group-name", {"User": "nobody:nogroup"})
+    r = await mgr.run(action(code, image=img), allot())
+    assert r.run_result is not None and r.run_result.stdout == "65534 65534 /workdir True\n"
+    for user, ids in (("70000", "70000:0"), ("0:70000", "0:70000"), ("65536", "65536:0")):
+        img = _import(mgr, layout, f"far-{user.replace(':', '-')}", {"User": user})
+        with pytest.raises(ImageError) as e:
+            await mgr.open_session("far", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
+        assert f"User '{user}': ids {ids} are outside the node's range of {COUNT}" in str(e.value)
+    d, tar = layout
+    top = imagekit.pack_layer("", os.path.join(d, "workdir-file.tar"), extra=[("workdir", b"x")])
+    if not mgr.images.has("workdir-file"):
+        oci = imagekit.write_oci_layout(os.path.join(d, "workdir-file"), [tar, top], {})
+        mgr.images.import_path(oci, "workdir-file")
+    r = await mgr.run(action(code, image="workdir-file"), allot())
+    assert r.run_result is not None and r.run_result.stdout == "0 0 /workdir True\n", r.to_dict()

@@ -64,6 +64,10 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
     ro_tmp = tmp_path / "venv"  # a read-only path under /tmp: bound at its relocated path
     ro_tmp.mkdir()
     (ro_tmp / "f").write_text("v")
+    tools = tmp_path / "tools"  # two files bound alone, side by side (one directory made)
+    tools.mkdir()
+    (tools / "a").write_text("A")
+    (tools / "b").write_text("B")
     hide_dir = "/etc/ssl/certs"
     hide_file = "/etc/hostname"
     root = str(tmp_path / "root")
@@ -76,7 +80,16 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
             _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
             server.build_root(
                 root,
-                ["/usr", "/bin", "/etc", "/etc/passwd", str(ro_tmp), "/nonexistent-t53"],
+                [
+                    "/usr",
+                    "/bin",
+                    "/etc",
+                    "/etc/passwd",
+                    str(ro_tmp),
+                    "/nonexistent-t53",
+                    str(tools / "a"),
+                    str(tools / "b"),
+                ],
                 hidden=[hide_dir, hide_file, "/nonexistent-h53"],
             )
             m = _mounts()
@@ -98,6 +111,9 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
                 "hostname": _read(root + hide_file),
                 "certs": os.listdir(root + hide_dir) if os.path.isdir(hide_dir) else [],
                 "venv": _read(root + "/.tangram-ro" + str(ro_tmp) + "/f"),
+                "tools": sorted(os.listdir(root + "/.tangram-ro" + str(tools))),
+                "tool_a": _read(root + "/.tangram-ro" + str(tools / "a")),
+                "tool_b": _read(root + "/.tangram-ro" + str(tools / "b")),
                 "bin": os.readlink(root + "/bin") if os.path.islink("/bin") else None,
                 "root_mode": oct(os.stat(root).st_mode & 0o777),
                 "dev_mode": oct(os.stat(root + "/dev").st_mode & 0o777),
@@ -154,6 +170,10 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
     }
     assert facts["dirs"] == [True] * 4
     assert facts["venv"] == "v"
+    assert (facts["tools"], facts["tool_a"], facts["tool_b"]) == (["a", "b"], "A", "B")
+    for f in ("a", "b"):
+        opts, _, _ = mounts["/.tangram-ro" + str(tools / f)]
+        assert {"ro", "nosuid", "nodev"} <= set(opts), (f, opts)
     if os.path.islink("/bin"):
         assert facts["bin"] == os.readlink("/bin")
     assert facts["root_mode"] == "0o755" and facts["dev_mode"] == "0o755"
@@ -278,3 +298,226 @@ def test_bind_now_is_a_no_op_once_bound(monkeypatch) -> None:
     exe, argv, env = called[1]
     assert exe == sys.executable and argv == [sys.executable, *sys.orig_argv[1:]]
     assert env["LD_BIND_NOW"] == "1"
+
+
+class _Exited(Exception):
+    pass
+
+
+def _serve_until_eof(monkeypatch, msgs: list[bytes], cfg: dict, spawn) -> list[bytes]:
+    """`_serve` in this process: ``msgs`` from the manager, then EOF (the loop's end); the
+    replies it sent, one message each."""
+
+    def exit_(code: int):
+        raise _Exited(code)
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for m in msgs:
+        b.send(m)
+    b.shutdown(socket.SHUT_WR)
+    monkeypatch.setattr(server.os, "_exit", exit_)
+    monkeypatch.setattr(server, "_on_sigchld", None)
+    monkeypatch.setattr(server, "spawn", spawn)
+    import signal
+    import threading
+
+    out: list[bytes] = []
+
+    def read() -> None:  # (as the manager does: a full socket would block the replies)
+        while m := b.recv(1 << 16):
+            out.append(m)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    old = signal.getsignal(signal.SIGCHLD)
+    try:
+        with pytest.raises(_Exited) as e:
+            server._serve(a, cfg, ns := _FakeNs())
+        assert e.value.args == (0,)
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+        a.close()
+    t.join(10)
+    assert not t.is_alive()
+    b.close()
+    _serve_until_eof.ns = ns  # type: ignore[attr-defined]
+    return out
+
+
+class _FakeNs:
+    def __init__(self) -> None:
+        self.given: list[list[int]] = []
+
+    def give_ids(self, uids: list[int]) -> None:
+        self.given.append(uids)
+
+
+def test_serve_takes_held_ids_back_without_a_reply(monkeypatch) -> None:
+    calls = []
+    got = _serve_until_eof(
+        monkeypatch,
+        [b'{"op":"ids","free":[7,"8"]}', b'{"op":"ids","free":["x"]}', b'{"op":"ids","free":[1'],
+        {"cg_dirs": []},
+        lambda *a: calls.append(a),
+    )
+    assert got == [] and calls == []  # (bad ones ignored: neither is a spawn)
+    assert _serve_until_eof.ns.given == [[7, 8]]  # type: ignore[attr-defined]
+
+
+def test_serve_spawns_what_is_asked_and_refuses_a_bad_join(monkeypatch) -> None:
+    calls = []
+
+    def spawn(cfg, ns, n, join):
+        calls.append((cfg, ns, n, join))
+        return [(4000 + i, *_pair_fd(), 9) for i in range(n)][:1] + [OSError(11, "busy")] * (n - 1)
+
+    cfg = {"cg_dirs": [5], "uid": 1}
+    got = _serve_until_eof(
+        monkeypatch,
+        [
+            b'{"n":2,"join":["s1","s22"],"cfg":{"direct":true}}',
+            b'{"n":1,"join":["t1"]}',
+            b'{"n":2,"join":["s1"]}',
+            b'{"n":1,"join":["s"]}',
+            b'{"n":1,"join":[3]}',
+            b'{"n":0}',
+            b'{"n":99}',
+            b"not json",
+        ],
+        cfg,
+        spawn,
+    )
+    ns = _serve_until_eof.ns  # type: ignore[attr-defined]
+    assert [(c[0], c[1] is ns, c[2], c[3]) for c in calls] == [
+        ({"cg_dirs": [5], "uid": 1, "direct": True}, True, 2, ["s1", "s22"]),
+        (cfg, True, 1, None),
+        (cfg, True, 64, None),
+    ]
+    assert got == [
+        b'{"pid":4000,"uid":9}',
+        b'{"error": "BlockingIOError: [Errno 11] busy"}',
+        b'{"error": "ValueError: bad join: [\'t1\']"}',
+        b'{"error": "ValueError: bad join: [\'s1\']"}',
+        b'{"error": "ValueError: bad join: [\'s1\']"}',
+        b'{"error": "ValueError: bad join: [\'s\']"}',
+        b'{"error": "ValueError: bad join: [3]"}',
+        b'{"pid":4000,"uid":9}',
+        b'{"pid":4000,"uid":9}',
+        *[b'{"error": "BlockingIOError: [Errno 11] busy"}'] * 63,
+        b'{"error": "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"}',
+    ]
+    no_cg = _serve_until_eof(monkeypatch, [b'{"join":["s1"]}'], {"cg_dirs": []}, spawn)
+    assert no_cg == [b'{"error": "ValueError: bad join: [\'s1\']"}']
+
+
+def _pair_fd() -> tuple[int, list[int]]:
+    a, b = socket.socketpair()
+    b.close()
+    return a.detach(), []
+
+
+def test_reap_reports_a_direct_sandbox_exit(monkeypatch) -> None:
+    import signal
+
+    reaped = []
+
+    class Ns:
+        direct: set[int] = set()
+
+        def reaped(self, pid: int) -> None:
+            reaped.append(pid)
+
+    ns = Ns()
+    pids = []
+    for how in ("exit3", "kill", "exit0"):
+        pid = os.fork()
+        if pid == 0:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3 if how == "exit3" else 0)
+        pids.append(pid)
+    ns.direct = {pids[0], pids[1]}  # the third is not direct: no report
+    for p in pids:  # (ended, not reaped yet)
+        os.waitid(os.P_PID, p, os.WEXITED | os.WNOWAIT)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        server._reap(ns, a)  # type: ignore[arg-type]
+        assert sorted(reaped) == sorted(pids) and ns.direct == set()
+        b.setblocking(False)
+        got = set()
+        for _ in range(2):
+            got.add(b.recv(100))
+        assert got == {
+            b'{"exit":%d,"rc":3}' % pids[0],
+            b'{"exit":%d,"rc":-9}' % pids[1],
+        }
+        with pytest.raises(BlockingIOError):
+            b.recv(100)
+        server._reap(ns, a)  # no child left: returns
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.needs_root
+def test_kit_opens_the_slot_tasks_files(tmp_path, monkeypatch) -> None:
+    for h in ("h1", "h2"):
+        (tmp_path / h / "s3").mkdir(parents=True)
+        (tmp_path / h / "s3" / "tasks").write_text("")
+    dirs = [os.open(str(tmp_path / h), os.O_RDONLY) for h in ("h1", "h2")]
+    procfd = os.open("/proc", os.O_RDONLY)
+    ns = server.Namespaces(procfd, [100, 2])
+    monkeypatch.setattr(ns, "take_net", lambda: 99)
+    try:
+        ours, theirs, pipes, net, cg, uid = server._kit(
+            {"cg_dirs": dirs, "uid": 7, "direct": True}, ns, "s3"
+        )
+        assert (net, uid, len(pipes), len(cg)) == (99, 100, 2, 2)
+        assert [os.readlink(f"/proc/self/fd/{fd}") for fd in cg] == [
+            str(tmp_path / h / "s3" / "tasks") for h in ("h1", "h2")
+        ]
+        assert all(not os.get_inheritable(fd) for fd in cg)
+        import fcntl
+
+        for _, w in pipes:
+            assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == 1 << 20
+        s = socket.socket(fileno=ours)
+        assert (s.family, s.type) == (socket.AF_UNIX, socket.SOCK_STREAM)
+        s.close()
+        for fd in (theirs, *cg, *[x for p in pipes for x in p]):
+            os.close(fd)
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(FileNotFoundError):
+            server._kit({"cg_dirs": dirs, "uid": 7}, ns, "s4")
+        assert set(os.listdir("/proc/self/fd")) == before and list(ns.ids) == [101]
+        _, theirs, pipes, _, cg, uid = server._kit({"cg_dirs": dirs, "uid": 7}, ns)
+        assert (pipes, cg, uid) == ([], (), 101)
+        os.close(theirs)
+    finally:
+        for fd in (*dirs, procfd, ns.home_pid, ns.home_net):
+            os.close(fd)
+
+
+def test_fork_server_says_why_it_could_not_start(tmp_path) -> None:
+    """Its first message: the error of a start that failed (here no directory fd came with
+    the configuration), and it exits 1."""
+    import subprocess
+
+    a, b = socket.socketpair()
+    env = {**os.environ, "LD_BIND_NOW": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-P", "-m", "arl_tangram.managers.cpu.zygote.server", str(b.fileno())],
+        pass_fds=(b.fileno(),),
+        env=env,
+        cwd="/",
+    )
+    b.close()
+    a.sendall(b'{"root":"r"}')
+    a.settimeout(30)
+    hello = a.recv(1 << 16)
+    assert p.wait(timeout=30) == 1
+    a.close()
+    assert json.loads(hello) == {
+        "ok": False,
+        "error": "OSError: fork server: no root directory descriptor with the configuration",
+    }
