@@ -59,3 +59,56 @@ def test_the_node_sums_kept_per_move_equal_fresh_ones_after_every_event() -> Non
     assert checked == 800
     assert moved > 0  # (elastic actions grew or lent: their allotments changed under the sums)
 
+
+
+_RECLAIM_PROBE = r"""
+import json, sys
+sys.path.insert(0, "tests/core")
+from core_helpers import Driver, cpu_node, elastic
+from arl_tangram.core.commands import StartAction
+from arl_tangram.core.resources import Resources
+
+def floors_read(n):
+    # elastic actions fill an n-core node; a head needs more than it could ever lend
+    d = Driver([cpu_node("n0", cpu=n, mem=1 << 20)])
+    for c in d.arrive(*(elastic(f"e{i}", 1, 4) for i in range(n))):
+        if isinstance(c, StartAction):
+            d.started(c.action.id, c.node)
+    node = d.core.st.nodes["n0"]
+    moves, lend = node.moves, d.core.elastic.lendable(node, 0.0)
+    assert node.free.get("cpu") == 0 and 0 < lend < n
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_floor_of":
+            count[0] += 1
+    sys.setprofile(hook)
+    try:
+        got = [d.core.elastic.reclaim(node, Resources(cpu=n)) for _ in range(10)]
+    finally:
+        sys.setprofile(None)
+    return got, count[0], node.moves - moves, len(node.elastic)
+
+print(json.dumps([floors_read(20), floors_read(160)]))
+"""
+
+
+def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
+    """`Elastic.reclaim` on a crowded node that cannot make room (issue 40: each waiting head
+    of a pass asked it, each a walk over the node's hundreds of elastic runs): ten asks answer
+    False, shrink nothing (the node's moves unchanged), and read no run's floor -- the node's
+    `lendable` sum, kept per move, answers (the walk read 70 floors on the 20-core node's 7
+    runs and 570 on the 160-core node's 57). Counted in the pure core (`_floor_of` is a Python
+    call there)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ARL_TANGRAM_PURE="1")
+    out = subprocess.run([sys.executable, "-c", _RECLAIM_PROBE], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    assert small[0] == large[0] == [False] * 10
+    assert (small[1], large[1]) == (0, 0)
+    assert (small[2], large[2]) == (0, 0)
+    assert (small[3], large[3]) == (7, 57)
