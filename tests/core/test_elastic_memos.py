@@ -86,7 +86,10 @@ def floors_read(n):
         got = [d.core.elastic.reclaim(node, Resources(cpu=n)) for _ in range(10)]
     finally:
         sys.setprofile(None)
-    return got, count[0], node.moves - moves, len(node.elastic)
+    still = node.moves - moves
+    # exactly what the node can lend: made (every lender at its floor, the node's CPU free)
+    made = d.core.elastic.reclaim(node, Resources(cpu=lend))
+    return got, count[0], still, len(node.elastic), [made, node.free.get("cpu"), lend]
 
 print(json.dumps([floors_read(20), floors_read(160)]))
 """
@@ -98,7 +101,8 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     False, shrink nothing (the node's moves unchanged), and read no run's floor -- the node's
     `lendable` sum, kept per move, answers (the walk read 70 floors on the 20-core node's 7
     runs and 570 on the 160-core node's 57). Counted in the pure core (`_floor_of` is a Python
-    call there)."""
+    call there). Asked for exactly what the runs hold above their minimums, it makes room.
+    """
     import json
     import os
     import subprocess
@@ -112,3 +116,4 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     assert (small[1], large[1]) == (0, 0)
     assert (small[2], large[2]) == (0, 0)
     assert (small[3], large[3]) == (7, 57)
+    assert small[4] == [True, 13.0, 13.0] and large[4] == [True, 103.0, 103.0]
