@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _asgi import client_gone
 from fakes import FakeExecutor, core_factory
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -775,33 +776,7 @@ async def test_run_code_whose_client_went_away_is_499(
         return {}
 
     monkeypatch.setattr(app.state.service, "run_code", run_code)
-    msgs = [{"type": "http.request", "body": b'{"code": "x"}', "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if msgs:
-            return msgs.pop(0)
-        await asyncio.sleep(0.05)
-        return {"type": "http.disconnect"}
-
-    async def send(m: dict[str, Any]) -> None:
-        sent.append(m)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/run_code",
-        "raw_path": b"/run_code",
-        "root_path": "",
-        "query_string": b"",
-        "server": ("t", 80),
-        "client": ("127.0.0.1", 1),
-        "headers": [(b"content-type", b"application/json"), (b"host", b"t")],
-    }
-    await asyncio.wait_for(app(scope, receive, send), 10)
+    sent = await client_gone(app, "/run_code", b'{"code": "x"}')
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     assert cancelled == [True]
 

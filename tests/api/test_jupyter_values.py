@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _asgi import client_gone
 from fastapi import FastAPI
 from pydantic import ValidationError
 
@@ -373,34 +374,7 @@ async def test_route_answers() -> None:
 async def test_route_client_gone_is_499_and_cancels() -> None:
     svc = _Svc({"never": 1}, delay=30)
     app = _app(svc)
-    body = json.dumps({"cells": ["1"]}).encode()
-    msgs = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if msgs:
-            return msgs.pop(0)
-        await asyncio.sleep(0.05)
-        return {"type": "http.disconnect"}
-
-    async def send(m: dict[str, Any]) -> None:
-        sent.append(m)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/run_jupyter",
-        "raw_path": b"/run_jupyter",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("t", 80),
-    }
-    await asyncio.wait_for(app(scope, receive, send), 5)
+    sent = await client_gone(app, "/run_jupyter", json.dumps({"cells": ["1"]}).encode(), timeout=5)
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     assert svc.cancelled
 
