@@ -523,18 +523,20 @@ def test_a_memory_elastic_action_starts_on_an_empty_node() -> None:
     assert [c.action.id for c in out if isinstance(c, cmd.StartAction)] == ["m"]
 
 
-def test_an_action_below_one_core_grows() -> None:
-    # 2 cores: r 1.5 (1 s), a (0.5..2) starts at 0.5; when r ends a grows to 2 (a step from 0.5
-    # to 1.5 speeds it from 0.5 to s(1.5) = 1.15)
+@pytest.mark.parametrize(("p", "grown"), [(0.9, 2.0), (0.0, 1.5)])
+def test_an_action_below_one_core_grows(p: float, grown: float) -> None:
+    # 2 cores: r 1.5 (1 s), a (0.5..2) starts at 0.5; when r ends a grows: to 2 with p = 0.9 (a
+    # step from 0.5 to 1.5 speeds it from 0.5 to s(1.5) = 1.15), to 1.5 only with p = 0 (its
+    # speed from 0.5 to 1, and a core more adds no speed)
     d = Driver([cpu_node("n0", cpu=2)], policy="tangram")
     out = d.arrive(act("r", cpu=1.5, hints=WorkHints(expected_s=1.0)))
     spec = ActionSpec(
         "a", kind=ActionKind.TEST, demand=Resources(cpu=0.5, memory_mb=256),
-        elasticity=Elasticity(0.5, 2, speedup=Speedup(0.9)), hints=W10,
+        elasticity=Elasticity(0.5, 2, speedup=Speedup(p)), hints=W10,
     )  # fmt: skip
     out += d.arrive(spec)
     assert cpu_commands(out) == [("start", "r", 1.5), ("start", "a", 0.5)]
-    assert cpu_commands(d.at(1.0).finish("r")) == [("resize", "a", 2.0)]
+    assert cpu_commands(d.at(1.0).finish("r")) == [("resize", "a", grown)]
 
 
 def test_a_lender_shrinks_an_action_to_its_minimum_below_one_core() -> None:
@@ -663,20 +665,6 @@ def test_the_warm_wait_looks_at_64_warm_nodes() -> None:
     for i in range(64):
         d.core.st.reserved[f"w{i}"] = "x"
     assert _choice(d, _h(1, 8, x=1.0)) == ("a", 8.0, 8.0, ["a"])
-
-
-def test_an_action_without_parallel_speedup_grows_only_to_one_core() -> None:
-    # 2 cores: r 1.5 (1 s), a (0.5..2, p = 0) at 0.5; when r ends a grows to 1.5 (its speed
-    # from 0.5 to 1) and no further (a core more adds no speed)
-    d = Driver([cpu_node("n0", cpu=2)], policy="tangram")
-    out = d.arrive(act("r", cpu=1.5, hints=WorkHints(expected_s=1.0)))
-    spec = ActionSpec(
-        "a", kind=ActionKind.TEST, demand=Resources(cpu=0.5, memory_mb=256),
-        elasticity=Elasticity(0.5, 2, speedup=Speedup(0.0)), hints=W10,
-    )  # fmt: skip
-    out += d.arrive(spec)
-    assert cpu_commands(out) == [("start", "r", 1.5), ("start", "a", 0.5)]
-    assert cpu_commands(d.at(1.0).finish("r")) == [("resize", "a", 1.5)]
 
 
 def test_choose_for_a_head_not_in_the_queue_weighs_no_one_behind_it() -> None:
