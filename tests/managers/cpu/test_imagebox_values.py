@@ -6,6 +6,7 @@ the image's files, the fds received with the request, a user namespace of the sa
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -279,15 +280,37 @@ def _enter_until_refused(req: dict, n_fds: int, monkeypatch) -> BaseException:
     monkeypatch.setattr(os, "mkdir", reached)
     for name in ("mount", "move_mount", "idmap_mount", "pivot_root", "umount2", "setns"):
         monkeypatch.setattr(_linux, name, reached)
-    before = set(os.listdir("/proc/self/fd"))
+    got = _watch_recv(monkeypatch)
     b, _ = _send(n_fds)
     try:
         with pytest.raises(Exception) as e:  # (the type: asserted by the caller)
             imagebox.enter(req, b.fileno())
     finally:
         b.close()
-    assert set(os.listdir("/proc/self/fd")) == before
+    _all_closed(got)
     return e.value
+
+
+def _watch_recv(monkeypatch) -> list[int]:
+    """The fds `enter` receives (recorded as `_recv_fds` returns them)."""
+    got: list[int] = []
+    recv = imagebox._recv_fds
+
+    def watch(fd: int, n: int) -> list[int]:
+        fds = recv(fd, n)
+        got.extend(fds)
+        return fds
+
+    monkeypatch.setattr(imagebox, "_recv_fds", watch)
+    return got
+
+
+def _all_closed(fds: list[int]) -> None:
+    """None of ``fds`` (each a /dev/null) is open any more (a number taken again since is some
+    other file: the image user test's manager runs alongside)."""
+    for fd in fds:
+        with contextlib.suppress(FileNotFoundError):
+            assert os.readlink(f"/proc/self/fd/{fd}") != "/dev/null", fd
 
 
 BAD = {"uid": 5, "gid": 6, "layer_mb": 8, "layers": ["ok", "a.b", "x:y"]}
@@ -373,9 +396,67 @@ async def test_enter_group_by_name_ids_in_range_and_a_file_at_workdir(mgr, layou
             await mgr.open_session("far", Resources(cpu=1, memory_mb=256), ttl_s=60, image=img)
         assert f"User '{user}': ids {ids} are outside the node's range of {COUNT}" in str(e.value)
     d, tar = layout
-    top = imagekit.pack_layer("", os.path.join(d, "workdir-file.tar"), extra=[("workdir", b"x")])
+    # /workdir and /tmp files, /proc gone (a whiteout): each made a directory again
+    extra = [("workdir", b"x"), ("tmp", b"x"), (".wh.proc", None)]
+    top = imagekit.pack_layer("", os.path.join(d, "workdir-file.tar"), extra=extra)
     if not mgr.images.has("workdir-file"):
         oci = imagekit.write_oci_layout(os.path.join(d, "workdir-file"), [tar, top], {})
         mgr.images.import_path(oci, "workdir-file")
-    r = await mgr.run(action(code, image="workdir-file"), allot())
-    assert r.run_result is not None and r.run_result.stdout == "0 0 /workdir True\n", r.to_dict()
+    more = (
+        "\nst = os.stat('/tmp')\nprint(oct(st.st_mode), st.st_uid)\n"
+        "print([ln.split() for ln in open('/proc/1/status') if ln[:4] in ('Uid:', 'Gid:')])"
+    )
+    r = await mgr.run(action(code + more, image="workdir-file"), allot())
+    assert r.run_result is not None, r.to_dict()
+    lines = r.run_result.stdout.splitlines()
+    assert lines == [  # (the init, PID 1: root inside, every id of it)
+        "0 0 /workdir True",
+        "0o41777 0",
+        str([["Uid:", "0", "0", "0", "0"], ["Gid:", "0", "0", "0", "0"]]),
+    ], r.to_dict()
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_enter_makes_the_writable_layer(on_disk, monkeypatch) -> None:
+    """The layer's directory (0700), then the node's disk layer moved there (the fd after the
+    layers directory's) or a tmpfs of ``layer_mb`` MiB mounted (nosuid, nodev, 0700): the
+    calls' exact arguments, in this process (the directory recorded, not made)."""
+    from arl_tangram.managers.cpu import _linux
+
+    made = []
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(os, "mkdir", lambda *a: made.append(a))
+
+    def reached(name):
+        def f(*args):
+            raise _Reached(name, args)
+
+        return f
+
+    for name in ("mount", "move_mount", "idmap_mount", "pivot_root", "umount2", "setns"):
+        monkeypatch.setattr(_linux, name, reached(name))
+    got = _watch_recv(monkeypatch)
+    b, _ = _send(2 if on_disk else 1)
+    req = {**BAD, "layers": ["ok"], "layer_mb": 12, **({"layer": "disk"} if on_disk else {})}
+    try:
+        with pytest.raises(_Reached) as e:
+            imagebox.enter(req, b.fileno())
+    finally:
+        b.close()
+    assert len(got) == (2 if on_disk else 1)
+    _all_closed(got)
+    assert made == [("/sandbox/layer", 0o700)]
+    name, args = e.value.args
+    if on_disk:
+        assert (name, args) == ("move_mount", (got[1], "/sandbox/layer"))
+    else:
+        assert (name, args) == (
+            "mount",
+            (
+                "tmpfs",
+                "/sandbox/layer",
+                "tmpfs",
+                _linux.MS_NOSUID | _linux.MS_NODEV,
+                "size=12m,mode=0700",
+            ),
+        )

@@ -95,7 +95,7 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
             m = _mounts()
             facts = {
                 "mounts": {
-                    k[len(root) :] or "/": [sorted(v[0]), v[1], v[3]]
+                    k[len(root) :] or "/": [sorted(v[0]), v[1], v[3], v[2]]
                     for k, v in m.items()
                     if k == root or k.startswith(root + "/")
                 },
@@ -133,6 +133,13 @@ def test_build_root_makes_the_sandbox_view(tmp_path) -> None:
     facts = json.loads(buf)
     assert "error" not in facts, facts
     mounts = facts["mounts"]
+    sources = {k: v.pop() for k, v in mounts.items()}  # (each mount's source)
+    assert sources["/"] == sources["/dev"] == "tmpfs"
+    for d in server._MASK_DIRS:
+        if os.path.isdir(d):
+            assert sources[d] == "tmpfs", d
+    if os.path.isdir(hide_dir):
+        assert sources[hide_dir] == "tmpfs" and "size=4k" in mounts[hide_dir][2]
     opts, fstype, sopts = mounts["/"]
     assert fstype == "tmpfs" and {"ro", "nosuid", "nodev"} <= set(opts)
     assert "size=4096k" in sopts and "mode=755" in sopts
