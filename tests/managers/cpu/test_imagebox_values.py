@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 import pytest
+import pytest_asyncio
 from _cpu_helpers import action, allot
-from test_cpu_image_user import COUNT, _import, layout, mgr  # noqa: F401  (fixtures)
+from test_cpu_image_user import BASE, COUNT, _import, _rootfs
 
 from arl_tangram.core.resources import Resources
 from arl_tangram.managers.cpu.images import imagekit
@@ -379,10 +380,45 @@ def test_enter_with_good_names_goes_on_to_make_the_layer(extra, monkeypatch) -> 
     assert type(err) is _Reached and err.args == (("/sandbox/layer", 0o700),)
 
 
+@pytest.fixture(scope="module")
+def layout():
+    """The image user tests' image (`test_cpu_image_user.py`), removed afterwards."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="tangram-imagebox-values-")
+    try:
+        yield d, imagekit.pack_layer(_rootfs(d), os.path.join(d, "root.tar"))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def mgr():
+    """A manager with the image user tests' id range; its work root removed afterwards."""
+    import shutil
+    import tempfile
+
+    from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig
+
+    root = tempfile.mkdtemp(prefix="tangram-imagebox-values-w-")
+    m = CpuManager(
+        CpuManagerConfig(
+            work_root=root, warm_min=1, warm_max=4, image_id_base=BASE, image_id_count=COUNT
+        )
+    )
+    try:
+        await m.start()
+        yield m
+    finally:
+        await m.aclose()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.integration
 @pytest.mark.needs_root
 @pytest.mark.asyncio(loop_scope="module")
-async def test_enter_group_by_name_ids_in_range_and_a_file_at_workdir(mgr, layout) -> None:  # noqa: F811
+async def test_enter_group_by_name_ids_in_range_and_a_file_at_workdir(mgr, layout) -> None:
     """In a sandbox (the image user tests' manager and image, `test_cpu_image_user.py`): a
     ``User`` whose group is a name of the image's /etc/group; a uid or a gid past the node's
     range refused, naming them; an image whose /workdir is a file gets the directory anyway."""
