@@ -9,6 +9,7 @@ a PID namespace of its own (one-shot exit, kept ops, unknown op, errors reported
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import socket
@@ -435,3 +436,375 @@ def test_serve_direct_prepare_forks_nothing(tmp_path) -> None:
     replies, rc = _serve({**CFG, "direct": True}, frames, tmp_path)
     assert rc == 0 and replies[0] == {"ok": True}
     assert replies[1]["run_result"]["stdout"] == "2\n"  # forked on demand: the first child
+
+
+# ---- issue 43 item 2 (helper-61): the sample's survivors ----------------------------------------
+
+
+def test_an_argv_job_carries_the_requests_env(monkeypatch) -> None:
+    monkeypatch.setattr(child, "WORKDIR", "/workdir")
+    j = init._job({"env": {"B": "2"}, "run_timeout": 1.5, "code": ""}, SH, "main.sh", "", None)
+    assert (j.argv, j.env, j.timeout, j.stdin) == (["/bin/sh", "main.sh"], {"B": "2"}, 1.5, b"")
+
+
+@pytest.mark.needs_root
+def test_a_cases_expected_output_is_compared_after_replacing_bad_bytes(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import sys\nsys.stdout.buffer.write(b'\\xff' + sys.stdin.read().encode())"
+    cases = [{"stdin": "2", "expected_stdout": "\ufffd2"}, {"stdin": "3", "expected_stdout": "3"}]
+    r = init._run(_req(code=code, cases=cases), None)
+    assert [c["passed"] for c in r["cases"]] == [True, False]
+
+
+# -- sessions (`_session`), in the test process
+
+
+def _sreq(code: str, **kw) -> dict:
+    r = {
+        "op": "session",
+        "lang": {"name": "python"},
+        "code": code,
+        "run_timeout": 10.0,
+        "env": {"TANGRAM_CPUS": "3"},
+        "limits": dict(LIMD),
+    }
+    r.update(kw)
+    return r
+
+
+@pytest.mark.needs_root
+def test_session_keeps_one_worker_per_language(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    mounts = []
+    monkeypatch.setattr(_linux, "mount", lambda *a: mounts.append(a))
+    monkeypatch.setattr(init, "_tmpfs_mb", [0])
+    sessions: dict = {}
+    try:
+        r = init._session(_sreq("x = 20\nx + 1", tmpfs_mb=8), sessions)
+        assert set(r) == {"compile_result", "run_result", "cases", "files", "message"}
+        assert (r["compile_result"], r["cases"], r["files"], r["message"]) == (None, None, {}, "")
+        assert (r["run_result"]["stdout"], r["run_result"]["return_code"]) == ("21\n", 0)
+        assert list(sessions) == ["python"] and [m[4] for m in mounts] == ["size=8m,nr_inodes=2048"]
+        w = sessions["python"]
+        code = "import os\nx, os.cpu_count(), os.environ['TANGRAM_CPUS']"
+        lim = dict(LIMD, cpus=2.5, output=12)
+        r = init._session(_sreq(code, limits=lim), sessions)
+        assert sessions == {"python": w}  # the same worker: its state kept
+        assert r["run_result"]["stdout"] == "(20, 3, '3')"[:12] and r["run_result"]["truncated"]
+        r = init._session(_sreq("import time\ntime.sleep(30)", run_timeout=0.4), sessions)
+        assert r["run_result"]["status"] == "TimeLimitExceeded"
+        assert r["message"] == "the python session process ended; its state is lost"
+        assert sessions == {}
+        r = init._session(_sreq("'x' in globals()"), sessions)
+        assert (r["run_result"]["stdout"], r["message"]) == ("False\n", "")
+    finally:
+        for w in sessions.values():
+            w.kill()
+
+
+@pytest.mark.needs_root
+def test_session_whose_worker_cannot_fork(monkeypatch, wd) -> None:
+    from arl_tangram.managers.cpu.sandbox import session_worker
+
+    errs = [11]
+
+    def refuse(*a):
+        raise OSError(errs[0], "refused")
+
+    monkeypatch.setattr(session_worker, "Worker", refuse)
+    sessions: dict = {}
+    r = init._session(_sreq("1", lang={"name": "bash"}), sessions)
+    assert set(r) == {"compile_result", "run_result", "cases", "files", "message"}
+    assert (r["compile_result"], r["cases"], r["files"]) == (None, None, {})
+    assert r["message"] == session_worker.PIDS_FULL and sessions == {}
+    st = r["run_result"]
+    assert (st["status"], st["return_code"], st["stdout"]) == ("Error", None, "")
+    assert st["stderr"] == f"could not start the bash session process: {session_worker.PIDS_FULL}\n"
+    errs[0] = 12  # any other error is raised (`serve` reports it)
+    with pytest.raises(OSError) as e:
+        init._session(_sreq("1"), sessions)
+    assert e.value.errno == 12
+
+
+# -- `become`, in a mount and UTS namespace of a child's own
+
+
+@pytest.mark.needs_root
+def test_become_mounts_the_sandboxs_tmpfs_and_binds() -> None:
+    import pathlib
+    import shutil
+    import tempfile
+
+    top = pathlib.Path(tempfile.mkdtemp(prefix="t-become-", dir="/var/tmp"))  # (not under /tmp)
+    try:
+        _become(top)
+    finally:
+        shutil.rmtree(top)
+
+
+def _become(top) -> None:
+    sb, wdir = top / "sandbox", top / "workdir"
+    sb.mkdir()
+    wdir.mkdir()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWUTS)
+            _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+            init.SANDBOX_DIR, child.WORKDIR = str(sb), str(wdir)
+            init.become(3, 4000, 4001, "box-61")
+            info: dict = {"mounts": {}}
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    pre, post = line.split(" - ")
+                    p = pre.split()
+                    info["mounts"][p[4]] = [p[3], p[5], *post.split()]
+            for name in ("work", "tmp"):
+                st = os.stat(sb / name)
+                info[name] = [st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_ino]
+            info["ino"] = [os.stat(wdir).st_ino, os.stat("/tmp").st_ino]
+            info["host"] = socket.gethostname()
+            with open("/proc/self/oom_score_adj") as f:
+                info["oom"] = f.read()
+            os.write(w, json.dumps(info).encode())
+            os._exit(0)
+        except BaseException as e:
+            os.write(w, json.dumps({"error": repr(e)}).encode())
+            os._exit(1)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    _, st = os.waitpid(pid, 0)
+    info = json.loads(data)
+    assert os.waitstatus_to_exitcode(st) == 0, info
+    m = info["mounts"]
+    assert m[str(sb)][0] == "/" and m[str(sb)][2:4] == ["tmpfs", "tmpfs"]
+    assert m[str(sb)][1].split(",")[:3] == ["rw", "nosuid", "nodev"]
+    assert m[str(sb)][4].split(",")[1:4] == ["size=3072k", "nr_inodes=768", "mode=755"]
+    assert m[str(wdir)][0] == "/work" and m["/tmp"][0] == "/tmp"
+    assert m[str(wdir)][2] == m["/tmp"][2] == "tmpfs"
+    assert m["/proc"][2] == "proc" and m["/proc"][1].split(",")[:4] == [
+        "rw",
+        "nosuid",
+        "nodev",
+        "noexec",
+    ]
+    assert info["work"][:3] == [0o700, 4000, 4001] and info["tmp"][:3] == [0o1777, 4000, 4001]
+    assert info["ino"] == [info["work"][3], info["tmp"][3]]
+    with open("/proc/self/status") as f:
+        caps = int(next(x for x in f if x.startswith("CapEff:")).split()[1], 16)
+    with open("/proc/self/oom_score_adj") as f:
+        own = f.read()
+    sys_resource = bool(caps & (1 << 24))  # (-1000 needs CAP_SYS_RESOURCE; else left as it was)
+    assert (info["host"], info["oom"]) == ("box-61", "-1000\n" if sys_resource else own)
+
+
+# -- `serve` with the manager's socket at fd 3 and the output pipes at 4 and 5 (a direct
+# sandbox's layout), as PID 1 of a PID namespace of its own
+
+
+def _serve_fds(
+    cfg: dict, frames: list[bytes], tmp, prep=None, run=None
+) -> tuple[list, int, bytes, bytes]:
+    """(``run``: called instead of `init.serve`, e.g. `_run_direct` itself.)"""
+    a, b = socket.socketpair()
+    r4, w4 = os.pipe()
+    r5, w5 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.close()
+            os.close(r4)
+            os.close(r5)
+            _linux.unshare(_linux.CLONE_NEWPID)
+            inner = os.fork()
+            if inner == 0:
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (b.fileno(), w4, w5)]
+                for fd, to in zip(high, (3, 4, 5), strict=True):
+                    os.dup2(fd, to)
+                    os.close(fd)
+                child.WORKDIR = child.CWD = str(tmp)
+                child.FAST = None
+                init.WORKDIR_SLASH = str(tmp) + "/"
+                os.dup2(5, 2)  # (the init's own stderr: where a direct start's failure goes)
+                sys.stdin = open(0, closefd=False)  # noqa: SIM115
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                if prep is not None:
+                    prep()
+                if run is None:
+                    init.serve(3, cfg)
+                else:
+                    run()
+                os._exit(42)
+            os.close(w4)
+            os.close(w5)
+            b.close()
+            _, st = os.waitpid(inner, 0)
+            os._exit(os.waitstatus_to_exitcode(st))
+        except BaseException:
+            os._exit(99)
+    b.close()
+    os.close(w4)
+    os.close(w5)
+    for f in frames:
+        a.sendall(f)
+    a.shutdown(socket.SHUT_WR)
+    a.settimeout(20)
+    buf = b""
+    while True:
+        try:
+            chunk = a.recv(1 << 16)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    replies = []
+    while len(buf) >= 4:
+        n = int.from_bytes(buf[:4], "big")
+        replies.append(json.loads(buf[4 : 4 + n]))
+        buf = buf[4 + n :]
+    a.close()
+    outs = []
+    for r in (r4, r5):
+        data = b""
+        while chunk := os.read(r, 1 << 16):
+            data += chunk
+        os.close(r)
+        outs.append(data)
+    _, st = os.waitpid(pid, 0)
+    return replies, os.waitstatus_to_exitcode(st), outs[0], outs[1]
+
+
+DIRECT_CODE = (
+    "import os, sys\n"
+    "print(sys.stdin.read()[::-1], os.getuid(), os.getgid(), os.getcwd() == sys.path[0])\n"
+    "print(__file__, os.readlink('/proc/self/fd/0'), file=sys.stderr)\n"
+    "sys.exit(3)"
+)
+
+
+@pytest.mark.needs_root
+@pytest.mark.parametrize("stdin", ["abc", ""])
+def test_serve_a_direct_run_becomes_the_action(tmp_path, stdin: str) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(direct=True, code=DIRECT_CODE, stdin=stdin, env={"PATH": "/bin"})
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    assert (replies, rc) == ([{"rc": 3}], 3), err
+    assert out == f"{stdin[::-1]} 65534 65533 True\n".encode()
+    fd0 = "/memfd:stdin (deleted)" if stdin else "/dev/null"
+    assert err == f"{tmp_path}/main.py {fd0}\n".encode()
+    st = os.stat(tmp_path / "main.py")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (65534, 65533, 0o644)
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_with_files(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    code = "print(open('d/x.txt').read(), open('main.py').read()[:5])"
+    files = {"d/x.txt": base64.b64encode(b"X1").decode()}
+    req = _req(direct=True, code=code, files=files, env={"PATH": "/bin"})
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    assert (replies, rc, out, err) == ([{"rc": 0}], 0, b"X1 print\n", b"")
+    st = os.stat(tmp_path / "d")
+    assert (st.st_uid, st.st_gid) == (65534, 65533)
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_that_cannot_start(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(direct=True, code="print(1)", env={"PATH": "/bin"})
+    del req["run_timeout"]
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    assert (replies, rc, out) == ([], 127, b"")
+    assert err == b"sandbox: cannot start: 'run_timeout'\n"
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_request_to_a_sandbox_not_direct_is_a_plain_run(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(direct=True, code="print(7)", env={**os.environ})
+    replies, rc, _, _ = _serve_fds(CFG, [wire.encode_request(req)], tmp_path)
+    assert rc == 0 and replies[0]["run_result"]["stdout"] == "7\n"
+
+
+@pytest.mark.needs_root
+@pytest.mark.parametrize(
+    ("cfg", "warmed"),
+    [
+        ({"direct": True, "warm_direct": True}, "w"),
+        ({"direct": True}, ""),
+        ({"warm_direct": True}, ""),
+    ],
+)
+def test_serve_warms_a_direct_sandbox_at_once(tmp_path, cfg: dict, warmed: str) -> None:
+    os.chmod(tmp_path, 0o777)
+    mark = tmp_path / "warmed"
+
+    def prep() -> None:
+        init.warm_child = lambda: mark.open("a").write("w")
+
+    replies, rc, _, _ = _serve_fds(
+        {**CFG, **cfg}, [wire.encode_request({"op": "keep"})], tmp_path, prep
+    )
+    assert (replies, rc) == ([{"ok": True}], 0)
+    assert (mark.read_text() if mark.exists() else "") == warmed
+
+
+def _fastpath():
+    try:
+        from arl_tangram.managers.cpu.zygote import _fastpath
+    except ImportError:
+        return None
+    return _fastpath
+
+
+@pytest.mark.needs_root
+@pytest.mark.skipif(_fastpath() is None, reason="the compiled fast path is not built")
+def test_run_direct_on_the_compiled_path(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(direct=True, code=DIRECT_CODE, stdin="xy", env={"PATH": "/bin"})
+
+    def prep() -> None:
+        child.FAST = _fastpath()
+        child.CWD = f"{tmp_path}/"  # (not the WORKDIR object itself: else its cwd is /workdir)
+
+    replies, rc, out, err = _serve_fds(
+        CFG,
+        [],
+        tmp_path,
+        prep,
+        run=lambda: init._run_direct(wire.request_from(wire.encode_request(req)[4:])),
+    )
+    assert (replies, rc) == ([{"rc": 3}], 3), err
+    assert out == b"yx 65534 65533 True\n"
+    assert err == f"{tmp_path}/main.py /memfd:stdin (deleted)\n".encode()
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_names_a_java_file_by_its_class(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    lang = {
+        "name": "java",
+        "file": "Main.java",
+        "compile": None,
+        "run": ["/bin/sh", "-c", "echo {file} {stem}; cat {file}"],
+        "inproc": False,
+    }
+    req = _req(direct=True, lang=lang, code="public class Foo {}", env={"PATH": "/bin"})
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    # (an exec'd job reports no frame: its status fd closes on exec)
+    assert (replies, rc, out, err) == ([], 0, b"Foo.java Foo\npublic class Foo {}", b"")
