@@ -12,6 +12,7 @@ import hashlib
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -495,13 +496,18 @@ def test_output_of_a_descendant_within_the_grace_is_kept(monkeypatch, here) -> N
     # child's group) writes 0.2 s later, within the grace (2 s here, not 50 ms: no race on a
     # loaded machine), and exits
     monkeypatch.setattr(proc, "_GRACE_S", 2.0)
+    # (the child exits only once the grandchild has left its process group: else the group's
+    # kill at the child's exit could come first, and nothing would be written)
     src = (
         "import os, time\n"
+        "r, w = os.pipe()\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
+        "    os.write(w, b'x')\n"
         "    time.sleep(0.2)\n"
         "    os.write(1, b'late')\n"
         "    os._exit(0)\n"
+        "os.read(r, 1)\n"
         "os._exit(0)"
     )
     j = _py(src)
@@ -630,3 +636,49 @@ def test_a_descendant_holding_the_pipes_does_not_hold_the_job(monkeypatch, here)
     finally:
         _linux.prctl(36, 0)
     assert j.return_code == 0 and took < 5
+
+
+def test_finish_unregisters_every_fd_it_closes() -> None:
+    # (a number left in the selector's map after its close would be refused when a later job's
+    # pipe reuses it: "already registered")
+    d = proc.Driver(_lim())
+    (out_r, out_w), (err_r, err_w), (in_r, in_w) = os.pipe(), os.pipe(), os.pipe()
+    j = Job(pid=12345679)
+    st = {"job": j, "open": {out_r, err_r}, "out": out_r, "err": err_r, "in": in_w, "ctl": -1}
+    d.sel.register(out_r, 1, (st, "out"))
+    d.sel.register(err_r, 1, (st, "err"))
+    d.sel.register(in_w, 2, (st, "in"))
+    d.live[j.pid] = st
+    d._finish(st)
+    assert (len(d.sel.get_map()), st["open"], st["in"], j.done, d.live) == (0, set(), -1, True, {})
+    for fd in (out_r, err_r, in_w):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    for fd in (out_w, err_w, in_r):
+        os.close(fd)
+    d.sel.close()
+
+
+def test_a_step_at_the_action_deadline_exactly_kills_and_cuts(monkeypatch) -> None:
+    # the clock stands at the deadline: the job's deadline is reached (>=), and it is the
+    # action's, so the run is cut even with no job left to start
+    monkeypatch.setattr(proc, "time", SimpleNamespace(monotonic=lambda: 100.0))
+    d = proc.Driver(_lim(), deadline=100.0)
+    pid = _sleeper()
+    j = Job(pid=pid, started=99.0, timeout=10.0)
+    st = {"job": j, "pidfd": -1, "rc": b"", "open": set(), "out": -1, "err": -1}
+    st.update({"in": -1, "ctl": -1, "exited_at": None, "lazy_until": 0.0, "deadline": 100.0})
+    d.live[pid] = st
+    assert d._step() == [j]
+    assert (j.status, j.done, d.cut, d.live) == ("TimeLimitExceeded", True, True, {})
+    assert os.waitpid(pid, 0)[1] == 9
+    d.sel.close()
+
+
+def test_a_deadline_reached_exactly_starts_nothing(monkeypatch, here) -> None:
+    _std(monkeypatch)
+    monkeypatch.setattr(proc, "time", SimpleNamespace(monotonic=lambda: 100.0))
+    a = _py("print(1)")
+    d = proc.Driver(_lim(), deadline=100.0)
+    d.run([a])
+    assert (d.cut, a.done, a.pid, a.status, d.live) == (True, False, 0, "", {})
