@@ -682,3 +682,19 @@ def test_a_deadline_reached_exactly_starts_nothing(monkeypatch, here) -> None:
     d = proc.Driver(_lim(), deadline=100.0)
     d.run([a])
     assert (d.cut, a.done, a.pid, a.status, d.live) == (True, False, 0, "", {})
+
+
+def test_a_step_at_the_end_of_the_grace_exactly_finishes_the_job(monkeypatch) -> None:
+    monkeypatch.setattr(proc, "time", SimpleNamespace(monotonic=lambda: 100.5))
+    monkeypatch.setattr(proc, "_GRACE_S", 0.5)
+    d = proc.Driver(_lim())
+    r, w = os.pipe()  # a descendant still holds the output: nothing comes
+    j = Job(pid=12345680, started=99.0, status="Finished", return_code=0)
+    st = {"job": j, "pidfd": -1, "rc": b"", "open": {r}, "out": r, "err": -1, "in": -1}
+    st.update({"ctl": -1, "exited_at": 100.0, "lazy_until": 0.0, "deadline": 200.0})
+    d.sel.register(r, 1, (st, "out"))
+    d.live[j.pid] = st
+    assert d._step() == [j]
+    assert (j.done, st["open"], d.live, len(d.sel.get_map())) == (True, set(), {}, 0)
+    os.close(w)
+    d.sel.close()
