@@ -165,12 +165,9 @@ class SchedulingPass:
                 if type(key) is ShapeKey:
                     if local is not None and rec.cpu > limit:
                         continue  # more CPU than any freed node has: still blocked (aged heads go on)
-                elif plain and key[0] == "sess":
-                    if self._short_besides_cpu(rec, key[1]):
-                        self._park(key[1], rec, e)
-                        continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
-                    if self._short_of_cpu(rec, key[1]):
-                        continue  # its node's free and lendable CPU fall short of it (issue 40)
+                elif plain and key[0] == "sess" and self._short_besides_cpu(rec, key[1]):
+                    self._park(key[1], rec, e)
+                    continue  # its node lacks memory (or another dimension but CPU) for it (issue 40)
             heap.append((e[0], e[1], key, rec, _NO_GROUP))
         groups = self.groups
         if groups:  # each group of parked heads that its node's memory fits: its first head
@@ -248,40 +245,6 @@ class SchedulingPass:
         # (no node, a partition's head: never while the pass looks at it, kept safe all the same)
         return (node is not None and rec.partition is None and node.cap.get("gpu", 0.0) <= 0.0
                 and not fits_besides_cpu(node, rec.shape))
-
-    def _short_of_cpu(self, rec: ActionRecord, sid: str) -> bool:
-        """Whether session ``sid``'s head ``rec`` (not aged) cannot start in this pass whatever
-        else starts first, for CPU: its node's free CPU and what the node's elastic actions
-        hold above their minimums (`Elastic.lendable`, kept per state of the node) fall short
-        of its demand (a rigid head: `reclaim` cannot make room) or of its minimum width (an
-        elastic one: every path of `width_on` answers 0). Within a pass that sum only shrinks
-        (a start takes its demand, or its minimum, from it; a reclaim moves CPU from lent to
-        free), so `try_place` would say no; the one thing it would do besides, ask the node's
-        elastic actions to grow into its free CPU, is done here. On a crowded node (issue 40)
-        each of its hundreds of waiting session heads was tried on every event of the node.
-        Off under a CPU reserve (`reserve_fraction`: an elastic start there may take its
-        minimum from the reserve's accounting) and for a partition's head."""
-        st = self.st
-        if not st.elastic_policy or rec.partition is not None or st.config.reserve_fraction > 0.0:
-            return False
-        sess = st.sessions.get(sid)
-        if sess is None or sess.node is None:
-            return False
-        node = st.nodes[sess.node]
-        free = node.free.get(CPU, 0.0)
-        if not rec.elastic:  # `try_place`'s `fits`, then `reclaim`'s test, the same arithmetic
-            need = rec.cpu
-            lack = need - free
-            return need > free + 1e-9 and lack > 1e-9 and self.elastic.lendable(node, 0.0) < lack - 1e-9
-        el = rec.spec.elasticity
-        assert el is not None
-        if el.dim != CPU or not fits_besides_cpu(node, rec.shape):
-            return False
-        if free + self.elastic.lendable(node, 0.0) >= el.min - 1e-9:
-            return False
-        if free > 1e-9:
-            st.expand_at.add(node.name)  # (as `try_place` when the head waits)
-        return True
 
     def _park(self, sid: str, rec: ActionRecord, entry: tuple[int, int, int, str]) -> None:
         """Session ``sid``'s head ``rec`` (queue ``entry``), left out of the pass
