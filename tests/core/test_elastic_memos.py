@@ -83,7 +83,7 @@ def floors_read(n):
             count[0] += 1
     sys.setprofile(hook)
     try:
-        got = [d.core.elastic.reclaim(node, Resources(cpu=n)) for _ in range(10)]
+        got = [d.core.elastic.reclaim(node, Resources(cpu=c)) for c in [n] * 5 + [lend + 0.5] * 5]
     finally:
         sys.setprofile(None)
     still = node.moves - moves
@@ -98,7 +98,8 @@ print(json.dumps([floors_read(20), floors_read(160)]))
 def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     """`Elastic.reclaim` on a crowded node that cannot make room (issue 40: each waiting head
     of a pass asked it, each a walk over the node's hundreds of elastic runs): ten asks answer
-    False, shrink nothing (the node's moves unchanged), and read no run's floor -- the node's
+    False (for all the node's CPU, and for half a core more than its runs lend), shrink nothing
+    (the node's moves unchanged), and read no run's floor -- the node's
     `lendable` sum, kept per move, answers (the walk read 70 floors on the 20-core node's 7
     runs and 570 on the 160-core node's 57). Counted in the pure core (`_floor_of` is a Python
     call there). Asked for exactly what the runs hold above their minimums, it makes room.

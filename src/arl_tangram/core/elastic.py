@@ -229,7 +229,7 @@ class Elastic:
                 short = lack
         if short <= 1e-9:
             return True
-        if self.lendable(node, floor) < short - 1e-9:
+        if self.lendable(node, floor) < short - 1e-9:  # pragma: no mutate (<=: the tolerance's edge)
             return False  # (kept per state of the node: a crowded node's waiting heads ask
             # again and again, each a walk over its hundreds of elastic runs; issue 40. Every
             # extra summed below is in that sum too, so it is never short where that is not)
