@@ -503,3 +503,84 @@ def test_exec_python_globals_are_exactly_name_builtins_file() -> None:
 
     rc, out = _fork(fn)
     assert rc == 0 and out == b"['__builtins__', '__file__', '__name__', 'builtins'] True\n"
+
+
+def test_run_child_sets_up_with_its_limits_and_fds_then_runs_the_job(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(child, "setup", lambda limits, fds: calls.append(("setup", limits, fds)))
+    monkeypatch.setattr(child, "exec_job", lambda job, limits: calls.append(("job", job, limits)))
+    job = Job(python=[("pass", "m")])
+    child.run_child(job, LIM, (5, 6, 7))
+    assert len(calls) == 2
+    assert calls[0][0] == "setup" and calls[0][1] is LIM and calls[0][2] == (5, 6, 7)
+    assert calls[1][0] == "job" and calls[1][1] is job and calls[1][2] is LIM
+
+
+def test_a_start_failure_with_stderr_closed_still_exits_127(tmp_path) -> None:
+    def setup_fails():
+        os.close(2)
+
+        def setup(limits, fds):
+            raise OSError(1, "refused")
+
+        child.setup = setup
+        child.run_child(Job(python=[("print('ran')", "m")], env=dict(os.environ)), LIM, (0, 1, 2))
+
+    rc, out = _fork(setup_fails)
+    assert rc == 127 and out == b""
+
+    def exec_fails():
+        os.close(2)
+        child.exec_job(Job(argv=[str(tmp_path / "nope")], env={}), LIM)
+
+    rc, out = _fork(exec_fails)
+    assert rc == 127 and out == b""
+
+
+def test_exec_python_replaces_only_the_first_path_entry() -> None:
+    def fn():
+        sys.path[:] = ["/first", "/second", "/third"]
+        src = "import sys\nprint(sys.path)\n"
+        child.exec_python(Job(python=[(src, "p.py")], env=dict(os.environ)), LIM)
+        sys.stdout.flush()
+
+    rc, out = _fork(fn)
+    assert rc == 0 and out == b"['/workdir', '/second', '/third']\n"
+
+
+def test_exec_python_does_not_inherit_this_modules_future_import() -> None:
+    # (child.py has `from __future__ import annotations`: inherited, the code's annotations
+    # would be strings)
+    def fn():
+        src = "def f(x: int) -> None:\n    pass\nprint(f.__annotations__)\n"
+        child.exec_python(Job(python=[(src, "a.py")], env=dict(os.environ)), LIM)
+        sys.stdout.flush()
+
+    rc, out = _fork(fn)
+    assert rc == 0 and out == b"{'x': <class 'int'>, 'return': None}\n"
+
+
+def test_final_drop_steps_and_the_filter_installed_last(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(child.resource, "setrlimit", lambda *a: calls.append(("rlimit", *a)))
+    monkeypatch.setattr(child._linux, "unshare", lambda f: calls.append(("unshare", f)))
+    monkeypatch.setattr(child.os, "setresuid", lambda *a: calls.append(("uid", *a)))
+    monkeypatch.setattr(child._linux, "die_with_parent", lambda: calls.append(("die",)))
+    monkeypatch.setattr(child._linux, "set_no_new_privs", lambda: calls.append(("nnp",)))
+    monkeypatch.setattr(child._linux, "install_filter", lambda ref: calls.append(("filter", ref)))
+    ref = object()
+    monkeypatch.setattr(child, "FILTER", SimpleNamespace(ref=ref))
+    child.final_drop(LIM)
+    assert calls == [
+        ("rlimit", child.resource.RLIMIT_CPU, (10, 11)),
+        ("unshare", _linux.CLONE_NEWCGROUP),
+        ("uid", 65534, 65534, 65534),
+        ("die",),
+        ("nnp",),
+        ("filter", ref),
+    ]
+    assert calls[-1][1] is ref
+    calls.clear()
+    monkeypatch.setattr(child, "FILTER", None)
+    child.final_drop(LIM)
+    assert [c[0] for c in calls] == ["rlimit", "unshare", "uid", "die", "nnp"]

@@ -6,10 +6,12 @@ edge, a worker already gone, and the pure helpers (`show`, `_parse_done`, `_read
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -359,3 +361,235 @@ def test_a_python_session_in_an_image_runs_its_python(monkeypatch, here) -> None
 def test_stage_replaces_bad_bytes_in_stderr_too() -> None:
     st = session_worker._stage("S", time.monotonic(), 0, b"", b"e\xfe", False)
     assert (st["stdout"], st["stderr"], st["truncated"]) == ("", "e\ufffd", False)
+
+
+# ---- issue 43 item 2 (helper-63): the rest's survivors -------------------------------------------
+
+
+def test_the_python_worker_replaces_only_the_first_path_entry(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "path", ["/first", "/second", "/third"])
+    w = _py(here)
+    st, _ = exchange(w, "import sys\nsys.path", 10, 1000)
+    assert st["stdout"] == repr([child.WORKDIR, "/second", "/third"]) + "\n"
+
+
+def test_a_statement_that_raises_names_the_session(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, alive = exchange(w, "x = 1\ny = 1 / 0", 10, 1000)
+    assert (st["return_code"], alive) == (1, True)
+    assert st["stderr"] == (
+        'Traceback (most recent call last):\n  File "<session>", line 2, in '
+        "<module>\nZeroDivisionError: division by zero\n"
+    )
+
+
+def test_the_code_does_not_inherit_the_modules_future_import(monkeypatch, here) -> None:
+    # (session_worker.py has `from __future__ import annotations`: inherited, the code's
+    # annotations would be strings)
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, _ = exchange(w, "def f(x: int) -> None:\n    pass\nf.__annotations__", 10, 1000)
+    assert st["stdout"] == "{'x': <class 'int'>, 'return': None}\n"
+
+
+class _FdsOpen:
+    """Fds ``nums`` open and inheritable in the test process while inside (/dev/null where one
+    is not open), so that a worker that kept one would show it, after an exec too."""
+
+    def __init__(self, *nums: int) -> None:
+        self.nums, self.made, self.was = nums, [], {}
+
+    def __enter__(self):
+        for n in self.nums:
+            try:
+                self.was[n] = os.get_inheritable(n)
+            except OSError:
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, n)
+                os.close(null)
+                self.made.append(n)
+            os.set_inheritable(n, True)
+        return self
+
+    def __exit__(self, *a):
+        for n in self.made:
+            os.close(n)
+        for n, was in self.was.items():
+            os.set_inheritable(n, was)
+        return False
+
+
+_ISOPEN = (
+    "import os\ndef isopen(f):\n    try:\n        os.fstat(f)\n        return True\n"
+    "    except OSError:\n        return False\n"
+)
+
+
+def test_the_bash_worker_runs_as_bin_bash_with_only_fds_0_to_3(here) -> None:
+    with _FdsOpen(4, 5, 6):
+        w = Worker("bash", LIM, {"PATH": "/usr/bin:/bin"})
+        here.append(w)
+        st, alive = exchange(
+            w,
+            'echo "$0"; for f in 3 4 5 6; do [ -e /proc/$$/fd/$f ] && echo $f; done; true',
+            10,
+            1000,
+        )
+    assert (st["stdout"], st["return_code"], alive) == ("/bin/bash\n3\n", 0, True)
+
+
+def test_the_python_worker_keeps_only_fds_3_and_4(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    with _FdsOpen(5, 6, 7):
+        w = _py(here)
+        st, alive = exchange(w, _ISOPEN + "[f for f in range(3, 10) if isopen(f)]", 10, 1000)
+    assert (st["stdout"], st["return_code"], alive) == ("[3, 4]\n", 0, True)
+
+
+def test_the_python_workers_globals_are_name_and_the_builtins_module(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, _ = exchange(w, "sorted(globals())", 10, 1000)
+    assert st["stdout"] == "['__builtins__', '__name__']\n"
+    st, _ = exchange(w, "import builtins\n__builtins__ is builtins", 10, 1000)
+    assert st["stdout"] == "True\n"
+
+
+def test_a_worker_whose_code_closes_its_stdout_lives_on(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    st, alive = exchange(w, "import os\nos.close(1)\nx = 4", 10, 1000)
+    assert (st["status"], st["return_code"], st["stdout"], alive) == ("Finished", 0, "", True)
+    st, alive = exchange(w, "import sys\nprint(x, file=sys.stderr)", 10, 1000)
+    assert (st["return_code"], st["stderr"], alive) == (0, "4\n", True)
+
+
+def test_a_cut_stdout_stays_cut_after_stderr_that_fits(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = _py(here)
+    code = (
+        "import os, sys, time\nprint('x' * 20, flush=True)\ntime.sleep(0.3)\nn = os.write(2, b'e')"
+    )
+    st, alive = exchange(w, code, 10, 10)
+    assert (st["stdout"], st["stderr"], st["truncated"], alive) == ("x" * 10, "e", True, True)
+
+
+class _Stub:
+    """A python worker's pipes with a stub selector: ``rounds`` is what each wake-up writes first
+    (``(out, done)`` bytes) and the one fd it reports ("out" or "done")."""
+
+    def __init__(self, monkeypatch, first: bytes, rounds: list) -> None:
+        self.fds = []
+        (out_r, out_w), (err_r, err_w), (done_r, done_w) = os.pipe(), os.pipe(), os.pipe()
+        self.fds = [out_r, out_w, err_r, err_w, done_r, done_w]
+        for fd in (out_r, err_r, done_r):
+            os.set_blocking(fd, False)
+        self.killed = 0
+        self.w = SimpleNamespace(lang="python", out=out_r, err=err_r, done=done_r)
+        self.w.send = lambda code: os.write(out_w, first)
+        self.w.kill = lambda: setattr(self, "killed", self.killed + 1)
+        self.timeouts = []
+        stub = self
+
+        class Sel:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+            def register(self, fd, events):
+                pass
+
+            def unregister(self, fd):
+                pass
+
+            def select(self, timeout):
+                stub.timeouts.append(timeout)
+                out, done, which = rounds[len(stub.timeouts) - 1]
+                os.write(out_w, out)
+                os.write(done_w, done)
+                return [(SimpleNamespace(fd=out_r if which == "out" else done_r), 1)]
+
+        monkeypatch.setattr(session_worker.selectors, "DefaultSelector", Sel)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("first", "rest", "stdout", "cut"),
+    [
+        (b"abc", b"defgh", "abcde", True),
+        (b"abcdefg", b"hij", "abcde", True),
+        (b"ab", b"cd", "abcd", False),
+    ],
+)
+def test_output_drained_after_the_completion_mark_is_cut_at_the_cap(
+    monkeypatch, first, rest, stdout, cut
+) -> None:
+    # (the first wake-up sees stdout only, the second the completion mark; stdout's rest is then
+    # in the pipe, read by the drain after the loop)
+    s = _Stub(monkeypatch, first, [(b"", b"", "out"), (rest, wire.encode({"rc": 0}), "done")])
+    st, alive = exchange(s.w, "x", 10, 5)
+    s.close()
+    assert len(s.timeouts) == 2 and alive is True and s.killed == 0
+    assert (st["status"], st["return_code"], st["stdout"], st["stderr"], st["truncated"]) == (
+        "Finished",
+        0,
+        stdout,
+        "",
+        cut,
+    )
+
+
+def test_a_completion_mark_read_in_two_parts(monkeypatch) -> None:
+    frame = wire.encode({"rc": 3})
+    s = _Stub(monkeypatch, b"o", [(b"", frame[:5], "done"), (b"", frame[5:], "done")])
+    st, alive = exchange(s.w, "x", 10, 100)
+    s.close()
+    assert len(s.timeouts) == 2 and alive is True
+    assert (st["status"], st["return_code"], st["stdout"]) == ("Finished", 3, "o")
+
+
+def test_the_deadline_reached_exactly_kills(monkeypatch) -> None:
+    # (a fixed clock: the exchange starts at 100 and every later reading is 100 + the timeout)
+    clock = iter([100.0])
+    monkeypatch.setattr(
+        session_worker, "time", SimpleNamespace(monotonic=lambda: next(clock, 105.0))
+    )
+    s = _Stub(monkeypatch, b"", [(b"", wire.encode({"rc": 0}), "done")])
+    st, alive = exchange(s.w, "x", 5.0, 100)
+    s.close()
+    assert s.timeouts == [] and s.killed == 1 and alive is False
+    assert (st["status"], st["return_code"], st["stdout"], st["execution_time"]) == (
+        "TimeLimitExceeded",
+        -signal.SIGKILL,
+        "",
+        5.0,
+    )
+
+
+def test_read_takes_all_a_grown_pipe_holds_and_eof_after_a_full_read() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 18)
+    data = os.urandom(100_000)
+    os.write(w, data)
+    assert session_worker._read(r) == data  # 65,536 bytes, then the rest, in one call
+    data = os.urandom(1 << 16)
+    os.write(w, data)
+    os.close(w)
+    assert session_worker._read(r) == data  # a full read, then end of file: the bytes
+    assert session_worker._read(r) is None
+    os.close(r)
