@@ -110,11 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         what the simulator should predict this round with."""
         now = calibrate(with_models=False, repeats=3, say=lambda m: None)
         node = dict(now["nodes"][0])
-        nodes = tuple(dataclasses.replace(n, parallel_speedup=cluster_of(now).nodes[0].parallel_speedup,
-                                          dispatch_s=cluster_of(now).nodes[0].dispatch_s)
+        m = cluster_of(now).nodes[0]
+        nodes = tuple(dataclasses.replace(n, parallel_speedup=m.parallel_speedup,
+                                          parallel_start_s=m.parallel_start_s, dispatch_s=m.dispatch_s)
                       for n in cluster.nodes)
         print(f"  recalibrated: {now['calibration']['units_per_s']:.0f} units/core-s, parallel "
-              f"speedup {node.get('parallel_speedup')}", flush=True)
+              f"speedup {node.get('parallel_speedup')}, its start {node.get('parallel_start_s')} s",
+              flush=True)
         return dataclasses.replace(cluster, nodes=nodes), {**cal, **now["calibration"]}
     cores = machine_cores()
     models = [m.name for m in cluster.models]

@@ -86,6 +86,49 @@ def test_a_dispatch_cost_is_at_least_zero_and_finite() -> None:
     )
 
 
+def test_a_parallel_start_is_finite_seconds_at_more_than_one_core_ascending() -> None:
+    assert _node(parallel_start_s=((2.0, 0.0),)).parallel_start_s == ((2.0, 0.0),)
+    _refused(
+        lambda: _node(parallel_start_s=((1.0, 0.1),)),
+        "node n: parallel_start_s at 1 cores must be a finite number of seconds >= 0, got 0.1",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((2.0, -0.001),)),
+        "node n: parallel_start_s at 2 cores must be a finite number of seconds >= 0, got -0.001",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((2.0, math.inf),)),
+        "node n: parallel_start_s at 2 cores must be a finite number of seconds >= 0, got inf",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((math.inf, 0.1),)),
+        "node n: parallel_start_s at inf cores must be a finite number of seconds >= 0, got 0.1",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((2.0, math.nan),)),
+        "node n: parallel_start_s at 2 cores must be a finite number of seconds >= 0, got nan",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((4.0, 0.2), (2.0, 0.1))),
+        "node n: parallel_start_s core counts must ascend",
+    )
+    _refused(
+        lambda: _node(parallel_start_s=((2.0, 0.1), (2.0, 0.2))),
+        "node n: parallel_start_s core counts must ascend",
+    )
+
+
+def test_parallel_start_for_interpolates_then_grows_per_worker() -> None:
+    n = _node(parallel_start_s=((2.0, 0.004), (4.0, 0.01)))
+    assert n.parallel_start_for(0.5) == 0.0 and n.parallel_start_for(1.0) == 0.0
+    assert n.parallel_start_for(1.5) == pytest.approx(0.002, abs=1e-15)
+    assert n.parallel_start_for(3.0) == pytest.approx(0.007, abs=1e-15)
+    assert n.parallel_start_for(4.0) == pytest.approx(0.01, abs=1e-15)
+    assert n.parallel_start_for(7.0) == pytest.approx(0.02, abs=1e-15)  # 0.01 x 6 / 3
+    assert _node().parallel_start_for(4.0) == 0.0
+    assert type(_node(parallel_start_s=((2.0, 1),)).parallel_start_for(2.0)) is float
+
+
 def test_gpus_default_to_one_domain_and_none_without_gpus() -> None:
     assert _node(capacity=Resources(gpu=3)).gpu_domains == ((0, 1, 2),)
     assert _node(capacity=Resources(cpu=4)).gpu_domains == ()

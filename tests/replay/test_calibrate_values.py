@@ -273,39 +273,41 @@ def test_parallel_speedups_and_other_load(monkeypatch: pytest.MonkeyPatch) -> No
     own = iter([10.0, 11.0])
     monkeypatch.setattr(cal, "_own_s", lambda: next(own))
     _clock(monkeypatch, [50.0, 60.0])
-    # (wall, cpu): k cores then one core, twice per k; empty run 0.1 s
+    # (wall, cpu), empty run 0.1 s; per k, twice: a large pair (k cores, then one core), then
+    # three small pairs. Each small k-core run exceeds what its large pair's ratio predicts for
+    # it ((small one-core time) x tk / t1) by 8, 6, 30, 10, 4 and 7 ms at 2 cores (median 7.5:
+    # the 30 ms outlier does not move it), by -10 ms at 4
+    s = 0.5
     run = _Scripted(
-        [
-            (0.6, 1.0),
-            (1.1, 1.0),
-            (0.35, 1.5),
-            (1.1, 1.5),
-            (0.35, 2.0),
-            (1.1, 1.0),
-            (0.6, 2.0),
-            (1.6, 2.0),
-        ],
+        [(0.65, s), (1.1, s), (0.218, s), (0.3, s), (0.216, s), (0.3, s), (0.24, s), (0.3, s)]
+        + [(0.7, s), (1.1, s), (0.23, s), (0.3, s), (0.224, s), (0.3, s), (0.227, s), (0.3, s)]
+        + [(0.35, s), (1.1, s)] + [(0.14, s), (0.3, s)] * 3
+        + [(0.6, s), (1.6, s)] + [(0.19, s), (0.4, s)] * 3,
         empty_s=0.1,
     )
     got = asyncio.run(cal._parallel_speedups(run, 2))  # type: ignore[arg-type]
-    assert (
-        run.calls
-        == [(3000, 2.0, 1.0, 2), (3000, 1.0, 0.0, 1)] * 2
-        + [(3000, 4.0, 1.0, 4), (3000, 1.0, 0.0, 1)] * 2
+    pairs = lambda k: (  # noqa: E731
+        [(3000, float(k), 1.0, k), (3000, 1.0, 0.0, 1)] + [(600, float(k), 1.0, k), (600, 1.0, 0.0, 1)] * 3
     )
-    assert got["speedup_2"] == pytest.approx(2.0)  # (1.0 + 1.0) / (0.5 + 0.25) = 2.67, capped at 2
-    assert got["speedup_2_min"] == pytest.approx(2.0) and got["speedup_2_max"] == pytest.approx(4.0)
+    assert run.calls == pairs(2) * 2 + pairs(4) * 2
+    # the start: the excesses' median; the speedup: the large pairs' summed times
+    assert got["start_2"] == pytest.approx(0.0075)
+    assert got["speedup_2"] == pytest.approx(2.0 / 1.15)
+    assert got["speedup_2_min"] == pytest.approx(1 / 0.6) and got["speedup_2_max"] == pytest.approx(1 / 0.55)
+    assert got["start_4"] == 0.0  # (a negative excess: never below zero)
     assert got["speedup_4"] == pytest.approx(2.5 / 0.75)
     assert got["speedup_4_min"] == pytest.approx(3.0) and got["speedup_4_max"] == pytest.approx(4.0)
-    # busy 30 s, of which the runs' 12 s and our own 1 s: 17 s over 10 s
-    assert got["other_load_cores"] == pytest.approx(1.7)
+    # busy 30 s, of which the runs' 16 s and our own 1 s: 13 s over 10 s
+    assert got["other_load_cores"] == pytest.approx(1.3)
     assert list(got) == [
         "speedup_2",
         "speedup_2_min",
         "speedup_2_max",
+        "start_2",
         "speedup_4",
         "speedup_4_min",
         "speedup_4_max",
+        "start_4",
         "other_load_cores",
     ]
 
@@ -316,13 +318,14 @@ def test_parallel_speedups_edges(monkeypatch: pytest.MonkeyPatch) -> None:
     for busy in ([None, 5.0], [5.0, None]):
         it = iter(busy)
         monkeypatch.setattr(driver, "machine_busy_s", lambda it=it: next(it))
-        run = _Scripted([(0.1, 0), (0.1, 0)], empty_s=0.1)  # zero-length runs: 1e-6 each summed
+        run = _Scripted([(0.1, 0)] * 8, empty_s=0.1)  # zero-length runs: 1e-6 each summed
         got = asyncio.run(cal._parallel_speedups(run, 1))  # type: ignore[arg-type]
-        assert got == {"speedup_2": 1.0, "speedup_2_min": 0.0, "speedup_2_max": 0.0}
+        assert got == {"speedup_2": 1.0, "speedup_2_min": 0.0, "speedup_2_max": 0.0, "start_2": 0.0}
     it2 = iter([100.0, 100.0])
     monkeypatch.setattr(driver, "machine_busy_s", lambda: next(it2))
     _clock(monkeypatch, [0.0, 2.0])
-    got = asyncio.run(cal._parallel_speedups(_Scripted([(1.1, 3), (2.1, 3)], 0.1), 1))  # type: ignore[arg-type]
+    script = [(1.1, 3), (2.1, 3)] + [(0.3, 0), (0.5, 0)] * 3
+    got = asyncio.run(cal._parallel_speedups(_Scripted(script, 0.1), 1))  # type: ignore[arg-type]
     assert got["other_load_cores"] == 0.0  # (never below zero)
     monkeypatch.setattr(cal, "parallel_core_counts", lambda: [])
     it3 = iter([1.0, 2.0])
@@ -1118,9 +1121,11 @@ CPU_FIGS = {
     "speedup_2": 1.90449,
     "speedup_2_min": 1.81234,
     "speedup_2_max": 1.95678,
+    "start_2": 0.00312345,
     "speedup_4": 3.21234,
     "speedup_4_min": 3.01234,
     "speedup_4_max": 3.45678,
+    "start_4": 0.0051234,
     "other_load_cores": 0.123456,
     "resize_delay_s": 0.0123456,
 }
@@ -1181,6 +1186,7 @@ def test_calibrate_without_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
                 "pool": "default",
                 "capacity": {"cpu": 8, "memory_mb": 16000},
                 "parallel_speedup": {2: 1.904, 4: 3.212},
+                "parallel_start_s": {2: 0.00312, 4: 0.00512},
                 "dispatch_s": {"default": 0.00212, "test": 0.00612, "tool": 0.00312},
             }
         ],
@@ -1199,7 +1205,14 @@ def test_calibrate_without_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         },
     }
     assert list(spec) == ["nodes", "calibration"]
-    assert list(spec["nodes"][0]) == ["name", "pool", "capacity", "parallel_speedup", "dispatch_s"]
+    assert list(spec["nodes"][0]) == [
+        "name",
+        "pool",
+        "capacity",
+        "parallel_speedup",
+        "parallel_start_s",
+        "dispatch_s",
+    ]
     assert list(spec["calibration"])[:7] == [
         "host",
         "measured_at",
@@ -1215,7 +1228,7 @@ def test_calibrate_minimal_figures(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log: list[Any] = []
-    figs = {k: v for k, v in CPU_FIGS.items() if not k.startswith(("speedup", "other", "resize"))}
+    figs = {k: v for k, v in CPU_FIGS.items() if not k.startswith(("speedup", "start", "other", "resize"))}
     _fake_run(monkeypatch, log, figs)
     spec = cal.calibrate(with_models=False)
     assert capsys.readouterr().out == "machine: 8 cores, 16001 MB\ncpu\neng\n"  # (say: print)

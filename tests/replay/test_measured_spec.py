@@ -1,4 +1,5 @@
-"""The measured node fields of a cluster spec (`parallel_speedup`, `dispatch_s`) and the
+"""The measured node fields of a cluster spec (`parallel_speedup`, `parallel_start_s`,
+`dispatch_s`) and the
 `calibration:` section: parsed with file:line: field errors (exit 2), applied by the simulator's
 virtual executor. No sandboxes: these run anywhere."""
 
@@ -26,6 +27,7 @@ nodes:
   - name: local
     capacity: {cpu: 4, memory_mb: 4096}
     parallel_speedup: {2: 1.5, 4: 2.5}
+    parallel_start_s: {2: 0.004}
     dispatch_s: {default: 0.002, test: 0.006}
 """
 
@@ -43,6 +45,13 @@ def test_measured_fields_parse(tmp_path: Path) -> None:
     assert node.parallel_cores(8.0) == pytest.approx(5.0)
     plain = NodeSpec("n", Resources(cpu=4))
     assert plain.parallel_cores(3.0) == 3.0 and plain.dispatch_for("code") == 0.0
+    # the start cost: nothing up to one core, (1, 0) -> (2, 4 ms), then per worker past the first
+    assert node.parallel_start_s == ((2.0, 0.004),)
+    assert node.parallel_start_for(1.0) == 0.0 and node.parallel_start_for(0.5) == 0.0
+    assert node.parallel_start_for(1.5) == pytest.approx(0.002)
+    assert node.parallel_start_for(2.0) == pytest.approx(0.004)
+    assert node.parallel_start_for(4.0) == pytest.approx(0.012)
+    assert plain.parallel_start_for(4.0) == 0.0
 
 
 @pytest.mark.parametrize(("extra", "line", "field"), [
@@ -51,6 +60,10 @@ def test_measured_fields_parse(tmp_path: Path) -> None:
     ("    parallel_speedup: {2: -1}\n", 4, "nodes[0].parallel_speedup.2"),
     ("    parallel_speedup: 1.6\n", 2, "nodes[0].parallel_speedup"),  # not a table
     ("    parallel_speedup:\n      2: 1.2\n      4: abc\n", 5, "nodes[0].parallel_speedup.4"),
+    ("    parallel_start_s: {2: -0.001}\n", 4, "nodes[0].parallel_start_s.2"),
+    ("    parallel_start_s: {1: 0.001}\n", 4, "nodes[0].parallel_start_s.1"),  # not > 1 core
+    ("    parallel_start_s: {2: fast}\n", 4, "nodes[0].parallel_start_s.2"),
+    ("    parallel_start_s: 0.003\n", 2, "nodes[0].parallel_start_s"),  # not a table
     ("    dispatch_s: -0.1\n", 2, "nodes[0].dispatch_s"),
     ("    dispatch_s: {code: x}\n", 4, "nodes[0].dispatch_s.code"),
     ("    dispatch_s: {sandbox: 0.1}\n", 4, "nodes[0].dispatch_s.sandbox"),  # not a kind
@@ -159,6 +172,32 @@ def test_executor_charges_dispatch_once_unstretched_by_the_allotment() -> None:
     # a resize during the dispatch: no work done yet, all of it at the new speed
     assert _finish(_run(node, _elastic(1.0), 2.0, 1.0, resize_at=0.1, resize_to=2.0)) == \
         pytest.approx(0.25 + 1.0)
+
+
+def test_executor_charges_the_parallel_start_to_a_wide_start_only() -> None:
+    node = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),),
+                    parallel_start_s=((2.0, 0.25),), dispatch_s={"test": 0.5})
+    # on 2 cores: the dispatch, then the start, then 3 s of work at 1.5x
+    assert _finish(_run(node, _elastic(1.0), 3.0, 2.0)) == pytest.approx(0.5 + 0.25 + 2.0)
+    # on 3 cores (past the last point: a worker more than at 2, 0.25 s each; 1.5x efficiency)
+    assert _finish(_run(node, _elastic(1.0), 3.0, 3.0)) == pytest.approx(0.5 + 0.5 + 3.0 / 2.25)
+    # on one core, then grown: its workers started while it had one, nothing to pay
+    assert _finish(_run(node, _elastic(1.0), 3.0, 1.0)) == pytest.approx(0.5 + 3.0)
+    assert _finish(_run(node, _elastic(1.0), 3.0, 1.0, resize_at=1.5, resize_to=2.0)) == \
+        pytest.approx(1.5 + 2.0 / 1.5)
+    # nothing parallel (p = 0), or a rigid action on 2 cores: no workers to start
+    assert _finish(_run(node, _elastic(0.0), 3.0, 2.0)) == pytest.approx(0.5 + 3.0 / 0.75)
+    rigid = ActionSpec("a", ActionKind.TEST, Resources(cpu=2, memory_mb=100), timeout_s=1000)
+    assert _finish(_run(node, rigid, 3.0, 2.0)) == pytest.approx(0.5 + 3.0 / 0.75)
+    # an elastic action along another dimension: not a CPU's workers
+    other = ActionSpec("a", ActionKind.TEST, Resources(cpu=2, memory_mb=100),
+                       Elasticity(1, 4, dim="memory_mb", speedup=Speedup(1.0)), timeout_s=1000)
+    no_start = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),),
+                        dispatch_s={"test": 0.5})
+    assert _finish(_run(node, other, 3.0, 2.0)) == _finish(_run(no_start, other, 3.0, 2.0))
+    # the start alone measured on a node (no speedup, no dispatch) is still applied
+    bare = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_start_s=((2.0, 0.25),))
+    assert _finish(_run(bare, _elastic(1.0), 3.0, 2.0)) == pytest.approx(0.25 + 1.5)
 
 
 def test_a_real_runs_bound_is_taken_on_its_own_submit_times() -> None:

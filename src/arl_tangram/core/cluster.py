@@ -6,7 +6,9 @@ measured figures describe how the machine really executes: ``parallel_speedup`` 
 fully parallel work runs on k cores than on one, e.g. ``{2: 1.6}``; absent: ideal, k), which the
 simulator's virtual executor applies and tangram's elastic widths weigh (`core.elastic`), and
 ``dispatch_s`` (the runtime's fixed cost of one action on the node, per action kind, not
-stretched by the allotment), for the simulator only. A `ModelSpec`
+stretched by the allotment) and ``parallel_start_s`` (the time an elastic action started on k
+cores takes before its parallel part runs at that width: its workers start one after
+another), both for the simulator only. A `ModelSpec`
 describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
 batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
 
@@ -40,6 +42,10 @@ class NodeSpec:
     # measured fixed cost of one action on this node (dispatch, sandbox program start, reply),
     # per action kind ("default" for the others); simulator only, not scaled by the allotment
     dispatch_s: Mapping[str, float] = field(default_factory=dict)
+    # measured (cores k > 1, seconds), ascending k: what an elastic action's parallel part
+    # loses when it starts on k cores (its workers start one after another; fitted with
+    # `parallel_speedup` over two sizes of work). Simulator only: see `parallel_start_for`.
+    parallel_start_s: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         pts = self.parallel_speedup
@@ -49,6 +55,12 @@ class NodeSpec:
                                  f"(0, {k:g}], got {s:g}")
             if i and k <= pts[i - 1][0]:
                 raise ValueError(f"node {self.name}: parallel_speedup core counts must ascend")
+        for i, (k, c) in enumerate(self.parallel_start_s):
+            if not (k > 1.0 and c >= 0.0) or math.isinf(k) or math.isinf(c):
+                raise ValueError(f"node {self.name}: parallel_start_s at {k:g} cores must be a "
+                                 f"finite number of seconds >= 0, got {c:g}")
+            if i and k <= self.parallel_start_s[i - 1][0]:
+                raise ValueError(f"node {self.name}: parallel_start_s core counts must ascend")
         for kind, d in self.dispatch_s.items():
             if not (d >= 0.0) or math.isinf(d):
                 raise ValueError(f"node {self.name}: dispatch_s.{kind} must be >= 0, got {d!r}")
@@ -74,6 +86,20 @@ class NodeSpec:
                 return lo_s + (hs - lo_s) * (k - lo_k) / (hk - lo_k)
             lo_k, lo_s = hk, hs
         return lo_s * k / lo_k
+
+    def parallel_start_for(self, k: float) -> float:
+        """The measured start cost of an elastic action's parallel part on ``k`` cores: 0 up
+        to one core (nothing runs in parallel), then linear from (1, 0) through the measured
+        points, and past the last point in proportion to the workers beyond the first."""
+        pts = self.parallel_start_s
+        if not pts or k <= 1.0:
+            return 0.0
+        lo_k, lo_c = 1.0, 0.0
+        for hk, hc in pts:
+            if k <= hk:
+                return lo_c + (hc - lo_c) * (k - lo_k) / (hk - lo_k)
+            lo_k, lo_c = hk, hc
+        return lo_c * (k - 1.0) / (lo_k - 1.0)
 
     def dispatch_for(self, kind: str) -> float:
         """The measured fixed cost of one action of ``kind`` on this node (0 when unmeasured)."""
@@ -209,7 +235,7 @@ def _resources(raw: Any, where: str) -> Resources:
 
 
 _NODE_KEYS = {"name", "capacity", "pool", "gpu_domains", "labels", "count", "parallel_speedup",
-              "dispatch_s"}
+              "dispatch_s", "parallel_start_s"}
 _DISPATCH_KINDS = {"code", "test", "tool", "custom", "reward", "judge", "default"}
 
 
@@ -237,6 +263,24 @@ def _parallel_speedup(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
             raise _FieldError(f"{where}.{k}", f"speedup must be a number in (0, {kc:g}], got {s!r}",
                               line)
         out.append((kc, sv))
+    return tuple(sorted(out))
+
+
+def _parallel_start(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """``{cores: seconds}`` -> ascending (cores, seconds) pairs; errors as (field, message)."""
+    if not isinstance(raw, Mapping):
+        raise _FieldError(where, "must be a mapping of core count -> seconds, e.g. {2: 0.003}")
+    line = raw.get("__line__")
+    out = []
+    for k, c in raw.items():
+        if k == "__line__":
+            continue
+        kc, cv = _finite(k), _finite(c)
+        if kc is None or kc <= 1.0:
+            raise _FieldError(f"{where}.{k}", "core count must be a number > 1", line)
+        if cv is None or cv < 0.0:
+            raise _FieldError(f"{where}.{k}", f"must be a number of seconds >= 0, got {c!r}", line)
+        out.append((kc, cv))
     return tuple(sorted(out))
 
 
@@ -318,9 +362,12 @@ def _parse_node(rn: Any, where: str) -> list[NodeSpec]:
                    if rn.get("parallel_speedup") is not None else ())
         dispatch = (_dispatch(rn["dispatch_s"], f"{where}.dispatch_s")
                     if rn.get("dispatch_s") is not None else {})
+        starts = (_parallel_start(rn["parallel_start_s"], f"{where}.parallel_start_s")
+                  if rn.get("parallel_start_s") is not None else ())
         pool = str(rn.get("pool", "default"))
         names = [str(rn["name"])] if count == 1 else [f"{rn['name']}-{c}" for c in range(count)]
-        return [NodeSpec(name, cap, pool, domains, labels, speedup, dispatch) for name in names]
+        return [NodeSpec(name, cap, pool, domains, labels, speedup, dispatch, starts)
+                for name in names]
     except _FieldError as exc:
         raise _FieldError(exc.fieldname, str(exc), exc.line or line) from None
     except (TypeError, ValueError) as exc:

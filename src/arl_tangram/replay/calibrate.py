@@ -11,9 +11,10 @@ running elastic action grown from one core to two takes to use them (``resize_de
 assumed; a figure that cannot be measured is left out and said so.
 
 The spec (docs/trace-format.md) has fields for node capacity, the model costs, and the node's
-measured ``parallel_speedup`` (fully parallel work on k cores against one; summed times of
-paired, interleaved runs) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a
-fixed cost per action kind), which the simulator's virtual executor applies. The other figures
+measured ``parallel_speedup`` and ``parallel_start_s`` (fully parallel work on k cores against
+one, paired and interleaved runs at two sizes: the gain of the parallel part and what its start
+costs) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a fixed cost per
+action kind), which the simulator's virtual executor applies. The other figures
 go in a top-level ``calibration:`` section (`parse_calibration` validates it; `parse_cluster`
 leaves it alone): the work program's speed, which replay needs, and the sandbox cold start and
 session open, which `tangram replay --predict` puts in each action's and session's
@@ -154,27 +155,43 @@ async def _quarter_core(run: _Runner) -> dict[str, float]:
     return {"quarter_core_slowdown": (wq - run.empty_s) / max(1e-6, w1 - run.empty_s)}
 
 
+_SMALL_PROBE = _PROBE_UNITS // 5  # the start cost's size of work (~0.1 s on one core)
+_SMALL_PAIRS = 3  # small pairs per large pair: the start cost is a few ms of a ~50 ms run
+
+
 async def _parallel_speedups(run: _Runner, repeats: int) -> dict[str, float]:
     """Fully parallel work (p = 1, k processes) on a k-core quota against the same work in one
-    process on one core, paired and interleaved (the machine's speed drifts); the speedup is
-    the ratio of the summed times (what durations average to), the pairs' ratios give its range.
-    Also the cores other jobs kept busy meanwhile (``other_load_cores``), where /proc/stat reads."""
+    process on one core, paired and interleaved (the machine's speed drifts). The speedup is
+    the large pairs' (`_PROBE_UNITS`) ratio of summed times (what durations average to), their
+    own ratios its range. Each large pair is followed by small ones (a fifth of the work): a
+    small k-core run takes longer than the large pair's ratio says, by what starting the workers
+    one after another costs beyond what the large run already paid for it; the median excess is
+    ``start_k`` (`NodeSpec.parallel_start_s`), so that ``start_k + time_1 / speedup_k`` is
+    the measured time at the small size and start_k more at the large one (about 1%). Also the
+    cores other jobs kept busy meanwhile (``other_load_cores``), where /proc/stat reads."""
     from .driver import machine_busy_s
 
     out: dict[str, float] = {}
     m0, own0, t0, used = machine_busy_s(), _own_s(), time.perf_counter(), 0.0
     for k in parallel_core_counts():
-        ratios, sum1, sumk = [], 0.0, 0.0
+        ratios, excess, sum1, sumk = [], [], 0.0, 0.0
         for _ in range(repeats):
             wk, ck = await run(_PROBE_UNITS, float(k), 1.0, k)
             w1k, c1k = await run(_PROBE_UNITS, 1.0)
             used += ck + c1k
-            sum1 += max(1e-6, w1k - run.empty_s)
-            sumk += max(1e-6, wk - run.empty_s)
-            ratios.append((w1k - run.empty_s) / max(1e-6, wk - run.empty_s))
+            t1, tk = max(1e-6, w1k - run.empty_s), max(1e-6, wk - run.empty_s)
+            sum1 += t1
+            sumk += tk
+            ratios.append((w1k - run.empty_s) / tk)
+            for _ in range(_SMALL_PAIRS):
+                sk, csk = await run(_SMALL_PROBE, float(k), 1.0, k)
+                s1, cs1 = await run(_SMALL_PROBE, 1.0)
+                used += csk + cs1
+                excess.append((sk - run.empty_s) - (s1 - run.empty_s) * tk / t1)
         out[f"speedup_{k}"] = min(float(k), sum1 / sumk)
         out[f"speedup_{k}_min"] = min(ratios)
         out[f"speedup_{k}_max"] = max(ratios)
+        out[f"start_{k}"] = max(0.0, _median(excess))
     m1 = machine_busy_s()
     if m0 is not None and m1 is not None and out:
         out["other_load_cores"] = max(0.0, (m1 - m0) - used - (_own_s() - own0)) / (
@@ -188,7 +205,9 @@ def _quota_line(out: Mapping[str, float], repeats: int) -> str:
     return (f"quota check: 0.25 core runs {out['quarter_core_slowdown']:.2f}x slower than 1 core; "
             + ", ".join(f"fully parallel work on {k} cores {v:.2f}x faster than on one "
                         f"({repeats} pairs: {out[f'speedup_{k}_min']:.2f}-"
-                        f"{out[f'speedup_{k}_max']:.2f})" for k, v in speedups.items())
+                        f"{out[f'speedup_{k}_max']:.2f})"
+                        + (f", its start {1000 * out[f'start_{k}']:.1f} ms" if f"start_{k}" in out else "")
+                        for k, v in speedups.items())
             + (f"; other jobs kept {out['other_load_cores']:.2f} cores busy meanwhile"
                if "other_load_cores" in out else ""))
 
@@ -474,6 +493,10 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
                 if k.startswith("speedup_") and k.count("_") == 1}
     if speedups:
         node["parallel_speedup"] = speedups
+        starts = {int(k.split("_")[1]): round(v, 5) for k, v in cpu.items()
+                  if k.startswith("start_")}
+        if starts:
+            node["parallel_start_s"] = starts
     node["dispatch_s"] = dispatch_by_kind(eng)
     if models:
         import torch

@@ -27,7 +27,11 @@ its spec, for elastic widths: docs/core.md; it never sees the work an action rea
   nothing changes;
 - ``dispatch_s``: after its start-up, an action spends its kind's fixed cost before its work
   begins (the runtime's own dispatch, program start and reply), holding its allotment and not
-  stretched by it; a resize during it changes only the speed of the work that follows.
+  stretched by it; a resize during it changes only the speed of the work that follows;
+- ``parallel_start_s``: an elastic CPU action with a parallel part that starts on more than one
+  core also spends the node's start cost at that width before its work (its workers start one
+  after another, so the width is not all in use at once). One that starts on one core and grows
+  later pays nothing: its workers were started while it had one core.
 """
 
 from __future__ import annotations
@@ -141,10 +145,11 @@ class VirtualExecutor:
     ) -> None:
         self.loop = loop
         self.models = {m.name: m for m in cluster.models}
-        # nodes with a measured parallel speedup or dispatch cost (most specs have none: the
-        # hot path then takes `ActionSpec.speed` and no dispatch, as before)
+        # nodes with a measured parallel speedup, dispatch or start cost (most specs have none:
+        # the hot path then takes `ActionSpec.speed` and no dispatch, as before)
         self.measured: dict[str, NodeSpec] = {
-            n.name: n for n in cluster.nodes if n.parallel_speedup or n.dispatch_s}
+            n.name: n for n in cluster.nodes
+            if n.parallel_speedup or n.dispatch_s or n.parallel_start_s}
         # nodes with a measured parallel speedup: the executing runs and their busy cores
         self._busy: dict[str, tuple[dict[str, _Run], list[float]]] = {
             n.name: ({}, [0.0]) for n in cluster.nodes if n.parallel_speedup}
@@ -238,7 +243,12 @@ class VirtualExecutor:
         run.speed = _speed(run, run.allotment)  # (a rigid action on a fractional slice: < 1)
         if self.measured and run.node in self.measured:
             node = self.measured[run.node]
-            run.since = t + node.dispatch_for(spec.kind.value)  # the work begins after it
+            fixed = node.dispatch_for(spec.kind.value)
+            el = spec.elasticity
+            if node.parallel_start_s and el is not None and el.dim == CPU \
+                    and el.speedup.parallel_fraction > 0.0:
+                fixed += node.parallel_start_for(run.allotment.get(CPU))
+            run.since = t + fixed  # the work begins after it
             if run.node in self._busy:
                 self._share(run, +1)  # schedules every run of the node, this one included
         if self.usage is not None:  # `usage.change_at(t, run.allotment, None, +1)`, logged
