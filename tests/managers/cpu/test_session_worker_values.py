@@ -136,9 +136,10 @@ def test_a_timeout_kills_the_worker(monkeypatch, here) -> None:
     monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
     monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
     w = _py(here)
+    assert exchange(w, "1", 30, 1000)[1] is True  # (up and answering before the timed request)
     t0 = time.monotonic()
-    st, alive = exchange(w, "print('a', flush=True)\nimport time\ntime.sleep(30)", 0.5, 1000)
-    assert 0.5 <= time.monotonic() - t0 < 3
+    st, alive = exchange(w, "print('a', flush=True)\nimport time\ntime.sleep(30)", 1.0, 1000)
+    assert 1.0 <= time.monotonic() - t0 < 10
     assert (st["status"], st["return_code"], alive) == ("TimeLimitExceeded", -signal.SIGKILL, False)
     assert st["stdout"] == "a\n"
     with pytest.raises(ChildProcessError):
@@ -317,8 +318,9 @@ def test_a_timeout_says_whether_output_was_cut(monkeypatch, here) -> None:
     monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
     for n, cut in ((3, False), (30, True)):
         w = _py(here)
+        assert exchange(w, "1", 30, 10)[1] is True  # (up and answering before the timed request)
         code = f"print('x' * {n}, flush=True)\nimport time\ntime.sleep(30)"
-        st, alive = exchange(w, code, 0.5, 10)
+        st, alive = exchange(w, code, 1.0, 10)
         assert (st["status"], alive, st["truncated"]) == ("TimeLimitExceeded", False, cut)
         assert st["stdout"] == ("x" * n + "\n")[:10]
 
@@ -577,6 +579,30 @@ def test_the_deadline_reached_exactly_kills(monkeypatch) -> None:
         -signal.SIGKILL,
         "",
         5.0,
+    )
+    assert st["truncated"] is False
+
+
+@pytest.mark.parametrize(
+    ("written", "cap", "stdout", "cut"),
+    [(b"tail", 100, "tail", False), (b"tail", 4, "tail", False), (b"tail", 2, "ta", True)],
+)
+def test_output_written_before_the_deadline_is_kept(monkeypatch, written, cap, stdout, cut) -> None:
+    # (the deadline passes before any wake-up: what the code wrote is still in the pipe, and a
+    # timed-out run returns it, cut at the cap, as a finished one does)
+    clock = iter([100.0])
+    monkeypatch.setattr(
+        session_worker, "time", SimpleNamespace(monotonic=lambda: next(clock, 105.0))
+    )
+    s = _Stub(monkeypatch, written, [])
+    st, alive = exchange(s.w, "x", 5.0, cap)
+    s.close()
+    assert s.timeouts == [] and s.killed == 1 and alive is False
+    assert (st["status"], st["stdout"], st["stderr"], st["truncated"]) == (
+        "TimeLimitExceeded",
+        stdout,
+        "",
+        cut,
     )
 
 

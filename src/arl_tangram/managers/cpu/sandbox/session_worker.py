@@ -192,6 +192,7 @@ def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, 
             left = deadline - time.monotonic()
             if left <= 0:
                 w.kill()
+                truncated |= _drain(bufs, cap)  # (written before the deadline, not read yet)
                 return _stage("TimeLimitExceeded", t0, -signal.SIGKILL, *_outs(bufs),
                               truncated), False
             for key, _ in sel.select(left):
@@ -208,13 +209,21 @@ def exchange(w: Worker, code: str, timeout: float, cap: int) -> tuple[dict[str, 
                     room = cap - len(buf)
                     truncated |= room < len(data)
                     buf += data[: max(room, 0)]
-    for fd, buf in bufs.items():  # what was written before the completion mark is in the pipe
-        data = _read(fd) or b""
-        truncated |= len(data) > cap - len(buf)
-        buf += data[: max(cap - len(buf), 0)]
+    truncated |= _drain(bufs, cap)  # what was written before the completion mark is in the pipe
     if not alive:
         w.kill()
     return _stage("Finished", t0, rc, *_outs(bufs), truncated), alive
+
+
+def _drain(bufs: dict[int, bytearray], cap: int) -> bool:
+    """Move what is still in each output pipe into its buffer, up to ``cap``; whether any of it
+    was cut."""
+    cut = False
+    for fd, buf in bufs.items():
+        data = _read(fd) or b""
+        cut |= len(data) > cap - len(buf)
+        buf += data[: max(cap - len(buf), 0)]
+    return cut
 
 
 def _parse_done(lang: str, done: bytearray) -> int | None:
