@@ -104,30 +104,35 @@ def _pass_mutant_to_fork_server(copy: Path) -> None:
                  + text[end + len("\n    return env\n"):])
     z = copy / "src/arl_tangram/managers/cpu/zygote/__init__.py"
     z.write_text(z.read_text() + _ZYGOTE_PIN_PATCH)
-    _server_as_its_module(copy / "src/arl_tangram/managers/cpu/zygote/server.py")
+    for module in SERVERS:
+        _server_as_its_module(copy / "src" / (module.replace(".", "/") + ".py"), module)
 
 
 _SERVER_NAME_PATCH = """
 import sys as _mutation_sys  # (scripts/mutation.py, in its copy only)
 
 _RUN_AS_MAIN = __name__ == "__main__"
-if _RUN_AS_MAIN:  # `python -m ...zygote.server`: its functions' __module__ would be __main__
-    __name__ = "arl_tangram.managers.cpu.zygote.server"
+if _RUN_AS_MAIN:  # `python -m {module}`: its functions' __module__ would be __main__
+    __name__ = "{module}"
     _mutation_sys.modules[__name__] = _mutation_sys.modules["__main__"]
 """
 
+# the servers the CPU manager starts as `python -m MODULE` (their functions then live in __main__)
+SERVERS = ("arl_tangram.managers.cpu.zygote.server", "arl_tangram.managers.cpu.reaper.server")
 
-def _server_as_its_module(p: Path) -> None:
-    """The fork server runs as `python -m arl_tangram.managers.cpu.zygote.server`, so its
-    functions were defined in `__main__`; mutmut's trampolines compare a function's module with
-    the mutant's name and so always ran the original there: every mutant of the fork server's
-    own code "survived" unrun (helper-62, issue 43). In the copy the module takes its own name
-    before any function is defined, and its entry point is kept."""
+
+def _server_as_its_module(p: Path, module: str) -> None:
+    """A server run as `python -m MODULE` (the fork server, the reaper) defines its functions
+    in `__main__`; mutmut's trampolines compare a function's module with the mutant's name and
+    so always ran the original there: every mutant of the server's own code "survived" unrun
+    (helper-62, issue 43). In the copy the module takes its own name before any function is
+    defined, and its entry point is kept."""
     text = p.read_text()
     head, main = "from __future__ import annotations\n", 'if __name__ == "__main__":\n'
     if text.count(head) != 1 or text.count(main) != 1:
         raise SystemExit(f"{p}: no __future__ import or entry point to patch (its mutants would not run)")
-    text = text.replace(head, head + _SERVER_NAME_PATCH, 1).replace(main, "if _RUN_AS_MAIN:\n", 1)
+    patch = _SERVER_NAME_PATCH.format(module=module)
+    text = text.replace(head, head + patch, 1).replace(main, "if _RUN_AS_MAIN:\n", 1)
     p.write_text(text)
 
 
