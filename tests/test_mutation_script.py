@@ -74,7 +74,10 @@ def test_the_fork_servers_functions_carry_its_module_name_when_run_as_main(tmp_p
 @pytest.mark.parametrize(
     ("module", "tail"),
     [
-        (_ZYGOTE, "    _ = proc  # imported for the sandbox's use after pivot_root\n    bind_now()\n    main()\n"),
+        (
+            _ZYGOTE,
+            "    _ = proc  # imported for the sandbox's use after pivot_root\n    bind_now()\n    main()\n",
+        ),
         ("arl_tangram.managers.cpu.reaper.server", "    main()\n"),
     ],
 )

@@ -281,19 +281,24 @@ def test_parallel_speedups_and_other_load(monkeypatch: pytest.MonkeyPatch) -> No
     run = _Scripted(
         [(0.65, s), (1.1, s), (0.218, s), (0.3, s), (0.216, s), (0.3, s), (0.24, s), (0.3, s)]
         + [(0.7, s), (1.1, s), (0.23, s), (0.3, s), (0.224, s), (0.3, s), (0.227, s), (0.3, s)]
-        + [(0.35, s), (1.1, s)] + [(0.14, s), (0.3, s)] * 3
-        + [(0.6, s), (1.6, s)] + [(0.19, s), (0.4, s)] * 3,
+        + [(0.35, s), (1.1, s)]
+        + [(0.14, s), (0.3, s)] * 3
+        + [(0.6, s), (1.6, s)]
+        + [(0.19, s), (0.4, s)] * 3,
         empty_s=0.1,
     )
     got = asyncio.run(cal._parallel_speedups(run, 2))  # type: ignore[arg-type]
     pairs = lambda k: (  # noqa: E731
-        [(3000, float(k), 1.0, k), (3000, 1.0, 0.0, 1)] + [(600, float(k), 1.0, k), (600, 1.0, 0.0, 1)] * 3
+        [(3000, float(k), 1.0, k), (3000, 1.0, 0.0, 1)]
+        + [(600, float(k), 1.0, k), (600, 1.0, 0.0, 1)] * 3
     )
     assert run.calls == pairs(2) * 2 + pairs(4) * 2
     # the start: the excesses' median; the speedup: the large pairs' summed times
     assert got["start_2"] == pytest.approx(0.0075)
     assert got["speedup_2"] == pytest.approx(2.0 / 1.15)
-    assert got["speedup_2_min"] == pytest.approx(1 / 0.6) and got["speedup_2_max"] == pytest.approx(1 / 0.55)
+    assert got["speedup_2_min"] == pytest.approx(1 / 0.6) and got["speedup_2_max"] == pytest.approx(
+        1 / 0.55
+    )
     assert got["start_4"] == 0.0  # (a negative excess: never below zero)
     assert got["speedup_4"] == pytest.approx(2.5 / 0.75)
     assert got["speedup_4_min"] == pytest.approx(3.0) and got["speedup_4_max"] == pytest.approx(4.0)
@@ -1228,7 +1233,11 @@ def test_calibrate_minimal_figures(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log: list[Any] = []
-    figs = {k: v for k, v in CPU_FIGS.items() if not k.startswith(("speedup", "start", "other", "resize"))}
+    figs = {
+        k: v
+        for k, v in CPU_FIGS.items()
+        if not k.startswith(("speedup", "start", "other", "resize"))
+    }
     _fake_run(monkeypatch, log, figs)
     spec = cal.calibrate(with_models=False)
     assert capsys.readouterr().out == "machine: 8 cores, 16001 MB\ncpu\neng\n"  # (say: print)
