@@ -353,7 +353,8 @@ class CpuManager:
 
     def _squeezed(self, action_id: str, cpus: float) -> bool:
         """A quota of ``cpus`` is below the one ``action_id`` started with (lent CPU taken back)."""
-        return cpus < self._started.get(action_id, cpus) - 1e-9  # pragma: no mutate (the tolerance's edge)
+        floor = self._started.get(action_id, cpus) - 1e-9
+        return cpus < floor  # pragma: no mutate (< and <= differ only at the tolerance's edge)
 
     def _reweigh(self) -> None:
         """`entitled_tree_weight`: the tree weighs the cores of its unsqueezed actions while any
