@@ -363,7 +363,13 @@ def test_serve_takes_held_ids_back_without_a_reply(monkeypatch) -> None:
     calls = []
     got = _serve_until_eof(
         monkeypatch,
-        [b'{"op":"ids","free":[7,"8"]}', b'{"op":"ids","free":["x"]}', b'{"op":"ids","free":[1'],
+        [
+            b'{"op":"ids","free":[7,"8"]}',
+            b'{"op":"ids","free":["x"]}',
+            b'{"op":"ids","free":[1',
+            b'{"op":"ids","free":[null]}',  # (TypeErrors: ignored too)
+            b'{"op":"ids","free":3}',
+        ],
         {"cg_dirs": []},
         lambda *a: calls.append(a),
     )
@@ -528,3 +534,410 @@ def test_fork_server_says_why_it_could_not_start(tmp_path) -> None:
         "ok": False,
         "error": "OSError: fork server: no root directory descriptor with the configuration",
     }
+
+
+def test_bind_now_gives_up_quietly_when_it_cannot_restart(monkeypatch) -> None:
+    """A failed `prctl` or `execve` is not worth failing the start for: `bind_now` returns,
+    and the interpreter goes on with lazy binding (a failed `prctl` skips the restart)."""
+    monkeypatch.setenv("LD_BIND_NOW", "0")
+    calls = []
+
+    def fail(*a):
+        calls.append(a[0])
+        raise OSError(8, "Exec format error")
+
+    monkeypatch.setattr(_linux, "prctl", lambda *a: calls.append("prctl"))
+    monkeypatch.setattr(server.os, "execve", fail)
+    assert server.bind_now() is None
+    assert calls == ["prctl", sys.executable]
+    calls.clear()
+    monkeypatch.setattr(_linux, "prctl", fail)
+    assert server.bind_now() is None
+    assert calls == [_linux.PR_SET_PDEATHSIG]  # (no restart without the death signal)
+
+
+def test_reap_returns_while_a_child_still_runs() -> None:
+    """`waitpid(-1, WNOHANG)` reads 0 while a child lives and none has ended: `_reap` returns
+    (it runs in a signal handler: it must never wait), reporting nothing."""
+    seen = []
+
+    class Ns:
+        direct: set[int] = set()
+
+        def reaped(self, pid: int) -> None:
+            assert pid != 0, "reaped pid 0"
+            seen.append(pid)
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        server._reap(Ns(), None)  # type: ignore[arg-type]
+        assert pid not in seen and 0 not in seen
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
+def test_spawn_bookkeeping_of_forks_and_failed_kits(monkeypatch) -> None:
+    """`spawn`'s order and bookkeeping: per kit made, its fork's pid (lent its namespace and
+    id, direct with pipes) or the fork's error (namespace and id given back first in line, our
+    ends closed); then one error per kit that could not be made; every end the sandbox takes
+    closed here."""
+    import collections
+
+    procfd = os.open("/proc", os.O_RDONLY)
+    ns = server.Namespaces(procfd, [100, 4])
+    made: list[tuple] = []
+    asked = []
+
+    def kit(cfg, ns_, slot):
+        asked.append(slot)
+        if len(made) == 2:
+            raise OSError(11, "no kit")
+        a, b = socket.socketpair()
+        pipes = [os.pipe(), os.pipe()] if not made else []
+        cg_r, cg_w = os.pipe()
+        os.close(cg_r)
+        k = (a.detach(), b.detach(), pipes, 900 + len(made), (cg_w,), ns_.take_id(7))
+        made.append(k)
+        return k
+
+    forks = []
+
+    def fork_all(cfg, ns_, kits):
+        forks.append((cfg, ns_, list(kits)))
+        return [5001, OSError(1, "no fork")]
+
+    monkeypatch.setattr(server, "_kit", kit)
+    monkeypatch.setattr(server, "_fork_all", fork_all)
+
+    def is_open(fd: int) -> bool:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+        return True
+
+    try:
+        cfg = {"uid": 7}
+        got = server.spawn(cfg, ns, 4, ["s1", "s2", "s3", "s4"])
+        assert asked == ["s1", "s2", "s3"]
+        assert forks == [(cfg, ns, made)]
+        (ours0, theirs0, pipes0, _, cg0, _), (ours1, theirs1, _, _, cg1, _) = made
+        assert len(got) == 4
+        assert got[0] == (5001, ours0, [pipes0[0][0], pipes0[1][0]], 100)
+        assert isinstance(got[1], OSError) and got[1].args == (1, "no fork")
+        assert all(isinstance(e, OSError) and e.args == (11, "no kit") for e in got[2:])
+        assert ns.lent == {5001: 900} and ns.id_of == {5001: 100} and ns.direct == {5001}
+        assert ns.free == collections.deque([901]) and list(ns.ids) == [101, 102, 103]
+        assert is_open(ours0) and all(is_open(r) for r, _ in pipes0)
+        assert not any(is_open(fd) for fd in (theirs0, theirs1, ours1, *cg0, *cg1))
+        assert not any(is_open(w) for _, w in pipes0)
+        os.close(ours0)
+        for r, _ in pipes0:
+            os.close(r)
+        # no join: no slot asked for
+        made.clear()
+        asked.clear()
+        monkeypatch.setattr(server, "_fork_all", lambda cfg, ns_, kits: [6001, 6002])
+        got = server.spawn(cfg, ns, 2)
+        assert asked == [None, None] and [g[0] for g in got] == [6001, 6002]  # type: ignore[index]
+        assert ns.direct == {5001, 6001}
+        for g in got:
+            os.close(g[1])  # type: ignore[index]
+            for r in g[2]:  # type: ignore[index]
+                os.close(r)
+    finally:
+        os.close(ns.home_pid)
+        os.close(ns.home_net)
+        os.close(procfd)
+
+
+def _main_in_process(monkeypatch, cfg: dict, fail: str | None = None, fast: bool = True):
+    """`main` in this process, each step it calls recorded (in order) instead of run; the
+    hello message it sent, its calls, and the exit status it asked for (None: it served)."""
+    import fcntl
+
+    from arl_tangram.managers.cpu.sandbox import child, init
+
+    calls: list[tuple] = []
+
+    def rec(name, ret=None):
+        def f(*a, **k):
+            calls.append((name, *a))
+            if name == fail:
+                raise OSError(5, f"{name} failed")
+            return ret
+
+        return f
+
+    class Fast:
+        def configure(self, *a):
+            calls.append(("configure", *a))
+
+    class Exited(Exception):
+        pass
+
+    def exit_(code):
+        raise Exited(code)
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    monkeypatch.setattr(sys, "argv", ["server", str(a.detach())])
+    held: list[socket.socket] = []  # (main's control socket, kept to be closed here)
+
+    def sock(fileno):
+        held.append(socket.socket(fileno=fileno))
+        return held[-1]
+
+    monkeypatch.setattr(server, "socket", types.SimpleNamespace(socket=sock))
+    monkeypatch.setattr(server, "_receive_config", lambda ctl: dict(cfg, cg_dirs=cfg["cg_dirs"]))
+    monkeypatch.setattr(server, "_forget_start", rec("forget_start"))
+    monkeypatch.setattr(_linux, "prctl", rec("prctl"))
+    monkeypatch.setattr(_linux, "set_name", rec("set_name"))
+    monkeypatch.setattr(server.os, "nice", rec("nice"))
+    monkeypatch.setattr(_linux, "unshare", rec("unshare"))
+    monkeypatch.setattr(_linux, "mount", rec("mount"))
+    monkeypatch.setattr(server, "Namespaces", rec("Namespaces", "NS"))
+    monkeypatch.setattr(server, "build_root", rec("build_root"))
+    filt = types.SimpleNamespace(denied=("ptrace", "bpf"))
+    monkeypatch.setattr(server.seccomp, "build_apart", rec("build_apart", filt))
+    monkeypatch.setattr(child, "FILTER", None)
+    monkeypatch.setattr(child, "FAST", None)
+    monkeypatch.setattr(child, "filter_bpf", lambda: b"BPF")
+    monkeypatch.setattr(server, "_compiled", rec("compiled", Fast() if fast else None))
+    monkeypatch.setattr(child, "set_base_env", rec("set_base_env"))
+    monkeypatch.setattr(server, "_preload", rec("preload"))
+    monkeypatch.setattr(init, "rehearse", rec("rehearse"))
+    monkeypatch.setattr(
+        server, "gc", types.SimpleNamespace(collect=rec("collect"), freeze=rec("freeze"))
+    )
+    monkeypatch.setattr(_linux, "share_file_ptes", rec("share_file_ptes"))
+    monkeypatch.setattr(server, "enter_root", rec("enter_root"))
+    monkeypatch.setattr(server, "warm_type_cache", rec("warm_type_cache"))
+    monkeypatch.setattr(server, "_serve", rec("serve"))
+    monkeypatch.setattr(server.os, "_exit", exit_)
+    code = None
+    try:
+        server.main()
+    except Exited as e:
+        code = e.args[0]
+    assert len(held) == 1 and held[0].fileno() == int(sys.argv[1])
+    held[0].close()
+    b.settimeout(5)
+    hello = json.loads(b.recv(1 << 16))
+    assert b.recv(1 << 16) == b""  # (one message)
+    fixed = [c for c in calls if c[0] != "Namespaces"]
+    ns_calls = []
+    for c in calls:
+        if c[0] == "Namespaces":
+            ns_calls.append((os.readlink(f"/proc/self/fd/{c[1]}"), *c[2:]))
+            assert fcntl.fcntl(c[1], fcntl.F_GETFL) & os.O_DIRECTORY
+            os.close(c[1])
+    b.close()
+    return hello, fixed, ns_calls, code, child.FILTER, child.FAST
+
+
+def test_main_starts_in_order_and_says_what_it_has(monkeypatch) -> None:
+    from arl_tangram.managers.cpu.sandbox import child, init
+
+    monkeypatch.setenv("LD_BIND_NOW", "1")
+    cfg = {
+        "cg_dirs": [7],
+        "root": "r",
+        "ro_paths": ["/usr"],
+        "hidden_paths": ["/etc/x"],
+        "ids": [100, 8],
+        "ids_busy": [101],
+        "ids_held": [102],
+        "hostname": "hn",
+        "env": {"A": "1"},
+        "preload": ["json"],
+        "direct": True,
+        "share_code_ptes": True,
+        "uid": 5,
+    }
+    hello, calls, ns_calls, code, filt, fast = _main_in_process(monkeypatch, cfg)
+    assert "LD_BIND_NOW" not in os.environ
+    assert code is None
+    assert hello == {
+        "ok": True,
+        "bind_now": True,
+        "filter": ["ptrace", "bpf"],
+        "compiled_setup": True,
+        "cgroup_join": True,
+    }
+    assert ns_calls == [("/proc", [100, 8], [101], [102])]
+    assert filt.denied == ("ptrace", "bpf") and fast is not None
+    full = {**cfg, "hostname_b": b"hn"}
+    assert calls == [
+        ("forget_start",),
+        ("prctl", _linux.PR_SET_PDEATHSIG, 9),
+        ("set_name", "tangram-zygote"),
+        ("nice", 5),
+        ("unshare", _linux.CLONE_NEWNS),
+        ("mount", None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE),
+        ("build_root", "r", ["/usr"], ["/etc/x"]),
+        ("build_apart",),
+        ("compiled",),
+        (
+            "configure",
+            _linux.raw_signal.signal,
+            _linux.CHILD_DEFAULT_SIGNALS,
+            child.code_failed,
+            init.WORKDIR_SLASH.encode(),
+            b"BPF",
+            init.SANDBOX_DIR.encode(),
+        ),
+        ("set_base_env", {"A": "1"}),
+        ("preload", ["json"]),
+        ("rehearse", full),
+        ("collect",),
+        ("freeze",),
+        ("share_file_ptes",),
+        ("enter_root", "r"),
+        ("prctl", _linux.PR_SET_CHILD_SUBREAPER, 1),
+        (
+            "warm_type_cache",
+            (server, init, server.proc, child, _linux, server.wire, server.prepared),
+        ),
+        ("serve", calls[-1][1], full, "NS"),
+    ]
+    assert isinstance(calls[-1][1], socket.socket)  # (its control socket: checked there)
+
+
+def test_main_without_the_options_and_when_it_fails(monkeypatch) -> None:
+    monkeypatch.delenv("LD_BIND_NOW", raising=False)
+    cfg = {
+        "cg_dirs": [],
+        "root": "r",
+        "ro_paths": [],
+        "hostname": "h",
+        "preload": [],
+        "syscall_filter": False,
+        "compiled_setup": False,
+        "uid": 5,
+    }
+    hello, calls, ns_calls, code, filt, fast = _main_in_process(monkeypatch, cfg, fast=False)
+    assert code is None and filt is None and fast is None
+    assert hello == {"ok": True, "bind_now": False, "compiled_setup": False, "cgroup_join": False}
+    assert ns_calls == [("/proc", None, None, None)]
+    names = [c[0] for c in calls]
+    assert names == [
+        "forget_start", "prctl", "set_name", "nice", "unshare", "mount", "build_root",
+        "preload", "collect", "freeze", "enter_root", "prctl", "warm_type_cache", "serve",
+    ]  # fmt: skip
+    assert calls[6] == ("build_root", "r", [], ())
+    # compiled set-up asked for, not built: none; the filter's error said
+    cfg2 = {**cfg, "syscall_filter": True, "compiled_setup": True}
+    hello, calls, _, code, filt, fast = _main_in_process(
+        monkeypatch, cfg2, fail="build_apart", fast=False
+    )
+    assert code is None and filt is None and fast is None
+    assert hello == {
+        "ok": True,
+        "bind_now": False,
+        "filter_error": "[Errno 5] build_apart failed",
+        "compiled_setup": False,
+        "cgroup_join": False,
+    }
+    assert [c[0] for c in calls][7:9] == ["build_apart", "compiled"]
+    # a step that fails: said, and it exits 1 without serving
+    hello, calls, _, code, _, _ = _main_in_process(monkeypatch, cfg, fail="build_root")
+    assert code == 1 and hello == {"ok": False, "error": "OSError: [Errno 5] build_root failed"}
+    assert [c[0] for c in calls][-1] == "build_root"
+
+
+def test_init_serve_takes_its_ids_from_its_work_dir(tmp_path, monkeypatch) -> None:
+    """With ids of its own the init serves as the owner of its work dir (the id `take_id`
+    lent it), else as the configured ones; fd 3 and the first request passed on; whatever
+    happens, it exits 1 after (a failure printed)."""
+    from arl_tangram.managers.cpu.sandbox import child, init
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    os.chown(wd, 1234, 2345)
+    monkeypatch.setattr(child, "WORKDIR", str(wd))
+    served = []
+
+    class Exited(Exception):
+        pass
+
+    def exit_(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(server.os, "_exit", exit_)
+    monkeypatch.setattr(init, "serve", lambda fd, cfg, first: served.append((fd, dict(cfg), first)))
+    for ids, want in (([100, 8], (1234, 2345)), (None, (5, 6))):
+        served.clear()
+        with pytest.raises(Exited) as e:
+            server._init_serve({"ids": ids, "uid": 5, "gid": 6}, b"first")
+        assert e.value.args == (1,)
+        assert served == [(3, {"ids": ids, "uid": want[0], "gid": want[1]}, b"first")]
+    with pytest.raises(Exited):
+        server._init_serve({"uid": 5, "gid": 6})
+    assert served[-1] == (3, {"uid": 5, "gid": 6}, None)
+
+    def boom(fd, cfg, first):
+        raise RuntimeError("t65 boom")
+
+    monkeypatch.setattr(init, "serve", boom)
+    import io
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with pytest.raises(Exited) as e:
+        server._init_serve({"uid": 5, "gid": 6})
+    assert e.value.args == (1,) and "RuntimeError: t65 boom" in err.getvalue()
+
+
+def test_relocate_import_paths(monkeypatch) -> None:
+    """`sys.path` and every imported package's list `__path__` follow host paths under /tmp
+    to where they appear in the root; the finders' cache is emptied."""
+    monkeypatch.setattr(sys, "path", ["/tmp/venv/lib", "/usr/lib/python3", "/tmp"])
+    pkg = types.ModuleType("t65pkg")
+    pkg.__path__ = ["/tmp/src/t65pkg", "/opt/t65pkg"]  # type: ignore[attr-defined]
+    other = types.ModuleType("t65other")
+    other.__path__ = ("/tmp/src/t65other",)  # type: ignore[attr-defined]  (not a list: left)
+    monkeypatch.setitem(sys.modules, "t65pkg", pkg)
+    monkeypatch.setitem(sys.modules, "t65other", other)
+    sys.path_importer_cache["/t65/finder"] = None  # type: ignore[assignment]
+    server.relocate_import_paths()
+    assert sys.path == ["/.tangram-ro/tmp/venv/lib", "/usr/lib/python3", "/tmp"]
+    assert pkg.__path__ == ["/.tangram-ro/tmp/src/t65pkg", "/opt/t65pkg"]  # type: ignore[attr-defined]
+    assert other.__path__ == ("/tmp/src/t65other",)  # type: ignore[attr-defined]
+    assert sys.path_importer_cache == {}
+
+
+def test_serve_exits_0_when_the_manager_is_gone(monkeypatch) -> None:
+    """A reply that cannot be sent (the manager closed its end): the fork server exits 0."""
+
+    class Exited(Exception):
+        pass
+
+    def exit_(code: int):
+        raise Exited(code)
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.send(b'{"n":1}')
+    b.close()
+    monkeypatch.setattr(server.os, "_exit", exit_)
+    monkeypatch.setattr(server, "_on_sigchld", None)
+    asked = []
+    monkeypatch.setattr(
+        server, "spawn", lambda cfg, ns, n, join: asked.append(n) or [OSError(11, "busy")]
+    )
+    import signal
+
+    old = signal.getsignal(signal.SIGCHLD)
+    try:
+        with pytest.raises(Exited) as e:
+            server._serve(a, {"cg_dirs": []}, _FakeNs())  # type: ignore[arg-type]
+        assert e.value.args == (0,) and asked == [1]  # (the request read, its reply failed)
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+        a.close()
