@@ -941,3 +941,182 @@ def test_serve_exits_0_when_the_manager_is_gone(monkeypatch) -> None:
     finally:
         signal.signal(signal.SIGCHLD, old)
         a.close()
+
+
+def test_init_moves_itself_first_and_exits_1_when_its_set_up_fails() -> None:
+    """`_init` (a sandbox init's set-up, the non-compiled path), in a fork: it writes 0 to each
+    slot's `tasks` file first (it moves itself), and a step that fails (here the network
+    namespace: /dev/null) is printed and ends it with status 1, before anything is served."""
+    cg_r, cg_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sa, sb = socket.socketpair()
+    null = os.open("/dev/null", os.O_RDONLY)  # (not a namespace: setns refuses it)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            sys.stderr = open(err_w, "w", buffering=1)  # noqa: SIM115  (line by line)
+            server._init({"workdir_mb": 1, "hostname": "h"}, sb.fileno(), null, [], (cg_w,), 5, 6)
+        finally:
+            os._exit(99)
+    os.close(cg_w)
+    os.close(err_w)
+    os.close(null)
+    sb.close()
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 1
+        assert os.read(cg_r, 100) == b"0"
+        err = b""
+        while chunk := os.read(err_r, 65536):
+            err += chunk
+        assert err.startswith(b"Traceback") and b"OSError: [Errno 22]" in err
+    finally:
+        os.close(cg_r)
+        os.close(err_r)
+        sa.close()
+
+
+def _init_fds(direct: bool) -> tuple[list[int], tuple, bytes, bytes]:
+    """`_init` in a fork up to `init.become` (recorded, then the child exits): the fds it
+    left open, become's arguments, and (direct) what fds 4 and 5 lead to."""
+    from arl_tangram.managers.cpu.sandbox import init
+
+    sa, sb = socket.socketpair()
+    pipes = [os.pipe(), os.pipe()] if direct else []
+    net = os.open("/proc/self/ns/net", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            null = os.open("/dev/null", os.O_RDONLY)
+            for fd in (4, 5):  # (taken, as in the fork server: closed unless they are ours)
+                if fd not in (sb.fileno(), net, *[x for p in pipes for x in p]):
+                    os.dup2(null, fd)
+
+            def become(*a):
+                fds = []
+                for fd in range(4096):  # (fstat: no fd of its own, unlike listdir)
+                    try:
+                        os.fstat(fd)
+                    except OSError:
+                        continue
+                    fds.append(fd)
+                if direct:
+                    os.write(4, b"out")
+                    os.write(5, b"err")
+                os.write(3, json.dumps([fds, a]).encode())
+                os._exit(0)
+
+            init.become = become
+            server._init({"workdir_mb": 3, "hostname": "hx"}, sb.fileno(), net, pipes, (), 5, 6)
+        finally:
+            os._exit(99)
+    sb.close()
+    os.close(net)
+    for _, w in pipes:
+        os.close(w)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        sa.settimeout(10)
+        fds, args = json.loads(sa.recv(1 << 16))
+        outs = tuple(os.read(r, 100) for r, _ in pipes)
+        return fds, tuple(args), *(outs or (b"", b""))  # type: ignore[return-value]
+    finally:
+        sa.close()
+        for r, _ in pipes:
+            os.close(r)
+
+
+@pytest.mark.needs_root
+def test_init_keeps_only_its_own_fds() -> None:
+    """After `_init`'s set-up only fds 0-3 stay open (3: its control socket), and with direct
+    pipes 4 (stdout) and 5 (stderr): fork-server fds at 4 and 5 are closed in a non-direct one."""
+    fds, args, out, err = _init_fds(direct=False)
+    assert fds == [0, 1, 2, 3]
+    assert args == (3, 5, 6, "hx") and (out, err) == (b"", b"")
+    fds, args, out, err = _init_fds(direct=True)
+    assert fds == [0, 1, 2, 3, 4, 5]
+    assert (out, err) == (b"out", b"err")
+
+
+def test_fork_all_compiled_gets_each_sandbox_set_up(monkeypatch) -> None:
+    """The compiled loop (`_fastpath.fork_all`) is given, per kit, exactly what `_init` would
+    use, and ``take`` only for a direct sandbox that does not warm; in a child it returns its
+    index (served without a first request) or its first request (served with it)."""
+    from arl_tangram.managers.cpu.sandbox import child
+
+    got_args = []
+    answer: list = [[7001, 7002]]
+
+    class Fast:
+        def fork_all(self, *a):
+            got_args.append(a)
+            return answer[0]
+
+    class Served(Exception):
+        pass
+
+    def serve(cfg, first=None):
+        raise Served(cfg, first)
+
+    monkeypatch.setattr(child, "FAST", Fast())
+    monkeypatch.setattr(server, "_init_serve", serve)
+    ns = types.SimpleNamespace(home_pid=41, per_sandbox=True)
+    kits = [
+        (10, 11, [(12, 13), (14, 15)], 16, (17, 18), 100),
+        (20, 21, [], 26, (), 101),
+    ]
+    cfg = {"workdir_mb": 64, "gid": 6, "hostname_b": b"hb", "direct": True}
+    assert server._fork_all(cfg, ns, kits) == [7001, 7002]  # type: ignore[arg-type]
+    setups = [
+        ((17, 18), 11, 16, 13, 15, 64, 100, 100, b"hb", b"/sandbox", b"/workdir"),
+        ((), 21, 26, -1, -1, 64, 101, 101, b"hb", b"/sandbox", b"/workdir"),
+    ]
+    assert got_args == [(2, 41, setups, True)]
+    ns.per_sandbox = False
+    got_args.clear()
+    for extra, take in (({"warm_direct": True}, False), ({"direct": False}, False)):
+        server._fork_all({**cfg, **extra}, ns, kits[1:])  # type: ignore[arg-type]
+        assert got_args.pop() == (
+            1, 41, [((), 21, 26, -1, -1, 64, 101, 6, b"hb", b"/sandbox", b"/workdir")], take
+        )  # fmt: skip
+    for answer[0], first in ((1, None), (b"req", b"req")):
+        with pytest.raises(Served) as e:
+            server._fork_all(cfg, ns, kits[1:])  # type: ignore[arg-type]
+        assert e.value.args == (cfg, first)
+
+
+@pytest.mark.needs_root
+def test_fork_all_in_python_forks_each_init_in_a_new_pid_namespace(monkeypatch) -> None:
+    """Without the compiled loop: one fork per kit, each PID 1 of a new PID namespace, running
+    `_init` with the kit's parts and its gid (its uid with ids of its own); this process's
+    next children are in its own PID namespace again."""
+    from arl_tangram.managers.cpu.sandbox import child
+
+    monkeypatch.setattr(child, "FAST", None)
+
+    def init_(cfg, sock, net, pipes, cg, uid, gid):
+        os.write(sock, json.dumps([os.getpid(), net, pipes, list(cg), uid, gid]).encode())
+        os._exit(0)
+
+    monkeypatch.setattr(server, "_init", init_)
+    procfd = os.open("/proc", os.O_RDONLY)
+    home = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        for per, want_gid in ((True, 100), (False, 6)):
+            ns = types.SimpleNamespace(home_pid=home, per_sandbox=per)
+            kits = [(0, pairs[0][1].fileno(), [], 55, (), 100)]
+            pids = server._fork_all({"gid": 6}, ns, kits)  # type: ignore[arg-type]
+            assert len(pids) == 1 and isinstance(pids[0], int)
+            _, status = os.waitpid(pids[0], 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            pairs[0][0].settimeout(10)
+            assert json.loads(pairs[0][0].recv(1000)) == [1, 55, [], [], 100, want_gid]
+            assert os.readlink("/proc/self/ns/pid_for_children") == os.readlink("/proc/self/ns/pid")
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        os.close(home)
+        os.close(procfd)
