@@ -988,9 +988,11 @@ def _init_fds(direct: bool) -> tuple[list[int], tuple, bytes, bytes]:
     if pid == 0:  # pragma: no cover (the child)
         try:
             null = os.open("/dev/null", os.O_RDONLY)
-            for fd in (4, 5):  # (taken, as in the fork server: closed unless they are ours)
+            for fd in (4, 5, 6):  # (taken, as in the fork server: closed unless they are ours)
                 if fd not in (sb.fileno(), net, *[x for p in pipes for x in p]):
                     os.dup2(null, fd)
+            if direct and 4 not in (sb.fileno(), net, *[x for p in pipes for x in p]):
+                os.close(4)  # (free: the copies made before the moves must not land there)
 
             def become(*a):
                 fds = []
