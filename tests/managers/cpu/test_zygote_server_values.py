@@ -978,7 +978,8 @@ def test_init_moves_itself_first_and_exits_1_when_its_set_up_fails() -> None:
 
 def _init_fds(direct: bool) -> tuple[list[int], tuple, bytes, bytes]:
     """`_init` in a fork up to `init.become` (recorded, then the child exits): the fds it
-    left open, become's arguments, and (direct) what fds 4 and 5 lead to."""
+    left open, become's arguments, and (direct) what fds 4 and 5 lead to; its mount, IPC and
+    UTS namespaces are new (its PID namespace is the fork's)."""
     from arl_tangram.managers.cpu.sandbox import init
 
     sa, sb = socket.socketpair()
@@ -1005,7 +1006,8 @@ def _init_fds(direct: bool) -> tuple[list[int], tuple, bytes, bytes]:
                 if direct:
                     os.write(4, b"out")
                     os.write(5, b"err")
-                os.write(3, json.dumps([fds, a]).encode())
+                nss = [os.readlink(f"/proc/self/ns/{k}") for k in ("mnt", "ipc", "uts", "pid")]
+                os.write(3, json.dumps([fds, a, nss]).encode())
                 os._exit(0)
 
             init.become = become
@@ -1020,7 +1022,9 @@ def _init_fds(direct: bool) -> tuple[list[int], tuple, bytes, bytes]:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         sa.settimeout(10)
-        fds, args = json.loads(sa.recv(1 << 16))
+        fds, args, nss = json.loads(sa.recv(1 << 16))
+        ours = [os.readlink(f"/proc/self/ns/{k}") for k in ("mnt", "ipc", "uts", "pid")]
+        assert [a == b for a, b in zip(nss, ours, strict=True)] == [False, False, False, True]
         outs = tuple(os.read(r, 100) for r, _ in pipes)
         return fds, tuple(args), *(outs or (b"", b""))  # type: ignore[return-value]
     finally:
