@@ -938,6 +938,10 @@ def test_serve_exits_0_when_the_manager_is_gone(monkeypatch) -> None:
         with pytest.raises(Exited) as e:
             server._serve(a, {"cg_dirs": []}, _FakeNs())  # type: ignore[arg-type]
         assert e.value.args == (0,) and asked == [1]  # (the request read, its reply failed)
+        a.close()
+        with pytest.raises(Exited) as e:  # a control socket that cannot be read: exit 0 too
+            server._serve(a, {"cg_dirs": []}, _FakeNs())  # type: ignore[arg-type]
+        assert e.value.args == (0,) and asked == [1]
     finally:
         signal.signal(signal.SIGCHLD, old)
         a.close()
