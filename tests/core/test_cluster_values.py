@@ -129,6 +129,49 @@ def test_parallel_start_for_interpolates_then_grows_per_worker() -> None:
     assert type(_node(parallel_start_s=((2.0, 1),)).parallel_start_for(2.0)) is float
 
 
+def test_a_measured_start_is_met_exactly() -> None:
+    # (the ratio taken first: c * (k - 1) / (k - 1) would round, 0.10000000000000002)
+    assert _node(parallel_start_s=((4.0, 0.1),)).parallel_start_for(4.0) == 0.1
+    assert _node(parallel_start_s=((2.0, 0.05), (4.0, 0.1))).parallel_start_for(4.0) == 0.1
+    assert _node(parallel_start_s=((4.0, 0.1),)).parallel_start_for(7.0) == pytest.approx(0.2)
+
+
+def test_a_parsed_parallel_start_and_its_errors() -> None:
+    def node(**kw):
+        return {
+            "nodes": [{"name": "a", "capacity": {"cpu": 1}}, {"__line__": 6, "name": "b", **kw}]
+        }
+
+    got = parse_cluster(node(capacity={}, parallel_start_s={4: 0.01, 2: 0.004}))
+    assert got.nodes[1].parallel_start_s == ((2.0, 0.004), (4.0, 0.01))
+    assert got.nodes[0].parallel_start_s == ()
+    assert all(type(x) is float for pt in got.nodes[1].parallel_start_s for x in pt)
+    _spec_error(
+        node(capacity={}, parallel_start_s=0.003),
+        "<cluster>:6: nodes[1].parallel_start_s: must be a mapping of core count -> seconds, "
+        "e.g. {2: 0.003}",
+    )
+    _spec_error(
+        node(capacity={}, parallel_start_s={"__line__": 9, 1: 0.001}),
+        "<cluster>:9: nodes[1].parallel_start_s.1: core count must be a number > 1",
+    )
+    _spec_error(
+        node(capacity={}, parallel_start_s={"x": 0.001}),
+        "<cluster>:6: nodes[1].parallel_start_s.x: core count must be a number > 1",
+    )
+    _spec_error(
+        node(capacity={}, parallel_start_s={2: -0.001}),
+        "<cluster>:6: nodes[1].parallel_start_s.2: must be a number of seconds >= 0, got -0.001",
+    )
+    _spec_error(
+        node(capacity={}, parallel_start_s={2: "fast"}),
+        "<cluster>:6: nodes[1].parallel_start_s.2: must be a number of seconds >= 0, got 'fast'",
+    )
+    assert parse_cluster(node(capacity={}, parallel_start_s={2: 0})).nodes[1].parallel_start_s == (
+        (2.0, 0.0),
+    )
+
+
 def test_gpus_default_to_one_domain_and_none_without_gpus() -> None:
     assert _node(capacity=Resources(gpu=3)).gpu_domains == ((0, 1, 2),)
     assert _node(capacity=Resources(cpu=4)).gpu_domains == ()

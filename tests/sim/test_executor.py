@@ -22,14 +22,26 @@ def make(truth):
     loop = EventLoop()
     events: list[E.Event] = []
     usage = UsageMeter(CLUSTER.total_capacity(), lambda: loop.now)
-    ex = VirtualExecutor(loop, CLUSTER, truth, events.append, usage=usage,
-                         session_cold_start={"s1": 3.0}, warm_cold_start_s=0.25)
+    ex = VirtualExecutor(
+        loop,
+        CLUSTER,
+        truth,
+        events.append,
+        usage=usage,
+        session_cold_start={"s1": 3.0},
+        warm_cold_start_s=0.25,
+    )
     return loop, ex, events, usage
 
 
 def elastic_spec(aid="a", p=1.0):
-    return ActionSpec(aid, ActionKind.TEST, Resources(cpu=1, memory_mb=100),
-                      Elasticity(1, 8, speedup=Speedup(p)), timeout_s=1000)
+    return ActionSpec(
+        aid,
+        ActionKind.TEST,
+        Resources(cpu=1, memory_mb=100),
+        Elasticity(1, 8, speedup=Speedup(p)),
+        timeout_s=1000,
+    )
 
 
 def test_cold_start_then_work_divided_by_speedup():
@@ -75,8 +87,10 @@ def test_warm_pool_sandboxes_skip_the_cold_start_and_refill():
 
 
 def test_session_actions_wait_for_the_session_sandbox_only_once():
-    truth = {"a": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0),
-             "b": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0)}
+    truth = {
+        "a": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0),
+        "b": SimAction(ActionKind.TOOL, 1.0, cold_start_s=9.0),
+    }
     loop, ex, events, _ = make(truth)
     ex.execute(C.OpenSession("s1", "n0", Resources(memory_mb=500), 60.0))
     spec_a = ActionSpec("a", ActionKind.TOOL, Resources(cpu=1), session="s1")
@@ -103,7 +117,9 @@ def test_timeout_ends_a_long_action_at_its_limit():
 def test_cancel_drops_the_run_without_a_report():
     truth = {"a": SimAction(ActionKind.CODE, work_s=10.0, cold_start_s=0.0)}
     loop, ex, events, usage = make(truth)
-    ex.execute(C.StartAction(ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2)))
+    ex.execute(
+        C.StartAction(ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2))
+    )
     loop.run(until=1.0)
     ex.execute(C.CancelAction("a", "n0"))
     loop.run()
@@ -112,8 +128,10 @@ def test_cancel_drops_the_run_without_a_report():
 
 
 def test_model_load_swap_and_batch_latency():
-    truth = {"x": SimAction(ActionKind.REWARD, 0.1, model="rm"),
-             "y": SimAction(ActionKind.REWARD, 0.3, model="rm", fails=True)}
+    truth = {
+        "x": SimAction(ActionKind.REWARD, 0.1, model="rm"),
+        "y": SimAction(ActionKind.REWARD, 0.3, model="rm", fails=True),
+    }
     loop, ex, events, _ = make(truth)
     ex.execute(C.LoadModel("i0", "rm", "n0", (0,)))
     xs = tuple(ActionSpec(a, ActionKind.REWARD, Resources(), model="rm") for a in ("x", "y"))
@@ -134,8 +152,11 @@ def test_model_load_swap_and_batch_latency():
 def test_usage_integrates_busy_and_held_resources():
     truth = {"a": SimAction(ActionKind.CODE, work_s=4.0, cold_start_s=2.0)}
     loop, ex, _events, usage = make(truth)
-    ex.execute(C.StartAction(ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2),
-                             warm=False))
+    ex.execute(
+        C.StartAction(
+            ActionSpec("a", ActionKind.CODE, Resources(cpu=2)), "n0", Resources(cpu=2), warm=False
+        )
+    )
     loop.run()
     util, idle = usage.totals()
     # 6 s elapsed on 8 cores: busy 2 cores x 4 s, held-but-idle 2 cores x 2 s of cold start.
@@ -159,7 +180,9 @@ def test_sim_package_exports_what_it_declares():
     import arl_tangram.sim as sim
 
     assert sorted(sim.__all__) == sorted(n for n in sim.__all__ if hasattr(sim, n))
-    assert {"Simulator", "SimConfig", "load_trace", "get_workload", "run_policy"} <= set(sim.__all__)
+    assert {"Simulator", "SimConfig", "load_trace", "get_workload", "run_policy"} <= set(
+        sim.__all__
+    )
 
 
 def test_the_simulators_start_shortcut_is_the_executors_own_handler():
@@ -175,5 +198,81 @@ def test_fast_warm_pool_report_is_the_dataclass_built_normally():
     from arl_tangram.core import events as E
     from arl_tangram.sim.executor import make_warm_report
 
-    fast, ref = make_warm_report(2.5, "cpu-0", "python", 3), E.WarmPoolReport(2.5, "cpu-0", "python", 3)
+    fast, ref = (
+        make_warm_report(2.5, "cpu-0", "python", 3),
+        E.WarmPoolReport(2.5, "cpu-0", "python", 3),
+    )
     assert type(fast) is E.WarmPoolReport and fast == ref and repr(fast) == repr(ref)
+
+
+def _finish_on(node, spec, work_s, cpus, resize_at=None, resize_to=1.0):
+    """When ``spec`` (``work_s`` of work) finishes alone on ``node`` started at ``cpus``."""
+    loop = EventLoop()
+    events: list[E.Event] = []
+    ex = VirtualExecutor(
+        loop,
+        ClusterSpec((node,)),
+        {spec.id: SimAction(spec.kind, work_s=work_s, cold_start_s=0.0)},
+        events.append,
+    )
+    ex.execute(C.StartAction(spec, node.name, Resources(cpu=cpus, memory_mb=100), warm=False))
+    if resize_at is not None:
+        loop.run(until=resize_at)
+        ex.execute(C.ResizeAction(spec.id, node.name, Resources(cpu=resize_to, memory_mb=100)))
+    loop.run()
+    return next(e.time for e in events if isinstance(e, E.ActionFinished))
+
+
+def test_a_wide_start_pays_the_nodes_parallel_start_once():
+    node = NodeSpec(
+        "n",
+        Resources(cpu=4, memory_mb=4096),
+        parallel_speedup=((2.0, 1.5),),
+        parallel_start_s=((2.0, 0.25),),
+        dispatch_s={"test": 0.5},
+    )
+    el = ActionSpec(
+        "a",
+        ActionKind.TEST,
+        Resources(cpu=1, memory_mb=100),
+        Elasticity(1, 4, speedup=Speedup(1.0)),
+        timeout_s=1000,
+    )
+    # on 2 cores: the dispatch, then the start, then 3 s of work at 1.5x
+    assert _finish_on(node, el, 3.0, 2.0) == pytest.approx(0.5 + 0.25 + 2.0)
+    # on 3 cores (past the last point: a worker more than at 2, 0.25 s each; 1.5x efficiency)
+    assert _finish_on(node, el, 3.0, 3.0) == pytest.approx(0.5 + 0.5 + 3.0 / 2.25)
+    # on one core, then grown: its workers started while it had one, nothing to pay
+    assert _finish_on(node, el, 3.0, 1.0) == pytest.approx(0.5 + 3.0)
+    assert _finish_on(node, el, 3.0, 1.0, resize_at=1.5, resize_to=2.0) == pytest.approx(
+        1.5 + 2.0 / 1.5
+    )
+    # nothing parallel (p = 0), or a rigid action on 2 cores: no workers to start
+    serial = ActionSpec(
+        "a",
+        ActionKind.TEST,
+        Resources(cpu=1, memory_mb=100),
+        Elasticity(1, 4, speedup=Speedup(0.0)),
+        timeout_s=1000,
+    )
+    assert _finish_on(node, serial, 3.0, 2.0) == pytest.approx(0.5 + 3.0 / 0.75)
+    rigid = ActionSpec("a", ActionKind.TEST, Resources(cpu=2, memory_mb=100), timeout_s=1000)
+    assert _finish_on(node, rigid, 3.0, 2.0) == pytest.approx(0.5 + 3.0 / 0.75)
+    # an elastic action along another dimension: not a CPU's workers
+    other = ActionSpec(
+        "a",
+        ActionKind.TEST,
+        Resources(cpu=2, memory_mb=100),
+        Elasticity(1, 4, dim="memory_mb", speedup=Speedup(1.0)),
+        timeout_s=1000,
+    )
+    no_start = NodeSpec(
+        "n",
+        Resources(cpu=4, memory_mb=4096),
+        parallel_speedup=((2.0, 1.5),),
+        dispatch_s={"test": 0.5},
+    )
+    assert _finish_on(node, other, 3.0, 2.0) == _finish_on(no_start, other, 3.0, 2.0)
+    # the start alone measured on a node (no speedup, no dispatch) is still applied
+    bare = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_start_s=((2.0, 0.25),))
+    assert _finish_on(bare, el, 3.0, 2.0) == pytest.approx(0.25 + 1.5)

@@ -92,14 +92,14 @@ class NodeSpec:
         to one core (nothing runs in parallel), then linear from (1, 0) through the measured
         points, and past the last point in proportion to the workers beyond the first."""
         pts = self.parallel_start_s
-        if not pts or k <= 1.0:
+        if not pts or k <= 1.0:  # pragma: no mutate (at k = 1 the line from (1, 0) gives 0 too)
             return 0.0
         lo_k, lo_c = 1.0, 0.0
-        for hk, hc in pts:
-            if k <= hk:
-                return lo_c + (hc - lo_c) * (k - lo_k) / (hk - lo_k)
+        for hk, hc in pts:  # (the ratio first: a measured point gives its figure exactly)
+            if k <= hk:  # pragma: no mutate (at a point itself the next piece gives it as well)
+                return lo_c + (hc - lo_c) * ((k - lo_k) / (hk - lo_k))
             lo_k, lo_c = hk, hc
-        return lo_c * (k - 1.0) / (lo_k - 1.0)
+        return lo_c * ((k - 1.0) / (lo_k - 1.0))
 
     def dispatch_for(self, kind: str) -> float:
         """The measured fixed cost of one action of ``kind`` on this node (0 when unmeasured)."""
