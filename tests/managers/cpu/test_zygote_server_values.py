@@ -506,6 +506,10 @@ def test_kit_opens_the_slot_tasks_files(tmp_path, monkeypatch) -> None:
         _, theirs, pipes, _, cg, uid = server._kit({"cg_dirs": dirs, "uid": 7}, ns)
         assert (pipes, cg, uid) == ([], (), 101)
         os.close(theirs)
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError) as e:  # no id left: the slot's files closed again
+            server._kit({"cg_dirs": dirs, "uid": 7}, ns, "s3")
+        assert e.value.errno == 11 and set(os.listdir("/proc/self/fd")) == before
     finally:
         for fd in (*dirs, procfd, ns.home_pid, ns.home_net):
             os.close(fd)
