@@ -10,10 +10,12 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import pytest_asyncio
@@ -82,6 +84,8 @@ def test_resolve_user_takes_the_first_entry() -> None:
     assert resolve_user("1", pw, "") == (1, 2, "/a")
     gr = "g:x:5:\ng:x:6:\n"
     assert resolve_user("a:g", pw, gr) == (1, 5, "/a")
+    # a group entry of three fields (no member list, no trailing colon) is an entry
+    assert resolve_user("a:g", pw, "g:x:7") == (1, 7, "/a")
 
 
 def test_on_path() -> None:
@@ -92,6 +96,11 @@ def test_on_path() -> None:
         "/usr/bin/python3",
     ]
     assert imagebox._on_path({"Env": ["PATHX=/a", "A=PATH=/b"]}) == []
+    # split at the first "=": a value may hold one
+    assert imagebox._on_path({"Env": ["PATH=/x=y:/usr/bin"]}) == [
+        "/x=y/python3",
+        "/usr/bin/python3",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -136,6 +145,32 @@ def test_read_small(tmp_path) -> None:
     assert set(os.listdir("/proc/self/fd")) == before
 
 
+def test_read_small_takes_no_controlling_terminal() -> None:
+    """A terminal the image's /etc/passwd names is opened ``O_NOCTTY``: the init, a session
+    leader without a controlling terminal, does not take it as one (and reads nothing)."""
+    master, slave = os.openpty()
+    name = os.ttyname(slave)
+    pid = os.fork()
+    if pid == 0:  # (a session leader without a controlling terminal, as the init is)
+        code = 1
+        try:
+            os.setsid()
+            got = imagebox._read_small(name)
+            try:
+                os.close(os.open("/dev/tty", os.O_RDWR))
+                code = 2  # the terminal became ours
+            except OSError:
+                code = 0 if got == "" else 3
+        finally:
+            os._exit(code)
+    try:
+        _, st = os.waitpid(pid, 0)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(st) == 0
+
+
 def _send(n: int) -> tuple[socket.socket, list[int]]:
     a, b = socket.socketpair()
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(n)]
@@ -168,6 +203,38 @@ def test_recv_fds_takes_the_count_it_expects() -> None:
     b.close()
 
 
+def test_recv_fds_waits_for_the_fds() -> None:
+    """The fds may come after `enter` is called (and the fd be non-blocking): it waits."""
+    import threading
+
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    fd = os.open("/dev/null", os.O_RDONLY)
+    t = threading.Timer(0.2, lambda: socket.send_fds(a, [b"x"], [fd]))
+    t.start()
+    try:
+        got = imagebox._recv_fds(b.fileno(), 1)
+    finally:
+        t.join()
+        os.close(fd)
+        a.close()
+        b.close()
+    assert len(got) == 1 and os.readlink(f"/proc/self/fd/{got[0]}") == "/dev/null"
+    os.close(got[0])
+
+
+def test_recv_fds_reads_at_most_three() -> None:
+    """A fourth fd sent is not taken (the message's room is for three): the count refused is
+    the three received, and they are closed again."""
+    b, _ = _send(4)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as e:
+        imagebox._recv_fds(b.fileno(), 2)
+    assert str(e.value).endswith("the user namespace), got 3")
+    assert set(os.listdir("/proc/self/fd")) == before
+    b.close()
+
+
 @pytest.mark.needs_root
 def test_own_userns_maps_and_owner() -> None:
     fd = imagebox.own_userns(100000, 65536, 4321)
@@ -188,6 +255,49 @@ def test_own_userns_maps_and_owner() -> None:
         )
     finally:
         os.close(fd)
+
+
+@pytest.mark.needs_root
+def test_own_userns_child_exits_0_and_is_reaped(monkeypatch) -> None:
+    """The helper child exits with status 0 (``os._exit``, never back into the caller's code)
+    and is reaped before `own_userns` returns."""
+    real_exit = os._exit
+    forked, reaped = [], []
+
+    def fork():
+        pid = os.fork()
+        forked.append(pid)
+        return pid
+
+    def waitpid(pid, options):
+        reaped.append(os.waitpid(pid, options))
+        return reaped[-1]
+
+    fake = _Proxy(
+        os,
+        fork=fork,
+        waitpid=waitpid,
+        _exit=lambda code: real_exit(code if type(code) is int else 99),
+    )
+    monkeypatch.setattr(imagebox, "os", fake)
+    fd = imagebox.own_userns(100000, 10, 4321)
+    os.close(fd)
+    (pid,) = forked
+    assert reaped == [(pid, 0)]  # (status 0)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.needs_root
+def test_own_userns_returns_in_the_caller_only() -> None:
+    """Run in a fresh process: the caller gets the fd and goes on, alone (the child says
+    nothing and never returns)."""
+    code = (
+        "from arl_tangram.managers.cpu.sandbox import imagebox\n"
+        "fd = imagebox.own_userns(100000, 10, 4321)\nprint('fd', fd > 2)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "fd True\n", "")
 
 
 @pytest.mark.needs_root
@@ -496,3 +606,285 @@ def test_enter_makes_the_writable_layer(on_disk, monkeypatch) -> None:
                 "size=12m,mode=0700",
             ),
         )
+
+
+class _Proxy:
+    """A module with some of its functions replaced (the rest, and its constants, the real
+    module's)."""
+
+    def __init__(self, real, **over):
+        self._real = real
+        self.__dict__.update(over)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _enter_recorded(req: dict, n_fds: int, fs: dict, monkeypatch):
+    """`enter` run in this process with every call that makes, mounts, changes ids or reads
+    the image stubbed and recorded in order: ``fs`` says what the image holds at the paths it
+    asks about ("dir", "link" to a directory, "file"; absent: nothing). Returns (the reply or
+    the exception, the calls, the fds received, the namespace fd made, if any)."""
+    from arl_tangram.managers.cpu import _linux
+    from arl_tangram.managers.cpu.sandbox import child
+
+    calls: list[tuple] = []
+
+    def rec(name, ret=None):
+        def f(*a, **k):
+            calls.append((name, *a, *k.items()))
+            return ret
+
+        return f
+
+    def close(fd):
+        calls.append(("close", fd))
+        os.close(fd)
+
+    path = _Proxy(
+        os.path,
+        isdir=lambda p: fs.get(p) in ("dir", "link"),
+        islink=lambda p: fs.get(p) == "link",
+        lexists=lambda p: p in fs,
+    )
+    fake_os = _Proxy(
+        os,
+        path=path,
+        close=close,
+        access=lambda p, mode: calls.append(("access", p, mode)) or p == "/usr/bin/python3",
+        **{
+            n: rec(n)
+            for n in (
+                "mkdir",
+                "chown",
+                "chmod",
+                "chdir",
+                "fchdir",
+                "unlink",
+                "makedirs",
+                "stat",
+                "setgroups",
+                "setresgid",
+                "setresuid",
+            )
+        },
+    )
+    lx = _Proxy(
+        _linux,
+        **{
+            n: rec(n)
+            for n in (
+                "mount",
+                "move_mount",
+                "idmap_mount",
+                "pivot_root",
+                "umount2",
+                "setns",
+                "die_with_parent",
+            )
+        },
+    )
+    made: list[int] = []
+
+    def own_userns(*a):
+        calls.append(("own_userns", *a))
+        made.append(os.open("/dev/null", os.O_RDONLY))
+        return made[0]
+
+    texts = {"/etc/passwd": "app:x:1000:1000::/home/app:/bin/sh\n", "/etc/group": "staff:x:50:\n"}
+    ticks = iter([10.0, 10.0000012345])
+    monkeypatch.setattr(imagebox, "os", fake_os)
+    monkeypatch.setattr(imagebox, "_linux", lx)
+    monkeypatch.setattr(imagebox, "signal", _Proxy(signal, signal=rec("signal")))
+    monkeypatch.setattr(imagebox, "time", _Proxy(time, perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(imagebox, "own_userns", own_userns)
+    monkeypatch.setattr(
+        imagebox, "_read_small", lambda p: calls.append(("read", p)) or texts.get(p, "")
+    )
+    monkeypatch.setattr(imagebox, "python", None)
+    monkeypatch.setattr(imagebox, "SHELL", None)
+    monkeypatch.setattr(child, "CWD", None)
+    got = _watch_recv(monkeypatch)
+    b, _ = _send(n_fds)
+    try:
+        try:
+            out = imagebox.enter(req, b.fileno())
+        except Exception as e:  # (the caller asserts which)
+            out = e
+    finally:
+        b.close()
+    _all_closed(got + made)
+    return out, calls, got, made
+
+
+NOSUID = 2 | 4  # MS_NOSUID | MS_NODEV
+
+
+def _layer_calls(upper_owner: tuple) -> list[tuple]:
+    return [
+        ("mkdir", "/sandbox/layer/upper", 0o755),
+        *([("chown", "/sandbox/layer/upper", *upper_owner)] if upper_owner else []),
+        ("mkdir", "/sandbox/layer/work", 0o700),
+        ("mkdir", "/sandbox/root", 0o755),
+    ]
+
+
+def _pivot_calls() -> list[tuple]:
+    return [
+        ("mount", "proc", "/sandbox/root/proc", "proc", NOSUID | 8),  # | MS_NOEXEC
+        ("mount", "/dev", "/sandbox/root/dev", None, 4096 | 16384),  # MS_BIND | MS_REC
+        ("chdir", "/sandbox/root"),
+        ("pivot_root", ".", "."),
+        ("umount2", ".", 2),  # MNT_DETACH
+        ("chdir", "/"),
+    ]
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_enter_in_a_user_namespace_calls_and_reply(own, monkeypatch) -> None:
+    """With the node's user namespace (lent, or made here with an owner): the tmpfs layer, the
+    overlay of the layers top first, /proc made (missing) and /dev made again (a link), /tmp
+    kept (a directory), the pivot, the namespace joined as root, the image's user and group
+    by name, /workdir made again (a file) and owned by them, the image's WorkingDir made and
+    normalised, python3 from its Env PATH (absolute entries, first runnable), its bash: each
+    call's exact arguments, in order, and the reply."""
+    owner = {"owner": 4242} if own else {}
+    req = {
+        "uid": 5,
+        "gid": 6,
+        "layer_mb": 12,
+        "layers": ["top", "base"],
+        "userns": {"base": 100000, "count": 65536, **owner},
+        "config": {
+            "User": "app:staff",
+            "WorkingDir": "srv//x/",
+            "Env": ["A=1", "PATH=/venv/bin:rel:/usr/bin"],
+            "Entrypoint": ["/bin/bash"],
+        },
+    }
+    fs = {"/sandbox/root/dev": "link", "/sandbox/root/tmp": "dir", "/workdir": "file"}
+    out, calls, got, made = _enter_recorded(req, 1 if own else 2, fs, monkeypatch)
+    layers = got[0]
+    ns = made[0] if own else got[1]
+    assert out == {
+        "ok": True,
+        "enter_s": 1e-06,
+        "python": "/usr/bin/python3",
+        "uid": 1000,
+        "gid": 50,
+        "home": "/home/app",
+        "cwd": "/srv/x",
+        "shell": ["/bin/bash"],
+        "userns": True,
+    }, out
+    assert (imagebox.python, imagebox.SHELL) == ("/usr/bin/python3", ["/bin/bash"])
+    from arl_tangram.managers.cpu.sandbox import child
+
+    assert child.CWD == "/srv/x"
+    pre = [("own_userns", 100000, 65536, 4242), ("idmap_mount", layers, ns)] if own else []
+    assert calls == [
+        *pre,
+        ("mkdir", "/sandbox/layer", 0o700),
+        ("mount", "tmpfs", "/sandbox/layer", "tmpfs", NOSUID, "size=12m,mode=0700"),
+        *_layer_calls((100000, 100000)),
+        ("fchdir", layers),
+        (
+            "mount",
+            "overlay",
+            "/sandbox/root",
+            "overlay",
+            NOSUID,
+            "lowerdir=top:base,upperdir=/sandbox/layer/upper,workdir=/sandbox/layer/work",
+        ),
+        ("chdir", "/"),
+        ("close", layers),
+        ("mkdir", "/sandbox/root/proc", 0o555),
+        ("chmod", "/sandbox/root/proc", 0o555),
+        ("chown", "/sandbox/root/proc", 100000, 100000),
+        ("unlink", "/sandbox/root/dev"),
+        ("mkdir", "/sandbox/root/dev", 0o755),
+        ("chmod", "/sandbox/root/dev", 0o755),
+        ("chown", "/sandbox/root/dev", 100000, 100000),
+        *_pivot_calls(),
+        ("setns", ns, 0x10000000),  # CLONE_NEWUSER
+        ("setgroups", []),
+        ("setresgid", 0, 0, 0),
+        ("setresuid", 0, 0, 0),
+        ("die_with_parent",),
+        ("signal", signal.SIGINT, signal.SIG_IGN),
+        ("read", "/etc/passwd"),
+        ("read", "/etc/group"),
+        ("unlink", "/workdir"),
+        ("mkdir", "/workdir", 0o755),
+        ("chown", "/workdir", 1000, 50),
+        ("close", ns),
+        ("makedirs", "/srv/x", 0o755, ("exist_ok", True)),
+        ("stat", "/srv/x/."),
+        ("access", "/venv/bin/python3", os.X_OK),
+        ("access", "/usr/bin/python3", os.X_OK),
+    ]
+
+
+def test_enter_on_the_disk_layer_without_a_namespace_calls_and_reply(monkeypatch) -> None:
+    """The node's disk layer moved in (the fd after the layers directory's) and made 0700,
+    nothing chowned but /workdir (to the request's ids), /proc and /tmp made (missing) without an
+    owner, /dev kept, no config: /workdir the cwd, the first runnable of the usual pythons,
+    the default shell, no home."""
+    req = {"uid": 5, "gid": 6, "layer": "disk", "layers": ["only"]}
+    fs = {"/sandbox/root/dev": "dir", "/workdir": "dir"}
+    out, calls, got, _ = _enter_recorded(req, 2, fs, monkeypatch)
+    assert out == {
+        "ok": True,
+        "enter_s": 1e-06,
+        "python": "/usr/bin/python3",
+        "uid": 5,
+        "gid": 6,
+        "home": None,
+        "cwd": "/workdir",
+        "shell": None,
+        "userns": False,
+    }, out
+    assert calls == [
+        ("mkdir", "/sandbox/layer", 0o700),
+        ("move_mount", got[1], "/sandbox/layer"),
+        ("chmod", "/sandbox/layer", 0o700),
+        *_layer_calls(()),
+        ("fchdir", got[0]),
+        (
+            "mount",
+            "overlay",
+            "/sandbox/root",
+            "overlay",
+            NOSUID,
+            "lowerdir=only,upperdir=/sandbox/layer/upper,workdir=/sandbox/layer/work",
+        ),
+        ("chdir", "/"),
+        ("close", got[0]),
+        ("close", got[1]),
+        ("mkdir", "/sandbox/root/proc", 0o555),
+        ("chmod", "/sandbox/root/proc", 0o555),
+        ("mkdir", "/sandbox/root/tmp", 0o1777),
+        ("chmod", "/sandbox/root/tmp", 0o1777),
+        *_pivot_calls(),
+        ("chown", "/workdir", 5, 6),
+        ("access", "/usr/local/bin/python3", os.X_OK),
+        ("access", "/usr/bin/python3", os.X_OK),
+    ]
+
+
+def test_enter_refuses_a_gid_at_the_end_of_the_range(monkeypatch) -> None:
+    """A gid equal to the namespace's count is outside it (the last id is count - 1); the
+    namespace's fd is closed on the way out."""
+    req = {
+        "uid": 5,
+        "gid": 6,
+        "layer_mb": 12,
+        "layers": ["top"],
+        "userns": {"base": 100000, "count": 2000},
+        "config": {"User": "0:2000"},
+    }
+    fs = {"/sandbox/root/dev": "dir", "/sandbox/root/proc": "dir", "/sandbox/root/tmp": "dir"}
+    out, calls, got, _ = _enter_recorded(req, 2, fs, monkeypatch)
+    assert type(out) is ValueError
+    assert str(out) == "User '0:2000': ids 0:2000 are outside the node's range of 2000"
+    assert calls[-1] == ("close", got[1])
