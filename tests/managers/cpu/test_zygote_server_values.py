@@ -1134,3 +1134,29 @@ def test_fork_all_in_python_forks_each_init_in_a_new_pid_namespace(monkeypatch) 
             b.close()
         os.close(home)
         os.close(procfd)
+
+
+def test_reap_goes_on_when_the_manager_is_gone() -> None:
+    """A direct sandbox's exit report that cannot be sent (the manager closed its end) is
+    dropped: `_reap` (a signal handler) still reaps and returns, raising nothing."""
+    reaped = []
+
+    class Ns:
+        direct: set[int] = set()
+
+        def reaped(self, pid: int) -> None:
+            reaped.append(pid)
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    ns = Ns()
+    ns.direct = {pid}
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.close()
+    try:
+        server._reap(ns, a)  # type: ignore[arg-type]
+        assert pid in reaped and ns.direct == set()
+    finally:
+        a.close()
