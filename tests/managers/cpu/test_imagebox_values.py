@@ -888,3 +888,20 @@ def test_enter_refuses_a_gid_at_the_end_of_the_range(monkeypatch) -> None:
     assert type(out) is ValueError
     assert str(out) == "User '0:2000': ids 0:2000 are outside the node's range of 2000"
     assert calls[-1] == ("close", got[1])
+
+
+def test_enter_in_a_user_namespace_without_a_user_is_root(monkeypatch) -> None:
+    """No ``User`` in the image's config: root inside (the image's /etc/passwd has none: its
+    home is /root)."""
+    req = {
+        "uid": 5,
+        "gid": 6,
+        "layer_mb": 12,
+        "layers": ["top"],
+        "userns": {"base": 100000, "count": 65536},
+    }
+    fs = {"/sandbox/root/dev": "dir", "/sandbox/root/proc": "dir", "/sandbox/root/tmp": "dir"}
+    out, calls, _, _ = _enter_recorded(req, 2, fs, monkeypatch)
+    assert isinstance(out, dict), out
+    assert (out["uid"], out["gid"], out["home"], out["cwd"]) == (0, 0, "/root", "/workdir")
+    assert ("chown", "/workdir", 0, 0) in calls
