@@ -503,6 +503,11 @@ def test_kit_opens_the_slot_tasks_files(tmp_path, monkeypatch) -> None:
         with pytest.raises(FileNotFoundError):
             server._kit({"cg_dirs": dirs, "uid": 7}, ns, "s4")
         assert set(os.listdir("/proc/self/fd")) == before and list(ns.ids) == [101]
+        (tmp_path / "h1" / "s5").mkdir()  # the first hierarchy's file opened, not the second's
+        (tmp_path / "h1" / "s5" / "tasks").write_text("")
+        with pytest.raises(FileNotFoundError):
+            server._kit({"cg_dirs": dirs, "uid": 7}, ns, "s5")
+        assert set(os.listdir("/proc/self/fd")) == before and list(ns.ids) == [101]
         _, theirs, pipes, _, cg, uid = server._kit({"cg_dirs": dirs, "uid": 7}, ns)
         assert (pipes, cg, uid) == ([], (), 101)
         os.close(theirs)
@@ -1160,3 +1165,22 @@ def test_reap_goes_on_when_the_manager_is_gone() -> None:
         assert pid in reaped and ns.direct == set()
     finally:
         a.close()
+
+
+@pytest.mark.needs_root
+def test_build_root_with_a_mount_point_among_the_read_only_paths(tmp_path) -> None:
+    """A read-only path that is one of the root's own mount points (/proc here) is bound
+    there, and the root is still made (its empty mount points: made where missing)."""
+    root = str(tmp_path / "root")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            _linux.unshare(_linux.CLONE_NEWNS)
+            _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+            server.build_root(root, ["/proc"])
+            code = 0 if os.path.ismount(root + "/proc") and os.path.isdir(root + "/tmp") else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
