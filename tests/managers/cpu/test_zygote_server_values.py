@@ -264,9 +264,10 @@ def test_warm_type_cache_names(monkeypatch) -> None:
     assert server._functions(m) == [m.f, m.C.g]
 
 
-def test_preload_ignores_what_fails() -> None:
-    server._preload(["json", "no_such_module_t53"])
-    assert "no_such_module_t53" not in sys.modules
+def test_preload_ignores_what_fails(monkeypatch) -> None:
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    server._preload(["json", "no_such_module_t53", "colorsys"])
+    assert "no_such_module_t53" not in sys.modules and "colorsys" in sys.modules
 
 
 def test_receive_config(tmp_path) -> None:
@@ -609,7 +610,7 @@ def test_spawn_bookkeeping_of_forks_and_failed_kits(monkeypatch) -> None:
         if len(made) == 2:
             raise OSError(11, "no kit")
         a, b = socket.socketpair()
-        pipes = [os.pipe(), os.pipe()] if not made else []
+        pipes = [os.pipe(), os.pipe()]
         cg_r, cg_w = os.pipe()
         os.close(cg_r)
         k = (a.detach(), b.detach(), pipes, 900 + len(made), (cg_w,), ns_.take_id(7))
@@ -637,7 +638,7 @@ def test_spawn_bookkeeping_of_forks_and_failed_kits(monkeypatch) -> None:
         got = server.spawn(cfg, ns, 4, ["s1", "s2", "s3", "s4"])
         assert asked == ["s1", "s2", "s3"]
         assert forks == [(cfg, ns, made)]
-        (ours0, theirs0, pipes0, _, cg0, _), (ours1, theirs1, _, _, cg1, _) = made
+        (ours0, theirs0, pipes0, _, cg0, _), (ours1, theirs1, pipes1, _, cg1, _) = made
         assert len(got) == 4
         assert got[0] == (5001, ours0, [pipes0[0][0], pipes0[1][0]], 100)
         assert isinstance(got[1], OSError) and got[1].args == (1, "no fork")
@@ -647,6 +648,7 @@ def test_spawn_bookkeeping_of_forks_and_failed_kits(monkeypatch) -> None:
         assert is_open(ours0) and all(is_open(r) for r, _ in pipes0)
         assert not any(is_open(fd) for fd in (theirs0, theirs1, ours1, *cg0, *cg1))
         assert not any(is_open(w) for _, w in pipes0)
+        assert not any(is_open(fd) for p in pipes1 for fd in p)  # (its fork failed: all closed)
         os.close(ours0)
         for r, _ in pipes0:
             os.close(r)
@@ -656,7 +658,7 @@ def test_spawn_bookkeeping_of_forks_and_failed_kits(monkeypatch) -> None:
         monkeypatch.setattr(server, "_fork_all", lambda cfg, ns_, kits: [6001, 6002])
         got = server.spawn(cfg, ns, 2)
         assert asked == [None, None] and [g[0] for g in got] == [6001, 6002]  # type: ignore[index]
-        assert ns.direct == {5001, 6001}
+        assert ns.direct == {5001, 6001, 6002}
         for g in got:
             os.close(g[1])  # type: ignore[index]
             for r in g[2]:  # type: ignore[index]
@@ -1184,3 +1186,20 @@ def test_build_root_with_a_mount_point_among_the_read_only_paths(tmp_path) -> No
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_fork_all_in_python_gives_a_failed_fork_its_error(monkeypatch) -> None:
+    """Without the compiled loop, a kit whose PID namespace or fork fails gets the error as
+    its result (and the loop goes on to the next kit)."""
+    from arl_tangram.managers.cpu.sandbox import child
+
+    monkeypatch.setattr(child, "FAST", None)
+    err = OSError(1, "no new pid namespace")
+
+    def unshare(flags):
+        raise err
+
+    monkeypatch.setattr(_linux, "unshare", unshare)
+    ns = types.SimpleNamespace(home_pid=-1, per_sandbox=False)
+    kits = [(0, 1, [], 2, (), 3), (0, 1, [], 2, (), 4)]
+    assert server._fork_all({"gid": 6}, ns, kits) == [err, err]  # type: ignore[arg-type]
