@@ -236,6 +236,42 @@ def test_recv_fds_reads_at_most_three() -> None:
 
 
 @pytest.mark.needs_root
+def test_own_userns_child_exits_0_and_is_reaped(monkeypatch) -> None:
+    """The helper child exits with status 0 (``os._exit``, never back into the caller's code)
+    and is reaped before `own_userns` returns; the caller never takes the child's way out (this
+    test runs before the others that call it in this process: such an exit there would end the
+    test process with status 0)."""
+    real_exit, me = os._exit, os.getpid()
+    forked, reaped = [], []
+
+    def fork():
+        pid = os.fork()
+        forked.append(pid)
+        return pid
+
+    def waitpid(pid, options):
+        reaped.append(os.waitpid(pid, options))
+        return reaped[-1]
+
+    fake = _Proxy(
+        os,
+        fork=fork,
+        waitpid=waitpid,
+        _exit=lambda code: (
+            real_exit(code if type(code) is int else 99)
+            if os.getpid() != me
+            else pytest.fail("the caller took the child's way out")
+        ),
+    )
+    monkeypatch.setattr(imagebox, "os", fake)
+    fd = imagebox.own_userns(100000, 10, 4321)
+    os.close(fd)
+    (pid,) = forked
+    assert reaped == [(pid, 0)]  # (status 0)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def test_own_userns_maps_and_owner() -> None:
     fd = imagebox.own_userns(100000, 65536, 4321)
     try:
@@ -255,37 +291,6 @@ def test_own_userns_maps_and_owner() -> None:
         )
     finally:
         os.close(fd)
-
-
-@pytest.mark.needs_root
-def test_own_userns_child_exits_0_and_is_reaped(monkeypatch) -> None:
-    """The helper child exits with status 0 (``os._exit``, never back into the caller's code)
-    and is reaped before `own_userns` returns."""
-    real_exit = os._exit
-    forked, reaped = [], []
-
-    def fork():
-        pid = os.fork()
-        forked.append(pid)
-        return pid
-
-    def waitpid(pid, options):
-        reaped.append(os.waitpid(pid, options))
-        return reaped[-1]
-
-    fake = _Proxy(
-        os,
-        fork=fork,
-        waitpid=waitpid,
-        _exit=lambda code: real_exit(code if type(code) is int else 99),
-    )
-    monkeypatch.setattr(imagebox, "os", fake)
-    fd = imagebox.own_userns(100000, 10, 4321)
-    os.close(fd)
-    (pid,) = forked
-    assert reaped == [(pid, 0)]  # (status 0)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 @pytest.mark.needs_root
@@ -620,7 +625,9 @@ class _Proxy:
         return getattr(self._real, name)
 
 
-def _enter_recorded(req: dict, n_fds: int, fs: dict, monkeypatch):
+def _enter_recorded(
+    req: dict, n_fds: int, fs: dict, monkeypatch, runnable="/usr/bin/python3", cwd_error=False
+):
     """`enter` run in this process with every call that makes, mounts, changes ids or reads
     the image stubbed and recorded in order: ``fs`` says what the image holds at the paths it
     asks about ("dir", "link" to a directory, "file"; absent: nothing). Returns (the reply or
@@ -647,11 +654,18 @@ def _enter_recorded(req: dict, n_fds: int, fs: dict, monkeypatch):
         islink=lambda p: fs.get(p) == "link",
         lexists=lambda p: p in fs,
     )
+
+    def stat(p):
+        calls.append(("stat", p))
+        if cwd_error:
+            raise NotADirectoryError(20, "Not a directory")
+
     fake_os = _Proxy(
         os,
+        stat=stat,
         path=path,
         close=close,
-        access=lambda p, mode: calls.append(("access", p, mode)) or p == "/usr/bin/python3",
+        access=lambda p, mode: calls.append(("access", p, mode)) or p == runnable,
         **{
             n: rec(n)
             for n in (
@@ -662,7 +676,6 @@ def _enter_recorded(req: dict, n_fds: int, fs: dict, monkeypatch):
                 "fchdir",
                 "unlink",
                 "makedirs",
-                "stat",
                 "setgroups",
                 "setresgid",
                 "setresuid",
@@ -905,3 +918,25 @@ def test_enter_in_a_user_namespace_without_a_user_is_root(monkeypatch) -> None:
     assert isinstance(out, dict), out
     assert (out["uid"], out["gid"], out["home"], out["cwd"]) == (0, 0, "/root", "/workdir")
     assert ("chown", "/workdir", 0, 0) in calls
+
+
+def test_enter_without_a_runnable_python(monkeypatch) -> None:
+    """No python3 the image can run: ``python`` is None (every candidate tried, in order)."""
+    req = {"uid": 5, "gid": 6, "layer_mb": 12, "layers": ["top"]}
+    fs = {"/sandbox/root/dev": "dir", "/sandbox/root/proc": "dir", "/sandbox/root/tmp": "dir"}
+    out, calls, _, _ = _enter_recorded(req, 1, fs, monkeypatch, runnable=None)
+    assert isinstance(out, dict) and out["python"] is None, out
+    assert imagebox.python is None
+    assert [c[1] for c in calls if c[0] == "access"] == list(imagebox.PYTHONS)
+
+
+def test_enter_falls_back_to_workdir_when_the_working_dir_is_not_one(monkeypatch) -> None:
+    """The image's ``WorkingDir`` cannot be made a directory (a file on its way): /workdir."""
+    req = {"uid": 5, "gid": 6, "layer_mb": 12, "layers": ["top"], "config": {"WorkingDir": "/f/x"}}
+    fs = {"/sandbox/root/dev": "dir", "/sandbox/root/proc": "dir", "/sandbox/root/tmp": "dir"}
+    out, calls, _, _ = _enter_recorded(req, 1, fs, monkeypatch, cwd_error=True)
+    assert isinstance(out, dict) and out["cwd"] == "/workdir", out
+    from arl_tangram.managers.cpu.sandbox import child
+
+    assert child.CWD == "/workdir"
+    assert ("stat", "/f/x/.") in calls
