@@ -526,3 +526,179 @@ def test_start_zygote_stdin_is_dev_null(tmp_path: Any) -> None:
     assert out.read_text() == "/dev/null"
     os.close(r)
     os.close(w)
+
+
+# --- helper-66: serve's edges, and the real reaper process -----------------------------------
+
+
+def test_serve_without_a_pidfd_cleans_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pidfd of the service (pidfd_open failed): the service is taken as gone, cleaned at
+    once, no poll loop (a pidfd of +1 would poll stdout instead)."""
+
+    def pidfd_open(pid: int, *a: Any) -> int:
+        raise OSError(3, "No such process")
+
+    polls: list[Any] = []
+    monkeypatch.setattr(os, "pidfd_open", pidfd_open)
+    monkeypatch.setattr(R.select, "poll", lambda: polls.append(1))
+    sv = _Serve(monkeypatch)
+
+    def script(s: socket.socket) -> None:
+        s.send(b'{"cgroups": ["/p"]}')
+        s.shutdown(socket.SHUT_WR)
+
+    sv.run(script)
+    assert polls == []
+    assert sv.cleaned == [({"cgroups": ["/p"]}, set())]
+
+
+def test_serve_reads_its_wakeup_pipe_only_after_a_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipes: list[tuple[int, int]] = []
+    real_pipe2, real_read = os.pipe2, os.read
+
+    def pipe2(flags: int) -> tuple[int, int]:
+        p = real_pipe2(flags)
+        pipes.append(p)
+        return p
+
+    reads: list[int] = []
+
+    def read(fd: int, n: int) -> bytes:
+        if pipes and fd == pipes[0][0]:
+            reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "pipe2", pipe2)
+    monkeypatch.setattr(os, "read", read)
+    sv = _Serve(monkeypatch)
+    seen: dict[str, Any] = {}
+
+    def script(s: socket.socket) -> None:
+        s.send(b'{"cgroups": []}')
+        seen["a"] = _ask(s, {"op": "config", "freezer": None})
+        seen["b"] = _ask(s, {"op": "config", "layers": None})
+        s.shutdown(socket.SHUT_WR)
+
+    sv.run(script)
+    assert seen == {"a": {"ok": True}, "b": {"ok": True}}
+    assert reads == []  # (no signal came: the pipe was never readable)
+
+
+class _SendFails(socket.socket):
+    """The reaper's end of the socket, whose every send fails (the manager went meanwhile)."""
+
+    sent: list[bytes]
+
+    def send(self, data: Any, *a: Any) -> int:
+        self.sent.append(bytes(data))
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_serve_swallows_send_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    sv = _Serve(monkeypatch)
+    theirs = _SendFails(fileno=os.dup(sv.theirs.fileno()))
+    theirs.sent = []
+    sv.theirs.close()
+    sv.theirs = theirs
+
+    def script(s: socket.socket) -> None:
+        s.send(b'{"cgroups": []}')
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        socket.send_fds(
+            s,
+            [json.dumps({"op": "zygote", "argv": ["/bin/sh", "-c", "exit 0"], "env": {}}).encode()],
+            [b.fileno()],
+        )
+        b.close()
+        a.close()
+        deadline = time.monotonic() + 2  # (a mutant that raises at the first send: 1 only)
+        while len(theirs.sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.shutdown(socket.SHUT_WR)
+
+    sv.run(script)
+    pid = json.loads(theirs.sent[0])["pid"]
+    assert [json.loads(m) for m in theirs.sent] == [{"pid": pid}, {"exit": pid, "rc": 0}]
+    assert sv.cleaned == [({"cgroups": []}, set())]  # (the fork server ended: not killed)
+
+
+def test_serve_ends_when_its_socket_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive error on the control socket (after the configuration) is the manager's end:
+    serve cleans with what it had and returns, reading nothing more."""
+    real = socket.recv_fds
+    calls: list[int] = []
+
+    def recv_fds(sock: Any, *a: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(sock, *a)
+
+    monkeypatch.setattr(socket, "recv_fds", recv_fds)
+    sv = _Serve(monkeypatch)
+
+    def script(s: socket.socket) -> None:
+        s.send(b'{"cgroups": ["/r"]}')
+        s.send(json.dumps({"op": "config", "freezer": "/f"}).encode())
+        s.shutdown(socket.SHUT_WR)
+
+    sv.run(script)
+    assert sv.cleaned == [({"cgroups": ["/r"]}, set())]
+    assert len(calls) == 2
+
+
+def test_the_real_reaper_process(tmp_path: Any) -> None:
+    """`python -m ...reaper.server` as the manager starts it (host/reaper.py): configured, starts
+    a fork server and reports its end, cleans the layer files at the close and exits 0."""
+    from arl_tangram.managers.cpu.host import reaper as rp
+
+    (tmp_path / "p1.ext4").write_text("x")
+    (tmp_path / "p2.img").write_text("x")
+    (tmp_path / "q1.ext4").write_text("x")
+    r = rp.Reaper({"cgroups": []})
+    try:
+        r.configure(layers=[str(tmp_path), "p"])
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = r.start_zygote(["/bin/sh", "-c", "exit 5"], {}, b.fileno())
+        a.close()
+        b.close()
+        assert r.exit_status(pid, 4.0) == 5
+    finally:
+        r.close(4.0)
+    assert r.proc.returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["p2.img", "q1.ext4"]
+
+
+def test_start_zygote_closes_inheritable_fds_from_4(tmp_path: Any) -> None:
+    """An inheritable fd at exactly 4, and one far above, are closed in the fork server (only
+    0-3 cross the exec)."""
+    out = tmp_path / "fds"
+    script = (
+        "import os\n"
+        "fds = sorted(int(n) for n in os.listdir('/proc/self/fd'))\n"
+        f"open({str(out)!r}, 'w').write(repr(fds))\n"
+    )
+    saved, was = None, False
+    with contextlib.suppress(OSError):
+        saved, was = os.dup(4), os.get_inheritable(4)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 4, inheritable=True)
+    high = os.dup2(null, 1000, inheritable=True)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        got = R._start_zygote(
+            {"argv": [sys.executable, "-c", script], "env": {}}, [os.dup(b.fileno())], -1
+        )
+    finally:
+        if saved is None:
+            os.close(4)
+        else:
+            os.dup2(saved, 4, inheritable=was)
+            os.close(saved)
+        os.close(high)
+        os.close(null)
+    _, status = os.waitpid(got["pid"], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert out.read_text() == "[0, 1, 2, 3, 4]"  # (4: the listing's own directory fd)
+    a.close()
+    b.close()
