@@ -43,8 +43,8 @@ class NodeSpec:
     # per action kind ("default" for the others); simulator only, not scaled by the allotment
     dispatch_s: Mapping[str, float] = field(default_factory=dict)
     # measured (cores k > 1, seconds), ascending k: what an elastic action's parallel part
-    # loses when it starts on k cores (its workers start one after another; fitted with
-    # `parallel_speedup` over two sizes of work). Simulator only: see `parallel_start_for`.
+    # loses when it starts on k cores (its workers start one after another; measured beside
+    # `parallel_speedup` on runs a fifth as long). Simulator only: see `parallel_start_for`.
     parallel_start_s: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:

@@ -12,8 +12,8 @@ assumed; a figure that cannot be measured is left out and said so.
 
 The spec (docs/trace-format.md) has fields for node capacity, the model costs, and the node's
 measured ``parallel_speedup`` and ``parallel_start_s`` (fully parallel work on k cores against
-one, paired and interleaved runs at two sizes: the gain of the parallel part and what its start
-costs) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a fixed cost per
+one, paired and interleaved runs: the large runs' ratio, and what runs a fifth as long lose
+beyond it when their workers start) and ``dispatch_s`` (the engine's cost of a zero-work action per path, as a fixed cost per
 action kind), which the simulator's virtual executor applies. The other figures
 go in a top-level ``calibration:`` section (`parse_calibration` validates it; `parse_cluster`
 leaves it alone): the work program's speed, which replay needs, and the sandbox cold start and
