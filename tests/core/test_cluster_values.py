@@ -330,6 +330,32 @@ def test_scaled_keeps_a_rounded_share_of_each_pool_and_at_least_one() -> None:
     assert [n.name for n in spec.scaled(2.0).nodes] == ["c0", "c1", "c2", "g0"]
 
 
+def test_device_cores_are_finite_and_at_least_zero_parsed_with_their_line() -> None:
+    assert _node().device_cores == 0.0  # devices of their own (GPUs) unless measured
+    assert _node(device_cores=0.5).device_cores == 0.5
+    for bad, shown in ((-0.25, "-0.25"), (math.inf, "inf"), (math.nan, "nan")):
+        _refused(
+            lambda bad=bad: _node(device_cores=bad),
+            f"node n: device_cores must be a finite number >= 0, got {shown}",
+        )
+
+    def node(**kw):
+        return {
+            "nodes": [{"name": "a", "capacity": {"cpu": 1}}, {"__line__": 6, "name": "b", **kw}]
+        }
+
+    got = parse_cluster(node(capacity={}, device_cores=2))
+    assert got.nodes[1].device_cores == 2.0 and type(got.nodes[1].device_cores) is float
+    assert got.nodes[0].device_cores == 0.0
+    assert parse_cluster(node(capacity={}, device_cores=0)).nodes[1].device_cores == 0.0
+    assert parse_cluster(node(capacity={}, device_cores=None)).nodes[1].device_cores == 0.0
+    for bad in (-1, "two", True, math.inf):
+        _spec_error(
+            node(capacity={}, device_cores=bad),
+            f"<cluster>:6: nodes[1].device_cores: must be a number of cores >= 0, got {bad!r}",
+        )
+
+
 # ---- parse_cluster -------------------------------------------------------------------------------
 
 

@@ -809,6 +809,10 @@ class _GpuMgr:
     async def aclose(self) -> None:
         self.log.append("aclose")
 
+    def worker_threads(self, iid: str) -> int:
+        self.log.append(("threads", iid))
+        return 3 if iid == "rm-s9" else 1
+
 
 RM = ModelSpec("rm", "scalar", "/m/rm", 1, 64.0, max_batch=16, alpha=0.5, beta=0.25)
 
@@ -954,12 +958,15 @@ def test_model_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert log == [
         ("load", "rm-w", "rm", (0,), False),
         ("unload", "rm-w", False),
+        ("threads", "rm-s9"),
         ("unload", "rm-s9", False),
         "aclose",
     ]
     assert reps == [("loads", 5), ("swaps", 2), ("lat", "rm-s9")]
     assert who == [(mgrs[0], m)] * 3
-    assert out == [
+    specs, threads = out
+    assert threads == 3  # the forward's threads, read from the instance measured
+    assert specs == [
         ModelSpec(
             "rm",
             "scalar",
@@ -1153,12 +1160,17 @@ def _fake_run(
         say("eng")
         return {"code": 0.0021234, "test": 0.0061234, "tool_session": 0.0031234}
 
-    async def model_figs(ms: Any, say: Any, repeats: int) -> list[ModelSpec]:
+    async def model_figs(ms: Any, say: Any, repeats: int) -> tuple[list[ModelSpec], int]:
         log.append(("models", ms, repeats))
         say("models")
         if models is ImportError:
             raise ImportError("no torch here")
-        return list(models or [])
+        return list(models or []), 2 if models else 0
+
+    async def model_dispatch(ms: Any, say: Any, repeats: int) -> dict[str, float]:
+        log.append(("dispatch", [m.name for m in ms], repeats))
+        say("dispatch")
+        return {"reward": 0.0012345, "judge": 0.0023456} if ms else {}
 
     async def judge_figs(model_dir: Path, say: Any) -> ModelSpec:
         log.append(("judge", model_dir))
@@ -1168,6 +1180,7 @@ def _fake_run(
     monkeypatch.setattr(cal, "_cpu_figures", cpu_figs)
     monkeypatch.setattr(cal, "_engine_figures", eng_figs)
     monkeypatch.setattr(cal, "_model_figures", model_figs)
+    monkeypatch.setattr(cal, "_model_dispatch", model_dispatch)
     monkeypatch.setattr(cal, "_judge_engine_figures", judge_figs)
     monkeypatch.setattr(cal, "local_models", lambda d: ("local", d))
     monkeypatch.setattr(cal.platform, "node", lambda: "box1")
@@ -1265,8 +1278,22 @@ def test_calibrate_with_models_and_the_judge_engine(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     said: list[str] = []
     spec = cal.calibrate(repeats=2, say=said.append, model_dir=tmp_path, judge_engine=True)
-    assert log == [("cpu", 2), ("eng", 2), ("models", ("local", tmp_path), 2), ("judge", tmp_path)]
-    assert said[1:] == ["cpu", "eng", "models", "judge"]
+    assert log == [
+        ("cpu", 2),
+        ("eng", 2),
+        ("models", ("local", tmp_path), 2),
+        ("dispatch", ["rm"], 2),
+        ("judge", tmp_path),
+    ]
+    assert said[1:] == ["cpu", "eng", "models", "dispatch", "judge"]
+    # the model kinds' engine cost beside the CPU paths', rounded as theirs
+    assert spec["nodes"][0]["dispatch_s"] == {
+        "default": 0.00212,
+        "test": 0.00612,
+        "tool": 0.00312,
+        "reward": 0.00123,
+        "judge": 0.00235,
+    }
     assert spec["nodes"][0]["capacity"] == {
         "cpu": 8,
         "memory_mb": 16000,
@@ -1280,11 +1307,14 @@ def test_calibrate_with_models_and_the_judge_engine(
         ),
     ]
     assert list(spec) == ["nodes", "models", "calibration"]
+    # CPU-backed devices: a forward takes its threads' cores of the node (the figure returned)
+    assert spec["nodes"][0]["device_cores"] == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     spec = cal.calibrate(repeats=2, say=lambda s: None, model_dir=tmp_path)
     assert spec["nodes"][0]["capacity"]["gpu"] == 2
     assert spec["nodes"][0]["capacity"]["gpu_memory_mb"] == 8192
+    assert "device_cores" not in spec["nodes"][0]  # GPUs: devices of their own
 
 
 def test_calibrate_the_judge_engine_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -1311,6 +1341,7 @@ def test_calibrate_without_the_gpu_extra_says_so(
     _fake_run(monkeypatch, log, CPU_FIGS, models=[])
     spec = cal.calibrate(say=said.append, model_dir=tmp_path, judge_engine=True)
     assert [m["name"] for m in spec["models"]] == ["tiny-genjudge"]
+    assert "device_cores" not in spec["nodes"][0]  # no forward measured
 
 
 # ---- the file ------------------------------------------------------------------------------

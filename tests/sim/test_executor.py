@@ -276,3 +276,92 @@ def test_a_wide_start_pays_the_nodes_parallel_start_once():
     # the start alone measured on a node (no speedup, no dispatch) is still applied
     bare = NodeSpec("n", Resources(cpu=4, memory_mb=4096), parallel_start_s=((2.0, 0.25),))
     assert _finish_on(bare, el, 3.0, 2.0) == pytest.approx(0.25 + 1.5)
+
+
+def _forward_run(device_cores, rigid_cpus, devices=(0,)):
+    """A batch of one 0.3 s reward (alpha 0.1) on a 2-core node with a measured speedup, beside
+    two rigid 1-core actions of 1.0 s each; (the batch's event, the actions' finish times)."""
+    node = NodeSpec(
+        "n",
+        Resources(cpu=2, memory_mb=4096, gpu=2, gpu_memory_mb=8192),
+        parallel_speedup=((2.0, 1.6),),
+        device_cores=device_cores,
+    )
+    loop = EventLoop()
+    events: list[E.Event] = []
+    truth = {"r": SimAction(ActionKind.REWARD, 0.3, model="rm")}
+    truth |= {f"t{i}": SimAction(ActionKind.TEST, 1.0, cold_start_s=0.0) for i in range(rigid_cpus)}
+    ex = VirtualExecutor(
+        loop,
+        ClusterSpec((node,), (ModelSpec("rm", alpha=0.1, beta=0.0, load_s=0.0),)),
+        truth,
+        events.append,
+    )
+    for i in range(rigid_cpus):
+        spec = ActionSpec(f"t{i}", ActionKind.TEST, Resources(cpu=1, memory_mb=100), timeout_s=100)
+        ex.execute(C.StartAction(spec, "n", Resources(cpu=1, memory_mb=100), warm=True))
+    ex.execute(C.LoadModel("i0", "rm", "n", devices))
+    loop.run(until=0.0)
+    ex.execute(
+        C.RunBatch(
+            "b0", "i0", "n", "rm", (ActionSpec("r", ActionKind.REWARD, Resources(), model="rm"),)
+        )
+    )
+    loop.run()
+    batch = next(e for e in events if isinstance(e, E.BatchFinished))
+    ends = sorted(e.time for e in events if isinstance(e, E.ActionFinished))
+    return batch, ends
+
+
+def test_a_forward_on_cpu_backed_devices_shares_the_nodes_processor():
+    # no sandbox beside it: one busy core, the forward's own latency
+    batch, _ = _forward_run(1.0, 0)
+    assert batch.time == pytest.approx(0.4) and batch.latency_s == pytest.approx(0.4)
+    # two 1-core tests beside it: 3 busy cores on a 2-core node that gives 1.6 of them, so
+    # every run goes at 1.6 / 3 while the forward lasts (0.4 / (1.6/3) = 0.75 s), then the
+    # tests alone at 1.6 / 2 = 0.8: they had done 0.4 s of work, 0.6 s left -> 0.75 s more
+    batch, ends = _forward_run(1.0, 2)
+    assert batch.time == pytest.approx(0.75) and batch.latency_s == pytest.approx(0.75)
+    assert ends == pytest.approx([1.5, 1.5])
+    # an instance of two devices: 2 cores of forward, 4 busy -> 1.6 / 4 each
+    batch, ends = _forward_run(1.0, 2, devices=(0, 1))
+    assert batch.latency_s == pytest.approx(0.4 / 0.4)
+    assert ends == pytest.approx([1.0 + 0.6 / 0.8] * 2)
+    # devices of their own (GPUs): the forward takes nothing from the tests
+    batch, ends = _forward_run(0.0, 2)
+    assert batch.latency_s == pytest.approx(0.4) and ends == pytest.approx([1.25, 1.25])
+
+
+def test_a_batch_is_reported_its_kinds_measured_engine_cost_after_its_forward():
+    def batch_of(dispatch, device_cores=0.0):
+        node = NodeSpec(
+            "n",
+            Resources(cpu=2, memory_mb=4096, gpu=1, gpu_memory_mb=8192),
+            parallel_speedup=((2.0, 1.6),),
+            dispatch_s=dispatch,
+            device_cores=device_cores,
+        )
+        loop = EventLoop()
+        events: list[E.Event] = []
+        model = ModelSpec("rm", alpha=0.1, beta=0.0, load_s=0.0)
+        truth = {a: SimAction(ActionKind.REWARD, 0.2, model="rm") for a in ("r", "s")}
+        ex = VirtualExecutor(loop, ClusterSpec((node,), (model,)), truth, events.append)
+        ex.execute(C.LoadModel("i0", "rm", "n", (0,)))
+        loop.run(until=0.0)
+        for b, a in (("b0", "r"), ("b1", "s")):  # two batches queued: one after the other
+            spec = ActionSpec(a, ActionKind.REWARD, Resources(), model="rm")
+            ex.execute(C.RunBatch(b, "i0", "n", "rm", (spec,)))
+        loop.run()
+        return [(e.time, e.latency_s) for e in events if isinstance(e, E.BatchFinished)]
+
+    # the reward kind's 0.05 s after each forward of 0.3 s; the latency reported: the forward's
+    got = batch_of({"default": 0.004, "reward": 0.05})
+    assert got == [pytest.approx((0.35, 0.3)), pytest.approx((0.70, 0.3))]
+    # the same on CPU-backed devices (the forward alone on the node: its own speed)
+    got = batch_of({"default": 0.004, "reward": 0.05}, device_cores=1.0)
+    assert got == [pytest.approx((0.35, 0.3)), pytest.approx((0.70, 0.3))]
+    # a default, or another kind's cost, is not a model's: nothing added
+    assert batch_of({"default": 0.004, "judge": 0.05}) == [
+        pytest.approx((0.3, 0.3)),
+        pytest.approx((0.6, 0.3)),
+    ]

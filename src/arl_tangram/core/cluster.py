@@ -8,7 +8,9 @@ simulator's virtual executor applies and tangram's elastic widths weigh (`core.e
 ``dispatch_s`` (the runtime's fixed cost of one action on the node, per action kind, not
 stretched by the allotment) and ``parallel_start_s`` (the time an elastic action started on k
 cores takes before its parallel part runs at that width: its workers start one after
-another), both for the simulator only. A `ModelSpec`
+another), both for the simulator only, and ``device_cores`` (the cores of the node's own
+processor that a model batch takes per device where its devices are CPU-backed: the forwards
+compete with the node's sandboxes; simulator only). A `ModelSpec`
 describes a reward model or judge: what it needs per instance and its cost curve (load, swap,
 batch latency ``alpha + beta * batch``), which the scheduler uses and measured events correct.
 
@@ -19,7 +21,7 @@ as ``file:line: field: message``; reading the file is `arl_tangram.specfile`'s j
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,11 @@ class NodeSpec:
     # loses when it starts on k cores (its workers start one after another; measured beside
     # `parallel_speedup` on runs a fifth as long). Simulator only: see `parallel_start_for`.
     parallel_start_s: tuple[tuple[float, float], ...] = ()
+    # cores of this node's processor a model batch uses per device of its instance, where the
+    # devices are CPU-backed (the GPU manager's `cpu` devices: a forward runs on the node's own
+    # cores, beside its sandboxes); 0 = devices of their own (GPUs). Simulator only, and only on
+    # a node with `parallel_speedup` (a processor its runs share).
+    device_cores: float = 0.0
 
     def __post_init__(self) -> None:
         pts = self.parallel_speedup
@@ -61,6 +68,9 @@ class NodeSpec:
                                  f"finite number of seconds >= 0, got {c:g}")
             if i and k <= self.parallel_start_s[i - 1][0]:
                 raise ValueError(f"node {self.name}: parallel_start_s core counts must ascend")
+        if not (self.device_cores >= 0.0) or math.isinf(self.device_cores):
+            raise ValueError(f"node {self.name}: device_cores must be a finite number >= 0, got "
+                             f"{self.device_cores!r}")
         for kind, d in self.dispatch_s.items():
             if not (d >= 0.0) or math.isinf(d):
                 raise ValueError(f"node {self.name}: dispatch_s.{kind} must be >= 0, got {d!r}")
@@ -235,7 +245,7 @@ def _resources(raw: Any, where: str) -> Resources:
 
 
 _NODE_KEYS = {"name", "capacity", "pool", "gpu_domains", "labels", "count", "parallel_speedup",
-              "dispatch_s", "parallel_start_s"}
+              "dispatch_s", "parallel_start_s", "device_cores"}
 _DISPATCH_KINDS = {"code", "test", "tool", "custom", "reward", "judge", "default"}
 
 
@@ -247,41 +257,34 @@ def _finite(raw: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _parallel_speedup(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
-    """``{cores: speedup}`` -> ascending (cores, speedup) pairs; errors as (field, message)."""
+def _points(raw: Any, where: str, what: str,
+            check: Callable[[float, float | None], str | None]) -> tuple[tuple[float, float], ...]:
+    """``{cores: value}`` -> ascending (cores, value) pairs, each value checked by ``check(cores,
+    value)`` (an error message, or None); errors as (field, message). ``what`` names the values
+    and gives an example, for the message of a field that is not a mapping."""
     if not isinstance(raw, Mapping):
-        raise _FieldError(where, "must be a mapping of core count -> measured speedup, e.g. {2: 1.6}")
+        raise _FieldError(where, f"must be a mapping of core count -> {what}")
     line = raw.get("__line__")
     out = []
-    for k, s in raw.items():
+    for k, v in raw.items():
         if k == "__line__":
             continue
-        kc, sv = _finite(k), _finite(s)
+        kc, fv = _finite(k), _finite(v)
         if kc is None or kc <= 1.0:
             raise _FieldError(f"{where}.{k}", "core count must be a number > 1", line)
-        if sv is None or not 0.0 < sv <= kc:
-            raise _FieldError(f"{where}.{k}", f"speedup must be a number in (0, {kc:g}], got {s!r}",
-                              line)
-        out.append((kc, sv))
+        bad = check(kc, fv)
+        if bad or fv is None:  # (every check refuses None)
+            raise _FieldError(f"{where}.{k}", f"{bad}, got {v!r}", line)
+        out.append((kc, fv))
     return tuple(sorted(out))
 
 
-def _parallel_start(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
-    """``{cores: seconds}`` -> ascending (cores, seconds) pairs; errors as (field, message)."""
-    if not isinstance(raw, Mapping):
-        raise _FieldError(where, "must be a mapping of core count -> seconds, e.g. {2: 0.003}")
-    line = raw.get("__line__")
-    out = []
-    for k, c in raw.items():
-        if k == "__line__":
-            continue
-        kc, cv = _finite(k), _finite(c)
-        if kc is None or kc <= 1.0:
-            raise _FieldError(f"{where}.{k}", "core count must be a number > 1", line)
-        if cv is None or cv < 0.0:
-            raise _FieldError(f"{where}.{k}", f"must be a number of seconds >= 0, got {c!r}", line)
-        out.append((kc, cv))
-    return tuple(sorted(out))
+def _speedup_bad(k: float, s: float | None) -> str | None:
+    return None if s is not None and 0.0 < s <= k else f"speedup must be a number in (0, {k:g}]"
+
+
+def _start_bad(_k: float, c: float | None) -> str | None:
+    return None if c is not None and c >= 0.0 else "must be a number of seconds >= 0"
 
 
 def _dispatch(raw: Any, where: str) -> dict[str, float]:
@@ -358,15 +361,21 @@ def _parse_node(rn: Any, where: str) -> list[NodeSpec]:
             raise ValueError("count must be >= 1")
         domains = tuple(tuple(int(d) for d in dom) for dom in rn.get("gpu_domains") or ())
         labels = {str(k): str(v) for k, v in (rn.get("labels") or {}).items() if k != "__line__"}
-        speedup = (_parallel_speedup(rn["parallel_speedup"], f"{where}.parallel_speedup")
+        speedup = (_points(rn["parallel_speedup"], f"{where}.parallel_speedup",
+                           "measured speedup, e.g. {2: 1.6}", _speedup_bad)
                    if rn.get("parallel_speedup") is not None else ())
         dispatch = (_dispatch(rn["dispatch_s"], f"{where}.dispatch_s")
                     if rn.get("dispatch_s") is not None else {})
-        starts = (_parallel_start(rn["parallel_start_s"], f"{where}.parallel_start_s")
+        starts = (_points(rn["parallel_start_s"], f"{where}.parallel_start_s",
+                          "seconds, e.g. {2: 0.003}", _start_bad)
                   if rn.get("parallel_start_s") is not None else ())
+        device_cores = _finite(rn["device_cores"]) if rn.get("device_cores") is not None else 0.0
+        if device_cores is None or device_cores < 0.0:
+            raise _FieldError(f"{where}.device_cores", "must be a number of cores >= 0, got "
+                              f"{rn.get('device_cores')!r}", line)
         pool = str(rn.get("pool", "default"))
         names = [str(rn["name"])] if count == 1 else [f"{rn['name']}-{c}" for c in range(count)]
-        return [NodeSpec(name, cap, pool, domains, labels, speedup, dispatch, starts)
+        return [NodeSpec(name, cap, pool, domains, labels, speedup, dispatch, starts, device_cores)
                 for name in names]
     except _FieldError as exc:
         raise _FieldError(exc.fieldname, str(exc), exc.line or line) from None

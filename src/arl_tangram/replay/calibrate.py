@@ -372,12 +372,16 @@ async def _engine_figures(say: Say, repeats: int) -> dict[str, float]:
     return out
 
 
-async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> list[ModelSpec]:
-    """Each model's cold load, swap-in from host memory and batch latency, as its `ModelSpec`."""
+async def _model_figures(models: list[ModelSpec], say: Say,
+                         repeats: int) -> tuple[list[ModelSpec], int]:
+    """Each model's cold load, swap-in from host memory and batch latency, as its `ModelSpec`;
+    and the most intra-op threads a one-device instance's forward ran on (what a forward takes
+    of the node's cores where the devices are CPU-backed: `NodeSpec.device_cores`)."""
     from ..managers.gpu import GpuManager, GpuManagerConfig
 
     mgr = GpuManager(GpuManagerConfig(device="auto", cpu_devices=CPU_DEVICES), models)
     out = []
+    threads = 0
     try:
         for m in models:
             # a first load pays the process's one-time costs (imports, lazy modules): not the model's
@@ -386,6 +390,7 @@ async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> lis
             loads = await _load_times(mgr, m, max(2, repeats))
             swaps, iid = await _swap_times(mgr, m, max(2, repeats // 2))
             alpha, beta = await _batch_latency(mgr, m, iid)
+            threads = max(threads, mgr.worker_threads(iid))
             await mgr.unload(iid, park=False)
             spec = ModelSpec(m.name, m.kind, m.path, m.devices, m.memory_mb, m.dtype,
                              load_s=round(_median(loads), 5), swap_s=round(_median(swaps), 5),
@@ -398,6 +403,47 @@ async def _model_figures(models: list[ModelSpec], say: Say, repeats: int) -> lis
             out.append(spec)
     finally:
         await mgr.aclose()
+    return out, threads
+
+
+async def _model_dispatch(models: list[ModelSpec], say: Say, repeats: int) -> dict[str, float]:
+    """The engine's own cost of a model action, per kind: submit -> delivered of one action
+    alone on an idle embedded engine, less its model's measured ``alpha + beta`` (the forward
+    and the manager's round trip to its worker), the median over ``repeats`` of each model
+    and then over the models of the kind; never below 0. What the core, the executor's hand-off
+    and the delivery add (`NodeSpec.dispatch_s` for ``reward`` and ``judge``)."""
+    from ..managers.gpu.config import GpuManagerConfig
+    from ..runtime.config import NodeConfig
+    from ..runtime.engine import Engine, EngineConfig
+    from ..runtime.local import LocalExecutor
+    from ..sim.trace import SimAction
+    from .driver import action_payload
+
+    gpu = GpuManagerConfig(device="auto", cpu_devices=CPU_DEVICES)
+    eng = Engine(LocalExecutor((NodeConfig(name="cal", gpu=gpu),), tuple(models)),
+                 EngineConfig(core=CoreConfig(policy="fifo"), models=tuple(models)))
+    await eng.start()
+    per_kind: dict[str, list[float]] = {}
+    try:
+        for m in models:
+            kind = ActionKind.JUDGE if m.kind == "judge" else ActionKind.REWARD
+            act = SimAction(kind, 0.0, Resources(), model=m.name)
+            acts = []
+            for i in range(repeats + 1):
+                res = await eng.run(ActionSpec(id=f"cal-{m.name}-{i}", kind=kind, model=m.name,
+                                               payload=action_payload(act, m, 1.0, i, False)))
+                if res.status.name != "SUCCEEDED":
+                    raise RuntimeError(f"calibration action of {m.name} ended {res.status.name}: "
+                                       f"{res.reason}")
+                if i:  # the first one loads the model
+                    acts.append((res.finish_time or 0.0) - res.submit_time)
+                await asyncio.sleep(0.05)
+            per_kind.setdefault(kind.value, []).append(_median(acts) - (m.alpha + m.beta))
+    finally:
+        await eng.aclose()
+    out = {k: max(0.0, _median(v)) for k, v in per_kind.items()}
+    say("engine cost of one model action beyond its batch latency: " + ", ".join(
+        f"{k} {1000 * v:.1f} ms" for k, v in out.items()))
     return out
 
 
@@ -480,9 +526,12 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
     cpu = asyncio.run(_cpu_figures(say, repeats))
     eng = asyncio.run(_engine_figures(say, repeats))
     models: list[ModelSpec] = []
+    forward_threads = 0
+    models_dispatch: dict[str, float] = {}
     if with_models:
         try:
-            models = asyncio.run(_model_figures(local_models(model_dir), say, repeats))
+            models, forward_threads = asyncio.run(_model_figures(local_models(model_dir), say, repeats))
+            models_dispatch = asyncio.run(_model_dispatch(models, say, repeats))
         except ImportError as exc:
             say(f"models: not measured ({exc}); install the [gpu] extra")
     if judge_engine:  # (a vLLM start: tens of seconds; `make install` installs the engine)
@@ -498,12 +547,17 @@ def calibrate(*, with_models: bool = True, repeats: int = 5, say: Say = print,
         if starts:
             node["parallel_start_s"] = starts
     node["dispatch_s"] = dispatch_by_kind(eng)
+    if models_dispatch:
+        node["dispatch_s"].update({k: round(v, 5) for k, v in models_dispatch.items()})
     if models:
         import torch
 
-        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else CPU_DEVICES
+        cuda = torch.cuda.is_available()
+        ngpu = torch.cuda.device_count() if cuda else CPU_DEVICES
         node["capacity"][GPU] = ngpu
         node["capacity"][GPU_MEMORY_MB] = 4096 * ngpu
+        if not cuda and forward_threads:  # CPU-backed devices: forwards run on these cores
+            node["device_cores"] = forward_threads
     spec: dict[str, Any] = {"nodes": [node]}
     if models:
         spec["models"] = [_model_dict(m) for m in models]

@@ -27,11 +27,20 @@ its spec, for elastic widths: docs/core.md; it never sees the work an action rea
   nothing changes;
 - ``dispatch_s``: after its start-up, an action spends its kind's fixed cost before its work
   begins (the runtime's own dispatch, program start and reply), holding its allotment and not
-  stretched by it; a resize during it changes only the speed of the work that follows;
+  stretched by it; a resize during it changes only the speed of the work that follows. A model
+  batch's BatchFinished comes its kind's cost (``reward``, ``judge``: only where measured for
+  that kind, never the default's) after its forward, its reported latency the forward's;
 - ``parallel_start_s``: an elastic CPU action with a parallel part that starts on more than one
   core also spends the node's start cost at that width before its work (its workers start one
   after another, so the width is not all in use at once). One that starts on one core and grows
-  later pays nothing: its workers were started while it had one core.
+  later pays nothing: its workers were started while it had one core;
+- ``device_cores``: the node's model devices are CPU-backed, so a batch's forward runs on the
+  node's own processor. It joins the node's shared runs for its ``alpha + sum(work)`` at
+  ``device_cores`` per device of its instance: it slows the sandboxes running beside it and is
+  slowed by them, and its BatchFinished reports the latency it really took. (The judge engine,
+  ``max_seqs > 0``, does not join: its steps are modelled apart, `engine_model`.)
+While the busy cores exceed the node's capacity (only a CPU-backed forward takes cores the core
+did not allot), the node delivers ``parallel_cores(capacity)`` among them.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from typing import Any
 
 from ..core import commands as C
 from ..core import events as E
-from ..core.actions import ActionSpec, Status
+from ..core.actions import ActionKind, ActionSpec, Status
 from ..core.build import make_finished, make_started, make_warm_report
 from ..core.cluster import ClusterSpec, ModelSpec, NodeSpec
 from ..core.records import warm_key
@@ -56,6 +65,7 @@ from .trace import DEFAULT_COLD_START_S, SimAction
 
 Emit = Callable[[E.Event], None]
 _SUCCEEDED, _FAILED, _TIMED_OUT = Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT
+_FORWARD = SimAction(ActionKind.REWARD, 0.0, Resources())  # a forward's run: its truth is unused
 
 
 def _no_log(_value: object) -> None:
@@ -105,6 +115,9 @@ class _Run:
     deadline: float = float("inf")  # start + timeout
     ucode: int = 0  # `UsageMeter.code` of ``allotment`` (with a meter)
     shared: bool = False  # counted in its node's busy cores (`VirtualExecutor._busy`)
+    # a model batch's forward on the node's processor (``spec``: its first action), not an
+    # action's: called at the forward's end instead of `VirtualExecutor._finished`
+    done: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +166,9 @@ class VirtualExecutor:
         # nodes with a measured parallel speedup: the executing runs and their busy cores
         self._busy: dict[str, tuple[dict[str, _Run], list[float]]] = {
             n.name: ({}, [0.0]) for n in cluster.nodes if n.parallel_speedup}
+        # nodes with CPU-backed model devices whose forwards share that processor: cores/device
+        self._device_cores: dict[str, float] = {
+            n.name: n.device_cores for n in cluster.nodes if n.parallel_speedup and n.device_cores}
         self.truth = truth  # action id -> SimAction (the simulator fills it before arrival)
         self.emit = emit
         self.usage = usage  # integrates busy / held resources over virtual time
@@ -274,20 +290,29 @@ class VirtualExecutor:
     def _reshare(self, node_name: str) -> None:
         runs, busy = self._busy[node_name]
         b = busy[0]
-        share = self.measured[node_name].parallel_cores(b) / b if b > 1.0 else 1.0
+        node = self.measured[node_name]
+        share = node.parallel_cores(min(b, node.capacity.get(CPU))) / b if b > 1.0 else 1.0
         now = self.loop.now
         for r in runs.values():
             if now > r.since:  # bring its work up to date at the old speed
                 r.remaining = max(0.0, r.remaining - (now - r.since) * r.speed)
                 r.since = now
-            r.speed = _speed(r, r.allotment) * share
+            r.speed = (_speed(r, r.allotment) if r.done is None else 1.0) * share
             self._schedule_finish(r)
 
     def _schedule_finish(self, run: _Run) -> None:
         run.version += 1
         end = run.since + (run.remaining / run.speed if run.speed > 0 else float("inf"))
-        self.loop.push(end if end < run.deadline else run.deadline, REPORT, self._finished,
+        self.loop.push(end if end < run.deadline else run.deadline, REPORT,
+                       self._finished if run.done is None else self._forward_end,
                        (run, run.version))  # min(end, deadline), without the builtin's call
+
+    def _forward_end(self, run: _Run, version: int) -> None:
+        """A model batch's forward on the node's shared processor is over."""
+        if run.version != version or run.done is None:
+            return  # stale: the node's share changed since
+        self._share(run, -1)
+        run.done()
 
     def _finished(self, run: _Run, version: int) -> None:
         """The run's work is done, or its time is up."""
@@ -442,7 +467,19 @@ class VirtualExecutor:
         inst.busy = True
         self._usage(inst.footprint(), None, +1)
         latency = inst.model.alpha + sum(self._work(a) for a in cmd.actions)
-        self._report(latency, partial(self._batch_done, cmd, inst, latency))
+        # the engine's own cost of the batch's kind, where measured for it (not the default)
+        node = self.measured.get(inst.node)
+        extra = node.dispatch_s.get(cmd.actions[0].kind.value, 0.0) if node is not None else 0.0
+        cores = self._device_cores.get(inst.node, 0.0) * len(inst.devices)
+        if cores > 0.0:  # CPU-backed devices: the forward shares the node's processor
+            t0 = self.loop.now
+            run = _Run(cmd.actions[0], _FORWARD, inst.node, Resources({CPU: cores}),
+                       started=True, remaining=latency, since=t0)
+            run.done = lambda: self._report(
+                extra, partial(self._batch_done, cmd, inst, self.loop.now - t0))
+            self._share(run, +1)  # (schedules its end)
+            return
+        self._report(latency + extra, partial(self._batch_done, cmd, inst, latency))
 
     def _engine_join(self, inst: _Instance) -> None:
         """A judge engine: every queued batch joins the sequences in flight at once."""
