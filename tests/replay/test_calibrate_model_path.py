@@ -31,3 +31,15 @@ def test_a_model_actions_engine_cost_per_kind_less_its_batch_latency(tmp_path: P
         "engine cost of one model action beyond its batch latency: reward 0.0 ms, "
         f"judge {1000 * got['judge']:.1f} ms"
     ]
+
+
+def test_a_model_action_that_fails_stops_the_calibration_naming_it(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from arl_tangram.core.cluster import ModelSpec
+
+    bad = ModelSpec("gone-rm", kind="scalar", path=str(tmp_path / "no-such-model"))
+    with pytest.raises(RuntimeError) as info:
+        asyncio.run(cal._model_dispatch([bad], lambda m: None, 1))
+    assert str(info.value).startswith(
+        "calibration action of gone-rm ended FAILED: model gone-rm failed to load 3 times: "
+    )

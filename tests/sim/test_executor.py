@@ -278,9 +278,10 @@ def test_a_wide_start_pays_the_nodes_parallel_start_once():
     assert _finish_on(bare, el, 3.0, 2.0) == pytest.approx(0.25 + 1.5)
 
 
-def _forward_run(device_cores, rigid_cpus, devices=(0,)):
+def _forward_run(device_cores, rigid_cpus, devices=(0,), work=1.0):
     """A batch of one 0.3 s reward (alpha 0.1) on a 2-core node with a measured speedup, beside
-    two rigid 1-core actions of 1.0 s each; (the batch's event, the actions' finish times)."""
+    ``rigid_cpus`` rigid 1-core actions of ``work`` s each; (the batch's event, the actions'
+    finish times)."""
     node = NodeSpec(
         "n",
         Resources(cpu=2, memory_mb=4096, gpu=2, gpu_memory_mb=8192),
@@ -290,7 +291,9 @@ def _forward_run(device_cores, rigid_cpus, devices=(0,)):
     loop = EventLoop()
     events: list[E.Event] = []
     truth = {"r": SimAction(ActionKind.REWARD, 0.3, model="rm")}
-    truth |= {f"t{i}": SimAction(ActionKind.TEST, 1.0, cold_start_s=0.0) for i in range(rigid_cpus)}
+    truth |= {
+        f"t{i}": SimAction(ActionKind.TEST, work, cold_start_s=0.0) for i in range(rigid_cpus)
+    }
     ex = VirtualExecutor(
         loop,
         ClusterSpec((node,), (ModelSpec("rm", alpha=0.1, beta=0.0, load_s=0.0),)),
@@ -308,7 +311,7 @@ def _forward_run(device_cores, rigid_cpus, devices=(0,)):
         )
     )
     loop.run()
-    batch = next(e for e in events if isinstance(e, E.BatchFinished))
+    (batch,) = [e for e in events if isinstance(e, E.BatchFinished)]  # one, never a stale one
     ends = sorted(e.time for e in events if isinstance(e, E.ActionFinished))
     return batch, ends
 
@@ -327,6 +330,10 @@ def test_a_forward_on_cpu_backed_devices_shares_the_nodes_processor():
     batch, ends = _forward_run(1.0, 2, devices=(0, 1))
     assert batch.latency_s == pytest.approx(0.4 / 0.4)
     assert ends == pytest.approx([1.0 + 0.6 / 0.8] * 2)
+    # a 0.1 s test ends during the forward: 2 busy at 0.8 until 0.125, then the forward alone
+    # (its end first planned at the shared speed is stale: 0.1 done, 0.3 left at 1.0)
+    batch, ends = _forward_run(1.0, 1, work=0.1)
+    assert ends == pytest.approx([0.125]) and batch.time == pytest.approx(0.425)
     # devices of their own (GPUs): the forward takes nothing from the tests
     batch, ends = _forward_run(0.0, 2)
     assert batch.latency_s == pytest.approx(0.4) and ends == pytest.approx([1.25, 1.25])
