@@ -18,9 +18,9 @@ def test_a_model_actions_engine_cost_per_kind_less_its_batch_latency(tmp_path: P
 
     paths = build_tiny_models(tmp_path, seed=0)
     specs = {m.name: m for m in tiny_model_specs(paths)}
-    # a reward model whose batch latency is far above any engine round trip (clamped to 0),
-    # and a judge whose latency is 0 (its whole submit -> delivered is the engine's)
-    rm = dataclasses.replace(specs["tiny-rm"], alpha=30.0, beta=0.0)
+    # a reward model whose batch latency (alpha + beta) is far above any engine round trip
+    # (clamped to 0), and a judge whose latency is 0 (its whole submit -> delivered is the engine's)
+    rm = dataclasses.replace(specs["tiny-rm"], alpha=0.0, beta=30.0)
     judge = dataclasses.replace(specs["tiny-judge"], alpha=0.0, beta=0.0)
     said: list[str] = []
     got = asyncio.run(cal._model_dispatch([rm, judge], said.append, 2))

@@ -987,6 +987,7 @@ def test_model_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert said == [
         "model rm (scalar): load 1235 ms, swap-in 256.2 ms, batch latency 12.3 ms + 1.23 ms x batch"
     ]
+    assert asyncio.run(cal._model_figures([], said.append, 5)) == ([], 0)  # no model, no threads
     reps.clear()
     asyncio.run(cal._model_figures([m], said.append, 1))
     assert reps[:2] == [("loads", 2), ("swaps", 2)]

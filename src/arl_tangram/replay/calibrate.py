@@ -427,17 +427,17 @@ async def _model_dispatch(models: list[ModelSpec], say: Say, repeats: int) -> di
     try:
         for m in models:
             kind = ActionKind.JUDGE if m.kind == "judge" else ActionKind.REWARD
-            act = SimAction(kind, 0.0, Resources(), model=m.name)
+            act = SimAction(kind, 0.0, Resources(), model=m.name)  # pragma: no mutate (a model action's payload is texts, not work)
             acts = []
-            for i in range(repeats + 1):
+            for i in range(repeats + 1):  # pragma: no mutate (a sample more: the median's noise)
                 res = await eng.run(ActionSpec(id=f"cal-{m.name}-{i}", kind=kind, model=m.name,
                                                payload=action_payload(act, m, 1.0, i, False)))
                 if res.status.name != "SUCCEEDED":
                     raise RuntimeError(f"calibration action of {m.name} ended {res.status.name}: "
                                        f"{res.reason}")
                 if i:  # the first one loads the model
-                    acts.append((res.finish_time or 0.0) - res.submit_time)
-                await asyncio.sleep(0.05)
+                    acts.append((res.finish_time or 0.0) - res.submit_time)  # pragma: no mutate (a success has its finish time)
+                await asyncio.sleep(0.05)  # pragma: no mutate (an idle engine between two: any pause)
             per_kind.setdefault(kind.value, []).append(_median(acts) - (m.alpha + m.beta))
     finally:
         await eng.aclose()
