@@ -278,13 +278,13 @@ def test_a_wide_start_pays_the_nodes_parallel_start_once():
     assert _finish_on(bare, el, 3.0, 2.0) == pytest.approx(0.25 + 1.5)
 
 
-def _forward_run(device_cores, rigid_cpus, devices=(0,), work=1.0):
+def _forward_run(device_cores, rigid_cpus, devices=(0,), work=1.0, cpu=2):
     """A batch of one 0.3 s reward (alpha 0.1) on a 2-core node with a measured speedup, beside
     ``rigid_cpus`` rigid 1-core actions of ``work`` s each; (the batch's event, the actions'
     finish times)."""
     node = NodeSpec(
         "n",
-        Resources(cpu=2, memory_mb=4096, gpu=2, gpu_memory_mb=8192),
+        Resources(cpu=cpu, memory_mb=4096, gpu=2, gpu_memory_mb=8192),
         parallel_speedup=((2.0, 1.6),),
         device_cores=device_cores,
     )
@@ -334,6 +334,9 @@ def test_a_forward_on_cpu_backed_devices_shares_the_nodes_processor():
     # (its end first planned at the shared speed is stale: 0.1 done, 0.3 left at 1.0)
     batch, ends = _forward_run(1.0, 1, work=0.1)
     assert ends == pytest.approx([0.125]) and batch.time == pytest.approx(0.425)
+    # a node that states no CPU capacity: its measured speedup, unbounded (2 cores at 0.8)
+    batch, _ = _forward_run(2.0, 0, cpu=0)
+    assert batch.latency_s == pytest.approx(0.5)
     # devices of their own (GPUs): the forward takes nothing from the tests
     batch, ends = _forward_run(0.0, 2)
     assert batch.latency_s == pytest.approx(0.4) and ends == pytest.approx([1.25, 1.25])

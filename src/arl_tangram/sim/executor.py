@@ -166,6 +166,9 @@ class VirtualExecutor:
         # nodes with a measured parallel speedup: the executing runs and their busy cores
         self._busy: dict[str, tuple[dict[str, _Run], list[float]]] = {
             n.name: ({}, [0.0]) for n in cluster.nodes if n.parallel_speedup}
+        # the most cores each of those delivers to (a node without CPU capacity: no bound)
+        self._cores: dict[str, float] = {
+            n.name: n.capacity.get(CPU) or float("inf") for n in cluster.nodes if n.parallel_speedup}
         # nodes with CPU-backed model devices whose forwards share that processor: cores/device
         self._device_cores: dict[str, float] = {
             n.name: n.device_cores for n in cluster.nodes if n.parallel_speedup and n.device_cores}
@@ -290,8 +293,8 @@ class VirtualExecutor:
     def _reshare(self, node_name: str) -> None:
         runs, busy = self._busy[node_name]
         b = busy[0]
-        node = self.measured[node_name]
-        share = node.parallel_cores(min(b, node.capacity.get(CPU))) / b if b > 1.0 else 1.0
+        cores = self._cores[node_name]
+        share = self.measured[node_name].parallel_cores(b if b < cores else cores) / b if b > 1.0 else 1.0
         now = self.loop.now
         for r in runs.values():
             if now > r.since:  # bring its work up to date at the old speed
