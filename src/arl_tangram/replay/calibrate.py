@@ -409,9 +409,10 @@ async def _model_figures(models: list[ModelSpec], say: Say,
 async def _model_dispatch(models: list[ModelSpec], say: Say, repeats: int) -> dict[str, float]:
     """The engine's own cost of a model action, per kind: submit -> delivered of one action
     alone on an idle embedded engine, less its model's measured ``alpha + beta`` (the forward
-    and the manager's round trip to its worker), the median over ``repeats`` of each model
-    and then over the models of the kind; never below 0. What the core, the executor's hand-off
-    and the delivery add (`NodeSpec.dispatch_s` for ``reward`` and ``judge``)."""
+    and the manager's round trip to its worker): the median of every sample of the kind's
+    models (``max(10, 2 x repeats)`` each: single milliseconds, noisy), never below 0. What the
+    core, the executor's hand-off and the delivery add (`NodeSpec.dispatch_s` for ``reward``
+    and ``judge``)."""
     from ..managers.gpu.config import GpuManagerConfig
     from ..runtime.config import NodeConfig
     from ..runtime.engine import Engine, EngineConfig
@@ -428,17 +429,17 @@ async def _model_dispatch(models: list[ModelSpec], say: Say, repeats: int) -> di
         for m in models:
             kind = ActionKind.JUDGE if m.kind == "judge" else ActionKind.REWARD
             act = SimAction(kind, 0.0, Resources(), model=m.name)  # pragma: no mutate (a model action's payload is texts, not work)
-            acts = []
-            for i in range(repeats + 1):  # pragma: no mutate (a sample more: the median's noise)
+            acts = per_kind.setdefault(kind.value, [])
+            for i in range(max(10, 2 * repeats) + 1):  # pragma: no mutate (samples: the median's noise)
                 res = await eng.run(ActionSpec(id=f"cal-{m.name}-{i}", kind=kind, model=m.name,
                                                payload=action_payload(act, m, 1.0, i, False)))
                 if res.status.name != "SUCCEEDED":
                     raise RuntimeError(f"calibration action of {m.name} ended {res.status.name}: "
                                        f"{res.reason}")
                 if i:  # the first one loads the model
-                    acts.append((res.finish_time or 0.0) - res.submit_time)  # pragma: no mutate (a success has its finish time)
+                    took = (res.finish_time or 0.0) - res.submit_time  # pragma: no mutate (a success has its finish time)
+                    acts.append(took - (m.alpha + m.beta))
                 await asyncio.sleep(0.05)  # pragma: no mutate (an idle engine between two: any pause)
-            per_kind.setdefault(kind.value, []).append(_median(acts) - (m.alpha + m.beta))
     finally:
         await eng.aclose()
     out = {k: max(0.0, _median(v)) for k, v in per_kind.items()}
