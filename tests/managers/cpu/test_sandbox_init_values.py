@@ -498,7 +498,8 @@ def test_session_keeps_one_worker_per_language(monkeypatch, wd) -> None:
         r = init._session(_sreq("'x' in globals()"), sessions)
         assert (r["run_result"]["stdout"], r["message"]) == ("False\n", "")
     finally:
-        for w in sessions.values():
+        for w in sessions.values():  # (the pid itself first: a worker killed right after its
+            os.kill(w.pid, 9)  # fork may not have made its process group yet, see `Worker.kill`)
             w.kill()
 
 
@@ -554,8 +555,11 @@ def _become(top) -> None:
             _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWUTS)
             _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
             init.SANDBOX_DIR, child.WORKDIR = str(sb), str(wdir)
+            written = []
+            real_write = _linux.write_proc
+            _linux.write_proc = lambda p, d: written.append([p, d.decode()]) or real_write(p, d)
             init.become(3, 4000, 4001, "box-61")
-            info: dict = {"mounts": {}}
+            info: dict = {"mounts": {}, "written": written}
             with open("/proc/self/mountinfo") as f:
                 for line in f:
                     pre, post = line.split(" - ")
@@ -587,7 +591,7 @@ def _become(top) -> None:
     assert m[str(sb)][4].split(",")[1:4] == ["size=3072k", "nr_inodes=768", "mode=755"]
     assert m[str(wdir)][0] == "/work" and m["/tmp"][0] == "/tmp"
     assert m[str(wdir)][2] == m["/tmp"][2] == "tmpfs"
-    assert m["/proc"][2] == "proc" and m["/proc"][1].split(",")[:4] == [
+    assert m["/proc"][2:4] == ["proc", "proc"] and m["/proc"][1].split(",")[:4] == [
         "rw",
         "nosuid",
         "nodev",
@@ -601,6 +605,7 @@ def _become(top) -> None:
         own = f.read()
     sys_resource = bool(caps & (1 << 24))  # (-1000 needs CAP_SYS_RESOURCE; else left as it was)
     assert (info["host"], info["oom"]) == ("box-61", "-1000\n" if sys_resource else own)
+    assert info["written"] == [["/proc/self/oom_score_adj", "-1000"]]
 
 
 # -- `serve` with the manager's socket at fd 3 and the output pipes at 4 and 5 (a direct
@@ -808,3 +813,387 @@ def test_serve_a_direct_run_names_a_java_file_by_its_class(tmp_path) -> None:
     )
     # (an exec'd job reports no frame: its status fd closes on exec)
     assert (replies, rc, out, err) == ([], 0, b"Foo.java Foo\npublic class Foo {}", b"")
+
+
+# ---- issue 43 (helper-68): the whole module's survivors -----------------------------------------
+
+
+class _Driver:
+    """`proc.Driver` recorded: its arguments and the jobs it ran (each finished with rc 0)."""
+
+    made: list = []
+
+    def __init__(self, limits, parallel=1, prepared=None, deadline=float("inf")) -> None:
+        self.args = (limits, parallel, prepared, deadline)
+        self.cut = False
+        _Driver.made.append(self)
+
+    def run(self, jobs, stop_on_failure=None) -> None:
+        self.jobs, self.stop = jobs, stop_on_failure
+        for j in jobs:
+            j.status, j.return_code, j.done, j.elapsed = "Finished", 0, True, 0.0
+            j.out += b"ok\n"
+
+
+class _Clock:
+    @staticmethod
+    def monotonic() -> float:
+        return 100.0
+
+
+@pytest.fixture
+def drivers(monkeypatch):
+    from arl_tangram.managers.cpu.sandbox import proc
+
+    monkeypatch.setattr(_Driver, "made", [])
+    monkeypatch.setattr(proc, "Driver", _Driver)
+    monkeypatch.setattr(init, "time", _Clock)
+    return _Driver.made
+
+
+@pytest.mark.needs_root
+def test_run_passes_each_stage_its_job_limits_prepared_child_and_deadline(wd, drivers) -> None:
+    prep = object()
+    lang = dict(SH, file="p.sh", compile=["/bin/cc", "{file}", "-o", "{stem}"], run=["./{stem}"])
+    env = {"PATH": "/bin"}
+    r = init._run(_req(lang=lang, code="c", env=env, compile_timeout=7.5, run_timeout=2.5,
+                       stdin="in", total_timeout=30.0), prep)
+    lim = Limits(**LIMD)
+    assert [d.args for d in drivers] == [(lim, 1, prep, 130.0), (lim, 1, None, float("inf"))]
+    (cj,), (rj,) = drivers[0].jobs, drivers[1].jobs
+    assert (cj.argv, cj.env, cj.timeout, cj.stdin, cj.python) == (
+        ["/bin/cc", "p.sh", "-o", "p"], env, 7.5, b"", None)
+    assert (rj.argv, rj.env, rj.timeout, rj.stdin) == (["./p"], env, 2.5, b"in")
+    assert drivers[1].stop is None
+    assert r["compile_result"]["stdout"] == r["run_result"]["stdout"] == "ok\n"
+    drivers.clear()
+    init._run(_req(code="c", cases=None), prep)  # no compile stage: the run takes the child
+    assert [d.args for d in drivers] == [(lim, 1, prep, float("inf"))]
+    assert drivers[0].jobs[0].python == [("c", f"{wd}/main.py")]
+    assert drivers[0].jobs[0].stdin == b""  # (no stdin: empty)
+
+
+@pytest.mark.needs_root
+@pytest.mark.parametrize(("cpus", "parallel"), [(1.0, 1), (2.0, 2), (2.2, 3), (0.5, 1)])
+def test_run_cases_driver_arguments(wd, drivers, cpus: float, parallel: int) -> None:
+    prep = object()
+    cases = [{"stdin": "1", "expected_stdout": "ok"}, {"assert": "assert 1"}]
+    r = init._run(_req(code="c", cases=cases, limits=dict(LIMD, cpus=cpus), total_timeout=5.0,
+                       stop_on_first_failure=True), prep)
+    (d,) = drivers
+    assert d.args == (Limits(**dict(LIMD, cpus=cpus)), parallel, prep, 105.0)
+    assert [(j.python, j.stdin, j.timeout) for j in d.jobs] == [
+        ([("c", f"{wd}/main.py")], b"1", 5.0),
+        ([("c", f"{wd}/main.py"), ("assert 1", "<test>")], b"", 5.0),
+    ]
+    assert [d.stop(j) for j in d.jobs] == [False, False]  # both passed
+    assert [c["passed"] for c in r["cases"]] == [True, True]
+    drivers.clear()
+    init._run(_req(code="c", cases=cases, limits=dict(LIMD, cpus=cpus)), prep)
+    assert drivers[0].stop is None and drivers[0].args[3] == float("inf")
+
+
+@pytest.mark.needs_root
+def test_serve_prepare_forks_the_actions_child_at_once(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    ask = {"op": "session", "lang": {"name": "python"}, "code": "import os\nos.getpid()",
+           "run_timeout": 10.0, "env": {"PATH": "/bin"}, "limits": dict(LIMD)}
+    frames = [wire.encode_request({"op": "prepare"}), wire.encode_request(ask)]
+    replies, rc = _serve(CFG, frames, tmp_path)
+    # pid 1 is the init, 2 the prepared child (waiting for an action), 3 the session's worker
+    assert rc == 0 and replies[0] == {"ok": True}
+    assert replies[1]["run_result"]["stdout"] == "3\n"
+    replies, rc = _serve(CFG, frames[1:], tmp_path)  # (without a prepare: the worker is 2)
+    assert rc == 0 and replies[0]["run_result"]["stdout"] == "2\n"
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_leaves_the_action_fds_0_to_2_only(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    code = "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+    req = _req(direct=True, code=code, env={"PATH": "/bin"})
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    assert (replies, rc, err) == ([{"rc": 0}], 0, b"")
+    # 0-2, the listing's own fd (3) and the status fd (>= 900, closed on exec)
+    fds = json.loads(out)
+    assert fds[:4] == [0, 1, 2, 3] and len(fds) == 5 and fds[4] >= 900, fds
+
+
+class _Take:
+    """A compiled path's `direct_take`, faked: a "keep" request's body, then the end."""
+
+    def __init__(self) -> None:
+        self.bodies = [wire.encode_request({"op": "keep"})[4:]]
+
+    def direct_take(self, fd: int) -> bytes:
+        if not self.bodies or fd != 3:  # (3: the manager's socket here)
+            raise EOFError
+        return self.bodies.pop(0)
+
+
+@pytest.mark.needs_root
+@pytest.mark.parametrize(("cfg", "first"), [({"direct": True}, "keep"), ({}, "nope")])
+def test_serve_reads_a_direct_sandboxs_requests_with_the_compiled_take(
+    tmp_path, cfg: dict, first: str
+) -> None:
+    os.chmod(tmp_path, 0o777)
+
+    def prep() -> None:
+        child.FAST = _Take()
+
+    frames = [wire.encode_request({"op": "nope"})]
+    replies, rc, _, _ = _serve_fds({**CFG, **cfg}, frames, tmp_path, prep)
+    assert rc == 0
+    if first == "keep":  # the take's request, answered; then its end: exit 0
+        assert replies == [{"ok": True}]
+    else:  # not direct: the socket's own frame
+        assert replies == [{"error": "unknown op 'nope': expected run, prepare, session or image"}]
+
+
+@pytest.mark.needs_root
+def test_run_cases_a_case_killed_after_a_failure_is_skipped(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import sys, time\nif sys.stdin.read() == 'slow':\n    time.sleep(30)\nsys.exit(1)"
+    cases = [{"stdin": "fail"}, {"stdin": "slow"}]
+    r = init._run(_req(code=code, cases=cases, limits=dict(LIMD, cpus=2.0),
+                       stop_on_first_failure=True), None)
+    # both started at once; the slow one killed when the first failed ("Skipped" in `proc`)
+    (c0, c1) = r["cases"]
+    assert (c0["passed"], c0["skipped"], c0["run_result"]["return_code"]) == (False, False, 1)
+    assert (c1["passed"], c1["skipped"], c1["run_result"]) == (False, True, None)
+
+
+@pytest.mark.needs_root
+def test_serve_keep_clears_the_inits_parent_death_signal(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    log = tmp_path / "prctl"
+
+    def prep() -> None:
+        real = _linux.prctl
+
+        def prctl(*a):
+            with log.open("a") as f:
+                f.write(json.dumps(a) + "\n")
+            return real(*a)
+
+        _linux.prctl = prctl
+
+    replies, rc, _, _ = _serve_fds(CFG, [wire.encode_request({"op": "keep"})], tmp_path, prep)
+    assert (replies, rc) == ([{"ok": True}], 0)
+    assert log.read_text().splitlines() == [json.dumps([_linux.PR_SET_PDEATHSIG, 0])]
+
+
+@pytest.mark.needs_root
+def test_serve_direct_prepare_leaves_the_first_fork_to_the_action(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    ask = {"op": "session", "lang": {"name": "python"}, "code": "import os\nos.getpid()",
+           "run_timeout": 10.0, "env": {"PATH": "/bin"}, "limits": dict(LIMD)}
+    frames = [wire.encode_request({"op": "prepare"}), wire.encode_request(ask)]
+    replies, rc, _, _ = _serve_fds({**CFG, "direct": True}, frames, tmp_path)
+    assert rc == 0 and replies[0] == {"ok": True}
+    assert replies[1]["run_result"]["stdout"] == "2\n"  # no prepared child: the worker is 2
+
+
+@pytest.mark.needs_root
+def test_serve_enters_an_image_with_the_managers_socket(tmp_path) -> None:
+    from arl_tangram.managers.cpu.sandbox import imagebox
+
+    os.chmod(tmp_path, 0o777)
+    log = tmp_path / "enter"
+
+    def prep() -> None:
+        def enter(req, fd):
+            log.write_text(json.dumps([req, fd]))
+            return {"ok": True, "user": "u"}
+
+        imagebox.enter = enter
+
+    ask = {"op": "image", "layers": ["l1"], "layer_mb": 5}
+    frames = [wire.encode_request(ask), wire.encode_request({"op": "keep"})]
+    replies, rc, _, _ = _serve_fds(CFG, frames, tmp_path, prep)
+    assert (replies, rc) == ([{"ok": True, "user": "u"}, {"ok": True}], 0)  # kept: served on
+    assert json.loads(log.read_text()) == [ask, 3]
+
+
+def test_reap_all_reaps_every_exited_child_and_returns_while_one_lives() -> None:
+    r, w = os.pipe()
+    pids = []
+    for live in (False, False, True):
+        pid = os.fork()
+        if pid == 0:
+            if live:
+                os.close(w)
+                os.read(r, 1)
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids[:2]:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+    init._reap_all()  # (returns: the third still runs)
+    for pid in pids[:2]:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert os.waitpid(pids[2], os.WNOHANG) == (0, 0)
+    os.close(w)
+    os.waitpid(pids[2], 0)
+    os.close(r)
+
+
+@pytest.mark.needs_root
+@pytest.mark.parametrize("warm", [False, True])
+def test_serve_answers_the_first_request_read_for_it(tmp_path, warm: bool) -> None:
+    os.chmod(tmp_path, 0o777)
+    mark = tmp_path / "warmed"
+    cfg = {**CFG, "direct": True, "warm_direct": True} if warm else CFG
+
+    def prep() -> None:
+        init.warm_child = lambda: mark.open("a").write("w")
+
+    first = wire.encode_request({"op": "keep"})[4:]  # (`fork_all` read its body already)
+    replies, rc, _, _ = _serve_fds(
+        cfg, [wire.encode_request({"op": "nope"})], tmp_path, prep,
+        run=lambda: init.serve(3, cfg, first),
+    )
+    assert rc == 0 and replies == [
+        {"ok": True},
+        {"error": "unknown op 'nope': expected run, prepare, session or image"},
+    ]
+    assert not mark.exists()  # a first request given: no warm-up before it
+
+
+def test_serve_exits_0_when_the_manager_is_gone_before_the_reply() -> None:
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.close()
+            os.close(w)
+            os.read(r, 1)  # until the manager has sent its request and hung up
+            init.serve(b.fileno(), CFG)  # a kept op: its reply cannot be written
+            os._exit(42)
+        except BaseException:
+            os._exit(99)
+    b.close()
+    os.close(r)
+    a.sendall(wire.encode_request({"op": "keep"}))
+    a.close()
+    os.close(w)
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0
+
+
+@pytest.mark.needs_root
+def test_run_kills_what_the_action_left_running_before_it_replies(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    code = ("import subprocess\n"
+            "print(subprocess.Popen(['/bin/sleep', '5'], start_new_session=True).pid)")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            _linux.unshare(_linux.CLONE_NEWPID)
+            inner = os.fork()
+            if inner == 0:  # PID 1: the action's orphans are its children
+                child.WORKDIR = child.CWD = str(tmp_path)
+                child.FAST = None
+                init.WORKDIR_SLASH = str(tmp_path) + "/"
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                reply = init._run(_req(code=code, env={"PATH": "/bin:/usr/bin"}), None)
+                left = int(reply["run_result"]["stdout"])
+                info = os.waitid(os.P_PID, left, os.WEXITED)
+                os.write(w, json.dumps([info.si_code, info.si_status]).encode())
+                os._exit(0)
+            _, st = os.waitpid(inner, 0)
+            os._exit(os.waitstatus_to_exitcode(st))
+        except BaseException:
+            os._exit(99)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0
+    assert json.loads(data) == [os.CLD_KILLED, 9]  # SIGKILLed, not left to end by itself
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_whose_main_file_is_in_a_subdirectory(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    lang = dict(PY, file="src/main.py")
+    req = _req(direct=True, lang=lang, code="print(__file__)", env={"PATH": "/bin"})
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path
+    )
+    assert (replies, rc, out, err) == ([{"rc": 0}], 0, f"{tmp_path}/src/main.py\n".encode(), b"")
+    st = os.stat(tmp_path / "src")
+    assert (st.st_uid, st.st_gid) == (65534, 65533)
+
+
+@pytest.mark.needs_root
+def test_serve_a_direct_run_that_cannot_start_with_stderr_closed(tmp_path) -> None:
+    os.chmod(tmp_path, 0o777)
+    req = _req(direct=True, code="print(1)", env={"PATH": "/bin"})
+    del req["run_timeout"]
+    replies, rc, out, err = _serve_fds(
+        {**CFG, "direct": True}, [wire.encode_request(req)], tmp_path, lambda: os.close(2)
+    )
+    assert (replies, rc, out, err) == ([], 127, b"", b"")  # the message lost, the exit the same
+
+
+def test_read_sample_closes_both_ends_when_the_write_fails() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(TypeError, match="bytes-like"):
+        init._read_sample("not bytes")  # type: ignore[arg-type]
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.needs_root
+def test_run_cases_counts_the_cases_finished_before_the_deadline(monkeypatch, wd) -> None:
+    _std(monkeypatch)
+    code = "import sys, time\nif sys.stdin.read() == 'slow':\n    time.sleep(30)\nprint('ok')"
+    cases = [{"stdin": "fast"}, {"stdin": "fast"}, {"stdin": "slow"}]
+    r = init._run(_req(code=code, cases=cases, total_timeout=2.5), None)
+    assert r["timed_out"] == "timeout_s (2.5 s) ran out: 2 of 3 cases finished"
+
+
+@pytest.mark.needs_root
+def test_run_names_a_java_file_by_its_class(wd, drivers) -> None:
+    lang = dict(SH, name="java", file="Main.java", compile=["javac", "{file}"], run=["java", "{stem}"])
+    init._run(_req(lang=lang, code="public class Foo {}"), None)
+    assert [d.jobs[0].argv for d in drivers] == [["javac", "Foo.java"], ["java", "Foo"]]
+    assert (wd / "Foo.java").read_text() == "public class Foo {}"
+
+
+@pytest.mark.needs_root
+def test_write_files_truncates_and_never_follows_a_link(wd) -> None:
+    (wd / "f.txt").write_text("a longer old text")
+    init._write_files({"code": "main", "files": {"f.txt": base64.b64encode(b"new").decode()}},
+                      "m.py", 4000, 4001)
+    assert (wd / "f.txt").read_bytes() == b"new"
+    os.symlink("/etc/hostname", wd / "ln")
+    with pytest.raises(OSError):
+        init._write_files({"code": "x"}, "ln", 4000, 4001)
+
+
+@pytest.mark.needs_root
+def test_rehearse_compiles_and_runs_the_sample_as_a_direct_action_does(monkeypatch, wd) -> None:
+    calls = []
+
+    def rec_compile(src, filename, mode, **kw):
+        calls.append(("compile", src, filename, mode, kw))
+        return compile(src, filename, mode, **kw)
+
+    def rec_exec(code, *glb):
+        calls.append(("exec", *[None if g is None else dict(g) for g in glb]))
+
+    monkeypatch.setattr(init, "compile", rec_compile, raising=False)
+    monkeypatch.setattr(init, "exec", rec_exec, raising=False)
+    init.rehearse({"uid": 65534, "gid": 65533}, times=2)
+    one = [("compile", "x = 1\n", f"{wd}/main.py", "exec", {"dont_inherit": True}),
+           ("exec", {"__name__": "__main__"})]
+    assert calls == one * 2
