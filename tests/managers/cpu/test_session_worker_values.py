@@ -619,3 +619,14 @@ def test_read_takes_all_a_grown_pipe_holds_and_eof_after_a_full_read() -> None:
     assert session_worker._read(r) == data  # a full read, then end of file: the bytes
     assert session_worker._read(r) is None
     os.close(r)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_before_its_own_session_dies_and_is_reaped(monkeypatch, here) -> None:
+    # its child stops before `child.setup`'s setsid: no process group of its pid exists yet, so
+    # the group's kill finds nothing, and the worker itself must still be killed and reaped
+    monkeypatch.setattr(child, "setup", lambda *a, **k: time.sleep(3600))
+    w = Worker("python", LIM, {})
+    w.kill()  # (before the fix: waited for ever, then this test's timeout)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(w.pid, os.WNOHANG)  # reaped

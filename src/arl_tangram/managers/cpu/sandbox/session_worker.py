@@ -155,6 +155,11 @@ class Worker:
 
     def kill(self) -> None:
         child.killpg(self.pid)
+        # and the worker itself: before its `setsid` (in `child.setup`) no group of its pid
+        # exists, and the wait below would wait for a worker blocked reading its requests.
+        # (Our child, not yet reaped: its pid names no other process.)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
         for fd in (self.ctl, self.done, self.out, self.err):
