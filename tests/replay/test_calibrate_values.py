@@ -1326,6 +1326,7 @@ def test_calibrate_the_judge_engine_alone(monkeypatch: pytest.MonkeyPatch, tmp_p
     )
     assert log == [("cpu", 5), ("eng", 5), ("judge", tmp_path)]
     assert [m["name"] for m in spec["models"]] == ["tiny-genjudge"]
+    assert "device_cores" not in spec["nodes"][0]  # no forward measured: the engine's is apart
 
 
 def test_calibrate_without_the_gpu_extra_says_so(

@@ -65,7 +65,7 @@ from .trace import DEFAULT_COLD_START_S, SimAction
 
 Emit = Callable[[E.Event], None]
 _SUCCEEDED, _FAILED, _TIMED_OUT = Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT
-_FORWARD = SimAction(ActionKind.REWARD, 0.0, Resources())  # a forward's run: its truth is unused
+_FORWARD = SimAction(ActionKind.REWARD, 0.0, Resources())  # pragma: no mutate (a forward's run: its truth is unused)
 
 
 def _no_log(_value: object) -> None:
