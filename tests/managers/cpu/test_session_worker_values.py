@@ -630,3 +630,46 @@ def test_a_worker_killed_before_its_own_session_dies_and_is_reaped(monkeypatch, 
     w.kill()  # (before the fix: waited for ever, then this test's timeout)
     with pytest.raises(ChildProcessError):
         os.waitpid(w.pid, os.WNOHANG)  # reaped
+
+
+def test_a_worker_reaped_before_its_kill_signals_nothing_and_closes_its_pipes(
+        monkeypatch, here) -> None:
+    # init's `_reap_all` reaps a worker that ended between two requests; its pid may then name
+    # another process (another language's worker): the kill goes through the pidfd, which finds
+    # it gone, so neither the pid nor a group of it is signalled
+    w = Worker("python", LIM, {})
+    assert os.readlink(f"/proc/self/fd/{w.pidfd}") == "anon_inode:[pidfd]"
+    os.kill(w.pid, signal.SIGKILL)
+    os.waitpid(w.pid, 0)
+    groups = []
+    monkeypatch.setattr(child, "killpg", groups.append)
+    w.kill()
+    assert groups == []
+    for fd in (w.pidfd, w.ctl, w.done, w.out, w.err):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_a_live_workers_kill_takes_its_group_then_reaps_it_once(monkeypatch, here) -> None:
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", open(2, "w", closefd=False))  # noqa: SIM115
+    w = Worker("python", LIM, {})
+    fds = (w.pidfd, w.ctl, w.done, w.out, w.err)
+    st, alive = exchange(w, "1", 10, 1000)  # (past its setsid: a group of its pid exists)
+    assert alive and st["stdout"] == "1\n"
+    groups = []
+    killpg = child.killpg
+    monkeypatch.setattr(child, "killpg", lambda g: (groups.append(g), killpg(g)))
+    w.kill()
+    assert groups == [w.pid]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(w.pid, os.WNOHANG)  # reaped
+    assert w.pidfd == -1
+    r, x = os.pipe()  # (takes the lowest free fd: one of the worker's, closed)
+    assert r in fds
+    w.kill()  # a second kill: nothing signalled, nothing closed (the pipe is still open)
+    assert groups == [w.pid]
+    os.write(x, b"k")
+    assert os.read(r, 1) == b"k"
+    os.close(r)
+    os.close(x)

@@ -97,6 +97,8 @@ class Worker:
             self._child(lang, limits, env, hi, out_w, err_w)
         for fd in (ctl_r, done_w, out_w, err_w, *hi):
             os.close(fd)
+        # (our child, not reaped yet: the pidfd names it, and only it, from now on)
+        self.pidfd = os.pidfd_open(pid)
         self.pid, self.ctl, self.done, self.out, self.err = pid, ctl_w, done_r, out_r, err_r
         for fd in (done_r, out_r, err_r):
             os.set_blocking(fd, False)
@@ -154,17 +156,29 @@ class Worker:
             view = view[os.write(self.ctl, view):]
 
     def kill(self) -> None:
-        child.killpg(self.pid)
-        # and the worker itself: before its `setsid` (in `child.setup`) no group of its pid
-        # exists, and the wait below would wait for a worker blocked reading its requests.
-        # (Our child, not yet reaped: its pid names no other process.)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        for fd in (self.ctl, self.done, self.out, self.err):
+        """Kill the worker and what it started, reap it, close its pipes.
+
+        Through the pidfd taken at its fork: init's `_reap_all` reaps any child that ends between
+        two requests, and a reaped worker's pid may name another process of the sandbox (another
+        language's worker); then neither that pid nor a group of it is signalled. A second call
+        does nothing (its fds, closed by the first, may be others' by then)."""
+        if self.pidfd < 0:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # reaped already
+        else:
+            # Its pid is still its own (a zombie at least), so a group of that pid is the one it
+            # made. Before its `setsid` (in `child.setup`) there is none: the kill above is what
+            # ends a worker that would block reading its requests.
+            child.killpg(self.pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)
+        for fd in (self.pidfd, self.ctl, self.done, self.out, self.err):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.pidfd = -1
 
 
 # Why a session's worker could not start: the sandbox's process limit (cgroup pids.max) is
