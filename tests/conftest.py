@@ -34,29 +34,84 @@ def pytest_itemcollected(item):  # type: ignore[no-untyped-def]
 # file passed alone; a fork copies the locks other threads hold (stdout's, the import lock), not
 # the threads -- the likely cause, not shown. They run in a fresh interpreter of their own
 # (`ARL_TANGRAM_OWN_PROCESS=1` there).
+#
+# One interpreter per module, not per test: the first such test of a module runs all of the
+# module's selected ones of its kind in one `pytest` child (each reports through `_Report`),
+# and each test then takes its own outcome from it (a child per test cost ~3 s of start-up each:
+# 227 s for one module of 60 tests).
 def pytest_pyfunc_call(pyfuncitem):  # type: ignore[no-untyped-def]
     if pyfuncitem.get_closest_marker("pure_core") is not None:
         from arl_tangram.core import FORM
 
         if FORM == "compiled":
-            return _in_a_subprocess(pyfuncitem, {"ARL_TANGRAM_PURE": "1"}, "on the pure core")
+            return _in_a_subprocess(pyfuncitem, "pure_core", {"ARL_TANGRAM_PURE": "1"},
+                                    "on the pure core")
     if (pyfuncitem.get_closest_marker("own_process") is not None
             and os.environ.get("ARL_TANGRAM_OWN_PROCESS") != "1"):
-        return _in_a_subprocess(pyfuncitem, {"ARL_TANGRAM_OWN_PROCESS": "1"}, "in its own process")
+        return _in_a_subprocess(pyfuncitem, "own_process", {"ARL_TANGRAM_OWN_PROCESS": "1"},
+                                "in its own process")
     return None  # (runs here, as usual)
 
 
-def _in_a_subprocess(pyfuncitem, extra, where):  # type: ignore[no-untyped-def]
+# (module path, marker) -> node id -> (its outcome in the child, what the child said of it)
+_BATCHES: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+
+
+def _in_a_subprocess(pyfuncitem, marker, extra, where):  # type: ignore[no-untyped-def]
+    import json
     import subprocess
     import sys
+    import tempfile
 
-    env = {**os.environ, **extra}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", pyfuncitem.nodeid],
-        env=env, cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"{where}:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
-    assert " passed" in out.stdout, out.stdout[-2000:]
+    key = (str(pyfuncitem.path), marker)
+    got = _BATCHES.get(key)
+    if got is None or pyfuncitem.nodeid not in got:
+        ids = [i.nodeid for i in pyfuncitem.session.items
+               if i.path == pyfuncitem.path and i.get_closest_marker(marker) is not None]
+        if pyfuncitem.nodeid not in ids:  # (a test not among the session's items)
+            ids = [pyfuncitem.nodeid]
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as rep:
+            env = {**os.environ, **extra, "ARL_TANGRAM_BATCH_REPORT": rep.name}
+            try:
+                out = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids],
+                    env=env, cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True,
+                    timeout=300 + 30 * len(ids))
+                said = f"{out.stdout[-4000:]}{out.stderr[-2000:]}"
+            except subprocess.TimeoutExpired as e:
+                said = f"the child timed out: {str(e.stdout)[-4000:]}"
+            got = {i: ("not run", f"no report of it from its module's child:\n{said}") for i in ids}
+            for line in rep:
+                r = json.loads(line)
+                if r["outcome"] != "passed" or r["when"] == "call":
+                    if got[r["nodeid"]][0] in ("not run", "passed"):
+                        got[r["nodeid"]] = (r["outcome"] if r["when"] == "call" else
+                                            f"{r['when']} {r['outcome']}", r["text"] or said)
+        _BATCHES[key] = got
+    outcome, text = got.pop(pyfuncitem.nodeid)
+    assert outcome == "passed", f"{where}: {outcome}\n{text}"
     return True
+
+
+class _Report:
+    """(In a batch's child.) Each test's phases and outcomes, one JSON line each."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report):  # type: ignore[no-untyped-def]
+        import json
+
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                                "outcome": report.outcome,
+                                "text": report.longreprtext[-6000:]}) + "\n")
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    path = os.environ.pop("ARL_TANGRAM_BATCH_REPORT", None)  # (not for the child's children)
+    if path:
+        config.pluginmanager.register(_Report(path), "arl-tangram-batch-report")
 
 
 # Under `coverage run` (.ci/run), each test's lines are recorded under its node id (issue 43).
