@@ -26,7 +26,10 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
   loops);
 - ``fair-ent``: as ``fair`` with ``entitled_tree_weight: true`` (while a loop is squeezed the
   sandboxes' cgroup tree weighs only its unsqueezed actions' cores: carol's squeezed loops
-  yield to the service's own processes too, not only inside the tree).
+  yield to the service's own processes too, not only inside the tree);
+- ``fair-ant``: as ``fair`` with ``scheduler: {lend_anticipation_s: 0.02}`` (anticipation: the
+  CPU alice's action took back stays hers 20 ms past its end, so that her next action starts on
+  it with no squeeze of carol's loops and no regrowth in between; core/lending.py).
 
 The floors (``alone``, ``share``, ``share-node``) keep eight sandboxes warm (``warm_min: 8``,
 since 2026-11-30 07:00 UTC): with the service's 2, they started most of alice's actions cold
@@ -71,10 +74,13 @@ def _port() -> int:
 
 def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
             weight: float | None = None, sandbox_weight: float | None = None,
-            warm_min: int = 2, entitled: bool = False) -> Path:
+            warm_min: int = 2, entitled: bool = False, anticipation: float = 0.0) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
-    cfg.write_text(("" if lend else "scheduler: {lend_floor: 1.0}\n") + "tenants:\n"
+    sched = {**({} if lend else {"lend_floor": 1.0}),
+             **({"lend_anticipation_s": anticipation} if anticipation else {})}
+    cfg.write_text(("scheduler: {" + ", ".join(f"{k}: {v:g}" for k, v in sched.items()) + "}\n"
+                    if sched else "") + "tenants:\n"
                    f"  - {{name: alice, token: {ALICE}{extra}}}\n"
                    f"  - {{name: carol, token: {CAROL}{extra}}}\n"
                    "limits: {max_pending: 100000}\n"
@@ -126,11 +132,12 @@ def one(mode: str, flood: int, short: int, after: float,
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
         floor = mode in ("alone", "share", "share-node")
-        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp", "fair-ent"),
+        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp", "fair-ent", "fair-ant"),
                       lend=mode != "wait", cpus=1.0 if mode in ("share", "share-node") else None,
                       weight=1.0 if mode == "fair-quota" else None,
                       sandbox_weight=1 / 16 if mode == "fair-cp" else None,
-                      warm_min=8 if floor else 2, entitled=mode == "fair-ent")
+                      warm_min=8 if floor else 2, entitled=mode == "fair-ent",
+                      anticipation=0.02 if mode == "fair-ant" else 0.0)
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None

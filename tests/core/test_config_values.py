@@ -62,6 +62,7 @@ DEFAULTS = {
     "provider_coalesce": True,
     "tenant_shares": None,
     "lend_floor": 0.5,
+    "lend_anticipation_s": 0.0,
 }
 
 
@@ -123,6 +124,8 @@ ACCEPTED = [
     {"memory_high_watermark": 1e-9},
     {"lend_floor": 1.0},
     {"lend_floor": 1e-9},
+    {"lend_anticipation_s": 0.0},
+    {"lend_anticipation_s": 60.0},
     {"session_ttl_s": 1e-9},
     {"rate_window_s": 0.5},
     {"peak_memory_s": 1e-9},
@@ -230,6 +233,8 @@ REFUSED = [
     ),
     ({"lend_floor": 0.0}, "CoreConfig.lend_floor: must be in (0, 1], got 0.0"),
     ({"lend_floor": 1.5}, "CoreConfig.lend_floor: must be in (0, 1], got 1.5"),
+    ({"lend_anticipation_s": -0.001}, "CoreConfig.lend_anticipation_s: must be in [0, 60], got -0.001"),
+    ({"lend_anticipation_s": 61}, "CoreConfig.lend_anticipation_s: must be in [0, 60], got 61"),
     *(
         ({n: 0.0}, f"CoreConfig.{n}: must be in (0, inf], got 0.0")
         for n in ("session_ttl_s", "rate_window_s", "peak_memory_s", "elastic_step")

@@ -12,6 +12,8 @@ from fair_sim import simulate
 
 from arl_tangram.core import CoreConfig
 from arl_tangram.core import commands as C
+from arl_tangram.core import events as ev
+from arl_tangram.core.actions import Status
 
 HALF = {"alice": 0.5, "carol": 0.5}
 
@@ -206,3 +208,65 @@ def test_a_tenant_holding_its_share_of_another_resource_is_not_owed_cpu() -> Non
                      *[act(f"c{i}", tag="loop", tenant="carol") for i in range(4)])
     assert d.core.st.tenant_use["alice"]["gpu"] == 1.0
     assert cpu_commands(d.at(1.0).arrive(act("a1", tag="print", tenant="alice"))) == []
+
+
+# ---- anticipation (`lend_anticipation_s`) ----------------------------------------------------------
+def _wakes(out) -> list[float]:
+    return [round(c.time, 9) for c in out if isinstance(c, C.WakeAt)]
+
+
+def test_a_held_share_starts_the_tenants_next_action_with_nothing_squeezed_or_regrown() -> None:
+    d = _flooded(lend_anticipation_s=0.02)
+    assert cpu_commands(d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))) == [
+        ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
+    out = d.at(1.004).finish("a0")
+    # her core stays hers for 20 ms: carol's loops stay squeezed, a wake at its end
+    assert cpu_commands(out) == [] and _wakes(out) == [1.024]
+    lend = d.core.lending
+    assert lend is not None
+    node = d.core.st.nodes["n"]
+    assert [(n, t, c, u) for n, (_, t, c, u) in lend.holds.items()] == [("n", "alice", 1.0, 1.024)]
+    assert node.free["cpu"] == 0.0 and d.core.st.tenant_use["alice"].get("cpu", 0.0) == 0.0
+    assert any("held for its tenant until 1.024" in line for line in d.core.story("a0"))
+    # her next one (the answer's round trip later) starts on it: no squeeze, no regrowth
+    out = d.at(1.006).arrive(act("a1", tag="print", tenant="alice"))
+    assert cpu_commands(out) == [("start", "a1", 1.0)] and lend.holds == {}
+    assert lend.taken_back == 2
+    # carol's queued loop never got the held core, and her squeezed ones grow back only when
+    # the last hold runs out
+    out = d.at(1.010).finish("a1")
+    assert cpu_commands(out) == [] and _wakes(out) == [1.030]
+    assert cpu_commands(d.at(1.029).tick()) == []
+    out = d(ev.Wake(1.030))
+    assert cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+    assert lend.holds == {} and lend.squeezed == {} and node.free["cpu"] == 0.0
+    assert d.core.st.tenant_use["carol"]["cpu"] == 2.0
+    assert d.status("c2") is Status.QUEUED
+
+
+def test_a_hold_is_the_tenants_own_and_only_where_something_is_squeezed() -> None:
+    d = _flooded(lend_anticipation_s=0.02)
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    d.at(1.004).finish("a0")
+    # another tenant's action cannot start on alice's held core
+    out = d.at(1.005).arrive(act("c9", tag="print", tenant="carol"))
+    assert cpu_commands(out) == [] and d.status("c9") is Status.QUEUED
+    # carol's loops end while the hold lasts: what they free goes to carol's queue as usual
+    out = d.at(1.010).finish("c0")
+    assert cpu_commands(out) == [("resize", "c1", 1.0)]  # (c1 grows back into c0's half)
+    # without squeezed actions there, an owed action's end holds nothing
+    d2 = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_anticipation_s=0.02)
+    d2.at(0.0).arrive(act("c0", tag="loop", tenant="carol"), act("c1", tag="loop", tenant="carol"))
+    d2.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    d2.at(1.5).finish("c0")
+    d2.at(1.6).finish("c1")
+    out = d2.at(1.7).finish("a0")
+    assert _wakes(out) == [] and d2.core.lending is not None and d2.core.lending.holds == {}
+
+
+def test_without_anticipation_nothing_is_held() -> None:
+    d = _flooded()
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    out = d.at(1.004).finish("a0")
+    assert _wakes(out) == [] and cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
+    assert d.core.lending is not None and d.core.lending.started == set()

@@ -11,6 +11,7 @@ from typing import Protocol
 from .actions import Status
 from .elastic import Elastic
 from .fit import fits_besides_cpu
+from .lending import Lending
 from .modelsched import ModelPlanner
 from .providers import Providers
 from .queues import AGED, Queues
@@ -24,7 +25,7 @@ from .records import (
     model_key,
     session_key,
 )
-from .resources import MEMORY_MB, Resources, total
+from .resources import CPU, MEMORY_MB, Resources, total
 from .sessions import Sessions
 from .state import CoreState
 from .view import CoreView, InstanceView, NodeView, SessionView
@@ -42,6 +43,7 @@ class Core(Protocol):
     terminal: dict[Status, int]
     sessions: Sessions
     providers: Providers
+    lending: Lending | None
 
 S = Status
 _EPS = 1e-6
@@ -154,6 +156,12 @@ def _check_nodes(core: Core) -> None:
             add(sess.node, sess.charge)
     for inst in core.planner.instances.values():
         add(inst.node, inst.holding())
+    lending = core.lending
+    if lending is not None:  # (anticipation: CPU held for a tenant between two of its actions)
+        for name, (node, _, cpu, _) in lending.holds.items():
+            _check(core.st.nodes.get(name) is node, "hold-node", f"hold on a replaced node {name}")
+            if node.alive:
+                add(name, Resources({CPU: cpu}))
     for name, node in core.st.nodes.items():
         if not node.alive:
             continue

@@ -126,7 +126,7 @@ class CallProvider(Command):
 @dataclass(frozen=True, slots=True)
 class WakeAt(Command):
     """Send the core a `Wake` event at ``time`` (driver's clock): a provider's next token
-    appears then. A later WakeAt with an earlier time supersedes nothing: honour each."""
+    appears then, or a CPU hold runs out (`lending.py`'s anticipation). A later WakeAt with an earlier time supersedes nothing: honour each."""
 
     time: float
     cause: str = ""

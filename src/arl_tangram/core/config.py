@@ -168,6 +168,11 @@ class CoreConfig:
     # quota lowered for a while: time-slicing, `lending.py`). 1.0: nothing is taken back; a
     # tenant then waits for a lent core to free (the rest of one running action).
     lend_floor: float = 0.5
+    # With lent CPU taken back: how long the CPU an action started on taken-back CPU frees at
+    # its end stays held for its tenant while the node has squeezed actions (anticipation: a
+    # client sending one action after the other's answer starts the next on it, with no
+    # squeeze and regrowth in between; `lending.py`). 0: grown back at once.
+    lend_anticipation_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -210,6 +215,7 @@ class CoreConfig:
         self._check_range("memory_high_watermark", self.memory_high_watermark, 0.0, 1.0,
                           low_open=True)
         self._check_range("lend_floor", self.lend_floor, 0.0, 1.0, low_open=True)
+        self._check_range("lend_anticipation_s", self.lend_anticipation_s, 0.0, 60.0)
         for name in ("session_ttl_s", "rate_window_s", "peak_memory_s", "elastic_step"):
             self._check_range(name, getattr(self, name), 0.0, math.inf, low_open=True)
         for name in ("max_load_failures", "history", "fit_candidates"):

@@ -193,6 +193,9 @@ class Core:
     def _after_event(self) -> None:
         """The post-event phases, in order (docs/core.md, "The phases of an event")."""
         now = self.st.now
+        lending = self.lending
+        if lending is not None and lending.holds:
+            lending.expire(now)  # (anticipation: holds past their window go back first)
         self._expire_phase(now)
         self.queues.age_until(now)
         self._wake_overdue_phase(now)
@@ -514,9 +517,12 @@ class Core:
         node.running.discard(aid)
         if rec.elastic:
             node.elastic.pop(aid, None)
-        if self.lending is not None:
-            self.lending.released(rec)
+        lending = self.lending
+        held = lending is not None and lending.released(rec)
         node.give(alloc)
+        if held:  # (anticipation: what it frees may stay its tenant's a while)
+            assert lending is not None
+            lending.hold(rec, node)
         if self.st.fair:
             self.st.tenant_take(rec.tenant, alloc._d, -1.0)
         if rec.partition is not None:

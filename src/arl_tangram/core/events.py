@@ -156,4 +156,5 @@ class ProviderThrottled(Event):
 
 @dataclass(frozen=True, slots=True)
 class Wake(Event):
-    """The time a `WakeAt` asked for came (a provider's next token): nothing else happened."""
+    """The time a `WakeAt` asked for came (a provider's next token, a CPU hold's end): nothing else
+    happened."""

@@ -24,11 +24,20 @@ actions (an elastic action lends by its own rule, `elastic.reclaim`; an action a
 measured use holds a charge, not its quota; partitioned and model work is not squeezed). Its
 own actions are never squeezed for it. Memory does not stretch: the node must fit the rest of
 its demand as it is.
+
+Anticipation (Iyer and Druschel, SOSP 2001: after a synchronous client's request completes, the
+disk waits a few milliseconds for its next one before serving another): a tenant sending one
+action after the other's answer (a trajectory's tool calls) would otherwise pay a regrowth at
+each end and a squeeze at each start. With `CoreConfig.lend_anticipation_s` > 0, the CPU an
+action started on taken-back CPU frees at its end is *held* for its tenant on that node (while
+the node has squeezed actions) for that long: her next owed action there starts on it with
+nothing squeezed; when the hold runs out (a `WakeAt`), the squeezed actions grow back into it.
+A hold costs the borrowers at most that long of the held cores per hold.
 """
 
 from __future__ import annotations
 
-from .commands import ResizeAction
+from .commands import ResizeAction, WakeAt
 from .fit import fits_besides_cpu
 from .placement import Placer
 from .records import ActionRecord, NodeState
@@ -59,6 +68,11 @@ class Lending:
         # lowered quotas go out before it (-1: none this event)
         self.at = -1
         self.taken_back = 0  # heads started on squeezed CPU (stats)
+        # anticipation: the actions started on taken-back CPU (their end may hold it), and each
+        # node's hold: (the node, the tenant it is held for, cores, until)
+        self.window = st.config.lend_anticipation_s
+        self.started: set[str] = set()
+        self.holds: dict[str, tuple[NodeState, str, float, float]] = {}
 
     # ---- entitlements ---------------------------------------------------------------------------
     def _weights(self, tenant: str) -> float:
@@ -136,7 +150,7 @@ class Lending:
         changed, when none can make room. ``warm``: a shared-pool action (a warm executor if
         one is there), else a session's (its sandbox is there)."""
         budgets = self._budgets(rec.tenant)
-        if not budgets:
+        if not budgets and not any(h[1] == rec.tenant for h in self.holds.values()):
             return False
         best: NodeState | None = None
         best_free = -1.0
@@ -147,6 +161,9 @@ class Lending:
             if not node.alive or node.name in reserved or not fits_besides_cpu(node, rec.shape):
                 continue
             free = node.free.get(CPU, 0.0)
+            hold = self.holds.get(node.name) if self.holds else None
+            if hold is not None and hold[1] == rec.tenant:
+                free += hold[2]
             if free <= best_free:
                 continue
             lend = self._lendable(node, budgets)
@@ -161,6 +178,8 @@ class Lending:
                 best, best_free, best_lend = node, free, lend
         if best is None:
             return False
+        if self.holds and best.name in self.holds:  # (held for this tenant: counted above)
+            self._unhold(best.name)
         short = need - best_free
         left = budgets
         st = self.st
@@ -182,6 +201,8 @@ class Lending:
             self.placer.start(rec, best, rec.spec.demand, True)
         rec.note(st.now, "started on CPU its tenant's share took back", st.cause)
         self.taken_back += 1
+        if self.window > 0.0:
+            self.started.add(rec.spec.id)
         return True
 
     def _set(self, rec: ActionRecord, node: NodeState, cpu: float) -> None:
@@ -238,8 +259,9 @@ class Lending:
                 self._set(r, node, k + d)
             st.index.update(name, node.free)
 
-    def released(self, rec: ActionRecord) -> None:
-        """``rec`` ended (or left its node): forget it."""
+    def released(self, rec: ActionRecord) -> bool:
+        """``rec`` ended (or left its node): forget it. Whether it had started on taken-back CPU
+        (with anticipation: what it frees may be held, `hold`)."""
         aid = rec.spec.id
         sq = self.squeezed.get(rec.node or "")
         if sq is not None and sq.pop(aid, None) is not None and not sq:
@@ -247,6 +269,53 @@ class Lending:
         self.full.pop(aid, None)
         self.sent.pop(aid, None)
         self.changed.pop(aid, None)
+        if self.started:
+            if aid in self.started:
+                self.started.discard(aid)
+                return True
+        return False
+
+    # ---- anticipation ---------------------------------------------------------------------------
+    def hold(self, rec: ActionRecord, node: NodeState) -> None:
+        """``rec``, started on taken-back CPU, gave its allotment back to ``node``: while
+        ``node`` has squeezed actions, its CPU stays held for its tenant for the window (taken
+        from the node's free CPU, so that neither the regrowth nor the pass uses it). A hold
+        of another tenant's there is given back first."""
+        st = self.st
+        name = node.name
+        if not node.alive or name not in self.squeezed or rec.allotment is None:
+            return
+        cpu = min(rec.allotment.get(CPU), node.free.get(CPU, 0.0))
+        if cpu <= _EPS:
+            return
+        held = 0.0
+        old = self.holds.get(name)
+        if old is not None:
+            if old[1] == rec.tenant:
+                held = old[2]
+            else:
+                self._unhold(name)
+        node.take({CPU: cpu})
+        until = st.now + self.window
+        self.holds[name] = (node, rec.tenant, held + cpu, until)
+        rec.note(st.now, f"{cpu:.6g} cpu held for its tenant until {until:.6g} (anticipation)",
+                 st.cause)
+        st.out.append(WakeAt(until, st.cause))
+
+    def _unhold(self, name: str) -> None:
+        """Give ``name``'s hold back to its node (if it is still that node, alive)."""
+        node, _, cpu, _ = self.holds.pop(name)
+        st = self.st
+        if node.alive and st.nodes.get(name) is node:
+            node.give({CPU: cpu})
+            st.index.update(name, node.free)
+            st.dirty.add(name)
+
+    def expire(self, now: float) -> None:
+        """Holds whose window ran out go back to their nodes (the squeezed actions there grow
+        back in the pass that follows)."""
+        for name in [n for n, h in self.holds.items() if h[3] <= now + _EPS]:
+            self._unhold(name)
 
     def emit(self) -> None:
         """The ResizeActions of this event: one per action whose quota now differs from the one
