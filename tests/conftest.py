@@ -83,10 +83,11 @@ def _in_a_subprocess(pyfuncitem, marker, extra, where):  # type: ignore[no-untyp
             got = {i: ("not run", f"no report of it from its module's child:\n{said}") for i in ids}
             for line in rep:
                 r = json.loads(line)
-                if r["outcome"] != "passed" or r["when"] == "call":
-                    if got[r["nodeid"]][0] in ("not run", "passed"):
-                        got[r["nodeid"]] = (r["outcome"] if r["when"] == "call" else
-                                            f"{r['when']} {r['outcome']}", r["text"] or said)
+                # (the call's outcome, unless a phase failed: the first failure stays)
+                if ((r["outcome"] != "passed" or r["when"] == "call")
+                        and got[r["nodeid"]][0] in ("not run", "passed")):
+                    got[r["nodeid"]] = (r["outcome"] if r["when"] == "call" else
+                                        f"{r['when']} {r['outcome']}", r["text"] or said)
         _BATCHES[key] = got
     outcome, text = got.pop(pyfuncitem.nodeid)
     assert outcome == "passed", f"{where}: {outcome}\n{text}"

@@ -1,8 +1,8 @@
 """A tiny discrete-event driver for fair-share tests: arrivals at given times, each started
 action finishes after its own run time at full quota; a ResizeAction (lent CPU taken back:
 core/lending.py) changes its speed to its new CPU quota over the one it started with from
-then on (a one-core action at 0.5 runs at half speed). Returns the start order, each
-action's times, and the resizes."""
+then on (a one-core action at 0.5 runs at half speed); a WakeAt (a CPU hold's end) comes back
+as a Wake at its time. Returns the start order, each action's times, and the resizes."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def simulate(nodes: list[NodeSpec], arrivals: list[tuple[float, ActionSpec, floa
     core = Core(ClusterSpec(tuple(nodes)), CoreConfig(**cfg))  # type: ignore[arg-type]
     run = Run()
     runs = {s.id: d for _, s, d in arrivals}
-    q: list[tuple[float, int, int, object]] = []  # (time, kind 0 finish / 1 arrival, seq, payload)
+    # (time, kind 0 finish / 1 arrival / 2 wake, seq, payload)
+    q: list[tuple[float, int, int, object]] = []
     seq = 0
     # running: id -> [work left at full quota, speed, since, full quota]; ends: id -> the seq
     # of its live finish entry (older entries are stale: its speed changed)
@@ -53,6 +54,8 @@ def simulate(nodes: list[NodeSpec], arrivals: list[tuple[float, ActionSpec, floa
             assert isinstance(x, ActionSpec)
             run.submit[x.id] = t
             out = core.handle(ev.ActionArrived(t, x))
+        elif kind == 2:
+            out = core.handle(ev.Wake(t))
         else:
             assert isinstance(x, str)
             del running[x], ends[x]
@@ -62,7 +65,10 @@ def simulate(nodes: list[NodeSpec], arrivals: list[tuple[float, ActionSpec, floa
             core.validate()
         run.stream.append(repr(out))
         for c in out:
-            if isinstance(c, C.StartAction):
+            if isinstance(c, C.WakeAt):
+                heapq.heappush(q, (max(c.time, t), 2, seq, None))
+                seq += 1
+            elif isinstance(c, C.StartAction):
                 aid = c.action.id
                 run.starts.append(aid)
                 run.start[aid] = t

@@ -62,7 +62,7 @@ DEFAULTS = {
     "provider_coalesce": True,
     "tenant_shares": None,
     "lend_floor": 0.5,
-    "lend_anticipation_s": 0.0,
+    "lend_anticipation_s": 0.02,
 }
 
 

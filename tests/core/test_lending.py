@@ -20,6 +20,8 @@ HALF = {"alice": 0.5, "carol": 0.5}
 
 
 def _flooded(cpu: float = 2, n: int = 4, **cfg: object) -> Driver:
+    # (the mechanics of a squeeze and a regrowth without anticipation, unless a test asks)
+    cfg.setdefault("lend_anticipation_s", 0.0)
     d = Driver([cpu_node("n", cpu=cpu)], tenant_shares=HALF, **cfg)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(n)])
     return d
@@ -123,11 +125,12 @@ def test_the_short_tenant_runs_on_its_share_at_once_and_the_flooder_loses_only_i
     # alice's four start at once on her share (one core), one after another: 1, 2, 3, 4
     assert [r.start[f"a{i}"] for i in range(4)] == [1.0, 2.0, 3.0, 4.0]
     assert r.act([f"a{i}" for i in range(4)]) == 2.5  # alone on her one-core share: 2.5 too
-    # c0, c1 ran at half speed for alice's 4 s: each 2 s late; carol's 60 s of work plus
-    # alice's 4 s on 2 cores end at 32 s (alone: 30 s)
-    assert (r.finish["c0"], r.finish["c1"]) == (12.0, 12.0)
-    assert max(r.finish[f"c{i}"] for i in range(6)) == 32.0
-    assert r.resizes == [(1.0, "c0", 0.5), (1.0, "c1", 0.5), (5.0, "c0", 1.0), (5.0, "c1", 1.0)]
+    # c0, c1 ran at half speed for alice's 4 s and the 20 ms her core stays held after her
+    # last (anticipation): each 2.01 s late; carol's 60 s of work plus alice's 4 s on 2
+    # cores end at 32 s (alone: 30 s), plus the hold's 10 ms
+    assert (r.finish["c0"], r.finish["c1"]) == (12.01, 12.01)
+    assert max(r.finish[f"c{i}"] for i in range(6)) == 32.01
+    assert r.resizes == [(1.0, "c0", 0.5), (1.0, "c1", 0.5), (5.02, "c0", 1.0), (5.02, "c1", 1.0)]
     # without taking back, alice waits for a loop to end (t=10), the pass order as before
     w = simulate([cpu_node("n", cpu=2)], arr, tenant_shares=HALF, lend_floor=1.0)
     assert w.act([f"a{i}" for i in range(4)]) == 11.5 and w.resizes == []
@@ -145,7 +148,7 @@ def test_a_sessions_owed_action_takes_back_on_its_sessions_node() -> None:
     from arl_tangram.core import events as ev
     from arl_tangram.core.resources import Resources
 
-    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_anticipation_s=0.0)
     out = d(ev.SessionRequested(0.0, "s", Resources(memory_mb=256), 600.0))
     assert [c.node for c in out if isinstance(c, C.OpenSession)] == ["n"]
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
@@ -265,8 +268,20 @@ def test_a_hold_is_the_tenants_own_and_only_where_something_is_squeezed() -> Non
 
 
 def test_without_anticipation_nothing_is_held() -> None:
-    d = _flooded()
+    d = _flooded(lend_anticipation_s=0.0)
     d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
     out = d.at(1.004).finish("a0")
     assert _wakes(out) == [] and cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
     assert d.core.lending is not None and d.core.lending.started == set()
+
+
+def test_a_hold_taken_in_the_same_event_sends_no_wake() -> None:
+    # a burst: her next action is queued when one ends, and starts on the hold at once
+    d = _flooded(lend_anticipation_s=0.02)
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"), act("a1", tag="print", tenant="alice"))
+    out = d.at(1.004).finish("a0")
+    assert cpu_commands(out) == [("start", "a1", 1.0)] and _wakes(out) == []
+    lend = d.core.lending
+    assert lend is not None and lend.holds == {} and lend.wake == set()
+    out = d.at(1.008).finish("a1")  # (her last: held, one wake)
+    assert cpu_commands(out) == [] and _wakes(out) == [1.028]

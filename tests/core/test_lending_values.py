@@ -26,7 +26,8 @@ def test_the_lender_with_most_work_left_gives_first_counting_its_run_time_and_re
     # carol on 3 cores (floor 0.25): cA (10 s, from t=0), cC (3 s, from t=0), and cB (8 s),
     # which starts at t=5 when f ends. At t=6 work left: cB 7 s, cA 4 s, cC -3 s: cB gives
     # first, cA the rest (by expected work alone, or its run time added, cA would be first)
-    d = Driver([cpu_node("n", cpu=3)], tenant_shares=HALF, lend_floor=0.25)
+    d = Driver([cpu_node("n", cpu=3)], tenant_shares=HALF, lend_floor=0.25,
+               lend_anticipation_s=0.0)  # (its regrowth at the end, not held)
     d.at(0.0).arrive(act("cA", tag="l", tenant="carol", hints=_hint(10.0)),
                      act("f", tag="l", tenant="carol", hints=_hint(5.0)),
                      act("cC", tag="l", tenant="carol", hints=_hint(3.0)),
@@ -109,13 +110,29 @@ def _both(t: float, *specs: ActionSpec):
 def test_a_squeeze_and_a_regrowth_that_cancel_send_nothing_and_a_raise_goes_after_the_start() -> None:
     # a0 (1 core) squeezed c0, c1 to 0.5; alice's a1 (0.5) waits (she holds her share). a0
     # ends: c0, c1 grow back, then a1 squeezes c0 again (0.5): c0's quota is unchanged (no
-    # resize), c1's raise goes out after a1's start
-    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
+    # resize), c1's raise goes out after a1's start (without anticipation; with it, below)
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF, lend_anticipation_s=0.0)
     d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
     assert cpu_commands(d.at(1.0).arrive(act("a0", tag="p", tenant="alice"),
                                   act("a1", cpu=0.5, tag="p", tenant="alice"))) == [
         ("resize", "c0", 0.5), ("resize", "c1", 0.5), ("start", "a0", 1.0)]
     assert cpu_commands(d.at(2.0).finish("a0")) == [("start", "a1", 0.5), ("resize", "c1", 1.0)]
+
+
+
+def test_what_a_held_core_leaves_over_grows_back_the_least_work_left_first() -> None:
+    # as above with the hold (the default 20 ms): a1 starts on a0's held core and needs half
+    # of it; the other half grows back at once (nothing idles), c0 first (equal work: seq)
+    d = Driver([cpu_node("n", cpu=2)], tenant_shares=HALF)
+    assert d.core.st.config.lend_anticipation_s == 0.02
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(3)])
+    d.at(1.0).arrive(act("a0", tag="p", tenant="alice"), act("a1", cpu=0.5, tag="p", tenant="alice"))
+    out = d.at(2.0).finish("a0")
+    assert cpu_commands(out) == [("start", "a1", 0.5), ("resize", "c0", 1.0)]
+    assert [c for c in out if isinstance(c, C.WakeAt)] == []
+    lend = d.core.lending
+    assert lend is not None and lend.holds == {} and set(lend.squeezed["n"]) == {"c1"}
+    assert d.core.st.nodes["n"].free["cpu"] == 0.0
 
 
 def test_a_node_with_some_free_cpu_is_squeezed_only_for_the_rest() -> None:

@@ -172,7 +172,7 @@ class CoreConfig:
     # its end stays held for its tenant while the node has squeezed actions (anticipation: a
     # client sending one action after the other's answer starts the next on it, with no
     # squeeze and regrowth in between; `lending.py`). 0: grown back at once.
-    lend_anticipation_s: float = 0.0
+    lend_anticipation_s: float = 0.02
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -256,7 +256,7 @@ class Core:
         (timeouts, sends, the next wake), the free index brought up to date."""
         st = self.st
         lending = self.lending
-        if lending is not None and (lending.changed or lending.at >= 0):
+        if lending is not None and (lending.changed or lending.at >= 0 or lending.wake):
             lending.emit()
         if st.dirty:
             st.dirty.clear()

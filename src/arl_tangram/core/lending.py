@@ -73,6 +73,7 @@ class Lending:
         self.window = st.config.lend_anticipation_s
         self.started: set[str] = set()
         self.holds: dict[str, tuple[NodeState, str, float, float]] = {}
+        self.wake: set[str] = set()  # nodes held in this event: their WakeAt goes out at flush
 
     # ---- entitlements ---------------------------------------------------------------------------
     def _weights(self, tenant: str) -> float:
@@ -178,7 +179,8 @@ class Lending:
                 best, best_free, best_lend = node, free, lend
         if best is None:
             return False
-        if self.holds and best.name in self.holds:  # (held for this tenant: counted above)
+        unheld = bool(self.holds) and best.name in self.holds
+        if unheld:  # (held for this tenant: counted above)
             self._unhold(best.name)
         short = need - best_free
         left = budgets
@@ -203,6 +205,8 @@ class Lending:
         self.taken_back += 1
         if self.window > 0.0:
             self.started.add(rec.spec.id)
+        if unheld and best.free.get(CPU, 0.0) > _EPS:
+            self.regrow({best.name})  # (what of the hold it did not need: squeezed ones first)
         return True
 
     def _set(self, rec: ActionRecord, node: NodeState, cpu: float) -> None:
@@ -269,10 +273,9 @@ class Lending:
         self.full.pop(aid, None)
         self.sent.pop(aid, None)
         self.changed.pop(aid, None)
-        if self.started:
-            if aid in self.started:
-                self.started.discard(aid)
-                return True
+        if aid in self.started:
+            self.started.discard(aid)
+            return True
         return False
 
     # ---- anticipation ---------------------------------------------------------------------------
@@ -300,7 +303,7 @@ class Lending:
         self.holds[name] = (node, rec.tenant, held + cpu, until)
         rec.note(st.now, f"{cpu:.6g} cpu held for its tenant until {until:.6g} (anticipation)",
                  st.cause)
-        st.out.append(WakeAt(until, st.cause))
+        self.wake.add(name)
 
     def _unhold(self, name: str) -> None:
         """Give ``name``'s hold back to its node (if it is still that node, alive)."""
@@ -321,7 +324,7 @@ class Lending:
         """The ResizeActions of this event: one per action whose quota now differs from the one
         it was last sent (a squeeze and a regrowth in one event cancel out); lowered quotas
         before the first action started on them (the lender slows before the newcomer runs),
-        raised ones at the end."""
+        raised ones at the end; then a WakeAt for each hold made in this event and still held."""
         st = self.st
         lowered: list[ResizeAction] = []
         for aid, rec in self.changed.items():  # (each running: an ended one left `changed`)
@@ -344,6 +347,12 @@ class Lending:
             st.out[self.at:self.at] = lowered
         self.changed.clear()
         self.at = -1
+        if self.wake:  # (a hold her next action took in the same event needs no wake)
+            for name in sorted(self.wake):
+                hold = self.holds.get(name)
+                if hold is not None:
+                    st.out.append(WakeAt(hold[3], st.cause))
+            self.wake.clear()
 
 
 def _order(e: tuple[float, int, ActionRecord, float]) -> tuple[float, int]:

@@ -113,7 +113,8 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
     submit: dict[str, float] = {}
     live = dict.fromkeys(tenants, 0)
     out = Outcome(acts={t: [] for t in tenants})
-    q: list[tuple[float, int, int, str]] = []  # (time, 0 finish / 1 arrival, seq, id)
+    # (time, 0 finish / 1 arrival / 2 a wake the core asked for, seq, id)
+    q: list[tuple[float, int, int, str]] = []
     seq = 0
     for s in streams:
         specs = [ActionSpec(f"{s.tenant}-{i}", demand=Resources(cpu=1, memory_mb=64), tag=s.tag,
@@ -157,6 +158,8 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         if kind == 1:
             started[x] = True
             cmds = submit_more(x, now)
+        elif kind == 2:
+            cmds = core.handle(ev.Wake(now))
         else:
             t = owner[x]
             live[t] -= 1
@@ -166,7 +169,10 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
             if mode == "cap" or t in closed:  # its client sends the next one at once
                 cmds += submit_more(t, now)
         for c in cmds:
-            if isinstance(c, C.StartAction):
+            if isinstance(c, C.WakeAt):
+                heapq.heappush(q, (max(c.time, now), 2, seq, ""))
+                seq += 1
+            elif isinstance(c, C.StartAction):
                 out.starts.append(c.action.id)
                 running[c.action.id] = [runs[c.action.id], c.allotment.get("cpu"), now]
                 finish_at(c.action.id, now)
