@@ -285,3 +285,18 @@ def test_a_hold_taken_in_the_same_event_sends_no_wake() -> None:
     assert lend is not None and lend.holds == {} and lend.wake == set()
     out = d.at(1.008).finish("a1")  # (her last: held, one wake)
     assert cpu_commands(out) == [] and _wakes(out) == [1.028]
+
+
+def test_a_lost_nodes_hold_is_gone_with_it_and_its_return_is_fresh() -> None:
+    d = _flooded(lend_anticipation_s=0.02)
+    d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    d.at(1.004).finish("a0")
+    lend = d.core.lending
+    assert lend is not None and set(lend.holds) == {"n"}
+    d(ev.NodeLost(1.005, "n", "test"))
+    assert lend.holds == {}
+    # back (a fresh node; validated after each event): carol's two requeued loops take it all
+    out = d(ev.NodeAdded(1.006, cpu_node("n", cpu=2)))
+    assert cpu_commands(out) == [("start", "c0", 1.0), ("start", "c1", 1.0)]
+    assert d.core.st.nodes["n"].free["cpu"] == 0.0
+    assert cpu_commands(d(ev.Wake(1.024))) == [] and lend.holds == {}

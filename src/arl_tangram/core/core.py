@@ -616,6 +616,8 @@ class Core:
             return
         node.alive = False
         self.st.index.remove(node.name)
+        if self.lending is not None:
+            self.lending.holds.pop(node.name, None)  # (a hold there is gone with it)
         for key in list(node.warm):
             self.placer.set_warm(node, key, 0)
         reason = f"node {node.name} lost: {e.reason}"
