@@ -300,3 +300,27 @@ def test_a_lost_nodes_hold_is_gone_with_it_and_its_return_is_fresh() -> None:
     assert cpu_commands(out) == [("start", "c0", 1.0), ("start", "c1", 1.0)]
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
     assert cpu_commands(d(ev.Wake(1.024))) == [] and lend.holds == {}
+
+
+def test_a_hold_of_another_tenants_is_given_back_first_and_one_of_hers_grows() -> None:
+    shares = {"alice": 1.0, "bob": 1.0, "carol": 1.0}
+    d = Driver([cpu_node("n", cpu=3)], tenant_shares=shares, lend_floor=0.25)
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(6)])
+    d.at(1.0).arrive(act("a0", tag="p", tenant="alice"), act("a1", tag="p", tenant="alice"))
+    assert cpu_commands(d.at(1.0).arrive(act("b0", tag="p", tenant="bob"))) == [
+        ("resize", "c1", 0.25), ("resize", "c2", 0.5), ("start", "b0", 1.0)]
+    assert [d.status(x) for x in ("a0", "a1", "b0")] == [Status.STARTING, Status.QUEUED,
+                                                          Status.STARTING]
+    lend = d.core.lending
+    assert lend is not None
+    # a0 ends: a1 (queued) takes its core in the same event
+    assert cpu_commands(d.at(1.004).finish("a0")) == [("start", "a1", 1.0)] and lend.holds == {}
+    out = d.at(1.006).finish("a1")  # alice's last: held for her
+    assert cpu_commands(out) == [] and [(t, c) for _, t, c, _ in lend.holds.values()] == [
+        ("alice", 1.0)]
+    out = d.at(1.008).finish("b0")  # bob's: alice's hold goes back (to carol's squeezed), bob's is made
+    assert [(t, c, u) for _, t, c, u in lend.holds.values()] == [("bob", 1.0, 1.028)]
+    # (alice's core back to carol's squeezed loops: c0 0.25 -> 1, the least work left first,
+    # c1 0.25 -> 0.5)
+    assert cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 0.5)]
+    assert d.core.st.nodes["n"].free["cpu"] == 0.0

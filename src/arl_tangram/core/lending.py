@@ -288,9 +288,7 @@ class Lending:
         name = node.name
         if not node.alive or name not in self.squeezed or rec.allotment is None:
             return
-        cpu = min(rec.allotment.get(CPU), node.free.get(CPU, 0.0))
-        if cpu <= _EPS:
-            return
+        cpu = rec.allotment.get(CPU)  # (just given back: free; owed, so above zero)
         held = 0.0
         old = self.holds.get(name)
         if old is not None:
