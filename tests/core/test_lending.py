@@ -270,6 +270,7 @@ def test_a_hold_is_the_tenants_own_and_only_where_something_is_squeezed() -> Non
 def test_without_anticipation_nothing_is_held() -> None:
     d = _flooded(lend_anticipation_s=0.0)
     d.at(1.0).arrive(act("a0", tag="print", tenant="alice"))
+    assert d.core.lending is not None and d.core.lending.started == set()  # (nothing to hold)
     out = d.at(1.004).finish("a0")
     assert _wakes(out) == [] and cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 1.0)]
     assert d.core.lending is not None and d.core.lending.started == set()

@@ -256,7 +256,11 @@ class Core:
         (timeouts, sends, the next wake), the free index brought up to date."""
         st = self.st
         lending = self.lending
-        if lending is not None and (lending.changed or lending.at >= 0 or lending.wake):
+        # (`at >= 0` against `> 0`: `at` is 0 only where the take-back's start is the event's
+        # first command; a stale 0 puts the next event's lowered quotas first in its commands,
+        # still before its start -- docs/testing.md, "Lending, left")
+        if lending is not None and (lending.changed or lending.wake
+                                    or lending.at >= 0):  # pragma: no mutate (above)
             lending.emit()
         if st.dirty:
             st.dirty.clear()

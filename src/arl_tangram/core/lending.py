@@ -205,7 +205,7 @@ class Lending:
         self.taken_back += 1
         if self.window > 0.0:
             self.started.add(rec.spec.id)
-        if unheld and best.free.get(CPU, 0.0) > _EPS:
+        if unheld:
             self.regrow({best.name})  # (what of the hold it did not need: squeezed ones first)
         return True
 
@@ -273,10 +273,9 @@ class Lending:
         self.full.pop(aid, None)
         self.sent.pop(aid, None)
         self.changed.pop(aid, None)
-        if aid in self.started:
-            self.started.discard(aid)
-            return True
-        return False
+        was = aid in self.started
+        self.started.discard(aid)
+        return was
 
     # ---- anticipation ---------------------------------------------------------------------------
     def hold(self, rec: ActionRecord, node: NodeState) -> None:
