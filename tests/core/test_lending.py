@@ -325,3 +325,19 @@ def test_a_hold_of_another_tenants_is_given_back_first_and_one_of_hers_grows() -
     # c1 0.25 -> 0.5)
     assert cpu_commands(out) == [("resize", "c0", 1.0), ("resize", "c1", 0.5)]
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
+
+
+def test_two_of_her_actions_ends_add_up_in_one_hold_the_later_end_its_time() -> None:
+    # 4 cores, carol's four loops: alice's share is 2, both her actions take a core back
+    d = _flooded(cpu=4, n=6, lend_anticipation_s=0.02)
+    d.at(1.0).arrive(act("a0", tag="p", tenant="alice"), act("a1", tag="p", tenant="alice"))
+    assert [d.status(x) for x in ("a0", "a1")] == [Status.STARTING, Status.STARTING]
+    lend = d.core.lending
+    assert lend is not None
+    assert cpu_commands(d.at(1.004).finish("a0")) == []
+    out = d.at(1.010).finish("a1")
+    assert cpu_commands(out) == [] and _wakes(out) == [1.030]
+    assert [(t, c, u) for _, t, c, u in lend.holds.values()] == [("alice", 2.0, 1.030)]
+    assert d.core.st.nodes["n"].free["cpu"] == 0.0
+    assert cpu_commands(d(ev.Wake(1.024))) == []  # (the first end's wake: held on to 1.030)
+    assert len(cpu_commands(d(ev.Wake(1.030)))) == 4 and lend.holds == {}

@@ -303,18 +303,17 @@ class Lending:
         self.wake.add(name)
 
     def _unhold(self, name: str) -> None:
-        """Give ``name``'s hold back to its node (if it is still that node, alive)."""
+        """Give ``name``'s hold back to its node (alive: a lost node's hold went with it)."""
         node, _, cpu, _ = self.holds.pop(name)
         st = self.st
-        if node.alive and st.nodes.get(name) is node:
-            node.give({CPU: cpu})
-            st.index.update(name, node.free)
-            st.dirty.add(name)
+        node.give({CPU: cpu})
+        st.index.update(name, node.free)
+        st.dirty.add(name)
 
     def expire(self, now: float) -> None:
         """Holds whose window ran out go back to their nodes (the squeezed actions there grow
         back in the pass that follows)."""
-        for name in [n for n, h in self.holds.items() if h[3] <= now + _EPS]:
+        for name in [n for n, h in self.holds.items() if h[3] <= now]:
             self._unhold(name)
 
     def emit(self) -> None:

@@ -171,7 +171,7 @@ def run(streams: Sequence[Stream], cpus: float, mode: str,
         for c in cmds:
             if isinstance(c, C.WakeAt):
                 heapq.heappush(q, (max(c.time, now), 2, seq, ""))
-                seq += 1
+                seq += 1  # pragma: no mutate (any step keeps the entries' order unique)
             elif isinstance(c, C.StartAction):
                 out.starts.append(c.action.id)
                 running[c.action.id] = [runs[c.action.id], c.allotment.get("cpu"), now]

@@ -162,7 +162,7 @@ class Worker:
         two requests, and a reaped worker's pid may name another process of the sandbox (another
         language's worker); then neither that pid nor a group of it is signalled. A second call
         does nothing (its fds, closed by the first, may be others' by then)."""
-        if self.pidfd < 0:
+        if self.pidfd == -1:
             return
         try:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
