@@ -19,6 +19,10 @@ from arl_tangram.managers.cpu import _linux
 from arl_tangram.managers.cpu.sandbox import child
 from arl_tangram.managers.cpu.sandbox.child import Job, Limits
 
+# Its tests fork and run Python in the child: after the suite's earlier tests in one process,
+# those forks took 36.6 s (0.5 s alone; tests/conftest.py on `own_process`).
+pytestmark = pytest.mark.own_process
+
 LIM = Limits(uid=65534, gid=65533, cpu_s=10, fsize=1 << 20, nofile=1024, output=0, cpus=1.0)
 
 
