@@ -341,3 +341,30 @@ def test_two_of_her_actions_ends_add_up_in_one_hold_the_later_end_its_time() -> 
     assert d.core.st.nodes["n"].free["cpu"] == 0.0
     assert cpu_commands(d(ev.Wake(1.024))) == []  # (the first end's wake: held on to 1.030)
     assert len(cpu_commands(d(ev.Wake(1.030)))) == 4 and lend.holds == {}
+
+
+def test_her_two_cores_held_start_an_action_of_two_and_another_tenants_hold_stays() -> None:
+    d = _flooded(cpu=4, n=6, lend_anticipation_s=0.02)
+    d.at(1.0).arrive(act("a0", tag="p", tenant="alice"), act("a1", tag="p", tenant="alice"))
+    d.at(1.004).finish("a0")
+    d.at(1.010).finish("a1")
+    lend = d.core.lending
+    assert lend is not None
+    # an action of two cores starts on her two held ones: nothing squeezed
+    out = d.at(1.012).arrive(act("a2", cpu=2, tag="p", tenant="alice"))
+    assert cpu_commands(out) == [("start", "a2", 2.0)] and lend.holds == {}
+
+
+def test_a_tenants_take_back_leaves_another_tenants_hold_alone() -> None:
+    shares = {"alice": 1.0, "bob": 1.0, "carol": 1.0}
+    d = Driver([cpu_node("n", cpu=4)], tenant_shares=shares, lend_floor=0.25)
+    d.at(0.0).arrive(*[act(f"c{i}", tag="loop", tenant="carol") for i in range(6)])
+    d.at(1.0).arrive(act("a0", tag="p", tenant="alice"))
+    d.at(1.004).finish("a0")
+    lend = d.core.lending
+    assert lend is not None and [(t, c) for _, t, c, _ in lend.holds.values()] == [("alice", 1.0)]
+    # bob is owed a core: he takes it from carol's excess; alice's held core stays hers
+    out = d.at(1.005).arrive(act("b0", tag="p", tenant="bob"))
+    assert [c for k, _, c in cpu_commands(out) if k == "start"] == [1.0]
+    assert [(t, c) for _, t, c, _ in lend.holds.values()] == [("alice", 1.0)]
+    assert d.core.st.nodes["n"].free["cpu"] == 0.0

@@ -179,8 +179,9 @@ class Lending:
                 best, best_free, best_lend = node, free, lend
         if best is None:
             return False
-        unheld = bool(self.holds) and best.name in self.holds
-        if unheld:  # (held for this tenant: counted above)
+        mine = self.holds.get(best.name) if self.holds else None
+        unheld = mine is not None and mine[1] == rec.tenant
+        if unheld:  # (held for this tenant: counted above; another's hold stays its)
             self._unhold(best.name)
         short = need - best_free
         left = budgets
