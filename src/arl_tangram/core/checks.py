@@ -160,8 +160,7 @@ def _check_nodes(core: Core) -> None:
     if lending is not None:  # (anticipation: CPU held for a tenant between two of its actions)
         for name, (node, _, cpu, _) in lending.holds.items():
             _check(core.st.nodes.get(name) is node, "hold-node", f"hold on a replaced node {name}")
-            if node.alive:
-                add(name, Resources({CPU: cpu}))
+            add(name, Resources({CPU: cpu}))  # (alive: a lost node's hold went with it)
     for name, node in core.st.nodes.items():
         if not node.alive:
             continue
