@@ -31,6 +31,9 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
   CPU alice's action took back stays hers 20 ms past its end, so that her next action starts on
   it with no squeeze of carol's loops and no regrowth in between; core/lending.py).
 
+The ``fair`` options combine: ``fair-ant-ent`` is ``fair`` with both ``fair-ant``'s and
+``fair-ent``'s settings (any of ``quota``, ``cp``, ``ent``, ``ant`` after ``fair-``).
+
 The floors (``alone``, ``share``, ``share-node``) keep eight sandboxes warm (``warm_min: 8``,
 since 2026-11-30 07:00 UTC): with the service's 2, they started most of alice's actions cold
 (1 of 8 warm in a burst; 8-13 of 40 one at a time) while carol's flood had grown the pool for
@@ -132,12 +135,14 @@ def one(mode: str, flood: int, short: int, after: float,
         port = _port()
         tangram = os.path.join(os.path.dirname(sys.executable), "tangram")
         floor = mode in ("alone", "share", "share-node")
-        cfg = _config(d, shares=mode in ("fair", "wait", "fair-quota", "fair-cp", "fair-ent", "fair-ant"),
+        # a ``fair`` mode's options, combinable: ``fair-ant-ent`` is ``fair-ant`` and ``fair-ent``
+        opts = set(mode.split("-")[1:]) if mode.startswith("fair") else set()
+        cfg = _config(d, shares=mode == "wait" or mode.startswith("fair"),
                       lend=mode != "wait", cpus=1.0 if mode in ("share", "share-node") else None,
-                      weight=1.0 if mode == "fair-quota" else None,
-                      sandbox_weight=1 / 16 if mode == "fair-cp" else None,
-                      warm_min=8 if floor else 2, entitled=mode == "fair-ent",
-                      anticipation=0.02 if mode == "fair-ant" else 0.0)
+                      weight=1.0 if "quota" in opts else None,
+                      sandbox_weight=1 / 16 if "cp" in opts else None,
+                      warm_min=8 if floor else 2, entitled="ent" in opts,
+                      anticipation=0.02 if "ant" in opts else 0.0)
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None
