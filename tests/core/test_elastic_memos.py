@@ -118,3 +118,52 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     assert (small[2], large[2]) == (0, 0)
     assert (small[3], large[3]) == (7, 57)
     assert small[4] == [True, 13.0, 13.0] and large[4] == [True, 103.0, 103.0]
+
+
+_ONE_WALK_PROBE = r"""
+import json, sys
+sys.path.insert(0, "tests/core")
+from core_helpers import Driver, cpu_node, elastic
+from arl_tangram.core.commands import StartAction
+from arl_tangram.core.resources import Resources
+
+def floors_read(n):
+    d = Driver([cpu_node("n0", cpu=n, mem=1 << 20)])
+    for c in d.arrive(*(elastic(f"e{i}", 1, 4) for i in range(n))):
+        if isinstance(c, StartAction):
+            d.started(c.action.id, c.node)
+    node = d.core.st.nodes["n0"]
+    d.core.elastic._lends.clear()  # (a state of the node not summed yet)
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_floor_of":
+            count[0] += 1
+    moves = node.moves
+    sys.setprofile(hook)
+    try:
+        made = d.core.elastic.reclaim(node, Resources(cpu=1))
+    finally:
+        sys.setprofile(None)
+    return made, count[0], node.moves - moves, len(node.elastic), node.free.get("cpu")
+
+print(json.dumps([floors_read(20), floors_read(160)]))
+"""
+
+
+def test_a_reclaim_that_makes_room_walks_the_node_once() -> None:
+    """A reclaim on a node state whose `lendable` sum is not kept yet (issue 40: every
+    successful reclaim moves the node, so the next one is such) reads each elastic run's floor
+    once -- the walk that sums what the runs lend also collects the lenders -- then one floor
+    per core taken back: 7 + 1 on the 20-core node's 7 runs, 57 + 1 on the 160-core node's 57
+    (two walks read 15 and 115). One core made free, in one move. Counted in the pure core."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ARL_TANGRAM_PURE="1")
+    out = subprocess.run([sys.executable, "-c", _ONE_WALK_PROBE], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    assert small == [True, 8, 1, 7, 1.0]
+    assert large == [True, 58, 1, 57, 1.0]

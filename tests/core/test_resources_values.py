@@ -236,3 +236,36 @@ def test_equal_implies_same_hash(x: float, d: float) -> None:
     a, b = Resources(cpu=x), Resources(cpu=max(0.0, x + d))
     if a == b:
         assert hash(a) == hash(b)
+
+
+# ---- membership, views, the kept hash, pickling -------------------------------------------------
+
+
+def test_a_dimension_is_in_a_vector_only_with_an_amount() -> None:
+    r = Resources(cpu=2, gpu=0)
+    assert ("cpu" in r, "gpu" in r, "memory_mb" in r, 3 in r) == (True, False, False, False)
+    assert r["gpu"] == 0.0  # (read as zero all the same)
+
+
+def test_the_views_are_the_amounts_in_order() -> None:
+    r = Resources({"memory_mb": 512}, cpu=2)
+    assert list(r.keys()) == ["memory_mb", "cpu"]
+    assert list(r.values()) == [512.0, 2.0]
+    assert list(r.items()) == [("memory_mb", 512.0), ("cpu", 2.0)]
+    assert dict(r) == {"memory_mb": 512.0, "cpu": 2.0}
+
+
+def test_the_hash_is_kept_once_asked_and_never_pickled() -> None:
+    import pickle
+
+    r = Resources(cpu=1.5, memory_mb=256)
+    assert r._h == -1
+    h = hash(r)
+    assert r._h == h == hash((("cpu", 1.5), ("memory_mb", 256.0)))
+    back = pickle.loads(pickle.dumps(r))
+    assert (back._h, back._d, back == r, hash(back) == h) == (-1, {"cpu": 1.5, "memory_mb": 256.0}, True, True)
+    assert Resources._raw({"gpu": 1.0})._h == -1
+    # a vector pickled before the hash was kept (its slots' state) loads as it was
+    old = Resources.__new__(Resources)
+    old.__setstate__((None, {"_d": {"cpu": 3.0}}))
+    assert (old._d, old._h, old == Resources(cpu=3)) == ({"cpu": 3.0}, -1, True)

@@ -56,7 +56,7 @@ class Elastic:
         # `absorb` and `lendable` of a node as of its `moves` (they read only its elastic
         # actions' allotments, which change only with it): node (and floor) -> (moves, CPU)
         self._absorbs: dict[NodeState, tuple[int, float]] = {}
-        self._lends: dict[tuple[NodeState, float], tuple[int, float]] = {}
+        self._lends: dict[tuple[NodeState, float], tuple[int, float, float, list[ActionRecord]]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -111,7 +111,7 @@ class Elastic:
                 if node.free.get(CPU, 0.0) - reserve <= 1e-9:
                     continue  # no spare CPU: its turn below would give it nothing (a full
                     # node's expansion looks at each action, not at its expected work left)
-            if rec.allotment.get(el.dim) >= el.max - 1e-9:
+            if rec.width >= el.max - 1e-9:  # (`width`: its allotment in ``el.dim``)
                 gone.append(aid)
                 continue
             heap.append((self.remaining(rec), rec.seq, aid))
@@ -142,7 +142,7 @@ class Elastic:
                 if cpu_only and spare <= 1e-9:  # pragma: no mutate (the tolerance's edge)
                     spent = True
                     break
-                k = rec.allotment.get(el.dim)
+                k = rec.width
                 delta = min(el.max - k, spare)
                 if delta > step:  # pragma: no mutate (at equality, the same delta)
                     delta = step
@@ -175,7 +175,7 @@ class Elastic:
         busy = node.cap.get(CPU, 0.0) - node.free.get(CPU, 0.0)
         e0 = _efficiency(node.spec, busy)
         e1 = _efficiency(node.spec, busy + delta)
-        k = rec.allotment.get(el.dim)
+        k = rec.width
         left = self.remaining(rec)
         sp = el.speedup
         gain = left * (1.0 / max(sp.factor(k) * e0, 1e-9)
@@ -204,7 +204,7 @@ class Elastic:
             for other in node.elastic.values():  # (a fixed width, max = min, lends nothing)
                 el = other.spec.elasticity
                 if el is not None and el.dim == CPU and other.allotment is not None:
-                    lent += other.allotment.get(CPU) - el.min
+                    lent += other.width - el.min  # (`width`: its allotment's CPU)
             if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
                 continue
             if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
@@ -229,24 +229,15 @@ class Elastic:
                 short = lack
         if short <= 1e-9:
             return True
-        if self.lendable(node, floor) < short - 1e-9:  # pragma: no mutate (<=: the tolerance's edge)
-            return False  # (kept per state of the node: a crowded node's waiting heads ask
-            # again and again, each a walk over its hundreds of elastic runs; issue 40. Every
-            # extra summed below is in that sum too, so it is never short where that is not)
-        step = self.st.config.elastic_step
-        lenders: list[ActionRecord] = []
-        spare = 0.0
-        for rec in node.elastic.values():  # (the heap's keys decide the order)
-            el = rec.spec.elasticity
-            if el is None or el.dim != CPU or rec.allotment is None:
-                continue
-            extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
-            if extra > 1e-9:
-                spare += extra
-                lenders.append(rec)
+        # (kept per state of the node, `_lenders`: a crowded node's waiting heads ask again
+        # and again, each a walk over its hundreds of elastic runs; issue 40)
+        total, spare, lenders = self._lenders(node, floor)
+        if total < short - 1e-9:  # pragma: no mutate (<=: the tolerance's edge)
+            return False
         if spare < short - 1e-9:
             return False  # (summed before any work left is read: a reclaim that cannot make
             # room costs one pass over the widths, not an estimate per lender; issue 40)
+        step = self.st.config.elastic_step
         heap = [(-self.remaining(rec), rec.seq, rec.spec.id) for rec in lenders]
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
@@ -255,7 +246,7 @@ class Elastic:
             rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
-            k = float(rec.allotment.get(CPU))  # (floats: the same repr compiled and pure)
+            k = float(rec.width)  # (floats: the same repr compiled and pure)
             lo = _floor_of(el, floor)
             delta = float(min(step, k - lo, short))
             self.retime(rec)
@@ -351,7 +342,7 @@ class Elastic:
         else:
             held = 0.0
             runs = []  # (work left, elasticity) of its elastic runs
-            for other in node.elastic.values():  # (`elastic_on`, without its list)
+            for other in node.elastic.values():  # (those that stretch in CPU below)
                 oel = other.spec.elasticity
                 assert oel is not None
                 if oel.dim == CPU:
@@ -469,42 +460,46 @@ class Elastic:
             self._waited[key] = x
         return 0.0, 0.0
 
-    def elastic_on(self, node: NodeState) -> list[tuple[ActionRecord, Elasticity]]:
-        """The elastic actions running on ``node`` that stretch in CPU, with their elasticity."""
-        out: list[tuple[ActionRecord, Elasticity]] = []
-        for rec in node.elastic.values():
-            el = rec.spec.elasticity
-            assert el is not None
-            if el.dim == CPU:
-                out.append((rec, el))
-        return out
-
     def absorb(self, node: NodeState) -> float:
         """CPU the node's elastic actions below their maximum could still take."""
         seen = self._absorbs.get(node)
         if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sum)
             return seen[1]
         total = 0.0
-        for rec, el in self.elastic_on(node):
-            assert rec.allotment is not None
-            total += el.max - rec.allotment.get(CPU)
+        for rec in node.elastic.values():  # (those that stretch in CPU below)
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
+                total += el.max - rec.width
         self._absorbs[node] = (node.moves, total)
         return total
 
     def lendable(self, node: NodeState, floor: float) -> float:
         """CPU the node's elastic actions hold above ``floor`` (above their minimum where
         that is higher, never where their range ends below ``floor``)."""
+        return self._lenders(node, floor)[0]
+
+    def _lenders(self, node: NodeState, floor: float) -> tuple[float, float, list[ActionRecord]]:
+        """`lendable`'s sum, and what `reclaim` takes from the same walk: the sum of the extras
+        above 1e-9 and those actions, in the node's order; kept as of the node's `moves` (they
+        read only its elastic actions' allotments, which change only with it)."""
         seen = self._lends.get((node, floor))
-        if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sum)
-            return seen[1]
-        total = 0.0
-        for rec, el in self.elastic_on(node):
-            assert rec.allotment is not None
-            extra = rec.allotment.get(CPU) - _floor_of(el, floor)
-            if extra > 0.0:
-                total += extra
-        self._lends[(node, floor)] = (node.moves, total)
-        return total
+        if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sums)
+            return seen[1], seen[2], seen[3]
+        total = spare = 0.0
+        lenders: list[ActionRecord] = []
+        for rec in node.elastic.values():  # (those that stretch in CPU below)
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
+                extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
+                if extra > 0.0:
+                    total += extra
+                    if extra > 1e-9:
+                        spare += extra
+                        lenders.append(rec)
+        self._lends[(node, floor)] = (node.moves, total, spare, lenders)
+        return total, spare, lenders
 
     def place(self, rec: ActionRecord) -> bool:
         """Start a shared-pool elastic head where `choose` says; False when it waits
@@ -1019,7 +1014,7 @@ def _gain(rec: ActionRecord, step: float) -> float:
     """Weighted drop of expected remaining time from one more ``step`` of the elastic dim."""
     el = rec.spec.elasticity
     assert el is not None and rec.allotment is not None
-    k = rec.allotment.get(el.dim)
+    k = rec.width  # (its allotment in ``el.dim``)
     work = rec.est  # seconds at one unit of speed (the estimate is at speed 1)
     sp = el.speedup
     now_t = work / max(sp.factor(k), 1e-9)

@@ -8,7 +8,7 @@ Arithmetic returns new vectors; nothing here mutates. The core's hot loops use `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 
 CPU = "cpu"
 MEMORY_MB = "memory_mb"
@@ -33,7 +33,10 @@ def _canonical(d: Mapping[str, float]) -> dict[str, float]:
 class Resources(Mapping[str, float]):
     """An immutable resource vector. ``Resources(cpu=2, memory_mb=512)``."""
 
-    __slots__ = ("_d",)
+    # ``_h``: its hash once asked (-1: not yet; no hash is -1), kept because a vector is a dict
+    # key of the scheduler's hot path (a session's shape) and its hash is not cheap (`__hash__`).
+    # Never pickled (`__getstate__`): a string's hash differs from one process to another.
+    __slots__ = ("_d", "_h")
 
     def __init__(self, values: Mapping[str, float] | None = None, /, **kw: float) -> None:
         d: dict[str, float] = {}
@@ -45,12 +48,24 @@ class Resources(Mapping[str, float]):
                 if v:
                     d[k] = d.get(k, 0.0) + v
         self._d = d
+        self._h = -1
 
     @classmethod
     def _raw(cls, d: dict[str, float]) -> Resources:
         r = cls.__new__(cls)
         r._d = d
+        r._h = -1
         return r
+
+    def __getstate__(self) -> dict[str, float]:
+        return self._d
+
+    def __setstate__(self, state: object) -> None:
+        if isinstance(state, tuple):  # (pickled before 2026-12-01: its slots' state)
+            state = state[1]["_d"]
+        assert isinstance(state, dict)
+        self._d = state
+        self._h = -1
 
     # Mapping protocol -------------------------------------------------------------------------
     def __getitem__(self, key: str) -> float:
@@ -64,6 +79,22 @@ class Resources(Mapping[str, float]):
 
     def get(self, key: str, default: float = 0.0) -> float:  # type: ignore[override]
         return self._d.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        """A dimension with an amount (zeros are not kept). (`Mapping`'s would ask
+        `__getitem__`, which answers 0.0 for any dimension: every key would be in.)"""
+        return key in self._d
+
+    # the dict's own views: the same pairs in the same order as `Mapping`'s, without a
+    # `__getitem__` per key (the scheduler iterates demands and allotments on its hot path)
+    def keys(self) -> KeysView[str]:
+        return self._d.keys()
+
+    def values(self) -> ValuesView[float]:
+        return self._d.values()
+
+    def items(self) -> ItemsView[str, float]:
+        return self._d.items()
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v:g}" for k, v in sorted(self._d.items()))
@@ -79,7 +110,10 @@ class Resources(Mapping[str, float]):
         return _canonical(self._d) == _canonical(other)
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(_canonical(self._d).items())))
+        h = self._h
+        if h == -1:
+            h = self._h = hash(tuple(sorted(_canonical(self._d).items())))
+        return h
 
     # Arithmetic --------------------------------------------------------------------------------
     def __add__(self, other: Mapping[str, float]) -> Resources:
