@@ -56,7 +56,7 @@ class Elastic:
         # `absorb` and `lendable` of a node as of its `moves` (they read only its elastic
         # actions' allotments, which change only with it): node (and floor) -> (moves, CPU)
         self._absorbs: dict[NodeState, tuple[int, float]] = {}
-        self._lends: dict[tuple[NodeState, float], tuple[int, float, float, list[ActionRecord]]] = {}
+        self._lends: dict[tuple[NodeState, float], tuple[int, float]] = {}
 
     def arrived(self, cpu: float) -> None:
         """An action arrived with ``cpu`` as its (minimum) CPU demand: the reserve follows it."""
@@ -229,11 +229,15 @@ class Elastic:
                 short = lack
         if short <= 1e-9:
             return True
-        # (kept per state of the node, `_lenders`: a crowded node's waiting heads ask again
-        # and again, each a walk over its hundreds of elastic runs; issue 40)
-        total, spare, lenders = self._lenders(node, floor)
-        if total < short - 1e-9:  # pragma: no mutate (<=: the tolerance's edge)
+        # `lendable`'s sum, where kept for this state of the node: a crowded node's waiting
+        # heads ask again and again, each a walk over its hundreds of elastic runs (issue 40).
+        # Every extra summed in ``spare`` below is in that sum too, so it is never short where
+        # that is not; where it is not kept, the one walk below keeps it
+        seen = self._lends.get((node, floor))
+        if seen is not None and seen[0] == node.moves and seen[1] < short - 1e-9:  # pragma: no mutate (<=: the tolerance's edge)
             return False
+        lenders: list[ActionRecord] = []
+        spare = self._lenders(node, floor, lenders)[1]
         if spare < short - 1e-9:
             return False  # (summed before any work left is read: a reclaim that cannot make
             # room costs one pass over the widths, not an estimate per lender; issue 40)
@@ -477,17 +481,18 @@ class Elastic:
     def lendable(self, node: NodeState, floor: float) -> float:
         """CPU the node's elastic actions hold above ``floor`` (above their minimum where
         that is higher, never where their range ends below ``floor``)."""
-        return self._lenders(node, floor)[0]
-
-    def _lenders(self, node: NodeState, floor: float) -> tuple[float, float, list[ActionRecord]]:
-        """`lendable`'s sum, and what `reclaim` takes from the same walk: the sum of the extras
-        above 1e-9 and those actions, in the node's order; kept as of the node's `moves` (they
-        read only its elastic actions' allotments, which change only with it)."""
         seen = self._lends.get((node, floor))
-        if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sums)
-            return seen[1], seen[2], seen[3]
+        if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sum)
+            return seen[1]
+        return self._lenders(node, floor, None)[0]
+
+    def _lenders(self, node: NodeState, floor: float,
+                 lenders: list[ActionRecord] | None) -> tuple[float, float]:
+        """One walk over the node's elastic actions: `lendable`'s sum (kept as of the node's
+        `moves`: it reads only their allotments, which change only with it) and the sum of
+        the extras above 1e-9, those actions appended to ``lenders`` in the node's order
+        (`reclaim`'s, from the same walk)."""
         total = spare = 0.0
-        lenders: list[ActionRecord] = []
         for rec in node.elastic.values():  # (those that stretch in CPU below)
             el = rec.spec.elasticity
             assert el is not None
@@ -495,11 +500,11 @@ class Elastic:
                 extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
                 if extra > 0.0:
                     total += extra
-                    if extra > 1e-9:
+                    if extra > 1e-9 and lenders is not None:
                         spare += extra
                         lenders.append(rec)
-        self._lends[(node, floor)] = (node.moves, total, spare, lenders)
-        return total, spare, lenders
+        self._lends[(node, floor)] = (node.moves, total)
+        return total, spare
 
     def place(self, rec: ActionRecord) -> bool:
         """Start a shared-pool elastic head where `choose` says; False when it waits
