@@ -341,6 +341,17 @@ def test_reclaim_down_to_a_floor(need, floor, ok, want, free) -> None:
         assert any("n" in b for b in d.core.st.index.buckets_down(free))
 
 
+def test_a_reclaim_short_by_the_kept_sum_answers_false_without_a_move() -> None:
+    d, node = _direct()
+    assert d.core.elastic.lendable(node, 2.0) == 4.0  # (kept for this state of the node)
+    moves = node.moves
+    assert d.core.elastic.reclaim(node, Resources(cpu=5.0), 2.0) is False
+    assert (node.moves, cpu_commands(d.core.st.out), node.free["cpu"]) == (moves, [], 0.0)
+    # the sum is kept per floor: at 0.0 (6 lendable) the same ask makes room
+    assert d.core.elastic.reclaim(node, Resources(cpu=5.0), 0.0) is True
+    assert node.free["cpu"] == 5.0
+
+
 def test_reclaim_of_another_dimension_fails_and_a_free_fit_needs_nothing() -> None:
     d, node = _direct()
     assert d.core.elastic.reclaim(node, Resources(cpu=1.0, memory_mb=1e9)) is False

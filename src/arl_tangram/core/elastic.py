@@ -111,7 +111,7 @@ class Elastic:
                 if node.free.get(CPU, 0.0) - reserve <= 1e-9:
                     continue  # no spare CPU: its turn below would give it nothing (a full
                     # node's expansion looks at each action, not at its expected work left)
-            if rec.width >= el.max - 1e-9:  # (`width`: its allotment in ``el.dim``)
+            if rec.width >= el.max - 1e-9:  # pragma: no mutate (the tolerance's edge; `width`: its allotment in ``el.dim``)
                 gone.append(aid)
                 continue
             heap.append((self.remaining(rec), rec.seq, aid))
@@ -498,9 +498,9 @@ class Elastic:
             assert el is not None
             if el.dim == CPU:
                 extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
-                if extra > 0.0:
+                if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
                     total += extra
-                    if extra > 1e-9 and lenders is not None:
+                    if extra > 1e-9 and lenders is not None:  # pragma: no mutate (the tolerance's edge)
                         spare += extra
                         lenders.append(rec)
         self._lends[(node, floor)] = (node.moves, total)
