@@ -61,35 +61,61 @@ def test_the_node_sums_kept_per_move_equal_fresh_ones_after_every_event() -> Non
 
 
 
-_RECLAIM_PROBE = r"""
+# the probes' common part, run in a pure core (`_floor_of` is a Python call there): a node of
+# ``n`` cores filled with elastic actions, and the floors a call reads
+_PROBE_SETUP = r"""
 import json, sys
 sys.path.insert(0, "tests/core")
 from core_helpers import Driver, cpu_node, elastic
 from arl_tangram.core.commands import StartAction
 from arl_tangram.core.resources import Resources
 
-def floors_read(n):
-    # elastic actions fill an n-core node; a head needs more than it could ever lend
+def filled(n):
     d = Driver([cpu_node("n0", cpu=n, mem=1 << 20)])
     for c in d.arrive(*(elastic(f"e{i}", 1, 4) for i in range(n))):
         if isinstance(c, StartAction):
             d.started(c.action.id, c.node)
-    node = d.core.st.nodes["n0"]
-    moves, lend = node.moves, d.core.elastic.lendable(node, 0.0)
-    assert node.free.get("cpu") == 0 and 0 < lend < n
+    return d, d.core.st.nodes["n0"]
+
+def counting(call):
     count = [0]
     def hook(frame, event, arg):
         if event == "call" and frame.f_code.co_name == "_floor_of":
             count[0] += 1
     sys.setprofile(hook)
     try:
-        got = [d.core.elastic.reclaim(node, Resources(cpu=c)) for c in [n] * 5 + [lend + 0.5] * 5]
+        got = call()
     finally:
         sys.setprofile(None)
+    return got, count[0]
+"""
+
+
+def _probe(body: str) -> list:
+    """The last line printed by ``body`` after `_PROBE_SETUP`, in a pure core, as JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ARL_TANGRAM_PURE="1")
+    out = subprocess.run([sys.executable, "-c", _PROBE_SETUP + body], env=env,
+                         capture_output=True, text=True, check=True, timeout=300)
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+_RECLAIM_PROBE = r"""
+def floors_read(n):
+    # elastic actions fill an n-core node; a head needs more than it could ever lend
+    d, node = filled(n)
+    moves, lend = node.moves, d.core.elastic.lendable(node, 0.0)
+    assert node.free.get("cpu") == 0 and 0 < lend < n
+    got, floors = counting(lambda: [d.core.elastic.reclaim(node, Resources(cpu=c))
+                                    for c in [n] * 5 + [lend + 0.5] * 5])
     still = node.moves - moves
     # exactly what the node can lend: made (every lender at its floor, the node's CPU free)
     made = d.core.elastic.reclaim(node, Resources(cpu=lend))
-    return got, count[0], still, len(node.elastic), [made, node.free.get("cpu"), lend]
+    return got, floors, still, len(node.elastic), [made, node.free.get("cpu"), lend]
 
 print(json.dumps([floors_read(20), floors_read(160)]))
 """
@@ -104,15 +130,7 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     runs and 570 on the 160-core node's 57). Counted in the pure core (`_floor_of` is a Python
     call there). Asked for exactly what the runs hold above their minimums, it makes room.
     """
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, ARL_TANGRAM_PURE="1")
-    out = subprocess.run([sys.executable, "-c", _RECLAIM_PROBE], env=env, capture_output=True,
-                         text=True, check=True, timeout=300)
-    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    small, large = _probe(_RECLAIM_PROBE)
     assert small[0] == large[0] == [False] * 10
     assert (small[1], large[1]) == (0, 0)
     assert (small[2], large[2]) == (0, 0)
@@ -121,30 +139,12 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
 
 
 _ONE_WALK_PROBE = r"""
-import json, sys
-sys.path.insert(0, "tests/core")
-from core_helpers import Driver, cpu_node, elastic
-from arl_tangram.core.commands import StartAction
-from arl_tangram.core.resources import Resources
-
 def floors_read(n):
-    d = Driver([cpu_node("n0", cpu=n, mem=1 << 20)])
-    for c in d.arrive(*(elastic(f"e{i}", 1, 4) for i in range(n))):
-        if isinstance(c, StartAction):
-            d.started(c.action.id, c.node)
-    node = d.core.st.nodes["n0"]
+    d, node = filled(n)
     d.core.elastic._lends.clear()  # (a state of the node not summed yet)
-    count = [0]
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "_floor_of":
-            count[0] += 1
     moves = node.moves
-    sys.setprofile(hook)
-    try:
-        made = d.core.elastic.reclaim(node, Resources(cpu=1))
-    finally:
-        sys.setprofile(None)
-    return made, count[0], node.moves - moves, len(node.elastic), node.free.get("cpu")
+    made, floors = counting(lambda: d.core.elastic.reclaim(node, Resources(cpu=1)))
+    return made, floors, node.moves - moves, len(node.elastic), node.free.get("cpu")
 
 print(json.dumps([floors_read(20), floors_read(160)]))
 """
@@ -156,14 +156,6 @@ def test_a_reclaim_that_makes_room_walks_the_node_once() -> None:
     once -- the walk that sums what the runs lend also collects the lenders -- then one floor
     per core taken back: 7 + 1 on the 20-core node's 7 runs, 57 + 1 on the 160-core node's 57
     (two walks read 15 and 115). One core made free, in one move. Counted in the pure core."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, ARL_TANGRAM_PURE="1")
-    out = subprocess.run([sys.executable, "-c", _ONE_WALK_PROBE], env=env, capture_output=True,
-                         text=True, check=True, timeout=300)
-    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    small, large = _probe(_ONE_WALK_PROBE)
     assert small == [True, 8, 1, 7, 1.0]
     assert large == [True, 58, 1, 57, 1.0]
