@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Baselines for benchmarks/bench_images.py (issue 17): crun and podman; wrk, the load generator
-# of bench_service.py and bench_starvation.py; Debian packages, only when missing and when we
-# may (root). Not needed by the tests.
+# of bench_service.py and bench_starvation.py; valgrind, the counter of core_instructions.py;
+# Debian packages, only when missing and when we may (root). Not needed by the tests.
 set -u
 need=()
 command -v crun >/dev/null 2>&1 || need+=(crun)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)  # bench_service.py, bench_starvation.py: the load
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)  # core_instructions.py: instruction counts
 if [ "$(id -u)" != 0 ]; then
   [ ${#need[@]} -eq 0 ] || echo "bench-deps: not root; missing ${need[*]} (the benchmark skips those baselines)" >&2
   exit 0
