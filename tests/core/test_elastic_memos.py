@@ -12,6 +12,7 @@ import random
 from core_helpers import Driver, act, cpu_node, elastic
 
 from arl_tangram.core.commands import ResizeAction, StartAction
+from arl_tangram.core.elastic import _floor_of
 from arl_tangram.core.resources import CPU
 
 
@@ -22,7 +23,7 @@ def _fresh(node, floor: float = 0.0) -> tuple[float, float]:
         if el.dim != CPU:
             continue
         absorb += el.max - rec.allotment.get(CPU)
-        extra = rec.allotment.get(CPU) - min(max(floor, el.min), el.max)  # (`_floor_of`)
+        extra = rec.allotment.get(CPU) - _floor_of(el, floor)
         if extra > 0.0:
             lend += extra
     return absorb, lend

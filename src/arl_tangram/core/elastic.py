@@ -13,7 +13,6 @@ import bisect
 import heapq
 import math
 from collections.abc import Iterable
-from typing import Final
 
 from .actions import Elasticity
 from .cluster import NodeSpec
@@ -26,7 +25,6 @@ from .resources import CPU, Resources
 from .state import CoreState
 from .warmpools import WarmPools
 
-_insort: Final = bisect.insort  # (Final: compiled, read without the module's lookup)
 # The fluid model's jobs of a node's elastic runs, without a speedup measured there: their work
 # left (sorted), the class of each, each class's maximum and parallel fraction (`_classes`), and
 # the sum of their maximums
@@ -42,7 +40,10 @@ class Elastic:
         self.placer = placer
         self.warm = warm
         self.largest_min_cpu = 0.0  # the largest minimum CPU demand an action arrived with
-        # the instant and state of the estimator that `_waited` and `_runs` below hold for
+        # `remaining`'s answers at one instant and one state of the estimator: action seq ->
+        # (work done by now, work left); the node's scans in one event read each action's
+        # work left once (issue 40)
+        self._left: dict[int, tuple[float, float]] = {}
         self._left_now = -1.0
         self._left_version = -1
         # at the same instant and state of the estimator: (node, its `moves`, elasticity) ->
@@ -84,7 +85,7 @@ class Elastic:
         expected work left first (heSRPT gives the most to the shortest: Berg, Vesilo and
         Harchol-Balter, SIGMETRICS 2020), one `elastic_step` at a time while it speeds it up."""
         step = self.st.config.elastic_step
-        heap: list[tuple[float, int, ActionRecord]] = []  # (the seq breaks ties: records never compared)
+        heap: list[tuple[float, int, str]] = []
         actions = self.st.actions
         running = node.running
         growable = self.placer.growable.get(node.name)
@@ -102,16 +103,18 @@ class Elastic:
             if rec is None or aid not in running or rec.allotment is None or not rec.elastic:
                 gone.append(aid)
                 continue
-            if rec.el_cpu:
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
                 if reserve < 0.0:
                     reserve = self.reserve_of(node, CPU)
                 if node.free.get(CPU, 0.0) - reserve <= 1e-9:
                     continue  # no spare CPU: its turn below would give it nothing (a full
                     # node's expansion looks at each action, not at its expected work left)
-            if rec.width >= rec.el_max - 1e-9:  # pragma: no mutate (the tolerance's edge; `width`: its allotment in its elastic dimension)
+            if rec.width >= el.max - 1e-9:  # pragma: no mutate (the tolerance's edge; `width`: its allotment in ``el.dim``)
                 gone.append(aid)
                 continue
-            heap.append((self.remaining(rec), rec.seq, rec))
+            heap.append((self.remaining(rec), rec.seq, aid))
         if gone and growable:
             for aid in gone:
                 del growable[aid]
@@ -124,8 +127,8 @@ class Elastic:
         cpu_only = not self.placer.other_dims  # (every action here stretches in CPU)
         spent = False  # no spare CPU left: every later turn would give nothing (issue 40)
         while heap and not spent:
-            rec = heapq.heappop(heap)[2]
-            aid = rec.spec.id
+            _, _, aid = heapq.heappop(heap)
+            rec = self.st.actions[aid]
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             # its turns, one step each: its work left (the heap's key) is the same after a
@@ -199,8 +202,9 @@ class Elastic:
                 continue
             lent = 0.0
             for other in node.elastic.values():  # (a fixed width, max = min, lends nothing)
-                if other.el_cpu:  # (running: its allotment is set until `Core._release`)
-                    lent += other.width - other.el_min  # (`width`: its allotment's CPU)
+                el = other.spec.elasticity
+                if el is not None and el.dim == CPU and other.allotment is not None:
+                    lent += other.width - el.min  # (`width`: its allotment's CPU)
             if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
                 continue
             if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
@@ -238,15 +242,16 @@ class Elastic:
             return False  # (summed before any work left is read: a reclaim that cannot make
             # room costs one pass over the widths, not an estimate per lender; issue 40)
         step = self.st.config.elastic_step
-        heap = [(-self.remaining(rec), rec.seq, rec) for rec in lenders]  # (the seq breaks ties)
+        heap = [(-self.remaining(rec), rec.seq, rec.spec.id) for rec in lenders]
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while short > 1e-9 and heap:
-            rec = heapq.heappop(heap)[2]
-            aid = rec.spec.id
-            assert rec.allotment is not None
+            _, _, aid = heapq.heappop(heap)
+            rec = self.st.actions[aid]
+            el = rec.spec.elasticity
+            assert el is not None and rec.allotment is not None
             k = float(rec.width)  # (floats: the same repr compiled and pure)
-            lo = _floor_of(rec, floor)
+            lo = _floor_of(el, floor)
             delta = float(min(step, k - lo, short))
             self.retime(rec)
             node.give({CPU: delta})
@@ -257,7 +262,7 @@ class Elastic:
             changed[aid] = rec
             short -= delta
             if k - delta > lo + 1e-9:
-                heapq.heappush(heap, (-self.remaining(rec), rec.seq, rec))
+                heapq.heappush(heap, (-self.remaining(rec), rec.seq, aid))
         self.st.index.update(node.name, node.free)
         self.emit_resizes(node, changed.values())
         return True
@@ -266,23 +271,32 @@ class Elastic:
     def remaining(self, rec: ActionRecord) -> float:
         """Expected work left of a running action (seconds at speed 1), given the work its
         allotments have done since it started (`done`, brought up to now): the estimator's
-        mean excess (`remaining_work`: a bisection of the key's values), else its estimate
-        less that work. Not kept: at a new instant every answer differs, and the estimator's
-        side is a view kept per its version and a bisection (issue 40)."""
-        now = self.st.now
+        mean excess (`remaining_work`), else its estimate less that work."""
+        st = self.st
+        now = st.now
         done = rec.done
         if rec.allotment is not None and now > rec.since:
             done += (now - rec.since) * rec.speed()
-        left = self.st.estimator.remaining_work(rec.ekey, rec.units, done)
+        est = st.estimator
+        memo = self._left
+        if now != self._left_now or est.version != self._left_version:
+            self._forget()  # (another instant, or the estimator learned: answers may differ)
+        else:
+            got = memo.get(rec.seq)
+            if got is not None and got[0] == done:  # (the same work done: the same answer)
+                return got[1]
+        left = est.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
         if left <= 1e-9:
             left = 1e-9
+        memo[rec.seq] = (done, left)
         return left
 
     def _forget(self) -> None:
-        """Forget the answers of another instant or state of the estimator (`width_on`'s,
-        `plan`'s)."""
+        """Forget the answers of another instant or state of the estimator (`remaining`'s,
+        `width_on`'s)."""
+        self._left.clear()
         self._waited.clear()
         self._runs.clear()
         self._left_now = self.st.now
@@ -333,9 +347,9 @@ class Elastic:
             held = 0.0
             runs = []  # (work left, elasticity) of its elastic runs
             for other in node.elastic.values():  # (those that stretch in CPU below)
-                if other.el_cpu:
-                    oel = other.spec.elasticity
-                    assert oel is not None
+                oel = other.spec.elasticity
+                assert oel is not None
+                if oel.dim == CPU:
                     held += other.width
                     runs.append((self.remaining(other), oel))
             runs.sort(key=_first)
@@ -457,8 +471,10 @@ class Elastic:
             return seen[1]
         total = 0.0
         for rec in node.elastic.values():  # (those that stretch in CPU below)
-            if rec.el_cpu:
-                total += rec.el_max - rec.width
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
+                total += el.max - rec.width
         self._absorbs[node] = (node.moves, total)
         return total
 
@@ -478,8 +494,10 @@ class Elastic:
         (`reclaim`'s, from the same walk)."""
         total = spare = 0.0
         for rec in node.elastic.values():  # (those that stretch in CPU below)
-            if rec.el_cpu:
-                extra = rec.width - _floor_of(rec, floor)  # (`width`: its allotment's CPU)
+            el = rec.spec.elasticity
+            assert el is not None
+            if el.dim == CPU:
+                extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
                 if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
                     total += extra
                     if extra > 1e-9 and lenders is not None:  # pragma: no mutate (the tolerance's edge)
@@ -889,11 +907,9 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
     running = 0
     nxt = 0
     while nxt < n and running < limit:
-        ends[job_cls[nxt]].append(-works[nxt])
+        bisect.insort(ends[job_cls[nxt]], -works[nxt])
         running += 1
         nxt += 1
-    for h in ends:  # (one sort of the first jobs: the runs come shortest first, so inserting
-        h.sort()  # each by bisection would put each at the front)
     join = 0.0 if n_run < nxt else math.inf
     t = cost = 0.0
     while running:
@@ -936,8 +952,8 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
             h = ends[c]
             if not h:
                 continue
-            dc = done[c] + dt * speed[c]
-            done[c] = dc
+            done[c] += dt * speed[c]
+            dc = done[c]
             while h and -h[-1] - dc <= tol:  # pragma: no mutate (the tolerance's edge)
                 h.pop()
                 cost += t
@@ -946,7 +962,7 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
             if nxt == n_run:
                 join = t
             c = job_cls[nxt]
-            _insort(ends[c], -(works[nxt] + done[c]))
+            bisect.insort(ends[c], -(works[nxt] + done[c]))
             running += 1
             nxt += 1
     return cost, join
@@ -992,11 +1008,11 @@ def _fluid_one(cap: float, limit: int, works: list[float], n_run: int, top: floa
     return cost, join
 
 
-def _floor_of(rec: ActionRecord, floor: float) -> float:
-    """How far a reclaim may shrink elastic ``rec``: ``floor`` within its range."""
-    if floor <= rec.el_min:
-        return rec.el_min
-    return floor if floor < rec.el_max else rec.el_max
+def _floor_of(el: Elasticity, floor: float) -> float:
+    """How far a reclaim may shrink an action of ``el``: ``floor`` within its range."""
+    if floor <= el.min:
+        return el.min
+    return floor if floor < el.max else el.max
 
 
 def _gain(rec: ActionRecord, step: float) -> float:

@@ -160,9 +160,6 @@ class ActionRecord:
         "cpu",
         "done",
         "ekey",
-        "el_cpu",
-        "el_max",
-        "el_min",
         "elastic",
         "est",
         "gen",
@@ -209,12 +206,6 @@ class ActionRecord:
         el = spec.elasticity
         # elastic (`Elasticity.is_elastic`): its own queues, a width chosen at its start
         self.elastic = el is not None and el.max > el.min
-        # its elasticity's range, and whether it stretches in CPU: read for every elastic
-        # action on a node by the lane rule's walks, without the spec's attribute lookups
-        # (issue 40); 0.0 and False without one
-        self.el_min = el.min if el is not None else 0.0
-        self.el_max = el.max if el is not None else 0.0
-        self.el_cpu = el is not None and el.dim == CPU
         # work done (seconds at speed 1) by `since`, while it runs: what is left of its
         # estimate when the allotment of an elastic action changes (`Elastic.remaining`)
         self.done = 0.0
