@@ -124,7 +124,8 @@ def test_the_work_left_of_a_running_action() -> None:
     d.at(1.0).tick()
     assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)
     assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)  # (memo: the same)
-    assert el._left == {rec.seq: (pytest.approx(s4), pytest.approx(10.0 - s4))}
+    assert (rec.left_done, rec.left, rec.left_at) == (pytest.approx(s4), pytest.approx(10.0 - s4),
+                                                      el._epoch)  # (kept on the record)
     d.at(4.0).tick()  # 4 x s4 > 10: never below 1e-9
     assert el.remaining(rec) == 1e-9
     d.at(4.0).finish("e", run_s=4.0)

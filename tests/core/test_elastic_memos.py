@@ -12,7 +12,6 @@ import random
 from core_helpers import Driver, act, cpu_node, elastic
 
 from arl_tangram.core.commands import ResizeAction, StartAction
-from arl_tangram.core.elastic import _floor_of
 from arl_tangram.core.resources import CPU
 
 
@@ -23,7 +22,7 @@ def _fresh(node, floor: float = 0.0) -> tuple[float, float]:
         if el.dim != CPU:
             continue
         absorb += el.max - rec.allotment.get(CPU)
-        extra = rec.allotment.get(CPU) - _floor_of(el, floor)
+        extra = rec.allotment.get(CPU) - min(max(floor, el.min), el.max)  # (`_floor_of`)
         if extra > 0.0:
             lend += extra
     return absorb, lend

@@ -10,8 +10,9 @@ import pytest
 from core_helpers import Driver, act, cpu_commands, cpu_node, elastic
 
 from arl_tangram.core import elastic as E
-from arl_tangram.core.actions import Elasticity, Speedup, WorkHints
+from arl_tangram.core.actions import ActionSpec, Elasticity, Speedup, WorkHints
 from arl_tangram.core.cluster import NodeSpec
+from arl_tangram.core.records import ActionRecord
 from arl_tangram.core.resources import Resources
 
 
@@ -236,12 +237,27 @@ def test_lanes_all_at_max() -> None:
 
 
 def test_floor_of() -> None:
-    el = _el(1, 4, 0.9)
-    assert E._floor_of(el, 0.0) == 1.0
-    assert E._floor_of(el, 1.0) == 1.0
-    assert E._floor_of(el, 2.5) == 2.5
-    assert E._floor_of(el, 4.0) == 4.0
-    assert E._floor_of(el, 5.0) == 4.0
+    rec = ActionRecord(elastic("e", 1, 4, 0.9), 0.0, 0)
+    assert E._floor_of(rec, 0.0) == 1.0
+    assert E._floor_of(rec, 1.0) == 1.0
+    assert E._floor_of(rec, 2.5) == 2.5
+    assert E._floor_of(rec, 4.0) == 4.0
+    assert E._floor_of(rec, 5.0) == 4.0
+
+
+def test_a_record_keeps_its_elasticity_for_the_walks() -> None:
+    """`ActionRecord.el_min`, `el_max`, `el_cpu`: the range the lane rule's walks read, and
+    whether it stretches in CPU (issue 40: read without the spec's attribute lookups)."""
+    def kept(spec: ActionSpec) -> tuple[float, float, bool]:
+        rec = ActionRecord(spec, 0.0, 0)
+        return rec.el_min, rec.el_max, rec.el_cpu
+
+    assert kept(elastic("e", 2, 6, 0.9)) == (2.0, 6.0, True)
+    assert kept(elastic("f", 3, 3, 0.9)) == (3.0, 3.0, True)  # (a fixed width: not elastic)
+    gpu = ActionSpec("g", demand=Resources(cpu=1, gpu=1),
+                     elasticity=Elasticity(1, 4, dim="gpu", speedup=Speedup(0.9)))
+    assert kept(gpu) == (1.0, 4.0, False)
+    assert kept(act("a", cpu=2)) == (0.0, 0.0, False)
 
 
 def test_efficiency() -> None:

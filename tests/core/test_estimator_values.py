@@ -308,6 +308,22 @@ def test_mean_and_remaining_work_by_hand() -> None:
     assert est.remaining_work(key, -1.0, 1.0) is None
 
 
+def test_the_mean_excess_follows_each_observation() -> None:
+    """`remaining_work` reads a view of the key's values kept per `version` (issue 40): an
+    observation between two questions is in the second answer, of the key and of another."""
+    est = DurationEstimator()
+    key, _ = est.work_of(_tests("k", 2, tag="m"))
+    other, _ = est.work_of(_tests("o", 2, tag="n"))
+    for i, run in enumerate((2.0, 4.0, 6.0)):  # unit times 1, 2, 3
+        est.observe(_tests(f"a{i}", 2, tag="m"), run)
+        est.observe(_tests(f"b{i}", 2, tag="n"), run)
+    assert est.remaining_work(key, 2.0, 2.0) == pytest.approx(3.0, rel=R)  # (2.5 - 1) x 2
+    assert est.remaining_work(other, 2.0, 2.0) == pytest.approx(3.0, rel=R)
+    est.observe(_tests("a3", 2, tag="m"), 14.0)  # unit times 1, 2, 3, 7
+    assert est.remaining_work(key, 2.0, 2.0) == pytest.approx(6.0, rel=R)  # (4 - 1) x 2: 2, 3, 7 above 1
+    assert est.remaining_work(other, 2.0, 2.0) == pytest.approx(3.0, rel=R)  # (not its key)
+
+
 def test_a_young_task_key_answers_means_from_its_kind() -> None:
     est = DurationEstimator()
     for i, run in enumerate((2.0, 4.0)):

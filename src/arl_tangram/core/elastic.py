@@ -40,12 +40,11 @@ class Elastic:
         self.placer = placer
         self.warm = warm
         self.largest_min_cpu = 0.0  # the largest minimum CPU demand an action arrived with
-        # `remaining`'s answers at one instant and one state of the estimator: action seq ->
-        # (work done by now, work left); the node's scans in one event read each action's
-        # work left once (issue 40)
-        self._left: dict[int, tuple[float, float]] = {}
+        # the instant and state of the estimator that `remaining`'s answers (kept on each
+        # record, by this epoch) and `_waited` and `_runs` below hold for
         self._left_now = -1.0
         self._left_version = -1
+        self._epoch = 0
         # at the same instant and state of the estimator: (node, its `moves`, elasticity) ->
         # the least expected work of a session's head that waited there (`width_on`)
         self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
@@ -85,7 +84,7 @@ class Elastic:
         expected work left first (heSRPT gives the most to the shortest: Berg, Vesilo and
         Harchol-Balter, SIGMETRICS 2020), one `elastic_step` at a time while it speeds it up."""
         step = self.st.config.elastic_step
-        heap: list[tuple[float, int, str]] = []
+        heap: list[tuple[float, int, ActionRecord]] = []  # (the seq breaks ties: records never compared)
         actions = self.st.actions
         running = node.running
         growable = self.placer.growable.get(node.name)
@@ -103,18 +102,16 @@ class Elastic:
             if rec is None or aid not in running or rec.allotment is None or not rec.elastic:
                 gone.append(aid)
                 continue
-            el = rec.spec.elasticity
-            assert el is not None
-            if el.dim == CPU:
+            if rec.el_cpu:
                 if reserve < 0.0:
                     reserve = self.reserve_of(node, CPU)
                 if node.free.get(CPU, 0.0) - reserve <= 1e-9:
                     continue  # no spare CPU: its turn below would give it nothing (a full
                     # node's expansion looks at each action, not at its expected work left)
-            if rec.width >= el.max - 1e-9:  # pragma: no mutate (the tolerance's edge; `width`: its allotment in ``el.dim``)
+            if rec.width >= rec.el_max - 1e-9:  # pragma: no mutate (the tolerance's edge; `width`: its allotment in its elastic dimension)
                 gone.append(aid)
                 continue
-            heap.append((self.remaining(rec), rec.seq, aid))
+            heap.append((self.remaining(rec), rec.seq, rec))
         if gone and growable:
             for aid in gone:
                 del growable[aid]
@@ -127,8 +124,8 @@ class Elastic:
         cpu_only = not self.placer.other_dims  # (every action here stretches in CPU)
         spent = False  # no spare CPU left: every later turn would give nothing (issue 40)
         while heap and not spent:
-            _, _, aid = heapq.heappop(heap)
-            rec = self.st.actions[aid]
+            rec = heapq.heappop(heap)[2]
+            aid = rec.spec.id
             el = rec.spec.elasticity
             assert el is not None and rec.allotment is not None
             # its turns, one step each: its work left (the heap's key) is the same after a
@@ -202,9 +199,8 @@ class Elastic:
                 continue
             lent = 0.0
             for other in node.elastic.values():  # (a fixed width, max = min, lends nothing)
-                el = other.spec.elasticity
-                if el is not None and el.dim == CPU and other.allotment is not None:
-                    lent += other.width - el.min  # (`width`: its allotment's CPU)
+                if other.el_cpu and other.allotment is not None:
+                    lent += other.width - other.el_min  # (`width`: its allotment's CPU)
             if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
                 continue
             if lent > most + 1e-12 or best is None or name < best.name:  # (ties: by name, as
@@ -242,16 +238,15 @@ class Elastic:
             return False  # (summed before any work left is read: a reclaim that cannot make
             # room costs one pass over the widths, not an estimate per lender; issue 40)
         step = self.st.config.elastic_step
-        heap = [(-self.remaining(rec), rec.seq, rec.spec.id) for rec in lenders]
+        heap = [(-self.remaining(rec), rec.seq, rec) for rec in lenders]  # (the seq breaks ties)
         heapq.heapify(heap)
         changed: dict[str, ActionRecord] = {}
         while short > 1e-9 and heap:
-            _, _, aid = heapq.heappop(heap)
-            rec = self.st.actions[aid]
-            el = rec.spec.elasticity
-            assert el is not None and rec.allotment is not None
+            rec = heapq.heappop(heap)[2]
+            aid = rec.spec.id
+            assert rec.allotment is not None
             k = float(rec.width)  # (floats: the same repr compiled and pure)
-            lo = _floor_of(el, floor)
+            lo = _floor_of(rec, floor)
             delta = float(min(step, k - lo, short))
             self.retime(rec)
             node.give({CPU: delta})
@@ -262,7 +257,7 @@ class Elastic:
             changed[aid] = rec
             short -= delta
             if k - delta > lo + 1e-9:
-                heapq.heappush(heap, (-self.remaining(rec), rec.seq, aid))
+                heapq.heappush(heap, (-self.remaining(rec), rec.seq, rec))
         self.st.index.update(node.name, node.free)
         self.emit_resizes(node, changed.values())
         return True
@@ -271,32 +266,33 @@ class Elastic:
     def remaining(self, rec: ActionRecord) -> float:
         """Expected work left of a running action (seconds at speed 1), given the work its
         allotments have done since it started (`done`, brought up to now): the estimator's
-        mean excess (`remaining_work`), else its estimate less that work."""
+        mean excess (`remaining_work`: a bisection of the key's values), else its estimate
+        less that work. Kept on the record for this instant and state of the estimator: an
+        event that plans a crowded node, then reclaims and expands there, asks it of the same
+        runs up to three times (issue 40)."""
         st = self.st
         now = st.now
+        if now != self._left_now or st.estimator.version != self._left_version:
+            self._forget()  # (another instant, or the estimator learned: answers may differ)
         done = rec.done
         if rec.allotment is not None and now > rec.since:
             done += (now - rec.since) * rec.speed()
-        est = st.estimator
-        memo = self._left
-        if now != self._left_now or est.version != self._left_version:
-            self._forget()  # (another instant, or the estimator learned: answers may differ)
-        else:
-            got = memo.get(rec.seq)
-            if got is not None and got[0] == done:  # (the same work done: the same answer)
-                return got[1]
-        left = est.remaining_work(rec.ekey, rec.units, done)
+        if rec.left_at == self._epoch and rec.left_done == done:  # (the same work done)
+            return rec.left
+        left = st.estimator.remaining_work(rec.ekey, rec.units, done)
         if left is None:
             left = rec.est - done
         if left <= 1e-9:
             left = 1e-9
-        memo[rec.seq] = (done, left)
+        rec.left = left
+        rec.left_done = done
+        rec.left_at = self._epoch
         return left
 
     def _forget(self) -> None:
         """Forget the answers of another instant or state of the estimator (`remaining`'s,
-        `width_on`'s)."""
-        self._left.clear()
+        `width_on`'s, `plan`'s)."""
+        self._epoch += 1
         self._waited.clear()
         self._runs.clear()
         self._left_now = self.st.now
@@ -347,9 +343,9 @@ class Elastic:
             held = 0.0
             runs = []  # (work left, elasticity) of its elastic runs
             for other in node.elastic.values():  # (those that stretch in CPU below)
-                oel = other.spec.elasticity
-                assert oel is not None
-                if oel.dim == CPU:
+                if other.el_cpu:
+                    oel = other.spec.elasticity
+                    assert oel is not None
                     held += other.width
                     runs.append((self.remaining(other), oel))
             runs.sort(key=_first)
@@ -471,10 +467,8 @@ class Elastic:
             return seen[1]
         total = 0.0
         for rec in node.elastic.values():  # (those that stretch in CPU below)
-            el = rec.spec.elasticity
-            assert el is not None
-            if el.dim == CPU:
-                total += el.max - rec.width
+            if rec.el_cpu:
+                total += rec.el_max - rec.width
         self._absorbs[node] = (node.moves, total)
         return total
 
@@ -494,10 +488,8 @@ class Elastic:
         (`reclaim`'s, from the same walk)."""
         total = spare = 0.0
         for rec in node.elastic.values():  # (those that stretch in CPU below)
-            el = rec.spec.elasticity
-            assert el is not None
-            if el.dim == CPU:
-                extra = rec.width - _floor_of(el, floor)  # (`width`: its allotment's CPU)
+            if rec.el_cpu:
+                extra = rec.width - _floor_of(rec, floor)  # (`width`: its allotment's CPU)
                 if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
                     total += extra
                     if extra > 1e-9 and lenders is not None:  # pragma: no mutate (the tolerance's edge)
@@ -1008,11 +1000,11 @@ def _fluid_one(cap: float, limit: int, works: list[float], n_run: int, top: floa
     return cost, join
 
 
-def _floor_of(el: Elasticity, floor: float) -> float:
-    """How far a reclaim may shrink an action of ``el``: ``floor`` within its range."""
-    if floor <= el.min:
-        return el.min
-    return floor if floor < el.max else el.max
+def _floor_of(rec: ActionRecord, floor: float) -> float:
+    """How far a reclaim may shrink elastic ``rec``: ``floor`` within its range."""
+    if floor <= rec.el_min:
+        return rec.el_min
+    return floor if floor < rec.el_max else rec.el_max
 
 
 def _gain(rec: ActionRecord, step: float) -> float:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict, deque
+from typing import Final
 
 from .actions import ActionSpec, WorkHints
 
@@ -68,6 +69,9 @@ def _size_class(action: ActionSpec) -> int:
         return 0
     return min(16, len(code).bit_length() - 8)
 _bisect_left, _insort = bisect.bisect_left, bisect.insort
+_bisect_right: Final = bisect.bisect_right  # (Final: compiled, read without a lookup)
+# `DurationEstimator._excess_view`'s answer for a key with too little history
+_IMMATURE: tuple[list[float], list[float], float] = ([], [], 0.0)
 _INF = math.inf
 
 
@@ -123,16 +127,6 @@ class _Sketch:
         s, suf = self._sums()
         return suf[0] / len(s) if s else 0.0
 
-    def excess(self, a: float) -> float:
-        """E[V - a | V > a] over the reservoir; when no value exceeds ``a``, a quarter of
-        ``a`` (it has outlived every run seen: assume it is near its end, not at it)."""
-        s, suf = self._sums()
-        i = bisect.bisect_right(s, a)
-        n = len(s) - i
-        if n <= 0:
-            return 0.25 * a
-        return suf[i] / n - a
-
     def quantile(self, q: float) -> float:
         s = self._sorted
         if s is None:
@@ -152,9 +146,12 @@ class DurationEstimator:
         # (key, basis) -> q -> v, for keys answering from their own history
         self._cache: dict[tuple[str, str], dict[float, float]] = {}
         self._neutral: dict[str, float] = {}  # basis -> the neutral unit time (None: recompute)
-        # how many observations it has taken: an answer (`remaining_work`) kept by a caller
-        # holds while this is unchanged (`Elastic.remaining`)
+        # how many observations it has taken: an answer kept by a caller holds while this is
+        # unchanged (`Elastic.plan`'s view of a node's runs)
         self.version = 0
+        # `remaining_work`'s view of each key asked at this `version` (`_excess_view`)
+        self._views: dict[tuple[str, str], tuple[list[float], list[float], float]] = {}
+        self._views_at = -1
         # general key -> [predictions scored, sum of |log2(actual / predicted)|, within 2x]
         self._errors: dict[str, list[float]] = {}
         # grouped key -> [finished siblings, sum of the logs of their unit times], least recent first
@@ -400,16 +397,45 @@ class DurationEstimator:
         """Expected work left of an action that has done ``done`` (seconds at speed 1): the
         mean excess of the learned unit times over what it did per unit (a run that has
         outlived its median is likely longer than its median says: SERPT, not SRPT on a
-        stale guess); None before `min_samples` observations."""
-        if SEP in key[1]:  # the key's distribution, scaled by the siblings: f * excess(a / f)
+        stale guess); None before `min_samples` observations. With ``a`` the work done per
+        unit (at the key's scale): E[V - a | V > a] per unit over the reservoir; where no value
+        exceeds ``a``, a quarter of ``a`` (it has outlived every run seen: assume it is near
+        its end, not at it). A crowded node's walks ask this of every elastic run there at
+        every event (issue 40): each asks a bisection of the key's view, kept per `version`."""
+        if self._views_at != self.version:
+            self._views.clear()
+            self._views_at = self.version
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self._excess_view(key)
+        s, suf, f = view
+        if f == 0.0:  # (`_IMMATURE`)
+            return None
+        units *= f
+        if units <= 0:
+            return None
+        a = done / units
+        i = _bisect_right(s, a)
+        n = len(s) - i
+        if n <= 0:
+            return 0.25 * a * units
+        return (suf[i] / n - a) * units
+
+    def _excess_view(self, key: tuple[str, str]) -> tuple[list[float], list[float], float]:
+        """``(sorted unit values, their suffix sums, scale)`` that `remaining_work` reads for
+        ``key``: its mature sketch's (`_mature`), scale 1; a grouped key's is its key's without
+        the group, scaled by the siblings (f * excess(a / f)); `_IMMATURE` before
+        `min_samples` observations."""
+        f = 1.0
+        if SEP in key[1]:
             unit, prior = self._sibling_unit(key, 0.5)
             f = unit / prior
-            base = (key[0], key[1].partition(SEP)[0])
-            return self.remaining_work(base, units * f, done)
+            key = (key[0], key[1].partition(SEP)[0])
         sk = self._mature(key)
-        if sk is None or units <= 0:
-            return None
-        return sk.excess(done / units) * units
+        if sk is None:
+            return _IMMATURE
+        s, suf = sk._sums()
+        return s, suf, f
 
     def samples(self, key: str) -> int:
         """How many observations the estimator has for ``key`` (all bases; a general key

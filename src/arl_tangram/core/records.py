@@ -160,10 +160,16 @@ class ActionRecord:
         "cpu",
         "done",
         "ekey",
+        "el_cpu",
+        "el_max",
+        "el_min",
         "elastic",
         "est",
         "gen",
         "is_model",
+        "left",
+        "left_at",
+        "left_done",
         "node",
         "partition",
         "queue_key",
@@ -206,6 +212,12 @@ class ActionRecord:
         el = spec.elasticity
         # elastic (`Elasticity.is_elastic`): its own queues, a width chosen at its start
         self.elastic = el is not None and el.max > el.min
+        # its elasticity's range, and whether it stretches in CPU: read for every elastic
+        # action on a node by the lane rule's walks, without the spec's attribute lookups
+        # (issue 40); 0.0 and False without one
+        self.el_min = el.min if el is not None else 0.0
+        self.el_max = el.max if el is not None else 0.0
+        self.el_cpu = el is not None and el.dim == CPU
         # work done (seconds at speed 1) by `since`, while it runs: what is left of its
         # estimate when the allotment of an elastic action changes (`Elastic.remaining`)
         self.done = 0.0
@@ -215,6 +227,11 @@ class ActionRecord:
         # for every elastic action on a node, without the allotment's mapping)
         self.rate = -1.0
         self.width = 0.0
+        # `Elastic.remaining`'s last answer: the work left (`left`) with `left_done` done, at
+        # its epoch `left_at` (one instant and state of the estimator; -1: none)
+        self.left = 0.0
+        self.left_done = 0.0
+        self.left_at = -1
         d = spec.demand._d
         skey = shape_key(d, self.elastic)
         self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
