@@ -13,6 +13,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Iterable
+from typing import Final
 
 from .actions import Elasticity
 from .cluster import NodeSpec
@@ -25,6 +26,7 @@ from .resources import CPU, Resources
 from .state import CoreState
 from .warmpools import WarmPools
 
+_insort: Final = bisect.insort  # (Final: compiled, read without the module's lookup)
 # The fluid model's jobs of a node's elastic runs, without a speedup measured there: their work
 # left (sorted), the class of each, each class's maximum and parallel fraction (`_classes`), and
 # the sum of their maximums
@@ -899,9 +901,11 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
     running = 0
     nxt = 0
     while nxt < n and running < limit:
-        bisect.insort(ends[job_cls[nxt]], -works[nxt])
+        ends[job_cls[nxt]].append(-works[nxt])
         running += 1
         nxt += 1
+    for h in ends:  # (one sort of the first jobs: the runs come shortest first, so inserting
+        h.sort()  # each by bisection would put each at the front)
     join = 0.0 if n_run < nxt else math.inf
     t = cost = 0.0
     while running:
@@ -944,8 +948,8 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
             h = ends[c]
             if not h:
                 continue
-            done[c] += dt * speed[c]
-            dc = done[c]
+            dc = done[c] + dt * speed[c]
+            done[c] = dc
             while h and -h[-1] - dc <= tol:  # pragma: no mutate (the tolerance's edge)
                 h.pop()
                 cost += t
@@ -954,7 +958,7 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
             if nxt == n_run:
                 join = t
             c = job_cls[nxt]
-            bisect.insort(ends[c], -(works[nxt] + done[c]))
+            _insort(ends[c], -(works[nxt] + done[c]))
             running += 1
             nxt += 1
     return cost, join

@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict, deque
-from typing import Final
 
 from .actions import ActionSpec, WorkHints
 
@@ -69,7 +68,6 @@ def _size_class(action: ActionSpec) -> int:
         return 0
     return min(16, len(code).bit_length() - 8)
 _bisect_left, _insort = bisect.bisect_left, bisect.insort
-_bisect_right: Final = bisect.bisect_right  # (Final: compiled, read without a lookup)
 # `DurationEstimator._excess_view`'s answer for a key with too little history
 _IMMATURE: tuple[list[float], list[float], float] = ([], [], 0.0)
 _INF = math.inf
@@ -415,7 +413,13 @@ class DurationEstimator:
         if units <= 0:
             return None
         a = done / units
-        i = _bisect_right(s, a)
+        i, hi = 0, len(s)  # bisect_right(s, a) on typed floats: compiled, each step a native
+        while i < hi:  # comparison, not the library's generic one (~5x cheaper; issue 40)
+            mid = (i + hi) // 2
+            if a < s[mid]:
+                hi = mid
+            else:
+                i = mid + 1
         n = len(s) - i
         if n <= 0:
             return 0.25 * a * units
