@@ -124,10 +124,19 @@ def test_the_work_left_of_a_running_action() -> None:
     d.at(1.0).tick()
     assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)
     assert el.remaining(rec) == pytest.approx(10.0 - s4, rel=1e-12)  # (memo: the same)
-    assert (rec.left_done, rec.left, rec.left_at) == (pytest.approx(s4), pytest.approx(10.0 - s4),
-                                                      el._epoch)  # (kept on the record)
-    d.at(4.0).tick()  # 4 x s4 > 10: never below 1e-9
-    assert el.remaining(rec) == 1e-9
+    est = d.core.st.estimator
+    assert (rec.left_done, rec.left, rec.left_version) == (pytest.approx(s4),
+                                                           pytest.approx(10.0 - s4), est.version)
+    d.at(4.0).tick()  # the same state of the estimator, more work done (4 x s4 > 10): read
+    assert el.remaining(rec) == 1e-9  # anew, and never below 1e-9
+    # the estimator learns the key at this same instant, with the same work done: read anew
+    for run_s in (2.0, 3.0, 7.0):
+        est.observe_work(rec.ekey, rec.units, run_s, 1.0)
+    done = rec.left_done
+    learned = est.remaining_work(rec.ekey, rec.units, done)
+    assert learned is not None and learned > 1e-3
+    assert el.remaining(rec) == learned
+    assert (rec.left_done, rec.left, rec.left_version) == (done, learned, est.version)
     d.at(4.0).finish("e", run_s=4.0)
 
 

@@ -42,11 +42,9 @@ class Elastic:
         self.placer = placer
         self.warm = warm
         self.largest_min_cpu = 0.0  # the largest minimum CPU demand an action arrived with
-        # the instant and state of the estimator that `remaining`'s answers (kept on each
-        # record, by this epoch) and `_waited` and `_runs` below hold for
+        # the instant and state of the estimator that `_waited` and `_runs` below hold for
         self._left_now = -1.0
         self._left_version = -1
-        self._epoch = 0
         # at the same instant and state of the estimator: (node, its `moves`, elasticity) ->
         # the least expected work of a session's head that waited there (`width_on`)
         self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
@@ -201,7 +199,7 @@ class Elastic:
                 continue
             lent = 0.0
             for other in node.elastic.values():  # (a fixed width, max = min, lends nothing)
-                if other.el_cpu and other.allotment is not None:
+                if other.el_cpu:  # (running: its allotment is set until `Core._release`)
                     lent += other.width - other.el_min  # (`width`: its allotment's CPU)
             if lent + node.free.get(CPU, 0.0) < rec.cpu - 1e-9 or lent < most - 1e-12:
                 continue
@@ -269,17 +267,16 @@ class Elastic:
         """Expected work left of a running action (seconds at speed 1), given the work its
         allotments have done since it started (`done`, brought up to now): the estimator's
         mean excess (`remaining_work`: a bisection of the key's values), else its estimate
-        less that work. Kept on the record for this instant and state of the estimator: an
-        event that plans a crowded node, then reclaims and expands there, asks it of the same
-        runs up to three times (issue 40)."""
+        less that work. The answer is a function of that work and the estimator's state alone,
+        so it is kept on the record for both: an event that plans a crowded node, then
+        reclaims and expands there, asks it of the same runs up to three times (issue 40)."""
         st = self.st
         now = st.now
-        if now != self._left_now or st.estimator.version != self._left_version:
-            self._forget()  # (another instant, or the estimator learned: answers may differ)
         done = rec.done
         if rec.allotment is not None and now > rec.since:
             done += (now - rec.since) * rec.speed()
-        if rec.left_at == self._epoch and rec.left_done == done:  # (the same work done)
+        version = st.estimator.version
+        if rec.left_version == version and rec.left_done == done:
             return rec.left
         left = st.estimator.remaining_work(rec.ekey, rec.units, done)
         if left is None:
@@ -288,13 +285,12 @@ class Elastic:
             left = 1e-9
         rec.left = left
         rec.left_done = done
-        rec.left_at = self._epoch
+        rec.left_version = version
         return left
 
     def _forget(self) -> None:
-        """Forget the answers of another instant or state of the estimator (`remaining`'s,
-        `width_on`'s, `plan`'s)."""
-        self._epoch += 1
+        """Forget the answers of another instant or state of the estimator (`width_on`'s,
+        `plan`'s)."""
         self._waited.clear()
         self._runs.clear()
         self._left_now = self.st.now

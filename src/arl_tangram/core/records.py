@@ -168,8 +168,8 @@ class ActionRecord:
         "gen",
         "is_model",
         "left",
-        "left_at",
         "left_done",
+        "left_version",
         "node",
         "partition",
         "queue_key",
@@ -227,11 +227,11 @@ class ActionRecord:
         # for every elastic action on a node, without the allotment's mapping)
         self.rate = -1.0
         self.width = 0.0
-        # `Elastic.remaining`'s last answer: the work left (`left`) with `left_done` done, at
-        # its epoch `left_at` (one instant and state of the estimator; -1: none)
+        # `Elastic.remaining`'s last answer: the work left (`left`) with `left_done` done, as
+        # the estimator's `version` `left_version` saw it (-1: none; versions start at 0)
         self.left = 0.0
         self.left_done = 0.0
-        self.left_at = -1
+        self.left_version = -1
         d = spec.demand._d
         skey = shape_key(d, self.elastic)
         self.skey = skey  # its shared-pool queue's key (`ShapeKey`)
