@@ -28,7 +28,7 @@ trajectories on 160 x 192 cores.
 
     .venv/bin/python benchmarks/bench_scale.py                     # 16 nodes, 2k and 6k (minutes)
     .venv/bin/python benchmarks/bench_scale.py --nodes 16,160 --trajectories 2000,6000,20000,50000
-        [--workloads swe-agent,mixed] [--no-memory] [--same-load] [--json]
+        [--workloads swe-agent,mixed] [--no-memory] [--same-load] [--repeats N] [--json]
     .venv/bin/python benchmarks/bench_scale.py --nodes 2 --trajectories 400,6400 --session-mb 128
         # issue 40's crowded node: 3,200 sessions a node (DSec's density) against 200
 
@@ -41,6 +41,12 @@ action is resized), 6,000 oversubscribe them (every action waits, grows or is sh
 decisions per action, whatever a decision costs). ``--node-scale F`` makes every CPU node F
 times DSec's size (6,000 on 16 x 576 cores: the crowded count's actions per node at the
 sparse count's contention).
+
+``--repeats N`` runs every configuration N times in interleaved passes (all of them, then all
+again) and keeps each one's fastest simulate and fastest core replay: this VM's speed drifts
+25-40% within minutes, and a crowded run and its peer taken a minute apart read that drift as
+a ratio (three single runs of 16 x 6,000 against its peer read 0.85, 0.72 and 0.54 within ten
+minutes on 2026-12-01); the best of each, taken side by side, is the figure the machine allows.
 
 ``--session-mb`` gives every session that much memory: swe-agent's 2 GB sessions fill a 768 GB
 node at ~375, so DSec's 3,200 a node needs small (paused, shared-base) ones.
@@ -145,7 +151,8 @@ def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
     core_wall = time.perf_counter() - t1
     lat.sort()
     row = {
-        "workload": workload, "nodes": nodes, "trajectories": trajectories, "actions": actions,
+        "workload": workload, "nodes": nodes, "trajectories": trajectories, "scale": scale,
+        "actions": actions,
         "session_mb": session_mb, "node_cpu": cluster.nodes[0].capacity.get("cpu"),
         "events": len(events), "sim_wall_s": wall, "sim_actions_per_s": actions / wall,
         "sim_events_per_s": len(events) / wall, "sim_own_s": wall - rec.handle_s,
@@ -187,36 +194,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--node-scale", type=float, default=1.0,
                    help="every CPU node this many times DSec's size (cores and memory)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every configuration this many times, in interleaved passes (all of "
+                        "them, then all again), and keep each one's fastest simulate and fastest "
+                        "core replay: what this VM's drift of speed within minutes takes off a "
+                        "ratio of two runs taken minutes apart")
     a = p.parse_args(argv)
-    rows = []
+    if a.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {a.repeats}")
     print(f"core: {FORM}", file=sys.stderr)
+    # every configuration, in order: (key, run_one's arguments, what it stands beside)
+    jobs: list[tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = []
     for wl in a.workloads.split(","):
         for nodes in (int(x) for x in a.nodes.split(",")):
-            first: dict[str, Any] | None = None
-            for n in (int(x) for x in a.trajectories.split(",")):
-                row = run_one(wl, nodes, n, memory=not a.no_memory, session_mb=a.session_mb,
-                              scale=a.node_scale)
-                first = first or row
-                row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
-                rows.append(row)
-                _say(row)
-                if a.same_load and row is not first:
-                    wide = nodes * n // first["trajectories"]  # the first count's load per node
-                    floor = run_one(wl, wide, n, memory=False, session_mb=a.session_mb)
-                    floor["sim_actions_ratio_to_first"] = floor["sim_actions_per_s"] / first["sim_actions_per_s"]
-                    floor["same_load_of"] = nodes
-                    row["sim_actions_ratio_to_same_load"] = row["sim_actions_per_s"] / floor["sim_actions_per_s"]
-                    rows.append(floor)
-                    _say(floor)
-                if a.same_contention and row is not first:
-                    small = first["trajectories"] / n * a.node_scale  # n's trajectories per core
-                    peer = run_one(wl, nodes, first["trajectories"], memory=False,
-                                   session_mb=a.session_mb, scale=small)
-                    peer["sim_actions_ratio_to_first"] = peer["sim_actions_per_s"] / first["sim_actions_per_s"]
-                    peer["same_contention_of"] = n
-                    row["sim_actions_ratio_to_same_contention"] = row["sim_actions_per_s"] / peer["sim_actions_per_s"]
-                    rows.append(peer)
-                    _say(peer)
+            counts = [int(x) for x in a.trajectories.split(",")]
+            for n in counts:
+                jobs.append(((wl, nodes, n, a.node_scale),
+                             dict(workload=wl, nodes=nodes, trajectories=n, memory=not a.no_memory,
+                                  session_mb=a.session_mb, scale=a.node_scale),
+                             {"first": (wl, nodes, counts[0], a.node_scale)}))
+                if n == counts[0]:
+                    continue
+                if a.same_load:
+                    wide = nodes * n // counts[0]  # the first count's load per node
+                    jobs.append(((wl, wide, n, 1.0),
+                                 dict(workload=wl, nodes=wide, trajectories=n, memory=False,
+                                      session_mb=a.session_mb),
+                                 {"first": (wl, nodes, counts[0], a.node_scale), "same_load_of": nodes,
+                                  "of": (wl, nodes, n, a.node_scale)}))
+                if a.same_contention:
+                    small = counts[0] / n * a.node_scale  # n's trajectories per core
+                    jobs.append(((wl, nodes, counts[0], small),
+                                 dict(workload=wl, nodes=nodes, trajectories=counts[0], memory=False,
+                                      session_mb=a.session_mb, scale=small),
+                                 {"first": (wl, nodes, counts[0], a.node_scale),
+                                  "same_contention_of": n, "of": (wl, nodes, n, a.node_scale)}))
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    runs = {key: kw for key, kw, _ in jobs}  # (each configuration once a pass)
+    for rep in range(a.repeats):
+        for key, kw in runs.items():
+            got = run_one(**{**kw, "memory": kw["memory"] and rep == 0})  # (memory: not timed)
+            got["repeats"] = a.repeats
+            _say(got, rep + 1, a.repeats)
+            best[key] = got if key not in best else _faster(best[key], got)
+    rows = []
+    for key, _, rel in jobs:
+        row = dict(best[key])
+        first = best[rel["first"]]
+        row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
+        for mark in ("same_load_of", "same_contention_of"):
+            if mark in rel:
+                row[mark] = rel[mark]
+                of = next(r for r in rows if (r["workload"], r["nodes"], r["trajectories"],
+                                              r["scale"]) == rel["of"] and mark not in r
+                          and "same_load_of" not in r and "same_contention_of" not in r)
+                name = "sim_actions_ratio_to_" + mark[:-3]
+                of[name] = of["sim_actions_per_s"] / row["sim_actions_per_s"]
+        rows.append(row)
     if a.json:
         print(json.dumps({"core": FORM, "rows": rows}, indent=1))
         return 0
@@ -238,10 +272,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _say(row: dict[str, Any]) -> None:
-    print(f"{row['workload']} {row['nodes']} nodes x {row['node_cpu']:g} cores, {row['trajectories']} trajectories: "
-          f"{row['actions']} actions, simulate {row['sim_actions_per_s']:,.0f} actions/s "
-          f"(x{row['sim_actions_ratio_to_first']:.2f} of the first count), core alone "
+def _faster(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Two runs of one configuration: the faster simulate's figures and the faster core
+    replay's (they are taken apart: each is its own best), the first run's memory."""
+    out = dict(kept if kept["sim_actions_per_s"] >= new["sim_actions_per_s"] else new)
+    core = kept if kept["core_decisions_per_s"] >= new["core_decisions_per_s"] else new
+    out.update({k: v for k, v in core.items() if k.startswith("core_") and k != "core_kb_per_trajectory"})
+    if "core_kb_per_trajectory" in kept:
+        out["core_kb_per_trajectory"] = kept["core_kb_per_trajectory"]
+    return out
+
+
+def _say(row: dict[str, Any], rep: int, repeats: int) -> None:
+    print(f"[{rep}/{repeats}] {row['workload']} {row['nodes']} nodes x {row['node_cpu']:g} cores, "
+          f"{row['trajectories']} trajectories: "
+          f"{row['actions']} actions, simulate {row['sim_actions_per_s']:,.0f} actions/s, core alone "
           f"{row['core_decisions_per_s']:,.0f} decisions/s, p50 {row['core_p50_us']:.0f} us, "
           f"p99 {row['core_p99_us']:.0f} us", file=sys.stderr, flush=True)
 

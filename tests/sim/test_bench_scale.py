@@ -36,3 +36,38 @@ def test_same_contention_runs_the_first_count_at_each_larger_counts_cores_per_tr
         crowded["sim_actions_per_s"] / peer["sim_actions_per_s"])
     assert peer["sim_actions_ratio_to_first"] == peer["sim_actions_per_s"] / first["sim_actions_per_s"]
     assert "sim_actions_ratio_to_same_contention" not in first
+
+
+def test_repeats_run_every_configuration_in_interleaved_passes_and_keep_each_ones_best(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    bs = load_benchmark("bench_scale")
+    order: list[tuple[int, float, bool]] = []
+    speed = iter([10.0, 30.0, 20.0,  # pass 1: first, crowded, peer (simulate actions/s)
+                  12.0, 24.0, 40.0])  # pass 2
+
+    def fake(workload, nodes, trajectories, *, memory, session_mb=None, scale=1.0):
+        order.append((trajectories, scale, memory))
+        s = next(speed)
+        return {"workload": workload, "nodes": nodes, "trajectories": trajectories, "scale": scale,
+                "node_cpu": 192 * scale, "actions": 1, "sim_wall_s": 1.0, "sim_actions_per_s": s,
+                "sim_actions_per_cpu_s": s, "sim_own_s": 0.5, "core_decisions_per_s": 100.0 - s,
+                "core_p50_us": s, "core_p99_us": 2 * s}
+
+    monkeypatch.setattr(bs, "run_one", fake)
+    argv = ["--nodes", "1", "--trajectories", "8,24", "--same-contention", "--repeats", "2",
+            "--json"]
+    assert bs.main(argv) == 0
+    # all three, then all three again; the memory pass only in the first
+    assert order == [(8, 1.0, True), (24, 1.0, True), (8, 1 / 3, False),
+                     (8, 1.0, False), (24, 1.0, False), (8, 1 / 3, False)]
+    first, crowded, peer = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["sim_actions_per_s"] for r in (first, crowded, peer)] == [12.0, 30.0, 40.0]
+    # each run's core replay is its own best: the slower simulate's, where it was faster
+    assert [(r["core_decisions_per_s"], r["core_p99_us"]) for r in (first, crowded, peer)] == [
+        (90.0, 20.0), (76.0, 48.0), (80.0, 40.0)]
+    assert crowded["sim_actions_ratio_to_same_contention"] == 30.0 / 40.0
+    assert (first["sim_actions_ratio_to_first"], crowded["sim_actions_ratio_to_first"],
+            peer["sim_actions_ratio_to_first"]) == (1.0, 30.0 / 12.0, 40.0 / 12.0)
+    assert peer["same_contention_of"] == 24 and {r["repeats"] for r in (first, crowded, peer)} == {2}
+    with pytest.raises(SystemExit):
+        bs.main(["--repeats", "0"])
