@@ -149,7 +149,7 @@ class DurationEstimator:
         self.version = 0
         # `remaining_work`'s view of each key asked at this `version` (`_excess_view`)
         self._views: dict[tuple[str, str], tuple[list[float], list[float], float]] = {}
-        self._views_at = -1
+        self._views_at = -1  # pragma: no mutate (any start: the views start empty)
         # general key -> [predictions scored, sum of |log2(actual / predicted)|, within 2x]
         self._errors: dict[str, list[float]] = {}
         # grouped key -> [finished siblings, sum of the logs of their unit times], least recent first
