@@ -238,18 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(got, rep + 1, a.repeats)
             best[key] = got if key not in best else _faster(best[key], got)
     rows = []
+    counted: dict[tuple[Any, ...], dict[str, Any]] = {}  # key -> the row of a count itself
     for key, _, rel in jobs:
         row = dict(best[key])
         first = best[rel["first"]]
         row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
+        if "of" not in rel:
+            counted[key] = row
         for mark in ("same_load_of", "same_contention_of"):
-            if mark in rel:
+            if mark in rel:  # (a peer: its count's row came before it)
                 row[mark] = rel[mark]
-                of = next(r for r in rows if (r["workload"], r["nodes"], r["trajectories"],
-                                              r["scale"]) == rel["of"] and mark not in r
-                          and "same_load_of" not in r and "same_contention_of" not in r)
-                name = "sim_actions_ratio_to_" + mark[:-3]
-                of[name] = of["sim_actions_per_s"] / row["sim_actions_per_s"]
+                of = counted[rel["of"]]
+                of["sim_actions_ratio_to_" + mark[:-3]] = of["sim_actions_per_s"] / row["sim_actions_per_s"]
         rows.append(row)
     if a.json:
         print(json.dumps({"core": FORM, "rows": rows}, indent=1))
