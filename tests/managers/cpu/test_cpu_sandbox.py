@@ -63,6 +63,17 @@ async def test_death_by_signal_reports_the_signal(mgr: CpuManager) -> None:
     assert r.run_result.status == "Finished"
 
 
+async def test_a_broken_report_that_runs_on_is_killed_at_its_limit(mgr: CpuManager) -> None:
+    # The action closes its report socket (every fd past stderr) and runs on: it is no sandbox
+    # error, it is an action past its time limit, killed, its output so far kept.
+    code = ("import os, time\nprint('so far', flush=True)\nos.closerange(3, 4096)\n"
+            "time.sleep(60)\n")
+    r = await mgr.run(action(code, run_timeout=1), allot())
+    assert r.status == "Failed" and r.run_result is not None, r.to_dict()
+    assert r.run_result.status == "TimeLimitExceeded" and r.run_result.return_code == -9
+    assert r.run_result.stdout == "so far\n" and r.run_result.execution_time >= 1.0
+
+
 async def test_bad_payload_is_a_sandbox_error_naming_the_field(mgr: CpuManager) -> None:
     r = await mgr.run(action("x", language="cobol"), allot())
     assert r.status == "SandboxError" and "payload.language" in r.message

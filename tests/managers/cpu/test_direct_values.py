@@ -176,6 +176,7 @@ class _Sb:
         self.killed = 0
         self.exit_rc: asyncio.Future[int | None] | None = None
         self.dead = False
+        self.alive = False  # what `running` answers: its PID 1 has not ended
 
     async def request(self, frame: Any, timeout: float) -> Any:
         self.sent.append((frame, timeout))
@@ -186,6 +187,9 @@ class _Sb:
         if self.exc is not None:
             raise self.exc
         return self.reply
+
+    def running(self) -> bool:
+        return self.alive
 
     def kill(self) -> None:
         self.killed += 1
@@ -323,14 +327,48 @@ async def test_a_silent_death_waits_for_the_exit_status() -> None:
 
 async def test_no_exit_status_within_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dr, "_EXIT_WAIT_S", 0.05)
+    loop = asyncio.get_running_loop()
     sb = _Sb(exc=OSError("pipe"))
-    sb.exit_rc = asyncio.get_running_loop().create_future()
-    got = await _run(sb)
+    sb.exit_rc = loop.create_future()
+    t0 = loop.time()
+    got = await _run(sb, budget=0.3)  # waited to its limit (0.3 s), not only `_EXIT_WAIT_S`
+    assert 0.3 <= loop.time() - t0 < 2.0
     assert got == {"error": "sandbox broke: the action's process ended without an exit status"}
     assert not sb.exit_rc.cancelled()  # (shielded: the pool still gets it)
+    assert sb.killed == 0  # (ended: nothing to kill)
     sb2 = _Sb(exc=OSError("pipe"))  # no fork server status to ask for
     got = await _run(sb2)
     assert got == {"error": "sandbox broke: the action's process ended without an exit status"}
+
+
+async def test_a_late_exit_status_within_the_limit_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loaded fork server reaps late (it blocks SIGCHLD while it spawns a refill batch): the
+    # status still counts while the action's limit lasts, however short `_EXIT_WAIT_S` is.
+    monkeypatch.setattr(dr, "_EXIT_WAIT_S", 0.01)
+    sb = _Sb(exc=EOFError(), writes=(b"before\n", b""))
+    sb.exit_rc = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, sb.exit_rc.set_result, -11)
+    got = await _run(sb, budget=1.0)
+    assert got["run_result"]["status"] == "Finished" and got["run_result"]["return_code"] == -11
+    assert got["run_result"]["stdout"] == "before\n" and sb.killed == 0
+
+
+async def test_a_broken_report_running_past_its_limit_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dr, "_EXIT_WAIT_S", 0.01)
+    loop = asyncio.get_running_loop()
+    sb = _Sb(exc=EOFError(), writes=(b"so far", b""))
+    sb.alive = True  # it closed its report socket and runs on
+    sb.exit_rc = loop.create_future()
+    t0 = loop.time()
+    got = await _run(sb, budget=0.2)
+    assert sb.killed == 1 and loop.time() - t0 >= 0.2
+    run = got["run_result"]
+    assert (run["status"], run["return_code"], run["stdout"]) == ("TimeLimitExceeded", -9, "so far")
+    assert run["execution_time"] >= 0.2
 
 
 async def test_a_dead_sandbox_gives_its_status_only_when_known() -> None:

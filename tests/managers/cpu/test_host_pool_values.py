@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import types
 from typing import Any
@@ -305,6 +306,22 @@ def test_sandbox_defaults(kernel: _Kernel) -> None:
         None,
     )
     assert isinstance(sb.created, float)
+
+
+def test_sandbox_running_reads_its_pidfd() -> None:
+    # A real process's pidfd: not readable while it runs, readable once it has ended.
+    proc = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        sb = P.Sandbox(pid=proc.pid, conn=_Conn(), pidfd=pidfd, slot=None)
+        assert sb.running() is True
+        proc.kill()
+        proc.wait()
+        assert sb.running() is False
+        sb2 = P.Sandbox(pid=proc.pid, conn=_Conn(), pidfd=-1, slot=None, exited=True)
+        assert sb2.running() is False  # (exited: its pidfd is closed, never polled)
+    finally:
+        os.close(pidfd)
 
 
 async def test_sandbox_request_passes_message_and_timeout(kernel: _Kernel) -> None:

@@ -3,8 +3,9 @@
 Invariant: the sandbox's reply to a direct request is the action's own word (its code ran in that
 process), so only its exit code is taken from it, as an int; the manager itself reads stdout and
 stderr from the pipes (capped, truncation flagged), enforces the wall-clock limit by SIGKILL from
-the host (which ends the PID namespace and everything in it) and, when the process died without
-a word, takes the exit status the fork server reaped. The caller releases the sandbox after.
+the host (which ends the PID namespace and everything in it) and, when the process ended its
+report without a word, takes the exit status the fork server reaped (or, still running at its
+limit, kills it). The caller releases the sandbox after.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .. import wire
 from .payload import SandboxRequest
 from .pool import Sandbox
 
-_EXIT_WAIT_S = 2.0  # how long to wait for the fork server's exit status after a silent death
+# after a silent death, how long at least to wait for the fork server's exit status (`_wait`)
+_EXIT_WAIT_S = 2.0
 # Output is first read at the exit report or after this long, whichever is first (the fork
 # server gives the pipes 1 MiB each, so a writer rarely waits for it).
 _LAZY_S = 0.02
@@ -106,11 +108,11 @@ async def _wait(sb: Sandbox, req: SandboxRequest, budget: float,
                 base_env: dict[str, str] | None) -> tuple[str, int | None, float]:
     """Send the request, wait for the exit report (or the death); (status, exit code, seconds)."""
     status, rc = "Finished", None
+    limit = min(budget, float(req["run_timeout"]))
     t0 = time.monotonic()
     try:
         frame = wire.encode_direct(req, base_env)
-        reply = await sb.request(frame or {**req, "direct": True},
-                                 min(budget, float(req["run_timeout"])))
+        reply = await sb.request(frame or {**req, "direct": True}, limit)
         rc = reply.get("rc")
         if not isinstance(rc, int) or isinstance(rc, bool):
             raise ValueError("bad exit report")
@@ -122,9 +124,17 @@ async def _wait(sb: Sandbox, req: SandboxRequest, budget: float,
     elapsed = round(time.monotonic() - t0, 6)
     if rc is None and sb.exit_rc is not None:
         if status != "TimeLimitExceeded" and not sb.dead:
+            # As long as its time limit leaves, and at least `_EXIT_WAIT_S`: a death's status
+            # comes when the fork server next reaps (later on a loaded host: a fixed 2 s once
+            # turned a segfault into a sandbox error), and a process that only broke its report
+            # runs on until it ends or its limit does.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_EXIT_WAIT_S):
+                async with asyncio.timeout(max(_EXIT_WAIT_S, limit - elapsed)):
                     rc = await asyncio.shield(sb.exit_rc)
+            if rc is None and sb.running():  # past its limit, still going: ours to end
+                status = "TimeLimitExceeded"
+                sb.kill()
+                elapsed = round(time.monotonic() - t0, 6)
         elif sb.exit_rc.done():
             rc = sb.exit_rc.result()
         if rc is None and status == "TimeLimitExceeded":

@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import math
 import os
+import select
 import signal
 import socket
 import time
@@ -92,6 +93,13 @@ class Sandbox:
         if memory != slot.memory:
             slot.set_memory(memory)
         self.cpu, self.memory, self.weight = cpu, memory, weight
+
+    def running(self) -> bool:
+        """Its PID 1 has not ended yet (its pidfd is not readable)."""
+        if self.exited:
+            return False
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return not ready
 
     def kill(self) -> None:
         if not self.dead:
