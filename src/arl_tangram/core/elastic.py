@@ -883,69 +883,85 @@ def _classes(jobs: list[tuple[float, Elasticity]], measured: NodeSpec | None = N
     return job_cls, tops, pfs
 
 
+class _Class:
+    """One class of `_fluid_k`'s jobs (the same maximum and parallel fraction): its maximum
+    ``top``, parallel fraction ``pf``, the work each of its jobs has done since time 0
+    (``done``), its speed at the current step, and its jobs' ends, negated, ascending. An
+    object per class rather than parallel lists: compiled, its floats are fields, not boxed
+    list items re-made at every step of a crowded node's model (issue 40)."""
+
+    def __init__(self, top: float, pf: float) -> None:
+        self.top = top
+        self.pf = pf
+        self.done = 0.0
+        self.speed = 0.0
+        self.ends: list[float] = []
+
+
+def _top_of(cl: _Class) -> float:
+    return cl.top
+
+
 def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], tops: list[float],
              pfs: list[float], n_run: int, measured: NodeSpec | None,
              base: float) -> tuple[float, float]:
     """`_fluid`'s steps on jobs of work ``works`` and classes ``job_cls`` (`_classes`), at
     most ``limit`` running at once."""
     n = len(works)
-    n_cls = len(tops)
-    by_top = sorted(range(n_cls), key=tops.__getitem__)  # the water filling's order
-    done = [0.0] * n_cls
-    ends: list[list[float]] = [[] for _ in range(n_cls)]  # per class: -(end), ascending
-    speed = [0.0] * n_cls
+    classes = [_Class(tops[c], pfs[c]) for c in range(len(tops))]
+    by_top = sorted(classes, key=_top_of)  # the water filling's order (stable: ties as numbered)
     running = 0
     nxt = 0
     while nxt < n and running < limit:
-        ends[job_cls[nxt]].append(-works[nxt])
+        classes[job_cls[nxt]].ends.append(-works[nxt])
         running += 1
         nxt += 1
-    for h in ends:  # (one sort of the first jobs: the runs come shortest first, so inserting
-        h.sort()  # each by bisection would put each at the front)
+    for cl in classes:  # (one sort of the first jobs: the runs come shortest first, so
+        cl.ends.sort()  # inserting each by bisection would put each at the front)
     join = 0.0 if n_run < nxt else math.inf
     t = cost = 0.0
     while running:
         # water filling over the classes by maximum: equal shares, each capped at its maximum
         room = cap
         left_n = running
-        for c in by_top:
-            k = len(ends[c])
+        for cl in by_top:
+            k = len(cl.ends)
             if not k:
                 continue
             share = room / left_n
-            top = tops[c]
+            top = cl.top
             w = top if top < share else share
             if w <= 0:  # `Speedup.factor(w)`
-                speed[c] = 0.0
+                cl.speed = 0.0
             elif w <= 1.0:
-                speed[c] = w
+                cl.speed = w
             else:
-                p = pfs[c]
-                speed[c] = 1.0 / ((1.0 - p) + p / w)
+                p = cl.pf
+                cl.speed = 1.0 / ((1.0 - p) + p / w)
             room -= w * k
             left_n -= k
         if measured is not None:
             eff = _efficiency(measured, base + cap - room)
-            for c in by_top:
-                speed[c] *= eff
+            for cl in by_top:
+                cl.speed *= eff
         dt = math.inf
-        for c in by_top:
-            v = speed[c]
-            h = ends[c]
+        for cl in by_top:
+            v = cl.speed
+            h = cl.ends
             if h and v > 0.0:
-                d = (-h[-1] - done[c]) / v
+                d = (-h[-1] - cl.done) / v
                 if d < dt:
                     dt = d
         if dt == math.inf:
             return math.inf, join
         t += dt
         tol = 1e-9 * (1.0 + t)
-        for c in by_top:
-            h = ends[c]
+        for cl in by_top:
+            h = cl.ends
             if not h:
                 continue
-            dc = done[c] + dt * speed[c]
-            done[c] = dc
+            dc = cl.done + dt * cl.speed
+            cl.done = dc
             while h and -h[-1] - dc <= tol:  # pragma: no mutate (the tolerance's edge)
                 h.pop()
                 cost += t
@@ -953,8 +969,8 @@ def _fluid_k(cap: float, limit: int, works: list[float], job_cls: list[int], top
         while running < limit and nxt < n:
             if nxt == n_run:
                 join = t
-            c = job_cls[nxt]
-            _insort(ends[c], -(works[nxt] + done[c]))
+            cl = classes[job_cls[nxt]]
+            _insort(cl.ends, -(works[nxt] + cl.done))
             running += 1
             nxt += 1
     return cost, join
