@@ -440,3 +440,52 @@ def test_a_queue_s_next_head_takes_its_turn_by_arrival_in_the_pass() -> None:
         assert starts(d.at(t).arrive(act(aid, mem=mb, hints=one))) == {}
     out = d.at(0.3).finish("L")
     assert [c.action.id for c in out if type(c).__name__ == "StartAction"] == ["a1", "a2"]
+
+
+def _heads_waiting() -> tuple[Driver, list]:
+    """Node n0 (2 cores) running e1 (1-2 cores, 10 s) at 2 cores; sessions a, b, c there queue
+    elastic heads like e1 of 30, 20 and 40 s expected (nothing fits: each waits), seen at t=1:
+    (driver, [(key, head)] in the sessions' order)."""
+    d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    for i, sid in enumerate("abc"):
+        d(ev.SessionRequested(0.01 * i, sid, Resources(memory_mb=64)))
+    assert cpu_commands(d.at(0.1).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)))) == [
+        ("start", "e1", 2.0)]
+    for sid, s in zip("abc", (30, 20, 40), strict=True):
+        assert starts(d.at(0.2).arrive(elastic(f"q{sid}", 1, 2, 1.0, session=sid,
+                                                hints=WorkHints(expected_s=s)))) == {}
+    d.at(1.0).tick()
+    d.core.elastic._waited.clear()  # (what the tick's own pass left: each test looks afresh)
+    recs = d.core.st.actions
+    return d, [(("sess", sid), recs[f"q{sid}"]) for sid in "abc"]
+
+
+def test_a_pass_looks_first_at_the_least_work_of_a_node_s_waiting_elastic_heads() -> None:
+    """`SchedulingPass.seed_waits`: of a node's waiting elastic session heads of one elasticity,
+    the one of least expected work (b, 20 s, second in the pass's order) is looked at before
+    the pass; it waits, so the node's memo holds its work and a, c (more work) wait unplanned."""
+    d, heads = _heads_waiting()
+    core, node = d.core, d.core.st.nodes["n0"]
+    E = core.elastic
+    el = heads[0][1].spec.elasticity
+    assert [core.st.expected_work(r) for _, r in heads] == [30.0, 20.0, 40.0]
+    core.scheduling.seed_waits(heads)
+    assert E._waited == {(node, node.moves, el): 20.0}
+    assert E.width_on(heads[0][1], node, 0) == (0.0, 0.0)  # (memo: 30 >= 20)
+
+
+def test_seed_waits_leaves_lone_overdue_and_shared_pool_heads_to_the_pass() -> None:
+    d, heads = _heads_waiting()
+    core = d.core
+    E = core.elastic
+    core.scheduling.seed_waits(heads[:1])  # one head of its kind on its node: the pass plans it
+    assert E._waited == {}
+    pool = [(r.skey, r) for _, r in heads]  # (the same heads as shared-pool ones: not looked at)
+    core.scheduling.seed_waits(pool)
+    assert E._waited == {}
+    a, b, _c = (r for _, r in heads)
+    b.submit_time = -1e9  # b overdue (it waited longer than its run at its maximum): it starts
+    assert E.overdue(b)  # at any width, so it says nothing of the others; a (30 s) is looked at
+    core.scheduling.seed_waits(heads)
+    node = core.st.nodes["n0"]
+    assert E._waited == {(node, node.moves, a.spec.elasticity): 30.0}
