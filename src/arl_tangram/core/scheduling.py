@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from .actions import Elasticity
 from .elastic import Elastic
 from .fit import fits_besides_cpu
 from .lending import Lending
@@ -177,8 +176,6 @@ class SchedulingPass:
             for i in range(len(groups)):
                 self._next_member(groups, i, heap, back)
         if len(heap) > 1:
-            if self.st.elastic_policy:
-                self.seed_waits([(e[2], e[3]) for e in heap])
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
             aged, _, key, rec, g = heapq.heappop(heap)
@@ -208,43 +205,6 @@ class SchedulingPass:
                     heapq.heappush(group.heap, entry)
                 if not group.heap:
                     self.st.short_on[name].pop(gkey, None)
-
-    def seed_waits(self, heads: list[tuple[QueueKey, ActionRecord]]) -> None:
-        """Before a pass: of each node's elastic session heads of one elasticity (two or more,
-        none overdue), the one of least expected work is looked at first (`Elastic.width_on`,
-        which starts nothing). If it waits, every other waits too, whatever the order the pass
-        tries them in, with nothing started there since: heSRPT never gives a longer job more
-        than a shorter one, the rule `width_on` keeps per node state (`Elastic._waited`). On a
-        crowded node (issue 40) the pass tried its waiting heads in the queues' order, so each
-        one of less work than those before it planned again: 3.5 plans per event at 800
-        sessions on one node (`bench_scale`'s swe-agent), of which 0.05 started an action."""
-        st = self.st
-        sessions = st.sessions
-        elastic = self.elastic
-        least: dict[tuple[str, Elasticity], tuple[float, ActionRecord]] = {}
-        many: set[tuple[str, Elasticity]] = set()
-        for key, rec in heads:
-            if (type(key) is ShapeKey or key[0] != "sess" or not rec.elastic
-                    or rec.partition is not None):
-                continue
-            el = rec.spec.elasticity
-            assert el is not None
-            sess = sessions.get(key[1])
-            if el.dim != CPU or sess is None or sess.node is None or elastic.overdue(rec):
-                continue
-            x = st.expected_work(rec)
-            k = (sess.node, el)
-            got = least.get(k)
-            if got is None:
-                least[k] = (x, rec)
-            else:
-                many.add(k)
-                if x < got[0]:
-                    least[k] = (x, rec)
-        if many:
-            for k, (_, rec) in least.items():  # (in the pass's order: its heap, not yet sorted)
-                if k in many:
-                    elastic.width_on(rec, st.nodes[k[0]], 0)
 
     def _next_member(self, groups: list[tuple[str, tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]],
                      g: int, heap: list[tuple[int, int, QueueKey, ActionRecord, int]],
@@ -328,8 +288,6 @@ class SchedulingPass:
             if h is None:
                 h = heaps[rec.tenant] = []
             h.append((e[0], e[1], key, rec))
-        if self.st.elastic_policy:
-            self.seed_waits([(e[2], e[3]) for h in heaps.values() for e in h])
         for h in heaps.values():
             if len(h) > 1:
                 heapq.heapify(h)
