@@ -50,6 +50,11 @@ minutes on 2026-12-01); the best of each, taken side by side, is the figure the 
 
 ``--session-mb`` gives every session that much memory: swe-agent's 2 GB sessions fill a 768 GB
 node at ~375, so DSec's 3,200 a node needs small (paused, shared-base) ones.
+
+``--max-wall S`` cuts each simulation after S seconds (the 3,200-a-node step ran past 15
+minutes on 2026-12-01): its row, marked "(cut)", is of the events it got to (``actions``: those
+finished by then; the core replay on those events). Its actions/s is of the step's start, not
+of the whole step; its core figures (decisions/s, p50, p99) are per decision, as a whole run's.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -67,6 +73,7 @@ from typing import Any
 
 from arl_tangram.core import FORM
 from arl_tangram.core.cluster import ClusterSpec, NodeSpec
+from arl_tangram.core.events import ActionFinished
 from arl_tangram.core.resources import Resources
 from arl_tangram.sim.runner import make_core, run_policy
 from arl_tangram.sim.simulator import SimConfig
@@ -76,15 +83,23 @@ from arl_tangram.sim.workloads import get_workload
 NODE_CPU, NODE_MEMORY_MB = 192, 786_432  # DSec's node size (issue 24)
 
 
+class Cut(Exception):
+    """A simulation stopped at ``--max-wall``: its recorded events are what it got to."""
+
+
 @dataclass
 class Recorder:
-    """Wraps a core: keeps every event it is handed and the time spent in ``handle``."""
+    """Wraps a core: keeps every event it is handed and the time spent in ``handle``; past
+    ``deadline`` (a `time.perf_counter` reading), the next event raises `Cut` unhandled."""
 
     core: Any
     events: list[Any] = field(default_factory=list)
     handle_s: float = 0.0
+    deadline: float = math.inf
 
     def handle(self, event: Any) -> list[Any]:
+        if self.events and time.perf_counter() > self.deadline:
+            raise Cut
         self.events.append(event)
         t0 = time.perf_counter()
         out = self.core.handle(event)
@@ -112,7 +127,11 @@ def with_session_mb(batch: list[Trajectory], mb: float) -> list[Trajectory]:
 
 
 def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
-            session_mb: float | None = None, scale: float = 1.0) -> dict[str, Any]:
+            session_mb: float | None = None, scale: float = 1.0,
+            max_wall: float | None = None) -> dict[str, Any]:
+    """One configuration's row. ``max_wall``: the simulation is cut after that many seconds
+    (``cut_at_s`` in the row); its figures, and the core replay's, are then of the events it
+    got to, and ``actions`` counts the actions finished by then."""
     w = get_workload(workload)
     cluster = cluster_for(workload, nodes, trajectories, scale)
     if session_mb is None:
@@ -124,17 +143,22 @@ def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
 
     def recording(*args: Any, **kw: Any) -> Recorder:
         made.append((args, kw))
-        recorders.append(Recorder(make_core(*args, **kw)))
+        recorders.append(Recorder(make_core(*args, **kw), deadline=deadline))
         return recorders[-1]
 
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
-    report = run_policy(cluster, batches, "tangram", workload=workload,
-                        config=SimConfig(train_s=w.train_s), core_factory=recording)
+    deadline = math.inf if max_wall is None else t0 + max_wall
+    cut = False
+    try:
+        report = run_policy(cluster, batches, "tangram", workload=workload,
+                            config=SimConfig(train_s=w.train_s), core_factory=recording)
+    except Cut:
+        cut = True
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rec = recorders[0]
     events = rec.events
-    actions = int(report.act["count"])
+    actions = sum(type(e) is ActionFinished for e in events) if cut else int(report.act["count"])
 
     # the core alone, on the same events
     args, kw = made[0]
@@ -152,7 +176,7 @@ def run_one(workload: str, nodes: int, trajectories: int, *, memory: bool,
     lat.sort()
     row = {
         "workload": workload, "nodes": nodes, "trajectories": trajectories, "scale": scale,
-        "actions": actions,
+        "actions": actions, "cut_at_s": wall if cut else None,
         "session_mb": session_mb, "node_cpu": cluster.nodes[0].capacity.get("cpu"),
         "events": len(events), "sim_wall_s": wall, "sim_actions_per_s": actions / wall,
         "sim_events_per_s": len(events) / wall, "sim_own_s": wall - rec.handle_s,
@@ -193,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "the load per node apart from the contention")
     p.add_argument("--node-scale", type=float, default=1.0,
                    help="every CPU node this many times DSec's size (cores and memory)")
+    p.add_argument("--max-wall", type=float, default=None,
+                   help="cut each simulation after this many seconds: its row (marked 'cut') has "
+                        "the figures of the events it got to (the 3,200-a-node case ran past 15 "
+                        "minutes on 2026-12-01)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every configuration this many times, in interleaved passes (all of "
@@ -211,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in counts:
                 jobs.append(((wl, nodes, n, a.node_scale),
                              dict(workload=wl, nodes=nodes, trajectories=n, memory=not a.no_memory,
-                                  session_mb=a.session_mb, scale=a.node_scale),
+                                  session_mb=a.session_mb, scale=a.node_scale, max_wall=a.max_wall),
                              {"first": (wl, nodes, counts[0], a.node_scale)}))
                 if n == counts[0]:
                     continue
@@ -219,14 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     wide = nodes * n // counts[0]  # the first count's load per node
                     jobs.append(((wl, wide, n, 1.0),
                                  dict(workload=wl, nodes=wide, trajectories=n, memory=False,
-                                      session_mb=a.session_mb),
+                                      session_mb=a.session_mb, max_wall=a.max_wall),
                                  {"first": (wl, nodes, counts[0], a.node_scale), "same_load_of": nodes,
                                   "of": (wl, nodes, n, a.node_scale)}))
                 if a.same_contention:
                     small = counts[0] / n * a.node_scale  # n's trajectories per core
                     jobs.append(((wl, nodes, counts[0], small),
                                  dict(workload=wl, nodes=nodes, trajectories=counts[0], memory=False,
-                                      session_mb=a.session_mb, scale=small),
+                                      session_mb=a.session_mb, scale=small, max_wall=a.max_wall),
                                  {"first": (wl, nodes, counts[0], a.node_scale),
                                   "same_contention_of": n, "of": (wl, nodes, n, a.node_scale)}))
     best: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -260,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(" | ".join("---" for _ in head))
     for r in rows:
         print(" | ".join(str(x) for x in (
-            r["workload"], r["nodes"], f"{r['node_cpu']:g}", r["trajectories"], r["actions"], f"{r['sim_wall_s']:.1f}",
+            r["workload"], r["nodes"], f"{r['node_cpu']:g}", r["trajectories"],
+            f"{r['actions']} (cut)" if r.get("cut_at_s") is not None else r["actions"], f"{r['sim_wall_s']:.1f}",
             f"{r['sim_actions_per_s']:,.0f}", f"{r['sim_actions_per_cpu_s']:,.0f}", f"{r['sim_own_s']:.1f}",
             f"{r['core_decisions_per_s']:,.0f}",
             f"{r['core_p50_us']:.0f}", f"{r['core_p99_us']:.0f}",
@@ -284,9 +313,10 @@ def _faster(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def _say(row: dict[str, Any], rep: int, repeats: int) -> None:
+    cut = "" if row.get("cut_at_s") is None else f" (cut at {row['cut_at_s']:.0f} s)"
     print(f"[{rep}/{repeats}] {row['workload']} {row['nodes']} nodes x {row['node_cpu']:g} cores, "
           f"{row['trajectories']} trajectories: "
-          f"{row['actions']} actions, simulate {row['sim_actions_per_s']:,.0f} actions/s, core alone "
+          f"{row['actions']} actions{cut}, simulate {row['sim_actions_per_s']:,.0f} actions/s, core alone "
           f"{row['core_decisions_per_s']:,.0f} decisions/s, p50 {row['core_p50_us']:.0f} us, "
           f"p99 {row['core_p99_us']:.0f} us", file=sys.stderr, flush=True)
 

@@ -45,7 +45,7 @@ def test_repeats_run_every_configuration_in_interleaved_passes_and_keep_each_one
     speed = iter([10.0, 30.0, 20.0,  # pass 1: first, crowded, peer (simulate actions/s)
                   12.0, 24.0, 40.0])  # pass 2
 
-    def fake(workload, nodes, trajectories, *, memory, session_mb=None, scale=1.0):
+    def fake(workload, nodes, trajectories, *, memory, session_mb=None, scale=1.0, max_wall=None):
         order.append((trajectories, scale, memory))
         s = next(speed)
         return {"workload": workload, "nodes": nodes, "trajectories": trajectories, "scale": scale,
@@ -71,3 +71,47 @@ def test_repeats_run_every_configuration_in_interleaved_passes_and_keep_each_one
     assert peer["same_contention_of"] == 24 and {r["repeats"] for r in (first, crowded, peer)} == {2}
     with pytest.raises(SystemExit):
         bs.main(["--repeats", "0"])
+
+
+def test_max_wall_cuts_a_run_and_reports_the_events_it_got_to() -> None:
+    bs = load_benchmark("bench_scale")
+    whole = bs.run_one("swe-agent", 1, 8, memory=False, scale=0.5)
+    assert whole["cut_at_s"] is None
+    assert whole["events"] > 100
+    cut = bs.run_one("swe-agent", 1, 8, memory=False, scale=0.5, max_wall=0.0)
+    # past its deadline from the start: the first event is handled, the second raises `Cut`
+    assert cut["events"] == 1
+    assert cut["cut_at_s"] is not None and cut["cut_at_s"] >= 0.0
+    assert cut["actions"] == 0  # (nothing finished in one event)
+    longer = bs.run_one("swe-agent", 1, 8, memory=False, scale=0.5, max_wall=3600.0)
+    assert (longer["cut_at_s"], longer["events"], longer["actions"]) == (
+        None, whole["events"], whole["actions"])
+
+
+def test_a_cut_row_counts_the_actions_finished_in_its_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    bs = load_benchmark("bench_scale")
+    from arl_tangram.core.events import ActionFinished
+    handle = bs.Recorder.handle
+    kept: list[object] = []
+
+    def cut_at_300(self, event):  # the deadline, met at a known event
+        if len(self.events) == 300:
+            kept.extend(self.events)
+            raise bs.Cut
+        return handle(self, event)
+
+    monkeypatch.setattr(bs.Recorder, "handle", cut_at_300)
+    row = bs.run_one("swe-agent", 1, 8, memory=False, scale=0.5)
+    finished = sum(type(e) is ActionFinished for e in kept)
+    assert finished > 0
+    assert (row["events"], row["actions"]) == (300, finished)
+    assert row["cut_at_s"] == row["sim_wall_s"]
+
+
+def test_the_recorder_raises_cut_past_its_deadline_and_keeps_that_event_out() -> None:
+    bs = load_benchmark("bench_scale")
+    rec = bs.Recorder(core=None, deadline=-1.0)
+    rec.events.append(object())
+    with pytest.raises(bs.Cut):
+        rec.handle(object())
+    assert len(rec.events) == 1  # (the event that found the deadline passed is not kept)
