@@ -22,6 +22,7 @@ made in all three.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 from .elastic import Elastic
@@ -44,6 +45,91 @@ from .resources import CPU, MEMORY_MB
 from .state import CoreState, ParkedGroup
 
 _NO_GROUP = -1  # pragma: no mutate (a pass heap entry's group: none; any value not an index)
+
+
+class _ShortNodes:
+    """What is left in a `SchedulingPass.run_pass` heap, to end the pass once every head left
+    would fail (issue 40: a crowded node's pass tried each of its thousands of waiting
+    sessions to start one or none). Per node: the session heads left that can start only
+    there (a session's, no slice) and the least CPU one of them needs (a rigid head its
+    demand's, an elastic one its minimum); every other entry (a shared-pool or slice queue's
+    head, a parked group's, one whose session has no node) counts in ``others``.
+
+    The pass ends (`all_short`) when a non-aged head is popped (so no aged one is left: they
+    come first, and their reservations were made), no other entry is left, and on each node
+    with heads left the free CPU plus what its elastic actions lend above their minimums
+    (`Elastic.lendable`) is below the least need there by a margin (1e-6, over the 1e-9
+    tolerances of `NodeState.fits`, `Elastic.reclaim` and `Elastic.width_on`): every head left
+    would fail in `try_place` then, as nothing in a pass frees CPU on a node, and change
+    nothing (a rigid head: no fit, a reclaim that cannot make room; an elastic one: no width
+    of its minimum). Not where a waiting elastic head would mark its node for expansion (CPU
+    free there: `try_place`), nor with a standing reserve (`reserve_fraction`: its widths)."""
+
+    def __init__(self, sp: SchedulingPass) -> None:
+        self.sp = sp
+        self.others = 0
+        self.left: dict[str, int] = {}  # node -> session heads left that start only there
+        self.elastic_left: dict[str, int] = {}  # node -> of those, elastic (the lane rule's)
+        self.need: dict[str, float] = {}  # node -> the least CPU one of them needs (a lower bound)
+        self.moved = True  # (whether `all_short` may answer otherwise than last time)
+
+    def _node_of(self, key: QueueKey, rec: ActionRecord, g: int) -> str | None:
+        if g != _NO_GROUP or type(key) is ShapeKey or key[0] != "sess" or rec.partition is not None:
+            return None
+        sess = self.sp.st.sessions.get(key[1])
+        return None if sess is None else sess.node
+
+    def add(self, key: QueueKey, rec: ActionRecord, g: int) -> None:
+        """An entry onto the heap."""
+        name = self._node_of(key, rec, g)
+        if name is None:
+            self.others += 1
+            return
+        self.left[name] = self.left.get(name, 0) + 1
+        if rec.elastic and self.sp.st.elastic_policy:
+            need = rec.el_min if rec.el_cpu else 0.0
+            self.elastic_left[name] = self.elastic_left.get(name, 0) + 1
+        else:
+            need = rec.spec.demand.get(CPU, 0.0)
+        if need < self.need.get(name, math.inf):
+            self.need[name] = need
+
+    def remove(self, key: QueueKey, rec: ActionRecord, g: int) -> None:
+        """A popped entry, once `all_short` has weighed it."""
+        name = self._node_of(key, rec, g)
+        if name is None:
+            self.others -= 1
+            self.moved = True
+            return
+        n = self.left[name] - 1
+        self.left[name] = n
+        if n == 0:
+            self.moved = True  # (a node fewer to weigh)
+        if rec.elastic and self.sp.st.elastic_policy:
+            self.elastic_left[name] -= 1
+
+    def all_short(self) -> bool:
+        """Whether every entry left, the popped one among them, would fail (above)."""
+        if self.others or not self.moved:
+            return False
+        self.moved = False
+        sp = self.sp
+        st = sp.st
+        nodes = st.nodes
+        for name, n in self.left.items():
+            if n <= 0:
+                continue
+            node = nodes[name]
+            if not node.alive:
+                return False
+            free = node.free.get(CPU, 0.0)
+            if free > 1e-9 and self.elastic_left.get(name, 0) > 0:
+                return False  # (its waiting elastic heads mark it for expansion)
+            if st.elastic_policy:
+                free += sp.elastic.lendable(node, 0.0)
+            if free + 1e-6 >= self.need[name]:
+                return False
+        return True
 
 
 class SchedulingPass:
@@ -175,19 +261,32 @@ class SchedulingPass:
             back: list[list[tuple[int, int, str]]] = [[] for _ in groups]
             for i in range(len(groups)):
                 self._next_member(groups, i, heap, back)
+        short: _ShortNodes | None = None  # (parked groups add heads as the pass goes: not with them)
+        if plain and not groups and self.st.config.reserve_fraction <= 0.0:
+            short = _ShortNodes(self)
+            for h in heap:
+                short.add(h[2], h[3], h[4])
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
             aged, _, key, rec, g = heapq.heappop(heap)
+            if short is not None:
+                if aged != AGED and short.all_short():
+                    break  # (this head and every one left would fail: `_ShortNodes`)
+                short.remove(key, rec, g)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 placed, limit = self.try_local(rec, local, limit)
             else:
                 placed = self.try_place(rec, key)
             if placed:
+                if short is not None:
+                    short.moved = True
                 got = head(key)
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0], _NO_GROUP))
+                    if short is not None:
+                        short.add(key, got[0], _NO_GROUP)
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
             if g != _NO_GROUP:  # a parked head (`CoreState.park`): its group's next, while memory fits
