@@ -131,17 +131,67 @@ def test_what_the_node_s_elastic_actions_lend_counts_as_free() -> None:
     d = Driver([cpu_node("n0", cpu=4, mem=8192)], policy="tangram", session_ttl_s=1e6)
     for i in range(2):
         d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=256)))
-    d.at(0.1).arrive(elastic("e0", 1, 4, 1.0, session="s0", hints=LONG))
+    d.at(0.1).arrive(elastic("e0", 0.5, 4, 1.0, session="s0", hints=LONG))
     assert d.core.st.actions["e0"].width == 4.0  # alone: its maximum
-    assert starts(d.at(0.2).arrive(act("r1", cpu=4, session="s1", hints=LONG))) == {}  # e0 lends 3
+    assert starts(d.at(0.2).arrive(act("r1", cpu=4, session="s1", hints=LONG))) == {}  # e0 lends 3.5
     short = _short(d, "r1")
     node = d.core.st.nodes["n0"]
-    assert (node.free["cpu"], d.core.elastic.lendable(node, 0.0), short.need) == (0.0, 3.0, {"n0": 4.0})
+    assert (node.free["cpu"], d.core.elastic.lendable(node, 0.0), short.need) == (0.0, 3.5, {"n0": 4.0})
     assert short.all_short()
-    short.need["n0"] = 3.0  # a head that 3 lent cores would fit
+    short.need["n0"] = 3.5  # a head that 3.5 lent cores would fit (lent down to its minimum, 0.5)
     short.moved = True
     assert not short.all_short()
     short.need["n0"] = 4.0
     short.moved = True
     node.alive = False  # (behind the core's back: a node lost is weighed by the full pass)
     assert not short.all_short()
+
+
+def test_needs_of_heads_without_cpu_and_of_another_dimension_are_zero() -> None:
+    """A rigid head with no CPU demand, and an elastic one that stretches in memory, need no
+    CPU: their node never ends a pass early."""
+    from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
+    d = _crowded()
+    free_mb = d.core.st.nodes["n0"].free["memory_mb"]
+    d.at(0.3).arrive(ActionSpec("m0", demand=Resources(memory_mb=free_mb + 1), session="s3", hints=LONG))
+    assert d.core.st.actions["m0"].allotment is None  # (its memory is not free)
+    short = _short(d, "m0")
+    assert short.need == {"n0": 0.0}
+    spec = ActionSpec("x0", kind=ActionKind.TEST, demand=Resources(cpu=2, memory_mb=256),
+                      elasticity=Elasticity(256, 1024, dim="memory_mb"), session="s1", hints=LONG)
+    d.at(0.4).arrive(spec)
+    x0 = d.core.st.actions["x0"]
+    assert x0.elastic and not x0.el_cpu
+    short = _short(d, "x0")
+    assert (short.need, short.elastic_left) == ({"n0": 0.0}, {"n0": 1})
+    assert not short.all_short()
+    short.remove(x0.queue_key, x0, _NO_GROUP)
+    assert short.elastic_left == {"n0": 0} and short.left == {"n0": 0}
+
+
+def test_a_node_with_no_heads_left_is_not_weighed() -> None:
+    d = Driver([cpu_node("n0", cpu=2, mem=4096), cpu_node("n1", cpu=8, mem=8192)],
+               policy="tangram", session_ttl_s=1e6)
+    for i in range(4):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=2048)))
+    assert {name: sorted(n.sessions) for name, n in d.core.st.nodes.items()} == {
+        "n0": ["s3"], "n1": ["s0", "s1", "s2"]}
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=8, session="s0", hints=LONG)))
+    assert starts(d.at(0.2).arrive(act("a1", cpu=1, session="s1", hints=LONG))) == {}  # n1 full
+    assert "b0" in starts(d.at(0.3).arrive(act("b0", cpu=1, session="s3", hints=LONG)))
+    assert starts(d.at(0.4).arrive(act("b1", cpu=2, session="s3", hints=LONG))) == {}  # 1 free
+    recs = d.core.st.actions
+    short = _short(d, "a1", "b1")
+    short.need["n0"] = 1.0  # (as if a 1-core head had been counted there and taken: a lower bound)
+    assert not short.all_short()  # n0: 1 free, 1 needed
+    short.remove(recs["b1"].queue_key, recs["b1"], _NO_GROUP)
+    assert short.left == {"n1": 1, "n0": 0} and short.moved
+    assert short.all_short()  # only n1 is weighed: full
+
+
+def test_a_session_s_next_head_joins_the_count_after_a_start() -> None:
+    """a0 ends: a1 starts and its session's next head, a1b, goes on the pass's heap (counted);
+    a1b then starts on the core a1 left."""
+    d = _crowded()
+    assert starts(d.at(0.3).arrive(act("a1b", cpu=1, session="s1", hints=LONG))) == {}
+    assert set(starts(d.at(0.4).finish("a0"))) == {"a1", "a1b"}
