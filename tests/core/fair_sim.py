@@ -14,6 +14,7 @@ from arl_tangram.core import commands as C
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import ActionSpec, Status
 from arl_tangram.core.cluster import ClusterSpec, NodeSpec
+from arl_tangram.core.resources import Resources
 
 
 @dataclass
@@ -31,10 +32,14 @@ class Run:
 
 
 def simulate(nodes: list[NodeSpec], arrivals: list[tuple[float, ActionSpec, float]],
-             validate: bool = True, **cfg: object) -> Run:
-    """``arrivals``: (time, spec, run seconds). Finishes at the same time go in start order."""
+             validate: bool = True, sessions: tuple[tuple[str, Resources], ...] = (),
+             **cfg: object) -> Run:
+    """``arrivals``: (time, spec, run seconds). Finishes at the same time go in start order.
+    ``sessions`` (id, demand) are opened first, at time 0, in order."""
     core = Core(ClusterSpec(tuple(nodes)), CoreConfig(**cfg))  # type: ignore[arg-type]
     run = Run()
+    for sid, demand in sessions:
+        run.stream.append(repr(core.handle(ev.SessionRequested(0.0, sid, demand))))
     runs = {s.id: d for _, s, d in arrivals}
     # (time, kind 0 finish / 1 arrival / 2 wake, seq, payload)
     q: list[tuple[float, int, int, object]] = []

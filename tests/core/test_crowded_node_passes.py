@@ -7,9 +7,10 @@ Two indexes, each exact:
   counted by `give`) or that came; the others still have no room for it. Shown by giving one
   node room behind the core's back (its sessions' held sum lowered, no `give`): a full search
   would open there, the pass does not; a node added since is searched.
-- `CoreState.waiting_on`: the sessions of a node that may have queued actions; the pass over a
-  node whose capacity grew takes its session queues from there and drops those that no longer
-  wait or left, so a node holding hundreds of idle sessions costs a pass only its waiting ones.
+- `CoreState.waiting_on`: the sessions of a node that may have queued actions (each as it
+  opens, dropped as its queue empties); the pass over a node whose capacity grew takes their
+  heads from the node's `HeadStream` in order, so a node holding hundreds of idle sessions
+  costs a pass only its waiting ones, and a crowded one only the heads it tries.
 
 `tests/core/test_waiting_sessions.py` compares `open_pending` with the walk over every waiting
 session on random streams; `Core.validate` checks every waiting session is in its node's set.
@@ -75,23 +76,25 @@ def test_a_node_that_came_since_is_looked_at() -> None:
     assert not sessions.pending
 
 
-def test_the_pass_over_a_node_takes_its_waiting_sessions_and_drops_the_others() -> None:
+def test_a_node_s_waiting_sessions_are_kept_as_they_open_and_dropped_as_their_queues_empty() -> None:
     d = Driver([cpu_node("n0", cpu=2, mem=8192)], policy="tangram", session_ttl_s=1e6)
     for i in range(3):
         d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=256)))
     waiting_on = d.core.st.waiting_on
-    # each as it opened; s0's first event was also the pass over the new node, which dropped it
-    assert waiting_on == {"n0": {"s1", "s2"}}
+    assert waiting_on == {"n0": {"s0", "s1", "s2"}}  # each as it opened
     long = WorkHints(expected_s=100)
     assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=2, session="s0", hints=long)))
+    assert waiting_on == {"n0": {"s1", "s2"}}  # (s0's queue emptied as a0 started)
     assert starts(d.at(0.2).arrive(act("a1", cpu=1, session="s1", hints=long))) == {}
-    # a0 ends: the pass over n0 takes s1 (waiting), drops s0 and s2 (nothing queued); a1 starts
+    stream = d.core.queues.streams["n0"]
+    assert [e[3] for e in stream.heap] == ["s1"] and (stream.need, stream.elastic) == (1.0, False)
+    # a0 ends: the pass over n0 takes s1's head from the node's stream; a1 starts
     assert "a1" in starts(d.at(0.3).finish("a0"))
-    assert waiting_on == {"n0": {"s1"}}
-    assert starts(d.at(0.4).arrive(act("a2", cpu=2, session="s2", hints=long))) == {}
-    assert waiting_on == {"n0": {"s1", "s2"}}  # (s2 as its queue filled)
-    assert "a2" in starts(d.at(0.5).finish("a1"))  # s1 dropped, s2 taken: a2 starts
     assert waiting_on == {"n0": {"s2"}}
+    assert starts(d.at(0.4).arrive(act("a2", cpu=2, session="s2", hints=long))) == {}
+    assert waiting_on == {"n0": {"s2"}}
+    assert "a2" in starts(d.at(0.5).finish("a1"))  # s2's head from the stream: a2 starts
+    assert waiting_on == {"n0": set()}
     d.at(0.6).finish("a2")
     assert waiting_on == {"n0": set()}
 
@@ -103,7 +106,8 @@ def test_a_session_waiting_for_room_joins_its_node_as_it_opens() -> None:
                                                 hints=WorkHints(expected_s=100))))
     d.at(0.2).arrive(act("b0", cpu=1, mem=512, session="s1"))  # s1 opens implicitly: no room
     assert d.core.st.sessions["s1"].node is None and d.core.queues.waiting_sessions == {"s1"}
-    assert d.core.st.waiting_on == {"n0": {"s0"}}  # (a queue of a session with no node: no node's)
+    assert d.core.st.waiting_on == {"n0": set()}  # (a queue of a session with no node: no node's)
+    assert d.core.queues.streams == {}
     d.at(0.3).finish("a0")  # s0's action ends: s1 opens on n0 and b0 starts there
     assert d.core.st.sessions["s1"].node == "n0"
     assert d.core.status("b0") is not None and "b0" in d.core.st.nodes["n0"].running

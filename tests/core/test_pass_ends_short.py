@@ -11,13 +11,17 @@ the same with it: docs/core.md, "One node, many sessions").
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from core_helpers import Driver, act, cpu_node, elastic, starts
+from fair_sim import simulate
 
 from arl_tangram.core import events as ev
 from arl_tangram.core.actions import WorkHints
 from arl_tangram.core.queues import AGED
 from arl_tangram.core.resources import Resources
-from arl_tangram.core.scheduling import _NO_GROUP, _ShortNodes
+from arl_tangram.core.scheduling import _NO_GROUP, SchedulingPass, _ShortNodes
 
 LONG = WorkHints(expected_s=100)
 
@@ -46,8 +50,13 @@ def test_heads_are_counted_per_node_with_their_least_need() -> None:
     d = _crowded()
     short = _short(d, "a1", "a2")
     assert (short.others, short.left, short.elastic_left, short.need) == (0, {"n0": 2}, {}, {"n0": 1.0})
-    assert short.all_short()  # n0 full (0 free, nothing lendable): 1 core is more than it has
-    assert not short.all_short()  # (nothing moved since: the same question is not asked again)
+    assert short.all_short(False)  # n0 full (0 free, nothing lendable): 1 core is more than it has
+    assert not short.moved and (short.short, short.reserved) == (True, False)
+    assert not short.all_short(True)  # an aged head's failure would reserve n0: tried
+    d.core.st.reserved["n0"] = "a1"
+    assert not short.all_short(True)  # (nothing moved: the answer kept, the node not weighed again)
+    short.moved = True
+    assert short.all_short(True)  # reserved: its failure would change nothing
     recs = d.core.st.actions
     short.remove(recs["a1"].queue_key, recs["a1"], _NO_GROUP)
     assert short.left == {"n0": 1} and short.need == {"n0": 1.0}  # (a lower bound: kept)
@@ -61,10 +70,10 @@ def test_free_cpu_that_one_head_needs_keeps_the_pass_going() -> None:
     node = d.core.st.nodes["n0"]
     short = _short(d, "a1", "a2")
     node.free["cpu"] = 1.0 - 1e-6  # (behind the core's back)
-    assert not short.all_short()  # at the margin: 1 - 1e-6 + 1e-6 >= 1
+    assert not short.all_short(False)  # at the margin: 1 - 1e-6 + 1e-6 >= 1
     short.moved = True
     node.free["cpu"] = 1.0 - 2e-6
-    assert short.all_short()
+    assert short.all_short(False)
 
 
 def test_another_entry_left_keeps_the_pass_going() -> None:
@@ -74,10 +83,10 @@ def test_another_entry_left_keeps_the_pass_going() -> None:
     rec = d.core.st.actions["p0"]
     short.add(rec.queue_key, rec, _NO_GROUP)
     assert short.others == 1 and short.left == {"n0": 1}
-    assert not short.all_short()
+    assert not short.all_short(False)
     short.remove(rec.queue_key, rec, _NO_GROUP)
     assert short.others == 0 and short.moved
-    assert short.all_short()
+    assert short.all_short(False)
     a1 = d.core.st.actions["a1"]
     short.add(a1.queue_key, a1, 0)  # a parked group's entry counts as another
     assert short.others == 1 and short.left == {"n0": 1}
@@ -96,10 +105,14 @@ def test_a_waiting_elastic_head_with_cpu_free_keeps_the_pass_going() -> None:
         short = _short(d, "e1")
         assert (short.elastic_left, short.need) == ({"n0": 1}, {"n0": 1.0})
         assert node.free.get("cpu", 0.0) == 0.5
-        assert not short.all_short()
+        assert "n0" in d.core.st.expand_at  # (e1's failed try marked its node)
+        assert short.all_short(False)  # so another failed try changes nothing
+        d.core.st.expand_at.clear()
+        short.moved = True
+        assert not short.all_short(False)  # unmarked: a try would mark it
         node.free["cpu"] = 0.0
         short.moved = True
-        assert short.all_short()
+        assert short.all_short(False)
     else:  # the lane rule started it at 0.5 core short of its minimum: cannot be
         raise AssertionError(f"e1 started at {rec.allotment}")
 
@@ -137,14 +150,14 @@ def test_what_the_node_s_elastic_actions_lend_counts_as_free() -> None:
     short = _short(d, "r1")
     node = d.core.st.nodes["n0"]
     assert (node.free["cpu"], d.core.elastic.lendable(node, 0.0), short.need) == (0.0, 3.5, {"n0": 4.0})
-    assert short.all_short()
+    assert short.all_short(False)
     short.need["n0"] = 3.5  # a head that 3.5 lent cores would fit (lent down to its minimum, 0.5)
     short.moved = True
-    assert not short.all_short()
+    assert not short.all_short(False)
     short.need["n0"] = 4.0
     short.moved = True
     node.alive = False  # (behind the core's back: a node lost is weighed by the full pass)
-    assert not short.all_short()
+    assert not short.all_short(False)
 
 
 def test_needs_of_heads_without_cpu_and_of_another_dimension_are_zero() -> None:
@@ -164,7 +177,7 @@ def test_needs_of_heads_without_cpu_and_of_another_dimension_are_zero() -> None:
     assert x0.elastic and not x0.el_cpu
     short = _short(d, "x0")
     assert (short.need, short.elastic_left) == ({"n0": 0.0}, {"n0": 1})
-    assert not short.all_short()
+    assert not short.all_short(False)
     short.remove(x0.queue_key, x0, _NO_GROUP)
     assert short.elastic_left == {"n0": 0} and short.left == {"n0": 0}
 
@@ -183,10 +196,10 @@ def test_a_node_with_no_heads_left_is_not_weighed() -> None:
     recs = d.core.st.actions
     short = _short(d, "a1", "b1")
     short.need["n0"] = 1.0  # (as if a 1-core head had been counted there and taken: a lower bound)
-    assert not short.all_short()  # n0: 1 free, 1 needed
+    assert not short.all_short(False)  # n0: 1 free, 1 needed
     short.remove(recs["b1"].queue_key, recs["b1"], _NO_GROUP)
     assert short.left == {"n1": 1, "n0": 0} and short.moved
-    assert short.all_short()  # only n1 is weighed: full
+    assert short.all_short(False)  # only n1 is weighed: full
 
 
 def test_a_session_s_next_head_joins_the_count_after_a_start() -> None:
@@ -195,3 +208,77 @@ def test_a_session_s_next_head_joins_the_count_after_a_start() -> None:
     d = _crowded()
     assert starts(d.at(0.3).arrive(act("a1b", cpu=1, session="s1", hints=LONG))) == {}
     assert set(starts(d.at(0.4).finish("a0"))) == {"a1", "a1b"}
+
+
+@pytest.mark.pure_core
+def test_only_the_first_aged_head_of_a_full_node_is_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six sessions' heads aged on a full node; b (1 core) ends: a1 starts on its core, a2 is
+    tried and reserves the node; the four behind it would fail and change nothing (the node
+    reserved, no CPU): not tried."""
+    d = Driver([cpu_node("n0", cpu=3, mem=8192)], policy="tangram", session_ttl_s=1e6)
+    for i in range(7):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=256)))
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=2, session="s0", hints=LONG)))
+    assert "b" in starts(d.at(0.1).arrive(act("b", cpu=1, session="s0", hints=LONG)))
+    d.at(0.2).arrive(*(act(f"a{i}", cpu=1, session=f"s{i}", hints=LONG) for i in range(1, 7)))
+    d.at(1e4).tick()  # (past their `aging_after`: each session's head aged)
+    tried: list[str] = []
+    real = SchedulingPass.try_place
+
+    def counting(self, rec, key):
+        tried.append(rec.spec.id)
+        return real(self, rec, key)
+
+    monkeypatch.setattr(SchedulingPass, "try_place", counting)
+    assert set(starts(d.at(1e4 + 1).finish("b"))) == {"a1"}
+    assert tried == ["a1", "a2"]
+    assert d.core.st.reserved == {"n0": "a2"}
+    tried.clear()
+    monkeypatch.setattr(_ShortNodes, "all_short", lambda self, aged: False)  # (the full pass)
+    assert starts(d.at(1e4 + 2).finish("a0")).keys() == {"a2", "a3"}
+    assert tried == ["a2", "a3", "a4", "a5", "a6"]  # (each tried: a4-a6 fail on the full node)
+
+
+def _session_flood(seed: int) -> tuple[tuple[tuple[str, Resources], ...], list]:
+    rng = random.Random(seed)
+    sessions = tuple((f"s{i}", Resources(memory_mb=rng.choice((128, 512)))) for i in range(16))
+    out = []
+    t = 0.0
+    for i in range(160):
+        t += rng.choice((0.0, 0.0, 0.05, 0.3, 1.0))
+        sid = rng.choice(sessions)[0]
+        hints = WorkHints(expected_s=rng.choice((0.5, 2.0, 8.0)))
+        if rng.random() < 0.4:
+            spec = elastic(f"x{i}", rng.choice((0.5, 1.0)), rng.choice((2.0, 4.0)), 0.9,
+                           session=sid, hints=hints)
+        else:
+            spec = act(f"x{i}", cpu=rng.choice((0.5, 1.0, 2.0, 3.0)), session=sid, hints=hints)
+        out.append((t, spec, rng.choice((0.2, 1.0, 3.0, 6.0))))
+    return sessions, out
+
+
+@pytest.mark.pure_core
+@pytest.mark.parametrize("seed", range(4))
+def test_passes_it_ends_decide_as_full_passes_on_a_session_flood(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen sessions on two nodes, rigid and elastic heads, aging at 4 s: the command stream
+    with the pass's early end is the full pass's, event for event, and the end saves tries."""
+    nodes = [cpu_node("n0", cpu=4, mem=8192), cpu_node("n1", cpu=3, mem=8192)]
+    cfg = {"aging_s": 4.0, "aging_min_s": 4.0, "policy": "tangram", "session_ttl_s": 1e6}
+    tried = [0]
+    real = SchedulingPass.try_place
+
+    def counting(self, rec, key):
+        tried[0] += 1
+        return real(self, rec, key)
+
+    monkeypatch.setattr(SchedulingPass, "try_place", counting)
+    sessions, arrivals = _session_flood(seed)
+    cut = simulate(nodes, arrivals, sessions=sessions, **cfg)
+    cut_tries, tried[0] = tried[0], 0
+    monkeypatch.setattr(_ShortNodes, "all_short", lambda self, aged: False)
+    full = simulate(nodes, arrivals, sessions=sessions, **cfg)
+    assert len(cut.starts) == 160
+    assert cut.stream == full.stream
+    assert cut_tries < tried[0]

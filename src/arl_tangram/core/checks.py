@@ -215,6 +215,11 @@ def _check_actions(core: Core) -> None:
         if sess.node is not None:
             _check(sid in core.st.waiting_on.get(sess.node, ()) or sid in core.st.parked,
                    "waiting-on-node", f"{sid} on {sess.node}")
+            if sid not in core.st.parked:  # its head in its node's stream (`HeadStream`)
+                got = core.queues.head(session_key(sid))
+                stream = core.queues.streams.get(sess.node)
+                _check(got is not None and stream is not None
+                       and (*got[1][:3], sid) in stream.heap, "head-in-stream", f"{sid} on {sess.node}")
     for sid, (shape, seq) in core.st.parked.items():  # parked: its head, in its node's group
         sess = core.st.sessions.get(sid)
         _check(sid in waiting and sess is not None and sess.node is not None, "parked-waits", sid)

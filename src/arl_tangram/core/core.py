@@ -265,10 +265,13 @@ class Core:
         if st.dirty:
             st.dirty.clear()
         if st.touched:
-            if st.parked:  # a parked session whose queue changed: its node's passes look again
-                for key in st.touched:
-                    if is_session_key(key):
+            parked = st.parked
+            to_stream = self.queues.to_stream
+            for key in st.touched:  # a session queue's head may have changed: onto its node's
+                if is_session_key(key):  # stream (`HeadStream`), a parked session unparked
+                    if parked:  # (its queue changed: its node's passes look again)
                         st.unpark(key[1])
+                    to_stream(key[1])
             st.touched.clear()
         if self.queues.aging_new:
             self.queues.park_aging()

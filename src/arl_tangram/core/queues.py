@@ -31,6 +31,7 @@ from .records import (
     partition_key,
     session_key,
 )
+from .resources import CPU
 from .state import CoreState
 
 _QUEUED = Status.QUEUED  # (a module constant: cheaper than Status.QUEUED)
@@ -48,6 +49,25 @@ def between(x: float, lo: float, hi: float) -> float:
     """``min(hi, max(lo, x))`` (``hi`` wins when ``lo > hi``), without the builtins' calls."""
     x = x if x > lo else lo
     return x if x < hi else hi
+
+
+class HeadStream:
+    """A node's waiting sessions' heads in the pass's order (issue 40): a heap of
+    ``(rank, seq, gen, sid)``, the queue entry of each session's head as it was pushed. Every
+    waiting session on the node that is not parked has its head's entry here; the others go
+    stale (its head changed, it started, its session parked, closed or moved) and are dropped
+    as they are popped or when the heap is rebuilt (`Queues.to_stream`). A pass over the node
+    takes its heads off one at a time in order (`SchedulingPass.run_pass`), not all of them:
+    a crowded node's pass built a heap of its thousands of waiting heads to start one or none.
+    ``need`` and ``elastic``: the least CPU an entry pushed since the last rebuild needs (a
+    rigid head its demand, an elastic one its minimum) and whether one was elastic -- bounds
+    for the heads in it (`scheduling._ShortNodes`)."""
+
+    def __init__(self) -> None:
+        self.heap: list[Entry] = []
+        self.kept = 0  # entries after the last rebuild
+        self.need = math.inf
+        self.elastic = False
 
 
 class Queues:
@@ -81,6 +101,7 @@ class Queues:
         # tenant) -> its finish tag (`_model_head`, `_served`)
         self.mheaps: dict[QueueKey, dict[str, list[Entry]]] = {}
         self._mfinish: dict[tuple[str, str], int] = {}
+        self.streams: dict[str, HeadStream] = {}  # node -> its waiting sessions' heads
 
     # ---- keys and order -------------------------------------------------------------------------
     def key_of(self, rec: ActionRecord) -> QueueKey:
@@ -270,13 +291,19 @@ class Queues:
                 if self.mheaps:
                     self.mheaps.pop(key, None)
                 if is_session_key(key):
-                    self.waiting_sessions.discard(key[1])
+                    sid = key[1]
+                    self.waiting_sessions.discard(sid)
                     if self.st.parked:
-                        self.st.parked.pop(key[1], None)  # (nothing waits: not parked either)
+                        self.st.parked.pop(sid, None)  # (nothing waits: not parked either)
+                    sess = self.st.sessions.get(sid)
+                    if sess is not None and sess.node is not None:
+                        self.st.waiting_on[sess.node].discard(sid)
             else:
                 live[key] = n
         rec.queue_key = None
         rec.gen += 1
+        if n > 0 and key is not None and is_session_key(key):
+            self.to_stream(key[1])  # (its next head, if it was the head: a pass looks at it)
         reserved = self.st.reserved
         if reserved:
             for name in [n for n, a in reserved.items() if a == rec.spec.id]:
@@ -300,6 +327,72 @@ class Queues:
                 return rec, e
             heapq.heappop(q)
         return None
+
+    def to_stream(self, sid: str) -> None:
+        """Session ``sid``'s head onto its node's `HeadStream`, where its head may have
+        changed (`_leave`; `Core`'s flush for a touched session queue: an arrival, an aged or
+        a removed action, an opened or unparked session). A parked session's is not: its
+        unpark puts it there. An entry already there is pushed again (a copy: the pass takes
+        one, `stream_head` drops the rest); past twice the entries of the last rebuild (and 32),
+        the heap is rebuilt from its live entries (amortized O(1) a push)."""
+        st = self.st
+        sess = st.sessions.get(sid)
+        if sess is None or sess.node is None or sid in st.parked:
+            return
+        got = self.head(session_key(sid))
+        if got is None:
+            return
+        rec, e = got
+        name = sess.node
+        stream = self.streams.get(name)
+        if stream is None:
+            stream = self.streams[name] = HeadStream()
+        heap = stream.heap
+        heapq.heappush(heap, (e[0], e[1], e[2], sid))
+        if rec.elastic and st.elastic_policy:
+            stream.elastic = True
+            need = rec.el_min if rec.el_cpu else 0.0
+        else:
+            need = rec.spec.demand.get(CPU, 0.0)
+        if need < stream.need:
+            stream.need = need
+        if len(heap) > 2 * stream.kept + 32:
+            self._rebuild(name, stream)
+
+    def _rebuild(self, name: str, stream: HeadStream) -> None:
+        """``stream`` (node ``name``'s) down to its live entries, once each; its bounds anew."""
+        live: dict[Entry, ActionRecord] = {}
+        for e in stream.heap:
+            rec = self.stream_head(name, e)
+            if rec is not None:
+                live[e] = rec
+        stream.heap[:] = sorted(live)  # (in place: a pass may hold the list)
+        stream.kept = len(live)
+        stream.need = math.inf
+        stream.elastic = False
+        elastic_policy = self.st.elastic_policy
+        for rec in live.values():
+            if rec.elastic and elastic_policy:
+                stream.elastic = True
+                need = rec.el_min if rec.el_cpu else 0.0
+            else:
+                need = rec.spec.demand.get(CPU, 0.0)
+            if need < stream.need:
+                stream.need = need
+
+    def stream_head(self, name: str, e: Entry) -> ActionRecord | None:
+        """The head a `HeadStream` entry ``e`` of node ``name`` stands for, if the entry is
+        live: its session open on ``name``, not parked, and ``e`` its queue's head entry."""
+        st = self.st
+        sid = e[3]
+        sess = st.sessions.get(sid)
+        if sess is None or sess.node != name or (st.parked and sid in st.parked):
+            return None
+        got = self.head(session_key(sid))
+        if got is None:
+            return None
+        h = got[1]
+        return got[0] if h[1] == e[1] and h[2] == e[2] else None
 
     def _model_head(self, key: QueueKey, subs: dict[str, list[Entry]]
                     ) -> tuple[ActionRecord, Entry] | None:

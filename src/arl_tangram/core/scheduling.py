@@ -30,7 +30,7 @@ from .fit import fits_besides_cpu
 from .lending import Lending
 from .partitioning import Partitions
 from .placement import Placer
-from .queues import AGED, Queues
+from .queues import AGED, Entry, HeadStream, Queues
 from .records import (
     ActionRecord,
     NodeState,
@@ -55,15 +55,15 @@ class _ShortNodes:
     demand's, an elastic one its minimum); every other entry (a shared-pool or slice queue's
     head, a parked group's, one whose session has no node) counts in ``others``.
 
-    The pass ends (`all_short`) when a non-aged head is popped (so no aged one is left: they
-    come first, and their reservations were made), no other entry is left, and on each node
-    with heads left the free CPU plus what its elastic actions lend above their minimums
-    (`Elastic.lendable`) is below the least need there by a margin (1e-6, over the 1e-9
-    tolerances of `NodeState.fits`, `Elastic.reclaim` and `Elastic.width_on`): every head left
-    would fail in `try_place` then, as nothing in a pass frees CPU on a node, and change
-    nothing (a rigid head: no fit, a reclaim that cannot make room; an elastic one: no width
-    of its minimum). Not where a waiting elastic head would mark its node for expansion (CPU
-    free there: `try_place`), nor with a standing reserve (`reserve_fraction`: its widths)."""
+    The pass ends (`all_short`) when no other entry is left and on each node with heads left
+    the free CPU plus what its elastic actions lend above their minimums (`Elastic.lendable`)
+    is below the least need there by a margin (1e-6, over the 1e-9 tolerances of
+    `NodeState.fits`, `Elastic.reclaim` and `Elastic.width_on`): every head left would fail in
+    `try_place` then, as nothing in a pass frees CPU on a node, and change nothing (a rigid
+    head: no fit, a reclaim that cannot make room; an elastic one: no width of its minimum)
+    once the marks a failure leaves are there: its node reserved, where an aged head is popped
+    (`Placer.reserve_for`), and marked for expansion where a waiting elastic head has CPU free
+    (`try_place`). Not with a standing reserve (`reserve_fraction`: its widths)."""
 
     def __init__(self, sp: SchedulingPass) -> None:
         self.sp = sp
@@ -71,10 +71,13 @@ class _ShortNodes:
         self.left: dict[str, int] = {}  # node -> session heads left that start only there
         self.elastic_left: dict[str, int] = {}  # node -> of those, elastic (the lane rule's)
         self.need: dict[str, float] = {}  # node -> the least CPU one of them needs (a lower bound)
+        self.rest: dict[str, HeadStream] = {}  # node -> its stream, heads left in it (`add_rest`)
         self.moved = True  # (whether `all_short` may answer otherwise than last time)
+        self.short = False  # (`_weigh`'s last answers)
+        self.reserved = False
 
     def _node_of(self, key: QueueKey, rec: ActionRecord, g: int) -> str | None:
-        if g != _NO_GROUP or type(key) is ShapeKey or key[0] != "sess" or rec.partition is not None:
+        if g >= 0 or type(key) is ShapeKey or key[0] != "sess" or rec.partition is not None:
             return None
         sess = self.sp.st.sessions.get(key[1])
         return None if sess is None else sess.node
@@ -108,28 +111,61 @@ class _ShortNodes:
         if rec.elastic and self.sp.st.elastic_policy:
             self.elastic_left[name] -= 1
 
-    def all_short(self) -> bool:
-        """Whether every entry left, the popped one among them, would fail (above)."""
-        if self.others or not self.moved:
+    def add_rest(self, name: str, stream: HeadStream) -> None:
+        """Node ``name``'s `HeadStream` in the pass: the heads left in it count as heads left
+        on the node, with the stream's bounds (its least need, whether one is elastic)."""
+        self.rest[name] = stream
+
+    def rest_done(self, name: str) -> None:
+        """Node ``name``'s stream has no heads left."""
+        if self.rest.pop(name, None) is not None:
+            self.moved = True
+
+    def all_short(self, aged: bool) -> bool:
+        """Whether every entry left, the popped one among them, would fail and change nothing
+        (above). An ``aged`` popped head's failure would reserve its node (`Placer.reserve_for`):
+        for it, every node with heads left must already be reserved (a crowded node's first
+        aged head reserves it; the ~100 aged heads behind it were each tried for nothing)."""
+        if self.others:
             return False  # pragma: no mutate (None: as false to the pass)
-        self.moved = False
+        if self.moved:
+            self.moved = False
+            self.short, self.reserved = self._weigh()
+        return self.short and (self.reserved or not aged)
+
+    def _weigh(self) -> tuple[bool, bool]:
+        """(Whether every node with heads left is short of CPU for them all, whether every such
+        node is reserved.) A node where a waiting elastic head has CPU free is short only once
+        marked for expansion (`st.expand_at`, what its failed try would do)."""
+        rest = self.rest
+        names = [name for name, n in self.left.items() if n > 0]
+        if rest:
+            names.extend(name for name in rest if self.left.get(name, 0) <= 0)
         sp = self.sp
         st = sp.st
         nodes = st.nodes
-        for name, n in self.left.items():
-            if n <= 0:
-                continue
+        reserved = True
+        for name in names:
             node = nodes[name]
             if not node.alive:
-                return False  # pragma: no mutate (None: as false to the pass)
+                return False, False
+            need = self.need.get(name, math.inf)
+            elastic = self.elastic_left.get(name, 0) > 0
+            stream = rest.get(name) if rest else None
+            if stream is not None:
+                if stream.need < need:
+                    need = stream.need
+                elastic = elastic or stream.elastic
             free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of sessions has CPU: never the default)
-            if free > 1e-9 and self.elastic_left.get(name, 0) > 0:  # pragma: no mutate (>=: try_place's edge, 1e-9)
-                return False  # pragma: no mutate (None: as false to the pass)
+            if free > 1e-9 and elastic and name not in st.expand_at:  # pragma: no mutate (>=: try_place's edge, 1e-9)
+                return False, False
             if st.elastic_policy:
                 free += sp.elastic.lendable(node, 0.0)
-            if free + 1e-6 >= self.need[name]:
-                return False  # pragma: no mutate (None: as false to the pass)
-        return True
+            if free + 1e-6 >= need:
+                return False, False
+            if name not in st.reserved:
+                reserved = False
+        return True, reserved
 
 
 class SchedulingPass:
@@ -146,9 +182,17 @@ class SchedulingPass:
         # (node, key, group) of parked heads whose node's memory fits them, for the next
         # `run_pass` (`candidates` finds them on the dirty nodes)
         self.groups: list[tuple[str, tuple[tuple[tuple[str, float], ...], bool], ParkedGroup]] = []
+        # dirty nodes whose waiting heads the next `run_pass` takes from their `HeadStream`s
+        # (`candidates` with ``streams``)
+        self.streamed: list[str] = []
 
     # ---- the pass -------------------------------------------------------------------------------
-    def candidates(self) -> set[QueueKey]:
+    def candidates(self, streams: bool = False) -> set[QueueKey]:
+        """The queues a pass after a change of capacity looks at: the shared pool's, the
+        touched ones, the waiting sessions' and the partitions' on the dirty nodes, and the
+        parked groups those nodes' memory fits now (onto `groups`). With ``streams``, a dirty
+        node's waiting sessions are left to its `HeadStream` (onto `streamed`): the pass takes
+        their heads in order as it goes, not all of them up front."""
         keys: set[QueueKey] = set(self.queues.shape_keys)
         touched = self.st.touched
         if touched:
@@ -165,7 +209,13 @@ class SchedulingPass:
                 free = nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9  # pragma: no mutate
                 groups.extend((name, k, g) for k, g in short_on[name].items()
                               if g.need <= free)  # pragma: no mutate (< differs at free + 1e-9 only)
-            on = waiting_on.get(name)
+            if streams:
+                stream = self.queues.streams.get(name)
+                if stream is not None and stream.heap:
+                    self.streamed.append(name)
+                on = None
+            else:
+                on = waiting_on.get(name)
             if on:  # the node's sessions that may wait (`CoreState.waiting_on`): those that
                 sessions = nodes[name].sessions  # no longer do, or left, are dropped here
                 gone = [sid for sid in on if sid not in waiting or sid not in sessions]
@@ -186,6 +236,7 @@ class SchedulingPass:
         touched = self.st.touched
         keys: Iterable[QueueKey]
         if dirty:  # capacity changed: every queue may move, reservations are redone
+            lazy = not self.st.fair and not self.st.partitioned  # (`run_pass`: `HeadStream`s)
             reserved = self.st.reserved
             freed = dirty | reserved.keys() if reserved else dirty
             reserved.clear()
@@ -199,8 +250,8 @@ class SchedulingPass:
                         else:
                             self.fill_node(node)
                     return
-                keys = self.candidates()
-                if not keys and not self.groups:
+                keys = self.candidates(lazy)
+                if not keys and not self.groups and not self.streamed:
                     return
                 if node.alive:
                     local = [node]
@@ -208,8 +259,8 @@ class SchedulingPass:
                 else:
                     local = []
             else:
-                keys = self.candidates()
-                if not keys and not self.groups:
+                keys = self.candidates(lazy)
+                if not keys and not self.groups and not self.streamed:
                     return
                 if len(freed) <= 32:
                     nodes = self.st.nodes
@@ -240,6 +291,9 @@ class SchedulingPass:
         touched = self.st.touched
         head = self.queues.head
         heap: list[tuple[int, int, QueueKey, ActionRecord, int]] = []  # (rank, seq, key, head, group)
+        streamed = self.streamed
+        if streamed:
+            self.streamed = []
         limit = local_cpu + 1e-9
         plain = not self.st.partitioned  # (slices: their own accounting, see `_short_besides_cpu`)
         for key in keys:
@@ -261,19 +315,29 @@ class SchedulingPass:
             back: list[list[tuple[int, int, str]]] = [[] for _ in groups]
             for i in range(len(groups)):
                 self._next_member(groups, i, heap, back)
+        # the dirty nodes' streams: the first head of each (their group: _NO_GROUP - 1 - i),
+        # the entries taken off (to go back), the seqs seen (a stream may hold copies)
+        sback: list[list[Entry]] = [[] for _ in streamed]
+        seen: set[int] = set()
+        more = [self._stream_next(streamed, i, heap, sback, seen, None) for i in range(len(streamed))]
+        marks = 0  # (nodes reserved or marked for expansion, before a try)
         short: _ShortNodes | None = None  # (parked groups add heads as the pass goes: not with them)
         if plain and not groups and self.st.config.reserve_fraction <= 0.0:  # pragma: no mutate (off: the same starts; on with a reserve or parked groups: no test stream differs, see _ShortNodes)
             short = _ShortNodes(self)
             for h in heap:
                 short.add(h[2], h[3], h[4])
+            for i, name in enumerate(streamed):
+                if more[i]:
+                    short.add_rest(name, self.queues.streams[name])
         if len(heap) > 1:
             heapq.heapify(heap)
         while heap:  # entries stay fresh: only the popped queue's head changes in the loop
             aged, _, key, rec, g = heapq.heappop(heap)
             if short is not None:
-                if aged != AGED and short.all_short():
-                    break  # (this head and every one left would fail: `_ShortNodes`)
+                if short.all_short(aged == AGED):
+                    break  # (this head and every one left would fail, changing nothing: `_ShortNodes`)
                 short.remove(key, rec, g)
+                marks = len(self.st.reserved) + len(self.st.expand_at)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 placed, limit = self.try_local(rec, local, limit)
             else:
@@ -281,7 +345,7 @@ class SchedulingPass:
             if placed:
                 if short is not None:
                     short.moved = True  # pragma: no mutate (False: fewer ends of the pass, the same starts)
-                got = head(key)
+                got = head(key) if g >= _NO_GROUP else None  # (a stream's: its next is in the stream)
                 if got is not None:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0], _NO_GROUP))
@@ -289,15 +353,26 @@ class SchedulingPass:
                         short.add(key, got[0], _NO_GROUP)
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
-            if g != _NO_GROUP:  # a parked head (`CoreState.park`): its group's next, while memory fits
+            if short is not None and not placed and len(self.st.reserved) + len(self.st.expand_at) != marks:
+                short.moved = True  # (a node marked: `all_short` may answer otherwise)
+            if g < _NO_GROUP:  # a stream's head: the stream's next
+                i = _NO_GROUP - 1 - g
+                if not self._stream_next(streamed, i, heap, sback, seen, short) and short is not None:
+                    short.rest_done(streamed[i])
+            elif g != _NO_GROUP:  # a parked head (`CoreState.park`): its group's next, while memory fits
                 name, gkey, group = groups[g]
                 if placed:
                     self.st.unpark(key[1])  # (its session's next head: looked at as any other)
+                    self.queues.to_stream(key[1])
                 else:
                     back[g].append((aged, rec.seq, key[1]))
                 if (placed or not group.rigid) and \
                         group.need <= self.st.nodes[name].free.get(MEMORY_MB, 0.0) + 1e-9:
                     self._next_member(groups, g, heap, back)
+        for i, name in enumerate(streamed):  # what was taken off, back (stale ones dropped later)
+            sheap = self.queues.streams[name].heap
+            for e in sback[i]:
+                heapq.heappush(sheap, e)
         if groups:
             for (name, gkey, group), tried in zip(groups, back, strict=True):
                 for entry in tried:  # (still parked: back on their group)
@@ -330,6 +405,46 @@ class SchedulingPass:
             assert got is not None and got[0].seq == e[1]  # (a parked head is its queue's head)
             heapq.heappush(heap, (e[0], e[1], key, got[0], g))
             return
+
+    def _stream_next(self, streamed: list[str], i: int,
+                     heap: list[tuple[int, int, QueueKey, ActionRecord, int]],
+                     back: list[list[Entry]], seen: set[int], short: _ShortNodes | None) -> bool:
+        """Onto the pass's ``heap``: the next live head of stream ``i`` (node ``streamed[i]``'s
+        `HeadStream`), in the queues' order; whether there was one. Each live entry taken off
+        goes on ``back[i]`` (back onto the stream after the pass: it waits on), but one parked.
+        Skipped: a copy of one taken already, one whose queue this event touched (in the pass
+        as its key), and a non-aged head short of memory or another dimension but CPU
+        (`_short_besides_cpu`, parked where memory is what it lacks, as `run_pass` leaves out
+        such a head of its keys). A head that
+        starts takes its session's next one onto the stream (`Queues._leave`), so the pass
+        sees it in order, as it sees a key's next head. The head taken is counted in
+        ``short``, where the pass has one."""
+        name = streamed[i]
+        sheap = self.queues.streams[name].heap
+        stream_head = self.queues.stream_head
+        touched = self.st.touched
+        while sheap:
+            e = heapq.heappop(sheap)
+            rec = stream_head(name, e)
+            if rec is None or e[1] in seen:
+                continue
+            seen.add(e[1])
+            sid = e[3]
+            key = session_key(sid)
+            if key not in touched and e[0] != AGED and self._short_besides_cpu(rec, sid):
+                self._park(sid, rec, e)
+                if sid not in self.st.parked:  # (short of another dimension: it waits on here)
+                    back[i].append(e)
+                continue
+            back[i].append(e)
+            if key in touched:
+                continue
+            g = _NO_GROUP - 1 - i
+            heapq.heappush(heap, (e[0], e[1], key, rec, g))
+            if short is not None:
+                short.add(key, rec, g)
+            return True
+        return False
 
     def _short_besides_cpu(self, rec: ActionRecord, sid: str) -> bool:
         """Whether session ``sid``'s head ``rec`` cannot start in this pass whatever else

@@ -312,6 +312,9 @@ class Sessions:
         grew: str | None = None
         if node is not None and sess.id in node.sessions:
             node.sessions.discard(sess.id)
+            waiting = st.waiting_on.get(node.name)
+            if waiting is not None:
+                waiting.discard(sess.id)  # (its queued actions end with it: none waits)
             if node.sessions:
                 self.held[node.name] = self.held[node.name] - sess.charge
                 self.caps[node.name] -= sess.demand.get(MEMORY_MB)
