@@ -78,16 +78,24 @@ def test_a_stream_is_rebuilt_from_its_live_entries_past_twice_its_last_size() ->
     q = d.core.queues
     stream = q.streams["n0"]
     live = sorted(_entry(d, f"s{i}") for i in (1, 2, 3))
-    for k in range(29):  # copies: 3 + 29 = 32 entries, not past 2 * 0 + 32
+    for _ in range(29):  # copies: 3 + 29 = 32 entries, not past 2 * 0 + 32
         q.to_stream("s1")
     assert len(stream.heap) == 32 and stream.kept == 0
     q.to_stream("s2")
     assert stream.heap == live and stream.kept == 3  # once each, in order
-    for k in range(35):
+    for _ in range(35):
         q.to_stream("s3")
     assert len(stream.heap) == 38 and stream.kept == 3  # (not past 2 * 3 + 32)
     d.at(1.2).arrive(act("b1", cpu=1, session="s1", hints=WorkHints(expected_s=0.01)))
     assert stream.heap == sorted([_entry(d, "s1"), *live[1:]]) and stream.kept == 3
+    assert (stream.need, stream.elastic) == (1.0, False)
+    d.at(1.3).arrive(elastic("e2", 0.5, 4, 0.9, session="s2", hints=WorkHints(expected_s=0.01)))
+    assert d.core.st.actions["e2"].node is None  # (n0 full: it waits, s2's head)
+    stream.need, stream.elastic = 9.0, False  # (behind the core's back: the rebuild finds them)
+    for _ in range(40):
+        q.to_stream("s3")  # the 35th is past 2 * 3 + 32: rebuilt
+    assert stream.kept == 3 and len(stream.heap) == 3 + 5
+    assert (stream.need, stream.elastic) == (0.5, True)  # e2's minimum
 
 
 def test_a_parked_session_leaves_its_stream_and_comes_back_with_its_queue() -> None:
@@ -151,3 +159,11 @@ def test_an_end_on_a_full_node_looks_at_as_many_heads_whatever_waits_there(
     assert set(starts(d.at(1.2).finish("b"))) == {"w1"}
     assert tried == ["w1"]
     assert looked == ["s1", "s2"]
+
+
+def test_validate_finds_a_waiting_head_missing_from_its_stream() -> None:
+    d = _full(2)
+    d.core.validate()
+    d.core.queues.streams["n0"].heap.remove(_entry(d, "s2"))  # (behind the core's back)
+    with pytest.raises(AssertionError, match="invariant head-in-stream broken: s2 on n0"):
+        d.core.validate()

@@ -200,6 +200,10 @@ def test_a_node_with_no_heads_left_is_not_weighed() -> None:
     short.remove(recs["b1"].queue_key, recs["b1"], _NO_GROUP)
     assert short.left == {"n1": 1, "n0": 0} and short.moved
     assert short.all_short(False)  # only n1 is weighed: full
+    assert not short.all_short(True)  # (n1 not reserved: an aged head's try would reserve it)
+    d.core.st.reserved["n1"] = "a1"
+    short.moved = True
+    assert short.all_short(True)  # only n1 must be reserved: n0 has no heads left
 
 
 def test_a_session_s_next_head_joins_the_count_after_a_start() -> None:

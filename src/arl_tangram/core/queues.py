@@ -51,6 +51,15 @@ def between(x: float, lo: float, hi: float) -> float:
     return x if x < hi else hi
 
 
+def head_need(rec: ActionRecord, elastic_policy: bool) -> float:
+    """The least CPU waiting ``rec`` needs to start: a rigid action its demand's, an elastic
+    one under an elastic policy (the lane rule's) its minimum, none where it stretches in
+    another dimension."""
+    if rec.elastic and elastic_policy:
+        return rec.el_min if rec.el_cpu else 0.0
+    return rec.spec.demand.get(CPU, 0.0)
+
+
 class HeadStream:
     """A node's waiting sessions' heads in the pass's order (issue 40): a heap of
     ``(rank, seq, gen, sid)``, the queue entry of each session's head as it was pushed. Every
@@ -302,7 +311,7 @@ class Queues:
                 live[key] = n
         rec.queue_key = None
         rec.gen += 1
-        if n > 0 and key is not None and is_session_key(key):
+        if n > 0 and key is not None and is_session_key(key):  # pragma: no mutate (n == 0 too: no head, nothing pushed)
             self.to_stream(key[1])  # (its next head, if it was the head: a pass looks at it)
         reserved = self.st.reserved
         if reserved:
@@ -351,10 +360,8 @@ class Queues:
         heapq.heappush(heap, (e[0], e[1], e[2], sid))
         if rec.elastic and st.elastic_policy:
             stream.elastic = True
-            need = rec.el_min if rec.el_cpu else 0.0
-        else:
-            need = rec.spec.demand.get(CPU, 0.0)
-        if need < stream.need:
+        need = head_need(rec, st.elastic_policy)
+        if need < stream.need:  # pragma: no mutate (<=: the same value kept)
             stream.need = need
         if len(heap) > 2 * stream.kept + 32:
             self._rebuild(name, stream)
@@ -374,10 +381,8 @@ class Queues:
         for rec in live.values():
             if rec.elastic and elastic_policy:
                 stream.elastic = True
-                need = rec.el_min if rec.el_cpu else 0.0
-            else:
-                need = rec.spec.demand.get(CPU, 0.0)
-            if need < stream.need:
+            need = head_need(rec, elastic_policy)
+            if need < stream.need:  # pragma: no mutate (<=: the same value kept)
                 stream.need = need
 
     def stream_head(self, name: str, e: Entry) -> ActionRecord | None:

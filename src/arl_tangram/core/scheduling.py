@@ -30,7 +30,7 @@ from .fit import fits_besides_cpu
 from .lending import Lending
 from .partitioning import Partitions
 from .placement import Placer
-from .queues import AGED, Entry, HeadStream, Queues
+from .queues import AGED, Entry, HeadStream, Queues, head_need
 from .records import (
     ActionRecord,
     NodeState,
@@ -73,8 +73,8 @@ class _ShortNodes:
         self.need: dict[str, float] = {}  # node -> the least CPU one of them needs (a lower bound)
         self.rest: dict[str, HeadStream] = {}  # node -> its stream, heads left in it (`add_rest`)
         self.moved = True  # (whether `all_short` may answer otherwise than last time)
-        self.short = False  # (`_weigh`'s last answers)
-        self.reserved = False
+        self.short = False  # pragma: no mutate (`_weigh`'s last answers: read only after it, ``moved``)
+        self.reserved = False  # pragma: no mutate (as above)
 
     def _node_of(self, key: QueueKey, rec: ActionRecord, g: int) -> str | None:
         if g >= 0 or type(key) is ShapeKey or key[0] != "sess" or rec.partition is not None:
@@ -89,11 +89,10 @@ class _ShortNodes:
             self.others += 1
             return
         self.left[name] = self.left.get(name, 0) + 1
-        if rec.elastic and self.sp.st.elastic_policy:
-            need = rec.el_min if rec.el_cpu else 0.0
+        elastic_policy = self.sp.st.elastic_policy
+        if rec.elastic and elastic_policy:
             self.elastic_left[name] = self.elastic_left.get(name, 0) + 1
-        else:
-            need = rec.spec.demand.get(CPU, 0.0)
+        need = head_need(rec, elastic_policy)
         if need < self.need.get(name, math.inf):  # pragma: no mutate (<=: the same value kept)
             self.need[name] = need
 
@@ -118,8 +117,8 @@ class _ShortNodes:
 
     def rest_done(self, name: str) -> None:
         """Node ``name``'s stream has no heads left."""
-        if self.rest.pop(name, None) is not None:
-            self.moved = True
+        if self.rest.pop(name, None) is not None:  # pragma: no mutate (moved or not: fewer ends of the pass, the same starts)
+            self.moved = True  # pragma: no mutate (as above)
 
     def all_short(self, aged: bool) -> bool:
         """Whether every entry left, the popped one among them, would fail and change nothing
@@ -130,42 +129,44 @@ class _ShortNodes:
             return False  # pragma: no mutate (None: as false to the pass)
         if self.moved:
             self.moved = False
-            self.short, self.reserved = self._weigh()
+            self.short = self._weigh()
+            self.reserved = self.short and self._all_reserved()
         return self.short and (self.reserved or not aged)
 
-    def _weigh(self) -> tuple[bool, bool]:
-        """(Whether every node with heads left is short of CPU for them all, whether every such
-        node is reserved.) A node where a waiting elastic head has CPU free is short only once
-        marked for expansion (`st.expand_at`, what its failed try would do)."""
-        rest = self.rest
-        names = [name for name, n in self.left.items() if n > 0]
-        if rest:
-            names.extend(name for name in rest if self.left.get(name, 0) <= 0)
+    def _all_reserved(self) -> bool:
+        """Whether every node with heads left is reserved (for one of its aged heads)."""
+        reserved = self.sp.st.reserved
+        return all(n <= 0 or name in reserved for name, n in self.left.items())
+
+    def _weigh(self) -> bool:
+        """Whether every node with heads left is short of CPU for them all. A node where a
+        waiting elastic head has CPU free is short only once marked for expansion
+        (`st.expand_at`, what its failed try would do)."""
+        rest = self.rest  # (a stream's node is among `left`'s: its next head is in the heap)
         sp = self.sp
         st = sp.st
         nodes = st.nodes
-        reserved = True
-        for name in names:
+        for name, n in self.left.items():
+            if n <= 0:
+                continue
             node = nodes[name]
             if not node.alive:
-                return False, False
-            need = self.need.get(name, math.inf)
+                return False  # pragma: no mutate (None: as false to the pass)
+            need = self.need[name]
             elastic = self.elastic_left.get(name, 0) > 0
             stream = rest.get(name) if rest else None
             if stream is not None:
-                if stream.need < need:
+                if stream.need < need:  # pragma: no mutate (<=: the same value)
                     need = stream.need
-                elastic = elastic or stream.elastic
+                elastic = elastic or stream.elastic  # pragma: no mutate (and: a stream's node is dirty, expanded after the pass with or without the mark)
             free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of sessions has CPU: never the default)
             if free > 1e-9 and elastic and name not in st.expand_at:  # pragma: no mutate (>=: try_place's edge, 1e-9)
-                return False, False
+                return False  # pragma: no mutate (None: as false to the pass)
             if st.elastic_policy:
                 free += sp.elastic.lendable(node, 0.0)
             if free + 1e-6 >= need:
-                return False, False
-            if name not in st.reserved:
-                reserved = False
-        return True, reserved
+                return False  # pragma: no mutate (None: as false to the pass)
+        return True
 
 
 class SchedulingPass:
