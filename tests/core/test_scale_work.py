@@ -14,7 +14,9 @@ actions queued: a scan of the queue per event would make the second ~8x. And a s
 ones at each pass would make the second ~8x; their groups by shape (`Sessions._groups`) do
 not. And an end on a node with 20 and with 160 session heads waiting there (issue 40): a plan
 per head, each over every elastic action running on the node, made the work grow with both;
-heads with no less work than one that just waited there wait without one (`Elastic.width_on`)."""
+heads with no less work than one that just waited there wait without one (`Elastic.width_on`),
+and aged heads that come with less work each are answered by one probe at the least work that
+waited there at the last event."""
 
 from __future__ import annotations
 
@@ -144,6 +146,40 @@ def plans_per_end(heads, probes=2):
         out.append([count[0], waiting])
     return out
 
+def plans_per_end_aged(heads, probes=2):
+    # as `plans_per_end`, but the heads aged (1 s), oldest first with the most work (50 s less
+    # 0.01 s a head): an end's pass tries them in that order, each with less work than the
+    # last that waited: the memo answers none of them. Counted: the calls of `Elastic.plan`
+    from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, WorkHints
+    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=16, memory_mb=1 << 20)),)),
+                CoreConfig(policy="tangram", session_ttl_s=1e6, aging_s=1.0, aging_min_s=1.0))
+    el = Elasticity(1, 8, speedup=Speedup(0.9))
+    def test(aid, sid, s):
+        return ActionSpec(aid, kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=64),
+                          elasticity=el, session=sid, hints=WorkHints(expected_s=s))
+    t = 0.0
+    for i in range(16):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, test(f"r{i}", f"s{i}", 100.0 + i)))
+    for i in range(heads):
+        t += 0.001
+        core.handle(ev.ActionArrived(t, test(f"q{i}", f"h{i}", 50.0 - 0.01 * i)))
+    count = [0]
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "plan":
+            count[0] += 1
+    out = []
+    for i in range(probes):
+        count[0] = 0
+        sys.setprofile(hook)
+        try:
+            core.handle(ev.ActionFinished(t + 2.0 + i, f"r{i}"))
+        finally:
+            sys.setprofile(None)
+        waiting = sum(1 for a in core.st.actions.values() if a.allotment is None)
+        out.append([count[0], waiting])
+    return out
+
 def heads_on_one_node(cpu, heads, holders, need):
     # one node of ``cpu`` cores and 1 TB: ``heads`` sessions of 64 MB open, actions of the
     # shared pool hold ``holders`` (name -> MB), then each session queues an action of 1 core
@@ -199,6 +235,8 @@ elif sys.argv[1] == "waiting":
     print(json.dumps([calls_with_waiting(200), calls_with_waiting(1600)]))
 elif sys.argv[1] == "heads":
     print(json.dumps([plans_per_end(20), plans_per_end(160)]))
+elif sys.argv[1] == "aged":
+    print(json.dumps([plans_per_end_aged(20), plans_per_end_aged(160)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
 elif sys.argv[1] == "herd":
@@ -251,6 +289,14 @@ def test_an_end_plans_once_with_eight_times_the_heads_waiting_on_the_node() -> N
     # elasticity with at least the work of one that waited at this instant, on the node as it
     # was, waits without a plan (`Elastic.width_on`); a plan per head made these 28 and 168
     assert _probe("heads") == [[[1, 28], [1, 28]], [[1, 168], [1, 168]]]
+
+
+def test_an_end_plans_once_with_eight_times_the_aged_heads_each_with_less_work() -> None:
+    # (per end: [calls of `Elastic.plan`, actions still queued]) the aged heads come oldest
+    # first, each with less work than the last: the memo of this instant answers none, but a
+    # probe at the least work that waited at the last event does (`Elastic.width_on`); without
+    # the probes these were 16 and 155 plans
+    assert _probe("aged") == [[[1, 28], [1, 28]], [[1, 167], [1, 167]]]
 
 
 def test_an_end_costs_the_same_with_eight_times_the_heads_short_of_memory_on_the_node() -> None:

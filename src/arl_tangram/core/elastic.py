@@ -48,6 +48,9 @@ class Elastic:
         # at the same instant and state of the estimator: (node, its `moves`, elasticity) ->
         # the least expected work of a session's head that waited there (`width_on`)
         self._waited: dict[tuple[NodeState, int, Elasticity], float] = {}
+        # across instants and states: node -> elasticity -> the expected works (least first,
+        # at most `_HINTS`) of heads that waited there lately (`width_on`'s probes)
+        self._hints: dict[NodeState, dict[Elasticity, list[float]]] = {}
         # and `plan`'s view of a node's elastic runs: node -> (its `moves`, CPU they hold, their
         # (work left, elasticity) by work left, and their classes in the fluid model: `_Kinds`)
         self._runs: dict[NodeState, tuple[int, float, list[tuple[float, Elasticity]],
@@ -309,7 +312,7 @@ class Elastic:
         return self.st.now >= self.queues.overdue_from(rec)
 
     def plan(self, rec: ActionRecord, node: NodeState, behind: int,
-              elsewhere: float = math.inf) -> tuple[float, float]:
+             elsewhere: float = math.inf, work: float = -1.0) -> tuple[float, float]:
         """How elastic ``rec`` (a queue head) should start on ``node`` now: ``(width, floor)``,
         width 0.0 to wait; ``floor`` is how far the node's running elastic actions may be
         shrunk to make room for it.
@@ -327,7 +330,7 @@ class Elastic:
         at its maximum on another node ``elsewhere`` seconds from now (`free_at`), if that
         comes before its turn here. On 2 cores with n equal jobs waiting this is "one after
         another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs log jobs) (`_fluid`), no
-        solver."""
+        solver. ``work``: plan as if ``rec``'s expected work were that (`width_on`'s probe)."""
         el = rec.spec.elasticity
         assert el is not None
         free = node.free.get(CPU, 0.0)
@@ -359,7 +362,7 @@ class Elastic:
         if measured is not None:
             top = _useful(el, measured, base, top)
         n_run = len(runs)
-        x = self.st.expected_work(rec)
+        x = self.st.expected_work(rec) if work < 0.0 else work
         best_lanes = -1
         if behind == 0 and measured is None and elsewhere == math.inf:
             best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
@@ -413,7 +416,14 @@ class Elastic:
         the same instant, with nothing started, ended or resized there since (`NodeState
         .moves`), and with at least its expected work, waits too without a plan: heSRPT never
         gives a longer job more than a shorter one (issue 40: on a crowded node every event
-        planned each of the node's waiting heads over every elastic action running there)."""
+        planned each of the node's waiting heads over every elastic action running there).
+        Such a head with more work than the least of its elasticity that waited there lately
+        (`_hint`, at another instant or state) is first planned as if it had that work (a
+        probe): if that waits, the memo takes that work and the head waits; if it would start,
+        those hints go and the head is planned as itself. On a crowded node the aged heads come
+        oldest first, each with less work than the last: the memo alone answered none of them.
+        Like the memo, an approximation where the lane rule is not monotone in work (rare:
+        docs/core.md, "Probes at the least work that waited")."""
         el = rec.spec.elasticity
         assert el is not None
         if el.dim != CPU:  # (the lane rule weighs cores: a width in another dimension starts
@@ -441,6 +451,18 @@ class Elastic:
             least = self._waited.get(key)
             if least is not None and x >= least:
                 return 0.0, 0.0
+            hints = self._hints.get(node)
+            works = None if hints is None else hints.get(el)
+            if hints is not None and works is not None and works[0] < x:
+                # the probe: plan as the least head that waited here lately; if that waits, so
+                # does this one (more work), and every head of at least that work, this
+                # instant; if it would start now, the node has room it had not: the hints go
+                if self.plan(rec, node, 0, math.inf, works[0])[0] == 0.0:
+                    got = self._left_over(node, el, widest)
+                    if got[0] == 0.0:
+                        self._waited[key] = works[0]
+                    return got
+                del hints[el]
         width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
             if self.st.config.reserve_fraction > 0.0:  # the reserve: beyond the minimum, untouched
@@ -451,11 +473,37 @@ class Elastic:
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor
-        left = free - self.absorb(node)
+        got = self._left_over(node, el, widest)
+        if got[0] == 0.0 and key is not None:  # (none waited there yet, or only with more work)
+            self._waited[key] = x
+            self._hint(node, el, x)
+        return got
+
+    def _hint(self, node: NodeState, el: Elasticity, x: float) -> None:
+        """A head of elasticity ``el`` and expected work ``x`` waited on ``node`` by the plan:
+        kept for `width_on`'s probes (of at most `_HINTS` elasticities a node: the oldest
+        goes)."""
+        hints = self._hints.get(node)
+        if hints is None:
+            hints = self._hints[node] = {}
+        works = hints.get(el)
+        if works is None:
+            if len(hints) >= _HINTS:
+                del hints[next(iter(hints))]
+            hints[el] = [x]
+            return
+        if x in works:
+            return
+        bisect.insort(works, x)
+        if len(works) > _HINTS:
+            works.pop()
+
+    def _left_over(self, node: NodeState, el: Elasticity, widest: float) -> tuple[float, float]:
+        """`width_on` where the plan says wait: what the node's elastic actions cannot take of
+        its free CPU (up to ``widest``), if that is the minimum."""
+        left = node.free.get(CPU, 0.0) - self.absorb(node)
         if left >= el.min - 1e-9:
             return (left if left < widest else widest), 0.0
-        if key is not None:  # (none waited there yet, or only with more work)
-            self._waited[key] = x
         return 0.0, 0.0
 
     def absorb(self, node: NodeState) -> float:
@@ -676,6 +724,11 @@ class Elastic:
             el = rec.spec.elasticity
             assert el is not None
             rec.note_width(self.st.now, el.dim, rec.width, self.st.cause)
+
+
+# `Elastic.width_on`'s probes per node: of so many elasticities, the so many least works of
+# heads that waited there lately
+_HINTS: Final = 4
 
 
 def _lane_tries(cap: float, top: float, lo: float, n_run: int) -> list[int]:
