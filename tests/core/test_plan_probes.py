@@ -96,6 +96,21 @@ def test_a_probe_that_would_start_is_dropped_and_the_head_is_planned_as_itself(
 
 
 @pytest.mark.pure_core
+def test_a_head_with_the_least_hint_s_work_is_planned_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe is for more work than the hint's: at exactly the least hint's work the head is
+    planned once, as itself."""
+    _, node, E, rec = _one_running(cpu=2)
+    el = rec.spec.elasticity
+    E._hints[node] = {el: [20.0, 30.0]}
+    calls = _planned(monkeypatch)
+    rec.est = 20.0
+    assert E.width_on(rec, node, 0) == (0.0, 0.0)
+    assert calls == [-1.0] and E._hints == {node: {el: [20.0, 30.0]}}
+
+
+@pytest.mark.pure_core
 def test_probes_are_only_for_session_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A head with others queued behind it, or a node elsewhere, is planned as itself, and
     leaves no hint (its plan weighs more than its own work)."""

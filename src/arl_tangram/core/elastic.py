@@ -458,10 +458,7 @@ class Elastic:
                 # does this one (more work), and every head of at least that work, this
                 # instant; if it would start now, the node has room it had not: the hints go
                 if self.plan(rec, node, 0, math.inf, works[0])[0] == 0.0:
-                    got = self._left_over(node, el, widest)
-                    if got[0] == 0.0:
-                        self._waited[key] = works[0]
-                    return got
+                    return self._left_over(node, el, widest, key, works[0])
                 del hints[el]
         width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
@@ -473,11 +470,7 @@ class Elastic:
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor
-        got = self._left_over(node, el, widest)
-        if got[0] == 0.0 and key is not None:  # (none waited there yet, or only with more work)
-            self._waited[key] = x
-            self._hint(node, el, x)
-        return got
+        return self._left_over(node, el, widest, key, x)
 
     def _hint(self, node: NodeState, el: Elasticity, x: float) -> None:
         """A head of elasticity ``el`` and expected work ``x`` waited on ``node`` by the plan:
@@ -498,12 +491,17 @@ class Elastic:
         if len(works) > _HINTS:
             works.pop()
 
-    def _left_over(self, node: NodeState, el: Elasticity, widest: float) -> tuple[float, float]:
-        """`width_on` where the plan says wait: what the node's elastic actions cannot take of
-        its free CPU (up to ``widest``), if that is the minimum."""
+    def _left_over(self, node: NodeState, el: Elasticity, widest: float,
+                   key: tuple[NodeState, int, Elasticity] | None, x: float) -> tuple[float, float]:
+        """`width_on` where the plan (or a probe at work ``x``) says wait: what the node's
+        elastic actions cannot take of its free CPU (up to ``widest``), if that is the minimum;
+        else a wait, remembered for a session's head (``key``: the memo, and a hint)."""
         left = node.free.get(CPU, 0.0) - self.absorb(node)
         if left >= el.min - 1e-9:
             return (left if left < widest else widest), 0.0
+        if key is not None:  # (none waited there yet, or only with more work)
+            self._waited[key] = x
+            self._hint(node, el, x)
         return 0.0, 0.0
 
     def absorb(self, node: NodeState) -> float:
