@@ -362,7 +362,7 @@ class Elastic:
         if measured is not None:
             top = _useful(el, measured, base, top)
         n_run = len(runs)
-        x = self.st.expected_work(rec) if work < 0.0 else work
+        x = self.st.expected_work(rec) if work < 0.0 else work  # pragma: no mutate (<=: a probe's work is a waited head's, above 0)
         best_lanes = -1
         if behind == 0 and measured is None and elsewhere == math.inf:
             best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
@@ -457,8 +457,8 @@ class Elastic:
                 # the probe: plan as the least head that waited here lately; if that waits, so
                 # does this one (more work), and every head of at least that work, this
                 # instant; if it would start now, the node has room it had not: the hints go
-                if self.plan(rec, node, 0, math.inf, works[0])[0] == 0.0:
-                    return self._left_over(node, el, widest, key, works[0])
+                if self.plan(rec, node, 0, math.inf, works[0])[0] == 0.0:  # pragma: no mutate (its [1]: a plan's floor is its width)
+                    return self._left_over(node, el, widest, free, key, works[0])
                 del hints[el]
         width, floor = self.plan(rec, node, behind, elsewhere)
         if width > 0.0:
@@ -470,7 +470,7 @@ class Elastic:
             if room < width:
                 width = room
             return (width if width >= el.min - 1e-9 else 0.0), floor
-        return self._left_over(node, el, widest, key, x)
+        return self._left_over(node, el, widest, free, key, x)
 
     def _hint(self, node: NodeState, el: Elasticity, x: float) -> None:
         """A head of elasticity ``el`` and expected work ``x`` waited on ``node`` by the plan:
@@ -491,12 +491,12 @@ class Elastic:
         if len(works) > _HINTS:
             works.pop()
 
-    def _left_over(self, node: NodeState, el: Elasticity, widest: float,
+    def _left_over(self, node: NodeState, el: Elasticity, widest: float, free: float,
                    key: tuple[NodeState, int, Elasticity] | None, x: float) -> tuple[float, float]:
         """`width_on` where the plan (or a probe at work ``x``) says wait: what the node's
-        elastic actions cannot take of its free CPU (up to ``widest``), if that is the minimum;
-        else a wait, remembered for a session's head (``key``: the memo, and a hint)."""
-        left = node.free.get(CPU, 0.0) - self.absorb(node)
+        elastic actions cannot take of its ``free`` CPU (up to ``widest``), if that is the
+        minimum; else a wait, remembered for a session's head (``key``: the memo, and a hint)."""
+        left = free - self.absorb(node)
         if left >= el.min - 1e-9:
             return (left if left < widest else widest), 0.0
         if key is not None:  # (none waited there yet, or only with more work)
