@@ -78,6 +78,14 @@ class HeadStream:
         self.need = math.inf
         self.elastic = False
 
+    def bound(self, rec: ActionRecord, elastic_policy: bool) -> None:
+        """The bounds widened to hold head ``rec``: its need, and whether it is elastic."""
+        if rec.elastic and elastic_policy:
+            self.elastic = True
+        need = head_need(rec, elastic_policy)
+        if need < self.need:  # pragma: no mutate (<=: the same value kept)
+            self.need = need
+
 
 class Queues:
     """Every queue of the core: shared-pool shapes, sessions, partitions, models."""
@@ -358,11 +366,7 @@ class Queues:
             stream = self.streams[name] = HeadStream()
         heap = stream.heap
         heapq.heappush(heap, (e[0], e[1], e[2], sid))
-        if rec.elastic and st.elastic_policy:
-            stream.elastic = True
-        need = head_need(rec, st.elastic_policy)
-        if need < stream.need:  # pragma: no mutate (<=: the same value kept)
-            stream.need = need
+        stream.bound(rec, st.elastic_policy)
         if len(heap) > 2 * stream.kept + 32:
             self._rebuild(name, stream)
 
@@ -379,11 +383,7 @@ class Queues:
         stream.elastic = False
         elastic_policy = self.st.elastic_policy
         for rec in live.values():
-            if rec.elastic and elastic_policy:
-                stream.elastic = True
-            need = head_need(rec, elastic_policy)
-            if need < stream.need:  # pragma: no mutate (<=: the same value kept)
-                stream.need = need
+            stream.bound(rec, elastic_policy)
 
     def stream_head(self, name: str, e: Entry) -> ActionRecord | None:
         """The head a `HeadStream` entry ``e`` of node ``name`` stands for, if the entry is
