@@ -111,14 +111,17 @@ def calls_with_waiting(waiting, probes=20):
             core.handle(ev.SessionClosed(t + 0.001 * (i + 1), f"s{2 * i}"))
     return calls(closes) / probes
 
-def plans_per_end(heads, probes=2):
+def plans_per_end(heads, probes=2, aged=False):
     # one node of 16 cores: 16 sessions each with a long elastic test (1-8 cores; 8 run, 8
     # queue), ``heads`` more sessions each with one queued (of the same expected work); then
     # running ones end: each end's pass tries every waiting head on the node. Counted: the
-    # calls of `Elastic.plan` (the fluid model over every elastic action running there)
+    # calls of `Elastic.plan` (the fluid model over every elastic action running there).
+    # ``aged``: the heads aged (1 s), oldest first with the most work (50 s less 0.01 s a
+    # head): each has less work than the last that waited, so the memo answers none of them
     from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, WorkHints
+    aging = {"aging_s": 1.0, "aging_min_s": 1.0} if aged else {}
     core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=16, memory_mb=1 << 20)),)),
-                CoreConfig(policy="tangram", session_ttl_s=1e6))
+                CoreConfig(policy="tangram", session_ttl_s=1e6, **aging))
     el = Elasticity(1, 8, speedup=Speedup(0.9))
     def test(aid, sid, s):
         return ActionSpec(aid, kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=64),
@@ -129,7 +132,7 @@ def plans_per_end(heads, probes=2):
         core.handle(ev.ActionArrived(t, test(f"r{i}", f"s{i}", 100.0 + i)))
     for i in range(heads):
         t += 0.001
-        core.handle(ev.ActionArrived(t, test(f"q{i}", f"h{i}", 50.0)))
+        core.handle(ev.ActionArrived(t, test(f"q{i}", f"h{i}", 50.0 - 0.01 * i if aged else 50.0)))
     count = [0]
     def hook(frame, event, arg):
         if event == "call" and frame.f_code.co_name == "plan":
@@ -139,41 +142,7 @@ def plans_per_end(heads, probes=2):
         count[0] = 0
         sys.setprofile(hook)
         try:
-            core.handle(ev.ActionFinished(t + 1.0 + i, f"r{i}"))
-        finally:
-            sys.setprofile(None)
-        waiting = sum(1 for a in core.st.actions.values() if a.allotment is None)
-        out.append([count[0], waiting])
-    return out
-
-def plans_per_end_aged(heads, probes=2):
-    # as `plans_per_end`, but the heads aged (1 s), oldest first with the most work (50 s less
-    # 0.01 s a head): an end's pass tries them in that order, each with less work than the
-    # last that waited: the memo answers none of them. Counted: the calls of `Elastic.plan`
-    from arl_tangram.core.actions import ActionKind, Elasticity, Speedup, WorkHints
-    core = Core(ClusterSpec((NodeSpec("n0", Resources(cpu=16, memory_mb=1 << 20)),)),
-                CoreConfig(policy="tangram", session_ttl_s=1e6, aging_s=1.0, aging_min_s=1.0))
-    el = Elasticity(1, 8, speedup=Speedup(0.9))
-    def test(aid, sid, s):
-        return ActionSpec(aid, kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=64),
-                          elasticity=el, session=sid, hints=WorkHints(expected_s=s))
-    t = 0.0
-    for i in range(16):
-        t += 0.001
-        core.handle(ev.ActionArrived(t, test(f"r{i}", f"s{i}", 100.0 + i)))
-    for i in range(heads):
-        t += 0.001
-        core.handle(ev.ActionArrived(t, test(f"q{i}", f"h{i}", 50.0 - 0.01 * i)))
-    count = [0]
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "plan":
-            count[0] += 1
-    out = []
-    for i in range(probes):
-        count[0] = 0
-        sys.setprofile(hook)
-        try:
-            core.handle(ev.ActionFinished(t + 2.0 + i, f"r{i}"))
+            core.handle(ev.ActionFinished(t + (2.0 if aged else 1.0) + i, f"r{i}"))
         finally:
             sys.setprofile(None)
         waiting = sum(1 for a in core.st.actions.values() if a.allotment is None)
@@ -236,7 +205,7 @@ elif sys.argv[1] == "waiting":
 elif sys.argv[1] == "heads":
     print(json.dumps([plans_per_end(20), plans_per_end(160)]))
 elif sys.argv[1] == "aged":
-    print(json.dumps([plans_per_end_aged(20), plans_per_end_aged(160)]))
+    print(json.dumps([plans_per_end(20, aged=True), plans_per_end(160, aged=True)]))
 elif sys.argv[1] == "queued":
     print(json.dumps([calls_with_queued(200), calls_with_queued(1600)]))
 elif sys.argv[1] == "herd":
