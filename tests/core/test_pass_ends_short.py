@@ -38,18 +38,19 @@ def _crowded(cpu: float = 2) -> Driver:
     return d
 
 
-def _short(d: Driver, *aids: str) -> _ShortNodes:
+def _short(d: Driver, *aids: str, aged: bool = False) -> _ShortNodes:
     short = _ShortNodes(d.core.scheduling)
     recs = d.core.st.actions
     for aid in aids:
-        short.add(recs[aid].queue_key, recs[aid], _NO_GROUP)
+        short.add(recs[aid].queue_key, recs[aid], _NO_GROUP, aged)
     return short
 
 
 def test_heads_are_counted_per_node_with_their_least_need() -> None:
     d = _crowded()
-    short = _short(d, "a1", "a2")
-    assert (short.others, short.left, short.elastic_left, short.need) == (0, {"n0": 2}, {}, {"n0": 1.0})
+    short = _short(d, "a1", "a2", aged=True)
+    assert (short.others, short.left, short.elastic_left, short.aged_left, short.need) == (
+        0, {"n0": 2}, {}, {"n0": 2}, {"n0": 1.0})
     assert short.all_short(False)  # n0 full (0 free, nothing lendable): 1 core is more than it has
     assert not short.moved and (short.short, short.reserved) == (True, False)
     assert not short.all_short(True)  # an aged head's failure would reserve n0: tried
@@ -58,11 +59,25 @@ def test_heads_are_counted_per_node_with_their_least_need() -> None:
     short.moved = True
     assert short.all_short(True)  # reserved: its failure would change nothing
     recs = d.core.st.actions
-    short.remove(recs["a1"].queue_key, recs["a1"], _NO_GROUP)
+    short.remove(recs["a1"].queue_key, recs["a1"], _NO_GROUP, True)
     assert short.left == {"n0": 1} and short.need == {"n0": 1.0}  # (a lower bound: kept)
-    assert not short.moved
-    short.remove(recs["a2"].queue_key, recs["a2"], _NO_GROUP)
-    assert short.left == {"n0": 0} and short.moved  # (a node fewer to weigh)
+    assert short.aged_left == {"n0": 1} and not short.moved
+    short.remove(recs["a2"].queue_key, recs["a2"], _NO_GROUP, True)
+    assert short.left == {"n0": 0} and short.aged_left == {"n0": 0} and short.moved  # (a node fewer to weigh)
+
+
+def test_the_last_aged_head_of_a_node_popped_lets_an_aged_pop_end_the_pass() -> None:
+    """n0 not reserved: while a1 (aged) is left, an aged pop goes on; once a1 is popped and
+    only a2 (not aged) is left there, n0 need not be reserved (a2's failure marks nothing)."""
+    d = _crowded()
+    recs = d.core.st.actions
+    short = _short(d, "a1", aged=True)
+    short.add(recs["a2"].queue_key, recs["a2"], _NO_GROUP, False)
+    assert (short.left, short.aged_left) == ({"n0": 2}, {"n0": 1})
+    assert not short.all_short(True)
+    short.remove(recs["a1"].queue_key, recs["a1"], _NO_GROUP, True)
+    assert (short.left, short.aged_left, short.moved) == ({"n0": 1}, {"n0": 0}, True)
+    assert short.all_short(True)
 
 
 def test_free_cpu_that_one_head_needs_keeps_the_pass_going() -> None:
@@ -81,14 +96,14 @@ def test_another_entry_left_keeps_the_pass_going() -> None:
     short = _short(d, "a1")
     d.at(0.3).arrive(act("p0", cpu=1, hints=LONG))  # a shared-pool head: it waits too
     rec = d.core.st.actions["p0"]
-    short.add(rec.queue_key, rec, _NO_GROUP)
+    short.add(rec.queue_key, rec, _NO_GROUP, False)
     assert short.others == 1 and short.left == {"n0": 1}
     assert not short.all_short(False)
-    short.remove(rec.queue_key, rec, _NO_GROUP)
+    short.remove(rec.queue_key, rec, _NO_GROUP, False)
     assert short.others == 0 and short.moved
     assert short.all_short(False)
     a1 = d.core.st.actions["a1"]
-    short.add(a1.queue_key, a1, 0)  # a parked group's entry counts as another
+    short.add(a1.queue_key, a1, 0, False)  # a parked group's entry counts as another
     assert short.others == 1 and short.left == {"n0": 1}
 
 
@@ -178,7 +193,7 @@ def test_needs_of_heads_without_cpu_and_of_another_dimension_are_zero() -> None:
     short = _short(d, "x0")
     assert (short.need, short.elastic_left) == ({"n0": 0.0}, {"n0": 1})
     assert not short.all_short(False)
-    short.remove(x0.queue_key, x0, _NO_GROUP)
+    short.remove(x0.queue_key, x0, _NO_GROUP, False)
     assert short.elastic_left == {"n0": 0} and short.left == {"n0": 0}
 
 
@@ -194,10 +209,10 @@ def test_a_node_with_no_heads_left_is_not_weighed() -> None:
     assert "b0" in starts(d.at(0.3).arrive(act("b0", cpu=1, session="s3", hints=LONG)))
     assert starts(d.at(0.4).arrive(act("b1", cpu=2, session="s3", hints=LONG))) == {}  # 1 free
     recs = d.core.st.actions
-    short = _short(d, "a1", "b1")
+    short = _short(d, "a1", "b1", aged=True)
     short.need["n0"] = 1.0  # (as if a 1-core head had been counted there and taken: a lower bound)
     assert not short.all_short(False)  # n0: 1 free, 1 needed
-    short.remove(recs["b1"].queue_key, recs["b1"], _NO_GROUP)
+    short.remove(recs["b1"].queue_key, recs["b1"], _NO_GROUP, True)
     assert short.left == {"n1": 1, "n0": 0} and short.moved
     assert short.all_short(False)  # only n1 is weighed: full
     assert not short.all_short(True)  # (n1 not reserved: an aged head's try would reserve it)
@@ -238,9 +253,81 @@ def test_only_the_first_aged_head_of_a_full_node_is_tried(monkeypatch: pytest.Mo
     assert tried == ["a1", "a2"]
     assert d.core.st.reserved == {"n0": "a2"}
     tried.clear()
-    monkeypatch.setattr(_ShortNodes, "all_short", lambda self, aged: False)  # (the full pass)
+    _full_passes(monkeypatch)
     assert starts(d.at(1e4 + 2).finish("a0")).keys() == {"a2", "a3"}
     assert tried == ["a2", "a3", "a4", "a5", "a6"]  # (each tried: a4-a6 fail on the full node)
+
+
+def _two_full_nodes() -> Driver:
+    """n0 and n1, 3 cores each, full (a0 + b on n0, c0 on n1); five 1-core heads waiting on
+    each, n0's (a2, a4, ..., a10) older than n1's (a3, a5, ..., a11), all aged by a tick."""
+    d = Driver([cpu_node("n0", cpu=3, mem=4096), cpu_node("n1", cpu=3, mem=4096)],
+               policy="tangram", session_ttl_s=1e6)
+    for i in range(12):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=512)))
+    assert {name: sorted(n.sessions, key=lambda s: int(s[1:])) for name, n in d.core.st.nodes.items()} == {
+        "n0": ["s0", "s2", "s4", "s6", "s8", "s10"], "n1": ["s1", "s3", "s5", "s7", "s9", "s11"]}
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=2, session="s0", hints=LONG)))
+    assert "b" in starts(d.at(0.1).arrive(act("b", cpu=1, session="s0", hints=LONG)))
+    assert "c0" in starts(d.at(0.1).arrive(act("c0", cpu=3, session="s1", hints=LONG)))
+    d.at(0.2).arrive(*(act(f"a{i}", cpu=1, session=f"s{i}", hints=LONG) for i in range(2, 12, 2)))
+    d.at(0.3).arrive(*(act(f"a{i}", cpu=1, session=f"s{i}", hints=LONG) for i in range(3, 12, 2)))
+    return d
+
+
+@pytest.mark.pure_core
+@pytest.mark.parametrize("mode", ["settled", "all_short only", "full"])
+def test_a_reserved_full_node_s_aged_heads_are_passed_over_not_tried(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick ages every head: a2 (n0's oldest) fails and reserves n0; n0's four other aged
+    heads would fail and change nothing, but the pass could not end (n1, with aged heads left,
+    not reserved yet): they were each tried before a3 reserved n1. `settled` passes them over;
+    the reservations and what starts next are the same in every form."""
+    d = _two_full_nodes()
+    tried: list[str] = []
+    real = SchedulingPass.try_place
+
+    def counting(self, rec, key):
+        tried.append(rec.spec.id)
+        return real(self, rec, key)
+
+    monkeypatch.setattr(SchedulingPass, "try_place", counting)
+    if mode == "all_short only":
+        monkeypatch.setattr(_ShortNodes, "settled", lambda self, key, rec, g, aged: None)
+    elif mode == "full":
+        _full_passes(monkeypatch)
+    d.at(1e4).tick()
+    assert tried == {"settled": ["a2", "a3"],
+                     "all_short only": ["a2", "a4", "a6", "a8", "a10", "a3"],
+                     "full": ["a2", "a4", "a6", "a8", "a10", "a3", "a5", "a7", "a9", "a11"]}[mode]
+    assert d.core.st.reserved == {"n0": "a2", "n1": "a3"}
+    assert set(starts(d.at(1e4 + 1).finish("b"))) == {"a2"}
+    assert d.core.st.reserved == {"n0": "a4"}
+
+
+def test_settled_answers_a_short_node_once_reserved_for_an_aged_head_and_keeps_it() -> None:
+    d = _two_full_nodes()
+    recs = d.core.st.actions
+    short = _short(d, "a2", "a4", "a3", aged=True)
+    a2, a4, a3 = recs["a2"], recs["a4"], recs["a3"]
+    assert short.settled(a2.queue_key, a2, _NO_GROUP, True) is None  # its try reserves n0
+    assert short.settled(a2.queue_key, a2, _NO_GROUP, False) == "n0"  # (not aged: nothing to mark)
+    assert short.done == {"n0"}
+    assert short.settled(a4.queue_key, a4, _NO_GROUP, True) == "n0"  # (kept for the pass)
+    d.core.st.nodes["n1"].free["cpu"] = 1.0  # (behind the core's back: a3 would fit)
+    d.core.st.reserved["n1"] = "a3"
+    assert short.settled(a3.queue_key, a3, _NO_GROUP, True) is None
+    d.core.st.nodes["n1"].free["cpu"] = 1.0 - 2e-6
+    assert short.settled(a3.queue_key, a3, _NO_GROUP, True) == "n1"
+    assert short.settled(a3.queue_key, a3, 0, True) is None  # a parked group's entry: another
+    assert short.done == {"n0", "n1"}
+
+
+def _full_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass from here tries every head it has (neither ends early nor passes a node)."""
+    monkeypatch.setattr(_ShortNodes, "all_short", lambda self, aged: False)
+    monkeypatch.setattr(_ShortNodes, "settled", lambda self, key, rec, g, aged: None)
 
 
 def _session_flood(seed: int) -> tuple[tuple[tuple[str, Resources], ...], list]:
@@ -281,7 +368,7 @@ def test_passes_it_ends_decide_as_full_passes_on_a_session_flood(
     sessions, arrivals = _session_flood(seed)
     cut = simulate(nodes, arrivals, sessions=sessions, **cfg)
     cut_tries, tried[0] = tried[0], 0
-    monkeypatch.setattr(_ShortNodes, "all_short", lambda self, aged: False)
+    _full_passes(monkeypatch)
     full = simulate(nodes, arrivals, sessions=sessions, **cfg)
     assert len(cut.starts) == 160
     assert cut.stream == full.stream

@@ -62,14 +62,18 @@ class _ShortNodes:
     `try_place` then, as nothing in a pass frees CPU on a node, and change nothing (a rigid
     head: no fit, a reclaim that cannot make room; an elastic one: no width of its minimum)
     once the marks a failure leaves are there: its node reserved, where an aged head is popped
-    (`Placer.reserve_for`), and marked for expansion where a waiting elastic head has CPU free
-    (`try_place`). Not with a standing reserve (`reserve_fraction`: its widths)."""
+    (`Placer.reserve_for`: so each node with aged heads left must be reserved already; one
+    with none left needs no mark, as no try of a head not aged reserves anything), and marked
+    for expansion where a waiting elastic head has CPU free (`try_place`). Not with a standing
+    reserve (`reserve_fraction`: its widths)."""
 
     def __init__(self, sp: SchedulingPass) -> None:
         self.sp = sp
         self.others = 0
         self.left: dict[str, int] = {}  # node -> session heads left that start only there
         self.elastic_left: dict[str, int] = {}  # node -> of those, elastic (the lane rule's)
+        self.aged_left: dict[str, int] = {}  # node -> of those, aged (their tries reserve it)
+        self.done: set[str] = set()  # nodes where every head left fails, changing nothing (`settled`)
         self.need: dict[str, float] = {}  # node -> the least CPU one of them needs (a lower bound)
         self.rest: dict[str, HeadStream] = {}  # node -> its stream, heads left in it (`add_rest`)
         self.moved = True  # (whether `all_short` may answer otherwise than last time)
@@ -82,13 +86,15 @@ class _ShortNodes:
         sess = self.sp.st.sessions.get(key[1])
         return None if sess is None else sess.node
 
-    def add(self, key: QueueKey, rec: ActionRecord, g: int) -> None:
-        """An entry onto the heap."""
+    def add(self, key: QueueKey, rec: ActionRecord, g: int, aged: bool) -> None:
+        """An entry onto the heap (``aged``: its rank is `AGED`)."""
         name = self._node_of(key, rec, g)
         if name is None:
             self.others += 1
             return
         self.left[name] = self.left.get(name, 0) + 1
+        if aged:
+            self.aged_left[name] = self.aged_left.get(name, 0) + 1
         elastic_policy = self.sp.st.elastic_policy
         if rec.elastic and elastic_policy:
             self.elastic_left[name] = self.elastic_left.get(name, 0) + 1
@@ -96,7 +102,7 @@ class _ShortNodes:
         if need < self.need.get(name, math.inf):  # pragma: no mutate (<=: the same value kept)
             self.need[name] = need
 
-    def remove(self, key: QueueKey, rec: ActionRecord, g: int) -> None:
+    def remove(self, key: QueueKey, rec: ActionRecord, g: int, aged: bool) -> None:
         """A popped entry, once `all_short` has weighed it."""
         name = self._node_of(key, rec, g)
         if name is None:
@@ -107,6 +113,11 @@ class _ShortNodes:
         self.left[name] = n
         if n == 0:
             self.moved = True  # (a node fewer to weigh)
+        if aged:
+            n = self.aged_left[name] - 1
+            self.aged_left[name] = n
+            if n == 0:
+                self.moved = True  # (a node fewer that must be reserved)
         if rec.elastic and self.sp.st.elastic_policy:
             self.elastic_left[name] -= 1
 
@@ -123,8 +134,9 @@ class _ShortNodes:
     def all_short(self, aged: bool) -> bool:
         """Whether every entry left, the popped one among them, would fail and change nothing
         (above). An ``aged`` popped head's failure would reserve its node (`Placer.reserve_for`):
-        for it, every node with heads left must already be reserved (a crowded node's first
-        aged head reserves it; the ~100 aged heads behind it were each tried for nothing)."""
+        for it, every node with aged heads left must already be reserved (a crowded node's first
+        aged head reserves it; the ~100 aged heads behind it were each tried for nothing; on
+        two crowded nodes, those of one were tried until the other's were reserved too)."""
         if self.others:
             return False  # pragma: no mutate (None: as false to the pass)
         if self.moved:
@@ -134,39 +146,56 @@ class _ShortNodes:
         return self.short and (self.reserved or not aged)
 
     def _all_reserved(self) -> bool:
-        """Whether every node with heads left is reserved (for one of its aged heads)."""
+        """Whether every node with aged heads left is reserved (for one of them)."""
         reserved = self.sp.st.reserved
-        return all(n <= 0 or name in reserved for name, n in self.left.items())
+        return all(n <= 0 or name in reserved for name, n in self.aged_left.items())
 
     def _weigh(self) -> bool:
-        """Whether every node with heads left is short of CPU for them all. A node where a
+        """Whether every node with heads left is short of CPU for them all (`_short_node`)."""
+        return all(n <= 0 or self._short_node(name) for name, n in self.left.items())
+
+    def _short_node(self, name: str) -> bool:
+        """Whether node ``name`` is short of CPU for every head left there. A node where a
         waiting elastic head has CPU free is short only once marked for expansion
         (`st.expand_at`, what its failed try would do)."""
-        rest = self.rest  # (a stream's node is among `left`'s: its next head is in the heap)
         sp = self.sp
         st = sp.st
-        nodes = st.nodes
-        for name, n in self.left.items():
-            if n <= 0:
-                continue
-            node = nodes[name]
-            if not node.alive:
-                return False  # pragma: no mutate (None: as false to the pass)
-            need = self.need[name]
-            elastic = self.elastic_left.get(name, 0) > 0
-            stream = rest.get(name) if rest else None
-            if stream is not None:
-                if stream.need < need:  # pragma: no mutate (<=: the same value)
-                    need = stream.need
-                elastic = elastic or stream.elastic  # pragma: no mutate (and: a stream's node is dirty, expanded after the pass with or without the mark)
-            free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of sessions has CPU: never the default)
-            if free > 1e-9 and elastic and name not in st.expand_at:  # pragma: no mutate (>=: try_place's edge, 1e-9)
-                return False  # pragma: no mutate (None: as false to the pass)
-            if st.elastic_policy:
-                free += sp.elastic.lendable(node, 0.0)
-            if free + 1e-6 >= need:
-                return False  # pragma: no mutate (None: as false to the pass)
-        return True
+        node = st.nodes[name]
+        if not node.alive:
+            return False  # pragma: no mutate (None: as false to the pass)
+        need = self.need[name]
+        elastic = self.elastic_left.get(name, 0) > 0
+        rest = self.rest  # (a stream's node is among `left`'s: its next head is in the heap)
+        stream = rest.get(name) if rest else None
+        if stream is not None:
+            if stream.need < need:  # pragma: no mutate (<=: the same value)
+                need = stream.need
+            elastic = elastic or stream.elastic  # pragma: no mutate (and: a stream's node is dirty, expanded after the pass with or without the mark)
+        free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of sessions has CPU: never the default)
+        if free > 1e-9 and elastic and name not in st.expand_at:  # pragma: no mutate (>=: try_place's edge, 1e-9)
+            return False  # pragma: no mutate (None: as false to the pass)
+        if st.elastic_policy:
+            free += sp.elastic.lendable(node, 0.0)
+        return free + 1e-6 < need
+
+    def settled(self, key: QueueKey, rec: ActionRecord, g: int, aged: bool) -> str | None:
+        """The node of a popped entry (the popped among the heads left) where it and every
+        head left would fail and change nothing for the rest of the pass: short of CPU for
+        them all (`_short_node`) and, for an ``aged`` head, reserved already (no head not aged
+        is left anywhere behind an aged one: the heap's order). Once so, so until the pass
+        ends: nothing in it frees CPU on a node or unmarks one, and a head comes onto a
+        node's count later only from a start there or from its stream, whose bounds are
+        weighed. None: it must be tried. On two crowded nodes, the aged heads of one, reserved,
+        were each tried while the other's first aged head waited behind them in the order."""
+        name = self._node_of(key, rec, g)
+        if name is None:
+            return None
+        if name in self.done:
+            return name
+        if (aged and name not in self.sp.st.reserved) or not self._short_node(name):
+            return None
+        self.done.add(name)
+        return name
 
 
 class SchedulingPass:
@@ -326,7 +355,7 @@ class SchedulingPass:
         if plain and not groups and self.st.config.reserve_fraction <= 0.0:  # pragma: no mutate (off: the same starts; on with a reserve or parked groups: no test stream differs, see _ShortNodes)
             short = _ShortNodes(self)
             for h in heap:
-                short.add(h[2], h[3], h[4])
+                short.add(h[2], h[3], h[4], h[0] == AGED)
             for i, name in enumerate(streamed):
                 if more[i]:
                     short.add_rest(name, self.queues.streams[name])
@@ -337,7 +366,12 @@ class SchedulingPass:
             if short is not None:
                 if short.all_short(aged == AGED):
                     break  # (this head and every one left would fail, changing nothing: `_ShortNodes`)
-                short.remove(key, rec, g)
+                done = short.settled(key, rec, g, aged == AGED)
+                short.remove(key, rec, g, aged == AGED)
+                if done is not None:  # (not tried; a stream's next is not taken: it rests)
+                    if g < _NO_GROUP:
+                        short.rest_done(done)
+                    continue
                 marks = len(self.st.reserved) + len(self.st.expand_at)  # pragma: no mutate (-: a change missed, fewer ends of the pass, the same starts)
             if local is not None and type(key) is ShapeKey and key not in touched:
                 placed, limit = self.try_local(rec, local, limit)
@@ -351,7 +385,7 @@ class SchedulingPass:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0], _NO_GROUP))
                     if short is not None:
-                        short.add(key, got[0], _NO_GROUP)
+                        short.add(key, got[0], _NO_GROUP, e[0] == AGED)
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
             if short is not None and not placed and len(self.st.reserved) + len(self.st.expand_at) != marks:
@@ -443,7 +477,7 @@ class SchedulingPass:
             g = _NO_GROUP - 1 - i
             heapq.heappush(heap, (e[0], e[1], key, rec, g))
             if short is not None:
-                short.add(key, rec, g)
+                short.add(key, rec, g, e[0] == AGED)
             return True
         return False
 
