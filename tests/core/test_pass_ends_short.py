@@ -306,6 +306,23 @@ def test_a_reserved_full_node_s_aged_heads_are_passed_over_not_tried(
     assert d.core.st.reserved == {"n0": "a4"}
 
 
+def test_a_started_head_s_aged_successor_counts_as_aged() -> None:
+    """s2 runs b and holds a2 and a2b, both aged; b ends: n0's stream hands the pass a2, which
+    starts on b's core (its reservation of n0 goes with it), then a2b, its session's next head
+    (an end touches no queue: not by its key), aged on a full node not reserved: the pass must
+    try it (it reserves n0), not end at it."""
+    d = Driver([cpu_node("n0", cpu=3, mem=4096)], policy="tangram", session_ttl_s=1e6)
+    for i in range(3):
+        d(ev.SessionRequested(0.01 * i, f"s{i}", Resources(memory_mb=512)))
+    assert "a0" in starts(d.at(0.1).arrive(act("a0", cpu=2, session="s0", hints=LONG)))
+    assert "b" in starts(d.at(0.1).arrive(act("b", cpu=1, session="s2", hints=LONG)))
+    d.at(0.2).arrive(act("a2", cpu=1, session="s2", hints=LONG), act("a2b", cpu=1, session="s2", hints=LONG))
+    d.at(1e4).tick()
+    assert d.core.st.reserved == {"n0": "a2"}
+    assert set(starts(d.at(1e4 + 1).finish("b"))) == {"a2"}
+    assert d.core.st.reserved == {"n0": "a2b"}
+
+
 def test_settled_answers_a_short_node_once_reserved_for_an_aged_head_and_keeps_it() -> None:
     d = _two_full_nodes()
     recs = d.core.st.actions

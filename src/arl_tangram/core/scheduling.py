@@ -369,7 +369,7 @@ class SchedulingPass:
                 done = short.settled(key, rec, g, aged == AGED)
                 short.remove(key, rec, g, aged == AGED)
                 if done is not None:  # (not tried; a stream's next is not taken: it rests)
-                    if g < _NO_GROUP:
+                    if g < _NO_GROUP:  # pragma: no mutate (<=: a settled node's rest dropped at a key's entry: it is never drawn again, nor weighed, as settled)
                         short.rest_done(done)
                     continue
                 marks = len(self.st.reserved) + len(self.st.expand_at)  # pragma: no mutate (-: a change missed, fewer ends of the pass, the same starts)
@@ -385,7 +385,7 @@ class SchedulingPass:
                     e = got[1]
                     heapq.heappush(heap, (e[0], e[1], key, got[0], _NO_GROUP))
                     if short is not None:
-                        short.add(key, got[0], _NO_GROUP, e[0] == AGED)
+                        short.add(key, got[0], _NO_GROUP, e[0] == AGED)  # pragma: no mutate (a touched session key's next head after a start: no event both touches a queue and frees CPU on its node -- an end's or a cancel's heads come from the node's stream, checked in tests/core/test_pass_ends_short.py -- so none is aged here)
             elif aged == AGED:
                 self.placer.reserve_for(rec, key)
             if short is not None and not placed and len(self.st.reserved) + len(self.st.expand_at) != marks:
