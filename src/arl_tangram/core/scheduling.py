@@ -181,8 +181,8 @@ class _ShortNodes:
     def settled(self, key: QueueKey, rec: ActionRecord, g: int, aged: bool) -> str | None:
         """The node of a popped entry (the popped among the heads left) where it and every
         head left would fail and change nothing for the rest of the pass: short of CPU for
-        them all (`_short_node`) and, for an ``aged`` head, reserved already (no head not aged
-        is left anywhere behind an aged one: the heap's order). Once so, so until the pass
+        them all (`_short_node`) and, for an ``aged`` head, reserved already (a head not aged
+        is popped only once no aged head is left anywhere: the heap's order). Once so, so until the pass
         ends: nothing in it frees CPU on a node or unmarks one, and a head comes onto a
         node's count later only from a start there or from its stream, whose bounds are
         weighed. None: it must be tried. On two crowded nodes, the aged heads of one, reserved,
