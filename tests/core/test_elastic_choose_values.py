@@ -330,6 +330,36 @@ def test_the_first_two_nodes_to_free_a_full_width() -> None:
     assert el._first_two_full([], 4.0) == (math.inf, math.inf, "")
 
 
+def test_a_head_that_would_start_narrow_waits_for_a_full_width_off_the_candidates() -> None:
+    """Six full 4-core nodes: five run 40 s of work, n5 one 1 s (at 4 cores, speed 1 / (0.1 +
+    0.9 / 4): 0.325 s). The candidates are four full nodes (n0-n3), each expected to free its
+    four cores in ~13 s; sharing n0 (q at 2, a0 shrunk to 2) beats waiting that long, but n5,
+    not a candidate, frees them in 0.225 s from q's arrival: q waits for it (issue 39:
+    grpo-siblings' long tests shared a node while a short one's node was about to free)."""
+    d = Driver([cpu_node(f"n{i}", cpu=4) for i in range(6)], policy="tangram")
+    for i in range(6):
+        d.arrive(elastic(f"a{i}", 1, 4, p=0.9, hints=WorkHints(expected_s=1.0 if i == 5 else 40.0)))
+    assert {k: (r.node, r.width) for k, r in d.core.actions.items()} == {
+        f"a{i}": (f"n{i}", 4.0) for i in range(6)
+    }
+    assert cpu_commands(d.at(0.1).arrive(elastic("q", 1, 4, p=0.9, hints=WorkHints(expected_s=8.0)))) == []
+    el, q = d.core.elastic, d.core.actions["q"]
+    cands = el._candidates(q)[0]
+    assert [n.name for n in cands] == ["n0", "n1", "n2", "n3"]
+    assert el._first_two_full(cands, 4.0)[2] == "n0"  # (all four alike: the first)
+    first, second, node = el._first_two_full(el._all_fitting(q), 4.0)
+    assert node == "n5" and first == pytest.approx(0.225)
+    assert second == pytest.approx(40.0 * 0.325 - 0.1)
+    # only the candidates' own first full width in view: q starts at 2 on n0
+    assert el._fastest(q, cands, 0, 8.0, *el._first_two_full(cands, 4.0))[0:3:2] == (
+        d.core.nodes["n0"],
+        2.0,
+    )
+    out = d.at(0.325).finish("a5")
+    assert cpu_commands(out) == [("start", "q", 4.0)]
+    assert (q.node, q.width) == ("n5", 4.0)
+
+
 def test_an_elastic_head_goes_to_the_node_warm_for_its_own_kind() -> None:
     # n0 warm for python only, n1 with one executor warm for tests: n1 saves the cold start
     d = Driver([cpu_node("n0", cpu=4), cpu_node("n1", cpu=4)], policy="tangram")

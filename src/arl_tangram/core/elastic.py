@@ -566,7 +566,10 @@ class Elastic:
         sandboxes stay resident) plus its run at the width it gets there (`width_on`),
         among the few nodes with the most free CPU and the few warm for it that fit its other
         dimensions; when that is a cold start, it waits instead for a node warm for it that is
-        expected to free its full width sooner. Decides only (`validate` asks it too)."""
+        expected to free its full width sooner. Waiting there is waiting for the first of the
+        candidates to free its full width (`_first_two_full`), and where it would start narrower
+        than that, for the first node of the pool to (the candidates of a full pool are any
+        few of its nodes, not those about to free). Decides only (`validate` asks it too)."""
         names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
         n = len(names) if names else 1
         queued = self.queues.queued_elastic() - 1  # (this head is still queued)
@@ -575,12 +578,39 @@ class Elastic:
         el = rec.spec.elasticity
         assert el is not None
         first, second, first_node = self._first_two_full(cands, el.max)
+        x = self.st.expected_work(rec)
+        best, best_t, best_w, best_floor, best_cold = self._fastest(rec, cands, behind, x, first,
+                                                                    second, first_node)
+        if best is not None and best_w < (el.max if el.max < best.cap.get(CPU, 0.0)
+                                          else best.cap.get(CPU, 0.0)) - 1e-9:
+            # it would start narrow: waiting is waiting for the first full width on any node of
+            # the pool, not only on the few candidates (all full, they may be the last to free)
+            gfirst, gsecond, gnode = self._first_two_full(self._all_fitting(rec), el.max)
+            if gfirst < first - 1e-12:
+                best, best_t, best_w, best_floor, best_cold = self._fastest(
+                    rec, cands, behind, x, gfirst, gsecond, gnode)
+        if best is None:
+            return None, 0.0, 0.0, cands
+        cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
+        if (best_cold and cold > 0.0 and ws and not self.overdue(rec)
+                and self._warm_sooner(rec, best, ws, x, best_t)):
+            return None, -1.0, 0.0, cands  # it waits for the warm node (a finish there retries it)
+        return best, best_w, best_floor, cands
+
+    def _fastest(self, rec: ActionRecord, cands: list[NodeState], behind: int, x: float,
+                 first: float, second: float, first_node: str,
+                 ) -> tuple[NodeState | None, float, float, float, bool]:
+        """Of ``cands``, where ``rec`` (expected work ``x``) finishes first if it starts now,
+        waiting elsewhere being a full width ``first`` seconds from now on ``first_node``
+        (``second`` for that node itself): ``(node, time, width, floor, cold)``, node None
+        where it waits on every candidate."""
+        el = rec.spec.elasticity
+        assert el is not None
         best: NodeState | None = None
         best_t = math.inf
         best_w = 0.0
         best_floor = 0.0
         best_cold = False
-        x = self.st.expected_work(rec)
         cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
         wkey = rec.wkey
         for node in cands:
@@ -597,12 +627,15 @@ class Elastic:
             t = (0.0 if warm else cold) + x / max(speed, 1e-9)
             if t < best_t - 1e-12 or (t <= best_t + 1e-12 and width > best_w):
                 best, best_t, best_w, best_floor, best_cold = node, t, width, floor, not warm
-        if best is None:
-            return None, 0.0, 0.0, cands
-        if (best_cold and cold > 0.0 and ws and not self.overdue(rec)
-                and self._warm_sooner(rec, best, ws, x, best_t)):
-            return None, -1.0, 0.0, cands  # it waits for the warm node (a finish there retries it)
-        return best, best_w, best_floor, cands
+        return best, best_t, best_w, best_floor, best_cold
+
+    def _all_fitting(self, rec: ActionRecord) -> list[NodeState]:
+        """Every node of the free index (alive, in the shared pool) not reserved that fits
+        ``rec`` besides CPU."""
+        nodes, reserved = self.st.nodes, self.st.reserved
+        shape = rec.shape
+        return [nodes[name] for bucket in self.st.index.buckets_down() for name in bucket
+                if name not in reserved and fits_besides_cpu(nodes[name], shape)]
 
     def _candidates(self, rec: ActionRecord) -> tuple[list[NodeState], dict[str, None] | None]:
         """The nodes ``choose`` weighs for ``rec``: the few with the most free CPU that fit its
