@@ -567,9 +567,10 @@ class Elastic:
         among the few nodes with the most free CPU and the few warm for it that fit its other
         dimensions; when that is a cold start, it waits instead for a node warm for it that is
         expected to free its full width sooner. Waiting there is waiting for the first of the
-        candidates to free its full width (`_first_two_full`), and where it would start narrower
-        than that, for the first node of the pool to (the candidates of a full pool are any
-        few of its nodes, not those about to free). Decides only (`validate` asks it too)."""
+        candidates to free its full width (`_first_two_full`; the second, for that node itself),
+        and where it would start narrower than that, for the first (and second) of every node of
+        the pool that fits it: the candidates of a full pool are any few of its nodes, not those
+        about to free. Decides only (`validate` asks it too)."""
         names = self.warm.cpu_nodes()  # (the queue's elastic actions spread over them)
         n = len(names) if names else 1
         queued = self.queues.queued_elastic() - 1  # (this head is still queued)
@@ -581,14 +582,14 @@ class Elastic:
         x = self.st.expected_work(rec)
         best, best_t, best_w, best_floor, best_cold = self._fastest(rec, cands, behind, x, first,
                                                                     second, first_node)
-        if best is not None and best_w < (el.max if el.max < best.cap.get(CPU, 0.0)
-                                          else best.cap.get(CPU, 0.0)) - 1e-9:
+        cap = best.cap.get(CPU, 0.0) if best is not None else 0.0
+        if best is not None and best_w < (el.max if el.max < cap else cap) - 1e-9:  # pragma: no mutate (at its full width it starts now: no wait elsewhere beats that, the scan only costs)
             # it would start narrow: waiting is waiting for the first full width on any node of
             # the pool, not only on the few candidates (all full, they may be the last to free)
-            gfirst, gsecond, gnode = self._first_two_full(self._all_fitting(rec), el.max)
-            if gfirst < first - 1e-12:
+            pool = self._first_two_full(self._all_fitting(rec), el.max)
+            if pool != (first, second, first_node):
                 best, best_t, best_w, best_floor, best_cold = self._fastest(
-                    rec, cands, behind, x, gfirst, gsecond, gnode)
+                    rec, cands, behind, x, *pool)
         if best is None:
             return None, 0.0, 0.0, cands
         cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
