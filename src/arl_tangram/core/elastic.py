@@ -582,7 +582,7 @@ class Elastic:
         x = self.st.expected_work(rec)
         best, best_t, best_w, best_floor, best_cold = self._fastest(rec, cands, behind, x, first,
                                                                     second, first_node)
-        cap = best.cap.get(CPU, 0.0) if best is not None else 0.0
+        cap = best.cap.get(CPU, 0.0) if best is not None else 0.0  # pragma: no mutate (a candidate has CPU; None is not read)
         if best is not None and best_w < (el.max if el.max < cap else cap) - 1e-9:  # pragma: no mutate (at its full width it starts now: no wait elsewhere beats that, the scan only costs)
             # it would start narrow: waiting is waiting for the first full width on any node of
             # the pool, not only on the few candidates (all full, they may be the last to free)
@@ -592,7 +592,7 @@ class Elastic:
                     rec, cands, behind, x, *pool)
         if best is None:
             return None, 0.0, 0.0, cands
-        cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s
+        cold = 0.0 if self.st.resident else self.st.config.sandbox_cold_s  # pragma: no mutate (only tangram places here, never resident: policies.py)
         if (best_cold and cold > 0.0 and ws and not self.overdue(rec)
                 and self._warm_sooner(rec, best, ws, x, best_t)):
             return None, -1.0, 0.0, cands  # it waits for the warm node (a finish there retries it)
