@@ -17,8 +17,9 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
 - ``wait``: both, ``share: 0.5`` each, lent CPU not taken back (``scheduler: {lend_floor:
   1.0}``): alice's share comes back as carol's loops end;
 - ``fair``: both, ``share: 0.5`` each, the default: lent CPU taken back at once (carol's
-  running loops' CPU quotas lowered, core/lending.py, and their CPU weight set to the kernel's
-  least, `CpuManagerConfig.squeezed_weight`, so that they yield within the quota's period);
+  running loops' CPU quotas lowered, core/lending.py, their CPU weight set to the kernel's
+  least, `CpuManagerConfig.squeezed_weight`, so that they yield within the quota's period, and
+  their threads pinned to the last CPU while squeezed, `CpuManagerConfig.squeezed_cpus`);
 - ``fair-quota``: as ``fair`` with ``squeezed_weight: 1.0`` (the quotas lowered, the weights
   left as any action's: what ``fair`` was before the weight);
 - ``fair-cp``: as ``fair`` with ``sandbox_weight: 1/16`` (the sandboxes' cgroup tree weighs
@@ -29,10 +30,13 @@ loops, alice ``--short`` ``print(1)`` ``--after`` seconds later, each through
   yield to the service's own processes too, not only inside the tree);
 - ``fair-ant``: as ``fair`` with ``scheduler: {lend_anticipation_s: 0.02}`` (anticipation: the
   CPU alice's action took back stays hers 20 ms past its end, so that her next action starts on
-  it with no squeeze of carol's loops and no regrowth in between; core/lending.py).
+  it with no squeeze of carol's loops and no regrowth in between; core/lending.py);
+- ``fair-spread``: as ``fair`` with ``squeezed_cpus: false`` (carol's squeezed loops keep
+  running on every CPU, capped by their quotas and yielding by their weight: what ``fair`` was
+  before 2026-12-03).
 
 The ``fair`` options combine: ``fair-ant-ent`` is ``fair`` with both ``fair-ant``'s and
-``fair-ent``'s settings (any of ``quota``, ``cp``, ``ent``, ``ant`` after ``fair-``).
+``fair-ent``'s settings (any of ``quota``, ``cp``, ``ent``, ``ant``, ``spread`` after ``fair-``).
 
 The floors (``alone``, ``share``, ``share-node``) keep eight sandboxes warm (``warm_min: 8``,
 since 2026-11-30 07:00 UTC): with the service's 2, they started most of alice's actions cold
@@ -77,7 +81,8 @@ def _port() -> int:
 
 def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
             weight: float | None = None, sandbox_weight: float | None = None,
-            warm_min: int = 2, entitled: bool = False, anticipation: float = 0.0) -> Path:
+            warm_min: int = 2, entitled: bool = False, anticipation: float = 0.0,
+            spread: bool = False) -> Path:
     extra = ", share: 0.5" if shares else ""
     cfg = d / "service.yaml"
     sched = {**({} if lend else {"lend_floor": 1.0}),
@@ -93,6 +98,7 @@ def _config(d: Path, shares: bool, lend: bool = True, cpus: float | None = None,
                    + (f", squeezed_weight: {weight:g}" if weight is not None else "")
                    + (f", sandbox_weight: {sandbox_weight:g}" if sandbox_weight is not None else "")
                    + (", entitled_tree_weight: true" if entitled else "")
+                   + (", squeezed_cpus: false" if spread else "")
                    + "}\n")
     return cfg
 
@@ -142,7 +148,7 @@ def one(mode: str, flood: int, short: int, after: float,
                       weight=1.0 if "quota" in opts else None,
                       sandbox_weight=1 / 16 if "cp" in opts else None,
                       warm_min=8 if floor else 2, entitled="ent" in opts,
-                      anticipation=0.02 if "ant" in opts else 0.0)
+                      anticipation=0.02 if "ant" in opts else 0.0, spread="spread" in opts)
         # `share`: the service and its children (affinity is inherited) on one CPU
         one_cpu = {min(os.sched_getaffinity(0))}
         pin = (lambda: os.sched_setaffinity(0, one_cpu)) if mode == "share" else None

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from arl_tangram.managers.cpu.host import cgroups
-from arl_tangram.managers.cpu.host.cgroups import CgroupTree, Slot
+from arl_tangram.managers.cpu.host.cgroups import CgroupTree, Slot, squeezed_cpus
 
 MiB = 1 << 20
 V1 = "/sys/fs/cgroup"
@@ -1119,3 +1119,17 @@ def test_v1_reset_zeroes_the_cpu_counter_and_takes_no_base(tmp_path: Path) -> No
         assert s.cpu_base_ns == 0  # v1 zeroes the counter: its base is 0, never read back
     finally:
         s.close()
+
+
+def test_the_squeezed_share_the_last_cpus_their_quotas_need() -> None:
+    four = [0, 1, 2, 3]
+    assert squeezed_cpus(four, 0.5) == [3]
+    assert squeezed_cpus(four, 1.0) == [3]  # (whole: no second CPU for rounding)
+    assert squeezed_cpus(four, 1.0 + 1e-12) == [3]
+    assert squeezed_cpus(four, 1.25) == [2, 3]
+    assert squeezed_cpus(four, 3.0) == [1, 2, 3]
+    assert squeezed_cpus(four, 3.5) is None  # (no CPU left free of them: no confinement)
+    assert squeezed_cpus(four, 0.0) == [3]  # (at least one)
+    assert squeezed_cpus([0, 1], 1.0) == [1]
+    assert squeezed_cpus([0, 1], 1.5) is None
+    assert squeezed_cpus([5], 0.25) is None

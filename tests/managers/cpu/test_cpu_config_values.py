@@ -42,6 +42,7 @@ def test_defaults():
         "squeezed_weight": 0.0,
         "sandbox_weight": 1.0,
         "entitled_tree_weight": False,
+        "squeezed_cpus": True,
         "pids_max": 256,
         "default_compile_timeout_s": 30.0,
         "default_run_timeout_s": 10.0,

@@ -78,6 +78,13 @@ class CpuManagerConfig:
     # here, so that a squeezed loop yields to the control plane starting the action it made
     # room for. Back to `sandbox_weight`'s one busy task per core when none is squeezed.
     entitled_tree_weight: bool = False
+    # While lent CPU is taken back from running actions (their quota below the cores they
+    # started with), they share whole CPUs of their own: the last ceil(their quotas) of the
+    # manager's (each thread's CPU affinity, `host/cgroups.pin`), so that the CPUs left are
+    # the owed tenant's and the service's own, as her share of the machine would be, not CPUs
+    # a squeezed loop also runs on. Back to every CPU when they grow back or end. Off, or where
+    # no CPU would be left free of them: quota and weight alone.
+    squeezed_cpus: bool = True
     # Maximum number of processes/threads inside one sandbox (cgroup pids.max).
     pids_max: int = 256
     # Default timeouts (seconds) when the payload gives none; and the hard upper bounds.

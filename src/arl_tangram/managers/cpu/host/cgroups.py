@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import signal
 import time
@@ -508,3 +509,30 @@ class CgroupTree:
                                     "manager removes it)", base, e)
                         break
                     time.sleep(0.02)
+
+
+def squeezed_cpus(allowed: list[int], cores: float) -> list[int] | None:
+    """The CPUs the squeezed actions of a node share, whose quotas sum to ``cores``: the last
+    ``ceil(cores)`` (at least one) of the ``allowed`` ones, so that the rest are whole CPUs the
+    others run on without them; None (no confinement) where that leaves no CPU free of them."""
+    k = max(1, math.ceil(cores - 1e-9))
+    return allowed[-k:] if k < len(allowed) else None
+
+
+def pin(slot: Slot, cpus: set[int]) -> int:
+    """Every thread of ``slot`` now runs on ``cpus`` only (`sched_setaffinity` per thread: no
+    cgroup lock, a few microseconds each); how many were pinned. One that ended meanwhile is
+    skipped; its later children and threads inherit the mask."""
+    name = "tasks" if slot.version == "v1" else "cgroup.threads"
+    try:
+        tids = _read(f"{slot.dirs['cpu']}/{name}").split()
+    except OSError:
+        return 0
+    n = 0
+    for t in tids:
+        try:
+            os.sched_setaffinity(int(t), cpus)
+            n += 1
+        except (OSError, ValueError):  # (ESRCH: it ended)
+            pass
+    return n

@@ -39,7 +39,7 @@ from ..images import layers
 from ..images.layers import Layer, LayerStore
 from ..images.store import Image, ImageError, ImageStore
 from . import direct, isolation, languages, overlay, payload, userns
-from .cgroups import CgroupTree
+from .cgroups import CgroupTree, pin, squeezed_cpus
 from .payload import SandboxRequest
 from .pool import Sandbox, WarmPool
 from .sessions import SessionTable
@@ -82,6 +82,10 @@ class CpuManager:
         self._langs: dict[str, languages.Language] = {}
         self._report: dict[str, bool | str] = {}
         self._cgroups: CgroupTree | None = None
+        # squeezed actions on CPUs of their own (`squeezed_cpus`): the sandboxes pinned, and to
+        # which CPUs (empty: not pinned)
+        self._confined: dict[str, Sandbox] = {}
+        self._pinned: tuple[int, ...] = ()
         self._pool: WarmPool | None = None
         self._running: dict[str, Sandbox] = {}  # action -> its sandbox, once it has one
         # action -> its CPU quota in cores, from `run` to its end; a resize that comes before
@@ -302,6 +306,8 @@ class CpuManager:
             self._quota.pop(action.id, None)
             self._started.pop(action.id, None)
             self._reweigh()
+            if self._confined:  # (its end: back, and the rest on as few CPUs as they need)
+                self._reconfine()
 
     async def _run_pooled(self, action: ActionSpec, req: SandboxRequest, mem: int) -> RunResult:
         """A one-shot action in a sandbox of the warm pool."""
@@ -369,6 +375,38 @@ class CpuManager:
                 entitled += q
         self._cgroups.set_cores(entitled if squeezed else None)
 
+    def _reconfine(self) -> None:
+        """`squeezed_cpus`: the running actions squeezed below the cores they started with
+        share the last ``ceil(their quotas)`` CPUs of the manager's (`cgroups.squeezed_cpus`),
+        each pinned there (`cgroups.pin`) when it is squeezed or the set changes; those no
+        longer squeezed run on every CPU again. Called where a squeeze can begin or end: a
+        resize applied, a sandbox given its quota, an action's end."""
+        if not self.config.squeezed_cpus or self._cgroups is None:
+            return
+        squeezed = {a: q for a, q in self._quota.items()
+                    if a in self._running and self._squeezed(a, q)}
+        allowed = sorted(os.sched_getaffinity(0))
+        cpus = tuple(squeezed_cpus(allowed, sum(squeezed.values())) or ()) if squeezed else ()
+        for a in [a for a in self._confined if not cpus or a not in squeezed]:
+            self._unconfine(a, allowed)
+        if not cpus:
+            self._pinned = ()
+            return
+        for a in squeezed:
+            sb = self._running[a]
+            if (a not in self._confined or cpus != self._pinned) and sb.slot is not None \
+                    and not sb.dead:
+                pin(sb.slot, set(cpus))
+                self._confined[a] = sb
+        self._pinned = cpus
+
+    def _unconfine(self, action_id: str, allowed: list[int]) -> None:
+        """``action_id``'s sandbox on every CPU again (a session's outlives its action; a
+        one-shot one killed already has nothing to pin)."""
+        sb = self._confined.pop(action_id, None)
+        if sb is not None and sb.slot is not None and not sb.dead:
+            pin(sb.slot, set(allowed))
+
     def quota_of(self, action_id: str, default: float) -> float:
         """``action_id``'s CPU quota in cores now (a resize that came while it waited for its
         sandbox included); ``default`` when it has none here."""
@@ -395,6 +433,8 @@ class CpuManager:
             sb.set_limits(quota, mem, self.weight_of(action_id, quota))
         except OSError as e:
             return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
+        if self.config.squeezed_cpus and self._squeezed(action_id, quota):
+            self._reconfine()  # (squeezed before it had a sandbox)
         n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
         budget = Timeouts(req["compile_timeout"], req["run_timeout"], req.get("total_timeout")
                           ).reply_budget_s(n, req["limits"]["cpus"])
@@ -451,6 +491,7 @@ class CpuManager:
             sb.set_limits(cpus, sb.memory, self.weight_of(action_id, cpus))
         except OSError:
             return "dropped"
+        self._reconfine()
         return "applied"
 
     async def _run_in_image(self, action: ActionSpec, req: SandboxRequest, mem: int,
