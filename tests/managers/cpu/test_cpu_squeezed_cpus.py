@@ -200,6 +200,36 @@ async def test_a_squeeze_before_its_sandbox_is_pinned_when_it_registers(two_cpus
         await m.aclose()
 
 
+async def test_two_managers_of_one_process_never_pin_to_the_same_cpus(two_cpus: list[int]) -> None:
+    """A local executor's nodes share the machine's CPUs: the second manager's squeezed action
+    is not pinned onto the CPU the first pinned its own to (nor onto the last one left), so
+    neither gets less than its quota for the other's sake; once the first's ends, it is."""
+    if len(two_cpus) != 2:
+        pytest.skip("the counts below are those of two CPUs")
+    m1, m2 = CpuManager(CpuManagerConfig(warm_min=0)), CpuManager(CpuManagerConfig(warm_min=0))
+    await m1.start()
+    await m2.start()
+    try:
+        a, b = _spec(_SLEEP), _spec(_SLEEP)
+        ra = asyncio.create_task(m1.run(a, allot(cpu=1)))
+        rb = asyncio.create_task(m2.run(b, allot(cpu=1)))
+        sa, sb = await _registered(m1, a.id), await _registered(m2, b.id)
+        assert await m1.resize(a.id, allot(cpu=0.5)) == "applied"
+        assert await m2.resize(b.id, allot(cpu=0.5)) == "applied"
+        assert (m1._pinned, m2._pinned) == ((two_cpus[-1],), ())
+        assert (_allowed(sa), _allowed(sb)) == ({(two_cpus[-1],)}, {tuple(two_cpus)})
+        await m1.cancel(a.id)
+        await ra
+        assert m1._pinned == ()
+        assert await m2.resize(b.id, allot(cpu=0.4)) == "applied"  # (its next change: pinned)
+        assert m2._pinned == (two_cpus[-1],) and _allowed(sb) == {(two_cpus[-1],)}
+        await m2.cancel(b.id)
+        await rb
+    finally:
+        await m1.aclose()
+        await m2.aclose()
+
+
 async def test_off_nothing_moves(two_cpus: list[int]) -> None:
     m = CpuManager(CpuManagerConfig(warm_min=0, squeezed_cpus=False))
     await m.start()

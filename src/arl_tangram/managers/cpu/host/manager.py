@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import socket
+import weakref
 from typing import Any
 
 from arl_tangram.core.actions import ActionSpec
@@ -50,6 +51,9 @@ POOL_KEY = "sandbox"  # every language shares one kind of warm sandbox
 log = logging.getLogger(__name__)
 
 TAKE_RETRIES = 3  # an action whose sandbox never came because the fork server died: asked again
+# The managers of this process (a local executor's nodes share its machine's CPUs): the CPUs
+# one pins its squeezed actions to are not another's to pin to (`CpuManager._reconfine`).
+_MANAGERS: weakref.WeakSet[CpuManager] = weakref.WeakSet()
 
 
 def _raise_open_files() -> None:
@@ -111,6 +115,7 @@ class CpuManager:
         _raise_open_files()
         self._langs = await languages.detect()
         self._cgroups = CgroupTree(cfg.sandbox_weight)
+        _MANAGERS.add(self)
         fork = self.fork
         fork.start_reaper(sorted(set(self._cgroups.bases.values())))
         zcfg = self._fork_server_config()
@@ -249,6 +254,8 @@ class CpuManager:
 
     async def aclose(self) -> None:
         self._closed = self.sessions.closed = True
+        _MANAGERS.discard(self)
+        self._pinned = ()
         await self.fork.stop()
         await self.sessions.aclose()
         if self._pool is not None:
@@ -377,7 +384,8 @@ class CpuManager:
 
     def _reconfine(self) -> None:
         """`squeezed_cpus`: the running actions squeezed below the cores they started with
-        share the last ``ceil(their quotas)`` CPUs of the manager's (`cgroups.squeezed_cpus`),
+        share the last ``ceil(their quotas)`` CPUs of the manager's (`cgroups.squeezed_cpus`;
+        not those another manager of this process pins its own to),
         each pinned there (`cgroups.pin`) when it is squeezed or the set changes; those no
         longer squeezed run on every CPU again. Called where a squeeze can begin or end: a
         resize applied, a sandbox given its quota, an action's end."""
@@ -386,7 +394,11 @@ class CpuManager:
         squeezed = {a: q for a, q in self._quota.items()
                     if a in self._running and self._squeezed(a, q)}
         allowed = sorted(os.sched_getaffinity(0))
-        cpus = tuple(squeezed_cpus(allowed, sum(squeezed.values())) or ()) if squeezed else ()
+        cpus: tuple[int, ...] = ()
+        if squeezed:  # (on CPUs no other manager of this process pins to, one of them left)
+            taken = {c for m in _MANAGERS if m is not self for c in m._pinned}
+            free = [c for c in allowed if c not in taken]
+            cpus = tuple(squeezed_cpus(free, sum(squeezed.values())) or ())
         for a in [a for a in self._confined if not cpus or a not in squeezed]:
             self._unconfine(a, allowed)
         if not cpus:
