@@ -1133,3 +1133,26 @@ def test_the_squeezed_share_the_last_cpus_their_quotas_need() -> None:
     assert squeezed_cpus([0, 1], 1.0) == [1]
     assert squeezed_cpus([0, 1], 1.5) is None
     assert squeezed_cpus([5], 0.25) is None
+
+
+def test_pin_sets_each_listed_thread_and_skips_the_gone(tmp_path: Path) -> None:
+    """`pin` reads the slot's threads (v1 ``tasks``, v2 ``cgroup.threads``), sets each one's
+    CPUs, skips one that ended (and a line that is no thread), and counts what it pinned; a
+    slot whose files are gone pins nothing."""
+    cpus = sorted(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for version, name in (("v1", "tasks"), ("v2", "cgroup.threads")):
+            d = tmp_path / version
+            d.mkdir()
+            (d / name).write_text(f"{child.pid}\n999999999\nx\n")
+            slot = Slot(name="s1", version=version, dirs={"cpu": str(d)})
+            assert cgroups.pin(slot, {cpus[-1]}) == 1
+            assert os.sched_getaffinity(child.pid) == {cpus[-1]}
+            assert cgroups.pin(slot, set(cpus)) == 1
+            assert os.sched_getaffinity(child.pid) == set(cpus)
+        gone = Slot(name="s9", version="v1", dirs={"cpu": str(tmp_path / "gone")})
+        assert cgroups.pin(gone, {cpus[-1]}) == 0
+    finally:
+        child.kill()
+        child.wait()
