@@ -739,6 +739,38 @@ def test_weight_of() -> None:
     assert m.weight_of("b", 1.0) == 1.0  # (not started here)
 
 
+def test_reconfine_pins_the_squeezed_to_the_last_cpus_they_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_reconfine` on four CPUs (the pins recorded, not made): each newly squeezed action is
+    pinned once; when their quotas need another CPU every confined one is pinned again to the
+    new set; grown back, it goes back to every CPU; none squeezed, nothing is pinned."""
+    m, _ = _mgr()
+    m._cgroups = object()  # type: ignore[assignment]
+    pins: list[tuple[str, set[int]]] = []
+    monkeypatch.setattr(M.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(M, "pin", lambda slot, cpus: pins.append((slot, set(cpus))))
+    a, b = _Sb(slot="slot-a"), _Sb(slot="slot-b")
+    m._running.update(a=a, b=b)  # type: ignore[dict-item]
+    m._started.update(a=1.0, b=1.0)
+    m._quota.update(a=0.5, b=1.0)
+    m._reconfine()
+    assert (pins, m._pinned, set(m._confined)) == ([("slot-a", {3})], (3,), {"a"})
+    m._quota["b"] = 0.5  # (1.0 core squeezed: the same CPU)
+    m._reconfine()
+    assert (pins[1:], m._pinned) == ([("slot-b", {3})], (3,))
+    m._quota["b"] = 0.75  # (1.25 cores: two CPUs, both pinned again)
+    m._reconfine()
+    assert (sorted(pins[2:]), m._pinned) == ([("slot-a", {2, 3}), ("slot-b", {2, 3})], (2, 3))
+    m._quota["a"] = 1.0  # (a grown back: every CPU; b alone needs one)
+    m._reconfine()
+    assert (pins[4:], m._pinned, set(m._confined)) == (
+        [("slot-a", {0, 1, 2, 3}), ("slot-b", {3})], (3,), {"b"})
+    m._quota["b"] = 1.0
+    m._reconfine()
+    assert (pins[6:], m._pinned, m._confined) == ([("slot-b", {0, 1, 2, 3})], (), {})
+    m._reconfine()
+    assert len(pins) == 7
+
+
 def test_quota_of() -> None:
     m, _ = _mgr()
     assert m.quota_of("a", 1.25) == 1.25
