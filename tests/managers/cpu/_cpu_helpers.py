@@ -8,6 +8,8 @@ import os
 
 from arl_tangram.core.actions import ActionKind, ActionSpec
 from arl_tangram.core.resources import Resources
+from arl_tangram.managers.cpu import CpuManager
+from arl_tangram.managers.cpu.host.pool import Sandbox
 
 TEST_UID = 61000 + os.getpid() % 2000  # private uid: leftovers of *this* run are findable
 # ... and the private range of host ids the sandboxes of *this* run's managers take theirs from
@@ -25,6 +27,16 @@ def action(code: str, *, kind: ActionKind = ActionKind.CODE, session: str | None
 
 def allot(cpu: float = 1, memory_mb: float = 256) -> Resources:
     return Resources(cpu=cpu, memory_mb=memory_mb)
+
+
+async def registered(m: CpuManager, action_id: str) -> Sandbox:
+    """The sandbox ``action_id`` runs in, once the manager has registered it (up to ~20 s)."""
+    for _ in range(4000):
+        sb = m._running.get(action_id)
+        if sb is not None:
+            return sb
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{action_id} never got its sandbox")
 
 
 def procs_of_uid(uid: int, count: int = 1) -> list[int]:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 from _cpu_fixture import mgr  # noqa: F401
-from _cpu_helpers import action, allot
+from _cpu_helpers import action, allot, registered
 
 from arl_tangram.managers.cpu import CpuManager
 from arl_tangram.managers.cpu.host.cgroups import Slot
-from arl_tangram.managers.cpu.host.pool import WARMING_WEIGHT, Sandbox
+from arl_tangram.managers.cpu.host.pool import WARMING_WEIGHT
 
 MiB = 1 << 20
 V1 = "/sys/fs/cgroup"
@@ -110,13 +110,6 @@ def test_v2_memory_limit_and_no_swap(tmp_path: Path) -> None:
             os.close(fd)
 
 
-async def _registered(m: CpuManager, action_id: str) -> Sandbox:
-    for _ in range(4000):
-        sb = m._running.get(action_id)
-        if sb is not None:
-            return sb
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{action_id} never got its sandbox")
 
 
 @pytest.mark.integration
@@ -129,7 +122,7 @@ async def test_a_running_sandbox_has_its_limits_in_the_kernel(
     spec = action("import time\ntime.sleep(60)\n", **extra)
     task = asyncio.create_task(mgr.run(spec, allot(cpu=1, memory_mb=memory_mb)))
     try:
-        sb = await _registered(mgr, spec.id)
+        sb = await registered(mgr, spec.id)
         assert sb.slot is not None
         slot = sb.slot
         for _ in range(400):  # (the limits are written just after the registration)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from _cpu_fixture import mgr  # noqa: F401
-from _cpu_helpers import allot
+from _cpu_helpers import allot, registered
 
 from arl_tangram.core.actions import ActionKind, ActionSpec, Elasticity
 from arl_tangram.core.resources import Resources
@@ -60,13 +60,6 @@ def py_rootfs() -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-async def _registered(m: CpuManager, action_id: str) -> Sandbox:
-    for _ in range(2000):
-        sb = m._running.get(action_id)
-        if sb is not None:
-            return sb
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{action_id} never got its sandbox")
 
 
 def _machine_busy_s() -> float:
@@ -120,7 +113,7 @@ async def test_resized_elastic_action_uses_both_cores(mgr: CpuManager) -> None:
     code = program(40_000, 1.0, 2) + "print('workers', _w, 'cpus', os.cpu_count())\n"
     a = spec(code, lo=1, hi=2, run_timeout=120)
     task = asyncio.create_task(mgr.run(a, allot(cpu=1)))
-    sb = await _registered(mgr, a.id)
+    sb = await registered(mgr, a.id)
     await asyncio.sleep(0.05)
     assert await mgr.resize(a.id, allot(cpu=2)) == "applied"
     assert _quota(sb) == 2.0
@@ -148,13 +141,13 @@ async def test_resize_before_registration_is_applied(mgr: CpuManager) -> None:
         second = spec(_SEEN + "import time; time.sleep(1.0)\n", lo=1, hi=2, kind=ActionKind.TOOL,
                       session="grow")
         t1 = asyncio.create_task(mgr.run(first, allot(cpu=1)))
-        await _registered(mgr, first.id)
+        await registered(mgr, first.id)
         t2 = asyncio.create_task(mgr.run(second, allot(cpu=1)))
         await asyncio.sleep(0.05)
         assert second.id not in mgr._running
         assert await mgr.resize(second.id, allot(cpu=2)) == "deferred"
         assert (await t1).status == "Success"
-        sb = await _registered(mgr, second.id)
+        sb = await registered(mgr, second.id)
         assert _quota(sb) == 2.0
         r = await t2
         assert r.run_result is not None and r.run_result.stdout.split() == ["2", "2", "2"], r
@@ -201,7 +194,7 @@ async def test_a_squeezed_action_yields_at_once(mgr: CpuManager) -> None:
     assert mgr.config.squeezed_weight == 0.0
     a = spec("import time\ntime.sleep(3)\n", lo=0, hi=0)
     run = asyncio.create_task(mgr.run(a, allot(cpu=1)))
-    sb = await _registered(mgr, a.id)
+    sb = await registered(mgr, a.id)
     v1 = sb.slot is not None and sb.slot.version == "v1"
     normal, least = (1024, 2) if v1 else (100, 1)
     assert (_quota(sb), _weight(sb)) == (1.0, normal)
@@ -269,8 +262,8 @@ async def test_the_tree_weighs_what_it_is_entitled_to_while_a_loop_is_squeezed()
             a = spec("import time\ntime.sleep(5)\n", lo=0, hi=0)
             b = spec("import time\ntime.sleep(5)\n", lo=0, hi=0)
             runs = [asyncio.create_task(m.run(x, allot(cpu=c))) for x, c in ((a, 1), (b, 0.75))]
-            await _registered(m, a.id)
-            await _registered(m, b.id)
+            await registered(m, a.id)
+            await registered(m, b.id)
             assert weight() == task * cores
             assert await m.resize(a.id, allot(cpu=0.5)) == "applied"
             assert weight() == (round(task * 0.75) if entitled else task * cores)
