@@ -164,22 +164,28 @@ def test_a_head_waits_without_a_plan_only_as_a_session_head_at_the_same_instant(
     session's head (nothing behind it, nowhere else to go) with at least the least work that
     waited there, on the node as it was, at the same instant; a shared-pool head (others
     queued behind it, or a node elsewhere) is always planned, and the next instant plans anew."""
-    d, core, node, E, rec = _one_running(cpu=4)
-    assert core.st.expected_work(rec) == 10.0 and node.free.get("cpu") == 2.0
-    # planned: 2 free cores, so a head like e1 starts at its maximum
-    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
+    d, core, node, E, rec = _one_running(cpu=3)
+    assert core.st.expected_work(rec) == 10.0 and node.free.get("cpu") == 1.0
+    # planned: 1 free core, so a head like e1 starts at 1 (sharing the 3 cores beats waiting
+    # for e1's end, where it would start at 2: a width waiting buys, so the plan weighs it)
+    assert E.width_on(rec, node, 0) == (1.0, 1.0) and E._waited == {}
     key = (node, node.moves, rec.spec.elasticity)
     E._waited[key] = 10.0  # (as if a head of 10 s had waited here now: no more work than it)
     assert E.width_on(rec, node, 0) == (0.0, 0.0)
-    assert E.width_on(rec, node, 1) == (2.0, 2.0)  # (one queued behind it: planned)
-    assert E.width_on(rec, node, 0, 5.0) == (2.0, 2.0)  # (a node elsewhere frees in 5 s: planned)
+    assert E.width_on(rec, node, 1) == (1.0, 1.0)  # (one queued behind it: planned)
+    assert E.width_on(rec, node, 0, 5.0) == (1.0, 1.0)  # (a node elsewhere frees in 5 s: planned)
     E._waited[key] = 10.5  # (only a larger head waited: this one is planned, and starts)
-    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {key: 10.5}
+    assert E.width_on(rec, node, 0) == (1.0, 1.0) and E._waited == {key: 10.5}
     E._waited[key] = 9.5  # (a smaller head waited: this one, with more work, waits too)
     assert E.width_on(rec, node, 0) == (0.0, 0.0)
     d.at(1.0).tick()  # the next instant, the node unchanged: the memo is forgotten
     assert node.moves == key[1] and E._waited == {key: 9.5}
-    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}
+    assert E.width_on(rec, node, 0) == (1.0, 1.0) and E._waited == {}
+    # on 4 cores a head like e1 would start at 2 now as at e1's end: waiting buys no width, so
+    # it starts whatever waited here (`Elastic._no_wider`: no memo, no probe)
+    d, core, node, E, rec = _one_running(cpu=4)
+    E._waited[(node, node.moves, rec.spec.elasticity)] = 1.0
+    assert E.width_on(rec, node, 0) == (2.0, 2.0)
 
 
 def test_a_head_that_waits_is_remembered_with_its_work() -> None:

@@ -125,16 +125,16 @@ def test_a_reclaim_that_cannot_make_room_does_not_walk_the_node() -> None:
     of a pass asked it, each a walk over the node's hundreds of elastic runs): ten asks answer
     False (for all the node's CPU, and for half a core more than its runs lend), shrink nothing
     (the node's moves unchanged), and read no run's floor -- the node's
-    `lendable` sum, kept per move, answers (the walk read 70 floors on the 20-core node's 7
-    runs and 570 on the 160-core node's 57). Counted in the pure core (`_floor_of` is a Python
+    `lendable` sum, kept per move, answers (the walk read 10 floors a call on the 20-core
+    node's 10 runs, 2 cores each, and 80 on the 160-core node's 80). Counted in the pure core (`_floor_of` is a Python
     call there). Asked for exactly what the runs hold above their minimums, it makes room.
     """
     small, large = _probe(_RECLAIM_PROBE)
     assert small[0] == large[0] == [False] * 10
     assert (small[1], large[1]) == (0, 0)
     assert (small[2], large[2]) == (0, 0)
-    assert (small[3], large[3]) == (7, 57)
-    assert small[4] == [True, 13.0, 13.0] and large[4] == [True, 103.0, 103.0]
+    assert (small[3], large[3]) == (10, 80)
+    assert small[4] == [True, 10.0, 10.0] and large[4] == [True, 80.0, 80.0]
 
 
 _ONE_WALK_PROBE = r"""
@@ -153,8 +153,8 @@ def test_a_reclaim_that_makes_room_walks_the_node_once() -> None:
     """A reclaim on a node state whose `lendable` sum is not kept yet (issue 40: every
     successful reclaim moves the node, so the next one is such) reads each elastic run's floor
     once -- the walk that sums what the runs lend also collects the lenders -- then one floor
-    per core taken back: 7 + 1 on the 20-core node's 7 runs, 57 + 1 on the 160-core node's 57
-    (two walks read 15 and 115). One core made free, in one move. Counted in the pure core."""
+    per core taken back: 10 + 1 on the 20-core node's 10 runs, 80 + 1 on the 160-core node's 80
+    (two walks read 21 and 161). One core made free, in one move. Counted in the pure core."""
     small, large = _probe(_ONE_WALK_PROBE)
-    assert small == [True, 8, 1, 7, 1.0]
-    assert large == [True, 58, 1, 57, 1.0]
+    assert small == [True, 11, 1, 10, 1.0]
+    assert large == [True, 81, 1, 80, 1.0]

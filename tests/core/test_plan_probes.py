@@ -190,18 +190,19 @@ def test_probes_decide_as_planning_every_head_on_a_crowded_node(
 
 
 @pytest.mark.pure_core
-def test_a_probe_may_decide_otherwise_where_the_rule_is_not_monotone_in_work(
+def test_the_flood_where_a_probe_decided_otherwise_now_decides_as_planning_every_head(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The probes assume what the memo does: a head with more work than one that waits waits
-    too. The lane rule is not monotone in work at every state of a node: in this flood (80
-    sessions, 16 cores), at t=3.1 a probe at a hint of 2.9 s waits where the head of 11.6 s
-    itself would start at one core; the streams part there, and the mean ACT with the
-    probes is 1.001x the one without (the issue's bound for an approximation: 0.995x)."""
+    too, which the lane rule does not promise at every state of a node. In this flood (80
+    sessions, 16 cores) a probe at a hint of 2.9 s once waited at t=3.1 where the head of
+    11.6 s itself would start at one core (mean ACT 1.001x the stream without probes). Since
+    a head that waiting cannot widen starts whatever its work, without the memo or a probe
+    (`Elastic._no_wider`), the two streams are equal here, event for event, probes made (and
+    in the 48 floods of seeds 0-11 at 40 and 80 sessions on 12 and 16 cores, run by hand on
+    2026-12-03)."""
     sessions, arrivals = _crowd(2, n_sessions=80, n=400)
-    probed, _, every, _ = _with_and_without(monkeypatch, 16, sessions, arrivals)
-    first = next(i for i, (a, b) in enumerate(zip(probed.stream, every.stream, strict=True)) if a != b)
-    assert "ActionFinished:x2" in probed.stream[first] and "'x11'" in every.stream[first]
-    assert "'x11'" not in probed.stream[first]
-    ids = [spec.id for _, spec, _ in arrivals]
-    assert every.act(ids) / probed.act(ids) == pytest.approx(0.99904, abs=5e-6)
+    probed, with_probes, every, _ = _with_and_without(monkeypatch, 16, sessions, arrivals)
+    assert len(probed.starts) == 400
+    assert probed.stream == every.stream
+    assert sum(w >= 0.0 for w in with_probes) > 0

@@ -254,18 +254,22 @@ def test_a_close_costs_the_same_with_eight_times_the_sessions_waiting_for_room()
 
 
 def test_an_end_plans_once_with_eight_times_the_heads_waiting_on_the_node() -> None:
-    # (per end: [calls of `Elastic.plan`, actions still queued]) every waiting head of the same
-    # elasticity with at least the work of one that waited at this instant, on the node as it
-    # was, waits without a plan (`Elastic.width_on`); a plan per head made these 28 and 168
-    assert _probe("heads") == [[[1, 28], [1, 28]], [[1, 168], [1, 168]]]
+    # (per end: [calls of `Elastic.plan`, actions still queued]) the end frees 2 cores beside 7
+    # runs: the first head starts (a lane at the next end would be 16/7 -> 2 cores, as now's
+    # 16/8: waiting buys no width, `Elastic.plan`), the next one plans and waits (8 runs: 2
+    # cores now against 1 beside them), and every waiting head of the same elasticity with at
+    # least its work waits without a plan (`Elastic.width_on`); a plan per head made these 28
+    # and 168
+    assert _probe("heads") == [[[2, 27], [2, 26]], [[2, 167], [2, 166]]]
 
 
 def test_an_end_plans_once_with_eight_times_the_aged_heads_each_with_less_work() -> None:
     # (per end: [calls of `Elastic.plan`, actions still queued]) the aged heads come oldest
     # first, each with less work than the last: the memo of this instant answers none, but a
     # probe at the least work that waited at the last event does (`Elastic.width_on`); without
-    # the probes these were 16 and 155 plans
-    assert _probe("aged") == [[[1, 28], [1, 28]], [[1, 167], [1, 167]]]
+    # the probes these were 16 and 155 plans. (Each end starts its first head, as above, with
+    # no probe: waiting would buy it no width, whatever its work; the hints stay.)
+    assert _probe("aged") == [[[2, 27], [2, 26]], [[2, 159], [2, 158]]]
 
 
 def test_an_end_costs_the_same_with_eight_times_the_heads_short_of_memory_on_the_node() -> None:

@@ -330,29 +330,26 @@ class Elastic:
         at its maximum on another node ``elsewhere`` seconds from now (`free_at`), if that
         comes before its turn here. On 2 cores with n equal jobs waiting this is "one after
         another wins while s(2) > 2(n+1)/(n+2)". O(lanes tried x jobs log jobs) (`_fluid`), no
-        solver. ``work``: plan as if ``rec``'s expected work were that (`width_on`'s probe)."""
+        solver. ``work``: plan as if ``rec``'s expected work were that (`width_on`'s probe).
+
+        Waiting is for a width: a session's head (``behind`` 0, nowhere ``elsewhere``) whose
+        lane at the first end would be no wider than its lane now, both rounded as started
+        (`_no_wider_later`), starts now with one lane more, without the model: the runs' lanes,
+        rounded, are the same with it or without it, so it takes only cores the rounding left
+        over (not on a node with a measured speedup, where one more busy core slows every
+        other: the model weighs that). The model's
+        "wait" is a plan made once (start at the first end) but carried out again at every
+        event: at that end the rule weighs the same kind of state and waits again, so on a
+        crowded node (150 tests at their 1-core minimum beside 1 free core) every head waited
+        until overdue while each free core widened the shortest run by 0.4 of a core's speed.
+        heSRPT serves every job at once under concave speedups, none at zero while cores are
+        free; a head that waiting cannot widen is, for this choice, an inelastic job, and
+        Inelastic-First (Berg, Dorsman and Harchol-Balter, SIGMETRICS 2018) runs those first.
+        (docs/core.md, "Waiting is for a width".)"""
         el = rec.spec.elasticity
         assert el is not None
-        free = node.free.get(CPU, 0.0)
-        st = self.st
-        if st.now != self._left_now or st.estimator.version != self._left_version:
-            self._forget()
-        seen = self._runs.get(node)
-        if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
-            held, runs, kinds = seen[1], seen[2], seen[3]
-        else:
-            held = 0.0
-            runs = []  # (work left, elasticity) of its elastic runs
-            for other in node.elastic.values():  # (those that stretch in CPU below)
-                if other.el_cpu:
-                    oel = other.spec.elasticity
-                    assert oel is not None
-                    held += other.width
-                    runs.append((self.remaining(other), oel))
-            runs.sort(key=_first)
-            kinds = _kinds_of(runs)  # (once per node's state, not per head and lane count)
-            self._runs[node] = (node.moves, held, runs, kinds)
-        cap = free + held
+        held, runs, kinds = self._view(node)
+        cap = node.free.get(CPU, 0.0) + held
         lo = el.min
         top = el.max if el.max < cap else cap
         if top < lo - 1e-9:
@@ -362,21 +359,57 @@ class Elastic:
         if measured is not None:
             top = _useful(el, measured, base, top)
         n_run = len(runs)
-        x = self.st.expected_work(rec) if work < 0.0 else work  # pragma: no mutate (<=: a probe's work is a waited head's, above 0)
+        step = self.st.config.elastic_step
         best_lanes = -1
-        if behind == 0 and measured is None and elsewhere == math.inf:
-            best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
-        if best_lanes < 0:
-            best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured, base,
-                                     kinds if measured is None else None)
+        if (behind == 0 and elsewhere == math.inf and measured is None
+                and _no_wider_later(cap, top, lo, n_run, step)):
+            best_lanes = n_run + 1  # (waiting would buy it no width: one lane more, now)
+        else:
+            x = self.st.expected_work(rec) if work < 0.0 else work  # pragma: no mutate (<=: a probe's work is a waited head's, above 0)
+            if behind == 0 and measured is None and elsewhere == math.inf:
+                best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
+            if best_lanes < 0:
+                best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured,
+                                         base, kinds if measured is None else None)
         if best_lanes <= n_run:
             return 0.0, 0.0
-        step = self.st.config.elastic_step
-        width = cap / best_lanes
-        if width >= step:
-            width = math.floor(width / step + 1e-9) * step
-        width = width if width < top else top
+        width = _rounded(cap / best_lanes, step, top)
         return width, width
+
+    def _view(self, node: NodeState) -> tuple[float, list[tuple[float, Elasticity]], _Kinds]:
+        """`plan`'s view of ``node``'s elastic runs (those that stretch in CPU): the CPU they
+        hold, their (work left, elasticity) by work left, and their classes (`_Kinds`); built
+        once per instant, state of the estimator and of the node (`NodeState.moves`)."""
+        st = self.st
+        if st.now != self._left_now or st.estimator.version != self._left_version:
+            self._forget()
+        seen = self._runs.get(node)
+        if seen is not None and seen[0] == node.moves:  # (another head, the node unchanged)
+            return seen[1], seen[2], seen[3]
+        held = 0.0
+        runs: list[tuple[float, Elasticity]] = []
+        for other in node.elastic.values():
+            if other.el_cpu:
+                oel = other.spec.elasticity
+                assert oel is not None
+                held += other.width
+                runs.append((self.remaining(other), oel))
+        runs.sort(key=_first)
+        kinds = _kinds_of(runs)  # (once per node's state, not per head and lane count)
+        self._runs[node] = (node.moves, held, runs, kinds)
+        return held, runs, kinds
+
+    def _no_wider(self, el: Elasticity, node: NodeState) -> bool:
+        """Whether a session's head of ``el`` would start no wider on ``node`` at the first
+        end of its elastic runs than now (`_no_wider_later`, as `plan` weighs it; never on a
+        node with a measured speedup): then it starts now whatever its work, so `width_on`'s
+        memo and probes do not apply."""
+        if node.spec.parallel_speedup:
+            return False
+        held, runs, _ = self._view(node)
+        cap = node.free.get(CPU, 0.0) + held
+        top = el.max if el.max < cap else cap
+        return _no_wider_later(cap, top, el.min, len(runs), self.st.config.elastic_step)
 
     def free_at(self, node: NodeState, width: float) -> float:
         """Expected seconds until ``width`` CPU is free on ``node`` (as its running actions
@@ -423,7 +456,8 @@ class Elastic:
         those hints go and the head is planned as itself. On a crowded node the aged heads come
         oldest first, each with less work than the last: the memo alone answered none of them.
         Like the memo, an approximation where the lane rule is not monotone in work (rare:
-        docs/core.md, "Probes at the least work that waited")."""
+        docs/core.md, "Probes at the least work that waited"). Neither applies where waiting
+        would buy the head no width (`_no_wider`): it starts then whatever its work (`plan`)."""
         el = rec.spec.elasticity
         assert el is not None
         if el.dim != CPU:  # (the lane rule weighs cores: a width in another dimension starts
@@ -442,7 +476,7 @@ class Elastic:
             return 0.0, 0.0
         key: tuple[NodeState, int, Elasticity] | None = None
         x = 0.0  # pragma: no mutate (read only where `key` is set, and set with it)
-        if behind == 0 and elsewhere == math.inf:
+        if behind == 0 and elsewhere == math.inf and not self._no_wider(el, node):
             st = self.st
             if st.now != self._left_now or st.estimator.version != self._left_version:
                 self._forget()
@@ -871,6 +905,25 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
         if lanes > n_run:
             return lanes
     return -1
+
+
+def _rounded(width: float, step: float, top: float) -> float:
+    """A lane of ``width`` as `Elastic.plan` starts it: whole ``step``s where it spans one, at
+    most ``top``."""
+    if width >= step:
+        width = math.floor(width / step + 1e-9) * step
+    return width if width < top else top
+
+
+def _no_wider_later(cap: float, top: float, lo: float, n_run: int, step: float) -> bool:
+    """Whether a head beside the ``n_run`` elastic runs that share ``cap`` (none: False) would
+    start no wider at the first of their ends, one lane each (``cap / n_run``), than now, one
+    lane more (``cap / (n_run + 1)``, at least its minimum ``lo``), both as `Elastic.plan`
+    rounds them (`_rounded`, at most ``top``): then waiting buys it no width."""
+    if n_run <= 0:
+        return False
+    now = _rounded(cap / (n_run + 1), step, top)
+    return now >= lo - 1e-9 and _rounded(cap / n_run, step, top) <= now + 1e-9
 
 
 def _first(job: tuple[float, Elasticity]) -> float:
