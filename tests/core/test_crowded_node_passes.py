@@ -184,6 +184,7 @@ def test_a_head_waits_without_a_plan_only_as_a_session_head_at_the_same_instant(
     # on 4 cores a head like e1 would start at 2 now as at e1's end: waiting buys no width, so
     # it starts whatever waited here (`Elastic._no_wider`: no memo, no probe)
     d, core, node, E, rec = _one_running(cpu=4)
+    assert E.width_on(rec, node, 0) == (2.0, 2.0) and E._waited == {}  # (this instant's memo)
     E._waited[(node, node.moves, rec.spec.elasticity)] = 1.0
     assert E.width_on(rec, node, 0) == (2.0, 2.0)
 

@@ -32,6 +32,7 @@ def test_waiting_buys_no_width_where_both_lanes_round_alike() -> None:
     assert not _no_wider_later(20, 4, 1, 0, 1)  # no run to wait for
     assert not _no_wider_later(3, 4, 2, 1, 1)  # 1.5 -> 1 now, under its minimum of 2
     assert not _no_wider_later(3, 4, 1.5, 1, 1)  # 1.5 now, rounded to 1: under 1.5
+    assert not _no_wider_later(3, 4, 1.5, 2, 1)  # 1 now and 1 later, both under its 1.5
     assert not _no_wider_later(5, 4, 1, 3, 0.5)  # 1.25 -> 1.0 now, 1.67 -> 1.5 later
     assert _no_wider_later(5, 4, 1, 3, 1)  # in whole cores both 1
     assert not _no_wider_later(1.5, 4, 0.25, 3, 1)  # below a step: 0.375 now, 0.5 later

@@ -349,7 +349,8 @@ class Elastic:
         el = rec.spec.elasticity
         assert el is not None
         held, runs, kinds = self._view(node)
-        cap = node.free.get(CPU, 0.0) + held
+        free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of elastic runs and heads has CPU: never the default)
+        cap = free + held
         lo = el.min
         top = el.max if el.max < cap else cap
         if top < lo - 1e-9:
@@ -368,7 +369,7 @@ class Elastic:
             x = self.st.expected_work(rec) if work < 0.0 else work  # pragma: no mutate (<=: a probe's work is a waited head's, above 0)
             if behind == 0 and measured is None and elsewhere == math.inf:
                 best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
-            if best_lanes < 0:
+            if best_lanes < 0:  # pragma: no mutate (< 1, <= 0: `_lanes_all_at_max` gives -1 or a count above the runs)
                 best_lanes = _best_lanes(cap, top, lo, runs, x, el, behind, elsewhere, measured,
                                          base, kinds if measured is None else None)
         if best_lanes <= n_run:
@@ -405,10 +406,11 @@ class Elastic:
         node with a measured speedup): then it starts now whatever its work, so `width_on`'s
         memo and probes do not apply."""
         if node.spec.parallel_speedup:
-            return False
+            return False  # pragma: no mutate (None: as False to `width_on`)
         held, runs, _ = self._view(node)
-        cap = node.free.get(CPU, 0.0) + held
-        top = el.max if el.max < cap else cap
+        free = node.free.get(CPU, 0.0)  # pragma: no mutate (as in `plan`: never the default)
+        cap = free + held
+        top = el.max if el.max < cap else cap  # pragma: no mutate (<=: equal, the same value)
         return _no_wider_later(cap, top, el.min, len(runs), self.st.config.elastic_step)
 
     def free_at(self, node: NodeState, width: float) -> float:
@@ -910,9 +912,9 @@ def _lanes_all_at_max(cap: float, top: float, lo: float, runs: list[tuple[float,
 def _rounded(width: float, step: float, top: float) -> float:
     """A lane of ``width`` as `Elastic.plan` starts it: whole ``step``s where it spans one, at
     most ``top``."""
-    if width >= step:
+    if width >= step:  # pragma: no mutate (>: at a step, floor(1 + 1e-9) steps: the same)
         width = math.floor(width / step + 1e-9) * step
-    return width if width < top else top
+    return width if width < top else top  # pragma: no mutate (<=: equal, the same value)
 
 
 def _no_wider_later(cap: float, top: float, lo: float, n_run: int, step: float) -> bool:
@@ -921,7 +923,7 @@ def _no_wider_later(cap: float, top: float, lo: float, n_run: int, step: float) 
     lane more (``cap / (n_run + 1)``, at least its minimum ``lo``), both as `Elastic.plan`
     rounds them (`_rounded`, at most ``top``): then waiting buys it no width."""
     if n_run <= 0:
-        return False
+        return False  # pragma: no mutate (None: as False to both callers)
     now = _rounded(cap / (n_run + 1), step, top)
     return now >= lo - 1e-9 and _rounded(cap / n_run, step, top) <= now + 1e-9
 
