@@ -144,7 +144,12 @@ def test_a_plan_reads_a_node_s_runs_once_per_state_and_instant() -> None:
                                          ([6.0, 16.0], [0, 0], [2.0], [1.0], 4.0))}
     d.at(2.0).finish("e1")  # an allotment changed: read again at the same instant
     assert node.moves > moves
+    # (one run on 4 cores: a head alone would start now without the model, `_no_wider_later`;
+    # with one behind it, the model weighs the runs)
     plan(recs["e2"], node, 0)
+    assert core.elastic._runs[node][0] == moves  # (not read again: the last state's view stays)
+    assert core.elastic._holds == {node: (node.moves, 2.0, 1)}
+    plan(recs["e2"], node, 1)
     assert core.elastic._runs == {node: (node.moves, 2.0, [(16.0, el)], ([16.0], [0], [2.0], [1.0], 2.0))}
 
 
@@ -451,3 +456,40 @@ def test_a_queue_s_next_head_takes_its_turn_by_arrival_in_the_pass() -> None:
         assert starts(d.at(t).arrive(act(aid, mem=mb, hints=one))) == {}
     out = d.at(0.3).finish("L")
     assert [c.action.id for c in out if type(c).__name__ == "StartAction"] == ["a1", "a2"]
+
+
+def test_a_node_keeps_its_runs_above_their_minimum_as_its_lenders_in_start_order() -> None:
+    """`NodeState.lent`: the elastic runs there holding more than their minimum, kept by
+    `ActionRecord.allot` (a start, a growth, a shrink) and `Core._release`; `Elastic._lenders`
+    walks them, not every run, in the order of `NodeState.elastic` (`el_rank`)."""
+    d = Driver([cpu_node("n0", cpu=6, mem=8192)], policy="tangram")
+    assert cpu_commands(d.at(0.0).arrive(elastic("e1", 1, 2, 1.0, hints=WorkHints(expected_s=10)),
+                                         elastic("e2", 1, 2, 1.0, hints=WorkHints(expected_s=20)),
+                                         elastic("e3", 2, 2.5, 1.0, hints=WorkHints(expected_s=30)))) == [
+        ("start", "e1", 2.0), ("start", "e2", 2.0), ("start", "e3", 2.0)]
+    core, node = d.core, d.core.st.nodes["n0"]
+    recs = core.st.actions
+    assert list(node.lent) == ["e1", "e2"]  # (e3 at its minimum: it lends nothing)
+    assert [recs[a].el_rank for a in ("e1", "e2", "e3")] == [0, 1, 2] and node.joined == 3
+    assert all(recs[a].lent_on is node.lent for a in ("e1", "e2", "e3"))
+    assert core.elastic.lendable(node, 0.0) == 2.0
+    assert core.elastic.reclaim(node, Resources(cpu=1))  # the most work left shrinks first: e2
+    assert (recs["e2"].width, list(node.lent)) == (1.0, ["e1"])
+    assert core.elastic.lendable(node, 0.0) == 1.0
+    node.take({"cpu": 0.5})  # (a growth into the core e2 gave back, by hand)
+    recs["e3"].allot(recs["e3"].allotment.with_amount("cpu", 2.5))
+    assert list(node.lent) == ["e1", "e3"]
+    lenders: list = []
+    assert core.elastic._lenders(node, 0.0, lenders) == (1.5, 1.5) and lenders == [recs["e1"], recs["e3"]]
+    node.give({"cpu": 1.0})
+    recs["e1"].allot(recs["e1"].allotment.with_amount("cpu", 1.0))
+    node.take({"cpu": 1.0})
+    recs["e1"].allot(recs["e1"].allotment.with_amount("cpu", 2.0))  # (back above: after e3 in `lent`)
+    assert list(node.lent) == ["e3", "e1"]
+    lenders = []
+    assert core.elastic._lenders(node, 0.0, lenders) == (1.5, 1.5)
+    assert lenders == [recs["e1"], recs["e3"]]  # (the node's order, not `lent`'s)
+    e1 = recs["e1"]
+    d.at(1.0).finish("e1")
+    assert e1.lent_on is None and "e1" not in node.lent
+    assert recs["e2"].width == 2.0 and list(node.lent) == ["e3", "e2"]  # (e2 grew into e1's cores)

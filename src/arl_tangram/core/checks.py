@@ -134,6 +134,11 @@ def _check_elastic_sets(core: Core) -> None:
                 _check(aid in growable, "elastic-growable", f"{aid} on {name}")
         _check(len(running_elastic) == len(node.elastic), "elastic-registry",
                f"{name}: {sorted(node.elastic)} registered, {sorted(running_elastic)} run")
+        above = sorted(aid for aid, rec in node.elastic.items() if rec.el_cpu and rec.width > rec.el_min)
+        _check(sorted(node.lent) == above and all(node.lent[a] is node.elastic[a] for a in above),
+               "elastic-lent", f"{name}: {sorted(node.lent)} kept as lending, {above} above their minimum")
+        ranks = [rec.el_rank for rec in node.elastic.values() if rec.el_cpu]
+        _check(ranks == sorted(ranks), "elastic-lent", f"{name}: ranks {ranks} not in its order")
 
 
 def _check_nodes(core: Core) -> None:

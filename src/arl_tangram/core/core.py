@@ -524,6 +524,8 @@ class Core:
         node.running.discard(aid)
         if rec.elastic:
             node.elastic.pop(aid, None)
+            node.lent.pop(aid, None)
+            rec.lent_on = None
         lending = self.lending
         held = lending is not None and lending.released(rec)
         node.give(alloc)
@@ -640,6 +642,7 @@ class Core:
                 self._close_session(sess, reason, lost=True)
         node.running.clear()
         node.elastic.clear()
+        node.lent.clear()
         self._node_changed()
 
     # ---- models ---------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class Elastic:
         # `absorb` and `lendable` of a node as of its `moves` (they read only its elastic
         # actions' allotments, which change only with it): node (and floor) -> (moves, CPU)
         self._absorbs: dict[NodeState, tuple[int, float]] = {}
+        self._holds: dict[NodeState, tuple[int, float, int]] = {}  # `_holding`: (moves, CPU, runs)
         self._lends: dict[tuple[NodeState, float], tuple[int, float]] = {}
 
     def arrived(self, cpu: float) -> None:
@@ -348,7 +349,7 @@ class Elastic:
         (docs/core.md, "Waiting is for a width".)"""
         el = rec.spec.elasticity
         assert el is not None
-        held, runs, kinds = self._view(node)
+        held, n_run = self._holding(node)
         free = node.free.get(CPU, 0.0)  # pragma: no mutate (a node of elastic runs and heads has CPU: never the default)
         cap = free + held
         lo = el.min
@@ -359,13 +360,13 @@ class Elastic:
         base = node.cap.get(CPU, 0.0) - cap  # CPU held there by others than its elastic actions
         if measured is not None:
             top = _useful(el, measured, base, top)
-        n_run = len(runs)
         step = self.st.config.elastic_step
         best_lanes = -1
         if (behind == 0 and elsewhere == math.inf and measured is None
                 and _no_wider_later(cap, top, lo, n_run, step)):
             best_lanes = n_run + 1  # (waiting would buy it no width: one lane more, now)
         else:
+            _, runs, kinds = self._view(node)  # (the runs' work left: the model's jobs)
             x = self.st.expected_work(rec) if work < 0.0 else work  # pragma: no mutate (<=: a probe's work is a waited head's, above 0)
             if behind == 0 and measured is None and elsewhere == math.inf:
                 best_lanes = _lanes_all_at_max(cap, top, lo, runs, x, el, kinds)
@@ -400,6 +401,23 @@ class Elastic:
         self._runs[node] = (node.moves, held, runs, kinds)
         return held, runs, kinds
 
+    def _holding(self, node: NodeState) -> tuple[float, int]:
+        """The CPU ``node``'s elastic runs (those that stretch in CPU) hold and how many they
+        are, kept as of its `moves`: what `plan` and `_no_wider` weigh before the runs' work
+        left (`_view`, rebuilt at every instant: on a crowded node each event's heads asked it
+        of ~150 runs only to count them)."""
+        seen = self._holds.get(node)
+        if seen is not None and seen[0] == node.moves:  # pragma: no mutate (a miss: the same sums)
+            return seen[1], seen[2]
+        held = 0.0
+        n = 0
+        for other in node.elastic.values():  # (the order of `_view`'s sum: the same float)
+            if other.el_cpu:
+                held += other.width
+                n += 1
+        self._holds[node] = (node.moves, held, n)
+        return held, n
+
     def _no_wider(self, el: Elasticity, node: NodeState) -> bool:
         """Whether a session's head of ``el`` would start no wider on ``node`` at the first
         end of its elastic runs than now (`_no_wider_later`, as `plan` weighs it; never on a
@@ -407,11 +425,11 @@ class Elastic:
         memo and probes do not apply."""
         if node.spec.parallel_speedup:
             return False  # pragma: no mutate (None: as False to `width_on`)
-        held, runs, _ = self._view(node)
+        held, n_run = self._holding(node)
         free = node.free.get(CPU, 0.0)  # pragma: no mutate (as in `plan`: never the default)
         cap = free + held
         top = el.max if el.max < cap else cap  # pragma: no mutate (<=: equal, the same value)
-        return _no_wider_later(cap, top, el.min, len(runs), self.st.config.elastic_step)
+        return _no_wider_later(cap, top, el.min, n_run, self.st.config.elastic_step)
 
     def free_at(self, node: NodeState, width: float) -> float:
         """Expected seconds until ``width`` CPU is free on ``node`` (as its running actions
@@ -459,7 +477,12 @@ class Elastic:
         oldest first, each with less work than the last: the memo alone answered none of them.
         Like the memo, an approximation where the lane rule is not monotone in work (rare:
         docs/core.md, "Probes at the least work that waited"). Neither applies where waiting
-        would buy the head no width (`_no_wider`): it starts then whatever its work (`plan`)."""
+        would buy the head no width (`_no_wider`): it starts then whatever its work (`plan`).
+        A head that could not have its minimum even with every lent core back (free CPU and
+        `lendable` down to the runs' minimums) waits without a plan, memo or hint: whatever a
+        plan said, `reclaim` could not make room for a width of it (not with a standing reserve,
+        whose start may take its minimum from the reserve). On a crowded node (every run at its
+        1-core minimum, no core free) each event probed a head over ~150 runs to wait."""
         el = rec.spec.elasticity
         assert el is not None
         if el.dim != CPU:  # (the lane rule weighs cores: a width in another dimension starts
@@ -476,6 +499,9 @@ class Elastic:
             if free + self.lendable(node, 0.0) >= el.min - 1e-9:
                 return el.min, 0.0  # (`reclaim` takes lent cores down to their minimum)
             return 0.0, 0.0
+        if (free < el.min - 1e-9 and self.st.config.reserve_fraction <= 0.0
+                and free + self.lendable(node, 0.0) < el.min - 1e-9):
+            return 0.0, 0.0  # (no room for its minimum, whatever a plan says)
         key: tuple[NodeState, int, Elasticity] | None = None
         x = 0.0  # pragma: no mutate (read only where `key` is set, and set with it)
         if behind == 0 and elsewhere == math.inf and not self._no_wider(el, node):
@@ -562,12 +588,18 @@ class Elastic:
 
     def _lenders(self, node: NodeState, floor: float,
                  lenders: list[ActionRecord] | None) -> tuple[float, float]:
-        """One walk over the node's elastic actions: `lendable`'s sum (kept as of the node's
-        `moves`: it reads only their allotments, which change only with it) and the sum of
-        the extras above 1e-9, those actions appended to ``lenders`` in the node's order
-        (`reclaim`'s, from the same walk)."""
+        """One walk over the node's elastic actions that hold more than their minimum
+        (`NodeState.lent`, in the order of `NodeState.elastic`: the others add nothing above any
+        floor, so the sums are those of a walk over every one, to the bit): `lendable`'s sum
+        (kept as of the node's `moves`: it reads only their allotments, which change only
+        with it) and the sum of the extras above 1e-9, those actions appended to ``lenders``
+        in the node's order (`reclaim`'s, from the same walk). On a crowded node most runs
+        sit at their minimum: a walk over ~150 of them at every start there was 7% of the
+        core's time (issue 40)."""
         total = spare = 0.0
-        for rec in node.elastic.values():  # (those that stretch in CPU below)
+        lent = node.lent  # (a run at its minimum has no extra above any floor: the walk of
+        # `elastic` in its order, less the runs that add nothing)
+        for rec in (lent.values() if len(lent) < 2 else sorted(lent.values(), key=_el_rank)):
             if rec.el_cpu:
                 extra = rec.width - _floor_of(rec, floor)  # (`width`: its allotment's CPU)
                 if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
@@ -1154,6 +1186,10 @@ def _fluid_one(cap: float, limit: int, works: list[float], n_run: int, top: floa
             running += 1
             nxt += 1
     return cost, join
+
+
+def _el_rank(rec: ActionRecord) -> int:
+    return rec.el_rank
 
 
 def _floor_of(rec: ActionRecord, floor: float) -> float:

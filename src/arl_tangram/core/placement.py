@@ -104,6 +104,7 @@ class Placer:
         node.running.add(aid)
         st.index.update(name, node.free)
         rec.node = name
+        rec.lent_on = None  # (set below, once it is among the node's elastic runs)
         rec.allot(alloc)
         rec.start_time = now = st.now
         rec.attempts += 1
@@ -122,6 +123,12 @@ class Placer:
             st.elastic_nodes.add(name)  # (elastic.py: where expansion can look)
             self.may_grow(name, aid)
             node.elastic[aid] = rec  # (until `Core._release`)
+            if rec.el_cpu:
+                rec.el_rank = node.joined
+                node.joined += 1
+                rec.lent_on = node.lent
+                if rec.width > rec.el_min:
+                    node.lent[aid] = rec
 
     def may_grow(self, node: str, aid: str) -> None:
         """Action ``aid`` runs elastic on ``node`` and may be below its maximum (`growable`)."""

@@ -377,7 +377,9 @@ class Queues:
             rec = self.stream_head(name, e)
             if rec is not None:
                 live[e] = rec
-        stream.heap[:] = sorted(live)  # (in place: a pass may hold the list)
+        entries = list(live)
+        heapq.heapify(entries)  # (O(n), not a sort: the entries are distinct, so the pops' order is the same)
+        stream.heap[:] = entries  # (in place: a pass may hold the list)
         stream.kept = len(live)
         stream.need = math.inf
         stream.elastic = False

@@ -163,6 +163,7 @@ class ActionRecord:
         "el_cpu",
         "el_max",
         "el_min",
+        "el_rank",
         "elastic",
         "est",
         "gen",
@@ -170,6 +171,7 @@ class ActionRecord:
         "left",
         "left_done",
         "left_version",
+        "lent_on",
         "node",
         "partition",
         "queue_key",
@@ -218,6 +220,10 @@ class ActionRecord:
         self.el_min = el.min if el is not None else 0.0
         self.el_max = el.max if el is not None else 0.0
         self.el_cpu = el is not None and el.dim == CPU
+        # while it runs stretching in CPU: its node's `NodeState.lent` (where `allot` keeps it
+        # while it holds more than its minimum) and its place in the node's `elastic`
+        self.lent_on: dict[str, ActionRecord] | None = None
+        self.el_rank = 0
         # work done (seconds at speed 1) by `since`, while it runs: what is left of its
         # estimate when the allotment of an elastic action changes (`Elastic.remaining`)
         self.done = 0.0
@@ -258,7 +264,13 @@ class ActionRecord:
         if self.elastic:
             el = self.spec.elasticity
             assert el is not None
-            self.width = alloc.get(el.dim)
+            self.width = width = alloc.get(el.dim)
+            lent = self.lent_on
+            if lent is not None:
+                if width > self.el_min:
+                    lent[self.spec.id] = self
+                else:
+                    lent.pop(self.spec.id, None)
 
     def speed(self) -> float:
         """Its speed at its allotment (`ActionSpec.speed`), kept until the allotment changes."""
@@ -325,6 +337,8 @@ class NodeState:
         "free",
         "grown",
         "instances",
+        "joined",
+        "lent",
         "moves",
         "name",
         "running",
@@ -345,6 +359,12 @@ class NodeState:
         # the elastic ones among them, in start order: what `Elastic.plan` weighs, without a
         # look-up of every action running here (checks.py: exactly those)
         self.elastic: dict[str, ActionRecord] = {}
+        # those of them stretching in CPU that hold more than their minimum (`ActionRecord
+        # .allot` keeps it: exactly those), and how many joined `elastic` so far (each one's
+        # `el_rank`): what lends CPU, in `elastic`'s order, without a walk of every run
+        # there (issue 40: a crowded node's runs sit at their minimum, a few above it)
+        self.lent: dict[str, ActionRecord] = {}
+        self.joined = 0
         self.sessions: set[str] = set()
         self.instances: set[str] = set()
         self.dev_free: set[int] = set(range(spec.gpu_count))
