@@ -42,6 +42,13 @@ decisions per action, whatever a decision costs). ``--node-scale F`` makes every
 times DSec's size (6,000 on 16 x 576 cores: the crowded count's actions per node at the
 sparse count's contention).
 
+With ``--spread``, each larger count also runs spread over as many more nodes as keeps the
+first count's trajectories per node, each node scaled down to the larger count's trajectories
+per core (6,400 on 32 x 12 cores beside 6,400 on 2 x 192): the same actions at the same
+contention, a sixteenth of them a node. The column "vs spread" is what the load per node costs
+apart from the size of the whole, which "vs same contention" counts too (sixteen times the
+trajectories in all: longer heaps, bigger tables, the machine's caches).
+
 ``--repeats N`` runs every configuration N times in interleaved passes (all of them, then all
 again) and keeps each one's fastest simulate and fastest core replay: this VM's speed drifts
 25-40% within minutes, and a crowded run and its peer taken a minute apart read that drift as
@@ -215,6 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also run the first count on nodes scaled down to each larger count's "
                         "trajectories per core (2,000 on 16 x 64 cores beside 6,000 on 16 x 192): "
                         "the load per node apart from the contention")
+    p.add_argument("--spread", action="store_true",
+                   help="also run each larger count spread over as many more nodes, each scaled "
+                        "down, as keeps the first count's trajectories per node at the larger "
+                        "count's trajectories per core (6,400 on 32 x 12 cores beside 6,400 on 2 x "
+                        "192): the same actions at the same contention, the load per node apart "
+                        "from the cluster's size")
     p.add_argument("--node-scale", type=float, default=1.0,
                    help="every CPU node this many times DSec's size (cores and memory)")
     p.add_argument("--max-wall", type=float, default=None,
@@ -250,6 +263,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       session_mb=a.session_mb, max_wall=a.max_wall),
                                  {"first": (wl, nodes, counts[0], a.node_scale), "same_load_of": nodes,
                                   "of": (wl, nodes, n, a.node_scale)}))
+                if a.spread:
+                    wide = nodes * n // counts[0]  # the first count's trajectories per node
+                    small = counts[0] / n * a.node_scale  # on nodes at n's trajectories per core
+                    jobs.append(((wl, wide, n, small),
+                                 dict(workload=wl, nodes=wide, trajectories=n, memory=False,
+                                      session_mb=a.session_mb, scale=small, max_wall=a.max_wall),
+                                 {"first": (wl, nodes, counts[0], a.node_scale), "spread_of": nodes,
+                                  "of": (wl, nodes, n, a.node_scale)}))
                 if a.same_contention:
                     small = counts[0] / n * a.node_scale  # n's trajectories per core
                     jobs.append(((wl, nodes, counts[0], small),
@@ -273,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["sim_actions_ratio_to_first"] = row["sim_actions_per_s"] / first["sim_actions_per_s"]
         if "of" not in rel:
             counted[key] = row
-        for mark in ("same_load_of", "same_contention_of"):
+        for mark in ("same_load_of", "spread_of", "same_contention_of"):
             if mark in rel:  # (a peer: its count's row came before it)
                 row[mark] = rel[mark]
                 of = counted[rel["of"]]
@@ -283,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"core": FORM, "rows": rows}, indent=1))
         return 0
     head = ("workload", "nodes", "cores", "traj", "actions", "sim s", "sim act/s", "sim act/CPU s", "sim own s",
-            "core dec/s", "p50 us", "p99 us", "KB/traj", "act/s vs first", "vs same load", "vs same contention")
+            "core dec/s", "p50 us", "p99 us", "KB/traj", "act/s vs first", "vs same load", "vs spread",
+            "vs same contention")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
     for r in rows:
@@ -296,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r.get('core_kb_per_trajectory', float('nan')):.1f}", f"{r['sim_actions_ratio_to_first']:.2f}",
             f"{r['sim_actions_ratio_to_same_load']:.2f}" if "sim_actions_ratio_to_same_load" in r
             else "(same load)" if "same_load_of" in r else "-",
+            f"{r['sim_actions_ratio_to_spread']:.2f}" if "sim_actions_ratio_to_spread" in r
+            else "(spread)" if "spread_of" in r else "-",
             f"{r['sim_actions_ratio_to_same_contention']:.2f}" if "sim_actions_ratio_to_same_contention" in r
             else "(same contention)" if "same_contention_of" in r else "-")))
     return 0

@@ -38,6 +38,27 @@ def test_same_contention_runs_the_first_count_at_each_larger_counts_cores_per_tr
     assert "sim_actions_ratio_to_same_contention" not in first
 
 
+def test_spread_runs_each_larger_count_on_more_smaller_nodes_at_the_first_counts_load_per_node(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bs = load_benchmark("bench_scale")
+    argv = ["--nodes", "1", "--trajectories", "8,24", "--no-memory", "--spread", "--same-contention",
+            "--node-scale", "0.5", "--json"]
+    assert bs.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    got = [(r["trajectories"], r["nodes"], r["node_cpu"], r.get("spread_of"), r.get("same_contention_of"))
+           for r in rows]
+    # 24 on 1 x 96 cores: spread over 3 nodes of 32 cores (8 a node, as the first count's, at
+    # 24's trajectories per core), then the first count on 1 x 32 (same contention)
+    assert got == [(8, 1, 96, None, None), (24, 1, 96, None, None), (24, 3, 32, 1, None),
+                   (8, 1, 32, None, 24)]
+    first, crowded, spread, peer = rows
+    assert crowded["sim_actions_ratio_to_spread"] == crowded["sim_actions_per_s"] / spread["sim_actions_per_s"]
+    assert crowded["sim_actions_ratio_to_same_contention"] == (
+        crowded["sim_actions_per_s"] / peer["sim_actions_per_s"])
+    assert spread["actions"] == crowded["actions"]  # (the same step's actions, spread)
+    assert "sim_actions_ratio_to_spread" not in first and "sim_actions_ratio_to_spread" not in spread
+
+
 def test_repeats_run_every_configuration_in_interleaved_passes_and_keep_each_ones_best(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     bs = load_benchmark("bench_scale")
