@@ -789,14 +789,8 @@ def test_a_planned_width_above_what_the_runs_lend_down_to_it_is_a_wait_with_its_
     # their minimums (a head's 2 fit), but a head (2..4) of 1 s is planned 2 cores (3 lanes of
     # 2, floor 2), and down to 2 they lend 1 (a's 1 above its 3; b is at 2): below its minimum
     d = Driver([cpu_node("n0", cpu=6)], policy="tangram")
-    a = ActionSpec(
-        "a", kind=ActionKind.TEST, demand=Resources(cpu=3, memory_mb=256),
-        elasticity=Elasticity(3, 4, speedup=Speedup(0.9)), hints=WorkHints(expected_s=100.0),
-    )  # fmt: skip
-    b = ActionSpec(
-        "b", kind=ActionKind.TEST, demand=Resources(cpu=1, memory_mb=256),
-        elasticity=Elasticity(1, 2, speedup=Speedup(0.9)), hints=WorkHints(expected_s=100.0),
-    )  # fmt: skip
+    a = elastic("a", 3, 4, 0.9, hints=WorkHints(expected_s=100.0))
+    b = elastic("b", 1, 2, 0.9, hints=WorkHints(expected_s=100.0))
     assert cpu_commands(d.arrive(a, b)) == [("start", "a", 4.0), ("start", "b", 2.0)]
     d.at(0.5).tick()
     el, n0 = d.core.elastic, d.core.nodes["n0"]

@@ -600,13 +600,12 @@ class Elastic:
         lent = node.lent  # (a run at its minimum has no extra above any floor: the walk of
         # `elastic` in its order, less the runs that add nothing)
         for rec in (lent.values() if len(lent) < 2 else sorted(lent.values(), key=_el_rank)):
-            if rec.el_cpu:
-                extra = rec.width - _floor_of(rec, floor)  # (`width`: its allotment's CPU)
-                if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
-                    total += extra
-                    if extra > 1e-9 and lenders is not None:  # pragma: no mutate (the tolerance's edge)
-                        spare += extra
-                        lenders.append(rec)
+            extra = rec.width - _floor_of(rec, floor)  # (`width`: its allotment's CPU; all stretch in CPU)
+            if extra > 0.0:  # pragma: no mutate (>=: an extra of 0.0 adds nothing)
+                total += extra
+                if extra > 1e-9 and lenders is not None:  # pragma: no mutate (the tolerance's edge)
+                    spare += extra
+                    lenders.append(rec)
         self._lends[(node, floor)] = (node.moves, total)
         return total, spare
 
